@@ -1,0 +1,2 @@
+// gpu.cu — placeholder for the CUDA device helpers.
+#include "gpu.h"

@@ -1,0 +1,1 @@
+/* gpu.h — placeholder, filled in by its area */

@@ -1,0 +1,1 @@
+/* checkpoint.c — placeholder, filled in by its area */

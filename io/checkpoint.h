@@ -1,0 +1,1 @@
+/* checkpoint.h — placeholder, filled in by its area */

@@ -1,0 +1,1 @@
+/* lengths.c — placeholder, filled in by its area */

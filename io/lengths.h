@@ -1,0 +1,1 @@
+/* lengths.h — placeholder, filled in by its area */

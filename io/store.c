@@ -1,0 +1,1 @@
+/* store.c — placeholder, filled in by its area */

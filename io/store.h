@@ -1,0 +1,1 @@
+/* store.h — placeholder, filled in by its area */

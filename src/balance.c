@@ -1,0 +1,1 @@
+/* balance.c — placeholder, filled in by its area */

@@ -1,0 +1,1 @@
+/* balance.h — placeholder, filled in by its area */

@@ -1,0 +1,41 @@
+/* comm.h — every MPI call of aldit goes through here: start-up, broadcast, scatter, reductions, gathers. */
+#ifndef ALDIT_COMM_H
+#define ALDIT_COMM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct {
+    int rank;          /* rank in MPI_COMM_WORLD */
+    int n_ranks;       /* size of MPI_COMM_WORLD */
+    int local_rank;    /* rank among the ranks of this node (MPI_COMM_TYPE_SHARED): picks the GPU */
+    int n_local_ranks; /* ranks on this node */
+} comm_info;
+
+/* MPI_Init_thread (MPI_THREAD_FUNNELED: only the main thread calls MPI) and the rank layout. */
+comm_info comm_init(int *argc, char ***argv);
+void comm_finalize(void);
+
+void comm_barrier(void);
+/* Broadcast n_bytes from rank 0 to every rank (any size; sent in pieces below INT_MAX). */
+void comm_bcast_bytes(void *buffer, size_t n_bytes);
+/* Rank 0 sends counts[r] int64 values starting at displs[r] of `send` to rank r; every rank receives
+   its own count (returned) into `recv` of capacity `recv_capacity` (fatal if too small). Non-root
+   ranks may pass NULL for send/counts/displs. */
+int comm_scatterv_i64(const int64_t *send, const int *counts, const int *displs,
+                      int64_t *recv, int recv_capacity);
+/* Like MPI_Scatter of one int per rank from rank 0. */
+int comm_scatter_int(const int *send);
+/* In-place sums / max across ranks. */
+void comm_allreduce_sum_f32(float *values, size_t n_values);
+void comm_allreduce_sum_f64(double *values, size_t n_values);
+void comm_allreduce_max_f64(double *values, size_t n_values);
+int comm_allreduce_or_int(int flag);
+/* Rank 0 receives one double from every rank into `all` (length n_ranks); others may pass NULL. */
+void comm_gather_f64(double value, double *all);
+/* Rank 0 receives n values from every rank into `all` (length n_ranks * n); others may pass NULL. */
+void comm_gather_f64_n(const double *values, int n, double *all);
+/* Wall-clock seconds (MPI_Wtime). */
+double comm_time(void);
+
+#endif

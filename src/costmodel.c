@@ -1,0 +1,1 @@
+/* costmodel.c — placeholder, filled in by its area */

@@ -1,0 +1,1 @@
+/* costmodel.h — placeholder, filled in by its area */

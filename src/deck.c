@@ -1,0 +1,1 @@
+/* deck.c — placeholder, filled in by its area */

@@ -1,0 +1,113 @@
+/* deck.h — the input deck: every setting of a run, parsed from an INI file by inih, validated, broadcast. */
+#ifndef ALDIT_DECK_H
+#define ALDIT_DECK_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#define DECK_PATH_MAX 1024
+#define DECK_NAME_MAX 32
+
+typedef enum { DEVICE_AUTO, DEVICE_CPU, DEVICE_CUDA } deck_device;
+typedef enum { STRATEGY_GLOBAL, STRATEGY_DUAL, STRATEGY_EQUAL_TOKENS } deck_strategy;
+typedef enum { OVERSIZE_ERROR, OVERSIZE_SKIP } deck_oversize;
+typedef enum { RECOMPUTE_NONE, RECOMPUTE_BLOCK } deck_recompute;
+typedef enum { NONFINITE_ERROR, NONFINITE_SKIP } deck_nonfinite;
+typedef enum { LR_COSINE, LR_CONSTANT } deck_lr_schedule;
+typedef enum { ATTENTION_AUTO, ATTENTION_CUDNN, ATTENTION_OWN } deck_attention;
+
+/* Plain data only (fixed-size strings, no pointers), so rank 0 can broadcast it as bytes. */
+typedef struct {
+    struct {
+        char dir[DECK_PATH_MAX];       /* run folder: metrics, checkpoints, calibration cache */
+        deck_device device;            /* auto = cuda where a GPU is present, else cpu */
+        uint64_t seed;                 /* seeds weights, epoch order, noise and timesteps */
+        int64_t steps;                 /* stop after this many optimizer steps (0 = run `epochs`) */
+        int64_t epochs;                /* epochs over the store when steps = 0 */
+        int threads;                   /* OpenMP threads per rank (0 = runtime default) */
+    } run;
+    struct {
+        char name[DECK_NAME_MAX];      /* label in logs and checkpoints ("wan1.3b", "quickstart") */
+        int dim;                       /* hidden size D */
+        int ffn_dim;                   /* FFN hidden size */
+        int num_heads;                 /* attention heads; head dim = dim / num_heads */
+        int num_layers;                /* transformer blocks */
+        int in_dim;                    /* latent channels in (16) */
+        int out_dim;                   /* latent channels out (16) */
+        int patch_t, patch_h, patch_w; /* patch size (1,2,2) */
+        int text_len;                  /* text tokens per sample the model accepts (512) */
+        int text_dim;                  /* text embedding width (4096, umT5) */
+        int freq_dim;                  /* sinusoidal time embedding width (256) */
+        double eps;                    /* norm epsilon (1e-6) */
+        int qk_norm;                   /* RMSNorm on q and k (1) */
+        int cross_attn_norm;           /* affine LayerNorm before cross-attention (1) */
+        double init_std;               /* std of the random initial weights */
+        char init[DECK_PATH_MAX];      /* start from these weights (HDF5, Wan names); "" = random */
+    } model;
+    struct {
+        char store[DECK_PATH_MAX];     /* HDF5 latent store */
+        int prefetch;                  /* read the next step's samples in a background thread (1) */
+    } data;
+    struct {
+        deck_strategy strategy;        /* global (default) | dual | equal_tokens */
+        int64_t global_batch;          /* samples per step for `global`; 0 = "budget" (fill each rank) */
+        int64_t max_tokens;            /* T_max of equal_tokens buckets: B = floor(T_max / S) */
+        double compute_budget;         /* predicted seconds per rank per step (0 = derive from max_tokens) */
+        double mem_budget;             /* activation bytes per rank (0 = measure device memory) */
+        double mem_margin;             /* fraction of free memory kept back (0.1) */
+        double device_mem;             /* device bytes assumed when nothing can be measured (80 GiB) */
+        double device_tflops;          /* GEMM rate seeding the cost model, TFLOP/s */
+        double attention_tflops;       /* attention rate seeding the cost model, TFLOP/s */
+        double dual_p;                 /* exponent p of the dual constraint (0 = fit from the cost model) */
+        int64_t pool;                  /* samples of lookahead the global packer may use */
+        deck_oversize oversize;        /* error | skip a sample that alone exceeds the memory budget */
+        int calibrate;                 /* refit the cost model online from measured times (1) */
+        int calibrate_window;          /* steps of (assignment, time) pairs kept for the refit */
+        deck_recompute recompute;      /* activation recomputation assumed by mem(S): none | block */
+    } balance;
+    struct {
+        double lr;                     /* peak learning rate */
+        double min_lr;                 /* floor of the cosine schedule */
+        int64_t warmup_steps;          /* linear warmup */
+        deck_lr_schedule lr_schedule;  /* cosine | constant */
+        double weight_decay;           /* AdamW decoupled weight decay */
+        double beta1, beta2, adam_eps; /* AdamW moments */
+        double grad_clip;              /* clip the global gradient norm to this (0 = off) */
+        double timestep_shift;         /* shift of the flow-matching timestep distribution */
+        deck_recompute recompute;      /* activation recomputation: none | block */
+        deck_nonfinite nonfinite;      /* a NaN/Inf loss: error | skip the step */
+        deck_attention attention;      /* CUDA attention kernel: auto | cudnn | own */
+    } train;
+    struct {
+        int64_t every;                 /* checkpoint every N steps (0 = only at the end / on a signal) */
+        int keep;                      /* keep the newest K checkpoints */
+        int resume;                    /* resume from the newest complete checkpoint in the run folder (1) */
+    } checkpoint;
+    struct {
+        int64_t every;                 /* progress line every N steps */
+        char metrics[DECK_PATH_MAX];   /* JSON lines file, relative to run.dir */
+    } log;
+    char source[DECK_PATH_MAX];        /* the deck file it was read from */
+} deck;
+
+/* Fill every key with its documented default. */
+void deck_defaults(deck *config);
+
+/* Parse an INI file and then `section.key=value` overrides into `config` (which holds defaults).
+   On any error (unknown section or key, bad type, out-of-range value, missing file) print
+   "FILE:LINE: message" (overrides: "command line: message") to `errors` and return the number of
+   errors; 0 on success. Cross-key checks (e.g. dim divisible by num_heads) run last. */
+int deck_load(deck *config, const char *path, int n_overrides, char *const overrides[], FILE *errors);
+
+/* Rank 0 loads; every rank receives the same struct. Exits with status 2 on every rank after rank 0
+   printed the errors. Collective over MPI_COMM_WORLD. */
+void deck_load_bcast(deck *config, const char *path, int n_overrides, char *const overrides[]);
+
+/* Print the resolved configuration as a valid INI deck (every key, defaults included). */
+void deck_print(const deck *config, FILE *out);
+
+/* Names of enum values, for printing. */
+const char *deck_strategy_name(deck_strategy strategy);
+const char *deck_device_name(deck_device device);
+
+#endif

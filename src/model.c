@@ -1,0 +1,1 @@
+/* model.c — placeholder, filled in by its area */

@@ -1,0 +1,1 @@
+/* model.h — placeholder, filled in by its area */

@@ -1,0 +1,1 @@
+/* train.c — placeholder, filled in by its area */

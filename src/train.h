@@ -1,0 +1,1 @@
+/* train.h — placeholder, filled in by its area */

@@ -1,0 +1,2 @@
+#!/bin/sh
+# tap.sh — placeholder
