@@ -1,1 +1,24 @@
-/* lengths.h — placeholder, filled in by its area */
+/* lengths.h — length specs (weighted latent shapes, one bucket per line), seeded shape draws and the small PRNG behind them. */
+#ifndef ALDIT_LENGTHS_H
+#define ALDIT_LENGTHS_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+/* Largest frames / height / width a length spec may give (latent units). */
+#define LENGTHS_MAX_DIM 65536
+
+typedef struct { double weight; int32_t frames, height, width; } length_bucket;  /* latent units: F_lat, H_lat, W_lat */
+
+/* Parse a length spec (one bucket per line: `weight frames height width`, '#' comments, blank lines ok).
+   Weights are positive finite numbers (relative, need not sum to 1); frames, height and width are
+   integers in [1, LENGTHS_MAX_DIM]. Errors "FILE:LINE: message" to `errors` (every bad line is
+   reported); returns the number of errors (0 = ok, and then *buckets holds *n_buckets >= 1 entries
+   the caller frees). */
+int lengths_load(const char *path, length_bucket **buckets, int *n_buckets, FILE *errors);
+
+/* Draw n_samples shapes from the buckets with probability proportional to weight, deterministic in seed. */
+void lengths_draw(const length_bucket *buckets, int n_buckets, int64_t n_samples, uint64_t seed,
+                  int32_t *frames, int32_t *height, int32_t *width);
+
+#endif

@@ -5,7 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-static void abort_job(int code)
+static _Noreturn void abort_job(int code)
 {
     int initialized = 0, finalized = 0, n_ranks = 1;
     MPI_Initialized(&initialized);

@@ -23,6 +23,13 @@ comm_info comm_init(int *argc, char ***argv)
 
 void comm_finalize(void) { MPI_CHECK(MPI_Finalize()); }
 
+int comm_rank(void)
+{
+    int rank = 0;
+    MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
+    return rank;
+}
+
 void comm_barrier(void) { MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD)); }
 
 void comm_bcast_bytes(void *buffer, size_t n_bytes)

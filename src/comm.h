@@ -15,6 +15,8 @@ typedef struct {
 /* MPI_Init_thread (MPI_THREAD_FUNNELED: only the main thread calls MPI) and the rank layout. */
 comm_info comm_init(int *argc, char ***argv);
 void comm_finalize(void);
+/* Rank in MPI_COMM_WORLD (after comm_init), for code that is not handed comm_info. */
+int comm_rank(void);
 
 void comm_barrier(void);
 /* Broadcast n_bytes from rank 0 to every rank (any size; sent in pieces below INT_MAX). */

@@ -1,1 +1,77 @@
-/* costmodel.h — placeholder, filled in by its area */
+/* costmodel.h — per-sample cost and memory models of the balancer: FLOP-seeded, refit online by NNLS. */
+#ifndef ALDIT_COSTMODEL_H
+#define ALDIT_COSTMODEL_H
+
+#include <stdint.h>
+
+#include "deck.h"
+
+/* Features of a set of samples: count, sum S, sum S^2, sum S*L, sum L (S tokens, L text tokens). The
+   predicted seconds of the set are the dot product of its features with the coefficients (a, b, c, d, e). */
+enum { COST_N_FEATURES = 5 };
+enum { COST_NORMAL_SIZE = COST_N_FEATURES * COST_N_FEATURES + COST_N_FEATURES + 1 };
+typedef struct { double value[COST_N_FEATURES]; } cost_features;
+
+typedef struct {
+    double coef[COST_N_FEATURES];       /* current a, b, c, d, e: seconds = a + b S + c S^2 + d S L + e L */
+    double seed_coef[COST_N_FEATURES];  /* from FLOP counts and device rates */
+    double mem_per_token;               /* activation bytes per sample token */
+    double mem_per_text_token;          /* activation bytes per text token */
+    double mem_per_sample;              /* activation bytes per sample, independent of its length */
+    int recompute_block;                /* 1: mem assumes block recomputation (and cost adds a forward) */
+    /* online refit: a ring of the last `window_steps` steps, each reduced to its (Huber-weighted)
+       normal equations in seed-relative units */
+    int window_steps;
+    int n_steps_observed;               /* steps in the ring */
+    int next_step;                      /* ring position of the next write */
+    double *step_normal;                /* window_steps x COST_NORMAL_SIZE: A (n x n), b (n), rows */
+} cost_model;
+
+/* Seed from the deck: [model] dims, [balance] device_tflops / attention_tflops / recompute /
+   calibrate_window (the refit window in steps). */
+void cost_model_init(cost_model *cm, const deck *config);
+void cost_model_free(cost_model *cm);
+
+/* FLOPs of one sample's forward + backward (with recompute: one more forward), split into GEMM and
+   attention FLOPs (either pointer may be NULL). */
+void cost_model_flops(const deck *config, int64_t tokens, int64_t text_len, double *gemm_flops, double *attention_flops);
+
+/* Predicted seconds of one sample's forward + backward. */
+double cost_model_predict(const cost_model *cm, int64_t tokens, int64_t text_len);
+/* Predicted seconds of a set of samples given its features. */
+double cost_model_predict_features(const cost_model *cm, const cost_features *features);
+/* Activation bytes of one sample (see docs/balancer.md for the accounting). */
+double cost_model_mem(const cost_model *cm, int64_t tokens, int64_t text_len);
+/* Bytes of weights, gradients and AdamW state of the configured model (bf16 weights + fp32 master,
+   fp32 gradients, two fp32 moments), for deriving a memory budget from device memory. */
+double cost_model_state_bytes(const deck *config);
+int64_t cost_model_param_count(const deck *config);
+
+/* Add the features of one sample to `features`. */
+void cost_features_add(cost_features *features, int64_t tokens, int64_t text_len);
+
+/* Record one step's observations: per rank, the features of its samples and its measured seconds
+   (ranks with no samples or no valid time are left out). Ranks whose relative error is far from the
+   step's median error (in median absolute deviations) are down-weighted or dropped, so stragglers do
+   not drag the fit. */
+void cost_model_observe_step(cost_model *cm, int n_ranks, const cost_features *features, const double *seconds);
+/* Refit the coefficients from the window by non-negative least squares on relative errors. Keeps the
+   current coefficients (returns 0) when the window holds fewer than 2 * COST_N_FEATURES observations
+   or the system is degenerate; returns 1 when they changed. A small ridge towards the seed keeps
+   directions the window does not excite (e.g. no long samples seen yet) at their seeded values. */
+int cost_model_refit(cost_model *cm);
+
+/* The refit window as plain doubles (for checkpoints): cost_model_window_doubles() values. */
+size_t cost_model_window_doubles(const cost_model *cm);
+void cost_model_window_save(const cost_model *cm, double *values);
+/* Returns 0 on success, non-zero when the values do not fit this model's window. */
+int cost_model_window_load(cost_model *cm, const double *values, size_t n_values);
+
+/* Median of n_values >= 1 values (sorts them). */
+double cost_median_in_place(double *values, int n_values);
+
+/* Non-negative least squares on a small normal system: minimise x'Ax - 2 b'x subject to x >= 0, for
+   symmetric positive semi-definite A (n <= COST_N_FEATURES). Active-set method (Lawson-Hanson). */
+void cost_nnls_normal(int n, const double *a_matrix, const double *b_vector, double *x);
+
+#endif

@@ -96,7 +96,8 @@ void deck_defaults(deck *config);
 /* Parse an INI file and then `section.key=value` overrides into `config` (which holds defaults).
    On any error (unknown section or key, bad type, out-of-range value, missing file) print
    "FILE:LINE: message" (overrides: "command line: message") to `errors` and return the number of
-   errors; 0 on success. Cross-key checks (e.g. dim divisible by num_heads) run last. */
+   errors; 0 on success. Cross-key checks (e.g. dim divisible by num_heads) run last, once every key
+   parsed. `path` may be NULL: defaults plus overrides only. A missing file is "FILE: cannot open ...". */
 int deck_load(deck *config, const char *path, int n_overrides, char *const overrides[], FILE *errors);
 
 /* Rank 0 loads; every rank receives the same struct. Exits with status 2 on every rank after rank 0
@@ -105,6 +106,12 @@ void deck_load_bcast(deck *config, const char *path, int n_overrides, char *cons
 
 /* Print the resolved configuration as a valid INI deck (every key, defaults included). */
 void deck_print(const deck *config, FILE *out);
+
+/* Every key with its default and meaning, for `aldit --help` ("  section.key = default" + help lines). */
+void deck_print_help(FILE *out);
+
+/* The key reference as Markdown tables, one per section (the tables of docs/input-deck.md). */
+void deck_print_reference(FILE *out);
 
 /* Names of enum values, for printing. */
 const char *deck_strategy_name(deck_strategy strategy);

@@ -1,0 +1,669 @@
+/* test_balance.c — cmocka tests of the cost model (FLOPs, memory, NNLS refit) and the balancer's invariants:
+   each sample once per epoch, micro-batches under the memory budget, seeded orders, resumable state. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "balance.h"
+#include "costmodel.h"
+#include "deck.h"
+#include "rng.h"
+
+static const deck_strategy all_strategies[3] = {STRATEGY_GLOBAL, STRATEGY_DUAL, STRATEGY_EQUAL_TOKENS};
+
+static deck test_deck(deck_strategy strategy, uint64_t seed)
+{
+    deck config;
+    deck_defaults(&config);
+    config.run.seed = seed;
+    config.balance.strategy = strategy;
+    config.balance.max_tokens = 16384;
+    config.balance.pool = 256;
+    return config;
+}
+
+/* Random samples: token counts from a few random "buckets" of a random spec, some text lengths varied. */
+static balance_sample *random_samples(uint64_t seed, int64_t n_samples, int32_t max_tokens)
+{
+    uint64_t state = rng_key(seed, 99, 0);
+    int n_buckets = 2 + (int)(rng_next_u64(&state) % 12);
+    int32_t bucket_tokens[16];
+    for (int k = 0; k < n_buckets; k++) bucket_tokens[k] = 16 + (int32_t)(rng_next_u64(&state) % (uint64_t)max_tokens);
+    balance_sample *samples = malloc((size_t)n_samples * sizeof(*samples));
+    for (int64_t i = 0; i < n_samples; i++) {
+        int k = (int)(rng_next_u64(&state) % (uint64_t)n_buckets);
+        samples[i] = (balance_sample){.id = 1000 + 3 * i, .tokens = bucket_tokens[k],
+                                      .text_len = 64 + (int32_t)(rng_next_u64(&state) % 449)};
+    }
+    return samples;
+}
+
+/* Activation bytes of `tokens` tokens with 512 text tokens, by a cost model of `config`. */
+static double mem_of(const deck *config, int64_t tokens)
+{
+    cost_model cm;
+    cost_model_init(&cm, config);
+    double bytes = cost_model_mem(&cm, tokens, 512);
+    cost_model_free(&cm);
+    return bytes;
+}
+
+/* Check one assignment's structure; mark each sample seen in `seen` (by index); returns the epoch. */
+static int64_t check_assignment(const balance_assignment *a, const balance_sample *samples, int n_ranks,
+                                double mem_budget, const cost_model *cm, int *seen)
+{
+    assert_int_equal(a->n_ranks, n_ranks);
+    assert_int_equal(a->rank_start[0], 0);
+    assert_int_equal(a->rank_start[n_ranks], a->global_samples);
+    assert_int_equal(a->rank_micro_start[0], 0);
+    for (int r = 0; r < n_ranks; r++) {
+        int64_t first = a->rank_start[r], end = a->rank_start[r + 1];
+        assert_true(end >= first);
+        int m0 = a->rank_micro_start[r], m1 = a->rank_micro_start[r + 1];
+        if (end == first) { assert_int_equal(m0, m1); continue; }
+        assert_true(m1 > m0);
+        assert_int_equal(a->micro_start[m0], first);
+        assert_int_equal(a->micro_start[m1], end);
+        for (int m = m0; m < m1; m++) {
+            assert_true(a->micro_start[m + 1] > a->micro_start[m]);
+            double bytes = 0;
+            for (int64_t k = a->micro_start[m]; k < a->micro_start[m + 1]; k++) {
+                const balance_sample *s = &samples[a->indices[k]];
+                bytes += cost_model_mem(cm, s->tokens, s->text_len);
+            }
+            assert_true(bytes <= mem_budget);
+        }
+        for (int64_t k = first; k < end; k++) {
+            assert_int_equal(a->ids[k], samples[a->indices[k]].id);
+            seen[a->indices[k]]++;
+        }
+    }
+    return a->epoch;
+}
+
+/* Run `n_epochs` epochs; every sample is seen exactly once per epoch and no step mixes epochs. */
+static void run_epochs_and_check(deck_strategy strategy, uint64_t seed, int n_ranks, int64_t n_samples, int n_epochs)
+{
+    deck config = test_deck(strategy, seed);
+    balance_sample *samples = random_samples(seed, n_samples, 6000);
+    const double mem_budget = mem_of(&config, 9000);
+    balancer *b = balancer_create_checked(&config, samples, n_samples, n_ranks, mem_budget, stderr);
+    assert_non_null(b);
+    int *seen = calloc((size_t)n_samples, sizeof(int));
+    balance_assignment a = {0};
+    int64_t epoch = 0, in_epoch = 0, last_step = -1;
+    double *seconds = malloc((size_t)n_ranks * sizeof(double));
+    while (epoch < n_epochs) {
+        balancer_next(b, &a);
+        assert_int_equal(a.step, last_step + 1);
+        last_step = a.step;
+        assert_int_equal(a.epoch, epoch);
+        check_assignment(&a, samples, n_ranks, mem_budget, balancer_cost_model(b), seen);
+        for (int r = 0; r < n_ranks; r++) seconds[r] = a.predicted_seconds[r] * 1.3;   /* a slower device */
+        balancer_observe(b, seconds);
+        in_epoch += a.global_samples;
+        assert_true(in_epoch <= n_samples);
+        if (in_epoch == n_samples) {
+            for (int64_t i = 0; i < n_samples; i++) assert_int_equal(seen[i], 1);
+            memset(seen, 0, (size_t)n_samples * sizeof(int));
+            in_epoch = 0;
+            epoch++;
+        }
+    }
+    free(seconds);
+    free(seen);
+    balance_assignment_free(&a);
+    balancer_free(b);
+    free(samples);
+}
+
+static void test_each_sample_once_per_epoch(void **state)
+{
+    (void)state;
+    const int rank_counts[] = {1, 2, 3, 7, 16, 64};
+    for (int s = 0; s < 3; s++)
+        for (int k = 0; k < 6; k++)
+            run_epochs_and_check(all_strategies[s], 17 + 31 * (uint64_t)k + (uint64_t)s, rank_counts[k], 300 + 97 * k, 3);
+}
+
+static void test_more_ranks_than_samples(void **state)
+{
+    (void)state;
+    for (int s = 0; s < 3; s++) run_epochs_and_check(all_strategies[s], 5, 50, 20, 2);
+}
+
+/* The assignments of `n_steps` steps as one list of (step, epoch, rank, micro, id) numbers. */
+static int64_t *record_steps(balancer *b, int n_ranks, int n_steps, int64_t *n_values)
+{
+    size_t capacity = 1024, used = 0;
+    int64_t *values = malloc(capacity * sizeof(int64_t));
+    balance_assignment a = {0};
+    double *seconds = malloc((size_t)n_ranks * sizeof(double));
+    for (int t = 0; t < n_steps; t++) {
+        balancer_next(b, &a);
+        for (int r = 0; r < n_ranks; r++) {
+            seconds[r] = a.predicted_seconds[r] * (1.2 + 0.01 * r);
+            for (int m = a.rank_micro_start[r]; m < a.rank_micro_start[r + 1]; m++)
+                for (int64_t k = a.micro_start[m]; k < a.micro_start[m + 1]; k++) {
+                    if (used + 5 > capacity) { capacity *= 2; values = realloc(values, capacity * sizeof(int64_t)); }
+                    int64_t record[5] = {a.step, a.epoch, r, m, a.ids[k]};
+                    memcpy(values + used, record, sizeof(record));
+                    used += 5;
+                }
+        }
+        balancer_observe(b, seconds);
+    }
+    free(seconds);
+    balance_assignment_free(&a);
+    *n_values = (int64_t)used;
+    return values;
+}
+
+static void test_same_seed_same_assignments(void **state)
+{
+    (void)state;
+    for (int s = 0; s < 3; s++) {
+        deck config = test_deck(all_strategies[s], 77);
+        balance_sample *samples = random_samples(3, 500, 5000);
+        double budget = mem_of(&config, 9000);
+        balancer *b1 = balancer_create(&config, samples, 500, 5, budget);
+        balancer *b2 = balancer_create(&config, samples, 500, 5, budget);
+        config.run.seed = 78;
+        balancer *b3 = balancer_create(&config, samples, 500, 5, budget);
+        int64_t n1, n2, n3;
+        int64_t *v1 = record_steps(b1, 5, 40, &n1), *v2 = record_steps(b2, 5, 40, &n2), *v3 = record_steps(b3, 5, 40, &n3);
+        assert_int_equal(n1, n2);
+        assert_memory_equal(v1, v2, (size_t)n1 * sizeof(int64_t));
+        assert_true(n1 != n3 || memcmp(v1, v3, (size_t)n1 * sizeof(int64_t)) != 0);
+        free(v1); free(v2); free(v3);
+        balancer_free(b1); balancer_free(b2); balancer_free(b3);
+        free(samples);
+    }
+}
+
+static void test_epoch_orders_differ(void **state)
+{
+    (void)state;
+    deck config = test_deck(STRATEGY_GLOBAL, 9);
+    config.balance.global_batch = 1;   /* one sample per step: the order itself */
+    balance_sample *samples = random_samples(4, 200, 3000);
+    balancer *b = balancer_create(&config, samples, 200, 1, mem_of(&config, 9000));
+    int64_t order[2][200];
+    balance_assignment a = {0};
+    for (int e = 0; e < 2; e++)
+        for (int i = 0; i < 200; i++) {
+            balancer_next(b, &a);
+            assert_int_equal(a.epoch, e);
+            assert_int_equal(a.global_samples, 1);
+            order[e][i] = a.ids[0];
+        }
+    assert_true(memcmp(order[0], order[1], sizeof(order[0])) != 0);
+    balance_assignment_free(&a);
+    balancer_free(b);
+    free(samples);
+}
+
+static void check_resume(deck_strategy strategy, int64_t global_batch, int steps_before, int ranks_after)
+{
+    deck config = test_deck(strategy, 123);
+    config.balance.global_batch = global_batch;
+    const int n_ranks = 4;
+    balance_sample *samples = random_samples(8, 700, 6000);
+    double budget = mem_of(&config, 9000);
+    balancer *original = balancer_create(&config, samples, 700, n_ranks, budget);
+    int64_t n_before;
+    free(record_steps(original, n_ranks, steps_before, &n_before));
+    size_t n_bytes = balancer_state_bytes(original);
+    void *buffer = malloc(n_bytes);
+    balancer_save_state(original, buffer);
+    balancer *resumed = balancer_create(&config, samples, 700, ranks_after, budget);
+    assert_int_equal(balancer_load_state(resumed, buffer, n_bytes), 0);
+    if (ranks_after == n_ranks) {
+        int64_t n1, n2;
+        int64_t *continued = record_steps(original, n_ranks, 60, &n1), *after = record_steps(resumed, n_ranks, 60, &n2);
+        assert_int_equal(n1, n2);
+        assert_memory_equal(continued, after, (size_t)n1 * sizeof(int64_t));
+        free(continued); free(after);
+    } else {
+        /* another rank count: the same samples in the rest of the epoch */
+        balance_assignment a = {0}, c = {0};
+        int *seen_original = calloc(700, sizeof(int)), *seen_resumed = calloc(700, sizeof(int));
+        int64_t epoch = -1;
+        for (int t = 0; t < 400; t++) {
+            balancer_next(original, &a);
+            if (epoch < 0) epoch = a.epoch;
+            if (a.epoch != epoch) break;
+            for (int64_t k = 0; k < a.global_samples; k++) seen_original[a.indices[k]]++;
+        }
+        for (int t = 0; t < 400; t++) {
+            balancer_next(resumed, &c);
+            if (c.epoch != epoch) break;
+            for (int64_t k = 0; k < c.global_samples; k++) seen_resumed[c.indices[k]]++;
+        }
+        assert_memory_equal(seen_original, seen_resumed, 700 * sizeof(int));
+        free(seen_original); free(seen_resumed);
+        balance_assignment_free(&a); balance_assignment_free(&c);
+    }
+    free(buffer);
+    balancer_free(original);
+    balancer_free(resumed);
+    free(samples);
+}
+
+static void test_resume_mid_epoch(void **state)
+{
+    (void)state;
+    for (int s = 0; s < 3; s++) check_resume(all_strategies[s], 0, 7, 4);
+    check_resume(STRATEGY_GLOBAL, 37, 11, 4);
+}
+
+static void test_resume_other_rank_count(void **state)
+{
+    (void)state;
+    check_resume(STRATEGY_GLOBAL, 0, 5, 6);
+    check_resume(STRATEGY_EQUAL_TOKENS, 0, 5, 3);
+}
+
+static void test_state_rejects_other_runs(void **state)
+{
+    (void)state;
+    deck config = test_deck(STRATEGY_GLOBAL, 1);
+    balance_sample *samples = random_samples(2, 300, 4000);
+    double budget = mem_of(&config, 9000);
+    balancer *b = balancer_create(&config, samples, 300, 2, budget);
+    balance_assignment a = {0};
+    balancer_next(b, &a);
+    size_t n_bytes = balancer_state_bytes(b);
+    unsigned char *buffer = malloc(n_bytes);
+    balancer_save_state(b, buffer);
+    assert_int_not_equal(balancer_load_state(b, buffer, n_bytes - 8), 0);       /* truncated */
+    samples[5].tokens += 1;                                                       /* another store */
+    balancer *other = balancer_create(&config, samples, 300, 2, budget);
+    assert_int_not_equal(balancer_load_state(other, buffer, n_bytes), 0);
+    samples[5].tokens -= 1;
+    config.run.seed = 2;                                                          /* another seed */
+    balancer *reseeded = balancer_create(&config, samples, 300, 2, budget);
+    assert_int_not_equal(balancer_load_state(reseeded, buffer, n_bytes), 0);
+    buffer[0] ^= 0xff;                                                            /* not a state */
+    assert_int_not_equal(balancer_load_state(b, buffer, n_bytes), 0);
+    free(buffer);
+    balance_assignment_free(&a);
+    balancer_free(b); balancer_free(other); balancer_free(reseeded);
+    free(samples);
+}
+
+static void test_oversize_error_names_sample(void **state)
+{
+    (void)state;
+    deck config = test_deck(STRATEGY_GLOBAL, 1);
+    balance_sample samples[4] = {{10, 100, 512}, {11, 70000, 512}, {12, 200, 512}, {13, 300, 512}};
+    FILE *errors = tmpfile();
+    balancer *b = balancer_create_checked(&config, samples, 4, 2, mem_of(&config, 20000), errors);
+    assert_null(b);
+    char text[2048] = {0};
+    rewind(errors);
+    size_t n_read = fread(text, 1, sizeof(text) - 1, errors);
+    fclose(errors);
+    assert_true(n_read > 0);
+    assert_non_null(strstr(text, "sample 11: 70000 tokens"));
+    assert_non_null(strstr(text, "memory budget"));
+    assert_non_null(strstr(text, "oversize = skip"));
+}
+
+static void test_oversize_skip(void **state)
+{
+    (void)state;
+    deck config = test_deck(STRATEGY_GLOBAL, 1);
+    config.balance.oversize = OVERSIZE_SKIP;
+    balance_sample samples[5] = {{10, 100, 512}, {11, 70000, 512}, {12, 200, 512}, {13, 90000, 512}, {14, 50, 512}};
+    balancer *b = balancer_create_checked(&config, samples, 5, 2, mem_of(&config, 20000), stderr);
+    assert_non_null(b);
+    assert_int_equal(balancer_skipped(b), 2);
+    assert_int_equal(balancer_epoch_samples(b), 3);
+    balance_assignment a = {0};
+    for (int t = 0; t < 6; t++) {
+        balancer_next(b, &a);
+        for (int64_t k = 0; k < a.global_samples; k++) assert_true(a.ids[k] != 11 && a.ids[k] != 13);
+    }
+    balance_assignment_free(&a);
+    balancer_free(b);
+}
+
+static void test_global_fixed_batch(void **state)
+{
+    (void)state;
+    deck config = test_deck(STRATEGY_GLOBAL, 5);
+    config.balance.global_batch = 64;
+    balance_sample *samples = random_samples(6, 1000, 6000);
+    balancer *b = balancer_create(&config, samples, 1000, 3, mem_of(&config, 9000));
+    balance_assignment a = {0};
+    int64_t total = 0;
+    for (int t = 0; t < 16; t++) {   /* 15 full steps and the epoch's last 40 */
+        balancer_next(b, &a);
+        assert_int_equal(a.epoch, 0);
+        assert_int_equal(a.global_samples, t < 15 ? 64 : 40);
+        total += a.global_samples;
+    }
+    assert_int_equal(total, 1000);
+    balancer_next(b, &a);
+    assert_int_equal(a.epoch, 1);
+    balance_assignment_free(&a);
+    balancer_free(b);
+    free(samples);
+}
+
+/* A mixed image/video-like set: the global packer balances predicted cost within 2%. */
+static void test_global_balances_mixed_lengths(void **state)
+{
+    (void)state;
+    deck config = test_deck(STRATEGY_GLOBAL, 11);
+    config.balance.recompute = RECOMPUTE_BLOCK;
+    config.balance.max_tokens = 76032;
+    config.balance.pool = 4096;
+    const int32_t shapes[6] = {256, 1024, 2304, 7800, 32760, 76032};
+    const double weights[6] = {40, 25, 15, 12, 6, 2};
+    uint64_t rng = 5;
+    const int64_t n_samples = 20000;
+    balance_sample *samples = malloc(n_samples * sizeof(*samples));
+    for (int64_t i = 0; i < n_samples; i++) {
+        double u = rng_uniform(&rng) * 100, cumulative = 0;
+        int k = 0;
+        while (k < 5 && (cumulative += weights[k]) < u) k++;
+        samples[i] = (balance_sample){i, shapes[k], 512};
+    }
+    for (int n_ranks = 8; n_ranks <= 64; n_ranks *= 8) {
+        balancer *b = balancer_create(&config, samples, n_samples, n_ranks, mem_of(&config, 300000));
+        balance_assignment a = {0};
+        double imbalance = 0;
+        int64_t steps = 0, seen = 0;
+        while (seen < n_samples) {
+            balancer_next(b, &a);
+            double max = 0, sum = 0;
+            for (int r = 0; r < n_ranks; r++) { max = fmax(max, a.predicted_seconds[r]); sum += a.predicted_seconds[r]; }
+            imbalance += 1 - sum / n_ranks / max;
+            seen += a.global_samples;
+            steps++;
+        }
+        assert_true(imbalance / steps < 0.02);
+        balance_assignment_free(&a);
+        balancer_free(b);
+    }
+    free(samples);
+}
+
+static void test_equal_tokens_batches(void **state)
+{
+    (void)state;
+    deck config = test_deck(STRATEGY_EQUAL_TOKENS, 3);
+    balance_sample *samples = random_samples(12, 600, 5000);
+    balancer *b = balancer_create(&config, samples, 600, 4, mem_of(&config, 9000));
+    balance_assignment a = {0};
+    int64_t seen = 0;
+    while (seen < 600) {
+        balancer_next(b, &a);
+        for (int r = 0; r < 4; r++) {
+            int64_t first = a.rank_start[r], n = a.rank_start[r + 1] - first;
+            if (n == 0) continue;
+            int32_t tokens = samples[a.indices[first]].tokens;
+            int64_t batch = config.balance.max_tokens / tokens;
+            assert_true(n <= (batch > 0 ? batch : 1));
+            for (int64_t k = first; k < first + n; k++) assert_int_equal(samples[a.indices[k]].tokens, tokens);
+        }
+        seen += a.global_samples;
+    }
+    assert_int_equal(seen, 600);
+    balance_assignment_free(&a);
+    balancer_free(b);
+    free(samples);
+}
+
+static void test_dual_constraints(void **state)
+{
+    (void)state;
+    deck config = test_deck(STRATEGY_DUAL, 3);
+    balance_sample *samples = random_samples(13, 600, 5000);
+    double budget = mem_of(&config, 9000);
+    balancer *b = balancer_create(&config, samples, 600, 4, budget);
+    const double p = balancer_dual_p(b);
+    assert_true(p >= 1.0 && p <= 2.0);
+    const cost_model *cm = balancer_cost_model(b);
+    balance_assignment a = {0};
+    int64_t seen = 0;
+    while (seen < 600) {
+        balancer_next(b, &a);
+        for (int r = 0; r < 4; r++) {
+            int64_t first = a.rank_start[r], n = a.rank_start[r + 1] - first;
+            if (n <= 1) continue;
+            /* B x S samples of one bucket fit the memory budget at the bucket's longest text: one micro-batch */
+            assert_int_equal(a.rank_micro_start[r + 1] - a.rank_micro_start[r], 1);
+            double bytes = 0;
+            for (int64_t k = first; k < first + n; k++) bytes += cost_model_mem(cm, samples[a.indices[k]].tokens, 512);
+            assert_true(bytes <= budget * 1.0001);
+        }
+        seen += a.global_samples;
+    }
+    balance_assignment_free(&a);
+    balancer_free(b);
+    free(samples);
+}
+
+static void test_flops_and_attention_share(void **state)
+{
+    (void)state;
+    deck config;
+    deck_defaults(&config);   /* Wan-1.3B dims */
+    double gemm, attention;
+    cost_model_flops(&config, 32760, 512, &gemm, &attention);
+    double share = attention / (gemm + attention);
+    assert_true(share > 0.6 && share < 0.8);   /* DESIGN.md: ~70% at 32k tokens */
+    /* forward+backward = 3 x forward: a per-token block GEMM count of 3 * 30 * (12 D^2 + 4 D F) */
+    double d = 1536, f = 8960, expected_gemm = 3 * 30 * (12 * d * d + 4 * d * f) * 1000;
+    double gemm_small;
+    cost_model_flops(&config, 1000, 0, &gemm_small, NULL);
+    assert_true(fabs(gemm_small / expected_gemm - 1) < 0.01);
+    int64_t params = cost_model_param_count(&config);
+    assert_true(params > 1200000000 && params < 1600000000);
+    cost_model cm;
+    cost_model_init(&cm, &config);
+    double seconds = cost_model_predict(&cm, 32760, 512);
+    double expected = gemm / (config.balance.device_tflops * 1e12) + attention / (config.balance.attention_tflops * 1e12);
+    assert_true(fabs(seconds / expected - 1) < 1e-9);
+    cost_model_free(&cm);
+}
+
+static void test_memory_model(void **state)
+{
+    (void)state;
+    deck config;
+    deck_defaults(&config);
+    config.balance.recompute = RECOMPUTE_NONE;
+    double none_1k = mem_of(&config, 1000), none_2k = mem_of(&config, 2000), none_3k = mem_of(&config, 3000);
+    assert_true(fabs((none_3k - none_2k) - (none_2k - none_1k)) < 1e-6 * none_3k);   /* linear in S */
+    config.balance.recompute = RECOMPUTE_BLOCK;
+    double block_75k = mem_of(&config, 75600);
+    config.balance.recompute = RECOMPUTE_NONE;
+    double none_75k = mem_of(&config, 75600);
+    assert_true(block_75k < none_75k / 5);
+    assert_true(block_75k < 80.0 * 1073741824.0 - cost_model_state_bytes(&config));   /* fits an 80 GiB GPU */
+    assert_true(none_75k > 80.0 * 1073741824.0);                                      /* ... only recomputing */
+    cost_model cm;
+    cost_model_init(&cm, &config);
+    int64_t fit = balancer_max_tokens_in_budget(&cm, none_3k, 512);
+    assert_true(fit >= 2999 && fit <= 3000);
+    cost_model_free(&cm);
+}
+
+static void test_nnls_clamps_negative(void **state)
+{
+    (void)state;
+    /* unconstrained solution of A x = b is (2, -1): NNLS gives x2 = 0, x1 = b1 / a11 */
+    const double a[4] = {2, 1, 1, 2};
+    const double b[2] = {3, 0};
+    double x[2];
+    cost_nnls_normal(2, a, b, x);
+    assert_true(fabs(x[0] - 1.5) < 1e-12);
+    assert_true(x[1] == 0);
+    const double b_positive[2] = {4, 5};   /* (1, 2) */
+    cost_nnls_normal(2, a, b_positive, x);
+    assert_true(fabs(x[0] - 1) < 1e-12 && fabs(x[1] - 2) < 1e-12);
+}
+
+/* Steps of synthetic rank observations from true coefficients, with relative noise and stragglers. */
+static void observe_synthetic(cost_model *cm, const double *true_coef, int n_steps, int n_ranks, double noise,
+                              double straggler_fraction, uint64_t seed)
+{
+    uint64_t rng = seed;
+    cost_features *features = malloc((size_t)n_ranks * sizeof(*features));
+    double *seconds = malloc((size_t)n_ranks * sizeof(double));
+    for (int t = 0; t < n_steps; t++) {
+        for (int r = 0; r < n_ranks; r++) {
+            memset(&features[r], 0, sizeof(features[r]));
+            /* image-only ranks and video ranks: token counts log-uniform in [256, 40000) per rank */
+            int n = 1 + (int)(rng_next_u64(&rng) % 12);
+            double log_tokens = log(256.0) + rng_uniform(&rng) * log(40000.0 / 256.0);
+            for (int i = 0; i < n; i++) {
+                int64_t tokens = (int64_t)exp(log_tokens + 0.3 * rng_uniform(&rng));
+                int64_t text = 32 + (int64_t)(rng_next_u64(&rng) % 480);
+                cost_features_add(&features[r], tokens, text);
+            }
+            double truth = 0;
+            for (int j = 0; j < COST_N_FEATURES; j++) truth += true_coef[j] * features[r].value[j];
+            seconds[r] = truth * (1 + noise * (2 * rng_uniform(&rng) - 1));
+            if (rng_uniform(&rng) < straggler_fraction) seconds[r] *= 3;
+        }
+        cost_model_observe_step(cm, n_ranks, features, seconds);
+        cost_model_refit(cm);   /* as the balancer does after every observed step */
+    }
+    free(features);
+    free(seconds);
+}
+
+static void check_refit(double noise, double straggler_fraction, double tolerance)
+{
+    deck config;
+    deck_defaults(&config);
+    config.balance.calibrate_window = 40;
+    cost_model cm;
+    cost_model_init(&cm, &config);
+    double truth[COST_N_FEATURES];
+    const double factor[COST_N_FEATURES] = {1.5, 0.8, 1.3, 1.1, 0.7};
+    for (int j = 0; j < COST_N_FEATURES; j++) truth[j] = cm.seed_coef[j] * factor[j];
+    truth[0] += 0.002;   /* a per-sample overhead the FLOPs do not see (2 ms) */
+    observe_synthetic(&cm, truth, 60, 16, noise, straggler_fraction, 42);
+    assert_true(fabs(cm.coef[2] / cm.seed_coef[2] - factor[2]) < 0.1);   /* it moved from the seed */
+    for (int j = 1; j <= 2; j++) assert_true(fabs(cm.coef[j] / truth[j] - 1) < tolerance);   /* b, c */
+    /* predictions (where every term matters) within tolerance over a range of shapes */
+    const int64_t shapes[4][2] = {{256, 64}, {4096, 512}, {32760, 512}, {75600, 300}};
+    for (int k = 0; k < 4; k++) {
+        double predicted = cost_model_predict(&cm, shapes[k][0], shapes[k][1]);
+        double s = (double)shapes[k][0], l = (double)shapes[k][1];
+        double expected = truth[0] + truth[1] * s + truth[2] * s * s + truth[3] * s * l + truth[4] * l;
+        if (!(fabs(predicted / expected - 1) < tolerance)) fprintf(stderr, "shape %d: predicted %g expected %g (noise %g)\n", k, predicted, expected, noise);
+        assert_true(fabs(predicted / expected - 1) < tolerance);
+    }
+    for (int j = 0; j < COST_N_FEATURES; j++) assert_true(cm.coef[j] >= 0);
+    cost_model_free(&cm);
+}
+
+static void test_refit_recovers_coefficients(void **state)
+{
+    (void)state;
+    check_refit(0.0, 0.0, 1e-3);
+    check_refit(0.05, 0.0, 0.05);
+}
+
+static void test_refit_ignores_stragglers(void **state)
+{
+    (void)state;
+    check_refit(0.03, 0.03, 0.05);
+}
+
+static void test_refit_needs_observations(void **state)
+{
+    (void)state;
+    deck config;
+    deck_defaults(&config);
+    cost_model cm;
+    cost_model_init(&cm, &config);
+    double truth[COST_N_FEATURES];
+    for (int j = 0; j < COST_N_FEATURES; j++) truth[j] = 2 * cm.seed_coef[j];
+    observe_synthetic(&cm, truth, 1, 4, 0, 0, 1);   /* 4 observations: too few */
+    assert_int_equal(cost_model_refit(&cm), 0);
+    assert_memory_equal(cm.coef, cm.seed_coef, sizeof(cm.coef));
+    cost_model_free(&cm);
+}
+
+static void test_calibration_follows_device(void **state)
+{
+    (void)state;
+    /* measured times 1.5x the seed: after a few observed steps the balancer predicts 1.5x */
+    deck config = test_deck(STRATEGY_GLOBAL, 21);
+    balance_sample *samples = random_samples(21, 2000, 6000);
+    balancer *b = balancer_create(&config, samples, 2000, 4, mem_of(&config, 9000));
+    double seed_prediction = cost_model_predict(balancer_cost_model(b), 3000, 512);
+    cost_model truth;
+    cost_model_init(&truth, &config);
+    balance_assignment a = {0};
+    double seconds[4];
+    for (int t = 0; t < 12; t++) {
+        balancer_next(b, &a);
+        for (int r = 0; r < 4; r++) {   /* the device's time, not the balancer's current belief */
+            seconds[r] = 0;
+            for (int64_t k = a.rank_start[r]; k < a.rank_start[r + 1]; k++) {
+                const balance_sample *s = &samples[a.indices[k]];
+                seconds[r] += 1.5 * cost_model_predict(&truth, s->tokens, s->text_len);
+            }
+        }
+        balancer_observe(b, seconds);
+    }
+    double calibrated = cost_model_predict(balancer_cost_model(b), 3000, 512);
+    assert_true(fabs(calibrated / (1.5 * seed_prediction) - 1) < 0.02);
+    cost_model_free(&truth);
+    /* calibrate = off: nothing changes */
+    config.balance.calibrate = 0;
+    balancer *fixed = balancer_create(&config, samples, 2000, 4, mem_of(&config, 9000));
+    for (int t = 0; t < 12; t++) {
+        balancer_next(fixed, &a);
+        for (int r = 0; r < 4; r++) seconds[r] = 1.5 * a.predicted_seconds[r];
+        balancer_observe(fixed, seconds);
+    }
+    assert_true(cost_model_predict(balancer_cost_model(fixed), 3000, 512) == seed_prediction);
+    balance_assignment_free(&a);
+    balancer_free(b);
+    balancer_free(fixed);
+    free(samples);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_flops_and_attention_share),
+        cmocka_unit_test(test_memory_model),
+        cmocka_unit_test(test_nnls_clamps_negative),
+        cmocka_unit_test(test_refit_recovers_coefficients),
+        cmocka_unit_test(test_refit_ignores_stragglers),
+        cmocka_unit_test(test_refit_needs_observations),
+        cmocka_unit_test(test_calibration_follows_device),
+        cmocka_unit_test(test_each_sample_once_per_epoch),
+        cmocka_unit_test(test_more_ranks_than_samples),
+        cmocka_unit_test(test_same_seed_same_assignments),
+        cmocka_unit_test(test_epoch_orders_differ),
+        cmocka_unit_test(test_resume_mid_epoch),
+        cmocka_unit_test(test_resume_other_rank_count),
+        cmocka_unit_test(test_state_rejects_other_runs),
+        cmocka_unit_test(test_oversize_error_names_sample),
+        cmocka_unit_test(test_oversize_skip),
+        cmocka_unit_test(test_global_fixed_batch),
+        cmocka_unit_test(test_global_balances_mixed_lengths),
+        cmocka_unit_test(test_equal_tokens_batches),
+        cmocka_unit_test(test_dual_constraints),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,834 @@
+/* test_store.c — cmocka tests of the latent store (conversions, round trips in every precision, the index,
+   every error a reader can meet) and of length specs (parser errors with line numbers, seeded draws). */
+#include "lengths.h"
+#include "rng.h"
+#include "store.h"
+
+#include <hdf5.h>
+
+#include <dirent.h>
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+/* ---- per-test temporary folder in the build directory ------------------------------------------ */
+
+typedef struct { char dir[256]; char path[512]; } test_folder;
+
+static int folder_setup(void **state)
+{
+    test_folder *folder = calloc(1, sizeof *folder);
+    snprintf(folder->dir, sizeof folder->dir, "test_store.tmp.XXXXXX");
+    if (!folder || !mkdtemp(folder->dir)) return -1;
+    snprintf(folder->path, sizeof folder->path, "%s/store.h5", folder->dir);
+    *state = folder;
+    return 0;
+}
+
+static int folder_teardown(void **state)
+{
+    test_folder *folder = *state;
+    DIR *dir = opendir(folder->dir);
+    if (dir) {
+        char path[600];
+        for (struct dirent *entry = readdir(dir); entry; entry = readdir(dir)) {
+            if (strcmp(entry->d_name, ".") == 0 || strcmp(entry->d_name, "..") == 0) continue;
+            snprintf(path, sizeof path, "%s/%s", folder->dir, entry->d_name);
+            unlink(path);
+        }
+        closedir(dir);
+    }
+    rmdir(folder->dir);
+    free(folder);
+    return 0;
+}
+
+static const char *top_srcdir(void)
+{
+    const char *dir = getenv("top_srcdir");
+    return dir && dir[0] ? dir : ALDIT_TOP_SRCDIR;
+}
+
+/* ---- a store of random samples, kept in memory for comparison -------------------------------------- */
+
+enum { TEXT_DIM = 5, CHANNELS = 3 };
+
+typedef struct {
+    int n_samples;
+    int32_t frames[64], height[64], width[64], text_len[64];
+    float *latent[64], *text[64];
+} sample_set;
+
+static void sample_set_make(sample_set *set, int n_samples, uint64_t seed)
+{
+    uint64_t state = seed;
+    set->n_samples = n_samples;
+    for (int i = 0; i < n_samples; i++) {
+        set->frames[i] = 1 + (int32_t)(rng_next_u64(&state) % 4);
+        set->height[i] = 1 + (int32_t)(rng_next_u64(&state) % 9);
+        set->width[i] = 1 + (int32_t)(rng_next_u64(&state) % 9);
+        set->text_len[i] = 1 + (int32_t)(rng_next_u64(&state) % 7);
+        int64_t n_latent = (int64_t)CHANNELS * set->frames[i] * set->height[i] * set->width[i];
+        int64_t n_text = (int64_t)set->text_len[i] * TEXT_DIM;
+        set->latent[i] = malloc((size_t)n_latent * sizeof(float));
+        set->text[i] = malloc((size_t)n_text * sizeof(float));
+        for (int64_t j = 0; j < n_latent; j++) set->latent[i][j] = (float)(6.0 * rng_uniform(&state) - 3.0);
+        for (int64_t j = 0; j < n_text; j++) set->text[i][j] = (float)rng_normal(&state);
+    }
+}
+
+static void sample_set_free(sample_set *set)
+{
+    for (int i = 0; i < set->n_samples; i++) {
+        free(set->latent[i]);
+        free(set->text[i]);
+    }
+}
+
+static void write_set(const char *path, const sample_set *set, store_precision precision)
+{
+    store_writer *writer = store_writer_create(path, TEXT_DIM, precision, stderr);
+    assert_non_null(writer);
+    for (int i = 0; i < set->n_samples; i++)
+        assert_int_equal(store_writer_add(writer, CHANNELS, set->frames[i], set->height[i], set->width[i], set->latent[i],
+                                          set->text_len[i], set->text[i]), 0);
+    assert_int_equal(store_writer_close(writer), 0);
+}
+
+/* Writes a default 12-sample bf16 store at the folder's path. */
+static void write_default_store(const test_folder *folder)
+{
+    sample_set set;
+    sample_set_make(&set, 12, 42);
+    write_set(folder->path, &set, STORE_BF16);
+    sample_set_free(&set);
+}
+
+/* store_open must fail and its message must contain every given fragment. */
+static void expect_open_error(const char *path, const char *fragment, const char *fragment2)
+{
+    char *messages = NULL;
+    size_t size = 0;
+    FILE *errors = open_memstream(&messages, &size);
+    store s;
+    int status = store_open(&s, path, errors);
+    fclose(errors);
+    if (status == 0) store_close(&s);
+    assert_int_not_equal(status, 0);
+    if (!strstr(messages, fragment) || (fragment2 && !strstr(messages, fragment2)))
+        fail_msg("message '%s' lacks '%s' / '%s'", messages, fragment, fragment2 ? fragment2 : "");
+    free(messages);
+}
+
+/* Opens the store read-write with HDF5 directly (to damage it on purpose). */
+static hid_t open_rw(const char *path)
+{
+    hid_t file = H5Fopen(path, H5F_ACC_RDWR, H5P_DEFAULT);
+    assert_true(file >= 0);
+    return file;
+}
+
+/* ---- conversions and checksums ------------------------------------------------------------------ */
+
+static float from_bits(uint32_t bits)
+{
+    float value;
+    memcpy(&value, &bits, sizeof value);
+    return value;
+}
+
+static void test_bf16_conversion(void **state)
+{
+    (void)state;
+    assert_int_equal(store_f32_to_bf16(1.0f), 0x3f80);
+    assert_int_equal(store_f32_to_bf16(-2.0f), 0xc000);
+    assert_int_equal(store_f32_to_bf16(from_bits(0x3f808000u)), 0x3f80); /* tie -> even */
+    assert_int_equal(store_f32_to_bf16(from_bits(0x3f818000u)), 0x3f82); /* tie -> even (up) */
+    assert_int_equal(store_f32_to_bf16(from_bits(0x3f808001u)), 0x3f81); /* above the tie -> up */
+    assert_true(isnan(store_bf16_to_f32(store_f32_to_bf16(NAN))));
+    for (uint32_t bits = 0; bits < 0x10000u; bits++) { /* every finite bf16 survives the round trip */
+        if ((bits & 0x7f80u) == 0x7f80u) continue;
+        assert_int_equal(store_f32_to_bf16(store_bf16_to_f32((uint16_t)bits)), bits);
+    }
+}
+
+static void test_f16_conversion(void **state)
+{
+    (void)state;
+    assert_int_equal(store_f32_to_f16(1.0f), 0x3c00);
+    assert_int_equal(store_f32_to_f16(-2.0f), 0xc000);
+    assert_int_equal(store_f32_to_f16(0.1f), 0x2e66);
+    assert_int_equal(store_f32_to_f16(65504.0f), 0x7bff);
+    assert_int_equal(store_f32_to_f16(65519.0f), 0x7bff);
+    assert_int_equal(store_f32_to_f16(65520.0f), 0x7c00);          /* rounds to infinity */
+    assert_int_equal(store_f32_to_f16(0x1.0p-24f), 0x0001);        /* smallest subnormal */
+    assert_int_equal(store_f32_to_f16(0x1.0p-25f), 0x0000);        /* tie -> even (zero) */
+    assert_int_equal(store_f32_to_f16(0x1.8p-25f), 0x0001);
+    assert_int_equal(store_f32_to_f16(0x1.ff8p-15f), 0x03ff);      /* largest subnormal */
+    assert_int_equal(store_f32_to_f16(0x1.ffcp-15f), 0x0400);      /* tie -> even: up into the normals */
+    assert_int_equal(store_f32_to_f16(1.0f + 0x1.0p-11f), 0x3c00); /* tie -> even */
+    assert_int_equal(store_f32_to_f16(1.0f + 0x1.8p-10f), 0x3c02); /* tie -> even (up) */
+    for (uint32_t bits = 0; bits < 0x10000u; bits++) {
+        if ((bits & 0x7c00u) == 0x7c00u) continue;
+        assert_int_equal(store_f32_to_f16(store_f16_to_f32((uint16_t)bits)), bits);
+    }
+}
+
+static void test_crc32(void **state)
+{
+    (void)state;
+    assert_int_equal(store_crc32(0, "123456789", 9), 0xcbf43926u); /* the standard check value */
+    assert_int_equal(store_crc32(store_crc32(0, "1234", 4), "56789", 5), 0xcbf43926u);
+    assert_int_equal(store_crc32(0, "", 0), 0);
+}
+
+/* ---- round trips --------------------------------------------------------------------------------- */
+
+/* Writes 40 samples of many shapes in `precision`, reads them back, checks the values within `relative`. */
+static void round_trip(const test_folder *folder, store_precision precision, double relative, double absolute)
+{
+    sample_set set;
+    sample_set_make(&set, 40, 7 + (uint64_t)precision);
+    write_set(folder->path, &set, precision);
+    store s;
+    assert_int_equal(store_open(&s, folder->path, stderr), 0);
+    assert_int_equal(s.n_samples, 40);
+    assert_int_equal(s.text_dim, TEXT_DIM);
+    assert_int_equal(s.latent_channels, CHANNELS);
+    assert_int_equal(s.latent_precision, precision);
+    assert_int_equal(s.text_precision, precision);
+    float *latent = malloc((size_t)s.max_latent_elements * sizeof(float));
+    float *text = malloc((size_t)s.max_text_elements * sizeof(float));
+    for (int i = 0; i < set.n_samples; i++) {
+        const store_sample *sample = &s.samples[i];
+        assert_int_equal(sample->frames, set.frames[i]);
+        assert_int_equal(sample->height, set.height[i]);
+        assert_int_equal(sample->width, set.width[i]);
+        assert_int_equal(sample->text_len, set.text_len[i]);
+        assert_int_equal(store_verify_sample(&s, i, latent, text, stderr), 0);
+        for (int64_t j = 0; j < store_sample_latent_elements(sample); j++) {
+            double expected = set.latent[i][j], error = fabs(latent[j] - expected);
+            if (error > relative * fabs(expected) + absolute)
+                fail_msg("sample %d latent %lld: %g read back as %g", i, (long long)j, expected, (double)latent[j]);
+        }
+        for (int64_t j = 0; j < store_sample_text_elements(&s, sample); j++) {
+            double expected = set.text[i][j], error = fabs(text[j] - expected);
+            if (error > relative * fabs(expected) + absolute)
+                fail_msg("sample %d text %lld: %g read back as %g", i, (long long)j, expected, (double)text[j]);
+        }
+    }
+    free(latent);
+    free(text);
+    store_close(&s);
+    sample_set_free(&set);
+}
+
+static void test_round_trip_f32_exact(void **state) { round_trip(*state, STORE_F32, 0.0, 0.0); }
+/* Round to nearest: relative error at most 2^-p for p significand bits (bf16: 8, f16: 11; f16 subnormals: 2^-25). */
+static void test_round_trip_bf16(void **state) { round_trip(*state, STORE_BF16, 0x1.0p-8, 0.0); }
+static void test_round_trip_f16(void **state) { round_trip(*state, STORE_F16, 0x1.0p-11, 0x1.0p-25); }
+
+static void test_index_offsets_and_checksums(void **state)
+{
+    const test_folder *folder = *state;
+    sample_set set;
+    sample_set_make(&set, 20, 99);
+    write_set(folder->path, &set, STORE_F32);
+    store s;
+    assert_int_equal(store_open(&s, folder->path, stderr), 0);
+    int64_t latent_offset = 0, text_offset = 0, max_latent = 0;
+    for (int i = 0; i < set.n_samples; i++) {
+        const store_sample *sample = &s.samples[i];
+        int64_t n_latent = store_sample_latent_elements(sample), n_text = store_sample_text_elements(&s, sample);
+        assert_int_equal(sample->channels, CHANNELS);
+        assert_int_equal(sample->latent_offset, latent_offset); /* back to back, in order */
+        assert_int_equal(sample->text_offset, text_offset);
+        uint32_t crc = store_crc32(0, set.latent[i], (size_t)n_latent * 4); /* f32: stored bytes = the input */
+        assert_int_equal(sample->checksum, store_crc32(crc, set.text[i], (size_t)n_text * 4));
+        assert_int_equal(store_sample_tokens(sample, 1, 1, 1), (int64_t)sample->frames * sample->height * sample->width);
+        latent_offset += n_latent;
+        text_offset += n_text;
+        if (n_latent > max_latent) max_latent = n_latent;
+    }
+    assert_int_equal(s.latents_length, latent_offset);
+    assert_int_equal(s.text_length, text_offset);
+    assert_int_equal(s.max_latent_elements, max_latent);
+    /* Only one part may be read. */
+    float *values = malloc((size_t)max_latent * sizeof(float));
+    assert_int_equal(store_read_sample(&s, 3, values, NULL, stderr), 0);
+    assert_memory_equal(values, set.latent[3], (size_t)store_sample_latent_elements(&s.samples[3]) * 4);
+    assert_int_equal(store_read_sample(&s, 3, NULL, values, stderr), 0);
+    assert_memory_equal(values, set.text[3], (size_t)store_sample_text_elements(&s, &s.samples[3]) * 4);
+    free(values);
+    store_close(&s);
+    store_close(&s); /* closing twice is harmless */
+    sample_set_free(&set);
+}
+
+static void test_tokens(void **state)
+{
+    (void)state;
+    store_sample largest = {.channels = 16, .frames = 33, .height = 96, .width = 96};
+    assert_int_equal(store_sample_tokens(&largest, 1, 2, 2), 76032);
+    store_sample image = {.channels = 16, .frames = 1, .height = 32, .width = 32};
+    assert_int_equal(store_sample_tokens(&image, 1, 2, 2), 256);
+}
+
+/* ---- writer ------------------------------------------------------------------------------------- */
+
+static void test_writer_publishes_atomically(void **state)
+{
+    const test_folder *folder = *state;
+    char temporary[600];
+    snprintf(temporary, sizeof temporary, "%s.tmp", folder->path);
+    float latent[CHANNELS * 4] = {0}, text[TEXT_DIM] = {1, 2, 3, 4, 5};
+    store_writer *writer = store_writer_create(folder->path, TEXT_DIM, STORE_BF16, stderr);
+    assert_non_null(writer);
+    assert_int_equal(store_writer_add(writer, CHANNELS, 1, 2, 2, latent, 1, text), 0);
+    assert_int_equal(access(folder->path, F_OK), -1); /* nothing under the real name yet */
+    assert_int_equal(access(temporary, F_OK), 0);
+    assert_int_equal(store_writer_close(writer), 0);
+    assert_int_equal(access(folder->path, F_OK), 0);
+    assert_int_equal(access(temporary, F_OK), -1);
+}
+
+static void test_writer_rejects_bad_samples(void **state)
+{
+    const test_folder *folder = *state;
+    char temporary[600];
+    snprintf(temporary, sizeof temporary, "%s.tmp", folder->path);
+    float latent[CHANNELS * 4] = {0}, text[TEXT_DIM] = {0};
+    FILE *quiet = fopen("/dev/null", "w");
+
+    store_writer *writer = store_writer_create(folder->path, TEXT_DIM, STORE_F16, quiet);
+    latent[5] = 1e6f; /* does not fit f16 */
+    assert_int_not_equal(store_writer_add(writer, CHANNELS, 1, 2, 2, latent, 1, text), 0);
+    assert_int_not_equal(store_writer_close(writer), 0); /* a failed add poisons the file */
+    assert_int_equal(access(folder->path, F_OK), -1);
+    assert_int_equal(access(temporary, F_OK), -1);
+
+    writer = store_writer_create(folder->path, TEXT_DIM, STORE_BF16, quiet);
+    latent[5] = NAN;
+    assert_int_not_equal(store_writer_add(writer, CHANNELS, 1, 2, 2, latent, 1, text), 0);
+    store_writer_discard(writer);
+    latent[5] = 0.0f;
+
+    writer = store_writer_create(folder->path, TEXT_DIM, STORE_BF16, quiet);
+    assert_int_equal(store_writer_add(writer, CHANNELS, 1, 2, 2, latent, 1, text), 0);
+    assert_int_not_equal(store_writer_add(writer, CHANNELS - 1, 1, 2, 2, latent, 1, text), 0); /* channels differ */
+    store_writer_discard(writer);
+
+    writer = store_writer_create(folder->path, TEXT_DIM, STORE_BF16, quiet);
+    assert_int_not_equal(store_writer_add(writer, CHANNELS, 1, 2, 2, latent, 0, text), 0); /* text_len >= 1 */
+    store_writer_discard(writer);
+
+    writer = store_writer_create(folder->path, TEXT_DIM, STORE_BF16, quiet);
+    assert_int_not_equal(store_writer_close(writer), 0); /* no samples */
+    assert_int_equal(access(folder->path, F_OK), -1);
+    assert_int_equal(access(temporary, F_OK), -1);
+
+    assert_null(store_writer_create(folder->path, 0, STORE_BF16, quiet)); /* bad text_dim */
+    fclose(quiet);
+}
+
+/* ---- reader errors ------------------------------------------------------------------------------ */
+
+static void test_missing_file(void **state)
+{
+    const test_folder *folder = *state;
+    expect_open_error(folder->path, folder->path, "No such file");
+}
+
+static void test_not_hdf5(void **state)
+{
+    const test_folder *folder = *state;
+    FILE *file = fopen(folder->path, "w");
+    fputs("these are not the latents you are looking for\n", file);
+    fclose(file);
+    expect_open_error(folder->path, folder->path, "not an HDF5 file");
+}
+
+static void test_missing_dataset(void **state)
+{
+    const test_folder *folder = *state;
+    write_default_store(folder);
+    hid_t file = open_rw(folder->path);
+    assert_true(H5Ldelete(file, "/text", H5P_DEFAULT) >= 0);
+    assert_true(H5Fclose(file) >= 0);
+    expect_open_error(folder->path, "dataset /text is missing", NULL);
+}
+
+static void test_misshaped_index(void **state)
+{
+    const test_folder *folder = *state;
+    write_default_store(folder);
+    hid_t file = open_rw(folder->path);
+    assert_true(H5Ldelete(file, "/index", H5P_DEFAULT) >= 0);
+    hsize_t dims[2] = {12, 5};
+    hid_t space = H5Screate_simple(2, dims, NULL);
+    hid_t index = H5Dcreate2(file, "/index", H5T_STD_I64LE, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    assert_true(index >= 0);
+    H5Dclose(index);
+    H5Sclose(space);
+    assert_true(H5Fclose(file) >= 0);
+    expect_open_error(folder->path, "/index has 5 columns", NULL);
+}
+
+static void test_misshaped_latents(void **state)
+{
+    const test_folder *folder = *state;
+    write_default_store(folder);
+    hid_t file = open_rw(folder->path);
+    assert_true(H5Ldelete(file, "/latents", H5P_DEFAULT) >= 0);
+    hsize_t dims[2] = {10, 10};
+    hid_t space = H5Screate_simple(2, dims, NULL);
+    hid_t latents = H5Dcreate2(file, "/latents", H5T_STD_U16LE, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    assert_true(latents >= 0);
+    H5Dclose(latents);
+    H5Sclose(space);
+    assert_true(H5Fclose(file) >= 0);
+    expect_open_error(folder->path, "/latents has 2 dimensions, expected 1", NULL);
+}
+
+/* Rewrites a root attribute: an integer when `text` is NULL, else a string. */
+static void set_root_attribute(const char *path, const char *name, int64_t value, const char *text)
+{
+    hid_t file = open_rw(path);
+    assert_true(H5Adelete(file, name) >= 0);
+    hid_t space = H5Screate(H5S_SCALAR), type = text ? H5Tcopy(H5T_C_S1) : H5Tcopy(H5T_STD_I64LE);
+    if (text) H5Tset_size(type, strlen(text));
+    hid_t attribute = H5Acreate2(file, name, type, space, H5P_DEFAULT, H5P_DEFAULT);
+    assert_true(attribute >= 0);
+    assert_true(H5Awrite(attribute, text ? type : H5T_NATIVE_INT64, text ? (const void *)text : (const void *)&value) >= 0);
+    H5Aclose(attribute);
+    H5Tclose(type);
+    H5Sclose(space);
+    assert_true(H5Fclose(file) >= 0);
+}
+
+static void test_version_mismatch(void **state)
+{
+    const test_folder *folder = *state;
+    write_default_store(folder);
+    set_root_attribute(folder->path, "aldit_store_version", 2, NULL);
+    expect_open_error(folder->path, "store format version 2", "reads version 1");
+}
+
+static void test_dtype_mismatch(void **state)
+{
+    const test_folder *folder = *state;
+    write_default_store(folder); /* bf16: uint16 data */
+    set_root_attribute(folder->path, "latent_dtype", 0, "f32");
+    expect_open_error(folder->path, "/latents holds 2-byte integer values", "latent_dtype = f32");
+    set_root_attribute(folder->path, "latent_dtype", 0, "f64");
+    expect_open_error(folder->path, "latent_dtype is 'f64'", NULL);
+}
+
+static void test_corrupt_index_out_of_range(void **state)
+{
+    const test_folder *folder = *state;
+    write_default_store(folder);
+    hid_t file = open_rw(folder->path);
+    hid_t index = H5Dopen2(file, "/index", H5P_DEFAULT);
+    int64_t rows[12][STORE_INDEX_COLUMNS];
+    assert_true(H5Dread(index, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, rows) >= 0);
+    rows[1][5] = INT64_C(1) << 40; /* latent_offset far past the end */
+    assert_true(H5Dwrite(index, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, rows) >= 0);
+    H5Dclose(index);
+    assert_true(H5Fclose(file) >= 0);
+    expect_open_error(folder->path, "/index row 1 (sample 1)", "outside /latents");
+}
+
+static void test_out_of_range_id(void **state)
+{
+    const test_folder *folder = *state;
+    write_default_store(folder);
+    store s;
+    assert_int_equal(store_open(&s, folder->path, stderr), 0);
+    float *latent = malloc((size_t)s.max_latent_elements * sizeof(float));
+    char *messages = NULL;
+    size_t size = 0;
+    FILE *errors = open_memstream(&messages, &size);
+    assert_int_not_equal(store_read_sample(&s, 12, latent, NULL, errors), 0);
+    assert_int_not_equal(store_read_sample(&s, -1, latent, NULL, errors), 0);
+    fclose(errors);
+    assert_non_null(strstr(messages, "sample id 12 out of range (the store holds 12 samples)"));
+    assert_non_null(strstr(messages, "sample id -1 out of range"));
+    free(messages);
+    free(latent);
+    store_close(&s);
+}
+
+static void test_truncated_file(void **state)
+{
+    const test_folder *folder = *state;
+    sample_set set;
+    sample_set_make(&set, 40, 5);
+    write_set(folder->path, &set, STORE_F32);
+    sample_set_free(&set);
+    struct stat info;
+    assert_int_equal(stat(folder->path, &info), 0);
+    /* Every cut must give an error, never a crash. */
+    const double fractions[] = {0.0, 0.001, 0.01, 0.1, 0.25, 0.5, 0.75, 0.9, 0.99, 0.9999};
+    for (size_t i = 0; i < sizeof fractions / sizeof *fractions; i++) {
+        assert_int_equal(truncate(folder->path, (off_t)(fractions[i] * (double)info.st_size)), 0);
+        expect_open_error(folder->path, folder->path, fractions[i] == 0.0 ? "not an HDF5 file" : NULL);
+    }
+    write_default_store(folder);
+    assert_int_equal(stat(folder->path, &info), 0);
+    assert_int_equal(truncate(folder->path, info.st_size / 2), 0);
+    expect_open_error(folder->path, "truncated", NULL);
+
+    /* Cut under an open store (HDF5 then reads zeros or fails): verify names the damaged sample. */
+    write_default_store(folder);
+    store s;
+    assert_int_equal(store_open(&s, folder->path, stderr), 0);
+    int64_t last = s.n_samples - 1;
+    assert_int_equal(truncate(folder->path, (off_t)(s.samples[last].latent_offset * 2)), 0);
+    float *latent = malloc((size_t)s.max_latent_elements * sizeof(float));
+    float *text = malloc((size_t)s.max_text_elements * sizeof(float));
+    char *messages = NULL, expected[64];
+    size_t size = 0;
+    FILE *errors = open_memstream(&messages, &size);
+    assert_int_not_equal(store_verify_sample(&s, last, latent, text, errors), 0);
+    fclose(errors);
+    snprintf(expected, sizeof expected, "sample %lld: ", (long long)last);
+    if (!strstr(messages, folder->path) || !strstr(messages, expected)) fail_msg("message: %s", messages);
+    free(messages);
+    free(latent);
+    free(text);
+    store_close(&s);
+}
+
+/* Overwrites latent element `element` (stored bits) of the store, optionally fixing the checksum. */
+static void damage_latent(const char *path, int64_t element, uint16_t bits)
+{
+    hid_t file = open_rw(path), latents = H5Dopen2(file, "/latents", H5P_DEFAULT);
+    hid_t space = H5Dget_space(latents);
+    hsize_t start[1] = {(hsize_t)element}, count[1] = {1};
+    hid_t memory = H5Screate_simple(1, count, NULL);
+    assert_true(H5Sselect_hyperslab(space, H5S_SELECT_SET, start, NULL, count, NULL) >= 0);
+    assert_true(H5Dwrite(latents, H5T_NATIVE_UINT16, memory, space, H5P_DEFAULT, &bits) >= 0);
+    H5Sclose(memory);
+    H5Sclose(space);
+    H5Dclose(latents);
+    assert_true(H5Fclose(file) >= 0);
+}
+
+static void test_checksum_mismatch(void **state)
+{
+    const test_folder *folder = *state;
+    write_default_store(folder);
+    store s;
+    assert_int_equal(store_open(&s, folder->path, stderr), 0);
+    int64_t element = s.samples[4].latent_offset + 2;
+    store_close(&s);
+    damage_latent(folder->path, element, 0x4049); /* 3.14 in bf16: finite, but not what was written */
+
+    assert_int_equal(store_open(&s, folder->path, stderr), 0);
+    float *latent = malloc((size_t)s.max_latent_elements * sizeof(float));
+    float *text = malloc((size_t)s.max_text_elements * sizeof(float));
+    char *messages = NULL;
+    size_t size = 0;
+    FILE *errors = open_memstream(&messages, &size);
+    int n_bad = 0;
+    for (int64_t id = 0; id < s.n_samples; id++) n_bad += store_verify_sample(&s, id, latent, text, errors);
+    assert_int_equal(store_read_sample(&s, 4, latent, text, errors), 0); /* a plain read does not check */
+    fclose(errors);
+    assert_int_equal(n_bad, 1);
+    assert_non_null(strstr(messages, "sample 4: checksum mismatch"));
+    free(messages);
+    free(latent);
+    free(text);
+    store_close(&s);
+}
+
+static void test_nonfinite_value(void **state)
+{
+    const test_folder *folder = *state;
+    write_default_store(folder);
+    store s;
+    assert_int_equal(store_open(&s, folder->path, stderr), 0);
+    int64_t element = s.samples[2].latent_offset + 1;
+    /* Fix the checksum so that only the value check can find the problem. */
+    int64_t n_latent = store_sample_latent_elements(&s.samples[2]), n_text = store_sample_text_elements(&s, &s.samples[2]);
+    float *latent = malloc((size_t)s.max_latent_elements * sizeof(float));
+    float *text = malloc((size_t)s.max_text_elements * sizeof(float));
+    assert_int_equal(store_read_sample(&s, 2, latent, text, stderr), 0);
+    store_close(&s);
+    uint16_t *raw_latent = malloc((size_t)n_latent * 2), *raw_text = malloc((size_t)n_text * 2);
+    for (int64_t i = 0; i < n_latent; i++) raw_latent[i] = store_f32_to_bf16(latent[i]);
+    for (int64_t i = 0; i < n_text; i++) raw_text[i] = store_f32_to_bf16(text[i]);
+    raw_latent[1] = 0x7f80; /* +inf */
+    uint32_t crc = store_crc32(store_crc32(0, raw_latent, (size_t)n_latent * 2), raw_text, (size_t)n_text * 2);
+    damage_latent(folder->path, element, 0x7f80);
+    hid_t file = open_rw(folder->path), index = H5Dopen2(file, "/index", H5P_DEFAULT);
+    int64_t rows[12][STORE_INDEX_COLUMNS];
+    assert_true(H5Dread(index, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, rows) >= 0);
+    rows[2][7] = crc;
+    assert_true(H5Dwrite(index, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, rows) >= 0);
+    H5Dclose(index);
+    assert_true(H5Fclose(file) >= 0);
+
+    assert_int_equal(store_open(&s, folder->path, stderr), 0);
+    char *messages = NULL;
+    size_t size = 0;
+    FILE *errors = open_memstream(&messages, &size);
+    assert_int_not_equal(store_verify_sample(&s, 2, latent, text, errors), 0);
+    fclose(errors);
+    assert_non_null(strstr(messages, "sample 2: latent element 1 is not finite"));
+    free(messages);
+    free(raw_latent);
+    free(raw_text);
+    free(latent);
+    free(text);
+    store_close(&s);
+}
+
+/* A store written with plain HDF5 calls the way h5py writes (variable-length string attributes, float16
+   data, no `columns` attribute) must open: the documented format is all a writer needs. */
+static void test_foreign_writer(void **state)
+{
+    const test_folder *folder = *state;
+    hid_t file = H5Fcreate(folder->path, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    assert_true(file >= 0);
+    hid_t half = H5Tcopy(H5T_IEEE_F32LE);
+    H5Tset_fields(half, 15, 10, 5, 0, 10);
+    H5Tset_size(half, 2);
+    H5Tset_ebias(half, 15);
+    /* two samples: [2,1,1,2] latents with 1 and 2 text tokens of width 3 */
+    float latent_values[8] = {1, 2, 3, 4, -1, -2, 0.5f, 0.25f}, text_values[9] = {1, 0, 0, 0, 1, 0, 0, 0, 1};
+    hsize_t n_latent[1] = {8}, n_text[1] = {9}, index_dims[2] = {2, STORE_INDEX_COLUMNS};
+    hid_t space = H5Screate_simple(1, n_latent, NULL);
+    hid_t latents = H5Dcreate2(file, "latents", half, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    assert_true(H5Dwrite(latents, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, latent_values) >= 0);
+    H5Dclose(latents);
+    H5Sclose(space);
+    space = H5Screate_simple(1, n_text, NULL);
+    hid_t text = H5Dcreate2(file, "text", half, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    assert_true(H5Dwrite(text, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, text_values) >= 0);
+    H5Dclose(text);
+    H5Sclose(space);
+    uint16_t raw_latent[8], raw_text[9];
+    for (int i = 0; i < 8; i++) raw_latent[i] = store_f32_to_f16(latent_values[i]);
+    for (int i = 0; i < 9; i++) raw_text[i] = store_f32_to_f16(text_values[i]);
+    int64_t rows[2][STORE_INDEX_COLUMNS] = {
+        {2, 1, 1, 2, 1, 0, 0, store_crc32(store_crc32(0, raw_latent, 8), raw_text, 6)},
+        {2, 1, 1, 2, 2, 4, 3, store_crc32(store_crc32(0, raw_latent + 4, 8), raw_text + 3, 12)}};
+    space = H5Screate_simple(2, index_dims, NULL);
+    hid_t index = H5Dcreate2(file, "index", H5T_STD_I64LE, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    assert_true(H5Dwrite(index, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, rows) >= 0);
+    H5Dclose(index);
+    H5Sclose(space);
+    space = H5Screate(H5S_SCALAR);
+    hid_t string_type = H5Tcopy(H5T_C_S1);
+    H5Tset_size(string_type, H5T_VARIABLE);
+    H5Tset_cset(string_type, H5T_CSET_UTF8);
+    const char *names[2] = {"latent_dtype", "text_dtype"}, *f16 = "f16";
+    for (int i = 0; i < 2; i++) {
+        hid_t attribute = H5Acreate2(file, names[i], string_type, space, H5P_DEFAULT, H5P_DEFAULT);
+        assert_true(H5Awrite(attribute, string_type, &f16) >= 0);
+        H5Aclose(attribute);
+    }
+    const char *int_names[3] = {"aldit_store_version", "text_dim", "latent_channels"};
+    int64_t int_values[3] = {1, 3, 2};
+    for (int i = 0; i < 3; i++) {
+        hid_t attribute = H5Acreate2(file, int_names[i], H5T_STD_I64LE, space, H5P_DEFAULT, H5P_DEFAULT);
+        assert_true(H5Awrite(attribute, H5T_NATIVE_INT64, &int_values[i]) >= 0);
+        H5Aclose(attribute);
+    }
+    H5Tclose(string_type);
+    H5Sclose(space);
+    H5Tclose(half);
+    assert_true(H5Fclose(file) >= 0);
+
+    store s;
+    assert_int_equal(store_open(&s, folder->path, stderr), 0);
+    assert_int_equal(s.n_samples, 2);
+    assert_int_equal(s.latent_precision, STORE_F16);
+    float latent[4], text_out[6];
+    assert_int_equal(store_verify_sample(&s, 1, latent, text_out, stderr), 0);
+    assert_memory_equal(latent, latent_values + 4, sizeof latent);
+    assert_memory_equal(text_out, text_values + 3, sizeof text_out);
+    store_close(&s);
+}
+
+/* ---- length specs -------------------------------------------------------------------------------- */
+
+static void write_text(const char *path, const char *text)
+{
+    FILE *file = fopen(path, "w");
+    assert_non_null(file);
+    fputs(text, file);
+    fclose(file);
+}
+
+/* lengths_load with its messages captured. */
+static int load_spec(const char *path, length_bucket **buckets, int *n_buckets, char **messages)
+{
+    size_t size = 0;
+    FILE *errors = open_memstream(messages, &size);
+    int n_errors = lengths_load(path, buckets, n_buckets, errors);
+    fclose(errors);
+    return n_errors;
+}
+
+static void test_lengths_good(void **state)
+{
+    const test_folder *folder = *state;
+    write_text(folder->path, "# a comment\n\n  3 1 32 32   # images\n0.5\t33 96 96\r\n1e-3 5 60 104\n");
+    length_bucket *buckets = NULL;
+    int n_buckets = 0;
+    char *messages = NULL;
+    assert_int_equal(load_spec(folder->path, &buckets, &n_buckets, &messages), 0);
+    assert_string_equal(messages, "");
+    assert_int_equal(n_buckets, 3);
+    assert_true(buckets[0].weight == 3.0 && buckets[0].frames == 1 && buckets[0].height == 32 && buckets[0].width == 32);
+    assert_true(buckets[1].weight == 0.5 && buckets[1].frames == 33 && buckets[1].height == 96 && buckets[1].width == 96);
+    assert_true(buckets[2].weight == 1e-3 && buckets[2].frames == 5 && buckets[2].height == 60 && buckets[2].width == 104);
+    free(buckets);
+    free(messages);
+}
+
+static void test_lengths_errors_name_lines(void **state)
+{
+    const test_folder *folder = *state;
+    write_text(folder->path,
+               "# header\n"
+               "1 1 32 32\n"
+               "1 1 32\n"           /* line 3: too few fields */
+               "0 1 32 32\n"        /* line 4: zero weight */
+               "1 1 32 32 7\n"      /* line 5: too many fields */
+               "1 1.5 32 32\n"      /* line 6: non-integer frames */
+               "1 1 0 32\n"         /* line 7: height 0 */
+               "abc 1 32 32\n"      /* line 8: weight not a number */
+               "1 1 32 99999999\n"  /* line 9: width too large */
+               "nan 1 2 2\n");      /* line 10: weight not finite */
+    length_bucket *buckets = NULL;
+    int n_buckets = 0;
+    char *messages = NULL, expected[700];
+    assert_int_equal(load_spec(folder->path, &buckets, &n_buckets, &messages), 8);
+    assert_null(buckets);
+    assert_int_equal(n_buckets, 0);
+    const char *fragments[] = {":3: expected 4 fields", ":4: weight '0' is not a positive", ":5: expected 4 fields",
+                               ":6: frames '1.5' is not an integer", ":7: height '0'", ":8: weight 'abc'",
+                               ":9: width '99999999'", ":10: weight 'nan'"};
+    for (size_t i = 0; i < sizeof fragments / sizeof *fragments; i++) {
+        snprintf(expected, sizeof expected, "%s%s", folder->path, fragments[i]);
+        if (!strstr(messages, expected)) fail_msg("messages lack '%s':\n%s", expected, messages);
+    }
+    free(messages);
+}
+
+static void test_lengths_missing_and_empty(void **state)
+{
+    const test_folder *folder = *state;
+    length_bucket *buckets = NULL;
+    int n_buckets = 0;
+    char *messages = NULL;
+    assert_int_equal(load_spec(folder->path, &buckets, &n_buckets, &messages), 1);
+    assert_non_null(strstr(messages, "cannot open length spec"));
+    free(messages);
+    write_text(folder->path, "# only comments\n\n");
+    assert_int_equal(load_spec(folder->path, &buckets, &n_buckets, &messages), 1);
+    assert_non_null(strstr(messages, "no buckets"));
+    free(messages);
+}
+
+static void test_lengths_draw(void **state)
+{
+    (void)state;
+    length_bucket buckets[2] = {{1.0, 1, 4, 4}, {3.0, 2, 8, 8}};
+    enum { N = 20000 };
+    static int32_t f1[N], h1[N], w1[N], f2[N], h2[N], w2[N];
+    lengths_draw(buckets, 2, N, 11, f1, h1, w1);
+    lengths_draw(buckets, 2, N, 11, f2, h2, w2);
+    assert_memory_equal(f1, f2, sizeof f1); /* same seed, same draws */
+    assert_memory_equal(w1, w2, sizeof w1);
+    int n_second = 0;
+    for (int i = 0; i < N; i++) {
+        assert_true((f1[i] == 1 && h1[i] == 4 && w1[i] == 4) || (f1[i] == 2 && h1[i] == 8 && w1[i] == 8));
+        n_second += f1[i] == 2;
+    }
+    assert_true(fabs((double)n_second / N - 0.75) < 0.02); /* by weight */
+    lengths_draw(buckets, 2, N, 12, f2, h2, w2);
+    assert_memory_not_equal(f1, f2, sizeof f1);          /* another seed, other draws */
+}
+
+static void test_shipped_specs(void **state)
+{
+    (void)state;
+    char path[1024];
+    length_bucket *buckets = NULL;
+    int n_buckets = 0;
+    snprintf(path, sizeof path, "%s/inputs/mixed.lengths", top_srcdir());
+    assert_int_equal(lengths_load(path, &buckets, &n_buckets, stderr), 0);
+    int64_t max_tokens = 0, min_tokens = INT64_MAX;
+    int n_images = 0, n_videos = 0;
+    for (int b = 0; b < n_buckets; b++) {
+        store_sample shape = {.channels = 16, .frames = buckets[b].frames, .height = buckets[b].height, .width = buckets[b].width};
+        int64_t tokens = store_sample_tokens(&shape, 1, 2, 2);
+        if (tokens > max_tokens) max_tokens = tokens;
+        if (tokens < min_tokens) min_tokens = tokens;
+        n_images += buckets[b].frames == 1;
+        n_videos += buckets[b].frames > 1;
+        assert_int_equal(buckets[b].height % 2, 0);
+        assert_int_equal(buckets[b].width % 2, 0);
+    }
+    assert_int_equal(max_tokens, 76032); /* 768x768, 129 frames */
+    assert_int_equal(min_tokens, 256);   /* 256x256 image */
+    assert_true(n_images >= 5 && n_videos >= 5);
+    free(buckets);
+    snprintf(path, sizeof path, "%s/inputs/quickstart.lengths", top_srcdir());
+    assert_int_equal(lengths_load(path, &buckets, &n_buckets, stderr), 0);
+    for (int b = 0; b < n_buckets; b++) {
+        store_sample shape = {.channels = 16, .frames = buckets[b].frames, .height = buckets[b].height, .width = buckets[b].width};
+        int64_t tokens = store_sample_tokens(&shape, 1, 2, 2);
+        assert_true(tokens >= 4 && tokens <= 48);
+    }
+    free(buckets);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_bf16_conversion),
+        cmocka_unit_test(test_f16_conversion),
+        cmocka_unit_test(test_crc32),
+        cmocka_unit_test(test_tokens),
+        cmocka_unit_test_setup_teardown(test_round_trip_f32_exact, folder_setup, folder_teardown),
+        cmocka_unit_test_setup_teardown(test_round_trip_bf16, folder_setup, folder_teardown),
+        cmocka_unit_test_setup_teardown(test_round_trip_f16, folder_setup, folder_teardown),
+        cmocka_unit_test_setup_teardown(test_index_offsets_and_checksums, folder_setup, folder_teardown),
+        cmocka_unit_test_setup_teardown(test_writer_publishes_atomically, folder_setup, folder_teardown),
+        cmocka_unit_test_setup_teardown(test_writer_rejects_bad_samples, folder_setup, folder_teardown),
+        cmocka_unit_test_setup_teardown(test_missing_file, folder_setup, folder_teardown),
+        cmocka_unit_test_setup_teardown(test_not_hdf5, folder_setup, folder_teardown),
+        cmocka_unit_test_setup_teardown(test_missing_dataset, folder_setup, folder_teardown),
+        cmocka_unit_test_setup_teardown(test_misshaped_index, folder_setup, folder_teardown),
+        cmocka_unit_test_setup_teardown(test_misshaped_latents, folder_setup, folder_teardown),
+        cmocka_unit_test_setup_teardown(test_version_mismatch, folder_setup, folder_teardown),
+        cmocka_unit_test_setup_teardown(test_dtype_mismatch, folder_setup, folder_teardown),
+        cmocka_unit_test_setup_teardown(test_corrupt_index_out_of_range, folder_setup, folder_teardown),
+        cmocka_unit_test_setup_teardown(test_out_of_range_id, folder_setup, folder_teardown),
+        cmocka_unit_test_setup_teardown(test_truncated_file, folder_setup, folder_teardown),
+        cmocka_unit_test_setup_teardown(test_checksum_mismatch, folder_setup, folder_teardown),
+        cmocka_unit_test_setup_teardown(test_nonfinite_value, folder_setup, folder_teardown),
+        cmocka_unit_test_setup_teardown(test_foreign_writer, folder_setup, folder_teardown),
+        cmocka_unit_test_setup_teardown(test_lengths_good, folder_setup, folder_teardown),
+        cmocka_unit_test_setup_teardown(test_lengths_errors_name_lines, folder_setup, folder_teardown),
+        cmocka_unit_test_setup_teardown(test_lengths_missing_and_empty, folder_setup, folder_teardown),
+        cmocka_unit_test(test_lengths_draw),
+        cmocka_unit_test(test_shipped_specs),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
