@@ -1,0 +1,41 @@
+/* prefetch.h — the background reader: reads the next step's samples from the store while this step computes. */
+#ifndef ALDIT_PREFETCH_H
+#define ALDIT_PREFETCH_H
+
+#include <stdint.h>
+
+#include "store.h"
+
+/* One rank's samples of one step, fp32, back to back in the order of `ids`. */
+typedef struct {
+    int n_samples;
+    int64_t *ids;          /* store sample ids */
+    int64_t *latent_start; /* n_samples + 1 offsets (elements) into latents */
+    int64_t *text_start;   /* n_samples + 1 offsets (elements) into text */
+    float *latents;        /* [C, F, H, W] per sample */
+    float *text;           /* [text_len, text_dim] per sample */
+    int samples_capacity;
+    int64_t latents_capacity, text_capacity;
+} sample_batch;
+
+typedef struct prefetcher prefetcher;
+
+/* A reader over an open store. With background = 0 every read happens inside prefetch_finish (no thread). */
+prefetcher *prefetch_create(const store *source, int background);
+
+/* Begin reading these samples (the ids are copied) into the buffer not handed out by the last
+   prefetch_finish. Only one read may be in flight. */
+void prefetch_start(prefetcher *p, const int64_t *ids, int n_ids);
+
+/* Wait for the read begun by the last prefetch_start and return its samples; the seconds spent waiting go
+   to *wait_seconds. The batch stays valid until the next prefetch_start after the next prefetch_finish
+   (two buffers). A failed read ends the job with a message naming the sample and the store. */
+const sample_batch *prefetch_finish(prefetcher *p, double *wait_seconds);
+
+/* Block until no read is in flight (the store's HDF5 library is not thread-safe: call this before other
+   HDF5 work such as writing a checkpoint). The finished read is still returned by prefetch_finish. */
+void prefetch_drain(prefetcher *p);
+
+void prefetch_destroy(prefetcher *p);
+
+#endif

@@ -1,0 +1,28 @@
+# train_lib.sh — helpers the training tests source: test store, test deck, running aldit, reading losses.
+top_srcdir=${top_srcdir:-.}
+top_builddir=${top_builddir:-.}
+. "$top_srcdir/tests/tap.sh"
+MPIEXEC=${MPIEXEC:-mpirun}
+ALDIT="$top_builddir/aldit"
+TRAIN_DECK="$top_srcdir/tests/decks/train_small.ini"
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/aldit-train-XXXXXX") || exit 1
+trap 'rm -rf "$WORK"' EXIT
+
+# make_store: 64 samples of 4 to 48 tokens, text 8-16 x 16, into $WORK/store.h5
+make_store() {
+    "$top_builddir/aldit-store" synth --spec "$top_srcdir/tests/decks/train_tiny.lengths" --samples 64 \
+        --text-len 16 --text-dim 16 --seed 3 --out "$WORK/store.h5"
+}
+
+# run_aldit NP RUN [section.key=value ...]: train the test deck on NP ranks into $WORK/RUN (log $WORK/RUN.log)
+run_aldit() {
+    np=$1; run=$2; shift 2
+    $MPIEXEC -np "$np" --oversubscribe "$ALDIT" "$TRAIN_DECK" data.store="$WORK/store.h5" run.dir="$WORK/$run" \
+        "$@" > "$WORK/$run.log" 2>&1
+}
+
+# losses FILE: one "step loss" line per metrics line, the loss exactly as written (%.17g)
+losses() { sed -n 's/^{"step": \([0-9]*\),.*"loss": \([^,]*\),.*/\1 \2/p' "$1"; }
+
+# metrics_lines RUN: lines in $WORK/RUN/metrics.jsonl (0 if absent)
+metrics_lines() { if [ -f "$WORK/$1/metrics.jsonl" ]; then wc -l < "$WORK/$1/metrics.jsonl" | tr -d ' '; else echo 0; fi; }
