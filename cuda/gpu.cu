@@ -1,2 +1,50 @@
-// gpu.cu — placeholder for the CUDA device helpers.
+// gpu.cu — CUDA device helpers: error reporting, GPU discovery and selection by node-local rank, memory info.
 #include "gpu.h"
+
+#include <stdio.h>
+
+extern "C" ALDIT_NORETURN void gpu_fail_cuda(cudaError_t status, const char *call, const char *file, int line)
+{
+    aldit_fatal_at(file, line, ALDIT_EXIT_ERROR, "CUDA error %s (%s) in %s", cudaGetErrorName(status),
+                   cudaGetErrorString(status), call);
+}
+
+extern "C" ALDIT_NORETURN void gpu_fail_cublas(cublasStatus_t status, const char *call, const char *file, int line)
+{
+    aldit_fatal_at(file, line, ALDIT_EXIT_ERROR, "cuBLAS error %d (%s) in %s", (int)status,
+                   cublasLtGetStatusString(status), call);
+}
+
+extern "C" int gpu_count(void)
+{
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess) {
+        (void)cudaGetLastError();  // clear the sticky "no driver / no device" status
+        return 0;
+    }
+    return count;
+}
+
+extern "C" int gpu_select(int local_rank)
+{
+    int count = gpu_count();
+    ALDIT_CHECK(count > 0, "no usable GPU (cudaGetDeviceCount found none) for node-local rank %d", local_rank);
+    int device = (local_rank < 0 ? 0 : local_rank) % count;
+    CUDA_CHECK(cudaSetDevice(device));
+    return device;
+}
+
+extern "C" void gpu_memory_info(size_t *free_bytes, size_t *total_bytes)
+{
+    CUDA_CHECK(cudaMemGetInfo(free_bytes, total_bytes));
+}
+
+extern "C" void gpu_describe(char *text, size_t capacity)
+{
+    int device = 0;
+    cudaDeviceProp prop;
+    CUDA_CHECK(cudaGetDevice(&device));
+    CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+    snprintf(text, capacity, "%s, %d SMs, %.1f GiB, sm_%d%d", prop.name, prop.multiProcessorCount,
+             (double)prop.totalGlobalMem / (1024.0 * 1024.0 * 1024.0), prop.major, prop.minor);
+}

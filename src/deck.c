@@ -59,7 +59,7 @@ static const deck_key deck_keys[] = {
     {KEY("run", "epochs", KEY_INT64, run.epochs), .min = 1, .max = 1e9, .default_text = "1",
      .help = "epochs over the store when steps = 0"},
     {KEY("run", "threads", KEY_INT, run.threads), .min = 1, .max = 4096, .zero_word = "auto",
-     .default_text = "auto", .help = "OpenMP threads per rank (auto = the OpenMP runtime's default)"},
+     .default_text = "auto", .help = "CPU threads per rank, OpenMP and OpenBLAS (auto = OMP_NUM_THREADS, else the node's cores shared by its ranks)"},
     /* [model] */
     {KEY("model", "name", KEY_STRING, model.name), .nonempty = 1, .default_text = "wan1.3b",
      .help = "label in logs and checkpoints"},
@@ -114,7 +114,7 @@ static const deck_key deck_keys[] = {
              "fits one 129-frame 768x768 video (33x48x48 tokens)"},
     {KEY("balance", "compute_budget", KEY_DOUBLE, balance.compute_budget), .min = 0, .min_open = 1, .max = 1e6,
      .zero_word = "auto", .default_text = "auto",
-     .help = "predicted seconds of work per rank per step (auto = the cost of max_tokens tokens)"},
+     .help = "predicted seconds of work per rank per step (auto = the mean predicted cost of an equal_tokens batch, at least the costliest sample)"},
     {KEY("balance", "mem_budget", KEY_BYTES, balance.mem_budget), .min = 1 << 20, .max = 1125899906842624.0,
      .zero_word = "auto", .default_text = "auto",
      .help = "activation bytes per rank (auto = measured free device memory less mem_margin)"},

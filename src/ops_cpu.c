@@ -9,6 +9,23 @@
 #ifdef HAVE_CBLAS
 #include <cblas.h>
 #endif
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+#ifdef HAVE_OPENBLAS_SET_NUM_THREADS
+void openblas_set_num_threads(int n_threads); /* not declared by every OpenBLAS cblas.h */
+#endif
+
+void cpu_set_threads(int n_threads)
+{
+    if (n_threads < 1) n_threads = 1;
+#ifdef _OPENMP
+    omp_set_num_threads(n_threads);
+#endif
+#ifdef HAVE_OPENBLAS_SET_NUM_THREADS
+    openblas_set_num_threads(n_threads);
+#endif
+}
 
 /* Loops over fewer values than this stay on one thread (the fork/join costs more than it saves). */
 #define PARALLEL_MIN_VALUES 16384

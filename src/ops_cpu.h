@@ -105,4 +105,8 @@ void cpu_patchify(const float *video, int channels, int frames, int height, int 
 void cpu_unpatchify(const float *tokens, int channels, int frames, int height, int width, int patch_t,
                     int patch_h, int patch_w, int channel_last, float *video);
 
+/* Threads for the CPU ops: OpenMP's and, with OpenBLAS, its own pool (sized alike so that ranks sharing
+   a node do not oversubscribe it). */
+void cpu_set_threads(int n_threads);
+
 #endif

@@ -6,6 +6,7 @@
 #include "checkpoint.h"
 #include "costmodel.h"
 #include "model.h"
+#include "ops_cpu.h"
 #include "optim.h"
 #include "prefetch.h"
 #include "rng.h"
@@ -27,6 +28,18 @@
 /* Domain tag mixed into the seed for noise and timesteps, so they never share a stream with other uses
    of [run] seed (weights, epoch order). */
 #define NOISE_STREAM_TAG 0x6E6F697365ull /* "noise" */
+
+/* [run] threads, else OMP_NUM_THREADS, else the node's cores shared evenly by the ranks on it. */
+static int threads_per_rank(const deck *config, const comm_info *info)
+{
+    if (config->run.threads > 0) return config->run.threads;
+#ifdef _OPENMP
+    if (getenv("OMP_NUM_THREADS")) return omp_get_max_threads();
+#endif
+    long n_cores = sysconf(_SC_NPROCESSORS_ONLN);
+    long per_rank = n_cores / (info->n_local_ranks > 0 ? info->n_local_ranks : 1);
+    return per_rank > 1 ? (int)per_rank : 1;
+}
 
 /* ---- signals ------------------------------------------------------------------------------------- */
 
@@ -799,9 +812,7 @@ int train_run(const deck *config, const comm_info *info)
                     "build; use device = cpu (or auto)\n");
         return ALDIT_EXIT_ERROR;
     }
-#ifdef _OPENMP
-    if (config->run.threads > 0) omp_set_num_threads(config->run.threads);
-#endif
+    cpu_set_threads(threads_per_rank(config, info));
     trainer t;
     char resumed_from[2 * DECK_PATH_MAX];
     int budget_measured = 0;

@@ -1,0 +1,77 @@
+/* lnmod.h — fused LayerNorm-Modulate on the GPU: forward, backward and the gated-residual variant (bf16 rows, fp32 statistics). */
+#ifndef ALDIT_LNMOD_H
+#define ALDIT_LNMOD_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "gpu.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Layout shared by every function here (all pointers are device memory, 16-byte aligned as cudaMalloc
+   gives; at most 65535 samples per call):
+   - rows: n_rows x dim bf16, row-major; the samples of a packed micro-batch lie back to back, and the
+     rows of sample b are [row_start[b], row_start[b+1]); row_start holds n_samples + 1 int64 values,
+     row_start[0] = 0, non-decreasing, row_start[n_samples] = n_rows (a sample may have 0 rows);
+   - modulation vectors shift, scale, gate: fp32 [n_samples, dim] (Wan computes its time modulation in
+     fp32; these are tiny next to the rows, so fp32 costs nothing and keeps 1 + scale exact);
+   - mean, rstd: fp32 [n_rows], the row statistics of the forward (LN without affine, biased variance:
+     rstd = 1 / sqrt(var + eps)), which the backward reads;
+   - per-sample gradients dshift, dscale, dgate: fp32 [n_samples, dim], overwritten (not accumulated);
+   - dim: a multiple of 8 from 8 to LNMOD_MAX_DIM.
+   Everything is queued on `stream`; nothing synchronises the host. Column sums are reduced through
+   per-block partials in `workspace` and a final pass in fixed order: results are bitwise reproducible. */
+#define LNMOD_MAX_DIM 8192
+
+/* y = LN(x) * (1 + scale_b) + shift_b. */
+void lnmod_fwd(const gpu_bf16 *x, int64_t n_rows, int dim, const int64_t *row_start, int n_samples,
+               const float *shift, const float *scale, float eps, gpu_bf16 *y, float *mean, float *rstd,
+               cudaStream_t stream);
+
+/* Backward of lnmod_fwd: dx (bf16, overwritten), dshift_b = sum of dy over b's rows,
+   dscale_b = sum of dy * LN(x). workspace: lnmod_bwd_workspace_bytes() bytes of device memory. */
+size_t lnmod_bwd_workspace_bytes(int64_t n_rows, int dim, int n_samples);
+void lnmod_bwd(const gpu_bf16 *x, const gpu_bf16 *dy, int64_t n_rows, int dim, const int64_t *row_start,
+               int n_samples, const float *scale, const float *mean, const float *rstd, gpu_bf16 *dx,
+               float *dshift, float *dscale, void *workspace, cudaStream_t stream);
+
+/* Gated residual then LayerNorm-Modulate, in one pass over the rows:
+   x_new = x + y_prev * gate_b (rounded to bf16 and written; x_new may be x itself), then
+   y = LN(x_new) * (1 + scale_b) + shift_b, with the statistics taken on the stored bf16 x_new. */
+void lnmod_residual_fwd(const gpu_bf16 *x, const gpu_bf16 *y_prev, int64_t n_rows, int dim,
+                        const int64_t *row_start, int n_samples, const float *gate, const float *shift,
+                        const float *scale, float eps, gpu_bf16 *x_new, gpu_bf16 *y, float *mean, float *rstd,
+                        cudaStream_t stream);
+
+/* Backward of lnmod_residual_fwd. dy: gradient of y; d_x_new: gradient reaching x_new from its other
+   uses (the residual stream further on; NULL means zero). Writes dx = d_x_new + (LN-modulate backward
+   of dy), the gradient of x (dx may be d_x_new itself), dy_prev = dx * gate_b, and per sample dshift,
+   dscale and dgate_b = sum of dx * y_prev (dx in fp32, before rounding). */
+size_t lnmod_residual_bwd_workspace_bytes(int64_t n_rows, int dim, int n_samples);
+void lnmod_residual_bwd(const gpu_bf16 *x_new, const gpu_bf16 *y_prev, const gpu_bf16 *dy,
+                        const gpu_bf16 *d_x_new, int64_t n_rows, int dim, const int64_t *row_start,
+                        int n_samples, const float *gate, const float *scale, const float *mean,
+                        const float *rstd, gpu_bf16 *dx, gpu_bf16 *dy_prev, float *dshift, float *dscale,
+                        float *dgate, void *workspace, cudaStream_t stream);
+
+/* Tuning knobs (aldit-bench --max-vpt, --fwd-order, --fwd-streaming); zeros are the defaults.
+   max_vpt_*: the most 16-byte vectors of a row one thread holds in the forward kernels, the plain
+   backward and the residual backward (defaults and maxima 8, 5, 4); lower limits spread a row over
+   wider thread groups (32, 64, 128, 256 threads). fwd_chunked: the plain forward's blocks each take
+   one contiguous chunk of rows instead of interleaved steps of rows (the default; the backward always
+   uses chunks). fwd_streaming: the plain forward loads x and stores y with evict-first cache hints
+   (measured no faster on an H200; docs/PERFORMANCE.md). Set before launching, from one thread. */
+typedef struct {
+    int max_vpt_fwd, max_vpt_bwd, max_vpt_residual_bwd;
+    int fwd_chunked, fwd_streaming;
+} lnmod_tuning;
+void lnmod_tune(const lnmod_tuning *tuning); /* NULL restores the defaults */
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
