@@ -14,38 +14,16 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "bf16vec.cuh"
+
 #include <type_traits>
 
 namespace {
 
-constexpr int kVecElems = 8;        // bf16 values in one 16-byte vector
 constexpr int kBlockThreads = 256;  // threads of every kernel here but the tiny ones
 constexpr int kMaxVecsPerThread = 4;
 constexpr unsigned kFullMask = 0xffffffffu;
 constexpr float kNegLog2Theta = -13.287712379549449f;  // -log2(10000), RoPE's theta
-
-// ---- 16-byte vectors of 8 bf16 <-> 8 floats ---------------------------------------------------------
-
-__device__ __forceinline__ void unpack8(const uint4 &u, float (&f)[kVecElems])
-{
-    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-        f[2 * j] = __uint_as_float(w[j] << 16);
-        f[2 * j + 1] = __uint_as_float(w[j] & 0xffff0000u);
-    }
-}
-
-__device__ __forceinline__ uint4 pack8(const float (&f)[kVecElems])
-{
-    uint32_t w[4];
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-        __nv_bfloat162 pair = __floats2bfloat162_rn(f[2 * j], f[2 * j + 1]);
-        w[j] = *reinterpret_cast<uint32_t *>(&pair);
-    }
-    return make_uint4(w[0], w[1], w[2], w[3]);
-}
 
 // ---- reductions ------------------------------------------------------------------------------------
 

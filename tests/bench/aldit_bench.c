@@ -1,5 +1,6 @@
 /* aldit_bench.c — aldit-bench: GPU microbenchmarks (device copy bandwidth; LayerNorm-Modulate forward and backward,
-   plain and gated-residual, in GB/s against their byte floors and as % of the copy bandwidth of the same run). */
+   plain and gated-residual, in GB/s against their byte floors and as % of the copy bandwidth of the same run;
+   the cuBLASLt linear layers of a Wan-1.3B block, forward and both backward GEMMs, in TFLOP/s). */
 #include "config.h"
 
 #include <stdint.h>
@@ -8,13 +9,15 @@
 #include <string.h>
 
 #include "check.h"
+#include "gemm.h"
 #include "gpu.h"
 #include "lnmod.h"
 #include "rng.h"
 
-enum { kMaxDims = 8 };
+enum { kMaxDims = 8, kMaxGemmRows = 8 };
 
 typedef struct {
+    int run_lnmod, run_gemm; /* --sections */
     int n_samples;
     int64_t rows_per_sample;
     int n_dims;
@@ -22,18 +25,28 @@ typedef struct {
     int repeats;           /* timed groups; the median group is reported */
     int launches_per_group;
     lnmod_tuning tuning;   /* zeros: the defaults */
+    int n_gemm_rows;
+    int64_t gemm_rows[kMaxGemmRows]; /* S: tokens of the one sample whose block's GEMMs are timed */
+    int gemm_text_rows;
+    int gemm_fused;                  /* cuBLASLt's fused epilogues (1) or plain GEMMs + own kernels (0) */
     const char *json_path;
 } bench_options;
 
 static void usage(FILE *out)
 {
     fprintf(out,
-            "usage: aldit-bench [--samples B] [--rows S] [--dims D1,D2,...] [--repeats N] [--max-vpt F,B,R]\n"
-            "                   [--fwd-order chunk|interleave] [--fwd-streaming 0|1] [--json FILE]\n"
-            "  Device copy bandwidth and LayerNorm-Modulate (forward, backward, gated-residual variants) on\n"
-            "  B packed samples of S rows each (default B=2, S=32760, D=1536,3072,5120; N=21 timed groups of 10\n"
-            "  launches, median reported). --max-vpt, --fwd-order and --fwd-streaming set the kernels' tuning\n"
-            "  knobs (lnmod_tune in cuda/lnmod.h). --json also writes the figures to FILE.\n");
+            "usage: aldit-bench [--sections lnmod,gemm] [--samples B] [--rows S] [--dims D1,D2,...] [--repeats N]\n"
+            "                   [--max-vpt F,B,R] [--fwd-order chunk|interleave] [--fwd-streaming 0|1]\n"
+            "                   [--gemm-rows S1,S2,...] [--gemm-text-rows T] [--gemm-fused 0|1] [--json FILE]\n"
+            "  Device copy bandwidth, then the sections (default both):\n"
+            "  lnmod: LayerNorm-Modulate (forward, backward, gated-residual variants) on B packed samples of S rows\n"
+            "    each (default B=2, S=32760, D=1536,3072,5120). --max-vpt, --fwd-order and --fwd-streaming set the\n"
+            "    kernels' tuning knobs (lnmod_tune in cuda/lnmod.h).\n"
+            "  gemm: the cuBLASLt linear layers of one Wan-1.3B block (D=1536, FFN 8960) on one sample of S rows\n"
+            "    (default S=4096,16384,32760,75600) and T text rows (default 512): forward, backward data and\n"
+            "    backward weight (fp32 dW and db accumulated) in TFLOP/s, the block's GEMM sum, and an 8192^3\n"
+            "    reference; --gemm-fused 0 runs plain GEMMs + aldit's own epilogue kernels instead.\n"
+            "  N=21 timed groups of 10 launches, median reported. --json also writes the figures to FILE.\n");
 }
 
 static long parse_long(const char *text, const char *option, long low, long high)
@@ -49,7 +62,8 @@ static long parse_long(const char *text, const char *option, long low, long high
 
 static bench_options parse_options(int argc, char **argv)
 {
-    bench_options o = {2, 32760, 3, {1536, 3072, 5120}, 21, 10, {0, 0, 0, 0, 0}, NULL};
+    bench_options o = {1, 1, 2, 32760, 3, {1536, 3072, 5120}, 21, 10, {0, 0, 0, 0, 0},
+                       4, {4096, 16384, 32760, 75600}, 512, 1, NULL};
     for (int i = 1; i < argc; ++i) {
         const char *arg = argv[i];
         if (!strcmp(arg, "--help") || !strcmp(arg, "-h")) {
@@ -66,6 +80,32 @@ static bench_options parse_options(int argc, char **argv)
         else if (!strcmp(arg, "--rows")) o.rows_per_sample = parse_long(value, arg, 1, 1L << 22);
         else if (!strcmp(arg, "--repeats")) o.repeats = (int)parse_long(value, arg, 1, 1000);
         else if (!strcmp(arg, "--json")) o.json_path = value;
+        else if (!strcmp(arg, "--gemm-text-rows")) o.gemm_text_rows = (int)parse_long(value, arg, 1, 1L << 20);
+        else if (!strcmp(arg, "--gemm-fused")) o.gemm_fused = (int)parse_long(value, arg, 0, 1);
+        else if (!strcmp(arg, "--sections")) {
+            char *copy = strdup(value), *save = NULL;
+            o.run_lnmod = o.run_gemm = 0;
+            for (char *item = strtok_r(copy, ",", &save); item; item = strtok_r(NULL, ",", &save)) {
+                if (!strcmp(item, "lnmod")) o.run_lnmod = 1;
+                else if (!strcmp(item, "gemm")) o.run_gemm = 1;
+                else {
+                    fprintf(stderr, "aldit-bench: --sections %s: unknown section %s (lnmod, gemm)\n", value, item);
+                    exit(ALDIT_EXIT_USAGE);
+                }
+            }
+            free(copy);
+        } else if (!strcmp(arg, "--gemm-rows")) {
+            char *copy = strdup(value), *save = NULL;
+            o.n_gemm_rows = 0;
+            for (char *item = strtok_r(copy, ",", &save); item; item = strtok_r(NULL, ",", &save)) {
+                if (o.n_gemm_rows == kMaxGemmRows) {
+                    fprintf(stderr, "aldit-bench: --gemm-rows %s: at most %d values\n", value, kMaxGemmRows);
+                    exit(ALDIT_EXIT_USAGE);
+                }
+                o.gemm_rows[o.n_gemm_rows++] = parse_long(item, "--gemm-rows", 1, 1L << 20);
+            }
+            free(copy);
+        }
         else if (!strcmp(arg, "--max-vpt")) {
             if (sscanf(value, "%d,%d,%d", &o.tuning.max_vpt_fwd, &o.tuning.max_vpt_bwd, &o.tuning.max_vpt_residual_bwd) != 3) {
                 fprintf(stderr, "aldit-bench: --max-vpt %s: expected three integers F,B,R\n", value);
@@ -214,6 +254,8 @@ static float *device_random_f32(size_t n, uint64_t *rng, double spread)
     return p;
 }
 
+/* ---- LayerNorm-Modulate section ------------------------------------------------------------------ */
+
 typedef struct {
     const char *name;
     bench_op op;
@@ -221,6 +263,285 @@ typedef struct {
     double bytes_per_row;      /* mean, rstd */
     double bytes_per_sample_elem; /* modulation vectors read and per-sample gradients written */
 } op_spec;
+
+enum { kLnmodOps = 4 };
+static const op_spec kLnmodSpecs[kLnmodOps] = {
+    {"fwd", run_fwd, 4.0, 8.0, 8.0},                   /* x, y; mean, rstd; shift, scale */
+    {"bwd", run_bwd, 6.0, 8.0, 12.0},                  /* x, dy, dx; mean, rstd; scale, dshift, dscale */
+    {"residual_fwd", run_residual_fwd, 8.0, 8.0, 12.0}, /* x, y_prev, x_new, y; gate, shift, scale */
+    {"residual_bwd", run_residual_bwd, 12.0, 8.0, 20.0}, /* x_new, y_prev, dy, d_x_new, dx, dy_prev */
+};
+
+/* Times every LN-modulate op at every D; results[d][op] = {ms, GB/s}. */
+static void run_lnmod_section(const bench_options *o, double copy_gbs, cudaStream_t stream,
+                              double results[kMaxDims][kLnmodOps][2])
+{
+    printf("LayerNorm-Modulate, B=%d samples x S=%lld rows (%lld rows), bf16 rows, fp32 statistics and modulation;"
+           "\n  tuning: --max-vpt %d,%d,%d --fwd-order %s --fwd-streaming %d (0 = default)\n", o->n_samples,
+           (long long)o->rows_per_sample, (long long)(o->n_samples * o->rows_per_sample), o->tuning.max_vpt_fwd,
+           o->tuning.max_vpt_bwd, o->tuning.max_vpt_residual_bwd, o->tuning.fwd_chunked ? "chunk" : "interleave",
+           o->tuning.fwd_streaming);
+    printf("%-6s %-14s %10s %12s %10s %9s\n", "D", "op", "ms", "floor MB", "GB/s", "% copy");
+
+    const int64_t n_rows = o->n_samples * o->rows_per_sample;
+    int max_dim = 0;
+    for (int d = 0; d < o->n_dims; ++d) max_dim = o->dims[d] > max_dim ? o->dims[d] : max_dim;
+    const size_t max_n = (size_t)n_rows * (size_t)max_dim, pattern_extra = 4096;
+    uint64_t rng = 0xbe4c4a1d17ull;
+    gpu_bf16 *pattern = xmalloc((max_n + pattern_extra) * sizeof *pattern);
+    for (size_t i = 0; i < max_n + pattern_extra; ++i)
+        pattern[i] = gpu_bf16_from_float((float)(4.0 * rng_uniform(&rng) - 1.5));
+    int64_t *row_start_host = xmalloc((size_t)(o->n_samples + 1) * sizeof *row_start_host);
+    for (int b = 0; b <= o->n_samples; ++b) row_start_host[b] = b * o->rows_per_sample;
+
+    for (int d = 0; d < o->n_dims; ++d) {
+        lnmod_context c = {0};
+        c.n_rows = n_rows, c.dim = o->dims[d], c.n_samples = o->n_samples;
+        const size_t n = (size_t)n_rows * (size_t)c.dim, n_mod = (size_t)c.n_samples * (size_t)c.dim;
+        c.row_start = device_alloc((size_t)(c.n_samples + 1) * sizeof *c.row_start);
+        CUDA_CHECK(cudaMemcpy(c.row_start, row_start_host, (size_t)(c.n_samples + 1) * sizeof *c.row_start,
+                              cudaMemcpyHostToDevice));
+        c.x = device_random_bf16(pattern, n, 0);
+        c.y_prev = device_random_bf16(pattern, n, 1011);
+        c.dy = device_random_bf16(pattern, n, 2029);
+        c.d_res = device_random_bf16(pattern, n, 3037);
+        c.x_new = device_alloc(n * sizeof *c.x_new), c.y = device_alloc(n * sizeof *c.y);
+        c.dx = device_alloc(n * sizeof *c.dx), c.dy_prev = device_alloc(n * sizeof *c.dy_prev);
+        c.shift = device_random_f32(n_mod, &rng, 0.5), c.scale = device_random_f32(n_mod, &rng, 0.5);
+        c.gate = device_random_f32(n_mod, &rng, 0.5);
+        c.mean = device_alloc((size_t)n_rows * sizeof *c.mean), c.rstd = device_alloc((size_t)n_rows * sizeof *c.rstd);
+        c.dshift = device_alloc(n_mod * sizeof *c.dshift), c.dscale = device_alloc(n_mod * sizeof *c.dscale);
+        c.dgate = device_alloc(n_mod * sizeof *c.dgate);
+        size_t workspace_bytes = lnmod_bwd_workspace_bytes(n_rows, c.dim, c.n_samples);
+        const size_t residual_bytes = lnmod_residual_bwd_workspace_bytes(n_rows, c.dim, c.n_samples);
+        c.workspace = device_alloc(residual_bytes > workspace_bytes ? residual_bytes : workspace_bytes);
+        run_fwd(&c, stream);           /* mean and rstd for the plain backward */
+        run_residual_fwd(&c, stream);  /* x_new for the residual backward (mean, rstd now of x_new: same cost) */
+        CUDA_CHECK(cudaStreamSynchronize(stream));
+
+        for (int s = 0; s < kLnmodOps; ++s) {
+            const double ms = time_op(kLnmodSpecs[s].op, &c, o, stream);
+            const double bytes = kLnmodSpecs[s].bytes_per_row_elem * (double)n +
+                                 kLnmodSpecs[s].bytes_per_row * (double)n_rows +
+                                 kLnmodSpecs[s].bytes_per_sample_elem * (double)n_mod;
+            const double gbs = bytes / (ms * 1e6);
+            results[d][s][0] = ms;
+            results[d][s][1] = gbs;
+            printf("%-6d %-14s %10.4f %12.1f %10.0f %8.1f%%\n", c.dim, kLnmodSpecs[s].name, ms, bytes / 1e6, gbs,
+                   100.0 * gbs / copy_gbs);
+        }
+        void *buffers[] = {c.row_start, c.x, c.y_prev, c.dy, c.d_res, c.x_new, c.y, c.dx, c.dy_prev, c.shift, c.scale,
+                           c.gate, c.mean, c.rstd, c.dshift, c.dscale, c.dgate, c.workspace};
+        for (size_t i = 0; i < sizeof buffers / sizeof buffers[0]; ++i) CUDA_CHECK(cudaFree(buffers[i]));
+    }
+    free(pattern);
+    free(row_start_host);
+}
+
+/* ---- GEMM section ----------------------------------------------------------------------------------- */
+
+enum { kGemmOps = 3, kWanDim = 1536, kWanFfn = 8960, kSquare = 8192 };
+
+/* A linear layer of a Wan-1.3B block, and how many of that shape the block has. */
+typedef struct {
+    const char *name;
+    int in_dim, out_dim;
+    int on_text;           /* rows are the text tokens (cross-attention k, v), not the S video tokens */
+    gemm_epilogue epilogue;
+    int gelu_before;       /* its input is gelu(pre): the backward data GEMM takes the GELU gradient */
+    int per_block;
+} wan_linear;
+
+enum { kWanLinears = 4 };
+static const wan_linear kWanLinearSpecs[kWanLinears] = {
+    {"self q,k,v,o; cross q,o", kWanDim, kWanDim, 0, GEMM_EPILOGUE_BIAS, 0, 6},
+    {"cross k,v (text rows)", kWanDim, kWanDim, 1, GEMM_EPILOGUE_BIAS, 0, 2},
+    {"ffn up (+bias+GELU)", kWanDim, kWanFfn, 0, GEMM_EPILOGUE_GELU_AUX_BIAS, 0, 1},
+    {"ffn down (dx with dGELU)", kWanFfn, kWanDim, 0, GEMM_EPILOGUE_BIAS, 1, 1},
+};
+static const char *const kGemmOpNames[kGemmOps] = {"fwd", "bwd_data", "bwd_weight"};
+
+/* Device tensors of one GEMM shape (views of the section's buffers). */
+typedef struct {
+    int64_t rows;
+    int in_dim, out_dim;
+    gemm_epilogue epilogue;
+    int gelu_before;
+    gpu_bf16 *x, *weight, *bias, *y, *pre_gelu, *dy, *dx;
+    float *dweight, *dbias;
+} gemm_context;
+
+static void run_gemm_fwd(void *context, cudaStream_t stream)
+{
+    gemm_context *c = context;
+    gemm_linear_fwd(c->x, c->rows, c->in_dim, c->out_dim, c->weight,
+                    c->epilogue == GEMM_EPILOGUE_NONE ? NULL : c->bias, c->epilogue, c->y,
+                    c->epilogue == GEMM_EPILOGUE_GELU_AUX_BIAS ? c->pre_gelu : NULL, stream);
+}
+
+static void run_gemm_bwd_data(void *context, cudaStream_t stream)
+{
+    gemm_context *c = context;
+    gemm_linear_bwd_data(c->dy, c->rows, c->in_dim, c->out_dim, c->weight, c->gelu_before ? c->pre_gelu : NULL, c->dx,
+                         0, stream);
+}
+
+static void run_gemm_bwd_weight(void *context, cudaStream_t stream)
+{
+    gemm_context *c = context;
+    gemm_linear_bwd_weight(c->x, c->dy, c->rows, c->in_dim, c->out_dim, c->dweight, c->dbias, 1, stream);
+}
+
+static const bench_op kGemmRunners[kGemmOps] = {run_gemm_fwd, run_gemm_bwd_data, run_gemm_bwd_weight};
+
+typedef struct {
+    double ms[kMaxGemmRows][kWanLinears][kGemmOps];
+    double block_ms[kMaxGemmRows][2];    /* the block's GEMMs summed: forward, backward (both GEMMs) */
+    double block_flops[kMaxGemmRows][2];
+    double square_ms;
+    int64_t unfused_calls;
+} gemm_results;
+
+/* n bf16 values on the device: the host pattern from `shift` on, tiled by doubling device-to-device copies. */
+static gpu_bf16 *device_tiled_bf16(size_t n, const gpu_bf16 *pattern, size_t n_pattern, size_t shift)
+{
+    gpu_bf16 *p = device_alloc(n * sizeof *p);
+    const size_t first = n < n_pattern - shift ? n : n_pattern - shift;
+    CUDA_CHECK(cudaMemcpy(p, pattern + shift, first * sizeof *p, cudaMemcpyHostToDevice));
+    for (size_t done = first; done < n;) {
+        const size_t length = done < n - done ? done : n - done;
+        CUDA_CHECK(cudaMemcpy(p + done, p, length * sizeof *p, cudaMemcpyDeviceToDevice));
+        done += length;
+    }
+    return p;
+}
+
+static double tflops(double flops, double ms) { return flops / (ms * 1e9); }
+
+/* Times the three GEMMs of every linear of a Wan-1.3B block at every S, and the 8192^3 reference. */
+static void run_gemm_section(const bench_options *o, cudaStream_t stream, gemm_results *r)
+{
+    gemm_set_fused_epilogues(o->gemm_fused);
+    int64_t max_rows = o->gemm_text_rows;
+    for (int i = 0; i < o->n_gemm_rows; ++i) max_rows = o->gemm_rows[i] > max_rows ? o->gemm_rows[i] : max_rows;
+    size_t n_act = (size_t)max_rows * kWanFfn, n_weight = (size_t)kWanFfn * kWanDim;
+    const size_t n_square = (size_t)kSquare * kSquare;
+    n_act = n_act > n_square ? n_act : n_square;
+    n_weight = n_weight > n_square ? n_weight : n_square;
+    const size_t n_pattern = (size_t)1 << 22, pattern_extra = 4096;
+    uint64_t rng = 0x6e6d6d6265ull;
+    gpu_bf16 *pattern = xmalloc((n_pattern + pattern_extra) * sizeof *pattern);
+    for (size_t i = 0; i < n_pattern + pattern_extra; ++i)
+        pattern[i] = gpu_bf16_from_float((float)(2.0 * rng_uniform(&rng) - 1.0));
+    gemm_context c = {0};
+    c.x = device_tiled_bf16(n_act, pattern, n_pattern, 0);
+    c.dy = device_tiled_bf16(n_act, pattern, n_pattern, 1013);
+    c.pre_gelu = device_tiled_bf16(n_act, pattern, n_pattern, 2027);
+    c.weight = device_tiled_bf16(n_weight, pattern, n_pattern, 3041);
+    c.bias = device_tiled_bf16(kWanFfn, pattern, n_pattern, 4093);
+    c.y = device_alloc(n_act * sizeof *c.y), c.dx = device_alloc(n_act * sizeof *c.dx);
+    c.dweight = device_alloc((size_t)kWanFfn * kWanDim * sizeof *c.dweight);
+    c.dbias = device_alloc((size_t)kWanFfn * sizeof *c.dbias);
+    CUDA_CHECK(cudaMemset(c.dweight, 0, (size_t)kWanFfn * kWanDim * sizeof *c.dweight));
+    CUDA_CHECK(cudaMemset(c.dbias, 0, (size_t)kWanFfn * sizeof *c.dbias));
+    free(pattern);
+    gemm_stats stats_before;
+    gemm_get_stats(&stats_before);
+
+    printf("GEMMs of a Wan-1.3B block (cuBLASLt, bf16 in and out, fp32 accumulation; dW, db fp32 accumulated; "
+           "epilogues: %s),\n  one sample of S rows and %d text rows:\n",
+           o->gemm_fused ? "fused in cuBLASLt" : "plain GEMMs + own kernels", o->gemm_text_rows);
+    printf("%-6s %-25s %6s %5s %5s %-11s %9s %8s\n", "S", "layer", "rows", "in", "out", "op", "ms", "TFLOP/s");
+    for (int si = 0; si < o->n_gemm_rows; ++si) {
+        r->block_ms[si][0] = r->block_ms[si][1] = r->block_flops[si][0] = r->block_flops[si][1] = 0.0;
+        for (int l = 0; l < kWanLinears; ++l) {
+            const wan_linear *spec = &kWanLinearSpecs[l];
+            c.rows = spec->on_text ? o->gemm_text_rows : o->gemm_rows[si];
+            c.in_dim = spec->in_dim, c.out_dim = spec->out_dim, c.epilogue = spec->epilogue;
+            c.gelu_before = spec->gelu_before;
+            const double flops = gemm_linear_flops(c.rows, c.in_dim, c.out_dim);
+            for (int op = 0; op < kGemmOps; ++op) {
+                const double ms = time_op(kGemmRunners[op], &c, o, stream);
+                r->ms[si][l][op] = ms;
+                r->block_ms[si][op == 0 ? 0 : 1] += spec->per_block * ms;
+                r->block_flops[si][op == 0 ? 0 : 1] += spec->per_block * flops;
+                printf("%-6lld %-25s %6lld %5d %5d %-11s %9.4f %8.1f\n", (long long)o->gemm_rows[si], spec->name,
+                       (long long)c.rows, c.in_dim, c.out_dim, kGemmOpNames[op], ms, tflops(flops, ms));
+            }
+        }
+    }
+    if (o->n_gemm_rows > 0) {
+        printf("The block's GEMMs summed (each layer times its count: 6 + 2 text projections 1536x1536, FFN up, down):"
+               "\n%-6s %10s %10s %12s %9s %8s\n", "S", "fwd ms", "bwd ms", "fwd+bwd ms", "TFLOP", "TFLOP/s");
+        for (int si = 0; si < o->n_gemm_rows; ++si) {
+            const double ms = r->block_ms[si][0] + r->block_ms[si][1];
+            const double flops = r->block_flops[si][0] + r->block_flops[si][1];
+            printf("%-6lld %10.3f %10.3f %12.3f %9.3f %8.1f\n", (long long)o->gemm_rows[si], r->block_ms[si][0],
+                   r->block_ms[si][1], ms, flops / 1e12, tflops(flops, ms));
+        }
+    }
+    c.rows = kSquare, c.in_dim = kSquare, c.out_dim = kSquare, c.epilogue = GEMM_EPILOGUE_NONE;
+    r->square_ms = time_op(run_gemm_fwd, &c, o, stream);
+    printf("reference: %d x %d x %d forward GEMM, no epilogue: %.4f ms, %.1f TFLOP/s\n", kSquare, kSquare, kSquare,
+           r->square_ms, tflops(gemm_linear_flops(kSquare, kSquare, kSquare), r->square_ms));
+    gemm_stats stats_after;
+    gemm_get_stats(&stats_after);
+    r->unfused_calls = stats_after.unfused - stats_before.unfused;
+    if (o->gemm_fused)
+        printf("calls whose fused epilogue cuBLASLt had no algorithm for (own kernels ran instead): %lld\n",
+               (long long)r->unfused_calls);
+
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    void *buffers[] = {c.x, c.dy, c.pre_gelu, c.weight, c.bias, c.y, c.dx, c.dweight, c.dbias};
+    for (size_t i = 0; i < sizeof buffers / sizeof buffers[0]; ++i) CUDA_CHECK(cudaFree(buffers[i]));
+    gemm_release();
+}
+
+static void write_json(const bench_options *o, const char *device, double copy_gbs,
+                       double lnmod[kMaxDims][kLnmodOps][2], const gemm_results *gemm)
+{
+    FILE *json = fopen(o->json_path, "w");
+    if (!json) ALDIT_FATAL_CODE(ALDIT_EXIT_USAGE, "--json %s: cannot open for writing", o->json_path);
+    fprintf(json, "{\"device\": \"%s\", \"copy_gbs\": %.1f", device, copy_gbs);
+    if (o->run_lnmod) {
+        fprintf(json, ", \"samples\": %d, \"rows_per_sample\": %lld, \"lnmod\": [", o->n_samples,
+                (long long)o->rows_per_sample);
+        for (int d = 0; d < o->n_dims; ++d)
+            for (int s = 0; s < kLnmodOps; ++s)
+                fprintf(json, "%s\n  {\"dim\": %d, \"op\": \"%s\", \"ms\": %.5f, \"gbs\": %.1f, \"pct_copy\": %.1f}",
+                        d || s ? "," : "", o->dims[d], kLnmodSpecs[s].name, lnmod[d][s][0], lnmod[d][s][1],
+                        100.0 * lnmod[d][s][1] / copy_gbs);
+        fprintf(json, "\n]");
+    }
+    if (o->run_gemm) {
+        fprintf(json, ", \"gemm_fused_epilogues\": %d, \"gemm_unfused_calls\": %lld, \"gemm_text_rows\": %d, \"gemm\": [",
+                o->gemm_fused, (long long)gemm->unfused_calls, o->gemm_text_rows);
+        int first = 1;
+        for (int si = 0; si < o->n_gemm_rows; ++si)
+            for (int l = 0; l < kWanLinears; ++l) {
+                const wan_linear *spec = &kWanLinearSpecs[l];
+                const int64_t rows = spec->on_text ? o->gemm_text_rows : o->gemm_rows[si];
+                const double flops = gemm_linear_flops(rows, spec->in_dim, spec->out_dim);
+                for (int op = 0; op < kGemmOps; ++op, first = 0)
+                    fprintf(json, "%s\n  {\"S\": %lld, \"layer\": \"%s\", \"per_block\": %d, \"rows\": %lld, \"in\": %d, "
+                            "\"out\": %d, \"op\": \"%s\", \"ms\": %.5f, \"tflops\": %.2f}", first ? "" : ",",
+                            (long long)o->gemm_rows[si], spec->name, spec->per_block, (long long)rows, spec->in_dim,
+                            spec->out_dim, kGemmOpNames[op], gemm->ms[si][l][op], tflops(flops, gemm->ms[si][l][op]));
+            }
+        fprintf(json, "\n], \"gemm_block\": [");
+        for (int si = 0; si < o->n_gemm_rows; ++si) {
+            const double ms = gemm->block_ms[si][0] + gemm->block_ms[si][1];
+            const double flops = gemm->block_flops[si][0] + gemm->block_flops[si][1];
+            fprintf(json, "%s\n  {\"S\": %lld, \"fwd_ms\": %.4f, \"bwd_ms\": %.4f, \"ms\": %.4f, \"tflop\": %.4f, "
+                    "\"tflops\": %.2f}", si ? "," : "", (long long)o->gemm_rows[si], gemm->block_ms[si][0],
+                    gemm->block_ms[si][1], ms, flops / 1e12, tflops(flops, ms));
+        }
+        fprintf(json, "\n], \"gemm_square\": {\"n\": %d, \"ms\": %.5f, \"tflops\": %.2f}", kSquare, gemm->square_ms,
+                tflops(gemm_linear_flops(kSquare, kSquare, kSquare), gemm->square_ms));
+    }
+    fprintf(json, "}\n");
+    fclose(json);
+}
 
 int main(int argc, char **argv)
 {
@@ -249,88 +570,11 @@ int main(int argc, char **argv)
 
     printf("aldit-bench on %s\n", device);
     printf("device copy (cudaMemcpy D2D, 2 GiB, read + write): %.3f ms, %.0f GB/s\n", copy_ms, copy_gbs);
-    printf("LayerNorm-Modulate, B=%d samples x S=%lld rows (%lld rows), bf16 rows, fp32 statistics and modulation;"
-           "\n  tuning: --max-vpt %d,%d,%d --fwd-order %s --fwd-streaming %d (0 = default)\n", o.n_samples,
-           (long long)o.rows_per_sample, (long long)(o.n_samples * o.rows_per_sample), o.tuning.max_vpt_fwd,
-           o.tuning.max_vpt_bwd, o.tuning.max_vpt_residual_bwd, o.tuning.fwd_chunked ? "chunk" : "interleave",
-           o.tuning.fwd_streaming);
-    printf("%-6s %-14s %10s %12s %10s %9s\n", "D", "op", "ms", "floor MB", "GB/s", "% copy");
-
-    const op_spec specs[] = {
-        {"fwd", run_fwd, 4.0, 8.0, 8.0},                   /* x, y; mean, rstd; shift, scale */
-        {"bwd", run_bwd, 6.0, 8.0, 12.0},                  /* x, dy, dx; mean, rstd; scale, dshift, dscale */
-        {"residual_fwd", run_residual_fwd, 8.0, 8.0, 12.0}, /* x, y_prev, x_new, y; gate, shift, scale */
-        {"residual_bwd", run_residual_bwd, 12.0, 8.0, 20.0}, /* x_new, y_prev, dy, d_x_new, dx, dy_prev */
-    };
-    const int n_specs = (int)(sizeof specs / sizeof specs[0]);
-    double results[kMaxDims][4][2];
-
-    const int64_t n_rows = o.n_samples * o.rows_per_sample;
-    int max_dim = 0;
-    for (int d = 0; d < o.n_dims; ++d) max_dim = o.dims[d] > max_dim ? o.dims[d] : max_dim;
-    const size_t max_n = (size_t)n_rows * (size_t)max_dim, pattern_extra = 4096;
-    uint64_t rng = 0xbe4c4a1d17ull;
-    gpu_bf16 *pattern = xmalloc((max_n + pattern_extra) * sizeof *pattern);
-    for (size_t i = 0; i < max_n + pattern_extra; ++i)
-        pattern[i] = gpu_bf16_from_float((float)(4.0 * rng_uniform(&rng) - 1.5));
-    int64_t *row_start_host = xmalloc((size_t)(o.n_samples + 1) * sizeof *row_start_host);
-    for (int b = 0; b <= o.n_samples; ++b) row_start_host[b] = b * o.rows_per_sample;
-
-    for (int d = 0; d < o.n_dims; ++d) {
-        lnmod_context c = {0};
-        c.n_rows = n_rows, c.dim = o.dims[d], c.n_samples = o.n_samples;
-        const size_t n = (size_t)n_rows * (size_t)c.dim, n_mod = (size_t)c.n_samples * (size_t)c.dim;
-        c.row_start = device_alloc((size_t)(c.n_samples + 1) * sizeof *c.row_start);
-        CUDA_CHECK(cudaMemcpy(c.row_start, row_start_host, (size_t)(c.n_samples + 1) * sizeof *c.row_start,
-                              cudaMemcpyHostToDevice));
-        c.x = device_random_bf16(pattern, n, 0);
-        c.y_prev = device_random_bf16(pattern, n, 1011);
-        c.dy = device_random_bf16(pattern, n, 2029);
-        c.d_res = device_random_bf16(pattern, n, 3037);
-        c.x_new = device_alloc(n * sizeof *c.x_new), c.y = device_alloc(n * sizeof *c.y);
-        c.dx = device_alloc(n * sizeof *c.dx), c.dy_prev = device_alloc(n * sizeof *c.dy_prev);
-        c.shift = device_random_f32(n_mod, &rng, 0.5), c.scale = device_random_f32(n_mod, &rng, 0.5);
-        c.gate = device_random_f32(n_mod, &rng, 0.5);
-        c.mean = device_alloc((size_t)n_rows * sizeof *c.mean), c.rstd = device_alloc((size_t)n_rows * sizeof *c.rstd);
-        c.dshift = device_alloc(n_mod * sizeof *c.dshift), c.dscale = device_alloc(n_mod * sizeof *c.dscale);
-        c.dgate = device_alloc(n_mod * sizeof *c.dgate);
-        size_t workspace_bytes = lnmod_bwd_workspace_bytes(n_rows, c.dim, c.n_samples);
-        const size_t residual_bytes = lnmod_residual_bwd_workspace_bytes(n_rows, c.dim, c.n_samples);
-        c.workspace = device_alloc(residual_bytes > workspace_bytes ? residual_bytes : workspace_bytes);
-        run_fwd(&c, stream);           /* mean and rstd for the plain backward */
-        run_residual_fwd(&c, stream);  /* x_new for the residual backward (mean, rstd now of x_new: same cost) */
-        CUDA_CHECK(cudaStreamSynchronize(stream));
-
-        for (int s = 0; s < n_specs; ++s) {
-            const double ms = time_op(specs[s].op, &c, &o, stream);
-            const double bytes = specs[s].bytes_per_row_elem * (double)n + specs[s].bytes_per_row * (double)n_rows +
-                                 specs[s].bytes_per_sample_elem * (double)n_mod;
-            const double gbs = bytes / (ms * 1e6);
-            results[d][s][0] = ms;
-            results[d][s][1] = gbs;
-            printf("%-6d %-14s %10.4f %12.1f %10.0f %8.1f%%\n", c.dim, specs[s].name, ms, bytes / 1e6, gbs,
-                   100.0 * gbs / copy_gbs);
-        }
-        void *buffers[] = {c.row_start, c.x, c.y_prev, c.dy, c.d_res, c.x_new, c.y, c.dx, c.dy_prev, c.shift, c.scale,
-                           c.gate, c.mean, c.rstd, c.dshift, c.dscale, c.dgate, c.workspace};
-        for (size_t i = 0; i < sizeof buffers / sizeof buffers[0]; ++i) CUDA_CHECK(cudaFree(buffers[i]));
-    }
+    static double lnmod_results[kMaxDims][kLnmodOps][2];
+    static gemm_results gemm;
+    if (o.run_lnmod) run_lnmod_section(&o, copy_gbs, stream, lnmod_results);
+    if (o.run_gemm) run_gemm_section(&o, stream, &gemm);
     CUDA_CHECK(cudaStreamDestroy(stream));
-
-    if (o.json_path) {
-        FILE *json = fopen(o.json_path, "w");
-        if (!json) ALDIT_FATAL_CODE(ALDIT_EXIT_USAGE, "--json %s: cannot open for writing", o.json_path);
-        fprintf(json, "{\"device\": \"%s\", \"copy_gbs\": %.1f, \"samples\": %d, \"rows_per_sample\": %lld, \"lnmod\": [",
-                device, copy_gbs, o.n_samples, (long long)o.rows_per_sample);
-        for (int d = 0; d < o.n_dims; ++d)
-            for (int s = 0; s < n_specs; ++s)
-                fprintf(json, "%s\n  {\"dim\": %d, \"op\": \"%s\", \"ms\": %.5f, \"gbs\": %.1f, \"pct_copy\": %.1f}",
-                        d || s ? "," : "", o.dims[d], specs[s].name, results[d][s][0], results[d][s][1],
-                        100.0 * results[d][s][1] / copy_gbs);
-        fprintf(json, "\n]}\n");
-        fclose(json);
-    }
-    free(pattern);
-    free(row_start_host);
+    if (o.json_path) write_json(&o, device, copy_gbs, lnmod_results, &gemm);
     return 0;
 }

@@ -1,0 +1,600 @@
+// gemm.cu — linear layers on cuBLASLt with bias / GELU epilogues and fp32 weight gradients, and the kernels that stand in for an epilogue.
+//
+// The layouts (row-major tensors as column-major cuBLASLt matrices) are worked out in gemm.h. Each
+// call builds or finds a plan (matmul descriptor, A/B/D layouts, the heuristic's first algorithm),
+// sets the per-call pointer attributes (bias / bias gradient, GELU aux) on the cached descriptor and
+// calls cublasLtMatmul with the device's 32 MiB workspace.
+#include "gemm.h"
+
+#include <cuda_bf16.h>
+#include <stdio.h>
+#include <string.h>
+
+namespace {
+
+constexpr size_t kWorkspaceBytes = size_t(32) << 20;  // cuBLASLt's recommended workspace on Hopper
+constexpr int kMaxDevices = 64;
+constexpr int kPlanSlots = 512;  // per device: a few dozen layer shapes times the row counts in use
+constexpr int kPlanProbe = 8;    // slots looked at from a key's hash before the least recently used goes
+constexpr int kColsumPairs = 32;  // column-sum block: 32 threads x 2 columns wide,
+constexpr int kColsumLanes = 8;   // 8 row lanes deep
+constexpr int kColsumMaxChunks = 128;
+constexpr int64_t kColsumMinChunkRows = 64;
+constexpr int kElementwiseThreads = 256;
+constexpr int kElementwiseMaxBlocks = 4096;
+constexpr float kGeluSqrt2OverPi = 0.7978845608028654f;  // the constants of cpu_gelu_tanh_fwd
+constexpr float kGeluCubic = 0.044715f;
+
+enum GemmKind { kForward = 0, kBackwardData = 1, kBackwardWeight = 2 };
+const char *const kKindNames[] = {"forward (y = x W^T)", "backward data (dx = dy W)", "backward weight (dW = dy^T x)"};
+
+struct PlanKey {
+    int kind;
+    cublasLtEpilogue_t epilogue;
+    int64_t m, n, k;
+    uint32_t align_a, align_b, align_d, align_bias, align_aux;  // bytes, capped at 256
+};
+
+struct Plan {
+    PlanKey key;
+    bool used;       // slot holds a plan
+    bool supported;  // the heuristic found an algorithm (else the descriptors are not kept)
+    cublasStatus_t heuristic_status;
+    uint64_t last_use;
+    cublasLtMatmulDesc_t desc;
+    cublasLtMatrixLayout_t a, b, d;
+    cublasLtMatmulAlgo_t algo;
+};
+
+struct Device {
+    bool ready;
+    cublasLtHandle_t handle;
+    void *workspace;
+    float *scratch;  // bias-gradient staging and column-sum partials
+    size_t scratch_floats;
+    cudaEvent_t last_done;  // recorded after each call, for a call that comes on another stream
+    cudaStream_t last_stream;
+    bool has_last;
+    Plan *plans;
+    uint64_t clock;
+    gemm_stats stats;
+};
+
+Device g_devices[kMaxDevices];
+bool g_fused_epilogues = true;
+
+bool same_key(const PlanKey &a, const PlanKey &b)
+{
+    return a.kind == b.kind && a.epilogue == b.epilogue && a.m == b.m && a.n == b.n && a.k == b.k &&
+           a.align_a == b.align_a && a.align_b == b.align_b && a.align_d == b.align_d &&
+           a.align_bias == b.align_bias && a.align_aux == b.align_aux;
+}
+
+uint64_t hash_key(const PlanKey &key)
+{
+    const uint64_t words[] = {(uint64_t)key.kind, (uint64_t)key.epilogue, (uint64_t)key.m, (uint64_t)key.n,
+                              (uint64_t)key.k, key.align_a | (uint64_t)key.align_b << 16 | (uint64_t)key.align_d << 32,
+                              key.align_bias | (uint64_t)key.align_aux << 16};
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (uint64_t w : words) {
+        h ^= w;
+        h *= 0x100000001b3ull;
+        h ^= h >> 29;
+    }
+    return h;
+}
+
+// Largest power of two dividing the address, capped at 256 (what cuBLASLt's alignment preferences take).
+uint32_t alignment_of(const void *pointer)
+{
+    const uintptr_t address = (uintptr_t)pointer;
+    if (address == 0) return 256;
+    const uintptr_t lowest = address & (~address + 1);
+    return lowest >= 256 ? 256u : (uint32_t)lowest;
+}
+
+bool epilogue_has_bias(cublasLtEpilogue_t e)
+{
+    return e == CUBLASLT_EPILOGUE_BIAS || e == CUBLASLT_EPILOGUE_GELU_AUX_BIAS || e == CUBLASLT_EPILOGUE_BGRADB;
+}
+
+bool epilogue_has_aux(cublasLtEpilogue_t e)
+{
+    return e == CUBLASLT_EPILOGUE_GELU_AUX_BIAS || e == CUBLASLT_EPILOGUE_DGELU;
+}
+
+const char *epilogue_name(cublasLtEpilogue_t e)
+{
+    switch (e) {
+    case CUBLASLT_EPILOGUE_DEFAULT: return "DEFAULT";
+    case CUBLASLT_EPILOGUE_BIAS: return "BIAS";
+    case CUBLASLT_EPILOGUE_GELU_AUX_BIAS: return "GELU_AUX_BIAS";
+    case CUBLASLT_EPILOGUE_DGELU: return "DGELU";
+    case CUBLASLT_EPILOGUE_BGRADB: return "BGRADB";
+    default: return "other";
+    }
+}
+
+Device &current_device()
+{
+    int id = 0;
+    CUDA_CHECK(cudaGetDevice(&id));
+    ALDIT_CHECK(id >= 0 && id < kMaxDevices, "gemm: device %d is beyond the %d devices gemm.cu keeps state for", id,
+                kMaxDevices);
+    Device &dev = g_devices[id];
+    if (!dev.ready) {
+        CUBLAS_CHECK(cublasLtCreate(&dev.handle));
+        CUDA_CHECK(cudaMalloc(&dev.workspace, kWorkspaceBytes));
+        CUDA_CHECK(cudaEventCreateWithFlags(&dev.last_done, cudaEventDisableTiming));
+        dev.plans = (Plan *)xcalloc(kPlanSlots, sizeof *dev.plans);
+        dev.ready = true;
+    }
+    return dev;
+}
+
+// The workspace and scratch are shared by every call on the device: work queued on a new stream waits
+// for the previous call's work on the old one.
+void begin_call(Device &dev, cudaStream_t stream)
+{
+    if (dev.has_last && dev.last_stream != stream) CUDA_CHECK(cudaStreamWaitEvent(stream, dev.last_done, 0));
+}
+
+void end_call(Device &dev, cudaStream_t stream)
+{
+    CUDA_CHECK(cudaEventRecord(dev.last_done, stream));
+    dev.last_stream = stream;
+    dev.has_last = true;
+}
+
+float *scratch_floats(Device &dev, size_t n_floats)
+{
+    if (dev.scratch_floats < n_floats) {
+        if (dev.scratch) {
+            CUDA_CHECK(cudaDeviceSynchronize());  // rare: only when a wider layer or more rows come along
+            CUDA_CHECK(cudaFree(dev.scratch));
+        }
+        const size_t grown = n_floats > 2 * dev.scratch_floats ? n_floats : 2 * dev.scratch_floats;
+        CUDA_CHECK(cudaMalloc(&dev.scratch, grown * sizeof(float)));
+        dev.scratch_floats = grown;
+    }
+    return dev.scratch;
+}
+
+void destroy_plan(Plan &plan)
+{
+    if (plan.used && plan.supported) {
+        CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(plan.a));
+        CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(plan.b));
+        CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(plan.d));
+        CUBLAS_CHECK(cublasLtMatmulDescDestroy(plan.desc));
+    }
+    memset(&plan, 0, sizeof plan);
+}
+
+// Sizes and types of the three GEMM kinds (gemm.h has the mapping): A stored k x m when transposed
+// (forward: the weight), else m x k; B stored n x k when transposed (dW: dy), else k x n; D m x n.
+void build_plan(Device &dev, const PlanKey &key, const void *bias, const void *aux, Plan &plan)
+{
+    const cublasOperation_t trans_a = key.kind == kForward ? CUBLAS_OP_T : CUBLAS_OP_N;
+    const cublasOperation_t trans_b = key.kind == kBackwardWeight ? CUBLAS_OP_T : CUBLAS_OP_N;
+    const cudaDataType_t d_type = key.kind == kBackwardWeight ? CUDA_R_32F : CUDA_R_16BF;
+    plan.key = key;
+    plan.used = true;
+    CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSA, &trans_a, sizeof trans_a));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSB, &trans_b, sizeof trans_b));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &key.epilogue,
+                                                sizeof key.epilogue));
+    // The heuristic reads the bias and aux pointers' alignment (not their contents): set the real ones.
+    if (epilogue_has_bias(key.epilogue))
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
+    if (epilogue_has_aux(key.epilogue)) {
+        const int64_t aux_ld = key.m;  // the aux matrix has D's layout
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux,
+                                                    sizeof aux));
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld,
+                                                    sizeof aux_ld));
+    }
+    const uint64_t a_rows = trans_a == CUBLAS_OP_T ? key.k : key.m, a_cols = trans_a == CUBLAS_OP_T ? key.m : key.k;
+    const uint64_t b_rows = trans_b == CUBLAS_OP_T ? key.n : key.k, b_cols = trans_b == CUBLAS_OP_T ? key.k : key.n;
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.a, CUDA_R_16BF, a_rows, a_cols, (int64_t)a_rows));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.b, CUDA_R_16BF, b_rows, b_cols, (int64_t)b_rows));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.d, d_type, (uint64_t)key.m, (uint64_t)key.n, key.m));
+
+    cublasLtMatmulPreference_t preference;
+    CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference));
+    const uint64_t workspace_bytes = kWorkspaceBytes;
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                      &workspace_bytes, sizeof workspace_bytes));
+    const struct {
+        cublasLtMatmulPreferenceAttributes_t attribute;
+        uint32_t bytes;
+    } alignments[] = {{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, key.align_a},
+                      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, key.align_b},
+                      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key.align_d},
+                      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align_d}};
+    for (const auto &alignment : alignments)
+        CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, alignment.attribute, &alignment.bytes,
+                                                          sizeof alignment.bytes));
+    cublasLtMatmulHeuristicResult_t result;
+    memset(&result, 0, sizeof result);
+    int returned = 0;
+    const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(dev.handle, plan.desc, plan.a, plan.b, plan.d,
+                                                                 plan.d, preference, 1, &result, &returned);
+    CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(preference));
+    dev.stats.heuristic_queries += 1;
+    plan.heuristic_status = status == CUBLAS_STATUS_SUCCESS && returned > 0 ? result.state : status;
+    plan.supported = status == CUBLAS_STATUS_SUCCESS && returned > 0 && result.state == CUBLAS_STATUS_SUCCESS;
+    if (plan.supported) {
+        plan.algo = result.algo;
+    } else {
+        CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(plan.a));
+        CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(plan.b));
+        CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(plan.d));
+        CUBLAS_CHECK(cublasLtMatmulDescDestroy(plan.desc));
+    }
+}
+
+// The cached plan for a GEMM, built on a miss; NULL when cuBLASLt has no algorithm for it and the
+// caller can do without (a fused epilogue); fatal when `required`.
+Plan *find_plan(Device &dev, int kind, cublasLtEpilogue_t epilogue, int64_t m, int64_t n, int64_t k, const void *a,
+                const void *b, const void *d, const void *bias, const void *aux, bool required)
+{
+    PlanKey key;
+    memset(&key, 0, sizeof key);
+    key.kind = kind, key.epilogue = epilogue, key.m = m, key.n = n, key.k = k;
+    key.align_a = alignment_of(a), key.align_b = alignment_of(b), key.align_d = alignment_of(d);
+    key.align_bias = epilogue_has_bias(epilogue) ? alignment_of(bias) : 0;
+    key.align_aux = epilogue_has_aux(epilogue) ? alignment_of(aux) : 0;
+    const uint64_t first = hash_key(key) % kPlanSlots;
+    Plan *victim = NULL;
+    for (int probe = 0; probe < kPlanProbe; ++probe) {
+        Plan &slot = dev.plans[(first + probe) % kPlanSlots];
+        if (slot.used && same_key(slot.key, key)) {
+            victim = &slot;
+            break;
+        }
+        if (!victim || (victim->used && (!slot.used || slot.last_use < victim->last_use))) victim = &slot;
+    }
+    if (!victim->used || !same_key(victim->key, key)) {
+        destroy_plan(*victim);
+        build_plan(dev, key, bias, aux, *victim);
+        if (!victim->supported) {
+            const char *why = cublasLtGetStatusString(victim->heuristic_status);
+            if (required)
+                ALDIT_FATAL("gemm: cuBLASLt has no algorithm for the %s GEMM m=%lld n=%lld k=%lld, epilogue %s (bf16 "
+                            "inputs, fp32 accumulation): %s", kKindNames[kind], (long long)m, (long long)n,
+                            (long long)k, epilogue_name(epilogue), why);
+            static bool warned[3];
+            if (!warned[kind])
+                aldit_warn("gemm: cuBLASLt has no algorithm for epilogue %s in the %s GEMM m=%lld n=%lld k=%lld (%s); "
+                           "running a plain GEMM and aldit's own kernel instead (said once)", epilogue_name(epilogue),
+                           kKindNames[kind], (long long)m, (long long)n, (long long)k, why);
+            warned[kind] = true;
+        }
+    }
+    victim->last_use = ++dev.clock;
+    return victim->supported ? victim : NULL;
+}
+
+void run_plan(Device &dev, Plan &plan, const void *a, const void *b, float beta, void *d, const void *bias,
+              const void *aux, cudaStream_t stream)
+{
+    if (epilogue_has_bias(plan.key.epilogue))
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
+    if (epilogue_has_aux(plan.key.epilogue))
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux,
+                                                    sizeof aux));
+    const float alpha = 1.0f;
+    CUBLAS_CHECK(cublasLtMatmul(dev.handle, plan.desc, &alpha, a, plan.a, b, plan.b, &beta, d, plan.d, d, plan.d,
+                                &plan.algo, dev.workspace, kWorkspaceBytes, stream));
+    dev.stats.flops += 2.0 * (double)plan.key.m * (double)plan.key.n * (double)plan.key.k;
+    dev.stats.gemms += 1;
+}
+
+void check_shape(const char *call, int64_t n_rows, int in_dim, int out_dim)
+{
+    ALDIT_CHECK(n_rows >= 0 && in_dim > 0 && out_dim > 0, "%s: bad shape n_rows=%lld in_dim=%d out_dim=%d", call,
+                (long long)n_rows, in_dim, out_dim);
+    ALDIT_CHECK(gemm_linear_supported(in_dim, out_dim),
+                "%s: in_dim=%d and out_dim=%d must be multiples of 8 (bf16 leading dimensions that cuBLASLt's "
+                "tensor-core kernels need 16-byte aligned)", call, in_dim, out_dim);
+}
+
+void check_aligned(const char *call, const char *name, const void *pointer)
+{
+    ALDIT_CHECK(pointer != NULL, "%s: %s is NULL", call, name);
+    ALDIT_CHECK(alignment_of(pointer) >= 16, "%s: %s (%p) is not 16-byte aligned", call, name, pointer);
+}
+
+unsigned elementwise_blocks(int64_t n_items)
+{
+    const int64_t blocks = (n_items + kElementwiseThreads - 1) / kElementwiseThreads;
+    return (unsigned)(blocks < 1 ? 1 : blocks > kElementwiseMaxBlocks ? kElementwiseMaxBlocks : blocks);
+}
+
+// ---- kernels standing in for the epilogues --------------------------------------------------------
+
+__device__ __forceinline__ float gelu_tanh(float v)
+{
+    return 0.5f * v * (1.0f + tanhf(kGeluSqrt2OverPi * (v + kGeluCubic * v * v * v)));
+}
+
+__device__ __forceinline__ float gelu_tanh_grad(float v)
+{
+    const float t = tanhf(kGeluSqrt2OverPi * (v + kGeluCubic * v * v * v));
+    const float du_dv = kGeluSqrt2OverPi * (1.0f + 3.0f * kGeluCubic * v * v);
+    return 0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du_dv;
+}
+
+// 16-byte vectors of 8 bf16 as 4 pairs.
+union Vec8 {
+    uint4 raw;
+    __nv_bfloat162 pair[4];
+};
+
+// y = gelu_tanh(pre) over n_vecs vectors of 8.
+__global__ void gelu_kernel(const uint4 *__restrict__ pre, uint4 *__restrict__ y, int64_t n_vecs)
+{
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n_vecs; i += (int64_t)gridDim.x * blockDim.x) {
+        Vec8 v;
+        v.raw = pre[i];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const float2 f = __bfloat1622float2(v.pair[j]);
+            v.pair[j] = __floats2bfloat162_rn(gelu_tanh(f.x), gelu_tanh(f.y));
+        }
+        y[i] = v.raw;
+    }
+}
+
+// d = d * gelu_tanh'(pre), in place, over n_vecs vectors of 8.
+__global__ void dgelu_kernel(uint4 *__restrict__ d, const uint4 *__restrict__ pre, int64_t n_vecs)
+{
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n_vecs; i += (int64_t)gridDim.x * blockDim.x) {
+        Vec8 g, p;
+        g.raw = d[i];
+        p.raw = pre[i];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const float2 fg = __bfloat1622float2(g.pair[j]), fp = __bfloat1622float2(p.pair[j]);
+            g.pair[j] = __floats2bfloat162_rn(fg.x * gelu_tanh_grad(fp.x), fg.y * gelu_tanh_grad(fp.y));
+        }
+        d[i] = g.raw;
+    }
+}
+
+// Column sums, pass 1: block (kColsumPairs, kColsumLanes) sums columns [64 * blockIdx.x, +64) over the
+// rows of chunk blockIdx.y, each lane every kColsumLanes-th row, lanes added in order; one partial per
+// (chunk, column). cols is even (a multiple of 8).
+__global__ void colsum_partial_kernel(const __nv_bfloat162 *__restrict__ dy, int64_t n_rows, int cols,
+                                      int64_t rows_per_chunk, float *__restrict__ partials)
+{
+    __shared__ float2 lanes[kColsumLanes][kColsumPairs];
+    const int col = 2 * (blockIdx.x * kColsumPairs + threadIdx.x);
+    const int64_t begin = blockIdx.y * rows_per_chunk;
+    const int64_t end = begin + rows_per_chunk < n_rows ? begin + rows_per_chunk : n_rows;
+    float2 sum = make_float2(0.0f, 0.0f);
+    if (col < cols)
+        for (int64_t r = begin + threadIdx.y; r < end; r += kColsumLanes) {
+            const float2 v = __bfloat1622float2(dy[(r * cols + col) / 2]);
+            sum.x += v.x;
+            sum.y += v.y;
+        }
+    lanes[threadIdx.y][threadIdx.x] = sum;
+    __syncthreads();
+    if (threadIdx.y == 0 && col < cols) {
+        for (int lane = 1; lane < kColsumLanes; ++lane) {
+            sum.x += lanes[lane][threadIdx.x].x;
+            sum.y += lanes[lane][threadIdx.x].y;
+        }
+        partials[blockIdx.y * (int64_t)cols + col] = sum.x;
+        partials[blockIdx.y * (int64_t)cols + col + 1] = sum.y;
+    }
+}
+
+// Pass 2: out[c] (+)= the chunks' partials of column c, added in chunk order.
+__global__ void colsum_final_kernel(const float *__restrict__ partials, int n_chunks, int cols, float *out,
+                                    int accumulate)
+{
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= cols) return;
+    float sum = 0.0f;
+    for (int chunk = 0; chunk < n_chunks; ++chunk) sum += partials[chunk * (int64_t)cols + c];
+    out[c] = accumulate ? out[c] + sum : sum;
+}
+
+void launch_colsum_final(const float *partials, int n_chunks, int cols, float *out, int accumulate,
+                         cudaStream_t stream)
+{
+    colsum_final_kernel<<<(cols + kElementwiseThreads - 1) / kElementwiseThreads, kElementwiseThreads, 0, stream>>>(
+        partials, n_chunks, cols, out, accumulate);
+    CUDA_CHECK_LAUNCH();
+}
+
+// out (+)= column sums of the bf16 [n_rows, cols] matrix (n_rows > 0), deterministic.
+void column_sums(Device &dev, const gpu_bf16 *dy, int64_t n_rows, int cols, float *out, int accumulate,
+                 cudaStream_t stream)
+{
+    int64_t n_chunks = (n_rows + kColsumMinChunkRows - 1) / kColsumMinChunkRows;
+    if (n_chunks > kColsumMaxChunks) n_chunks = kColsumMaxChunks;
+    const int64_t rows_per_chunk = (n_rows + n_chunks - 1) / n_chunks;
+    n_chunks = (n_rows + rows_per_chunk - 1) / rows_per_chunk;
+    float *partials = scratch_floats(dev, (size_t)n_chunks * (size_t)cols);
+    const dim3 block(kColsumPairs, kColsumLanes);
+    const dim3 grid((unsigned)((cols / 2 + kColsumPairs - 1) / kColsumPairs), (unsigned)n_chunks);
+    colsum_partial_kernel<<<grid, block, 0, stream>>>((const __nv_bfloat162 *)dy, n_rows, cols, rows_per_chunk,
+                                                      partials);
+    CUDA_CHECK_LAUNCH();
+    launch_colsum_final(partials, (int)n_chunks, cols, out, accumulate, stream);
+}
+
+}  // namespace
+
+extern "C" int gemm_linear_supported(int in_dim, int out_dim)
+{
+    return in_dim > 0 && out_dim > 0 && in_dim % 8 == 0 && out_dim % 8 == 0;
+}
+
+extern "C" double gemm_linear_flops(int64_t n_rows, int in_dim, int out_dim)
+{
+    return 2.0 * (double)n_rows * (double)in_dim * (double)out_dim;
+}
+
+extern "C" void gemm_linear_fwd(const gpu_bf16 *x, int64_t n_rows, int in_dim, int out_dim, const gpu_bf16 *weight,
+                                const gpu_bf16 *bias, gemm_epilogue epilogue, gpu_bf16 *y, gpu_bf16 *pre_gelu,
+                                cudaStream_t stream)
+{
+    static const char call[] = "gemm_linear_fwd";
+    check_shape(call, n_rows, in_dim, out_dim);
+    ALDIT_CHECK(epilogue == GEMM_EPILOGUE_NONE || epilogue == GEMM_EPILOGUE_BIAS ||
+                epilogue == GEMM_EPILOGUE_GELU_AUX_BIAS, "%s: unknown epilogue %d", call, (int)epilogue);
+    const bool gelu = epilogue == GEMM_EPILOGUE_GELU_AUX_BIAS;
+    ALDIT_CHECK(gelu == (pre_gelu != NULL), "%s: pre_gelu must be given with GEMM_EPILOGUE_GELU_AUX_BIAS and only "
+                "then", call);
+    check_aligned(call, "x", x), check_aligned(call, "weight", weight), check_aligned(call, "y", y);
+    if (epilogue != GEMM_EPILOGUE_NONE) check_aligned(call, "bias", bias);
+    if (gelu) check_aligned(call, "pre_gelu", pre_gelu);
+    if (n_rows == 0) return;
+
+    Device &dev = current_device();
+    begin_call(dev, stream);
+    const int64_t m = out_dim, n = n_rows, k = in_dim;
+    bool done = false;
+    if (gelu && g_fused_epilogues) {
+        Plan *plan = find_plan(dev, kForward, CUBLASLT_EPILOGUE_GELU_AUX_BIAS, m, n, k, weight, x, y, bias, pre_gelu,
+                               false);
+        if (plan) run_plan(dev, *plan, weight, x, 0.0f, y, bias, pre_gelu, stream), done = true;
+        else dev.stats.unfused += 1;
+    }
+    if (!done) {
+        // Plain or bias epilogue; for GELU the biased product goes to pre_gelu and the kernel makes y.
+        gpu_bf16 *d = gelu ? pre_gelu : y;
+        const cublasLtEpilogue_t e = epilogue == GEMM_EPILOGUE_NONE ? CUBLASLT_EPILOGUE_DEFAULT : CUBLASLT_EPILOGUE_BIAS;
+        Plan *plan = find_plan(dev, kForward, e, m, n, k, weight, x, d, bias, NULL, true);
+        run_plan(dev, *plan, weight, x, 0.0f, d, bias, NULL, stream);
+        if (gelu) {
+            const int64_t n_vecs = n_rows * out_dim / 8;
+            gelu_kernel<<<elementwise_blocks(n_vecs), kElementwiseThreads, 0, stream>>>((const uint4 *)pre_gelu,
+                                                                                       (uint4 *)y, n_vecs);
+            CUDA_CHECK_LAUNCH();
+        }
+    }
+    end_call(dev, stream);
+}
+
+extern "C" void gemm_linear_bwd_data(const gpu_bf16 *dy, int64_t n_rows, int in_dim, int out_dim,
+                                     const gpu_bf16 *weight, const gpu_bf16 *gelu_input, gpu_bf16 *dx,
+                                     int accumulate_dx, cudaStream_t stream)
+{
+    static const char call[] = "gemm_linear_bwd_data";
+    check_shape(call, n_rows, in_dim, out_dim);
+    check_aligned(call, "dy", dy), check_aligned(call, "weight", weight), check_aligned(call, "dx", dx);
+    if (gelu_input) check_aligned(call, "gelu_input", gelu_input);
+    ALDIT_CHECK(!(gelu_input && accumulate_dx), "%s: accumulate_dx cannot be combined with gelu_input", call);
+    if (n_rows == 0) return;
+
+    Device &dev = current_device();
+    begin_call(dev, stream);
+    const int64_t m = in_dim, n = n_rows, k = out_dim;
+    const float beta = accumulate_dx ? 1.0f : 0.0f;
+    bool done = false;
+    if (gelu_input && g_fused_epilogues) {
+        Plan *plan = find_plan(dev, kBackwardData, CUBLASLT_EPILOGUE_DGELU, m, n, k, weight, dy, dx, NULL, gelu_input,
+                               false);
+        if (plan) run_plan(dev, *plan, weight, dy, beta, dx, NULL, gelu_input, stream), done = true;
+        else dev.stats.unfused += 1;
+    }
+    if (!done) {
+        Plan *plan = find_plan(dev, kBackwardData, CUBLASLT_EPILOGUE_DEFAULT, m, n, k, weight, dy, dx, NULL, NULL, true);
+        run_plan(dev, *plan, weight, dy, beta, dx, NULL, NULL, stream);
+        if (gelu_input) {
+            const int64_t n_vecs = n_rows * in_dim / 8;
+            dgelu_kernel<<<elementwise_blocks(n_vecs), kElementwiseThreads, 0, stream>>>((uint4 *)dx,
+                                                                                        (const uint4 *)gelu_input, n_vecs);
+            CUDA_CHECK_LAUNCH();
+        }
+    }
+    end_call(dev, stream);
+}
+
+extern "C" void gemm_linear_bwd_weight(const gpu_bf16 *x, const gpu_bf16 *dy, int64_t n_rows, int in_dim, int out_dim,
+                                       float *dweight, float *dbias, int accumulate, cudaStream_t stream)
+{
+    static const char call[] = "gemm_linear_bwd_weight";
+    check_shape(call, n_rows, in_dim, out_dim);
+    check_aligned(call, "x", x), check_aligned(call, "dy", dy), check_aligned(call, "dweight", dweight);
+    if (dbias) check_aligned(call, "dbias", dbias);
+
+    Device &dev = current_device();
+    begin_call(dev, stream);
+    if (n_rows == 0) {  // an empty sum: zero when overwriting, nothing to add otherwise
+        if (!accumulate) {
+            CUDA_CHECK(cudaMemsetAsync(dweight, 0, (size_t)out_dim * (size_t)in_dim * sizeof *dweight, stream));
+            if (dbias) CUDA_CHECK(cudaMemsetAsync(dbias, 0, (size_t)out_dim * sizeof *dbias, stream));
+        }
+        end_call(dev, stream);
+        return;
+    }
+    const int64_t m = in_dim, n = out_dim, k = n_rows;
+    const float beta = accumulate ? 1.0f : 0.0f;
+    bool done = false;
+    if (dbias && g_fused_epilogues) {
+        // BGRADB writes (never adds) the bias gradient: when accumulating, into scratch, then added.
+        float *bias_grad = accumulate ? scratch_floats(dev, (size_t)out_dim) : dbias;
+        Plan *plan = find_plan(dev, kBackwardWeight, CUBLASLT_EPILOGUE_BGRADB, m, n, k, x, dy, dweight, bias_grad, NULL,
+                               false);
+        if (plan) {
+            run_plan(dev, *plan, x, dy, beta, dweight, bias_grad, NULL, stream);
+            if (accumulate) launch_colsum_final(bias_grad, 1, out_dim, dbias, 1, stream);
+            done = true;
+        } else {
+            dev.stats.unfused += 1;
+        }
+    }
+    if (!done) {
+        Plan *plan = find_plan(dev, kBackwardWeight, CUBLASLT_EPILOGUE_DEFAULT, m, n, k, x, dy, dweight, NULL, NULL,
+                               true);
+        run_plan(dev, *plan, x, dy, beta, dweight, NULL, NULL, stream);
+        if (dbias) column_sums(dev, dy, n_rows, out_dim, dbias, accumulate, stream);
+    }
+    end_call(dev, stream);
+}
+
+extern "C" void gemm_get_stats(gemm_stats *stats)
+{
+    int id = 0;
+    CUDA_CHECK(cudaGetDevice(&id));
+    if (id >= 0 && id < kMaxDevices && g_devices[id].ready) *stats = g_devices[id].stats;
+    else memset(stats, 0, sizeof *stats);
+}
+
+extern "C" void gemm_reset_stats(void)
+{
+    memset(&current_device().stats, 0, sizeof(gemm_stats));
+}
+
+extern "C" void gemm_set_fused_epilogues(int enabled)
+{
+    g_fused_epilogues = enabled != 0;
+}
+
+extern "C" void gemm_release(void)
+{
+    int original = 0;
+    CUDA_CHECK(cudaGetDevice(&original));
+    for (int id = 0; id < kMaxDevices; ++id) {
+        Device &dev = g_devices[id];
+        if (!dev.ready) continue;
+        CUDA_CHECK(cudaSetDevice(id));
+        CUDA_CHECK(cudaDeviceSynchronize());
+        for (int slot = 0; slot < kPlanSlots; ++slot) destroy_plan(dev.plans[slot]);
+        free(dev.plans);
+        CUDA_CHECK(cudaFree(dev.workspace));
+        if (dev.scratch) CUDA_CHECK(cudaFree(dev.scratch));
+        CUDA_CHECK(cudaEventDestroy(dev.last_done));
+        CUBLAS_CHECK(cublasLtDestroy(dev.handle));
+        memset(&dev, 0, sizeof dev);
+    }
+    CUDA_CHECK(cudaSetDevice(original));
+}

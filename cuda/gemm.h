@@ -1,0 +1,124 @@
+/* gemm.h — linear layers on cuBLASLt: y = x·W^T + b with bias / GELU epilogues and the backward GEMMs (dx, fp32 dW and db), bf16 data, fp32 accumulation. */
+#ifndef ALDIT_GEMM_H
+#define ALDIT_GEMM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "gpu.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Conventions (those of cpu_linear_fwd/bwd in ops_cpu.h, the oracle):
+   - x [n_rows, in_dim], y and dy [n_rows, out_dim]: row-major bf16 activations (a packed micro-batch).
+   - weight [out_dim, in_dim] (PyTorch Linear): the bf16 copy of the parameter; bias [out_dim] bf16.
+   - dweight [out_dim, in_dim] and dbias [out_dim]: fp32 master gradients.
+   - All pointers are device memory; everything is queued on `stream`, nothing synchronises the host.
+   - Products are bf16 x bf16 on the tensor cores with fp32 accumulation (CUBLAS_COMPUTE_32F, fp32
+     alpha/beta); bf16 outputs are rounded once, at the end.
+
+   Shapes: in_dim and out_dim must be multiples of 8 and every pointer 16-byte aligned (cudaMalloc
+   gives 256): they are the leading dimensions of the bf16 matrices, and cuBLASLt's tensor-core kernels
+   need 16-byte aligned columns; the GELU aux matrix needs its leading dimension divisible by 8 too.
+   Anything else ends the job with a message naming the call and the shape (gemm_linear_supported says
+   beforehand). n_rows is free (odd counts and 0 are fine).
+
+   Column-major mapping (cuBLASLt is column-major; a row-major [r, c] matrix is a column-major c x r
+   matrix with leading dimension c). With m, n, k the cuBLASLt sizes, D = op(A)·op(B) (+ C):
+     forward   y_cm [out, rows] = (W_cm [in, out])^T · x_cm [in, rows]
+               m = out_dim, n = n_rows, k = in_dim; A = weight, TRANSA = T, lda = in_dim;
+               B = x, TRANSB = N, ldb = in_dim; D = y, ldd = out_dim; bias = a length-m vector
+               (one value per row of D = per column of y), which is what the BIAS epilogue adds.
+     dx        dx_cm [in, rows] = W_cm [in, out] · dy_cm [out, rows]
+               m = in_dim, n = n_rows, k = out_dim; A = weight, N, lda = in_dim; B = dy, N,
+               ldb = out_dim; D = dx, ldd = in_dim.
+     dW        dW_cm [in, out] = x_cm [in, rows] · (dy_cm [out, rows])^T, i.e. dW = dy^T x row-major
+               m = in_dim, n = out_dim, k = n_rows; A = x, N, lda = in_dim; B = dy, TRANSB = T,
+               ldb = out_dim; C = D = dweight (fp32), ldd = in_dim; the BGRADB epilogue reduces op(B)
+               over k, giving one value per column of D: db[o] = sum over rows of dy[r, o].
+   The GELU aux matrix (pre-activation) has D's layout in the forward of the first FFN linear
+   (out_dim x rows, ld out_dim) and D's layout in the dx GEMM of the second (its in_dim x rows): the
+   same [n_rows, ffn] row-major tensor, so the forward's aux feeds the backward's DGELU directly.
+
+   Epilogue paths: by default the bias, GELU (with its aux output), GELU gradient and bias gradient run
+   inside cuBLASLt's kernels (epilogues BIAS, GELU_AUX_BIAS, DGELU, BGRADB). Where cuBLASLt reports
+   no algorithm for a fused epilogue at some shape, or after gemm_set_fused_epilogues(0), the call runs
+   the plain GEMM (BIAS for the GELU forward) and this file's own kernels instead: GELU, GELU gradient,
+   and a deterministic column sum (per-chunk partials, then a fixed-order final pass). The bias
+   gradient is always fp32: BGRADB writes the type of C/D, which is fp32 in the dW GEMM. The GELU
+   gradient is not fused with the bias gradient (DGELU_BGRAD would give it in bf16); the bias of the
+   layer before the GELU gets its gradient from that layer's own dW GEMM (BGRADB over its dy, which
+   is the DGELU output), in fp32. A Wan FFN (x [rows, D] -> up -> GELU -> down -> y):
+     forward:  gemm_linear_fwd(x, rows, D, F, w_up, b_up, GEMM_EPILOGUE_GELU_AUX_BIAS, h, pre, s);
+               gemm_linear_fwd(h, rows, F, D, w_down, b_down, GEMM_EPILOGUE_BIAS, y, NULL, s);
+     backward: gemm_linear_bwd_weight(h, dy, rows, F, D, dw_down, db_down, 1, s);
+               gemm_linear_bwd_data(dy, rows, F, D, w_down, pre, dpre, 0, s);      (dpre = d loss / d pre)
+               gemm_linear_bwd_weight(x, dpre, rows, D, F, dw_up, db_up, 1, s);
+               gemm_linear_bwd_data(dpre, rows, D, F, w_up, NULL, dx, 0, s);
+
+   State: one cuBLASLt handle, one 32 MiB workspace and one plan cache per device, made on the first
+   call on that device. A plan (matmul descriptor, layouts and the heuristic's first algorithm) is
+   cached per (GEMM kind, m, n, k, epilogue, pointer alignments); a bounded table, least recently used
+   entries replaced. The workspace is shared by all calls on a device: when calls arrive on a different
+   stream than the previous call, the new stream first waits (an event, no host sync) for the previous
+   call's work. Not thread-safe: one host thread per device. */
+
+typedef enum {
+    GEMM_EPILOGUE_NONE = 0,      /* y = x W^T                                                          */
+    GEMM_EPILOGUE_BIAS,          /* y = x W^T + b                                                      */
+    GEMM_EPILOGUE_GELU_AUX_BIAS, /* pre = x W^T + b, written to pre_gelu (bf16, [n_rows, out_dim]);
+                                    y = gelu_tanh(pre) (PyTorch's approximate='tanh')                  */
+} gemm_epilogue;
+
+/* 1 when in_dim and out_dim meet the shape rules above, else 0. */
+int gemm_linear_supported(int in_dim, int out_dim);
+
+/* Forward. bias: NULL only with GEMM_EPILOGUE_NONE. pre_gelu: only with GELU_AUX_BIAS (else NULL).
+   y must not alias x. */
+void gemm_linear_fwd(const gpu_bf16 *x, int64_t n_rows, int in_dim, int out_dim, const gpu_bf16 *weight,
+                     const gpu_bf16 *bias, gemm_epilogue epilogue, gpu_bf16 *y, gpu_bf16 *pre_gelu,
+                     cudaStream_t stream);
+
+/* Backward to the input: dx = dy · weight, [n_rows, in_dim]; overwritten, or added into when
+   accumulate_dx (beta = 1 on the bf16 dx: a tensor that feeds several linears, e.g. q, k and v).
+   gelu_input (may be NULL): the layer's input x was gelu_tanh(gelu_input), [n_rows, in_dim] (the
+   pre_gelu the previous linear's forward wrote); dx is then the gradient with respect to gelu_input,
+   (dy · weight) * gelu_tanh'(gelu_input) (epilogue DGELU); not combinable with accumulate_dx. */
+void gemm_linear_bwd_data(const gpu_bf16 *dy, int64_t n_rows, int in_dim, int out_dim, const gpu_bf16 *weight,
+                          const gpu_bf16 *gelu_input, gpu_bf16 *dx, int accumulate_dx, cudaStream_t stream);
+
+/* Backward to the parameters: dweight (+)= dy^T · x (fp32 [out_dim, in_dim]) and, when dbias is not
+   NULL, dbias (+)= column sums of dy (fp32 [out_dim]). accumulate: added into (beta = 1: micro-batches
+   of one step accumulate in place, the convention of cpu_linear_bwd); 0: overwritten. */
+void gemm_linear_bwd_weight(const gpu_bf16 *x, const gpu_bf16 *dy, int64_t n_rows, int in_dim, int out_dim,
+                            float *dweight, float *dbias, int accumulate, cudaStream_t stream);
+
+/* FLOPs of one of the three GEMMs of a linear layer: 2 · n_rows · in_dim · out_dim. */
+double gemm_linear_flops(int64_t n_rows, int in_dim, int out_dim);
+
+/* Counters of the current device since the last reset. */
+typedef struct {
+    double flops;              /* 2·m·n·k of every GEMM issued */
+    int64_t gemms;             /* cublasLtMatmul calls */
+    int64_t heuristic_queries; /* plans built (cache misses) */
+    int64_t unfused;           /* calls that wanted a fused epilogue and ran the own kernels instead
+                                  because cuBLASLt had no algorithm for it (not counting
+                                  gemm_set_fused_epilogues(0)) */
+} gemm_stats;
+void gemm_get_stats(gemm_stats *stats);
+void gemm_reset_stats(void);
+
+/* 1 (default): cuBLASLt's fused epilogues; 0: plain GEMMs + own kernels (for tests and comparisons). */
+void gemm_set_fused_epilogues(int enabled);
+
+/* Free every device's handle, workspace, scratch and cached plans (each device is made current in
+   turn, then the original one restored). Calls after this start afresh. */
+void gemm_release(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

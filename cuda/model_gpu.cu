@@ -1,0 +1,817 @@
+// model_gpu.cu — the Wan 2.1 DiT on one GPU: parameters in three flat buffers, a workspace for one micro-batch, forward/backward of the rectified-flow loss.
+//
+// The order of operations follows src/model.c (the oracle). What differs is how the residual stream is
+// cut: every residual add is fused with the LayerNorm that reads its result (lnmod_residual_fwd), so
+// the ops form one chain across blocks:
+//   block l:  [x_in_l, h1]  = x2_{l-1} + y_ffn_{l-1} * e5_{l-1},  LN-modulate(e0_l, e1_l)   (l = 0: LN only)
+//             [x1, n3]      = x_in + y_attn * e2,                  affine LN (norm3) as LN-modulate
+//             [x2, h2]      = x1 + y_cross * 1,                    LN-modulate(e3, e4)
+//   head:     [x_final, hh] = x2_last + y_ffn_last * e5_last,      LN-modulate(head shift, scale)
+// The backward walks the same chain in reverse; lnmod_residual_bwd hands the gradient of each gated
+// branch (dy_prev) and its gate's gradient back, so a block's e5 gradient arrives while the next block
+// (or the head) is undone. Per-sample modulation gradients are kept per layer and reduced into the
+// modulation parameters and d(e0) once the blocks are done.
+#include "model_gpu.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "attention.h"
+#include "fused.h"
+#include "gemm.h"
+#include "kernels_misc.h"
+#include "lnmod.h"
+
+extern "C" {
+#include "ops_cpu.h"
+}
+
+namespace {
+
+struct linear_offsets {
+    int64_t weight, bias;
+};
+
+struct block_offsets {
+    int64_t modulation;
+    linear_offsets self_q, self_k, self_v, self_o;
+    int64_t self_norm_q, self_norm_k, norm3_weight, norm3_bias;
+    linear_offsets cross_q, cross_k, cross_v, cross_o;
+    int64_t cross_norm_q, cross_norm_k;
+    linear_offsets ffn_in, ffn_out;
+};
+
+// What one block keeps from its forward for its backward (bf16 rows unless noted).
+struct block_saved {
+    gpu_bf16 *x_in, *h1;                       // [N, D] block input (after the previous block's FFN residual), LN-modulated
+    gpu_bf16 *q_pre, *k_pre, *q, *k, *v;       // [N, D] projections; q, k after RMSNorm + RoPE
+    gpu_bf16 *attn, *y_attn;                   // [N, D] attention output, o projection
+    gpu_bf16 *x1, *n3;                         // [N, D] after the gated residual; norm3(x1)
+    gpu_bf16 *cq_pre, *cq;                     // [N, D] cross-attention queries
+    gpu_bf16 *ck_pre, *ck, *cv;                // [L, D] keys and values from the text
+    gpu_bf16 *cattn, *y_cross;                 // [N, D]
+    gpu_bf16 *x2, *h2;                         // [N, D] after the cross-attention residual; LN-modulated
+    gpu_bf16 *ffn_pre, *ffn_act, *y_ffn;       // [N, F] before / after GELU; [N, D]
+    float *modulation;                         // [6][B][D] e = blocks.l.modulation + e0, chunk-major
+    float *n3_shift, *n3_scale;                // [B, D] norm3's bias and weight - 1 per sample
+    float *d_modulation;                       // [6][B][D] gradient of `modulation`
+    float *ln1_mean, *ln1_rstd, *n3_mean, *n3_rstd, *ln2_mean, *ln2_rstd;   // [N]
+    float *q_rstd, *k_rstd, *cq_rstd, *ck_rstd;                             // [N] ([L] for ck)
+    float *attn_lse, *cattn_lse;                                            // [N, H]
+};
+
+// Per-micro-batch tables computed on the host; the same byte layout in pinned host memory and on the device.
+struct batch_tables {
+    int64_t *token_start, *text_start, *latent_start, *pred_start;   // [B + 1]
+    int32_t *latent_shape;                                           // [B, 3] frames, height, width (latent units)
+    int32_t *positions;                                              // [N, 3] RoPE grid indices
+    float *sigma, *sinusoid;                                         // [B], [B, freq_dim]
+};
+
+// Hands out 256-byte aligned pieces of one allocation; with base NULL it only counts.
+struct carver {
+    char *base;
+    size_t used;
+    template <typename T> T *take(int64_t count)
+    {
+        T *piece = base ? reinterpret_cast<T *>(base + used) : nullptr;
+        used += ((size_t)(count > 0 ? count : 0) * sizeof(T) + 255) / 256 * 256;
+        return piece;
+    }
+};
+
+struct batch_dims {
+    int64_t n_tokens, n_text, n_latent_values;
+    int n_samples;
+};
+
+} // namespace
+
+struct gpu_model {
+    // dims, copied from the host model
+    int dim, ffn_dim, num_heads, head_dim, num_layers;
+    int in_dim, patch_t, patch_h, patch_w, patch_in, patch_out;
+    int text_len, text_dim, freq_dim;
+    float eps;
+    int64_t n_weights;
+    // capacity
+    int64_t max_tokens, max_text;
+    int max_samples;
+    // parameters: one flat buffer each, the host table's offsets
+    float *master, *grads;
+    gpu_bf16 *working;
+    linear_offsets patch, text_in, text_out, time_in, time_out, time_projection, head;
+    int64_t head_modulation;
+    block_offsets *blocks;
+    // activations and scratch, carved from one allocation
+    char *arena;
+    size_t arena_bytes;
+    block_saved *saved;
+    float *latents, *noise, *text_f32;                 // the batch as copied over
+    gpu_bf16 *text;                                    // [L, text_dim]
+    gpu_bf16 *tokens_in;                               // [N, patch_in] x_t, patchified
+    float *x0_tokens, *noise_tokens;                   // [N, patch_out] in the head's output order
+    gpu_bf16 *text_pre, *text_act, *context;           // [L, D]
+    float *time_pre, *time_act, *time_emb, *time_silu; // [B, D]
+    float *e0;                                         // [B, 6D]
+    float *head_shift, *head_scale, *head_mean, *head_rstd;
+    float *ones;                                       // [B, D] the ungated residual's gate
+    gpu_bf16 *x_final, *head_h;                        // [N, D]
+    gpu_bf16 *pred, *d_pred;                           // [N, patch_out]
+    float *sample_loss;                                // [B]
+    gpu_bf16 *d_x, *d_h, *d_y, *d_t, *d_q, *d_k, *d_v; // [N, D]
+    gpu_bf16 *d_ffn;                                   // [N, F]
+    gpu_bf16 *d_ck, *d_cv, *d_ctx_part, *d_context_bf16, *d_text_pre;   // [L, D]
+    float *d_context;                                  // [L, D] fp32 sum over the layers
+    float *d_n3_shift, *d_n3_scale, *d_unused_gate, *d_head_shift, *d_head_scale, *d_time_emb, *d_time_b;  // [B, D]
+    float *d_e0;                                       // [B, 6D]
+    void *scratch;                                     // backward workspaces of the fused ops (one at a time)
+    size_t scratch_bytes;
+    batch_tables tables_device;
+    // host staging (pinned)
+    char *tables_pinned;
+    size_t tables_bytes;
+    batch_tables tables_host;
+    float *latents_pinned, *noise_pinned, *text_pinned, *loss_pinned;
+    int32_t *grid_frames, *grid_height, *grid_width;   // [B] tokens per axis (host)
+    float *timesteps_host;                             // [B]
+};
+
+namespace {
+
+int64_t find_offset(const model *m, const char *name)
+{
+    const param_info *p = model_find_param(m, name);
+    if (!p) ALDIT_FATAL("gpu model: parameter %s not in the model's table", name);
+    return p->offset;
+}
+
+linear_offsets find_linear(const model *m, const char *prefix)
+{
+    char name[160]; /* prefixes are at most 127 characters */
+    linear_offsets lin;
+    snprintf(name, sizeof name, "%s.weight", prefix);
+    lin.weight = find_offset(m, name);
+    snprintf(name, sizeof name, "%s.bias", prefix);
+    lin.bias = find_offset(m, name);
+    return lin;
+}
+
+void find_block(const model *m, int layer, block_offsets *bo)
+{
+    char name[128];
+    snprintf(name, sizeof name, "blocks.%d.modulation", layer);
+    bo->modulation = find_offset(m, name);
+    linear_offsets *self[4] = {&bo->self_q, &bo->self_k, &bo->self_v, &bo->self_o};
+    linear_offsets *cross[4] = {&bo->cross_q, &bo->cross_k, &bo->cross_v, &bo->cross_o};
+    for (int i = 0; i < 4; ++i) {
+        snprintf(name, sizeof name, "blocks.%d.self_attn.%c", layer, "qkvo"[i]);
+        *self[i] = find_linear(m, name);
+        snprintf(name, sizeof name, "blocks.%d.cross_attn.%c", layer, "qkvo"[i]);
+        *cross[i] = find_linear(m, name);
+    }
+    int64_t *vectors[6] = {&bo->self_norm_q, &bo->self_norm_k, &bo->norm3_weight, &bo->norm3_bias, &bo->cross_norm_q,
+                           &bo->cross_norm_k};
+    const char *vector_names[6] = {"self_attn.norm_q.weight", "self_attn.norm_k.weight", "norm3.weight", "norm3.bias",
+                                   "cross_attn.norm_q.weight", "cross_attn.norm_k.weight"};
+    for (int i = 0; i < 6; ++i) {
+        snprintf(name, sizeof name, "blocks.%d.%s", layer, vector_names[i]);
+        *vectors[i] = find_offset(m, name);
+    }
+    snprintf(name, sizeof name, "blocks.%d.ffn.0", layer);
+    bo->ffn_in = find_linear(m, name);
+    snprintf(name, sizeof name, "blocks.%d.ffn.2", layer);
+    bo->ffn_out = find_linear(m, name);
+}
+
+// Every setting the kernels below cannot run, as one clear error.
+void check_supported(const model *m)
+{
+    if (!m->qk_norm || !m->cross_attn_norm)
+        ALDIT_FATAL_CODE(ALDIT_EXIT_USAGE,
+                         "gpu model: qk_norm = %d, cross_attn_norm = %d: the CUDA backend needs both on (Wan 2.1); "
+                         "use the cpu device for other settings",
+                         m->qk_norm, m->cross_attn_norm);
+    if (m->in_dim != m->out_dim)
+        ALDIT_FATAL_CODE(ALDIT_EXIT_USAGE, "gpu model: the flow-matching loss needs in_dim (%d) == out_dim (%d)",
+                         m->in_dim, m->out_dim);
+    if (m->dim % 8 || m->dim > LNMOD_MAX_DIM || m->dim > FUSED_QK_MAX_DIM)
+        ALDIT_FATAL_CODE(ALDIT_EXIT_USAGE, "gpu model: dim %d must be a multiple of 8 up to %d", m->dim,
+                         LNMOD_MAX_DIM < FUSED_QK_MAX_DIM ? LNMOD_MAX_DIM : FUSED_QK_MAX_DIM);
+    if (!attention_head_dim_supported(m->head_dim))
+        ALDIT_FATAL_CODE(ALDIT_EXIT_USAGE, "gpu model: head dim %d (dim / num_heads) is not supported by the attention "
+                         "kernels (a multiple of 16 up to %d)", m->head_dim, ATTENTION_MAX_HEAD_DIM);
+    const int linears[][2] = {{m->patch_in, m->dim}, {m->text_dim, m->dim}, {m->dim, m->dim},
+                              {m->dim, m->ffn_dim}, {m->ffn_dim, m->dim}, {m->dim, m->patch_out}};
+    for (size_t i = 0; i < sizeof linears / sizeof linears[0]; ++i)
+        if (!gemm_linear_supported(linears[i][0], linears[i][1]))
+            ALDIT_FATAL_CODE(ALDIT_EXIT_USAGE, "gpu model: a %d -> %d linear layer is not supported by the GEMMs "
+                             "(dims must be multiples of 8: check ffn_dim, text_dim and the patch)",
+                             linears[i][0], linears[i][1]);
+    // The GEMMs read weights straight out of the flat bf16 buffer: every tensor must start 16-byte aligned.
+    for (int i = 0; i < m->n_params; ++i)
+        if (m->params[i].offset % 8)
+            ALDIT_FATAL_CODE(ALDIT_EXIT_USAGE, "gpu model: parameter %s starts at value %lld, not a multiple of 8 "
+                             "(all sizes must be multiples of 8)", m->params[i].name, (long long)m->params[i].offset);
+}
+
+void layout_tables(carver &c, batch_tables &t, int64_t max_tokens, int max_samples, int freq_dim)
+{
+    t.token_start = c.take<int64_t>(max_samples + 1);
+    t.text_start = c.take<int64_t>(max_samples + 1);
+    t.latent_start = c.take<int64_t>(max_samples + 1);
+    t.pred_start = c.take<int64_t>(max_samples + 1);
+    t.latent_shape = c.take<int32_t>(3 * (int64_t)max_samples);
+    t.positions = c.take<int32_t>(3 * max_tokens);
+    t.sigma = c.take<float>(max_samples);
+    t.sinusoid = c.take<float>((int64_t)max_samples * freq_dim);
+}
+
+// Assign every workspace pointer (or, with c.base NULL, count the bytes) for the model's capacity.
+void layout_arena(gpu_model *gm, carver &c)
+{
+    const int64_t N = gm->max_tokens, L = gm->max_text, B = gm->max_samples, D = gm->dim, F = gm->ffn_dim,
+                  H = gm->num_heads;
+    for (int l = 0; l < gm->num_layers; ++l) {
+        block_saved &s = gm->saved[l];
+        gpu_bf16 **rows[] = {&s.x_in, &s.h1, &s.q_pre, &s.k_pre, &s.q, &s.k, &s.v, &s.attn, &s.y_attn, &s.x1,
+                             &s.n3, &s.cq_pre, &s.cq, &s.cattn, &s.y_cross, &s.x2, &s.h2, &s.y_ffn};
+        for (gpu_bf16 **p : rows) *p = c.take<gpu_bf16>(N * D);
+        s.ck_pre = c.take<gpu_bf16>(L * D);
+        s.ck = c.take<gpu_bf16>(L * D);
+        s.cv = c.take<gpu_bf16>(L * D);
+        s.ffn_pre = c.take<gpu_bf16>(N * F);
+        s.ffn_act = c.take<gpu_bf16>(N * F);
+        s.modulation = c.take<float>(6 * B * D);
+        s.d_modulation = c.take<float>(6 * B * D);
+        s.n3_shift = c.take<float>(B * D);
+        s.n3_scale = c.take<float>(B * D);
+        float **stats[] = {&s.ln1_mean, &s.ln1_rstd, &s.n3_mean, &s.n3_rstd, &s.ln2_mean, &s.ln2_rstd,
+                           &s.q_rstd, &s.k_rstd, &s.cq_rstd};
+        for (float **p : stats) *p = c.take<float>(N);
+        s.ck_rstd = c.take<float>(L);
+        s.attn_lse = c.take<float>(N * H);
+        s.cattn_lse = c.take<float>(N * H);
+    }
+    gm->latents = c.take<float>(N * gm->patch_in);
+    gm->noise = c.take<float>(N * gm->patch_in);
+    gm->text_f32 = c.take<float>(L * gm->text_dim);
+    gm->text = c.take<gpu_bf16>(L * gm->text_dim);
+    gm->tokens_in = c.take<gpu_bf16>(N * gm->patch_in);
+    gm->x0_tokens = c.take<float>(N * gm->patch_out);
+    gm->noise_tokens = c.take<float>(N * gm->patch_out);
+    gm->text_pre = c.take<gpu_bf16>(L * D);
+    gm->text_act = c.take<gpu_bf16>(L * D);
+    gm->context = c.take<gpu_bf16>(L * D);
+    float **per_sample[] = {&gm->time_pre, &gm->time_act, &gm->time_emb, &gm->time_silu, &gm->head_shift,
+                            &gm->head_scale, &gm->ones, &gm->d_n3_shift, &gm->d_n3_scale, &gm->d_unused_gate,
+                            &gm->d_head_shift, &gm->d_head_scale, &gm->d_time_emb, &gm->d_time_b};
+    for (float **p : per_sample) *p = c.take<float>(B * D);
+    gm->e0 = c.take<float>(B * 6 * D);
+    gm->d_e0 = c.take<float>(B * 6 * D);
+    gm->head_mean = c.take<float>(N);
+    gm->head_rstd = c.take<float>(N);
+    gm->x_final = c.take<gpu_bf16>(N * D);
+    gm->head_h = c.take<gpu_bf16>(N * D);
+    gm->pred = c.take<gpu_bf16>(N * gm->patch_out);
+    gm->d_pred = c.take<gpu_bf16>(N * gm->patch_out);
+    gm->sample_loss = c.take<float>(B);
+    gpu_bf16 **grads_nd[] = {&gm->d_x, &gm->d_h, &gm->d_y, &gm->d_t, &gm->d_q, &gm->d_k, &gm->d_v};
+    for (gpu_bf16 **p : grads_nd) *p = c.take<gpu_bf16>(N * D);
+    gm->d_ffn = c.take<gpu_bf16>(N * F);
+    gpu_bf16 **grads_ld[] = {&gm->d_ck, &gm->d_cv, &gm->d_ctx_part, &gm->d_context_bf16, &gm->d_text_pre};
+    for (gpu_bf16 **p : grads_ld) *p = c.take<gpu_bf16>(L * D);
+    gm->d_context = c.take<float>(L * D);
+    layout_tables(c, gm->tables_device, gm->max_tokens, gm->max_samples, gm->freq_dim);
+    gm->scratch = c.take<char>((int64_t)gm->scratch_bytes);
+}
+
+// The largest workspace any backward op asks for at these row counts.
+size_t scratch_bytes_for(const gpu_model *gm, int64_t n_tokens, int64_t n_text, int n_samples)
+{
+    const size_t sizes[] = {
+        lnmod_bwd_workspace_bytes(n_tokens, gm->dim, n_samples),
+        lnmod_residual_bwd_workspace_bytes(n_tokens, gm->dim, n_samples),
+        fused_qk_norm_rope_bwd_workspace_bytes(n_tokens, gm->dim),
+        fused_qk_norm_rope_bwd_workspace_bytes(n_text, gm->dim),
+        attention_bwd_workspace_bytes(n_tokens, gm->num_heads),
+        fused_flow_loss_workspace_bytes(n_samples),
+    };
+    size_t largest = 0;
+    for (size_t s : sizes) largest = s > largest ? s : largest;
+    return largest;
+}
+
+template <typename T> T *pinned_alloc(int64_t count)
+{
+    void *p = nullptr;
+    CUDA_CHECK(cudaMallocHost(&p, (size_t)(count > 0 ? count : 1) * sizeof(T)));
+    return static_cast<T *>(p);
+}
+
+// Check the batch as model_pack and prepare_batch do (same messages), fill the host tables and the
+// pinned copies, and queue the copies to the device.
+batch_dims stage_batch(gpu_model *gm, const model_batch *batch, cudaStream_t stream)
+{
+    const int B = batch->n_samples;
+    ALDIT_CHECK(B > 0, "model: a micro-batch needs at least one sample (got %d)", B);
+    if (B > gm->max_samples)
+        ALDIT_FATAL("gpu model: a micro-batch of %d samples exceeds the %d the model was created for", B,
+                    gm->max_samples);
+    batch_tables &t = gm->tables_host;
+    t.token_start[0] = t.text_start[0] = t.latent_start[0] = t.pred_start[0] = 0;
+    for (int b = 0; b < B; ++b) {
+        const int32_t frames = batch->frames[b], height = batch->height[b], width = batch->width[b];
+        if (frames <= 0 || height <= 0 || width <= 0 || frames % gm->patch_t || height % gm->patch_h ||
+            width % gm->patch_w)
+            ALDIT_FATAL_CODE(ALDIT_EXIT_USAGE,
+                             "model: sample %d of the micro-batch has latent %dx%dx%d, not a positive multiple of "
+                             "the patch %dx%dx%d",
+                             b, frames, height, width, gm->patch_t, gm->patch_h, gm->patch_w);
+        if (batch->text_len[b] < 0 || batch->text_len[b] > gm->text_len)
+            ALDIT_FATAL_CODE(ALDIT_EXIT_USAGE, "model: sample %d of the micro-batch has %d text tokens (0..%d allowed)",
+                             b, batch->text_len[b], gm->text_len);
+        gm->grid_frames[b] = frames / gm->patch_t;
+        gm->grid_height[b] = height / gm->patch_h;
+        gm->grid_width[b] = width / gm->patch_w;
+        const int64_t tokens = (int64_t)gm->grid_frames[b] * gm->grid_height[b] * gm->grid_width[b];
+        t.token_start[b + 1] = t.token_start[b] + tokens;
+        t.text_start[b + 1] = t.text_start[b] + batch->text_len[b];
+        t.latent_start[b + 1] = t.latent_start[b] + (int64_t)gm->in_dim * frames * height * width;
+        t.pred_start[b + 1] = t.token_start[b + 1] * gm->patch_out;
+        t.latent_shape[3 * b] = frames;
+        t.latent_shape[3 * b + 1] = height;
+        t.latent_shape[3 * b + 2] = width;
+    }
+    batch_dims dims;
+    dims.n_samples = B;
+    dims.n_tokens = t.token_start[B];
+    dims.n_text = t.text_start[B];
+    dims.n_latent_values = t.latent_start[B];
+    if (dims.n_tokens > gm->max_tokens || dims.n_text > gm->max_text)
+        ALDIT_FATAL("gpu model: a micro-batch of %lld tokens and %lld text rows exceeds the %lld and %lld the model "
+                    "was created for", (long long)dims.n_tokens, (long long)dims.n_text, (long long)gm->max_tokens,
+                    (long long)gm->max_text);
+    for (int b = 0; b < B; ++b) {
+        const float sigma = batch->sigma[b];
+        if (!(sigma >= 0.0f && sigma <= 1.0f))
+            ALDIT_FATAL("model: sample %d of the micro-batch has sigma %g outside [0, 1]", b, sigma);
+        t.sigma[b] = sigma;
+        gm->timesteps_host[b] = 1000.0f * sigma;
+    }
+    cpu_rope_positions(B, gm->grid_frames, gm->grid_height, gm->grid_width, t.positions);
+    cpu_sinusoidal_embedding(gm->timesteps_host, B, gm->freq_dim, t.sinusoid);
+    // Sizes the device workspace was not made for would be a bug here, not a bad batch.
+    ALDIT_CHECK(scratch_bytes_for(gm, dims.n_tokens, dims.n_text, B) <= gm->scratch_bytes,
+                "gpu model: backward workspace too small for %lld tokens", (long long)dims.n_tokens);
+
+    const size_t latent_bytes = (size_t)dims.n_latent_values * sizeof(float);
+    const size_t text_bytes = (size_t)dims.n_text * gm->text_dim * sizeof(float);
+    memcpy(gm->latents_pinned, batch->latents, latent_bytes);
+    memcpy(gm->noise_pinned, batch->noise, latent_bytes);
+    if (text_bytes) memcpy(gm->text_pinned, batch->text, text_bytes);
+    CUDA_CHECK(cudaMemcpyAsync(gm->tables_device.token_start, gm->tables_pinned, gm->tables_bytes,
+                               cudaMemcpyHostToDevice, stream));
+    CUDA_CHECK(cudaMemcpyAsync(gm->latents, gm->latents_pinned, latent_bytes, cudaMemcpyHostToDevice, stream));
+    CUDA_CHECK(cudaMemcpyAsync(gm->noise, gm->noise_pinned, latent_bytes, cudaMemcpyHostToDevice, stream));
+    if (text_bytes)
+        CUDA_CHECK(cudaMemcpyAsync(gm->text_f32, gm->text_pinned, text_bytes, cudaMemcpyHostToDevice, stream));
+    return dims;
+}
+
+} // namespace
+
+namespace {
+
+// y = x W^T + b with the bf16 copies of a Linear's parameters.
+void linear_fwd(const gpu_model *gm, const gpu_bf16 *x, int64_t n_rows, int in_dim, int out_dim, linear_offsets lin,
+                gpu_bf16 *y, cudaStream_t stream)
+{
+    gemm_linear_fwd(x, n_rows, in_dim, out_dim, gm->working + lin.weight, gm->working + lin.bias, GEMM_EPILOGUE_BIAS,
+                    y, nullptr, stream);
+}
+
+// act = gelu_tanh(pre), pre = x W^T + b (both kept for the backward).
+void linear_gelu_fwd(const gpu_model *gm, const gpu_bf16 *x, int64_t n_rows, int in_dim, int out_dim,
+                     linear_offsets lin, gpu_bf16 *pre, gpu_bf16 *act, cudaStream_t stream)
+{
+    gemm_linear_fwd(x, n_rows, in_dim, out_dim, gm->working + lin.weight, gm->working + lin.bias,
+                    GEMM_EPILOGUE_GELU_AUX_BIAS, act, pre, stream);
+}
+
+// dW, db added into the fp32 gradients; dx (skipped when NULL) overwritten or, with accumulate_dx, added
+// into; with gelu_input, dx is the gradient of the GELU's input instead (see gemm.h).
+void linear_bwd(gpu_model *gm, const gpu_bf16 *x, const gpu_bf16 *dy, int64_t n_rows, int in_dim, int out_dim,
+                linear_offsets lin, const gpu_bf16 *gelu_input, gpu_bf16 *dx, int accumulate_dx, cudaStream_t stream)
+{
+    gemm_linear_bwd_weight(x, dy, n_rows, in_dim, out_dim, gm->grads + lin.weight, gm->grads + lin.bias, 1, stream);
+    if (dx)
+        gemm_linear_bwd_data(dy, n_rows, in_dim, out_dim, gm->working + lin.weight, gelu_input, dx, accumulate_dx,
+                             stream);
+}
+
+float *chunk_of(float *table, int chunk, const batch_dims &d, int dim)
+{
+    return table + (int64_t)chunk * d.n_samples * dim;
+}
+
+// Embeddings, blocks and head; ends with the per-sample losses and the gradient of the prediction.
+void forward(gpu_model *gm, const batch_dims &d, float grad_scale, cudaStream_t stream)
+{
+    const int64_t N = d.n_tokens, L = d.n_text;
+    const int B = d.n_samples, D = gm->dim, F = gm->ffn_dim, H = gm->num_heads, hd = gm->head_dim;
+    const batch_tables &t = gm->tables_device;
+    const float eps = gm->eps;
+
+    // inputs: x_t patchified (and x0, noise in the head's order for the loss), the text in bf16
+    misc_patchify_flow(gm->latents, gm->noise, B, t.latent_start, t.token_start, t.latent_shape, t.sigma,
+                       d.n_latent_values, gm->in_dim, gm->patch_t, gm->patch_h, gm->patch_w, gm->tokens_in,
+                       gm->x0_tokens, gm->noise_tokens, stream);
+    misc_f32_to_bf16(gm->text_f32, L * gm->text_dim, gm->text, stream);
+
+    // embeddings: patches; text (Linear, GELU-tanh, Linear); time in fp32 (sinusoid, Linear, SiLU, Linear), projection
+    gpu_bf16 *x_embedded = gm->num_layers > 0 ? gm->saved[0].x_in : gm->x_final;
+    linear_fwd(gm, gm->tokens_in, N, gm->patch_in, D, gm->patch, x_embedded, stream);
+    if (L > 0) {
+        linear_gelu_fwd(gm, gm->text, L, gm->text_dim, D, gm->text_in, gm->text_pre, gm->text_act, stream);
+        linear_fwd(gm, gm->text_act, L, D, D, gm->text_out, gm->context, stream);
+    }
+    const float *master = gm->master;
+    misc_linear_f32_fwd(t.sinusoid, B, gm->freq_dim, D, master + gm->time_in.weight, master + gm->time_in.bias,
+                        gm->time_pre, stream);
+    misc_silu_f32_fwd(gm->time_pre, (int64_t)B * D, gm->time_act, stream);
+    misc_linear_f32_fwd(gm->time_act, B, D, D, master + gm->time_out.weight, master + gm->time_out.bias,
+                        gm->time_emb, stream);
+    misc_silu_f32_fwd(gm->time_emb, (int64_t)B * D, gm->time_silu, stream);
+    misc_linear_f32_fwd(gm->time_silu, B, D, 6 * D, master + gm->time_projection.weight,
+                        master + gm->time_projection.bias, gm->e0, stream);
+    for (int l = 0; l < gm->num_layers; ++l) {
+        const block_offsets &bo = gm->blocks[l];
+        block_saved &s = gm->saved[l];
+        misc_block_modulation(master + bo.modulation, gm->e0, B, D, s.modulation, stream);
+        misc_affine_as_modulation(master + bo.norm3_weight, master + bo.norm3_bias, B, D, s.n3_shift, s.n3_scale,
+                                  stream);
+    }
+    misc_head_modulation(master + gm->head_modulation, gm->time_emb, B, D, gm->head_shift, gm->head_scale, stream);
+    misc_fill_f32(gm->ones, (int64_t)B * D, 1.0f, stream);
+
+    for (int l = 0; l < gm->num_layers; ++l) {
+        const block_offsets &bo = gm->blocks[l];
+        block_saved &s = gm->saved[l];
+        float *mod[6];
+        for (int c = 0; c < 6; ++c) mod[c] = chunk_of(s.modulation, c, d, D);
+
+        // x_in = x2 + y_ffn e5 of the block before; h1 = LN(x_in) (1 + e1) + e0
+        if (l == 0) {
+            lnmod_fwd(s.x_in, N, D, t.token_start, B, mod[0], mod[1], eps, s.h1, s.ln1_mean, s.ln1_rstd, stream);
+        } else {
+            const block_saved &p = gm->saved[l - 1];
+            lnmod_residual_fwd(p.x2, p.y_ffn, N, D, t.token_start, B, chunk_of(p.modulation, 5, d, D), mod[0], mod[1],
+                               eps, s.x_in, s.h1, s.ln1_mean, s.ln1_rstd, stream);
+        }
+
+        // self-attention: q, k RMSNorm + 3D RoPE; each sample attends to its own tokens
+        linear_fwd(gm, s.h1, N, D, D, bo.self_q, s.q_pre, stream);
+        linear_fwd(gm, s.h1, N, D, D, bo.self_k, s.k_pre, stream);
+        linear_fwd(gm, s.h1, N, D, D, bo.self_v, s.v, stream);
+        fused_qk_norm_rope_fwd(s.q_pre, N, H, hd, gm->working + bo.self_norm_q, eps, t.positions, s.q, s.q_rstd,
+                               stream);
+        fused_qk_norm_rope_fwd(s.k_pre, N, H, hd, gm->working + bo.self_norm_k, eps, t.positions, s.k, s.k_rstd,
+                               stream);
+        attention_fwd(s.q, s.k, s.v, H, hd, t.token_start, t.token_start, B, N, N, s.attn, s.attn_lse, stream);
+        linear_fwd(gm, s.attn, N, D, D, bo.self_o, s.y_attn, stream);
+
+        // x1 = x_in + y_attn e2; n3 = norm3(x1) (affine LN as LN-modulate with shift = bias, scale = weight - 1)
+        lnmod_residual_fwd(s.x_in, s.y_attn, N, D, t.token_start, B, mod[2], s.n3_shift, s.n3_scale, eps, s.x1, s.n3,
+                           s.n3_mean, s.n3_rstd, stream);
+
+        // cross-attention: each sample's tokens attend to its own text rows; q, k RMSNorm (no RoPE)
+        linear_fwd(gm, s.n3, N, D, D, bo.cross_q, s.cq_pre, stream);
+        fused_qk_norm_rope_fwd(s.cq_pre, N, H, hd, gm->working + bo.cross_norm_q, eps, nullptr, s.cq, s.cq_rstd,
+                               stream);
+        if (L > 0) {
+            linear_fwd(gm, gm->context, L, D, D, bo.cross_k, s.ck_pre, stream);
+            fused_qk_norm_rope_fwd(s.ck_pre, L, H, hd, gm->working + bo.cross_norm_k, eps, nullptr, s.ck, s.ck_rstd,
+                                   stream);
+            linear_fwd(gm, gm->context, L, D, D, bo.cross_v, s.cv, stream);
+        }
+        attention_fwd(s.cq, s.ck, s.cv, H, hd, t.token_start, t.text_start, B, N, L, s.cattn, s.cattn_lse, stream);
+        linear_fwd(gm, s.cattn, N, D, D, bo.cross_o, s.y_cross, stream);
+
+        // x2 = x1 + y_cross (gate 1); h2 = LN(x2) (1 + e4) + e3
+        lnmod_residual_fwd(s.x1, s.y_cross, N, D, t.token_start, B, gm->ones, mod[3], mod[4], eps, s.x2, s.h2,
+                           s.ln2_mean, s.ln2_rstd, stream);
+
+        // FFN: Linear, GELU-tanh (epilogue), Linear; its gated residual opens the next block
+        linear_gelu_fwd(gm, s.h2, N, D, F, bo.ffn_in, s.ffn_pre, s.ffn_act, stream);
+        linear_fwd(gm, s.ffn_act, N, F, D, bo.ffn_out, s.y_ffn, stream);
+    }
+
+    // head: x_final = x2 + y_ffn e5 of the last block; LN modulated by head.modulation + e; Linear
+    if (gm->num_layers > 0) {
+        const block_saved &p = gm->saved[gm->num_layers - 1];
+        lnmod_residual_fwd(p.x2, p.y_ffn, N, D, t.token_start, B, chunk_of(p.modulation, 5, d, D), gm->head_shift,
+                           gm->head_scale, eps, gm->x_final, gm->head_h, gm->head_mean, gm->head_rstd, stream);
+    } else {
+        lnmod_fwd(gm->x_final, N, D, t.token_start, B, gm->head_shift, gm->head_scale, eps, gm->head_h, gm->head_mean,
+                  gm->head_rstd, stream);
+    }
+    linear_fwd(gm, gm->head_h, N, D, gm->patch_out, gm->head, gm->pred, stream);
+    fused_flow_loss_bf16(gm->pred, gm->x0_tokens, gm->noise_tokens, t.pred_start, B, grad_scale, gm->sample_loss,
+                         gm->d_pred, gm->scratch, stream);
+}
+
+// Backward of everything `forward` did, from d_pred; parameter gradients are added into gm->grads.
+void backward(gpu_model *gm, const batch_dims &d, cudaStream_t stream)
+{
+    const int64_t N = d.n_tokens, L = d.n_text;
+    const int B = d.n_samples, D = gm->dim, F = gm->ffn_dim, H = gm->num_heads, hd = gm->head_dim;
+    const batch_tables &t = gm->tables_device;
+    float *grads = gm->grads;
+    const gpu_bf16 *working = gm->working;
+    void *scratch = gm->scratch;
+
+    // head; then the residual of the last block's FFN, which the head's LN opened
+    linear_bwd(gm, gm->head_h, gm->d_pred, N, D, gm->patch_out, gm->head, nullptr, gm->d_h, 0, stream);
+    if (gm->num_layers > 0) {
+        block_saved &p = gm->saved[gm->num_layers - 1];
+        lnmod_residual_bwd(gm->x_final, p.y_ffn, gm->d_h, nullptr, N, D, t.token_start, B,
+                           chunk_of(p.modulation, 5, d, D), gm->head_scale, gm->head_mean, gm->head_rstd, gm->d_x,
+                           gm->d_y, gm->d_head_shift, gm->d_head_scale, chunk_of(p.d_modulation, 5, d, D), scratch,
+                           stream);
+    } else {
+        lnmod_bwd(gm->x_final, gm->d_h, N, D, t.token_start, B, gm->head_scale, gm->head_mean, gm->head_rstd, gm->d_x,
+                  gm->d_head_shift, gm->d_head_scale, scratch, stream);
+    }
+    misc_head_modulation_bwd(gm->d_head_shift, gm->d_head_scale, B, D, grads + gm->head_modulation, gm->d_time_emb,
+                             stream);
+    if (L > 0) CUDA_CHECK(cudaMemsetAsync(gm->d_context, 0, (size_t)(L * D) * sizeof(float), stream));
+
+    // blocks, last to first. On entry d_x = dL/dx2 and d_y = dL/dy_ffn of block l.
+    for (int l = gm->num_layers - 1; l >= 0; --l) {
+        const block_offsets &bo = gm->blocks[l];
+        block_saved &s = gm->saved[l];
+        float *mod[6], *d_mod[6];
+        for (int c = 0; c < 6; ++c) {
+            mod[c] = chunk_of(s.modulation, c, d, D);
+            d_mod[c] = chunk_of(s.d_modulation, c, d, D);
+        }
+
+        // FFN: the second Linear's dx comes out as the gradient of the GELU's input (DGELU epilogue)
+        linear_bwd(gm, s.ffn_act, gm->d_y, N, F, D, bo.ffn_out, s.ffn_pre, gm->d_ffn, 0, stream);
+        linear_bwd(gm, s.h2, gm->d_ffn, N, D, F, bo.ffn_in, nullptr, gm->d_h, 0, stream);
+        // x2 = x1 + y_cross, h2 = LN-modulate(x2): d_x becomes dL/dx1, d_y dL/dy_cross
+        lnmod_residual_bwd(s.x2, s.y_cross, gm->d_h, gm->d_x, N, D, t.token_start, B, gm->ones, mod[4], s.ln2_mean,
+                           s.ln2_rstd, gm->d_x, gm->d_y, d_mod[3], d_mod[4], gm->d_unused_gate, scratch, stream);
+
+        // cross-attention
+        linear_bwd(gm, s.cattn, gm->d_y, N, D, D, bo.cross_o, nullptr, gm->d_t, 0, stream);
+        attention_bwd(s.cq, s.ck, s.cv, s.cattn, gm->d_t, s.cattn_lse, H, hd, t.token_start, t.text_start, B, N, L,
+                      gm->d_q, gm->d_ck, gm->d_cv, scratch, stream);
+        if (L > 0) {
+            linear_bwd(gm, gm->context, gm->d_cv, L, D, D, bo.cross_v, nullptr, gm->d_ctx_part, 0, stream);
+            fused_qk_norm_rope_bwd(s.ck_pre, gm->d_ck, L, H, hd, working + bo.cross_norm_k, nullptr, s.ck_rstd,
+                                   gm->d_ck, grads + bo.cross_norm_k, scratch, stream);
+            linear_bwd(gm, gm->context, gm->d_ck, L, D, D, bo.cross_k, nullptr, gm->d_ctx_part, 1, stream);
+            misc_accumulate_bf16(gm->d_ctx_part, L * D, gm->d_context, stream);
+        }
+        fused_qk_norm_rope_bwd(s.cq_pre, gm->d_q, N, H, hd, working + bo.cross_norm_q, nullptr, s.cq_rstd, gm->d_q,
+                               grads + bo.cross_norm_q, scratch, stream);
+        linear_bwd(gm, s.n3, gm->d_q, N, D, D, bo.cross_q, nullptr, gm->d_h, 0, stream);
+        // x1 = x_in + y_attn e2, n3 = norm3(x1): d_x becomes dL/dx_in, d_y dL/dy_attn; norm3's weight and
+        // bias gradients are the per-sample dscale and dshift summed over the samples
+        lnmod_residual_bwd(s.x1, s.y_attn, gm->d_h, gm->d_x, N, D, t.token_start, B, mod[2], s.n3_scale, s.n3_mean,
+                           s.n3_rstd, gm->d_x, gm->d_y, gm->d_n3_shift, gm->d_n3_scale, d_mod[2], scratch, stream);
+        misc_sum_samples_into(gm->d_n3_scale, B, D, grads + bo.norm3_weight, stream);
+        misc_sum_samples_into(gm->d_n3_shift, B, D, grads + bo.norm3_bias, stream);
+
+        // self-attention
+        linear_bwd(gm, s.attn, gm->d_y, N, D, D, bo.self_o, nullptr, gm->d_t, 0, stream);
+        attention_bwd(s.q, s.k, s.v, s.attn, gm->d_t, s.attn_lse, H, hd, t.token_start, t.token_start, B, N, N,
+                      gm->d_q, gm->d_k, gm->d_v, scratch, stream);
+        fused_qk_norm_rope_bwd(s.q_pre, gm->d_q, N, H, hd, working + bo.self_norm_q, t.positions, s.q_rstd, gm->d_q,
+                               grads + bo.self_norm_q, scratch, stream);
+        fused_qk_norm_rope_bwd(s.k_pre, gm->d_k, N, H, hd, working + bo.self_norm_k, t.positions, s.k_rstd, gm->d_k,
+                               grads + bo.self_norm_k, scratch, stream);
+        linear_bwd(gm, s.h1, gm->d_q, N, D, D, bo.self_q, nullptr, gm->d_h, 0, stream);
+        linear_bwd(gm, s.h1, gm->d_k, N, D, D, bo.self_k, nullptr, gm->d_h, 1, stream);
+        linear_bwd(gm, s.h1, gm->d_v, N, D, D, bo.self_v, nullptr, gm->d_h, 1, stream);
+
+        // h1 = LN-modulate(x_in): with l > 0, x_in = x2 + y_ffn e5 of block l - 1, whose gradients come out here
+        if (l > 0) {
+            block_saved &p = gm->saved[l - 1];
+            lnmod_residual_bwd(s.x_in, p.y_ffn, gm->d_h, gm->d_x, N, D, t.token_start, B,
+                               chunk_of(p.modulation, 5, d, D), mod[1], s.ln1_mean, s.ln1_rstd, gm->d_x, gm->d_y,
+                               d_mod[0], d_mod[1], chunk_of(p.d_modulation, 5, d, D), scratch, stream);
+        } else {
+            lnmod_bwd(s.x_in, gm->d_h, N, D, t.token_start, B, mod[1], s.ln1_mean, s.ln1_rstd, gm->d_t, d_mod[0],
+                      d_mod[1], scratch, stream);
+            misc_add_bf16(gm->d_x, gm->d_t, N * D, gm->d_x, stream);
+        }
+    }
+
+    // embeddings: d_x is now the gradient of the patch embedding's output
+    linear_bwd(gm, gm->tokens_in, gm->d_x, N, gm->patch_in, D, gm->patch, nullptr, nullptr, 0, stream);
+    if (L > 0) {
+        misc_f32_to_bf16(gm->d_context, L * D, gm->d_context_bf16, stream);
+        linear_bwd(gm, gm->text_act, gm->d_context_bf16, L, D, D, gm->text_out, gm->text_pre, gm->d_text_pre, 0,
+                   stream);
+        linear_bwd(gm, gm->text, gm->d_text_pre, L, gm->text_dim, D, gm->text_in, nullptr, nullptr, 0, stream);
+    }
+
+    // time path (fp32): e0 feeds every block's modulation; e feeds the head's and the projection
+    CUDA_CHECK(cudaMemsetAsync(gm->d_e0, 0, (size_t)B * 6 * D * sizeof(float), stream));
+    for (int l = 0; l < gm->num_layers; ++l)
+        misc_block_modulation_bwd(gm->saved[l].d_modulation, B, D, grads + gm->blocks[l].modulation, gm->d_e0, stream);
+    const float *master = gm->master;
+    misc_linear_f32_bwd(gm->time_silu, gm->d_e0, B, D, 6 * D, master + gm->time_projection.weight, gm->d_time_b,
+                        grads + gm->time_projection.weight, grads + gm->time_projection.bias, stream);
+    misc_silu_f32_bwd(gm->time_emb, gm->d_time_b, (int64_t)B * D, gm->d_time_b, stream);
+    misc_accumulate_f32(gm->d_time_b, (int64_t)B * D, gm->d_time_emb, stream);
+    misc_linear_f32_bwd(gm->time_act, gm->d_time_emb, B, D, D, master + gm->time_out.weight, gm->d_time_b,
+                        grads + gm->time_out.weight, grads + gm->time_out.bias, stream);
+    misc_silu_f32_bwd(gm->time_pre, gm->d_time_b, (int64_t)B * D, gm->d_time_b, stream);
+    misc_linear_f32_bwd(t.sinusoid, gm->d_time_b, B, gm->freq_dim, D, master + gm->time_in.weight, nullptr,
+                        grads + gm->time_in.weight, grads + gm->time_in.bias, stream);
+}
+
+} // namespace
+
+// ---- public API ------------------------------------------------------------------------------------
+
+namespace {
+
+// A gpu_model with its dims, capacity, parameter offsets and workspace size set, nothing allocated on the device.
+gpu_model *describe(const model *m, int64_t max_tokens, int max_samples, int64_t max_text)
+{
+    check_supported(m);
+    ALDIT_CHECK(max_tokens > 0 && max_samples > 0 && max_samples <= 65535 && max_text >= 0,
+                "gpu model: capacity of %lld tokens, %d samples (at most 65535), %lld text rows must be positive",
+                (long long)max_tokens, max_samples, (long long)max_text);
+    gpu_model *gm = static_cast<gpu_model *>(xcalloc(1, sizeof(gpu_model)));
+    gm->dim = m->dim;
+    gm->ffn_dim = m->ffn_dim;
+    gm->num_heads = m->num_heads;
+    gm->head_dim = m->head_dim;
+    gm->num_layers = m->num_layers;
+    gm->in_dim = m->in_dim;
+    gm->patch_t = m->patch_t;
+    gm->patch_h = m->patch_h;
+    gm->patch_w = m->patch_w;
+    gm->patch_in = m->patch_in;
+    gm->patch_out = m->patch_out;
+    gm->text_len = m->text_len;
+    gm->text_dim = m->text_dim;
+    gm->freq_dim = m->freq_dim;
+    gm->eps = m->eps;
+    gm->n_weights = m->n_weights;
+    gm->max_tokens = max_tokens;
+    gm->max_samples = max_samples;
+    gm->max_text = max_text > 0 ? max_text : (int64_t)max_samples * m->text_len;
+
+    gm->patch = find_linear(m, "patch_embedding");
+    gm->text_in = find_linear(m, "text_embedding.0");
+    gm->text_out = find_linear(m, "text_embedding.2");
+    gm->time_in = find_linear(m, "time_embedding.0");
+    gm->time_out = find_linear(m, "time_embedding.2");
+    gm->time_projection = find_linear(m, "time_projection.1");
+    gm->head = find_linear(m, "head.head");
+    gm->head_modulation = find_offset(m, "head.modulation");
+    gm->blocks = static_cast<block_offsets *>(xcalloc((size_t)(m->num_layers > 0 ? m->num_layers : 1),
+                                                      sizeof(block_offsets)));
+    for (int l = 0; l < m->num_layers; ++l) find_block(m, l, &gm->blocks[l]);
+    gm->saved = static_cast<block_saved *>(xcalloc((size_t)(m->num_layers > 0 ? m->num_layers : 1),
+                                                   sizeof(block_saved)));
+    gm->scratch_bytes = scratch_bytes_for(gm, gm->max_tokens, gm->max_text, gm->max_samples);
+    carver count = {nullptr, 0};
+    layout_arena(gm, count);
+    gm->arena_bytes = count.used;
+    return gm;
+}
+
+} // namespace
+
+size_t gpu_model_workspace_bytes(const model *host_model, int64_t max_tokens, int max_samples, int64_t max_text)
+{
+    gpu_model *gm = describe(host_model, max_tokens, max_samples, max_text);
+    const size_t bytes = gm->arena_bytes;
+    free(gm->blocks);
+    free(gm->saved);
+    free(gm);
+    return bytes;
+}
+
+gpu_model *gpu_model_create(const model *host_model, int64_t max_tokens, int max_samples, int64_t max_text)
+{
+    const model *m = host_model;
+    gpu_model *gm = describe(m, max_tokens, max_samples, max_text);
+    const size_t n = (size_t)m->n_weights;
+    CUDA_CHECK(cudaMalloc(&gm->master, n * sizeof(float)));
+    CUDA_CHECK(cudaMalloc(&gm->grads, n * sizeof(float)));
+    CUDA_CHECK(cudaMalloc(&gm->working, n * sizeof(gpu_bf16)));
+    CUDA_CHECK(cudaMemset(gm->master, 0, n * sizeof(float)));
+    CUDA_CHECK(cudaMemset(gm->grads, 0, n * sizeof(float)));
+    CUDA_CHECK(cudaMemset(gm->working, 0, n * sizeof(gpu_bf16)));
+
+    CUDA_CHECK(cudaMalloc(&gm->arena, gm->arena_bytes));
+    // Poisoned (all bits set is NaN in bf16 and fp32): a value read before it is written shows up as NaN.
+    CUDA_CHECK(cudaMemset(gm->arena, 0xff, gm->arena_bytes));
+    carver assign = {gm->arena, 0};
+    layout_arena(gm, assign);
+
+    carver tables = {nullptr, 0};
+    layout_tables(tables, gm->tables_host, gm->max_tokens, gm->max_samples, gm->freq_dim);
+    gm->tables_bytes = tables.used;
+    gm->tables_pinned = pinned_alloc<char>((int64_t)gm->tables_bytes);
+    tables.base = gm->tables_pinned;
+    tables.used = 0;
+    layout_tables(tables, gm->tables_host, gm->max_tokens, gm->max_samples, gm->freq_dim);
+    gm->latents_pinned = pinned_alloc<float>(gm->max_tokens * gm->patch_in);
+    gm->noise_pinned = pinned_alloc<float>(gm->max_tokens * gm->patch_in);
+    gm->text_pinned = pinned_alloc<float>(gm->max_text * gm->text_dim);
+    gm->loss_pinned = pinned_alloc<float>(gm->max_samples);
+    gm->grid_frames = static_cast<int32_t *>(xmalloc(3 * (size_t)max_samples * sizeof(int32_t)));
+    gm->grid_height = gm->grid_frames + max_samples;
+    gm->grid_width = gm->grid_frames + 2 * (size_t)max_samples;
+    gm->timesteps_host = static_cast<float *>(xmalloc((size_t)max_samples * sizeof(float)));
+    return gm;
+}
+
+void gpu_model_free(gpu_model *gm)
+{
+    if (!gm) return;
+    CUDA_CHECK(cudaFree(gm->master));
+    CUDA_CHECK(cudaFree(gm->grads));
+    CUDA_CHECK(cudaFree(gm->working));
+    CUDA_CHECK(cudaFree(gm->arena));
+    CUDA_CHECK(cudaFreeHost(gm->tables_pinned));
+    CUDA_CHECK(cudaFreeHost(gm->latents_pinned));
+    CUDA_CHECK(cudaFreeHost(gm->noise_pinned));
+    CUDA_CHECK(cudaFreeHost(gm->text_pinned));
+    CUDA_CHECK(cudaFreeHost(gm->loss_pinned));
+    free(gm->grid_frames);
+    free(gm->timesteps_host);
+    free(gm->blocks);
+    free(gm->saved);
+    free(gm);
+}
+
+gpu_model_buffers gpu_model_get_buffers(const gpu_model *gm)
+{
+    gpu_model_buffers buffers;
+    buffers.n_weights = gm->n_weights;
+    buffers.master = gm->master;
+    buffers.working = gm->working;
+    buffers.grads = gm->grads;
+    return buffers;
+}
+
+size_t gpu_model_device_bytes(const gpu_model *gm)
+{
+    return (size_t)gm->n_weights * (2 * sizeof(float) + sizeof(gpu_bf16)) + gm->arena_bytes;
+}
+
+void gpu_model_upload_weights(gpu_model *gm, const float *weights)
+{
+    CUDA_CHECK(cudaMemcpy(gm->master, weights, (size_t)gm->n_weights * sizeof(float), cudaMemcpyHostToDevice));
+    gpu_model_refresh_working(gm, 0);
+    CUDA_CHECK(cudaStreamSynchronize(0));
+}
+
+void gpu_model_download_weights(const gpu_model *gm, float *weights)
+{
+    CUDA_CHECK(cudaMemcpy(weights, gm->master, (size_t)gm->n_weights * sizeof(float), cudaMemcpyDeviceToHost));
+}
+
+void gpu_model_download_grads(const gpu_model *gm, float *grads)
+{
+    CUDA_CHECK(cudaMemcpy(grads, gm->grads, (size_t)gm->n_weights * sizeof(float), cudaMemcpyDeviceToHost));
+}
+
+void gpu_model_refresh_working(gpu_model *gm, cudaStream_t stream)
+{
+    misc_f32_to_bf16(gm->master, gm->n_weights, gm->working, stream);
+}
+
+void gpu_model_zero_grads(gpu_model *gm, cudaStream_t stream)
+{
+    CUDA_CHECK(cudaMemsetAsync(gm->grads, 0, (size_t)gm->n_weights * sizeof(float), stream));
+}
+
+double gpu_model_forward_backward(gpu_model *gm, const model_batch *batch, float grad_scale, double *sample_loss,
+                                  cudaStream_t stream)
+{
+    const batch_dims dims = stage_batch(gm, batch, stream);
+    forward(gm, dims, grad_scale, stream);
+    backward(gm, dims, stream);
+    CUDA_CHECK(cudaMemcpyAsync(gm->loss_pinned, gm->sample_loss, (size_t)dims.n_samples * sizeof(float),
+                               cudaMemcpyDeviceToHost, stream));
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    double total = 0.0;
+    for (int b = 0; b < dims.n_samples; ++b) {
+        if (sample_loss) sample_loss[b] = gm->loss_pinned[b];
+        total += gm->loss_pinned[b];
+    }
+    return total;
+}

@@ -1,0 +1,73 @@
+/* model_gpu.h — the Wan 2.1 DiT on one GPU: fp32 master weights, bf16 working copies, fp32 gradients, packed forward/backward of the rectified-flow loss. */
+#ifndef ALDIT_MODEL_GPU_H
+#define ALDIT_MODEL_GPU_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "gpu.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#include "model.h" /* plain C without its own linkage block */
+
+/* The GPU twin of a CPU `model` (src/model.h), which stays the source of the dims and of the parameter
+   table: every flat device buffer below has the host table's offsets (param_info.offset), so a gradient
+   all-reduce, a norm and AdamW run over one buffer each, and a checkpoint maps name by name.
+   Precision: bf16 weights and activations in the GEMMs, attention and the fused norms; fp32 statistics,
+   accumulators, modulation vectors and the whole time-embedding path (B rows, on the fp32 masters).
+   Activations of every block are kept for the backward (recompute = none; block recomputation is a later
+   step), in a workspace sized once for the largest micro-batch the caller will pass.
+   Needs qk_norm = 1 and cross_attn_norm = 1 (Wan 2.1's settings), in_dim == out_dim, dim and ffn_dim
+   multiples of 8, head_dim a multiple of 16 up to 128. */
+typedef struct gpu_model gpu_model;
+
+typedef struct {
+    int64_t n_weights;   /* = host model's n_weights */
+    float *master;       /* fp32 [n_weights], device: the weights AdamW updates */
+    gpu_bf16 *working;   /* bf16 [n_weights], device: the copy the forward/backward reads */
+    float *grads;        /* fp32 [n_weights], device: gradients, ADDED into by gpu_model_forward_backward */
+} gpu_model_buffers;
+
+/* Allocate everything on the current GPU (gpu_select first) for micro-batches of at most
+   max_tokens tokens (after patchify), max_samples samples and max_text text rows in all (0 means
+   max_samples * text_len). A larger micro-batch is a fatal error naming the sizes. Weights and gradients
+   start at zero: upload weights next. The model's dims and table are read now; host_model->weights is
+   not. Fatal (naming what) when a setting is unsupported or memory runs out. */
+gpu_model *gpu_model_create(const model *host_model, int64_t max_tokens, int max_samples, int64_t max_text);
+void gpu_model_free(gpu_model *gm);
+/* Device bytes of the activation workspace gpu_model_create would allocate for this capacity (the part
+   that grows with the micro-batch: about 2 * num_layers * (18 dim + 2 ffn_dim) bytes per token, plus the
+   text rows), without allocating anything. Weights, bf16 copies and gradients add 10 bytes per parameter. */
+size_t gpu_model_workspace_bytes(const model *host_model, int64_t max_tokens, int max_samples, int64_t max_text);
+
+gpu_model_buffers gpu_model_get_buffers(const gpu_model *gm);
+/* Device bytes this model holds: weights, bf16 copies, gradients and the workspace (not cuBLASLt's). */
+size_t gpu_model_device_bytes(const gpu_model *gm);
+
+/* Host fp32 weights [n_weights] -> master and bf16 copies. Synchronous. */
+void gpu_model_upload_weights(gpu_model *gm, const float *weights);
+/* Master weights -> host [n_weights]. Synchronous. */
+void gpu_model_download_weights(const gpu_model *gm, float *weights);
+/* Gradients -> host [n_weights]. Synchronous. */
+void gpu_model_download_grads(const gpu_model *gm, float *grads);
+/* Refresh the bf16 copies from the masters (after the masters were written on the device). */
+void gpu_model_refresh_working(gpu_model *gm, cudaStream_t stream);
+void gpu_model_zero_grads(gpu_model *gm, cudaStream_t stream);
+
+/* model_forward_backward on the GPU: the same batch (host memory, as in model.h), the same checks (a bad
+   shape is a fatal error naming the sample, exit status 2), the same semantics: returns the SUM of the
+   per-sample losses, writes each into sample_loss (host, may be NULL) and ADDS grad_scale * gradient into
+   the fp32 gradient buffer. The batch is staged through pinned host memory and copied on `stream`;
+   RoPE positions, row offsets and sinusoids are computed on the host. Work is queued on `stream`, and the
+   call waits for it once at the end (to return the loss); the gradients are complete then. */
+double gpu_model_forward_backward(gpu_model *gm, const model_batch *batch, float grad_scale, double *sample_loss,
+                                  cudaStream_t stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
