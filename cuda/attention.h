@@ -17,8 +17,10 @@ extern "C" {
    (self-attention: the same offsets; cross-attention: each sample's own text rows). No padding.
    - q, out, dout, dq: bf16 [n_q_rows, num_heads * head_dim]; k, v, dk, dv: bf16 [n_kv_rows, num_heads * head_dim],
      row-major, head h in columns [h * head_dim, (h + 1) * head_dim). Device memory, 16-byte aligned.
-   - q_row_start, kv_row_start: n_samples + 1 int64 offsets in DEVICE memory, starting at 0, non-decreasing,
-     ending at n_q_rows / n_kv_rows (a sample may have 0 query or 0 key rows). They are not read back to the
+   - q_row_start, kv_row_start: n_samples + 1 int64 offsets in DEVICE memory, non-decreasing absolute row
+     numbers of q / k (a sample may have 0 query or 0 key rows). They usually start at 0; a caller may pass
+     a slice of a longer offsets array to run a subset of samples, with n_q_rows / n_kv_rows at least the
+     last offset (the grid is sized by them; tiles outside the samples return at once). They are not read back to the
      host (no synchronisation), so they are not checked: keep them right.
    - lse: fp32 [n_q_rows, num_heads] (the CPU oracle's layout), natural log of the sum of exp(scaled scores)
      of each query row and head; a row of a sample with no key rows gets -INFINITY and a zero output row.

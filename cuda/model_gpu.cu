@@ -13,11 +13,16 @@
 // modulation parameters and d(e0) once the blocks are done.
 #include "model_gpu.h"
 
+#include "config.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "attention.h"
+#ifdef HAVE_CUDNN
+#include "attention_cudnn.h"
+#endif
 #include "fused.h"
 #include "gemm.h"
 #include "kernels_misc.h"
@@ -136,6 +141,9 @@ struct gpu_model {
     float *latents_pinned, *noise_pinned, *text_pinned, *loss_pinned;
     int32_t *grid_frames, *grid_height, *grid_width;   // [B] tokens per axis (host)
     float *timesteps_host;                             // [B]
+    // self-attention of samples of at least cudnn_min_tokens tokens goes to cuDNN (gpu_model_set_attention)
+    int use_cudnn;
+    int64_t cudnn_min_tokens;
 };
 
 namespace {
@@ -416,6 +424,68 @@ float *chunk_of(float *table, int chunk, const batch_dims &d, int dim)
     return table + (int64_t)chunk * d.n_samples * dim;
 }
 
+// ---- self-attention dispatch (attention-cudnn) --------------------------------------------------------------
+// A sample of at least cudnn_min_tokens tokens runs on cuDNN, whose stats (head-major [H, S], see
+// attention_cudnn.h) fill that sample's slice of attn_lse; its backward reads them back, as the dispatch
+// is the same both ways. The other samples run on our own kernel in maximal runs of consecutive samples:
+// its kernels take absolute row offsets, so a run passes its piece of the device offset table.
+
+// cuDNN wants 16-byte aligned stats: the slice starts token_start[b] * num_heads floats into attn_lse.
+bool sample_on_cudnn(const gpu_model *gm, int b)
+{
+    const int64_t *start = gm->tables_host.token_start;
+    return gm->use_cudnn && start[b + 1] - start[b] >= gm->cudnn_min_tokens && start[b] * gm->num_heads % 4 == 0;
+}
+
+// The end of the run of samples that starts at `first` (a sample on cuDNN is a run of one).
+int run_end(const gpu_model *gm, int n_samples, int first)
+{
+    if (sample_on_cudnn(gm, first)) return first + 1;
+    int end = first + 1;
+    while (end < n_samples && !sample_on_cudnn(gm, end)) ++end;
+    return end;
+}
+
+void self_attention_fwd(const gpu_model *gm, const batch_dims &d, block_saved &s, cudaStream_t stream)
+{
+    const int H = gm->num_heads, hd = gm->head_dim;
+    const int64_t *start = gm->tables_host.token_start, *device_start = gm->tables_device.token_start;
+    for (int b = 0, end = 0; b < d.n_samples; b = end) {
+        end = run_end(gm, d.n_samples, b);
+#ifdef HAVE_CUDNN
+        if (sample_on_cudnn(gm, b)) {
+            const int64_t at = start[b] * gm->dim;
+            attention_cudnn_fwd(s.q + at, s.k + at, s.v + at, start[end] - start[b], H, hd, s.attn + at,
+                                s.attn_lse + start[b] * H, stream);
+            continue;
+        }
+#endif
+        attention_fwd(s.q, s.k, s.v, H, hd, device_start + b, device_start + b, end - b, start[end], start[end],
+                      s.attn, s.attn_lse, stream);
+    }
+}
+
+// dq, dk, dv into gm->d_q, d_k, d_v from the output gradient in gm->d_t.
+void self_attention_bwd(gpu_model *gm, const batch_dims &d, const block_saved &s, cudaStream_t stream)
+{
+    const int H = gm->num_heads, hd = gm->head_dim;
+    const int64_t *start = gm->tables_host.token_start, *device_start = gm->tables_device.token_start;
+    for (int b = 0, end = 0; b < d.n_samples; b = end) {
+        end = run_end(gm, d.n_samples, b);
+#ifdef HAVE_CUDNN
+        if (sample_on_cudnn(gm, b)) {
+            const int64_t at = start[b] * gm->dim;
+            attention_cudnn_bwd(s.q + at, s.k + at, s.v + at, s.attn + at, gm->d_t + at, s.attn_lse + start[b] * H,
+                                start[end] - start[b], H, hd, gm->d_q + at, gm->d_k + at, gm->d_v + at, stream);
+            continue;
+        }
+#endif
+        attention_bwd(s.q, s.k, s.v, s.attn, gm->d_t, s.attn_lse, H, hd, device_start + b, device_start + b, end - b,
+                      start[end], start[end], gm->d_q, gm->d_k, gm->d_v, gm->scratch, stream);
+    }
+}
+// ---- end of the self-attention dispatch ------------------------------------------------------------------
+
 // Embeddings, blocks and head; ends with the per-sample losses and the gradient of the prediction.
 void forward(gpu_model *gm, const batch_dims &d, float grad_scale, cudaStream_t stream)
 {
@@ -479,7 +549,7 @@ void forward(gpu_model *gm, const batch_dims &d, float grad_scale, cudaStream_t 
                                stream);
         fused_qk_norm_rope_fwd(s.k_pre, N, H, hd, gm->working + bo.self_norm_k, eps, t.positions, s.k, s.k_rstd,
                                stream);
-        attention_fwd(s.q, s.k, s.v, H, hd, t.token_start, t.token_start, B, N, N, s.attn, s.attn_lse, stream);
+        self_attention_fwd(gm, d, s, stream);
         linear_fwd(gm, s.attn, N, D, D, bo.self_o, s.y_attn, stream);
 
         // x1 = x_in + y_attn e2; n3 = norm3(x1) (affine LN as LN-modulate with shift = bias, scale = weight - 1)
@@ -588,8 +658,7 @@ void backward(gpu_model *gm, const batch_dims &d, cudaStream_t stream)
 
         // self-attention
         linear_bwd(gm, s.attn, gm->d_y, N, D, D, bo.self_o, nullptr, gm->d_t, 0, stream);
-        attention_bwd(s.q, s.k, s.v, s.attn, gm->d_t, s.attn_lse, H, hd, t.token_start, t.token_start, B, N, N,
-                      gm->d_q, gm->d_k, gm->d_v, scratch, stream);
+        self_attention_bwd(gm, d, s, stream);
         fused_qk_norm_rope_bwd(s.q_pre, gm->d_q, N, H, hd, working + bo.self_norm_q, t.positions, s.q_rstd, gm->d_q,
                                grads + bo.self_norm_q, scratch, stream);
         fused_qk_norm_rope_bwd(s.k_pre, gm->d_k, N, H, hd, working + bo.self_norm_k, t.positions, s.k_rstd, gm->d_k,
@@ -735,7 +804,27 @@ gpu_model *gpu_model_create(const model *host_model, int64_t max_tokens, int max
     gm->grid_height = gm->grid_frames + max_samples;
     gm->grid_width = gm->grid_frames + 2 * (size_t)max_samples;
     gm->timesteps_host = static_cast<float *>(xmalloc((size_t)max_samples * sizeof(float)));
+    gpu_model_set_attention(gm, GPU_ATTENTION_AUTO, 0);
     return gm;
+}
+
+int gpu_model_set_attention(gpu_model *gm, gpu_attention_choice choice, int64_t min_cudnn_tokens)
+{
+    ALDIT_CHECK(min_cudnn_tokens >= 0, "gpu model: min_cudnn_tokens %lld is negative", (long long)min_cudnn_tokens);
+    gm->cudnn_min_tokens = min_cudnn_tokens > 0 ? min_cudnn_tokens : GPU_ATTENTION_CUDNN_MIN_TOKENS;
+    gm->use_cudnn = 0;
+#ifdef HAVE_CUDNN
+    if (choice != GPU_ATTENTION_OWN) gm->use_cudnn = attention_cudnn_available(gm->num_heads, gm->head_dim);
+    if (choice == GPU_ATTENTION_CUDNN && !gm->use_cudnn)
+        ALDIT_FATAL_CODE(ALDIT_EXIT_USAGE, "[train] attention = cudnn, but cuDNN attention is not available for %d "
+                         "heads of head_dim %d on this GPU (the warning above says why); use auto or own",
+                         gm->num_heads, gm->head_dim);
+#else
+    if (choice == GPU_ATTENTION_CUDNN)
+        ALDIT_FATAL_CODE(ALDIT_EXIT_USAGE, "[train] attention = cudnn, but aldit was built without cuDNN (configure "
+                         "--with-cudnn); use auto or own");
+#endif
+    return gm->use_cudnn;
 }
 
 void gpu_model_free(gpu_model *gm)

@@ -43,6 +43,18 @@ void gpu_model_free(gpu_model *gm);
    text rows), without allocating anything. Weights, bf16 copies and gradients add 10 bytes per parameter. */
 size_t gpu_model_workspace_bytes(const model *host_model, int64_t max_tokens, int max_samples, int64_t max_text);
 
+/* Which kernels run self-attention ([train] attention in the deck; the caller maps deck_attention):
+   AUTO: cuDNN's fused attention for samples of at least min_cudnn_tokens tokens when aldit was built with
+   cuDNN and its plans build for this model's heads (attention_cudnn_available), our own kernel otherwise;
+   CUDNN: the same, but a fatal error (exit 2) when cuDNN is not there; OWN: our own kernel only.
+   Cross-attention always runs on our own kernel. min_cudnn_tokens 0 means GPU_ATTENTION_CUDNN_MIN_TOKENS.
+   Returns 1 when cuDNN will serve long samples. gpu_model_create sets AUTO with the default threshold.
+   cuDNN keeps its own device buffer, outside gpu_model_device_bytes: about 4 * num_heads * S * (head_dim + 1)
+   bytes for the longest sample S it served (see attention_cudnn.h). */
+typedef enum { GPU_ATTENTION_AUTO, GPU_ATTENTION_CUDNN, GPU_ATTENTION_OWN } gpu_attention_choice;
+#define GPU_ATTENTION_CUDNN_MIN_TOKENS 1024
+int gpu_model_set_attention(gpu_model *gm, gpu_attention_choice choice, int64_t min_cudnn_tokens);
+
 gpu_model_buffers gpu_model_get_buffers(const gpu_model *gm);
 /* Device bytes this model holds: weights, bf16 copies, gradients and the workspace (not cuBLASLt's). */
 size_t gpu_model_device_bytes(const gpu_model *gm);

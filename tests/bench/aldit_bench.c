@@ -1,6 +1,8 @@
 /* aldit_bench.c — aldit-bench: GPU microbenchmarks (device copy bandwidth; LayerNorm-Modulate forward and backward,
    plain and gated-residual, in GB/s against their byte floors and as % of the copy bandwidth of the same run;
-   the cuBLASLt linear layers of a Wan-1.3B block, forward and both backward GEMMs, in TFLOP/s). */
+   the cuBLASLt linear layers of a Wan-1.3B block, forward and both backward GEMMs, in TFLOP/s; self- and
+   cross-attention forward and backward in TFLOP/s; one whole Wan-1.3B block forward+backward against the floor
+   of its GEMMs and attentions measured in the same run). */
 #include "config.h"
 
 #include <stdint.h>
@@ -8,16 +10,23 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "attention.h"
+#ifdef HAVE_CUDNN
+#include "attention_cudnn.h"
+#endif
 #include "check.h"
+#include "deck.h"
 #include "gemm.h"
 #include "gpu.h"
 #include "lnmod.h"
+#include "model.h"
+#include "model_gpu.h"
 #include "rng.h"
 
-enum { kMaxDims = 8, kMaxGemmRows = 8 };
+enum { kMaxDims = 8, kMaxSeq = 8 };
 
 typedef struct {
-    int run_lnmod, run_gemm; /* --sections */
+    int run_lnmod, run_gemm, run_attention, run_block; /* --sections (block also runs gemm and attention) */
     int n_samples;
     int64_t rows_per_sample;
     int n_dims;
@@ -25,28 +34,34 @@ typedef struct {
     int repeats;           /* timed groups; the median group is reported */
     int launches_per_group;
     lnmod_tuning tuning;   /* zeros: the defaults */
-    int n_gemm_rows;
-    int64_t gemm_rows[kMaxGemmRows]; /* S: tokens of the one sample whose block's GEMMs are timed */
-    int gemm_text_rows;
-    int gemm_fused;                  /* cuBLASLt's fused epilogues (1) or plain GEMMs + own kernels (0) */
+    int n_seq;
+    int64_t seq[kMaxSeq];  /* S: tokens of the one sample of the gemm, attention and block sections */
+    int text_rows;         /* its text tokens */
+    int gemm_fused;        /* cuBLASLt's fused epilogues (1) or plain GEMMs + own kernels (0) */
     const char *json_path;
 } bench_options;
 
 static void usage(FILE *out)
 {
     fprintf(out,
-            "usage: aldit-bench [--sections lnmod,gemm] [--samples B] [--rows S] [--dims D1,D2,...] [--repeats N]\n"
-            "                   [--max-vpt F,B,R] [--fwd-order chunk|interleave] [--fwd-streaming 0|1]\n"
-            "                   [--gemm-rows S1,S2,...] [--gemm-text-rows T] [--gemm-fused 0|1] [--json FILE]\n"
-            "  Device copy bandwidth, then the sections (default both):\n"
+            "usage: aldit-bench [--sections lnmod,gemm,attention,block] [--samples B] [--rows S] [--dims D1,D2,...]\n"
+            "                   [--repeats N] [--max-vpt F,B,R] [--fwd-order chunk|interleave] [--fwd-streaming 0|1]\n"
+            "                   [--seq S1,S2,...] [--text-rows T] [--gemm-fused 0|1] [--json FILE]\n"
+            "  Device copy bandwidth, then the sections (default lnmod,gemm):\n"
             "  lnmod: LayerNorm-Modulate (forward, backward, gated-residual variants) on B packed samples of S rows\n"
             "    each (default B=2, S=32760, D=1536,3072,5120). --max-vpt, --fwd-order and --fwd-streaming set the\n"
             "    kernels' tuning knobs (lnmod_tune in cuda/lnmod.h).\n"
             "  gemm: the cuBLASLt linear layers of one Wan-1.3B block (D=1536, FFN 8960) on one sample of S rows\n"
-            "    (default S=4096,16384,32760,75600) and T text rows (default 512): forward, backward data and\n"
+            "    (--seq, default S=4096,16384,32760,75600) and T text rows (default 512): forward, backward data and\n"
             "    backward weight (fp32 dW and db accumulated) in TFLOP/s, the block's GEMM sum, and an 8192^3\n"
             "    reference; --gemm-fused 0 runs plain GEMMs + aldit's own epilogue kernels instead.\n"
-            "  N=21 timed groups of 10 launches, median reported. --json also writes the figures to FILE.\n");
+            "  attention: aldit's flash attention (cuda/attention.h), forward and backward, 12 heads of 128, on one\n"
+            "    sample: self-attention S x S and cross-attention S x T, in TFLOP/s.\n"
+            "  block: one Wan-1.3B block forward+backward (GPU model, recompute none) on one sample of S tokens\n"
+            "    and T text tokens: (2-layer model step) - (1-layer model step), against the floor of its GEMMs and\n"
+            "    attentions at the rates of the gemm and attention sections (which it runs too).\n"
+            "  Short ops: N=21 timed groups of 10 launches; long ones (attention, block) fewer groups of 1 launch,\n"
+            "  about 3-6 s per figure; medians reported. --json also writes the figures to FILE.\n");
 }
 
 static long parse_long(const char *text, const char *option, long low, long high)
@@ -62,7 +77,7 @@ static long parse_long(const char *text, const char *option, long low, long high
 
 static bench_options parse_options(int argc, char **argv)
 {
-    bench_options o = {1, 1, 2, 32760, 3, {1536, 3072, 5120}, 21, 10, {0, 0, 0, 0, 0},
+    bench_options o = {1, 1, 0, 0, 2, 32760, 3, {1536, 3072, 5120}, 21, 10, {0, 0, 0, 0, 0},
                        4, {4096, 16384, 32760, 75600}, 512, 1, NULL};
     for (int i = 1; i < argc; ++i) {
         const char *arg = argv[i];
@@ -80,29 +95,32 @@ static bench_options parse_options(int argc, char **argv)
         else if (!strcmp(arg, "--rows")) o.rows_per_sample = parse_long(value, arg, 1, 1L << 22);
         else if (!strcmp(arg, "--repeats")) o.repeats = (int)parse_long(value, arg, 1, 1000);
         else if (!strcmp(arg, "--json")) o.json_path = value;
-        else if (!strcmp(arg, "--gemm-text-rows")) o.gemm_text_rows = (int)parse_long(value, arg, 1, 1L << 20);
+        else if (!strcmp(arg, "--text-rows")) o.text_rows = (int)parse_long(value, arg, 1, 1L << 20);
         else if (!strcmp(arg, "--gemm-fused")) o.gemm_fused = (int)parse_long(value, arg, 0, 1);
         else if (!strcmp(arg, "--sections")) {
             char *copy = strdup(value), *save = NULL;
-            o.run_lnmod = o.run_gemm = 0;
+            o.run_lnmod = o.run_gemm = o.run_attention = o.run_block = 0;
             for (char *item = strtok_r(copy, ",", &save); item; item = strtok_r(NULL, ",", &save)) {
                 if (!strcmp(item, "lnmod")) o.run_lnmod = 1;
                 else if (!strcmp(item, "gemm")) o.run_gemm = 1;
+                else if (!strcmp(item, "attention")) o.run_attention = 1;
+                else if (!strcmp(item, "block")) o.run_block = 1;
                 else {
-                    fprintf(stderr, "aldit-bench: --sections %s: unknown section %s (lnmod, gemm)\n", value, item);
+                    fprintf(stderr, "aldit-bench: --sections %s: unknown section %s (lnmod, gemm, attention, block)\n",
+                            value, item);
                     exit(ALDIT_EXIT_USAGE);
                 }
             }
             free(copy);
-        } else if (!strcmp(arg, "--gemm-rows")) {
+        } else if (!strcmp(arg, "--seq")) {
             char *copy = strdup(value), *save = NULL;
-            o.n_gemm_rows = 0;
+            o.n_seq = 0;
             for (char *item = strtok_r(copy, ",", &save); item; item = strtok_r(NULL, ",", &save)) {
-                if (o.n_gemm_rows == kMaxGemmRows) {
-                    fprintf(stderr, "aldit-bench: --gemm-rows %s: at most %d values\n", value, kMaxGemmRows);
+                if (o.n_seq == kMaxSeq) {
+                    fprintf(stderr, "aldit-bench: --seq %s: at most %d values\n", value, kMaxSeq);
                     exit(ALDIT_EXIT_USAGE);
                 }
-                o.gemm_rows[o.n_gemm_rows++] = parse_long(item, "--gemm-rows", 1, 1L << 20);
+                o.seq[o.n_seq++] = parse_long(item, "--seq", 1, 1L << 20);
             }
             free(copy);
         }
@@ -140,6 +158,7 @@ static bench_options parse_options(int argc, char **argv)
             exit(ALDIT_EXIT_USAGE);
         }
     }
+    if (o.run_block) o.run_gemm = o.run_attention = 1; /* the block's floor comes from their rates */
     return o;
 }
 
@@ -152,29 +171,62 @@ static int compare_floats(const void *a, const void *b)
 /* What one timed operation launches; `context` carries its buffers. */
 typedef void (*bench_op)(void *context, cudaStream_t stream);
 
-/* Median over `repeats` groups of milliseconds per launch; each group queues launches_per_group launches
-   between two events, so host-side launch work overlaps the device work as it does in a training step. */
-static double time_op(bench_op op, void *context, const bench_options *o, cudaStream_t stream)
+/* Median over `repeats` groups of milliseconds per launch, after 3 warm-up launches; each group queues `launches`
+   launches between two events, so host-side launch work overlaps the device work as it does in a training step. */
+static double time_groups(bench_op op, void *context, int repeats, int launches, cudaStream_t stream)
 {
     cudaEvent_t start, stop;
     CUDA_CHECK(cudaEventCreate(&start));
     CUDA_CHECK(cudaEventCreate(&stop));
     for (int i = 0; i < 3; ++i) op(context, stream);
-    float *ms = xmalloc((size_t)o->repeats * sizeof *ms);
-    for (int r = 0; r < o->repeats; ++r) {
+    float *ms = xmalloc((size_t)repeats * sizeof *ms);
+    for (int r = 0; r < repeats; ++r) {
         CUDA_CHECK(cudaEventRecord(start, stream));
-        for (int i = 0; i < o->launches_per_group; ++i) op(context, stream);
+        for (int i = 0; i < launches; ++i) op(context, stream);
         CUDA_CHECK(cudaEventRecord(stop, stream));
         CUDA_CHECK(cudaEventSynchronize(stop));
         CUDA_CHECK(cudaEventElapsedTime(&ms[r], start, stop));
-        ms[r] /= (float)o->launches_per_group;
+        ms[r] /= (float)launches;
     }
-    qsort(ms, (size_t)o->repeats, sizeof *ms, compare_floats);
-    const double median = ms[o->repeats / 2];
+    qsort(ms, (size_t)repeats, sizeof *ms, compare_floats);
+    const double median = ms[repeats / 2];
     free(ms);
     CUDA_CHECK(cudaEventDestroy(start));
     CUDA_CHECK(cudaEventDestroy(stop));
     return median;
+}
+
+/* The short ops' timing: --repeats groups of 10 launches. */
+static double time_op(bench_op op, void *context, const bench_options *o, cudaStream_t stream)
+{
+    return time_groups(op, context, o->repeats, o->launches_per_group, stream);
+}
+
+enum { kMinLongRepeats = 5 };
+
+/* The long ops' timing (attention, model steps): one launch (which also builds plans), then one timed launch
+   picks the group size (10 launches under 1 ms, else 1) and the number of groups, from kMinLongRepeats to
+   --repeats, so that the timed groups take about budget_s seconds. */
+static double time_long_op(bench_op op, void *context, const bench_options *o, double budget_s, cudaStream_t stream)
+{
+    cudaEvent_t start, stop;
+    CUDA_CHECK(cudaEventCreate(&start));
+    CUDA_CHECK(cudaEventCreate(&stop));
+    op(context, stream);
+    CUDA_CHECK(cudaEventRecord(start, stream));
+    op(context, stream);
+    CUDA_CHECK(cudaEventRecord(stop, stream));
+    CUDA_CHECK(cudaEventSynchronize(stop));
+    float probe_ms = 0.0f;
+    CUDA_CHECK(cudaEventElapsedTime(&probe_ms, start, stop));
+    CUDA_CHECK(cudaEventDestroy(start));
+    CUDA_CHECK(cudaEventDestroy(stop));
+    const int launches = probe_ms < 1.0f ? o->launches_per_group : 1;
+    const double group_s = 1e-3 * (probe_ms > 1e-3f ? probe_ms : 1e-3f) * launches;
+    int repeats = (int)(budget_s / group_s);
+    repeats = repeats < kMinLongRepeats ? kMinLongRepeats : repeats;
+    repeats = repeats > o->repeats ? o->repeats : repeats;
+    return time_groups(op, context, repeats, launches, stream);
 }
 
 typedef struct {
@@ -395,9 +447,9 @@ static void run_gemm_bwd_weight(void *context, cudaStream_t stream)
 static const bench_op kGemmRunners[kGemmOps] = {run_gemm_fwd, run_gemm_bwd_data, run_gemm_bwd_weight};
 
 typedef struct {
-    double ms[kMaxGemmRows][kWanLinears][kGemmOps];
-    double block_ms[kMaxGemmRows][2];    /* the block's GEMMs summed: forward, backward (both GEMMs) */
-    double block_flops[kMaxGemmRows][2];
+    double ms[kMaxSeq][kWanLinears][kGemmOps];
+    double block_ms[kMaxSeq][2];    /* the block's GEMMs summed: forward, backward (both GEMMs) */
+    double block_flops[kMaxSeq][2];
     double square_ms;
     int64_t unfused_calls;
 } gemm_results;
@@ -422,8 +474,8 @@ static double tflops(double flops, double ms) { return flops / (ms * 1e9); }
 static void run_gemm_section(const bench_options *o, cudaStream_t stream, gemm_results *r)
 {
     gemm_set_fused_epilogues(o->gemm_fused);
-    int64_t max_rows = o->gemm_text_rows;
-    for (int i = 0; i < o->n_gemm_rows; ++i) max_rows = o->gemm_rows[i] > max_rows ? o->gemm_rows[i] : max_rows;
+    int64_t max_rows = o->text_rows;
+    for (int i = 0; i < o->n_seq; ++i) max_rows = o->seq[i] > max_rows ? o->seq[i] : max_rows;
     size_t n_act = (size_t)max_rows * kWanFfn, n_weight = (size_t)kWanFfn * kWanDim;
     const size_t n_square = (size_t)kSquare * kSquare;
     n_act = n_act > n_square ? n_act : n_square;
@@ -450,13 +502,13 @@ static void run_gemm_section(const bench_options *o, cudaStream_t stream, gemm_r
 
     printf("GEMMs of a Wan-1.3B block (cuBLASLt, bf16 in and out, fp32 accumulation; dW, db fp32 accumulated; "
            "epilogues: %s),\n  one sample of S rows and %d text rows:\n",
-           o->gemm_fused ? "fused in cuBLASLt" : "plain GEMMs + own kernels", o->gemm_text_rows);
+           o->gemm_fused ? "fused in cuBLASLt" : "plain GEMMs + own kernels", o->text_rows);
     printf("%-6s %-25s %6s %5s %5s %-11s %9s %8s\n", "S", "layer", "rows", "in", "out", "op", "ms", "TFLOP/s");
-    for (int si = 0; si < o->n_gemm_rows; ++si) {
+    for (int si = 0; si < o->n_seq; ++si) {
         r->block_ms[si][0] = r->block_ms[si][1] = r->block_flops[si][0] = r->block_flops[si][1] = 0.0;
         for (int l = 0; l < kWanLinears; ++l) {
             const wan_linear *spec = &kWanLinearSpecs[l];
-            c.rows = spec->on_text ? o->gemm_text_rows : o->gemm_rows[si];
+            c.rows = spec->on_text ? o->text_rows : o->seq[si];
             c.in_dim = spec->in_dim, c.out_dim = spec->out_dim, c.epilogue = spec->epilogue;
             c.gelu_before = spec->gelu_before;
             const double flops = gemm_linear_flops(c.rows, c.in_dim, c.out_dim);
@@ -465,18 +517,18 @@ static void run_gemm_section(const bench_options *o, cudaStream_t stream, gemm_r
                 r->ms[si][l][op] = ms;
                 r->block_ms[si][op == 0 ? 0 : 1] += spec->per_block * ms;
                 r->block_flops[si][op == 0 ? 0 : 1] += spec->per_block * flops;
-                printf("%-6lld %-25s %6lld %5d %5d %-11s %9.4f %8.1f\n", (long long)o->gemm_rows[si], spec->name,
+                printf("%-6lld %-25s %6lld %5d %5d %-11s %9.4f %8.1f\n", (long long)o->seq[si], spec->name,
                        (long long)c.rows, c.in_dim, c.out_dim, kGemmOpNames[op], ms, tflops(flops, ms));
             }
         }
     }
-    if (o->n_gemm_rows > 0) {
+    if (o->n_seq > 0) {
         printf("The block's GEMMs summed (each layer times its count: 6 + 2 text projections 1536x1536, FFN up, down):"
                "\n%-6s %10s %10s %12s %9s %8s\n", "S", "fwd ms", "bwd ms", "fwd+bwd ms", "TFLOP", "TFLOP/s");
-        for (int si = 0; si < o->n_gemm_rows; ++si) {
+        for (int si = 0; si < o->n_seq; ++si) {
             const double ms = r->block_ms[si][0] + r->block_ms[si][1];
             const double flops = r->block_flops[si][0] + r->block_flops[si][1];
-            printf("%-6lld %10.3f %10.3f %12.3f %9.3f %8.1f\n", (long long)o->gemm_rows[si], r->block_ms[si][0],
+            printf("%-6lld %10.3f %10.3f %12.3f %9.3f %8.1f\n", (long long)o->seq[si], r->block_ms[si][0],
                    r->block_ms[si][1], ms, flops / 1e12, tflops(flops, ms));
         }
     }
@@ -497,11 +549,298 @@ static void run_gemm_section(const bench_options *o, cudaStream_t stream, gemm_r
     gemm_release();
 }
 
-static void write_json(const bench_options *o, const char *device, double copy_gbs,
-                       double lnmod[kMaxDims][kLnmodOps][2], const gemm_results *gemm)
+/* ---- attention section --------------------------------------------------------------------------------- */
+
+enum { kWanHeads = 12, kWanHeadDim = 128, kAttentionKinds = 2, kAttentionOps = 2 };
+static const char *const kAttentionKindNames[kAttentionKinds] = {"self", "cross"};
+static const double kLongOpBudgetSeconds = 3.0;  /* timed groups per attention figure */
+static const double kStepBudgetSeconds = 6.0;    /* timed groups per model step */
+
+/* Device tensors of one attention shape: the n_q query rows of one sample attend to its n_kv key rows. */
+typedef struct {
+    int64_t n_q, n_kv;
+    int64_t *q_start, *kv_start; /* device offsets {0, n_q}, {0, n_kv} */
+    gpu_bf16 *q, *k, *v, *out, *dout, *dq, *dk, *dv;
+    float *lse;
+    void *workspace;
+} attention_context;
+
+static void run_attention_fwd(void *context, cudaStream_t stream)
 {
-    FILE *json = fopen(o->json_path, "w");
-    if (!json) ALDIT_FATAL_CODE(ALDIT_EXIT_USAGE, "--json %s: cannot open for writing", o->json_path);
+    attention_context *c = context;
+    attention_fwd(c->q, c->k, c->v, kWanHeads, kWanHeadDim, c->q_start, c->kv_start, 1, c->n_q, c->n_kv, c->out,
+                  c->lse, stream);
+}
+
+static void run_attention_bwd(void *context, cudaStream_t stream)
+{
+    attention_context *c = context;
+    attention_bwd(c->q, c->k, c->v, c->out, c->dout, c->lse, kWanHeads, kWanHeadDim, c->q_start, c->kv_start, 1,
+                  c->n_q, c->n_kv, c->dq, c->dk, c->dv, c->workspace, stream);
+}
+
+static int own_attention_available(void) { return attention_head_dim_supported(kWanHeadDim); }
+
+#ifdef HAVE_CUDNN
+static int cudnn_attention_available(void) { return attention_cudnn_available(kWanHeads, kWanHeadDim); }
+
+/* cuDNN's fused SDPA takes one self-attention sample (n_kv == n_q); its stats fill the lse buffer (same size). */
+static void run_cudnn_attention_fwd(void *context, cudaStream_t stream)
+{
+    attention_context *c = context;
+    attention_cudnn_fwd(c->q, c->k, c->v, c->n_q, kWanHeads, kWanHeadDim, c->out, c->lse, stream);
+}
+
+static void run_cudnn_attention_bwd(void *context, cudaStream_t stream)
+{
+    attention_context *c = context;
+    attention_cudnn_bwd(c->q, c->k, c->v, c->out, c->dout, c->lse, c->n_q, kWanHeads, kWanHeadDim, c->dq, c->dk, c->dv,
+                        stream);
+}
+#endif
+
+/* The attention implementations the section times; row 0 is what the GPU model calls, and the block's floor
+   uses its rates. cuDNN's fused SDPA (cuda/attention_cudnn.h, where configure found cuDNN) does self-attention
+   only. */
+typedef struct {
+    const char *name;
+    int does_cross;    /* handles key rows other than the query rows (cross-attention) */
+    int (*available)(void);
+    bench_op fwd, bwd; /* bwd runs after fwd on the same context: it reads out and lse */
+} attention_backend;
+static const attention_backend kAttentionBackends[] = {
+    {"own", 1, own_attention_available, run_attention_fwd, run_attention_bwd},
+#ifdef HAVE_CUDNN
+    {"cudnn", 0, cudnn_attention_available, run_cudnn_attention_fwd, run_cudnn_attention_bwd},
+#endif
+};
+#define ATTENTION_BACKENDS (sizeof kAttentionBackends / sizeof kAttentionBackends[0])
+
+typedef struct {
+    int measured[kMaxSeq][ATTENTION_BACKENDS][kAttentionKinds];
+    double ms[kMaxSeq][ATTENTION_BACKENDS][kAttentionKinds][kAttentionOps]; /* op 0 forward, 1 backward */
+    double flops[kMaxSeq][kAttentionKinds][kAttentionOps];
+} attention_results;
+
+/* Times self-attention (S x S) and cross-attention (S x T) forward and backward at every S. */
+static void run_attention_section(const bench_options *o, cudaStream_t stream, attention_results *r)
+{
+    int64_t max_rows = o->text_rows;
+    for (int i = 0; i < o->n_seq; ++i) max_rows = o->seq[i] > max_rows ? o->seq[i] : max_rows;
+    const int width = kWanHeads * kWanHeadDim;
+    const size_t n = (size_t)max_rows * (size_t)width, n_pattern = (size_t)1 << 22, pattern_extra = 4096;
+    uint64_t rng = 0xa77e47104eull;
+    gpu_bf16 *pattern = xmalloc((n_pattern + pattern_extra) * sizeof *pattern);
+    for (size_t i = 0; i < n_pattern + pattern_extra; ++i)
+        pattern[i] = gpu_bf16_from_float((float)(2.0 * rng_uniform(&rng) - 1.0));
+    attention_context c = {0};
+    c.q = device_tiled_bf16(n, pattern, n_pattern, 0);
+    c.k = device_tiled_bf16(n, pattern, n_pattern, 1019);
+    c.v = device_tiled_bf16(n, pattern, n_pattern, 2039);
+    c.dout = device_tiled_bf16(n, pattern, n_pattern, 3067);
+    free(pattern);
+    gpu_bf16 **outputs[] = {&c.out, &c.dq, &c.dk, &c.dv};
+    for (size_t i = 0; i < sizeof outputs / sizeof outputs[0]; ++i) *outputs[i] = device_alloc(n * sizeof(gpu_bf16));
+    c.lse = device_alloc((size_t)max_rows * kWanHeads * sizeof *c.lse);
+    c.workspace = device_alloc(attention_bwd_workspace_bytes(max_rows, kWanHeads));
+    c.q_start = device_alloc(2 * sizeof *c.q_start);
+    c.kv_start = device_alloc(2 * sizeof *c.kv_start);
+
+    int available[ATTENTION_BACKENDS];
+    for (size_t b = 0; b < ATTENTION_BACKENDS; ++b)
+        if (!(available[b] = kAttentionBackends[b].available()))
+            printf("attention backend %s: not available for %d heads of %d, not timed\n", kAttentionBackends[b].name,
+                   kWanHeads, kWanHeadDim);
+    printf("Attention (%d heads x %d, bf16, fp32 accumulation), one sample: self S x S and cross S x %d text rows;\n"
+           "  FLOPs: forward 4*Sq*Skv*%d, backward 2.5x that:\n", kWanHeads, kWanHeadDim, o->text_rows, width);
+    printf("%-6s %-6s %-8s %8s %10s %10s %10s %10s %10s\n", "S", "kind", "backend", "kv rows", "fwd ms", "fwd TF/s",
+           "bwd ms", "bwd TF/s", "f+b TF/s");
+    for (int si = 0; si < o->n_seq; ++si)
+        for (int kind = 0; kind < kAttentionKinds; ++kind) {
+            c.n_q = o->seq[si];
+            c.n_kv = kind == 0 ? o->seq[si] : o->text_rows;
+            const int64_t q_start[2] = {0, c.n_q}, kv_start[2] = {0, c.n_kv};
+            CUDA_CHECK(cudaMemcpy(c.q_start, q_start, sizeof q_start, cudaMemcpyHostToDevice));
+            CUDA_CHECK(cudaMemcpy(c.kv_start, kv_start, sizeof kv_start, cudaMemcpyHostToDevice));
+            const double fwd_flops = attention_fwd_flops(q_start, kv_start, 1, kWanHeads, kWanHeadDim);
+            const double bwd_flops = attention_bwd_flops(q_start, kv_start, 1, kWanHeads, kWanHeadDim);
+            r->flops[si][kind][0] = fwd_flops;
+            r->flops[si][kind][1] = bwd_flops;
+            for (size_t b = 0; b < ATTENTION_BACKENDS; ++b) {
+                if (!available[b] || (kind == 1 && !kAttentionBackends[b].does_cross)) continue;
+                r->measured[si][b][kind] = 1;
+                const double fwd_ms = time_long_op(kAttentionBackends[b].fwd, &c, o, kLongOpBudgetSeconds, stream);
+                const double bwd_ms = time_long_op(kAttentionBackends[b].bwd, &c, o, kLongOpBudgetSeconds, stream);
+                r->ms[si][b][kind][0] = fwd_ms;
+                r->ms[si][b][kind][1] = bwd_ms;
+                printf("%-6lld %-6s %-8s %8lld %10.3f %10.1f %10.3f %10.1f %10.1f\n", (long long)o->seq[si],
+                       kAttentionKindNames[kind], kAttentionBackends[b].name, (long long)c.n_kv, fwd_ms,
+                       tflops(fwd_flops, fwd_ms), bwd_ms, tflops(bwd_flops, bwd_ms),
+                       tflops(fwd_flops + bwd_flops, fwd_ms + bwd_ms));
+            }
+        }
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    void *buffers[] = {c.q, c.k, c.v, c.dout, c.out, c.dq, c.dk, c.dv, c.lse, c.workspace, c.q_start, c.kv_start};
+    for (size_t i = 0; i < sizeof buffers / sizeof buffers[0]; ++i) CUDA_CHECK(cudaFree(buffers[i]));
+#ifdef HAVE_CUDNN
+    attention_cudnn_release();
+#endif
+}
+
+/* ---- block section ------------------------------------------------------------------------------------- */
+
+/* A token grid (frames, rows, columns after the 1x2x2 patch) of exactly S tokens: Wan 2.1's shapes where S is
+   one of them (32760 = 21x30x52: 81 frames of 480x832; 75600 = 21x45x80: 81 frames of 720x1280), else the most
+   frames up to 21 that divide S, then the squarest rows x columns. tests/bench/peer_torch.py picks the same. */
+static void block_grid(int64_t S, int64_t grid[3])
+{
+    static const int64_t known[][3] = {{4, 32, 32}, {16, 32, 32}, {21, 30, 52}, {21, 45, 80}};
+    for (size_t i = 0; i < sizeof known / sizeof known[0]; ++i)
+        if (known[i][0] * known[i][1] * known[i][2] == S) {
+            memcpy(grid, known[i], sizeof known[i]);
+            return;
+        }
+    int64_t frames = 1;
+    for (int64_t f = 21; f > 1 && frames == 1; --f)
+        if (S % f == 0) frames = f;
+    const int64_t plane = S / frames;
+    int64_t rows = 1;
+    for (int64_t h = 1; h * h <= plane; ++h)
+        if (plane % h == 0) rows = h;
+    grid[0] = frames, grid[1] = rows, grid[2] = plane / rows;
+}
+
+/* Forward + backward milliseconds of the fastest backend measured for this S and kind (the floor's attention). */
+static double fastest_attention_ms(const attention_results *attn, int si, int kind)
+{
+    double best = 0.0;
+    for (size_t b = 0; b < ATTENTION_BACKENDS; ++b) {
+        const double ms = attn->ms[si][b][kind][0] + attn->ms[si][b][kind][1];
+        if (attn->measured[si][b][kind] && (best == 0.0 || ms < best)) best = ms;
+    }
+    return best;
+}
+
+typedef struct {
+    gpu_model *gm;
+    const model_batch *batch;
+} step_context;
+
+static void run_model_step(void *context, cudaStream_t stream)
+{
+    step_context *c = context;
+    gpu_model_forward_backward(c->gm, c->batch, 1.0f, NULL, stream);
+}
+
+typedef struct {
+    int64_t grid[kMaxSeq][3];
+    int skipped[kMaxSeq];
+    double need_bytes[kMaxSeq], free_bytes[kMaxSeq];
+    double step_ms[kMaxSeq][2]; /* 1-layer, 2-layer model */
+    double block_ms[kMaxSeq], flops[kMaxSeq];
+    double gemm_ms[kMaxSeq], self_ms[kMaxSeq], cross_ms[kMaxSeq], floor_ms[kMaxSeq];
+} block_results;
+
+static const double kGiB = 1073741824.0;
+static const size_t kBlockMemoryMargin = (size_t)2 << 30; /* cuBLASLt, CUDA context, fragmentation */
+
+/* One Wan-1.3B block forward+backward at every S: the GPU model's step (one sample of S tokens and T text
+   tokens, recompute none) with 2 layers minus the same with 1 layer (embeddings, head, loss, the batch's
+   staging and the final synchronisation cancel; the text embedding too: only the block is counted). FLOPs
+   are 3x the forward's GEMMs + self- and cross-attention (issue 5's convention). The floor: the block's
+   GEMMs at the gemm section's times plus both attentions forward and backward at the attention section's
+   (the fastest backend of each: a floor, whichever kernel the model calls). */
+static void run_block_section(const bench_options *o, const gemm_results *gemm, const attention_results *attn,
+                              cudaStream_t stream, block_results *r)
+{
+    deck config;
+    deck_defaults(&config); /* Wan-1.3B: dim 1536, ffn 8960, 12 heads, text_dim 4096, 16 channels, patch 1x2x2 */
+    config.model.text_len = o->text_rows;
+    model layers[2];
+    for (int l = 0; l < 2; ++l) {
+        config.model.num_layers = l + 1;
+        model_create(&layers[l], &config);
+        model_init_gaussian(&layers[l], 0xb10c0001ull + (uint64_t)l, 0.02f);
+    }
+    const model *two = &layers[1];
+    if (two->dim != kWanDim || two->ffn_dim != kWanFfn || two->num_heads != kWanHeads)
+        ALDIT_FATAL("aldit-bench: the deck defaults are not Wan-1.3B's (dim %d, ffn %d, heads %d)", two->dim,
+                    two->ffn_dim, two->num_heads);
+
+    printf("Wan-1.3B block forward+backward (dim %d, ffn %d, %d heads; one sample of S tokens, %d text tokens of "
+           "%d;\n  block = 2-layer step - 1-layer step, medians; TFLOP/s over 3x the forward's FLOPs; floor = "
+           "the block's GEMMs + self + cross attention\n  forward+backward at the rates measured above, each attention by "
+           "its fastest backend):\n",
+           two->dim, two->ffn_dim, two->num_heads, o->text_rows, two->text_dim);
+    printf("%-6s %-10s %9s %9s %9s %8s %8s | %8s %8s %8s %9s %9s\n", "S", "grid", "1-layer", "2-layer", "block ms",
+           "GFLOP", "TFLOP/s", "GEMM ms", "self ms", "cross ms", "floor ms", "vs floor");
+    for (int si = 0; si < o->n_seq; ++si) {
+        const int64_t S = o->seq[si];
+        block_grid(S, r->grid[si]);
+        char grid_text[72];
+        snprintf(grid_text, sizeof grid_text, "%lldx%lldx%lld", (long long)r->grid[si][0], (long long)r->grid[si][1],
+                 (long long)r->grid[si][2]);
+        const double gemm_flops = gemm->block_flops[si][0] + gemm->block_flops[si][1];
+        r->flops[si] = gemm_flops + 3.0 * (attn->flops[si][0][0] + attn->flops[si][1][0]);
+        r->gemm_ms[si] = gemm->block_ms[si][0] + gemm->block_ms[si][1];
+        r->self_ms[si] = fastest_attention_ms(attn, si, 0);
+        r->cross_ms[si] = fastest_attention_ms(attn, si, 1);
+        r->floor_ms[si] = r->gemm_ms[si] + r->self_ms[si] + r->cross_ms[si];
+
+        size_t free_bytes = 0, total_bytes = 0;
+        gpu_memory_info(&free_bytes, &total_bytes);
+        const size_t need = gpu_model_workspace_bytes(two, S, 1, 0) + 10 * (size_t)two->n_weights + kBlockMemoryMargin;
+        r->need_bytes[si] = (double)need;
+        r->free_bytes[si] = (double)free_bytes;
+        r->skipped[si] = need > free_bytes;
+        if (r->skipped[si]) {
+            printf("%-6lld %-10s skipped: needs %.1f GiB (2-layer model, recompute none, + %.0f GiB margin), "
+                   "%.1f GiB free\n", (long long)S, grid_text, need / kGiB, kBlockMemoryMargin / kGiB,
+                   free_bytes / kGiB);
+            continue;
+        }
+
+        /* One sample: latent 16 x F x 2H x 2W, its noise and T text tokens, all random. */
+        const int32_t frames = (int32_t)r->grid[si][0], height = 2 * (int32_t)r->grid[si][1],
+                      width = 2 * (int32_t)r->grid[si][2], text_len = o->text_rows;
+        const float sigma = 0.5f;
+        const size_t n_latent = (size_t)two->in_dim * (size_t)frames * (size_t)height * (size_t)width;
+        const size_t n_text = (size_t)text_len * (size_t)two->text_dim;
+        float *latents = xmalloc(n_latent * sizeof *latents), *noise = xmalloc(n_latent * sizeof *noise);
+        float *text = xmalloc(n_text * sizeof *text);
+        uint64_t rng = rng_hash(0xb10c0002ull, (uint64_t)S);
+        for (size_t i = 0; i < n_latent; ++i) {
+            latents[i] = (float)rng_normal(&rng);
+            noise[i] = (float)rng_normal(&rng);
+        }
+        for (size_t i = 0; i < n_text; ++i) text[i] = (float)rng_normal(&rng);
+        const model_batch batch = {1, &frames, &height, &width, &text_len, latents, noise, &sigma, text};
+
+        for (int l = 0; l < 2; ++l) {
+            step_context step = {gpu_model_create(&layers[l], S, 1, 0), &batch};
+            gpu_model_upload_weights(step.gm, layers[l].weights);
+            r->step_ms[si][l] = time_long_op(run_model_step, &step, o, kStepBudgetSeconds, stream);
+            gpu_model_free(step.gm);
+        }
+        free(latents);
+        free(noise);
+        free(text);
+        r->block_ms[si] = r->step_ms[si][1] - r->step_ms[si][0];
+        printf("%-6lld %-10s %9.3f %9.3f %9.3f %8.1f %8.1f | %8.3f %8.3f %8.3f %9.3f %+8.1f%%\n", (long long)S,
+               grid_text, r->step_ms[si][0], r->step_ms[si][1], r->block_ms[si], r->flops[si] / 1e9,
+               tflops(r->flops[si], r->block_ms[si]), r->gemm_ms[si], r->self_ms[si], r->cross_ms[si],
+               r->floor_ms[si], 100.0 * (r->block_ms[si] / r->floor_ms[si] - 1.0));
+    }
+    printf("  (vs floor: the block's time over the floor's; issue 5's target is at most +8%%.)\n");
+    model_free(&layers[0]);
+    model_free(&layers[1]);
+}
+
+/* Writes the figures to `json` (opened at the start, so that a bad path fails before the measurements) and closes it. */
+static void write_json(FILE *json, const bench_options *o, const char *device, double copy_gbs,
+                       double lnmod[kMaxDims][kLnmodOps][2], const gemm_results *gemm, const attention_results *attn,
+                       const block_results *block)
+{
     fprintf(json, "{\"device\": \"%s\", \"copy_gbs\": %.1f", device, copy_gbs);
     if (o->run_lnmod) {
         fprintf(json, ", \"samples\": %d, \"rows_per_sample\": %lld, \"lnmod\": [", o->n_samples,
@@ -514,38 +853,79 @@ static void write_json(const bench_options *o, const char *device, double copy_g
         fprintf(json, "\n]");
     }
     if (o->run_gemm) {
-        fprintf(json, ", \"gemm_fused_epilogues\": %d, \"gemm_unfused_calls\": %lld, \"gemm_text_rows\": %d, \"gemm\": [",
-                o->gemm_fused, (long long)gemm->unfused_calls, o->gemm_text_rows);
+        fprintf(json, ", \"gemm_fused_epilogues\": %d, \"gemm_unfused_calls\": %lld, \"text_rows\": %d, \"gemm\": [",
+                o->gemm_fused, (long long)gemm->unfused_calls, o->text_rows);
         int first = 1;
-        for (int si = 0; si < o->n_gemm_rows; ++si)
+        for (int si = 0; si < o->n_seq; ++si)
             for (int l = 0; l < kWanLinears; ++l) {
                 const wan_linear *spec = &kWanLinearSpecs[l];
-                const int64_t rows = spec->on_text ? o->gemm_text_rows : o->gemm_rows[si];
+                const int64_t rows = spec->on_text ? o->text_rows : o->seq[si];
                 const double flops = gemm_linear_flops(rows, spec->in_dim, spec->out_dim);
                 for (int op = 0; op < kGemmOps; ++op, first = 0)
                     fprintf(json, "%s\n  {\"S\": %lld, \"layer\": \"%s\", \"per_block\": %d, \"rows\": %lld, \"in\": %d, "
                             "\"out\": %d, \"op\": \"%s\", \"ms\": %.5f, \"tflops\": %.2f}", first ? "" : ",",
-                            (long long)o->gemm_rows[si], spec->name, spec->per_block, (long long)rows, spec->in_dim,
+                            (long long)o->seq[si], spec->name, spec->per_block, (long long)rows, spec->in_dim,
                             spec->out_dim, kGemmOpNames[op], gemm->ms[si][l][op], tflops(flops, gemm->ms[si][l][op]));
             }
         fprintf(json, "\n], \"gemm_block\": [");
-        for (int si = 0; si < o->n_gemm_rows; ++si) {
+        for (int si = 0; si < o->n_seq; ++si) {
             const double ms = gemm->block_ms[si][0] + gemm->block_ms[si][1];
             const double flops = gemm->block_flops[si][0] + gemm->block_flops[si][1];
             fprintf(json, "%s\n  {\"S\": %lld, \"fwd_ms\": %.4f, \"bwd_ms\": %.4f, \"ms\": %.4f, \"tflop\": %.4f, "
-                    "\"tflops\": %.2f}", si ? "," : "", (long long)o->gemm_rows[si], gemm->block_ms[si][0],
+                    "\"tflops\": %.2f}", si ? "," : "", (long long)o->seq[si], gemm->block_ms[si][0],
                     gemm->block_ms[si][1], ms, flops / 1e12, tflops(flops, ms));
         }
         fprintf(json, "\n], \"gemm_square\": {\"n\": %d, \"ms\": %.5f, \"tflops\": %.2f}", kSquare, gemm->square_ms,
                 tflops(gemm_linear_flops(kSquare, kSquare, kSquare), gemm->square_ms));
     }
+    if (o->run_attention) {
+        fprintf(json, ", \"attention_heads\": %d, \"attention_head_dim\": %d, \"attention\": [", kWanHeads, kWanHeadDim);
+        int first = 1;
+        for (int si = 0; si < o->n_seq; ++si)
+            for (int kind = 0; kind < kAttentionKinds; ++kind)
+                for (size_t b = 0; b < ATTENTION_BACKENDS; ++b) {
+                    if (!attn->measured[si][b][kind]) continue;
+                    const double *ms = attn->ms[si][b][kind], *flops = attn->flops[si][kind];
+                    fprintf(json, "%s\n  {\"S\": %lld, \"kind\": \"%s\", \"backend\": \"%s\", \"kv_rows\": %lld, "
+                            "\"fwd_ms\": %.4f, \"fwd_tflops\": %.2f, \"bwd_ms\": %.4f, \"bwd_tflops\": %.2f, "
+                            "\"fwd_bwd_tflops\": %.2f}", first ? "" : ",", (long long)o->seq[si], kAttentionKindNames[kind],
+                            kAttentionBackends[b].name, (long long)(kind == 0 ? o->seq[si] : o->text_rows), ms[0],
+                            tflops(flops[0], ms[0]), ms[1], tflops(flops[1], ms[1]),
+                            tflops(flops[0] + flops[1], ms[0] + ms[1]));
+                    first = 0;
+                }
+        fprintf(json, "\n]");
+    }
+    if (o->run_block) {
+        fprintf(json, ", \"block\": [");
+        for (int si = 0; si < o->n_seq; ++si) {
+            fprintf(json, "%s\n  {\"S\": %lld, \"grid\": [%lld, %lld, %lld], \"gflop\": %.2f, \"need_gib\": %.2f, "
+                    "\"free_gib\": %.2f", si ? "," : "", (long long)o->seq[si], (long long)block->grid[si][0],
+                    (long long)block->grid[si][1], (long long)block->grid[si][2], block->flops[si] / 1e9,
+                    block->need_bytes[si] / kGiB, block->free_bytes[si] / kGiB);
+            if (block->skipped[si])
+                fprintf(json, ", \"skipped\": true}");
+            else
+                fprintf(json, ", \"one_layer_ms\": %.4f, \"two_layer_ms\": %.4f, \"ms\": %.4f, \"tflops\": %.2f, "
+                        "\"gemm_ms\": %.4f, \"self_attention_ms\": %.4f, \"cross_attention_ms\": %.4f, "
+                        "\"floor_ms\": %.4f, \"over_floor_pct\": %.2f}", block->step_ms[si][0], block->step_ms[si][1],
+                        block->block_ms[si], tflops(block->flops[si], block->block_ms[si]), block->gemm_ms[si],
+                        block->self_ms[si], block->cross_ms[si], block->floor_ms[si],
+                        100.0 * (block->block_ms[si] / block->floor_ms[si] - 1.0));
+        }
+        fprintf(json, "\n]");
+    }
     fprintf(json, "}\n");
-    fclose(json);
+    if (fclose(json)) ALDIT_FATAL("--json %s: writing failed", o->json_path);
 }
 
 int main(int argc, char **argv)
 {
     const bench_options o = parse_options(argc, argv);
+    setvbuf(stdout, NULL, _IOLBF, 0); /* rows show up as they are measured, also through a pipe */
+    FILE *json = NULL;
+    if (o.json_path && !(json = fopen(o.json_path, "w")))
+        ALDIT_FATAL_CODE(ALDIT_EXIT_USAGE, "--json %s: cannot open for writing", o.json_path);
     if (gpu_count() == 0) {
         fprintf(stderr, "aldit-bench: no GPU visible (cudaGetDeviceCount found none)\n");
         return ALDIT_EXIT_ERROR;
@@ -572,9 +952,13 @@ int main(int argc, char **argv)
     printf("device copy (cudaMemcpy D2D, 2 GiB, read + write): %.3f ms, %.0f GB/s\n", copy_ms, copy_gbs);
     static double lnmod_results[kMaxDims][kLnmodOps][2];
     static gemm_results gemm;
+    static attention_results attention;
+    static block_results block;
     if (o.run_lnmod) run_lnmod_section(&o, copy_gbs, stream, lnmod_results);
     if (o.run_gemm) run_gemm_section(&o, stream, &gemm);
+    if (o.run_attention) run_attention_section(&o, stream, &attention);
+    if (o.run_block) run_block_section(&o, &gemm, &attention, stream, &block);
     CUDA_CHECK(cudaStreamDestroy(stream));
-    if (o.json_path) write_json(&o, device, copy_gbs, lnmod_results, &gemm);
+    if (json) write_json(json, &o, device, copy_gbs, lnmod_results, &gemm, &attention, &block);
     return 0;
 }

@@ -1,0 +1,590 @@
+// attention_cudnn.cu — cuDNN fused attention through its C backend API: the unified SDPA forward and the composite (matmul, pointwise, reduction, reshape) backward graph for one sample, plans cached by shape.
+//
+// Memory [S, H, D] (a sample's packed rows) is described to cuDNN as dims [1, H, S, D] with strides
+// {S·H·D, D, H·D, 1}. The unified SDPA_FWD operation takes K and V that way. The backward is the graph
+// cudnn-frontend builds for Hopper (the unified SDPA_BWD does not build there in cuDNN 9.19), where K
+// and V enter transposed ([1, H, D, S]):
+//   softmax_sum = rowsum(dO · O) · 1                          (fp32, non-virtual, ours)
+//   P   = exp(scale · Q Kᵀ − stats);       dV = Pᵀ dO          (Pᵀ: a bf16 reshape)
+//   dS  = P · (dO Vᵀ − softmax_sum) · scale;  dK = dSᵀ Q       (dSᵀ: a bf16 reshape)
+//   dQ_accum = dS K (fp32, non-virtual, ours);  dQ = identity(dQ_accum)
+#include "attention_cudnn.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <cudnn.h>
+
+#if CUDNN_VERSION < 91301
+#error "attention_cudnn.cu needs cuDNN 9.13.1 or newer (the unified SDPA forward operation)"
+#endif
+
+namespace {
+
+// The message of the last failed call while building a plan (a failed build is not always fatal).
+char g_build_error[1024];
+
+void describe_failure(cudnnStatus_t status, const char *call, const char *file, int line, char *text, size_t capacity)
+{
+    char last[600] = "";
+    cudnnGetLastErrorString(last, sizeof last);
+    snprintf(text, capacity, "%s:%d: cuDNN error %s in %s%s%s", file, line, cudnnGetErrorString(status), call,
+             last[0] ? "; " : "", last);
+}
+
+[[noreturn]] void fail_cudnn(cudnnStatus_t status, const char *call, const char *file, int line)
+{
+    char text[1024];
+    describe_failure(status, call, file, line, text, sizeof text);
+    aldit_fatal_at(file, line, ALDIT_EXIT_ERROR, "%s", text);
+}
+
+} // namespace
+
+// Fatal on failure (execution and bookkeeping).
+#define CUDNN_CHECK(call) do { cudnnStatus_t cudnn_status_ = (call); \
+    if (cudnn_status_ != CUDNN_STATUS_SUCCESS) fail_cudnn(cudnn_status_, #call, __FILE__, __LINE__); } while (0)
+// Inside a plan build (functions returning bool): record the failure in g_build_error and return false.
+#define CUDNN_TRY(call) do { cudnnStatus_t cudnn_status_ = (call); if (cudnn_status_ != CUDNN_STATUS_SUCCESS) { \
+    describe_failure(cudnn_status_, #call, __FILE__, __LINE__, g_build_error, sizeof g_build_error); \
+    return false; } } while (0)
+
+namespace {
+
+enum direction { kForward = 0, kBackward = 1 };
+
+// Unique ids of the graphs' tensors: those in the variant packs, then the virtual ones.
+enum tensor_uid : int64_t {
+    kUidQ = 1, kUidK, kUidV, kUidO, kUidStats, kUidScale, kUidDO, kUidDQ, kUidDK, kUidDV, kUidOne,
+    kUidSoftmaxSum, kUidDQAccum,
+    kUidVirtual = 100,
+};
+
+const int kMaxDescriptors = 96;
+const int kMaxOps = 24;
+const int64_t kProbeRows = 256;   // the length attention_cudnn_available builds its plans at
+const size_t kAlign = 256;        // the backward's buffer pieces start at multiples of this
+
+// Descriptors a plan owns (all of them kept alive as long as the plan), destroyed in reverse order.
+struct descriptor_list {
+    cudnnBackendDescriptor_t items[kMaxDescriptors];
+    int count;
+};
+
+struct plan_entry {
+    int direction;
+    int64_t seq_len;
+    int num_heads, head_dim;
+    uint64_t last_use;   // 0: the slot is empty
+    descriptor_list owned;
+    cudnnBackendDescriptor_t plan;
+    int64_t workspace_bytes;
+};
+
+struct probe_result {
+    int num_heads, head_dim, available;
+};
+
+struct cudnn_state {
+    cudnnHandle_t handle;
+    int device;
+    plan_entry plans[ATTENTION_CUDNN_PLAN_SLOTS];
+    uint64_t clock;
+    void *buffer;   // cuDNN's workspace, then (backward) softmax sum and dQ accumulator
+    size_t buffer_bytes;
+    probe_result probes[8];
+    int n_probes;
+};
+
+cudnn_state g_state;
+
+size_t align_up(size_t bytes)
+{
+    return (bytes + kAlign - 1) / kAlign * kAlign;
+}
+
+void destroy_all(descriptor_list &list)
+{
+    for (int i = list.count - 1; i >= 0; --i) CUDNN_CHECK(cudnnBackendDestroyDescriptor(list.items[i]));
+    list.count = 0;
+}
+
+bool create(descriptor_list &owned, cudnnBackendDescriptorType_t type, cudnnBackendDescriptor_t *descriptor)
+{
+    if (owned.count == kMaxDescriptors) {
+        snprintf(g_build_error, sizeof g_build_error, "attention_cudnn: more than %d descriptors in one plan",
+                 kMaxDescriptors);
+        return false;
+    }
+    CUDNN_TRY(cudnnBackendCreateDescriptor(type, descriptor));
+    owned.items[owned.count++] = *descriptor;
+    return true;
+}
+
+// A 4-d tensor as dims and strides.
+struct shape4 {
+    int64_t dims[4], strides[4];
+};
+
+// [S, H, D] rows seen as [1, H, S, D]; transposed: [1, H, D, S].
+shape4 rows_shape(int64_t S, int64_t H, int64_t D)
+{
+    return {{1, H, S, D}, {S * H * D, D, H * D, 1}};
+}
+shape4 rows_transposed_shape(int64_t S, int64_t H, int64_t D)
+{
+    return {{1, H, D, S}, {S * H * D, D, 1, H * D}};
+}
+// Per-(head, row) values, head-major; [1, H, S, 1].
+shape4 per_row_shape(int64_t S, int64_t H)
+{
+    return {{1, H, S, 1}, {H * S, S, 1, 1}};
+}
+// Scores [1, H, S, S] row-major and the same values read transposed.
+shape4 scores_shape(int64_t S, int64_t H)
+{
+    return {{1, H, S, S}, {H * S * S, S * S, S, 1}};
+}
+shape4 scores_transposed_shape(int64_t S, int64_t H)
+{
+    return {{1, H, S, S}, {H * S * S, S * S, 1, S}};
+}
+// Dense [1, H, S, D] (the fp32 dQ accumulator).
+shape4 dense_shape(int64_t S, int64_t H, int64_t D)
+{
+    return {{1, H, S, D}, {H * S * D, S * D, D, 1}};
+}
+shape4 scalar_shape()
+{
+    return {{1, 1, 1, 1}, {1, 1, 1, 1}};
+}
+
+// The graph being built: its descriptors (owned by the plan entry) and its operations in order.
+struct graph_builder {
+    descriptor_list *owned;
+    cudnnBackendDescriptor_t ops[kMaxOps];
+    int n_ops;
+    int64_t next_virtual_uid;
+};
+
+bool make_tensor(graph_builder &g, int64_t uid, cudnnDataType_t type, const shape4 &shape, bool is_virtual,
+                 bool by_value, cudnnBackendDescriptor_t *tensor)
+{
+    if (!create(*g.owned, CUDNN_BACKEND_TENSOR_DESCRIPTOR, tensor)) return false;
+    const int64_t alignment = 16;
+    const bool virtual_flag = is_virtual, by_value_flag = by_value;
+    CUDNN_TRY(cudnnBackendSetAttribute(*tensor, CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &type));
+    CUDNN_TRY(cudnnBackendSetAttribute(*tensor, CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, 4, shape.dims));
+    CUDNN_TRY(cudnnBackendSetAttribute(*tensor, CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, 4, shape.strides));
+    CUDNN_TRY(cudnnBackendSetAttribute(*tensor, CUDNN_ATTR_TENSOR_UNIQUE_ID, CUDNN_TYPE_INT64, 1, &uid));
+    CUDNN_TRY(cudnnBackendSetAttribute(*tensor, CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, CUDNN_TYPE_INT64, 1, &alignment));
+    CUDNN_TRY(cudnnBackendSetAttribute(*tensor, CUDNN_ATTR_TENSOR_IS_VIRTUAL, CUDNN_TYPE_BOOLEAN, 1, &virtual_flag));
+    if (by_value)
+        CUDNN_TRY(cudnnBackendSetAttribute(*tensor, CUDNN_ATTR_TENSOR_IS_BY_VALUE, CUDNN_TYPE_BOOLEAN, 1,
+                                           &by_value_flag));
+    CUDNN_TRY(cudnnBackendFinalize(*tensor));
+    return true;
+}
+
+// An intermediate (virtual) tensor with the next free id.
+bool make_virtual(graph_builder &g, cudnnDataType_t type, const shape4 &shape, cudnnBackendDescriptor_t *tensor)
+{
+    return make_tensor(g, g.next_virtual_uid++, type, shape, true, false, tensor);
+}
+
+bool push_op(graph_builder &g, cudnnBackendDescriptor_t op)
+{
+    CUDNN_TRY(cudnnBackendFinalize(op));
+    if (g.n_ops == kMaxOps) {
+        snprintf(g_build_error, sizeof g_build_error, "attention_cudnn: more than %d operations in one graph", kMaxOps);
+        return false;
+    }
+    g.ops[g.n_ops++] = op;
+    return true;
+}
+
+// y = mode(x) or mode(x, b), computed in fp32 (b NULL for unary modes).
+bool add_pointwise(graph_builder &g, cudnnPointwiseMode_t mode, cudnnBackendDescriptor_t x,
+                   cudnnBackendDescriptor_t b, cudnnBackendDescriptor_t y)
+{
+    cudnnBackendDescriptor_t pw, op;
+    const cudnnDataType_t precision = CUDNN_DATA_FLOAT;
+    if (!create(*g.owned, CUDNN_BACKEND_POINTWISE_DESCRIPTOR, &pw)) return false;
+    CUDNN_TRY(cudnnBackendSetAttribute(pw, CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, 1, &mode));
+    CUDNN_TRY(cudnnBackendSetAttribute(pw, CUDNN_ATTR_POINTWISE_MATH_PREC, CUDNN_TYPE_DATA_TYPE, 1, &precision));
+    CUDNN_TRY(cudnnBackendFinalize(pw));
+    if (!create(*g.owned, CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR, &op)) return false;
+    CUDNN_TRY(cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, CUDNN_TYPE_BACKEND_DESCRIPTOR,
+                                       1, &pw));
+    CUDNN_TRY(cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_POINTWISE_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x));
+    if (b)
+        CUDNN_TRY(cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_POINTWISE_BDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1,
+                                           &b));
+    CUDNN_TRY(cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_POINTWISE_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y));
+    return push_op(g, op);
+}
+
+// c = a b over the last two dims (batched over the first two), fp32 accumulation.
+bool add_matmul(graph_builder &g, cudnnBackendDescriptor_t a, cudnnBackendDescriptor_t b, cudnnBackendDescriptor_t c)
+{
+    cudnnBackendDescriptor_t mm, op;
+    const cudnnDataType_t precision = CUDNN_DATA_FLOAT;
+    if (!create(*g.owned, CUDNN_BACKEND_MATMUL_DESCRIPTOR, &mm)) return false;
+    CUDNN_TRY(cudnnBackendSetAttribute(mm, CUDNN_ATTR_MATMUL_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &precision));
+    CUDNN_TRY(cudnnBackendFinalize(mm));
+    if (!create(*g.owned, CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR, &op)) return false;
+    CUDNN_TRY(cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_MATMUL_ADESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &a));
+    CUDNN_TRY(cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_MATMUL_BDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &b));
+    CUDNN_TRY(cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_MATMUL_CDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &c));
+    CUDNN_TRY(cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_MATMUL_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &mm));
+    return push_op(g, op);
+}
+
+// y = sum of x over the dims where y has extent 1.
+bool add_sum(graph_builder &g, cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t y)
+{
+    cudnnBackendDescriptor_t red, op;
+    const cudnnDataType_t precision = CUDNN_DATA_FLOAT;
+    const cudnnReduceTensorOp_t add = CUDNN_REDUCE_TENSOR_ADD;
+    if (!create(*g.owned, CUDNN_BACKEND_REDUCTION_DESCRIPTOR, &red)) return false;
+    CUDNN_TRY(cudnnBackendSetAttribute(red, CUDNN_ATTR_REDUCTION_OPERATOR, CUDNN_TYPE_REDUCTION_OPERATOR_TYPE, 1, &add));
+    CUDNN_TRY(cudnnBackendSetAttribute(red, CUDNN_ATTR_REDUCTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &precision));
+    CUDNN_TRY(cudnnBackendFinalize(red));
+    if (!create(*g.owned, CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR, &op)) return false;
+    CUDNN_TRY(cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_REDUCTION_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x));
+    CUDNN_TRY(cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_REDUCTION_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y));
+    CUDNN_TRY(cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_REDUCTION_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &red));
+    return push_op(g, op);
+}
+
+// y = x seen through other dims/strides (a view).
+bool add_reshape(graph_builder &g, cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t y)
+{
+    cudnnBackendDescriptor_t op;
+    if (!create(*g.owned, CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR, &op)) return false;
+    CUDNN_TRY(cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_RESHAPE_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x));
+    CUDNN_TRY(cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_RESHAPE_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y));
+    return push_op(g, op);
+}
+
+// Operation graph -> heuristics (mode A) -> the first engine config whose plan finalizes.
+bool finish_plan(graph_builder &g, plan_entry &e)
+{
+    cudnnHandle_t handle = g_state.handle;
+    cudnnBackendDescriptor_t graph, heuristics;
+    if (!create(*g.owned, CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR, &graph)) return false;
+    CUDNN_TRY(cudnnBackendSetAttribute(graph, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, g.n_ops,
+                                       g.ops));
+    CUDNN_TRY(cudnnBackendSetAttribute(graph, CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle));
+    CUDNN_TRY(cudnnBackendFinalize(graph));
+
+    const cudnnBackendHeurMode_t mode = CUDNN_HEUR_MODE_A;
+    if (!create(*g.owned, CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR, &heuristics)) return false;
+    CUDNN_TRY(cudnnBackendSetAttribute(heuristics, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH,
+                                       CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &graph));
+    CUDNN_TRY(cudnnBackendSetAttribute(heuristics, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode));
+    CUDNN_TRY(cudnnBackendFinalize(heuristics));
+    int64_t n_configs = 0;
+    CUDNN_TRY(cudnnBackendGetAttribute(heuristics, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 0,
+                                       &n_configs, nullptr));
+    if (n_configs <= 0) {
+        snprintf(g_build_error, sizeof g_build_error, "attention_cudnn: heuristics found no engine for the graph");
+        return false;
+    }
+    if (n_configs > 4) n_configs = 4;
+    cudnnBackendDescriptor_t configs[4];
+    for (int64_t i = 0; i < n_configs; ++i)
+        if (!create(*g.owned, CUDNN_BACKEND_ENGINECFG_DESCRIPTOR, &configs[i])) return false;
+    int64_t n_returned = 0;
+    CUDNN_TRY(cudnnBackendGetAttribute(heuristics, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
+                                       n_configs, &n_returned, configs));
+    // Config 0 is the fast one (the second ran ~2x slower on an H200); the others only if it does not build.
+    for (int64_t i = 0; i < n_returned; ++i) {
+        cudnnBackendDescriptor_t plan;
+        if (!create(*g.owned, CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, &plan)) return false;
+        CUDNN_TRY(cudnnBackendSetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle));
+        CUDNN_TRY(cudnnBackendSetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG,
+                                           CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &configs[i]));
+        const cudnnStatus_t status = cudnnBackendFinalize(plan);
+        if (status != CUDNN_STATUS_SUCCESS) {
+            describe_failure(status, "cudnnBackendFinalize(plan)", __FILE__, __LINE__, g_build_error,
+                             sizeof g_build_error);
+            continue;
+        }
+        int64_t n_values = 0;
+        CUDNN_TRY(cudnnBackendGetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1,
+                                           &n_values, &e.workspace_bytes));
+        e.plan = plan;
+        return true;
+    }
+    return false;
+}
+
+// The unified SDPA forward: O and stats from Q, K, V and the scale (by value).
+bool build_forward(plan_entry &e)
+{
+    graph_builder g = {&e.owned, {}, 0, kUidVirtual};
+    const int64_t S = e.seq_len, H = e.num_heads, D = e.head_dim;
+    cudnnBackendDescriptor_t q, k, v, o, stats, scale, op;
+    if (!make_tensor(g, kUidQ, CUDNN_DATA_BFLOAT16, rows_shape(S, H, D), false, false, &q) ||
+        !make_tensor(g, kUidK, CUDNN_DATA_BFLOAT16, rows_shape(S, H, D), false, false, &k) ||
+        !make_tensor(g, kUidV, CUDNN_DATA_BFLOAT16, rows_shape(S, H, D), false, false, &v) ||
+        !make_tensor(g, kUidO, CUDNN_DATA_BFLOAT16, rows_shape(S, H, D), false, false, &o) ||
+        !make_tensor(g, kUidStats, CUDNN_DATA_FLOAT, per_row_shape(S, H), false, false, &stats) ||
+        !make_tensor(g, kUidScale, CUDNN_DATA_FLOAT, scalar_shape(), false, true, &scale))
+        return false;
+    if (!create(e.owned, CUDNN_BACKEND_OPERATION_SDPA_FWD_DESCRIPTOR, &op)) return false;
+    CUDNN_TRY(cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_SDPA_FWD_QDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &q));
+    CUDNN_TRY(cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_SDPA_FWD_KDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &k));
+    CUDNN_TRY(cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_SDPA_FWD_VDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &v));
+    CUDNN_TRY(cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_SDPA_FWD_ODESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &o));
+    CUDNN_TRY(cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_SDPA_FWD_STATSDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1,
+                                       &stats));
+    CUDNN_TRY(cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_SDPA_FWD_SCALEDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1,
+                                       &scale));
+    return push_op(g, op) && finish_plan(g, e);
+}
+
+// The composite backward (18 operations; see the comment at the top of the file).
+bool build_backward(plan_entry &e)
+{
+    graph_builder g = {&e.owned, {}, 0, kUidVirtual};
+    const int64_t S = e.seq_len, H = e.num_heads, D = e.head_dim;
+    const cudnnDataType_t bf16 = CUDNN_DATA_BFLOAT16, f32 = CUDNN_DATA_FLOAT;
+    cudnnBackendDescriptor_t q, k_t, v_t, o, d_o, stats, scale, one, softmax_sum, dq_accum, dq, dk, dv;
+    if (!make_tensor(g, kUidQ, bf16, rows_shape(S, H, D), false, false, &q) ||
+        !make_tensor(g, kUidK, bf16, rows_transposed_shape(S, H, D), false, false, &k_t) ||
+        !make_tensor(g, kUidV, bf16, rows_transposed_shape(S, H, D), false, false, &v_t) ||
+        !make_tensor(g, kUidO, bf16, rows_shape(S, H, D), false, false, &o) ||
+        !make_tensor(g, kUidDO, bf16, rows_shape(S, H, D), false, false, &d_o) ||
+        !make_tensor(g, kUidStats, f32, per_row_shape(S, H), false, false, &stats) ||
+        !make_tensor(g, kUidScale, f32, scalar_shape(), false, true, &scale) ||
+        !make_tensor(g, kUidOne, f32, scalar_shape(), false, true, &one) ||
+        !make_tensor(g, kUidSoftmaxSum, f32, per_row_shape(S, H), false, false, &softmax_sum) ||
+        !make_tensor(g, kUidDQAccum, f32, dense_shape(S, H, D), false, false, &dq_accum) ||
+        !make_tensor(g, kUidDQ, bf16, rows_shape(S, H, D), false, false, &dq) ||
+        !make_tensor(g, kUidDK, bf16, rows_shape(S, H, D), false, false, &dk) ||
+        !make_tensor(g, kUidDV, bf16, rows_shape(S, H, D), false, false, &dv))
+        return false;
+
+    // softmax_sum = rowsum(dO · O) · 1
+    cudnnBackendDescriptor_t d_o_o, row_sum;
+    if (!make_virtual(g, f32, rows_shape(S, H, D), &d_o_o) || !make_virtual(g, f32, per_row_shape(S, H), &row_sum) ||
+        !add_pointwise(g, CUDNN_POINTWISE_MUL, d_o, o, d_o_o) || !add_sum(g, d_o_o, row_sum) ||
+        !add_pointwise(g, CUDNN_POINTWISE_MUL, row_sum, one, softmax_sum))
+        return false;
+
+    // P = exp(scale · Q Kᵀ − stats); dV = Pᵀ dO
+    cudnnBackendDescriptor_t scores, scaled, shifted, p, p_t;
+    if (!make_virtual(g, f32, scores_shape(S, H), &scores) || !make_virtual(g, f32, scores_shape(S, H), &scaled) ||
+        !make_virtual(g, f32, scores_shape(S, H), &shifted) || !make_virtual(g, f32, scores_shape(S, H), &p) ||
+        !make_virtual(g, bf16, scores_transposed_shape(S, H), &p_t) || !add_matmul(g, q, k_t, scores) ||
+        !add_pointwise(g, CUDNN_POINTWISE_MUL, scores, scale, scaled) ||
+        !add_pointwise(g, CUDNN_POINTWISE_SUB, scaled, stats, shifted) ||
+        !add_pointwise(g, CUDNN_POINTWISE_EXP, shifted, nullptr, p) || !add_reshape(g, p, p_t) ||
+        !add_matmul(g, p_t, d_o, dv))
+        return false;
+
+    // dS = P · (dO Vᵀ − softmax_sum) · scale; dK = dSᵀ Q
+    cudnnBackendDescriptor_t dp, dp_centered, ds_unscaled, ds, ds_t;
+    if (!make_virtual(g, f32, scores_shape(S, H), &dp) || !make_virtual(g, f32, scores_shape(S, H), &dp_centered) ||
+        !make_virtual(g, f32, scores_shape(S, H), &ds_unscaled) || !make_virtual(g, f32, scores_shape(S, H), &ds) ||
+        !make_virtual(g, bf16, scores_transposed_shape(S, H), &ds_t) || !add_matmul(g, d_o, v_t, dp) ||
+        !add_pointwise(g, CUDNN_POINTWISE_SUB, dp, softmax_sum, dp_centered) ||
+        !add_pointwise(g, CUDNN_POINTWISE_MUL, dp_centered, p, ds_unscaled) ||
+        !add_pointwise(g, CUDNN_POINTWISE_MUL, ds_unscaled, scale, ds) || !add_reshape(g, ds, ds_t) ||
+        !add_matmul(g, ds_t, q, dk))
+        return false;
+
+    // dQ_accum = dS K (K as [S, D] again through a reshape of Kᵀ); dQ = dQ_accum in bf16
+    cudnnBackendDescriptor_t k;
+    if (!make_virtual(g, f32, rows_shape(S, H, D), &k) || !add_reshape(g, k_t, k) || !add_matmul(g, ds, k, dq_accum) ||
+        !add_pointwise(g, CUDNN_POINTWISE_IDENTITY, dq_accum, nullptr, dq))
+        return false;
+    return finish_plan(g, e);
+}
+
+// The handle, made on the current GPU at the first call; false (g_build_error says why) when cuDNN cannot
+// make one (a library that does not fit the driver, for instance).
+bool ensure_handle(void)
+{
+    int device = 0;
+    CUDA_CHECK(cudaGetDevice(&device));
+    if (g_state.handle) {
+        ALDIT_CHECK(device == g_state.device,
+                    "attention_cudnn: the cuDNN handle was made on GPU %d, called on GPU %d (one GPU per process)",
+                    g_state.device, device);
+        return true;
+    }
+    cudnnHandle_t handle = nullptr;
+    CUDNN_TRY(cudnnCreate(&handle));
+    g_state.handle = handle;
+    g_state.device = device;
+    return true;
+}
+
+const char *direction_name(int direction)
+{
+    return direction == kForward ? "forward" : "backward";
+}
+
+// The cached plan of this shape, built on a miss into an empty or the least recently used slot. NULL when
+// the build fails (g_build_error says why).
+plan_entry *find_plan(int direction, int64_t seq_len, int num_heads, int head_dim)
+{
+    if (!ensure_handle()) return nullptr;
+    plan_entry *victim = &g_state.plans[0];
+    for (plan_entry &e : g_state.plans) {
+        if (e.last_use && e.direction == direction && e.seq_len == seq_len && e.num_heads == num_heads &&
+            e.head_dim == head_dim) {
+            e.last_use = ++g_state.clock;
+            return &e;
+        }
+        if (e.last_use < victim->last_use) victim = &e;
+    }
+    destroy_all(victim->owned);
+    memset(victim, 0, sizeof *victim);
+    victim->direction = direction;
+    victim->seq_len = seq_len;
+    victim->num_heads = num_heads;
+    victim->head_dim = head_dim;
+    const bool built = direction == kForward ? build_forward(*victim) : build_backward(*victim);
+    if (!built) {
+        destroy_all(victim->owned);
+        memset(victim, 0, sizeof *victim);
+        return nullptr;
+    }
+    victim->last_use = ++g_state.clock;
+    return victim;
+}
+
+plan_entry *need_plan(int direction, int64_t seq_len, int num_heads, int head_dim)
+{
+    plan_entry *e = find_plan(direction, seq_len, num_heads, head_dim);
+    if (!e)
+        ALDIT_FATAL("attention_cudnn: no %s plan for seq_len %lld, %d heads, head_dim %d: %s",
+                    direction_name(direction), (long long)seq_len, num_heads, head_dim, g_build_error);
+    return e;
+}
+
+// The module's device buffer, at least `bytes` long. A new one starts poisoned (all bits set: NaN), so a
+// piece cuDNN would read before writing shows up in the results.
+char *ensure_buffer(size_t bytes)
+{
+    if (bytes > g_state.buffer_bytes) {
+        if (g_state.buffer) CUDA_CHECK(cudaFree(g_state.buffer));
+        g_state.buffer = nullptr;
+        g_state.buffer_bytes = 0;
+        CUDA_CHECK(cudaMalloc(&g_state.buffer, bytes));
+        CUDA_CHECK(cudaMemset(g_state.buffer, 0xff, bytes));
+        g_state.buffer_bytes = bytes;
+    }
+    return static_cast<char *>(g_state.buffer);
+}
+
+void execute(const plan_entry &e, int n_tensors, const int64_t *uids, void *const *pointers, void *workspace,
+             cudaStream_t stream)
+{
+    cudnnBackendDescriptor_t pack;
+    CUDNN_CHECK(cudnnBackendCreateDescriptor(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, &pack));
+    CUDNN_CHECK(cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, n_tensors, uids));
+    CUDNN_CHECK(cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, n_tensors,
+                                         pointers));
+    CUDNN_CHECK(cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &workspace));
+    CUDNN_CHECK(cudnnBackendFinalize(pack));
+    CUDNN_CHECK(cudnnSetStream(g_state.handle, stream));
+    CUDNN_CHECK(cudnnBackendExecute(g_state.handle, e.plan, pack));
+    CUDNN_CHECK(cudnnBackendDestroyDescriptor(pack));
+}
+
+bool shape_supported(int64_t seq_len, int num_heads, int head_dim)
+{
+    return seq_len >= 1 && num_heads >= 1 && head_dim >= 8 && head_dim <= 128 && head_dim % 8 == 0;
+}
+
+void check_call(const char *function, int64_t seq_len, int num_heads, int head_dim, const void *const *tensors,
+                const char *const *names, int n_tensors)
+{
+    ALDIT_CHECK(shape_supported(seq_len, num_heads, head_dim),
+                "%s: seq_len %lld, %d heads, head_dim %d not supported (seq_len and heads >= 1, head_dim a "
+                "multiple of 8 from 8 to 128)", function, (long long)seq_len, num_heads, head_dim);
+    for (int i = 0; i < n_tensors; ++i)
+        ALDIT_CHECK(tensors[i] != nullptr && reinterpret_cast<uintptr_t>(tensors[i]) % 16 == 0,
+                    "%s: %s is NULL or not 16-byte aligned (%p)", function, names[i], tensors[i]);
+}
+
+} // namespace
+
+extern "C" int attention_cudnn_available(int num_heads, int head_dim)
+{
+    for (int i = 0; i < g_state.n_probes; ++i)
+        if (g_state.probes[i].num_heads == num_heads && g_state.probes[i].head_dim == head_dim)
+            return g_state.probes[i].available;
+    int available = 0;
+    if (!shape_supported(kProbeRows, num_heads, head_dim)) {
+        aldit_warn("cuDNN attention: %d heads of head_dim %d are not supported (a multiple of 8 up to 128)",
+                   num_heads, head_dim);
+    } else if (gpu_count() == 0) {
+        aldit_warn("cuDNN attention: no GPU visible");
+    } else if (cudnnGetVersion() < 91301) {
+        aldit_warn("cuDNN attention: the loaded cuDNN is %zu, the unified SDPA forward needs 9.13.1 or newer",
+                   cudnnGetVersion());
+    } else if (!find_plan(kForward, kProbeRows, num_heads, head_dim) ||
+               !find_plan(kBackward, kProbeRows, num_heads, head_dim)) {
+        aldit_warn("cuDNN attention: no plan for %d heads of head_dim %d: %s", num_heads, head_dim, g_build_error);
+    } else {
+        available = 1;
+    }
+    if (g_state.n_probes < (int)(sizeof g_state.probes / sizeof g_state.probes[0]))
+        g_state.probes[g_state.n_probes++] = {num_heads, head_dim, available};
+    return available;
+}
+
+extern "C" void attention_cudnn_fwd(const gpu_bf16 *q, const gpu_bf16 *k, const gpu_bf16 *v, int64_t seq_len,
+                                    int num_heads, int head_dim, gpu_bf16 *out, float *stats, cudaStream_t stream)
+{
+    const void *tensors[] = {q, k, v, out, stats};
+    const char *names[] = {"q", "k", "v", "out", "stats"};
+    check_call("attention_cudnn_fwd", seq_len, num_heads, head_dim, tensors, names, 5);
+    const plan_entry *e = need_plan(kForward, seq_len, num_heads, head_dim);
+    void *workspace = e->workspace_bytes > 0 ? ensure_buffer(static_cast<size_t>(e->workspace_bytes)) : nullptr;
+    float scale = 1.0f / sqrtf(static_cast<float>(head_dim));
+    const int64_t uids[] = {kUidQ, kUidK, kUidV, kUidO, kUidStats, kUidScale};
+    void *const pointers[] = {const_cast<gpu_bf16 *>(q), const_cast<gpu_bf16 *>(k), const_cast<gpu_bf16 *>(v), out,
+                              stats, &scale};
+    execute(*e, 6, uids, pointers, workspace, stream);
+}
+
+extern "C" void attention_cudnn_bwd(const gpu_bf16 *q, const gpu_bf16 *k, const gpu_bf16 *v, const gpu_bf16 *out,
+                                    const gpu_bf16 *dout, const float *stats, int64_t seq_len, int num_heads,
+                                    int head_dim, gpu_bf16 *dq, gpu_bf16 *dk, gpu_bf16 *dv, cudaStream_t stream)
+{
+    const void *tensors[] = {q, k, v, out, dout, stats, dq, dk, dv};
+    const char *names[] = {"q", "k", "v", "out", "dout", "stats", "dq", "dk", "dv"};
+    check_call("attention_cudnn_bwd", seq_len, num_heads, head_dim, tensors, names, 9);
+    const plan_entry *e = need_plan(kBackward, seq_len, num_heads, head_dim);
+    const size_t workspace_bytes = align_up(static_cast<size_t>(e->workspace_bytes));
+    const size_t sum_bytes = align_up(static_cast<size_t>(num_heads) * seq_len * sizeof(float));
+    const size_t accum_bytes = align_up(static_cast<size_t>(num_heads) * seq_len * head_dim * sizeof(float));
+    char *buffer = ensure_buffer(workspace_bytes + sum_bytes + accum_bytes);
+    float scale = 1.0f / sqrtf(static_cast<float>(head_dim)), one = 1.0f;
+    const int64_t uids[] = {kUidQ,  kUidK,  kUidV,     kUidO,   kUidDO,         kUidStats,  kUidDQ,
+                            kUidDK, kUidDV, kUidScale, kUidOne, kUidSoftmaxSum, kUidDQAccum};
+    void *const pointers[] = {const_cast<gpu_bf16 *>(q),    const_cast<gpu_bf16 *>(k), const_cast<gpu_bf16 *>(v),
+                              const_cast<gpu_bf16 *>(out),  const_cast<gpu_bf16 *>(dout),
+                              const_cast<float *>(stats),   dq,
+                              dk,                           dv,
+                              &scale,                       &one,
+                              buffer + workspace_bytes,     buffer + workspace_bytes + sum_bytes};
+    execute(*e, 13, uids, pointers, buffer, stream);
+}
+
+extern "C" void attention_cudnn_release(void)
+{
+    if (g_state.handle) CUDA_CHECK(cudaDeviceSynchronize());
+    for (plan_entry &e : g_state.plans) destroy_all(e.owned);
+    if (g_state.buffer) CUDA_CHECK(cudaFree(g_state.buffer));
+    if (g_state.handle) CUDNN_CHECK(cudnnDestroy(g_state.handle));
+    memset(&g_state, 0, sizeof g_state);
+}
