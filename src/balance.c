@@ -1,6 +1,7 @@
 /* balance.c — the balancer: epoch orders, the equal_tokens / dual bucket batches, the global packer
-   (longest-first into a heap of rank bins, gap filling from the pool, swap refinement), micro-batches
-   under the memory budget, checkpoint state, the per-step scatter and the online refit. */
+   (longest first into the least loaded rank bin, small samples poured to a level, gap filling from the
+   pool, swap refinement), micro-batches under the memory budget, checkpoint state, the per-step scatter
+   and the online refit. */
 #include "balance.h"
 #include "check.h"
 #include "comm.h"
@@ -15,13 +16,17 @@
 enum { PENDING_STEPS = 8 };              /* assigned steps whose measured times may still come */
 enum { REFINE_ITERATIONS = 64 };         /* max-bin moves / swaps per step */
 enum { REFINE_SWAP_PAIRS = 1 << 14 };    /* item pairs a swap search may look at */
-enum { RADIX_BITS = 11, RADIX_PASSES = 3 };
+enum { QUEUE_BUCKETS = 4096 };           /* buckets of the queue of bins by load (see queue_init) */
+/* Radix sorts: 11-bit digits; item costs are sorted on their top 22 bits as floats (8 exponent and
+   14 mantissa bits: costs within 6e-5 of each other tie), bin loads on all 31 bits of theirs. */
+enum { RADIX_BITS = 11, RADIX_DIGITS = 1 << RADIX_BITS, RADIX_MAX_PASSES = 3 };
+enum { COST_KEY_PASSES = 2, LOAD_KEY_PASSES = 3 };
 enum { STATE_VERSION = 1 };
 static const uint64_t state_magic = 0x314c41424c444c41ull;  /* "ALDLBAL1" */
 /* In budget mode a rank's budget holds at least this many of the costliest sample, so one long
    sample never decides a step's length by itself (see docs/balancer.md). */
 static const double budget_floor_samples = 1.0;
-/* Samples costing at most this fraction of a rank's mean load are poured to a level, not heaped. */
+/* Samples costing at most this fraction of a rank's mean load are poured to a level, not placed one by one. */
 static const double small_item_fraction = 1.0 / 32;
 /* A per-sample model error below this is not planned for (timer jitter; saves the margin arithmetic). */
 static const double negligible_sample_error = 0.01;
@@ -31,7 +36,6 @@ static const double refine_tolerance = 1e-3;
 /* A sample as the packer handles it: what the balancer knows, and its position in the sample array.
    Epoch orders and the pool hold these by value, so a step reads memory front to back. */
 typedef struct { balance_sample sample; int64_t index; } balance_entry;
-typedef struct { double load; int bin; } heap_slot;
 
 struct balancer {
     deck_strategy strategy;
@@ -83,15 +87,21 @@ struct balancer {
     double *item_cost;
     int *item_bin;
     int32_t *item_next;           /* per-bin linked lists */
-    int32_t *item_group;          /* items grouped by bin */
-    uint32_t *sort_key, *sort_order, *sort_scratch;
+    int32_t *slot_item;           /* the items in the order of the assignment (rank by rank) */
+    uint64_t *sort_values, *sort_scratch;   /* (key << 32 | item) for the radix sorts */
     /* per bin */
     int32_t *bin_head;
     int64_t *bin_start;           /* n_ranks + 1 */
-    double *bin_load;             /* planned load (see planned_load) */
+    double *bin_load;             /* planned load (see planned_load); n_ranks + 1, the last infinite */
     double *bin_sum, *bin_square; /* predicted seconds of the bin's samples, and of their squares */
     double spread_quantile;       /* z / sqrt(3), z = sqrt(2 ln R) (see planned_load) */
-    heap_slot *heap;              /* bins, a min-heap on load */
+    uint64_t *bin_order, *bin_order_scratch;   /* bins sorted by load (the pour), (key << 32 | bin) */
+    double *rank_error, *rank_ratio, *rank_scratch;   /* per rank: the error estimate's scratch */
+    int32_t *queue_head, *queue_next;     /* bins in a bucket queue on load (see queue_init) */
+    int32_t *swap_item;           /* REFINE_SWAP_PAIRS: the refinement's smallest-bin items and costs */
+    double *swap_cost;
+    int queue_lowest;             /* lowest bucket that may be non-empty */
+    double queue_low, queue_per_bucket;
     int64_t *scratch, *scratch2;
     balance_entry *entry_scratch;
 };
@@ -115,11 +125,6 @@ static void shuffle(int64_t *items, int64_t n_items, uint64_t seed, int64_t epoc
 static double entry_cost(const balancer *b, const balance_entry *entry)
 {
     return cost_model_predict(&b->cm, entry->sample.tokens, entry->sample.text_len);
-}
-
-static double entry_mem(const balancer *b, const balance_entry *entry)
-{
-    return cost_model_mem(&b->cm, entry->sample.tokens, entry->sample.text_len);
 }
 
 static void features_add_sample(cost_features *features, const balance_sample *sample)
@@ -311,39 +316,98 @@ static void start_epoch(balancer *b, int64_t epoch)
 
 /* ---- the global packer ----------------------------------------------------------------------------- */
 
-static int heap_less(const heap_slot *left, const heap_slot *right)
+/* Stable LSD radix sort of `values` on their bits 32 .. 32 + RADIX_BITS * passes, ascending (the low 32
+   bits carry what is sorted). Returns the buffer holding the result: `values` or `scratch`. */
+static uint64_t *radix_sort_high(uint64_t *values, uint64_t *scratch, int64_t n_values, int passes)
 {
-    return left->load < right->load || (left->load == right->load && left->bin < right->bin);
+    uint32_t count[RADIX_MAX_PASSES][RADIX_DIGITS];
+    memset(count, 0, (size_t)passes * sizeof(count[0]));
+    const uint64_t mask = RADIX_DIGITS - 1;
+    for (int64_t i = 0; i < n_values; i++)
+        for (int pass = 0; pass < passes; pass++) count[pass][(values[i] >> (32 + pass * RADIX_BITS)) & mask]++;
+    for (int pass = 0; pass < passes; pass++) {
+        uint32_t offset = 0;
+        for (int d = 0; d < RADIX_DIGITS; d++) { uint32_t c = count[pass][d]; count[pass][d] = offset; offset += c; }
+        const int shift = 32 + pass * RADIX_BITS;
+        for (int64_t i = 0; i < n_values; i++) scratch[count[pass][(values[i] >> shift) & mask]++] = values[i];
+        uint64_t *t = values; values = scratch; scratch = t;
+    }
+    return values;
 }
 
-static void heap_sift_down(heap_slot *heap, int n, int position)
+/* A non-negative value's sort key: its float bits (which order like the values), the top `bits` of 31. */
+static uint64_t float_key(double value, int bits)
 {
-    heap_slot moving = heap[position];
-    for (;;) {
-        int child = 2 * position + 1;
-        if (child >= n) break;
-        if (child + 1 < n && heap_less(&heap[child + 1], &heap[child])) child++;
-        if (!heap_less(&heap[child], &moving)) break;
-        heap[position] = heap[child];
-        position = child;
+    const float rounded = (float)value;
+    uint32_t key;
+    memcpy(&key, &rounded, sizeof(key));
+    return (uint64_t)((key & 0x7fffffffu) >> (31 - bits));
+}
+
+/* The bins by ascending load (ties: lower bin first), each as (key << 32 | bin). */
+static const uint64_t *bins_by_load(balancer *b)
+{
+    for (int r = 0; r < b->n_ranks; r++) b->bin_order[r] = float_key(b->bin_load[r], 31) << 32 | (uint64_t)r;
+    return radix_sort_high(b->bin_order, b->bin_order_scratch, b->n_ranks, LOAD_KEY_PASSES);
+}
+
+/* The bins in a bucket queue on load: QUEUE_BUCKETS buckets over [low, high] (loads above share the
+   last), each a list of bins in ascending load ended by the sentinel bin n_ranks (of infinite load).
+   While a queue is in use only the least loaded bin gains load (and loads never fall), so the lowest
+   non-empty bucket only moves up and its first bin is the least loaded: about O(1) per placement,
+   against a heap's O(log R) of unpredictable branches. */
+static int queue_bucket(const balancer *b, double load)
+{
+    const double k = (load - b->queue_low) * b->queue_per_bucket;
+    return k < QUEUE_BUCKETS - 1 ? (k > 0 ? (int)k : 0) : QUEUE_BUCKETS - 1;
+}
+
+static void queue_init(balancer *b, double low, double high)
+{
+    b->queue_low = low;
+    b->queue_per_bucket = high > low ? QUEUE_BUCKETS / (high - low) : 0;
+    for (int k = 0; k < QUEUE_BUCKETS; k++) b->queue_head[k] = b->n_ranks;
+    for (int bin = b->n_ranks - 1; bin >= 0; bin--) {   /* each before the bins of as much load: ties lower bin first */
+        const double load = b->bin_load[bin];
+        int32_t *link = &b->queue_head[queue_bucket(b, load)];
+        while (b->bin_load[*link] < load) link = &b->queue_next[*link];
+        b->queue_next[bin] = *link;
+        *link = bin;
     }
-    heap[position] = moving;
+    b->queue_lowest = 0;
 }
 
 /* The least loaded bin. */
-static int heap_top(const balancer *b) { return b->heap[0].bin; }
-
-/* The top bin's load grew: move it down to its place. */
-static void heap_sift_top(balancer *b)
+static int queue_least(balancer *b)
 {
-    b->heap[0].load = b->bin_load[b->heap[0].bin];
-    heap_sift_down(b->heap, b->n_ranks, 0);
+    while (b->queue_head[b->queue_lowest] == b->n_ranks) b->queue_lowest++;
+    return b->queue_head[b->queue_lowest];
 }
 
-static void heapify_bins(balancer *b)
+/* The bin queue_least gave gained load: move it to its place (before the bins of its bucket with as
+   much load or more). */
+static void queue_raise_least(balancer *b)
 {
-    for (int r = 0; r < b->n_ranks; r++) b->heap[r] = (heap_slot){b->bin_load[r], r};
-    for (int start = b->n_ranks / 2 - 1; start >= 0; start--) heap_sift_down(b->heap, b->n_ranks, start);
+    const int bin = b->queue_head[b->queue_lowest];
+    b->queue_head[b->queue_lowest] = b->queue_next[bin];
+    const double load = b->bin_load[bin];
+    int32_t *link = &b->queue_head[queue_bucket(b, load)];
+    while (b->bin_load[*link] < load) link = &b->queue_next[*link];
+    b->queue_next[bin] = *link;
+    *link = bin;
+}
+
+/* The smallest and largest bin loads; returns their sum. */
+static double bins_load_range(const balancer *b, double *min_load, double *max_load)
+{
+    double sum = b->bin_load[0];
+    *min_load = *max_load = b->bin_load[0];
+    for (int r = 1; r < b->n_ranks; r++) {
+        *min_load = fmin(*min_load, b->bin_load[r]);
+        *max_load = fmax(*max_load, b->bin_load[r]);
+        sum += b->bin_load[r];
+    }
+    return sum;
 }
 
 /* The load the packer balances: a bin's predicted seconds plus a margin for the model's per-sample
@@ -352,13 +416,24 @@ static void heapify_bins(balancer *b)
    z = sqrt(2 ln R) spreads high, but never more than e * sum c_i (every sample off by +e): the margin is
    e * min(z/sqrt(3) * sqrt(sum c_i^2), sum c_i). Without a measured error it is the prediction. See
    docs/balancer.md, "Robustness". */
-static double planned_load(const balancer *b, int bin)
+static double planned(const balancer *b, double sum, double square)
 {
-    if (b->sample_error <= 0) return b->bin_sum[bin];
-    return b->bin_sum[bin] + b->sample_error * fmin(b->spread_quantile * sqrt(b->bin_square[bin]), b->bin_sum[bin]);
+    if (b->sample_error <= 0) return sum;
+    const double spread_square = b->spread_quantile * b->spread_quantile * square;   /* no root when it is capped */
+    return sum + b->sample_error * (spread_square >= sum * sum ? sum : sqrt(spread_square));
 }
 
-/* Put an item into a bin's list and load (the caller restores the heap). */
+static double planned_load(const balancer *b, int bin) { return planned(b, b->bin_sum[bin], b->bin_square[bin]); }
+
+/* How fast planned() grows with a small item's cost: 1 + e where the margin is capped at e * sum, else
+   about 1 (a small item hardly moves sqrt(sum c_i^2)). */
+static double planned_growth(const balancer *b, double sum, double square)
+{
+    if (b->sample_error <= 0) return 1.0;
+    return b->spread_quantile * b->spread_quantile * square >= sum * sum ? 1.0 + b->sample_error : 1.0;
+}
+
+/* Put an item into a bin's list and load. */
 static void assign_item(balancer *b, int32_t item, int bin)
 {
     b->item_bin[item] = bin;
@@ -380,69 +455,71 @@ static void unlink_item(balancer *b, int32_t item)
     b->bin_load[bin] = planned_load(b, bin);
 }
 
-static int compare_bins_by_load(const void *left, const void *right, void *context)
+/* An item's sort value: (key << 32 | item), the key descending with its cost. */
+static uint64_t item_sort_value(int64_t item, double cost)
 {
-    const double *load = context;
-    int64_t a = *(const int64_t *)left, c = *(const int64_t *)right;
-    if (load[a] != load[c]) return load[a] < load[c] ? -1 : 1;
-    return (a > c) - (a < c);
+    const int bits = COST_KEY_PASSES * RADIX_BITS;
+    return ((((uint64_t)1 << bits) - 1) - float_key(cost, bits)) << 32 | (uint64_t)item;
 }
+
+/* Items 0..n_items-1 (their sort values written by select_item) by decreasing cost, ties oldest first. */
+static const uint64_t *sort_items_by_cost(balancer *b, int64_t n_items)
+{
+    return radix_sort_high(b->sort_values, b->sort_scratch, n_items, COST_KEY_PASSES);
+}
+
+static int32_t sorted_item(const uint64_t *sorted, int64_t i) { return (int32_t)(uint32_t)sorted[i]; }
 
 /* Pour small items (largest first) into the bins, least loaded first, each bin up to the common water
    level that the items' total reaches; an item goes to the current bin while it overshoots the level
-   by less than half its cost. Returns how many items were poured (the rest go to the heap). */
-static int64_t pour_small_items(balancer *b, const uint32_t *items, int64_t n_small)
+   by less than half its cost. `small_total` is the items' total cost. Returns how many items were poured
+   (the first ones), and their cost in `poured_cost`. */
+static int64_t pour_small_items(balancer *b, const uint64_t *items, int64_t n_small, double small_total,
+                                double *poured_cost)
 {
     if (n_small == 0) return 0;
     const int n_ranks = b->n_ranks;
-    int64_t *bins = b->scratch2;
-    for (int r = 0; r < n_ranks; r++) bins[r] = r;
-    sort_positions(bins, n_ranks, b->scratch, compare_bins_by_load, b->bin_load);
-    double small_total = 0;
-    for (int64_t i = 0; i < n_small; i++) small_total += b->item_cost[items[i]];
-    /* level: the k least loaded bins filled to L = (small_total + their loads) / k, with L <= the next */
-    double prefix = 0, level = 0;
+    const uint64_t *bins = bins_by_load(b);
+    /* level: the k least loaded bins filled to L, with L <= the next; bin r's planned load grows by g_r
+       per second of cost (1 + e where its margin is e times its sum, else about 1), so it takes
+       (L - load_r) / g_r of the small items' total: L = (total + sum of load_r / g_r) / sum of 1 / g_r */
+    double weighted_loads = 0, weights = 0, level = 0;
     int below = 0;
     while (below < n_ranks) {
-        prefix += b->bin_load[bins[below]];
+        const int bin = (int)(uint32_t)bins[below];
+        const double weight = 1.0 / planned_growth(b, b->bin_sum[bin], b->bin_square[bin]);
+        weighted_loads += weight * b->bin_load[bin];
+        weights += weight;
         below++;
-        level = (small_total + prefix) / below;
-        if (below == n_ranks || level <= b->bin_load[bins[below]]) break;
+        level = (small_total + weighted_loads) / weights;
+        if (below == n_ranks || level <= b->bin_load[(uint32_t)bins[below]]) break;
     }
     int64_t poured = 0;
-    int current = 0;
-    for (; poured < n_small; poured++) {
-        const uint32_t item = items[poured];
-        const double half = 0.5 * b->item_cost[item];
-        while (current < below && b->bin_load[bins[current]] + half > level) current++;
-        if (current == below) break;
-        assign_item(b, (int32_t)item, (int)bins[current]);
+    double total = 0;
+    const double max_growth = 1.0 + b->sample_error;   /* planned(sum, ...) <= max_growth * sum */
+    for (int current = 0; current < below && poured < n_small; current++) {
+        const int bin = (int)(uint32_t)bins[current];
+        double sum = b->bin_sum[bin], square = b->bin_square[bin];
+        const double sum_before = sum;
+        int32_t head = b->bin_head[bin];
+        for (; poured < n_small; poured++) {
+            const int32_t item = sorted_item(items, poured);
+            const double cost = b->item_cost[item];
+            if (max_growth * sum + 0.5 * cost > level && planned(b, sum, square) + 0.5 * cost > level) break;
+            b->item_bin[item] = bin;
+            b->item_next[item] = head;
+            head = item;
+            sum += cost;
+            square += cost * cost;
+        }
+        total += sum - sum_before;
+        b->bin_sum[bin] = sum;
+        b->bin_square[bin] = square;
+        b->bin_load[bin] = planned(b, sum, square);
+        b->bin_head[bin] = head;
     }
+    *poured_cost = total;
     return poured;
-}
-
-/* Item numbers 0..n_items-1 ordered by decreasing cost (ties: lower item first): an LSD radix sort
-   on the cost's float bits, which order like the costs for non-negative values. */
-static const uint32_t *sort_items_by_cost(balancer *b, int64_t n_items)
-{
-    uint32_t *order = b->sort_order, *other = b->sort_scratch, *key = b->sort_key;
-    for (int64_t i = 0; i < n_items; i++) {
-        float cost = (float)b->item_cost[i];
-        uint32_t bits;
-        memcpy(&bits, &cost, sizeof(bits));
-        key[i] = ~bits;               /* descending */
-        order[i] = (uint32_t)i;
-    }
-    for (int pass = 0; pass < RADIX_PASSES; pass++) {
-        int64_t count[(1 << RADIX_BITS) + 1] = {0};
-        const int shift = pass * RADIX_BITS;
-        const uint32_t mask = (1u << RADIX_BITS) - 1;
-        for (int64_t i = 0; i < n_items; i++) count[((key[order[i]] >> shift) & mask) + 1]++;
-        for (int d = 0; d < (1 << RADIX_BITS); d++) count[d + 1] += count[d];
-        for (int64_t i = 0; i < n_items; i++) other[count[(key[order[i]] >> shift) & mask]++] = order[i];
-        uint32_t *t = order; order = other; other = t;
-    }
-    return order;
 }
 
 /* Lower the largest bin by moving one of its items to the smallest bin, or swapping one with a smaller
@@ -459,16 +536,21 @@ static void refine_bins(balancer *b)
         if (!(gap > refine_tolerance * b->bin_load[max_bin])) return;
         int32_t best_from = -1, best_to = -1;
         double best_distance = gap / 2;   /* a change of size delta in (0, gap) helps; best near gap/2 */
+        int n_swap = 0;                   /* the smallest bin's items (as many as the pairs may reach), in a row */
+        for (int32_t to = b->bin_head[min_bin]; to >= 0 && n_swap < REFINE_SWAP_PAIRS; to = b->item_next[to]) {
+            b->swap_item[n_swap] = to;
+            b->swap_cost[n_swap++] = b->item_cost[to];
+        }
         int64_t pairs = 0;
         for (int32_t from = b->bin_head[max_bin]; from >= 0; from = b->item_next[from]) {
             double move = b->item_cost[from];
             if (move < gap && fabs(move - gap / 2) < best_distance) { best_distance = fabs(move - gap / 2); best_from = from; best_to = -1; }
-            for (int32_t to = b->bin_head[min_bin]; to >= 0 && pairs < REFINE_SWAP_PAIRS; to = b->item_next[to], pairs++) {
-                double delta = move - b->item_cost[to];
+            for (int k = 0; k < n_swap && pairs < REFINE_SWAP_PAIRS; k++, pairs++) {
+                double delta = move - b->swap_cost[k];
                 if (delta > 0 && delta < gap && fabs(delta - gap / 2) < best_distance) {
                     best_distance = fabs(delta - gap / 2);
                     best_from = from;
-                    best_to = to;
+                    best_to = b->swap_item[k];
                 }
             }
         }
@@ -492,21 +574,88 @@ static void refine_bins(balancer *b)
     }
 }
 
-/* Make the pool hold at least `pool_position` + 1 samples, drawing from the epoch order. Returns 0
-   when the epoch has no more samples. */
-static int pool_reach(balancer *b, int64_t pool_position)
+/* The step's candidate k: the pool's samples first, then the epoch order's from `position` on; NULL
+   past the end of the epoch. (The order is read in place: copying it into the pool first would double
+   the memory traffic of a step.) */
+static const balance_entry *candidate(const balancer *b, int64_t k)
 {
-    while (pool_position >= b->pool_count) {
-        if (b->position >= b->n_active) return 0;
-        b->pool[b->pool_count++] = b->order[b->position++];
-    }
-    return 1;
+    if (k < b->pool_count) return &b->pool[k];
+    const int64_t at = b->position + (k - b->pool_count);
+    return at < b->n_active ? &b->order[at] : NULL;
 }
 
 static void add_item(balancer *b, int64_t item, const balance_entry *entry, double cost)
 {
     b->item_entry[item] = *entry;
     b->item_cost[item] = cost;
+}
+
+/* An item of the step's selection, which is sorted by cost. */
+static void select_item(balancer *b, int64_t item, const balance_entry *entry, double cost)
+{
+    add_item(b, item, entry, cost);
+    b->sort_values[item] = item_sort_value(item, cost);
+}
+
+/* The step is done with candidates 0 .. scanned-1, of which it passed over `n_kept`, now at the pool's
+   front: the pool keeps them, oldest first, then the pool's samples not looked at. */
+static void pool_keep(balancer *b, int64_t n_kept, int64_t scanned)
+{
+    if (scanned <= b->pool_count) {
+        const int64_t n_rest = b->pool_count - scanned;
+        memmove(b->pool + n_kept, b->pool + scanned, (size_t)n_rest * sizeof(balance_entry));
+        b->pool_count = n_kept + n_rest;
+    } else {
+        b->position += scanned - b->pool_count;
+        b->pool_count = n_kept;
+    }
+}
+
+/* Budget mode: offer the pool's samples after the step's `n_items`, oldest first, to the least loaded
+   bin, which takes a sample if it stays under the largest bin's load; the pool keeps those not taken,
+   oldest first, up to [balance] pool of them. Returns the new number of items. */
+static int64_t fill_gaps(balancer *b, int64_t n_items)
+{
+    double min_load, max_load;
+    bins_load_range(b, &min_load, &max_load);
+    int64_t n_kept = 0;   /* pool samples passed over, compacted to the pool's front */
+    int64_t scanned = n_items;
+    if (max_load > min_load) {
+        queue_init(b, min_load, max_load);
+        const balance_entry *entry;
+        for (; scanned - n_items < b->pool_capacity && (entry = candidate(b, scanned)); scanned++) {
+            const double cost = entry_cost(b, entry);
+            const int bin = queue_least(b);
+            if (b->bin_load[bin] + cost <= max_load) {
+                add_item(b, n_items, entry, cost);
+                assign_item(b, (int32_t)n_items++, bin);
+                queue_raise_least(b);
+            } else {
+                b->pool[n_kept++] = *entry;   /* n_kept <= scanned - n_items: never overwrites an unread one */
+            }
+        }
+    }
+    pool_keep(b, n_kept, scanned);
+    return n_items;
+}
+
+/* Items by_cost[first .. end) (largest first) each into the least loaded bin; `largest` is an upper
+   bound of their costs and `total` their sum. */
+static void place_least_loaded(balancer *b, const uint64_t *by_cost, int64_t first, int64_t end, double largest,
+                               double total)
+{
+    if (first >= end) return;
+    double min_load, max_load;
+    const double load_sum = bins_load_range(b, &min_load, &max_load);
+    /* a bin that takes an item was the least loaded, so at most the mean: none grows past the final
+       mean load plus the largest item (each raising a planned load by at most 1 + e times its cost);
+       the bins above share the last bucket */
+    const double growth = 1.0 + b->sample_error;
+    queue_init(b, min_load, (load_sum + growth * total) / b->n_ranks + growth * largest);
+    for (int64_t i = first; i < end; i++) {
+        assign_item(b, sorted_item(by_cost, i), queue_least(b));
+        queue_raise_least(b);
+    }
 }
 
 /* Packs the step's samples into the bins (item_bin, and bin_head lists for the refinement). Returns
@@ -518,15 +667,19 @@ static int64_t global_pack(balancer *b)
     for (int r = 0; r < n_ranks; r++) {
         b->bin_load[r] = b->bin_sum[r] = b->bin_square[r] = 0;
         b->bin_head[r] = -1;
-        b->heap[r] = (heap_slot){0, r};
     }
     /* 1. selection: the oldest samples, up to the step's target (a fixed count, or the remaining cost
           spread evenly over the steps the budget implies, so the epoch's last steps stay balanced) */
     int64_t n_items = 0;
     int take_all = 0;
+    double selected = 0;
     if (b->global_batch > 0) {
-        for (; n_items < b->global_batch && pool_reach(b, n_items); n_items++)
-            add_item(b, n_items, &b->pool[n_items], entry_cost(b, &b->pool[n_items]));
+        const balance_entry *entry;
+        for (; n_items < b->global_batch && (entry = candidate(b, n_items)); n_items++) {
+            const double cost = entry_cost(b, entry);
+            selected += cost;
+            select_item(b, n_items, entry, cost);
+        }
     } else {
         /* steps left at the budget, but never so many that a rank's share drops below the costliest
            sample (which would then decide the step's length alone) */
@@ -534,55 +687,47 @@ static int64_t global_pack(balancer *b)
         double steps_left = fmin(ceil(remaining_cost / ((double)n_ranks * balancer_compute_budget(b)) - 1e-9),
                                  floor(remaining_cost / ((double)n_ranks * max_planned_sample(b))));
         take_all = !(steps_left > 1);   /* also when a degenerate model predicts nothing */
-        double target = take_all ? INFINITY : remaining_cost / steps_left, selected = 0;
-        for (; pool_reach(b, n_items); n_items++) {
-            double cost = entry_cost(b, &b->pool[n_items]);
+        const double target = take_all ? INFINITY : remaining_cost / steps_left;
+        const balance_entry *entry;
+        for (; (entry = candidate(b, n_items)); n_items++) {
+            const double cost = entry_cost(b, entry);
             if (n_items > 0 && selected + cost > target) break;
             selected += cost;
-            add_item(b, n_items, &b->pool[n_items], cost);
+            select_item(b, n_items, entry, cost);
         }
     }
     /* 2. longest predicted cost first, each into the least loaded bin; the many small samples at the
-          end are poured to a common level instead, which is what the heap would do at a fraction of
-          its cost */
-    const uint32_t *by_cost = sort_items_by_cost(b, n_items);
-    double selected_cost = 0;
-    for (int64_t i = 0; i < n_items; i++) selected_cost += b->item_cost[i];
-    const double small_cost = small_item_fraction * selected_cost / n_ranks;
+          end are poured to a common level instead, which is what placing them one by one would do at
+          a fraction of its cost */
+    const uint64_t *by_cost = sort_items_by_cost(b, n_items);
+    const double small_cost = small_item_fraction * selected / n_ranks;
     int64_t n_large = 0;
-    for (; n_large < n_items && b->item_cost[by_cost[n_large]] > small_cost; n_large++) {
-        assign_item(b, (int32_t)by_cost[n_large], heap_top(b));
-        heap_sift_top(b);
+    double large_cost = 0;
+    for (; n_large < n_items && b->item_cost[sorted_item(by_cost, n_large)] > small_cost; n_large++)
+        large_cost += b->item_cost[sorted_item(by_cost, n_large)];
+    /* the first n_ranks go one to a bin (all are empty), the rest each to the least loaded */
+    const int64_t n_first = n_large < n_ranks ? n_large : n_ranks;
+    double first_cost = 0;
+    for (int64_t i = 0; i < n_first; i++) {
+        const int32_t item = sorted_item(by_cost, i);
+        first_cost += b->item_cost[item];
+        assign_item(b, item, (int)i);
     }
-    int64_t n_poured = pour_small_items(b, by_cost + n_large, n_items - n_large);
-    heapify_bins(b);
-    for (int64_t i = n_large + n_poured; i < n_items; i++) {
-        assign_item(b, (int32_t)by_cost[i], heap_top(b));
-        heap_sift_top(b);
-    }
-    double max_load = 0;
-    for (int r = 0; r < n_ranks; r++) max_load = fmax(max_load, b->bin_load[r]);
+    if (n_large > n_first)
+        place_least_loaded(b, by_cost, n_first, n_large, b->item_cost[sorted_item(by_cost, n_first)],
+                           large_cost - first_cost);
+    /* the pour stops short of its level where the bins' loads grow faster than their items' costs (the
+       planned margins) or items overshoot it: the rest, the smallest, go one by one to the least loaded */
+    const double small_cost_total = fmax(selected - large_cost, 0.0);
+    double poured_cost = 0;
+    const int64_t n_poured = pour_small_items(b, by_cost + n_large, n_items - n_large, small_cost_total, &poured_cost);
+    const int64_t n_placed = n_large + n_poured;
+    if (n_placed < n_items)
+        place_least_loaded(b, by_cost, n_placed, n_items, b->item_cost[sorted_item(by_cost, n_placed)],
+                           fmax(small_cost_total - poured_cost, 0.0));
     /* 3. budget mode: fill the bins' gaps below the largest with pool samples that fit */
-    int64_t n_kept = 0;   /* pool samples passed over, compacted to the pool's front */
-    int64_t scanned = n_items;
-    if (b->global_batch == 0 && !take_all) {
-        for (; scanned - n_items < b->pool_capacity && pool_reach(b, scanned); scanned++) {
-            const balance_entry *entry = &b->pool[scanned];
-            double cost = entry_cost(b, entry);
-            int bin = heap_top(b);
-            if (b->bin_load[bin] + cost <= max_load) {
-                add_item(b, n_items, entry, cost);
-                assign_item(b, (int32_t)n_items++, bin);
-                heap_sift_top(b);
-            } else {
-                b->pool[n_kept++] = *entry;   /* n_kept <= scanned - n_items: never overwrites unread */
-            }
-        }
-    }
-    /* the pool keeps, oldest first: the samples passed over, then the ones not looked at */
-    int64_t n_rest = b->pool_count - scanned;
-    memmove(b->pool + n_kept, b->pool + scanned, (size_t)n_rest * sizeof(balance_entry));
-    b->pool_count = n_kept + n_rest;
+    if (b->global_batch == 0 && !take_all) n_items = fill_gaps(b, n_items);
+    else pool_keep(b, 0, n_items);
     /* 4. swap refinement between the largest bin and the others */
     refine_bins(b);
     return n_items;
@@ -617,38 +762,68 @@ void balance_assignment_free(balance_assignment *a)
     memset(a, 0, sizeof(*a));
 }
 
-/* Append one rank's samples to `out` (entries[picks[i]], or entries[i] when picks is NULL; their
-   predicted costs in costs[] alike, or NULL to compute them), cut into
-   micro-batches under the memory budget (next fit in the given order: the epoch order for global, one
-   bucket's batch for the others). */
-static void append_rank(balancer *b, balance_assignment *out, int rank, const balance_entry *entries,
-                        const double *costs, const int32_t *picks, int64_t n_entries, int64_t *n_ids, int64_t *n_micro, cost_features *features,
-                        double *cost_squares)
+/* Append rank `rank`'s samples, entries[picks[k]] for k < n_samples (entries[k] when picks is NULL), to
+   `out` from slot `first` on; cut them into micro-batches under the memory budget (next fit in their
+   order: the epoch order for global, one bucket's batch for the others), and note the rank's peak
+   memory, predicted seconds and features, and (unless cost_squares is NULL) the sum of its samples'
+   squared predicted costs. */
+static void append_rank(const balancer *b, balance_assignment *out, int rank, const balance_entry *entries,
+                        const int32_t *picks, int64_t n_samples, int64_t first, int64_t *n_micro,
+                        cost_features *features, double *cost_squares)
 {
-    assignment_reserve(out, b->n_ranks, *n_ids + n_entries, *n_micro + n_entries);
-    out->rank_start[rank] = *n_ids;
+    out->rank_start[rank] = first;
     out->rank_micro_start[rank] = (int)*n_micro;
-    out->peak_mem_bytes[rank] = 0;
-    memset(features, 0, sizeof(*features));
-    *cost_squares = 0;
-    double micro_mem = 0;
-    for (int64_t i = 0; i < n_entries; i++) {
-        const int64_t pick = picks ? picks[i] : i;
-        const balance_entry *entry = &entries[pick];
-        double bytes = entry_mem(b, entry);
-        if (i == 0 || micro_mem + bytes > b->mem_budget) {
-            out->micro_start[(*n_micro)++] = *n_ids;
+    int64_t *indices = out->indices + first, *ids = out->ids + first, *micro_start = out->micro_start, micro = *n_micro;
+    double micro_mem = 0, peak = 0, squares = 0, token_squares = 0, token_text = 0;
+    int64_t tokens_sum = 0, text_sum = 0;   /* exact, and cheaper than cost_features_add */
+    for (int64_t k = 0; k < n_samples; k++) {
+        const balance_entry *entry = &entries[picks ? picks[k] : k];
+        indices[k] = entry->index;
+        ids[k] = entry->sample.id;
+        const int32_t tokens = entry->sample.tokens, text_len = entry->sample.text_len;
+        const double bytes = cost_model_mem(&b->cm, tokens, text_len);
+        if (k == 0 || micro_mem + bytes > b->mem_budget) {
+            micro_start[micro++] = first + k;
             micro_mem = 0;
         }
         micro_mem += bytes;
-        if (micro_mem > out->peak_mem_bytes[rank]) out->peak_mem_bytes[rank] = micro_mem;
-        features_add_sample(features, &entry->sample);
-        const double cost = costs ? costs[pick] : entry_cost(b, entry);
-        *cost_squares += cost * cost;
-        out->indices[*n_ids] = entry->index;
-        out->ids[(*n_ids)++] = entry->sample.id;
+        if (micro_mem > peak) peak = micro_mem;
+        tokens_sum += tokens;
+        text_sum += text_len;
+        token_squares += (double)tokens * tokens;
+        token_text += (double)tokens * text_len;
+        if (cost_squares) {
+            const double cost = cost_model_predict(&b->cm, tokens, text_len);
+            squares += cost * cost;
+        }
     }
+    *n_micro = micro;
+    *features = (cost_features){{(double)n_samples, (double)tokens_sum, token_squares, token_text, (double)text_sum}};
+    out->peak_mem_bytes[rank] = peak;
     out->predicted_seconds[rank] = cost_model_predict_features(&b->cm, features);
+    if (cost_squares) *cost_squares = squares;
+}
+
+/* global: write the packed items to `out` rank by rank, oldest first within each (a counting sort over
+   the items, which are numbered oldest first); the bins already hold their sums of squared costs. */
+static void append_packed(balancer *b, balance_assignment *out, int64_t n_items, cost_features *features,
+                          double *cost_squares, int64_t *n_micro)
+{
+    const int n_ranks = b->n_ranks;
+    assignment_reserve(out, n_ranks, n_items, n_items);
+    int64_t *next = b->bin_start;   /* bin r's slots start at next[r]; then its next free slot */
+    memset(next, 0, ((size_t)n_ranks + 1) * sizeof(int64_t));
+    for (int64_t i = 0; i < n_items; i++) next[b->item_bin[i] + 1]++;
+    for (int r = 0; r < n_ranks; r++) next[r + 1] += next[r];
+    for (int r = 0; r < n_ranks; r++) out->rank_start[r] = next[r];
+    for (int64_t i = 0; i < n_items; i++) b->slot_item[next[b->item_bin[i]]++] = (int32_t)i;
+    for (int r = 0; r < n_ranks; r++) {
+        const int64_t first = out->rank_start[r];
+        append_rank(b, out, r, b->item_entry, b->slot_item + first, next[r] - first, first, n_micro, &features[r],
+                    NULL);
+        cost_squares[r] = b->bin_square[r];
+        features_sub(&b->remaining, &features[r]);
+    }
 }
 
 /* Offset of a new pending step's per-rank records in pending / pending_square. */
@@ -672,19 +847,8 @@ void balancer_next(balancer *b, balance_assignment *out)
     if (b->strategy == STRATEGY_GLOBAL) {
         const int64_t n_items = global_pack(b);
         out->epoch = b->epoch;
-        /* group the items by bin, oldest first within each (a counting sort over the items in order) */
-        int64_t *bin_start = b->bin_start;
-        memset(bin_start, 0, ((size_t)b->n_ranks + 1) * sizeof(int64_t));
-        for (int64_t i = 0; i < n_items; i++) bin_start[b->item_bin[i] + 1]++;
-        for (int r = 0; r < b->n_ranks; r++) bin_start[r + 1] += bin_start[r];
-        int32_t *grouped = b->item_group;
-        for (int64_t i = 0; i < n_items; i++) grouped[bin_start[b->item_bin[i]]++] = (int32_t)i;
-        for (int64_t first = 0, r = 0; r < b->n_ranks; r++) {   /* bin_start[r] now ends bin r */
-            append_rank(b, out, (int)r, b->item_entry, b->item_cost, grouped + first, bin_start[r] - first, &n_ids, &n_micro, &features[r],
-                        &cost_squares[r]);
-            features_sub(&b->remaining, &features[r]);
-            first = bin_start[r];
-        }
+        append_packed(b, out, n_items, features, cost_squares, &n_micro);
+        n_ids = n_items;
     } else {
         if (b->next_batch >= b->n_batches) start_epoch(b, b->epoch + 1);
         out->epoch = b->epoch;
@@ -695,7 +859,10 @@ void balancer_next(balancer *b, balance_assignment *out)
                 count = b->batch_start[b->next_batch + 1] - first;
                 b->next_batch++;
             }
-            append_rank(b, out, r, b->batch_samples + first, NULL, NULL, count, &n_ids, &n_micro, &features[r], &cost_squares[r]);
+            assignment_reserve(out, b->n_ranks, n_ids + count, n_micro + count);
+            append_rank(b, out, r, b->batch_samples + first, NULL, count, n_ids, &n_micro, &features[r],
+                        &cost_squares[r]);
+            n_ids += count;
         }
     }
     out->rank_start[b->n_ranks] = n_ids;
@@ -812,21 +979,29 @@ balancer *balancer_create_checked(const deck *config, const balance_sample *samp
         b->item_cost = touched_alloc(n_active, sizeof(double));
         b->item_bin = touched_alloc(n_active, sizeof(int));
         b->item_next = touched_alloc(n_active, sizeof(int32_t));
-        b->item_group = touched_alloc(n_active, sizeof(int32_t));
-        b->sort_key = touched_alloc(n_active, sizeof(uint32_t));
-        b->sort_order = touched_alloc(n_active, sizeof(uint32_t));
-        b->sort_scratch = touched_alloc(n_active, sizeof(uint32_t));
+        b->slot_item = touched_alloc(n_active, sizeof(int32_t));
+        b->sort_values = touched_alloc(n_active, sizeof(uint64_t));
+        b->sort_scratch = touched_alloc(n_active, sizeof(uint64_t));
     } else {
         b->batch_start = touched_alloc(n_active + 1, sizeof(int64_t));
         b->batch_samples = touched_alloc(n_active, sizeof(balance_entry));
     }
     b->bin_head = xmalloc((size_t)n_ranks * sizeof(int32_t));
     b->bin_start = xmalloc(((size_t)n_ranks + 1) * sizeof(int64_t));
-    b->bin_load = xmalloc((size_t)n_ranks * sizeof(double));
+    b->bin_load = xmalloc(((size_t)n_ranks + 1) * sizeof(double));
+    b->bin_load[n_ranks] = INFINITY;   /* the queue's sentinel */
     b->bin_sum = xmalloc((size_t)n_ranks * sizeof(double));
     b->bin_square = xmalloc((size_t)n_ranks * sizeof(double));
     b->spread_quantile = sqrt(2.0 * log(n_ranks > 2 ? (double)n_ranks : 2.0) / 3.0);
-    b->heap = xmalloc((size_t)n_ranks * sizeof(heap_slot));
+    b->bin_order = xmalloc((size_t)n_ranks * sizeof(uint64_t));
+    b->bin_order_scratch = xmalloc((size_t)n_ranks * sizeof(uint64_t));
+    b->rank_error = xmalloc((size_t)n_ranks * sizeof(double));
+    b->rank_ratio = xmalloc((size_t)n_ranks * sizeof(double));
+    b->rank_scratch = xmalloc((size_t)n_ranks * sizeof(double));
+    b->queue_head = xmalloc(QUEUE_BUCKETS * sizeof(int32_t));
+    b->swap_item = xmalloc(REFINE_SWAP_PAIRS * sizeof(int32_t));
+    b->swap_cost = xmalloc(REFINE_SWAP_PAIRS * sizeof(double));
+    b->queue_next = xmalloc((size_t)n_ranks * sizeof(int32_t));
     b->pending = xcalloc((size_t)PENDING_STEPS * (size_t)n_ranks, sizeof(cost_features));
     b->pending_square = xcalloc((size_t)PENDING_STEPS * (size_t)n_ranks, sizeof(double));
     for (int64_t i = 0; i < b->n_active; i++) features_add_sample(&b->all_features, &b->samples[b->active[i]]);
@@ -853,10 +1028,12 @@ void balancer_free(balancer *b)
     free(b->samples); free(b->active); free(b->sample_bucket);
     free(b->bucket_tokens); free(b->bucket_max_text); free(b->bucket_count);
     free(b->order); free(b->pool); free(b->batch_start); free(b->batch_samples);
-    free(b->item_entry); free(b->item_cost); free(b->item_bin); free(b->item_next); free(b->item_group);
-    free(b->sort_key); free(b->sort_order); free(b->sort_scratch);
+    free(b->item_entry); free(b->item_cost); free(b->item_bin); free(b->item_next);
+    free(b->sort_values); free(b->sort_scratch); free(b->slot_item);
     free(b->scratch); free(b->scratch2); free(b->entry_scratch);
-    free(b->bin_head); free(b->bin_start); free(b->bin_load); free(b->bin_sum); free(b->bin_square); free(b->heap); free(b->pending); free(b->pending_square);
+    free(b->bin_order); free(b->bin_order_scratch); free(b->rank_error); free(b->rank_ratio); free(b->rank_scratch);
+    free(b->bin_head); free(b->bin_start); free(b->bin_load); free(b->bin_sum); free(b->bin_square);
+    free(b->queue_head); free(b->queue_next); free(b->swap_item); free(b->swap_cost); free(b->pending); free(b->pending_square);
     free(b);
 }
 
@@ -875,7 +1052,7 @@ double balancer_dual_p(const balancer *b) { return b->dual_p; }
 static void estimate_sample_error(balancer *b, const cost_features *features, const double *cost_squares,
                                   const double *rank_seconds)
 {
-    double *error = xmalloc(2 * (size_t)b->n_ranks * sizeof(double)), *ratio = error + b->n_ranks;
+    double *error = b->rank_error, *ratio = b->rank_ratio, *scratch = b->rank_scratch;
     int n_ranks = 0;
     for (int r = 0; r < b->n_ranks; r++) {
         double predicted = cost_model_predict_features(&b->cm, &features[r]);
@@ -884,7 +1061,6 @@ static void estimate_sample_error(balancer *b, const cost_features *features, co
         ratio[n_ranks++] = predicted * predicted / cost_squares[r];
     }
     if (n_ranks >= 4) {
-        double *scratch = xmalloc((size_t)n_ranks * sizeof(double));
         memcpy(scratch, error, (size_t)n_ranks * sizeof(double));
         const double center = cost_median_in_place(scratch, n_ranks);
         for (int k = 0; k < n_ranks; k++) error[k] = (error[k] - center) * (error[k] - center) * ratio[k];
@@ -896,9 +1072,7 @@ static void estimate_sample_error(balancer *b, const cost_features *features, co
         const double half_width = sqrt(3.0 * sum / n_used);
         b->error_estimate = b->error_estimate > 0 ? 0.7 * b->error_estimate + 0.3 * half_width : half_width;
         b->sample_error = b->error_estimate >= negligible_sample_error ? b->error_estimate : 0.0;
-        free(scratch);
     }
-    free(error);
 }
 
 void balancer_observe(balancer *b, const double *rank_seconds)

@@ -134,33 +134,11 @@ void cost_model_free(cost_model *cm)
     memset(cm, 0, sizeof(*cm));
 }
 
-void cost_features_add(cost_features *features, int64_t tokens, int64_t text_len)
-{
-    const double s = (double)tokens, l = (double)text_len;
-    features->value[0] += 1.0;
-    features->value[1] += s;
-    features->value[2] += s * s;
-    features->value[3] += s * l;
-    features->value[4] += l;
-}
-
-double cost_model_predict_features(const cost_model *cm, const cost_features *features)
-{
-    double seconds = 0;
-    for (int j = 0; j < COST_N_FEATURES; j++) seconds += cm->coef[j] * features->value[j];
-    return seconds;
-}
-
-double cost_model_predict(const cost_model *cm, int64_t tokens, int64_t text_len)
-{
-    const double s = (double)tokens, l = (double)text_len;
-    return cm->coef[0] + s * (cm->coef[1] + cm->coef[2] * s + cm->coef[3] * l) + cm->coef[4] * l;
-}
-
-double cost_model_mem(const cost_model *cm, int64_t tokens, int64_t text_len)
-{
-    return cm->mem_per_sample + cm->mem_per_token * (double)tokens + cm->mem_per_text_token * (double)text_len;
-}
+/* The external definitions of the inline functions of costmodel.h. */
+extern inline void cost_features_add(cost_features *features, int64_t tokens, int64_t text_len);
+extern inline double cost_model_predict_features(const cost_model *cm, const cost_features *features);
+extern inline double cost_model_predict(const cost_model *cm, int64_t tokens, int64_t text_len);
+extern inline double cost_model_mem(const cost_model *cm, int64_t tokens, int64_t text_len);
 
 /* Seed-relative units: x_j = coef_j / seed_j makes the features comparable in size. */
 static void seed_units(const cost_model *cm, double *unit)
@@ -168,16 +146,46 @@ static void seed_units(const cost_model *cm, double *unit)
     for (int j = 0; j < COST_N_FEATURES; j++) unit[j] = cm->seed_coef[j] > 0 ? cm->seed_coef[j] : 1e-30;
 }
 
-static int compare_doubles(const void *left, const void *right)
+/* Move the values of [lo, hi] that are below `pivot` (or, with or_equal, not above it) to the front of
+   the range, without branches on the data (an unpredictable branch per value would cost more than the
+   moves); returns where the others start. */
+static int partition_values(double *values, int lo, int hi, double pivot, int or_equal)
 {
-    double a = *(const double *)left, b = *(const double *)right;
-    return (a > b) - (a < b);
+    int store = lo;
+    for (int i = lo; i <= hi; i++) {
+        const double value = values[i];
+        values[i] = values[store];
+        values[store] = value;
+        store += or_equal ? value <= pivot : value < pivot;
+    }
+    return store;
+}
+
+/* The k-th smallest of values[0..n_values) (quickselect, median-of-three pivots): values are reordered
+   so that values[k] holds it, smaller ones before, larger ones after. Expected O(n). */
+static double select_kth(double *values, int n_values, int k)
+{
+    int lo = 0, hi = n_values - 1;
+    while (hi > lo) {
+        const double a = values[lo], b = values[lo + (hi - lo) / 2], c = values[hi];
+        const double pivot = a < b ? (b < c ? b : (a < c ? c : a)) : (a < c ? a : (b < c ? c : b));
+        const int first_not_below = partition_values(values, lo, hi, pivot, 0);
+        if (k < first_not_below) { hi = first_not_below - 1; continue; }
+        const int first_above = partition_values(values, first_not_below, hi, pivot, 1);   /* between: == pivot */
+        if (k < first_above) return pivot;
+        lo = first_above;
+    }
+    return values[k];
 }
 
 double cost_median_in_place(double *values, int n_values)
 {
-    qsort(values, (size_t)n_values, sizeof(double), compare_doubles);
-    return n_values % 2 ? values[n_values / 2] : 0.5 * (values[n_values / 2 - 1] + values[n_values / 2]);
+    const int upper = n_values / 2;
+    const double upper_value = select_kth(values, n_values, upper);
+    if (n_values % 2) return upper_value;
+    double lower_value = values[0];      /* the largest of values[0 .. upper), all <= upper_value */
+    for (int i = 1; i < upper; i++) if (values[i] > lower_value) lower_value = values[i];
+    return 0.5 * (lower_value + upper_value);
 }
 
 void cost_model_observe_step(cost_model *cm, int n_ranks, const cost_features *features, const double *seconds)
@@ -215,10 +223,12 @@ void cost_model_observe_step(cost_model *cm, int n_ranks, const cost_features *f
         for (int j = 0; j < n; j++) row[j] = unit[j] * features[r].value[j] / seconds[r];
         for (int i = 0; i < n; i++) {
             b_vector[i] += weight * row[i];
-            for (int j = 0; j < n; j++) a_matrix[i * n + j] += weight * row[i] * row[j];
+            for (int j = i; j < n; j++) a_matrix[i * n + j] += weight * row[i] * row[j];
         }
         normal[n * n + n] += 1;
     }
+    for (int i = 1; i < n; i++)   /* the lower triangle: A is symmetric */
+        for (int j = 0; j < i; j++) a_matrix[i * n + j] = a_matrix[j * n + i];
     free(residual);
     cm->next_step = (cm->next_step + 1) % cm->window_steps;
     if (cm->n_steps_observed < cm->window_steps) cm->n_steps_observed++;

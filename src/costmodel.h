@@ -36,19 +36,45 @@ void cost_model_free(cost_model *cm);
    attention FLOPs (either pointer may be NULL). */
 void cost_model_flops(const deck *config, int64_t tokens, int64_t text_len, double *gemm_flops, double *attention_flops);
 
+/* The per-sample functions below are inline (the balancer calls them for every sample of every step);
+   costmodel.c holds their external definitions. */
+
 /* Predicted seconds of one sample's forward + backward. */
-double cost_model_predict(const cost_model *cm, int64_t tokens, int64_t text_len);
+inline double cost_model_predict(const cost_model *cm, int64_t tokens, int64_t text_len)
+{
+    const double s = (double)tokens, l = (double)text_len;
+    return cm->coef[0] + s * (cm->coef[1] + cm->coef[2] * s + cm->coef[3] * l) + cm->coef[4] * l;
+}
+
 /* Predicted seconds of a set of samples given its features. */
-double cost_model_predict_features(const cost_model *cm, const cost_features *features);
+inline double cost_model_predict_features(const cost_model *cm, const cost_features *features)
+{
+    double seconds = 0;
+    for (int j = 0; j < COST_N_FEATURES; j++) seconds += cm->coef[j] * features->value[j];
+    return seconds;
+}
+
 /* Activation bytes of one sample (see docs/balancer.md for the accounting). */
-double cost_model_mem(const cost_model *cm, int64_t tokens, int64_t text_len);
+inline double cost_model_mem(const cost_model *cm, int64_t tokens, int64_t text_len)
+{
+    return cm->mem_per_sample + cm->mem_per_token * (double)tokens + cm->mem_per_text_token * (double)text_len;
+}
+
 /* Bytes of weights, gradients and AdamW state of the configured model (bf16 weights + fp32 master,
    fp32 gradients, two fp32 moments), for deriving a memory budget from device memory. */
 double cost_model_state_bytes(const deck *config);
 int64_t cost_model_param_count(const deck *config);
 
 /* Add the features of one sample to `features`. */
-void cost_features_add(cost_features *features, int64_t tokens, int64_t text_len);
+inline void cost_features_add(cost_features *features, int64_t tokens, int64_t text_len)
+{
+    const double s = (double)tokens, l = (double)text_len;
+    features->value[0] += 1.0;
+    features->value[1] += s;
+    features->value[2] += s * s;
+    features->value[3] += s * l;
+    features->value[4] += l;
+}
 
 /* Record one step's observations: per rank, the features of its samples and its measured seconds
    (ranks with no samples or no valid time are left out). Ranks whose relative error is far from the
@@ -67,7 +93,7 @@ void cost_model_window_save(const cost_model *cm, double *values);
 /* Returns 0 on success, non-zero when the values do not fit this model's window. */
 int cost_model_window_load(cost_model *cm, const double *values, size_t n_values);
 
-/* Median of n_values >= 1 values (sorts them). */
+/* Median of n_values >= 1 values (reorders them; expected linear time). */
 double cost_median_in_place(double *values, int n_values);
 
 /* Non-negative least squares on a small normal system: minimise x'Ax - 2 b'x subject to x >= 0, for

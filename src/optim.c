@@ -2,6 +2,13 @@
 #include "optim.h"
 
 #include <math.h>
+#include <string.h>
+
+int optim_param_decays(const char *name, int ndim)
+{
+    size_t length = strlen(name);
+    return ndim >= 2 && length > 7 && strcmp(name + length - 7, ".weight") == 0;
+}
 
 double optim_lr(const deck *config, int64_t step, int64_t total_steps)
 {

@@ -6,6 +6,11 @@
 
 #include "deck.h"
 
+/* 1 when decoupled weight decay applies to the parameter of this Wan name and rank (param_info's name
+   and ndim): the weight matrices of linear layers and the patch embedding (names ending in ".weight"
+   with two or more dimensions), not biases, norm weights or modulation vectors. CPU and CUDA paths. */
+int optim_param_decays(const char *name, int ndim);
+
 /* Learning rate of optimizer step `step` (1-based) out of `total_steps`: linear warmup from lr/warmup
    to lr over [train] warmup_steps, then cosine from lr down to min_lr at total_steps (constant lr with
    lr_schedule = constant). Steps past total_steps stay at min_lr. */

@@ -1,7 +1,8 @@
-/* prefetch.c — double-buffered sample reading in a background thread (one read in flight at a time). */
+/* prefetch.c — double-buffered sample reading and noise drawing in a background thread (one read in flight). */
 #include "prefetch.h"
 #include "check.h"
 #include "comm.h"
+#include "rng.h"
 
 #include <pthread.h>
 #include <stdio.h>
@@ -10,6 +11,8 @@
 struct prefetcher {
     const store *source;
     int background;
+    prefetch_noise noise;
+    int64_t epoch;        /* of the samples being read */
     sample_batch slots[2];
     int filling;          /* slot the current (or last) read goes into */
     int in_flight;        /* a thread is reading (background mode) */
@@ -18,11 +21,12 @@ struct prefetcher {
     int64_t failed_id;    /* first sample whose read failed, -1 when none */
 };
 
-prefetcher *prefetch_create(const store *source, int background)
+prefetcher *prefetch_create(const store *source, int background, prefetch_noise noise)
 {
     prefetcher *p = xcalloc(1, sizeof *p);
     p->source = source;
     p->background = background;
+    p->noise = noise;
     p->failed_id = -1;
     return p;
 }
@@ -35,6 +39,7 @@ static void layout_slot(const store *source, sample_batch *slot, const int64_t *
         slot->ids = xrealloc(slot->ids, (size_t)n_ids * sizeof *slot->ids);
         slot->latent_start = xrealloc(slot->latent_start, (size_t)(n_ids + 1) * sizeof *slot->latent_start);
         slot->text_start = xrealloc(slot->text_start, (size_t)(n_ids + 1) * sizeof *slot->text_start);
+        slot->sigma = xrealloc(slot->sigma, (size_t)n_ids * sizeof *slot->sigma);
     }
     slot->n_samples = n_ids;
     slot->latent_start[0] = slot->text_start[0] = 0;
@@ -49,7 +54,9 @@ static void layout_slot(const store *source, sample_batch *slot, const int64_t *
     if (slot->latent_start[n_ids] > slot->latents_capacity) {
         slot->latents_capacity = slot->latent_start[n_ids];
         free(slot->latents);
+        free(slot->noise);
         slot->latents = xmalloc((size_t)slot->latents_capacity * sizeof *slot->latents);
+        slot->noise = xmalloc((size_t)slot->latents_capacity * sizeof *slot->noise);
     }
     if (slot->text_start[n_ids] > slot->text_capacity) {
         slot->text_capacity = slot->text_start[n_ids];
@@ -58,21 +65,36 @@ static void layout_slot(const store *source, sample_batch *slot, const int64_t *
     }
 }
 
+/* Sample i's timestep and noise, from its own stream (the same numbers on any rank, in any order). */
+static void draw_noise(const prefetcher *p, sample_batch *slot, int i)
+{
+    const double shift = p->noise.timestep_shift;
+    uint64_t stream = rng_key(p->noise.noise_seed, (uint64_t)p->epoch, (uint64_t)slot->ids[i]);
+    double u = ((double)(rng_next_u64(&stream) >> 11) + 0.5) * 0x1.0p-53; /* in (0, 1) */
+    slot->sigma[i] = (float)(shift * u / (1.0 + (shift - 1.0) * u));
+    for (int64_t e = slot->latent_start[i]; e < slot->latent_start[i + 1]; e++)
+        slot->noise[e] = (float)rng_normal(&stream);
+}
+
 static void *read_slot(void *arg)
 {
     prefetcher *p = arg;
     sample_batch *slot = &p->slots[p->filling];
+    /* HDF5 reads one after another (the library is not thread-safe), the noise in parallel after them */
     for (int i = 0; i < slot->n_samples && p->failed_id < 0; i++)
         if (store_read_sample(p->source, slot->ids[i], slot->latents + slot->latent_start[i],
                               slot->text + slot->text_start[i], stderr) != 0)
             p->failed_id = slot->ids[i];
+    #pragma omp parallel for schedule(dynamic)
+    for (int i = 0; i < slot->n_samples; i++) draw_noise(p, slot, i);
     return NULL;
 }
 
-void prefetch_start(prefetcher *p, const int64_t *ids, int n_ids)
+void prefetch_start(prefetcher *p, const int64_t *ids, int n_ids, int64_t epoch)
 {
     ALDIT_CHECK(!p->pending, "prefetch_start: the previous read was not finished");
     p->filling ^= 1;
+    p->epoch = epoch;
     layout_slot(p->source, &p->slots[p->filling], ids, n_ids);
     p->pending = 1;
     if (p->background) {
@@ -114,6 +136,8 @@ void prefetch_destroy(prefetcher *p)
         free(p->slots[s].text_start);
         free(p->slots[s].latents);
         free(p->slots[s].text);
+        free(p->slots[s].noise);
+        free(p->slots[s].sigma);
     }
     free(p);
 }

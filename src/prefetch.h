@@ -1,4 +1,5 @@
-/* prefetch.h — the background reader: reads the next step's samples from the store while this step computes. */
+/* prefetch.h — the background reader: reads the next step's samples from the store, and draws their noise and
+   timesteps, while this step computes. */
 #ifndef ALDIT_PREFETCH_H
 #define ALDIT_PREFETCH_H
 
@@ -14,18 +15,27 @@ typedef struct {
     int64_t *text_start;   /* n_samples + 1 offsets (elements) into text */
     float *latents;        /* [C, F, H, W] per sample */
     float *text;           /* [text_len, text_dim] per sample */
+    float *noise;          /* epsilon of the flow objective, the layout of latents */
+    float *sigma;          /* per sample, in (0, 1) */
     int samples_capacity;
     int64_t latents_capacity, text_capacity;
 } sample_batch;
 
 typedef struct prefetcher prefetcher;
 
-/* A reader over an open store. With background = 0 every read happens inside prefetch_finish (no thread). */
-prefetcher *prefetch_create(const store *source, int background);
+/* How each sample's noise and timestep are drawn: from a stream keyed by (noise_seed, epoch, sample id), so
+   they do not depend on which rank reads the sample; sigma = shift u / (1 + (shift - 1) u), u ~ U(0, 1). */
+typedef struct {
+    uint64_t noise_seed;
+    double timestep_shift;
+} prefetch_noise;
 
-/* Begin reading these samples (the ids are copied) into the buffer not handed out by the last
-   prefetch_finish. Only one read may be in flight. */
-void prefetch_start(prefetcher *p, const int64_t *ids, int n_ids);
+/* A reader over an open store. With background = 0 every read happens inside prefetch_finish (no thread). */
+prefetcher *prefetch_create(const store *source, int background, prefetch_noise noise);
+
+/* Begin reading these samples of `epoch` (the ids are copied) into the buffer not handed out by the last
+   prefetch_finish, and drawing their noise and timesteps. Only one read may be in flight. */
+void prefetch_start(prefetcher *p, const int64_t *ids, int n_ids, int64_t epoch);
 
 /* Wait for the read begun by the last prefetch_start and return its samples; the seconds spent waiting go
    to *wait_seconds. The batch stays valid until the next prefetch_start after the next prefetch_finish

@@ -1,4 +1,4 @@
-/* train.c — the training loop: assignment, prefetch, noise, forward/backward, all-reduce, AdamW, checkpoints, logs. */
+/* train.c — the training loop: device choice, assignment, prefetch, noise, forward/backward, all-reduce, AdamW, checkpoints, logs. */
 #include "config.h"
 #include "train.h"
 #include "balance.h"
@@ -11,6 +11,10 @@
 #include "prefetch.h"
 #include "rng.h"
 #include "store.h"
+#include "train_gpu.h"
+#ifdef HAVE_CUDA
+#include "gpu.h"
+#endif
 
 #include <errno.h>
 #include <inttypes.h>
@@ -81,6 +85,31 @@ static void make_dirs(const char *path)
     }
     if (mkdir(partial, 0777) != 0 && errno != EEXIST)
         ALDIT_FATAL_CODE(ALDIT_EXIT_USAGE, "cannot create the run folder %s ([run] dir): %s", path, strerror(errno));
+}
+
+/* Collective: [run] device resolved. cpu stays cpu; auto is cuda when this build has CUDA and every rank
+   sees a GPU, else cpu; cuda without CUDA in the build or without a GPU on some rank is an error: rank 0
+   says why and every rank gets -1 (exit status 1 for the caller). */
+static int resolve_device(const deck *config, const comm_info *info)
+{
+    if (config->run.device == DEVICE_CPU) return DEVICE_CPU;
+#ifdef HAVE_CUDA
+    int some_rank_without_gpu = comm_allreduce_or_int(gpu_count() == 0);
+    if (!some_rank_without_gpu) return DEVICE_CUDA;
+    if (config->run.device == DEVICE_AUTO) return DEVICE_CPU;
+    const char *visible = getenv("CUDA_VISIBLE_DEVICES");
+    if (info->rank == 0)
+        fprintf(stderr, "aldit: error: [run] device = cuda, but %s sees no GPU (cudaGetDeviceCount found none%s%s%s); "
+                "run on a GPU node, or set device = cpu or auto\n",
+                info->n_ranks > 1 ? "at least one rank" : "this process", visible ? ", CUDA_VISIBLE_DEVICES = '" : "",
+                visible ? visible : "", visible ? "'" : "");
+#else
+    if (config->run.device == DEVICE_AUTO) return DEVICE_CPU;
+    if (info->rank == 0)
+        fprintf(stderr, "aldit: error: [run] device = cuda, but this build of aldit has no CUDA backend (configure "
+                "--with-cuda); set device = cpu or auto\n");
+#endif
+    return -1;
 }
 
 /* MemAvailable of /proc/meminfo in bytes, or -1 where it cannot be read. */
@@ -236,33 +265,102 @@ static void print_store_line(const store *data, const deck *config)
            (long long)data->n_samples, (long long)total, (long long)shortest, (long long)longest, data->text_dim);
 }
 
+/* The device line of the summaries. On a GPU: rank 0's GPU and (in a run) what sums the gradients. */
+static void print_device_line(const deck *config, const gpu_plan *gpu, const char *gradient_sum)
+{
+    const char *chosen = config->run.device == DEVICE_AUTO ? " (auto)" : "";
+    if (gpu) {
+        printf("  device     cuda%s: GPU %d, %s; %d rank(s) per GPU%s%s\n", chosen, gpu->device, gpu->description,
+               gpu->ranks_per_gpu, gradient_sum ? "; gradient all-reduce: " : "", gradient_sum ? gradient_sum : "");
+        if (gradient_sum && gpu->cudnn_min_tokens > 0) /* a run: the attention kernels are chosen */
+            printf("  attention  cuDNN's fused attention for samples of %lld tokens or more, our flash attention "
+                   "below and for cross-attention\n", (long long)gpu->cudnn_min_tokens);
+        else if (gradient_sum) printf("  attention  our flash attention\n");
+        return;
+    }
+    int threads = 1;
+#ifdef _OPENMP
+    threads = omp_get_max_threads();
+#endif
+    printf("  device     cpu%s, %d OpenMP thread(s) per rank\n", chosen, threads);
+}
+
+/* The memory lines of the summaries: the activation budget per rank and where it comes from; on a GPU
+   also the device memory and the capacity of the GPU model. */
+static void print_memory_lines(const deck *config, double budget, int budget_measured, const gpu_plan *gpu)
+{
+    char budget_text[32], free_text[32], state_text[32], workspace_text[32];
+    format_bytes(budget, budget_text, sizeof budget_text);
+    if (!gpu) {
+        printf("  memory     activation budget %s per rank (%s)\n", budget_text,
+               budget_measured ? "measured: available host memory" : "[balance] mem_budget");
+        return;
+    }
+    format_bytes(gpu->free_bytes, free_text, sizeof free_text);
+    format_bytes(gpu->state_bytes, state_text, sizeof state_text);
+    format_bytes(gpu->workspace_bytes, workspace_text, sizeof workspace_text);
+    printf("  memory     activation budget %s per rank (%s); %s of GPU memory free per rank, %s of it for "
+           "weights, gradients and AdamW moments\n", budget_text,
+           budget_measured ? "measured: the largest whose GPU model fits the free memory less mem_margin"
+                           : "[balance] mem_budget", free_text, state_text);
+    printf("  capacity   GPU model for micro-batches of up to %lld tokens, %d samples and %lld text rows: %s of "
+           "activation workspace\n", (long long)gpu->max_tokens, gpu->max_samples, (long long)gpu->max_text,
+           workspace_text);
+    if (gpu->attention_buffer_bytes > 0.0) {
+        char buffer_text[32];
+        format_bytes(gpu->attention_buffer_bytes, buffer_text, sizeof buffer_text);
+        printf("             and %s kept for cuDNN attention's buffer (the longest sample)\n", buffer_text);
+    }
+    if (config->train.recompute == RECOMPUTE_BLOCK)
+        printf("  note       [train] recompute = block: the GPU model keeps every block's activations (recomputation "
+               "is not implemented on the GPU yet); the capacity above is what it can hold that way\n");
+}
+
 int train_check(const deck *config, const comm_info *info)
 {
+    int device = resolve_device(config, info);
+    if (device < 0) return ALDIT_EXIT_ERROR;
     store data;
     store_open_bcast(&data, config->data.store);
     check_store_fits_model(&data, config, info->rank);
     int64_t n_params = cost_model_param_count(config);
     int budget_measured = 0;
-    double budget = memory_budget(config, info, n_params, &budget_measured);
+    double budget = 0.0;
+    const gpu_plan *gpu = NULL;
+    if (device == DEVICE_CPU) budget = memory_budget(config, info, n_params, &budget_measured);
+#ifdef HAVE_CUDA
+    gpu_plan plan_of_gpu;
+    if (device == DEVICE_CUDA) {
+        model table;
+        model_create_table(&table, config);
+        balance_sample *all = balance_samples(&data, config);
+        int status = train_gpu_plan(config, info, &table, all, data.n_samples, &plan_of_gpu);
+        free(all);
+        model_free(&table);
+        if (status != 0) {
+            store_close(&data);
+            return status;
+        }
+        gpu = &plan_of_gpu;
+        budget = gpu->mem_budget;
+        budget_measured = gpu->budget_measured;
+    }
+#endif
     if (info->rank == 0) {
         deck_print(config, stdout);
         balance_sample *samples = balance_samples(&data, config);
         epoch_plan plan = plan_epoch(config, samples, data.n_samples, info->n_ranks, budget);
-        char budget_text[32];
-        format_bytes(budget, budget_text, sizeof budget_text);
         printf("\n# plan for %d rank(s)\n", info->n_ranks);
         print_store_line(&data, config);
         printf("  model      %s: %lld parameters\n", config->model.name, (long long)n_params);
-        printf("  memory     activation budget %s per rank (%s)\n", budget_text,
-               budget_measured ? "measured: available host memory" : "[balance] mem_budget");
+        print_device_line(config, gpu, NULL);
+        print_memory_lines(config, budget, budget_measured, gpu);
         printf("  balancer   %s: %lld steps per epoch, predicted epoch %.3g s vs lower bound %.3g s "
                "(predicted imbalance %.1f%%)\n", deck_strategy_name(config->balance.strategy), (long long)plan.steps,
                plan.predicted_s, plan.lower_bound_s, 100.0 * plan.imbalance_pred);
         if (config->run.steps > 0) printf("  run        %lld steps\n", (long long)config->run.steps);
         else printf("  run        %lld epochs = %lld steps\n", (long long)config->run.epochs,
                     (long long)(config->run.epochs * plan.steps));
-        if (config->run.device == DEVICE_CUDA)
-            printf("  note       [run] device = cuda: the CUDA training path is not implemented yet in this build\n");
         free(samples);
     }
     store_close(&data);
@@ -271,20 +369,23 @@ int train_check(const deck *config, const comm_info *info)
 
 /* ---- training state ------------------------------------------------------------------------------ */
 
-typedef enum { PHASE_COMPUTE, PHASE_NOISE, PHASE_DATA_WAIT, PHASE_COMM, PHASE_BALANCER, PHASE_OPTIMIZER,
+typedef enum { PHASE_COMPUTE, PHASE_DATA_WAIT, PHASE_COMM, PHASE_BALANCER, PHASE_OPTIMIZER,
                PHASE_CHECKPOINT, PHASE_LOG, N_PHASES } phase;
 static const char *const phase_names[N_PHASES] = {
-    "compute (forward + backward)", "noise and timesteps", "data wait (prefetch)", "communication (all-reduce)",
+    "compute (forward + backward)", "data wait (prefetch + noise)", "communication (all-reduce)",
     "balancer (assign + scatter)", "optimizer (clip + AdamW)", "checkpoint", "logging"};
 
 typedef struct {
     const deck *config;
     const comm_info *info;
+    deck balance_config;            /* the deck the balancer plans with: [balance] rates calibrated on the GPU */
     store data;
-    model net;
-    float *grads, *adam_m, *adam_v;
+    model net;                      /* the CPU model; on a GPU its weights are the host copy for checkpoints */
+    train_gpu *gpu;                 /* the CUDA side, or NULL on the CPU */
+    float *grads;                   /* CPU only: the gradients */
+    float *adam_m, *adam_v;         /* CPU: the moments; GPU: their host copy for checkpoints (rank 0) */
     balancer *packer;               /* rank 0 */
-    balance_sample *samples;        /* rank 0 */
+    balance_sample *samples;        /* rank 0 (every rank on a GPU: it plans the GPU model's capacity) */
     unsigned char *snapshot;        /* rank 0: balancer state before the lookahead draw (what a checkpoint holds) */
     size_t snapshot_bytes, snapshot_capacity;
     double *rank_seconds;           /* rank 0: measured compute seconds per rank of the last step */
@@ -294,10 +395,8 @@ typedef struct {
     balance_assignment drawn;       /* rank 0: the last assignment drawn */
     double upcoming_pred_max, upcoming_pred_mean, upcoming_mem;
     double current_pred_max, current_pred_mean, current_mem;
-    /* per-sample scratch of the current step */
-    float *noise, *sigma;
+    /* per-sample shapes of the current step */
     int32_t *frames, *height, *width, *text_len;
-    int64_t noise_capacity;
     int sample_capacity;
     double mem_budget, rss_base;
     int64_t step;                   /* optimizer steps done */
@@ -358,46 +457,34 @@ static void swap_assignments(trainer *t)
 
 /* Shapes, timesteps and noise of the current step's samples. Each sample's sigma and noise come from a
    counter-based stream keyed by (seed, epoch, sample id): the same on any rank and any rank count. */
+/* The shapes of this step's samples as the model takes them (noise and timesteps come with the batch). */
 static void prepare_samples(trainer *t, const sample_batch *batch)
 {
     int n_samples = batch->n_samples;
     if (n_samples > t->sample_capacity) {
         t->sample_capacity = n_samples;
-        t->sigma = xrealloc(t->sigma, (size_t)n_samples * sizeof *t->sigma);
         t->frames = xrealloc(t->frames, (size_t)n_samples * sizeof *t->frames);
         t->height = xrealloc(t->height, (size_t)n_samples * sizeof *t->height);
         t->width = xrealloc(t->width, (size_t)n_samples * sizeof *t->width);
         t->text_len = xrealloc(t->text_len, (size_t)n_samples * sizeof *t->text_len);
     }
-    if (batch->latent_start[n_samples] > t->noise_capacity) {
-        t->noise_capacity = batch->latent_start[n_samples];
-        free(t->noise);
-        t->noise = xmalloc((size_t)t->noise_capacity * sizeof *t->noise);
-    }
-    const double shift = t->config->train.timestep_shift;
-    const uint64_t noise_seed = rng_hash(t->config->run.seed, NOISE_STREAM_TAG);
-    const uint64_t epoch = (uint64_t)t->current.epoch;
-    #pragma omp parallel for schedule(dynamic)
     for (int i = 0; i < n_samples; i++) {
         const store_sample *sample = &t->data.samples[batch->ids[i]];
         t->frames[i] = sample->frames;
         t->height[i] = sample->height;
         t->width[i] = sample->width;
         t->text_len[i] = sample->text_len;
-        uint64_t stream = rng_key(noise_seed, epoch, (uint64_t)batch->ids[i]);
-        /* u in (0, 1), then the shifted schedule sigma = shift u / (1 + (shift - 1) u) */
-        double u = ((double)(rng_next_u64(&stream) >> 11) + 0.5) * 0x1.0p-53;
-        t->sigma[i] = (float)(shift * u / (1.0 + (shift - 1.0) * u));
-        for (int64_t e = batch->latent_start[i]; e < batch->latent_start[i + 1]; e++)
-            t->noise[e] = (float)rng_normal(&stream);
     }
 }
 
 /* Forward + backward of every micro-batch of this rank; gradients (already divided by the step's global
-   sample count) go into t->grads. Returns this rank's sum of per-sample losses. */
+   sample count) go into t->grads, or the GPU model's gradients. Returns this rank's sum of per-sample losses. */
 static double compute_gradients(trainer *t, const sample_batch *batch)
 {
-    memset(t->grads, 0, (size_t)t->net.n_weights * sizeof *t->grads);
+#ifdef HAVE_CUDA
+    if (t->gpu) train_gpu_begin_step(t->gpu);
+#endif
+    if (!t->gpu) memset(t->grads, 0, (size_t)t->net.n_weights * sizeof *t->grads);
     const float grad_scale = (float)(1.0 / (double)t->current.global_samples);
     double loss_sum = 0.0;
     for (int micro = 0; micro < t->current.n_micro; micro++) {
@@ -407,11 +494,14 @@ static double compute_gradients(trainer *t, const sample_batch *batch)
             .frames = t->frames + first, .height = t->height + first, .width = t->width + first,
             .text_len = t->text_len + first,
             .latents = batch->latents + batch->latent_start[first],
-            .noise = t->noise + batch->latent_start[first],
-            .sigma = t->sigma + first,
+            .noise = batch->noise + batch->latent_start[first],
+            .sigma = batch->sigma + first,
             .text = batch->text + batch->text_start[first],
         };
-        loss_sum += model_forward_backward(&t->net, &mb, t->grads, grad_scale, NULL);
+#ifdef HAVE_CUDA
+        if (t->gpu) loss_sum += train_gpu_micro_batch(t->gpu, &mb, grad_scale);
+#endif
+        if (!t->gpu) loss_sum += model_forward_backward(&t->net, &mb, t->grads, grad_scale, NULL);
     }
     return loss_sum;
 }
@@ -461,6 +551,9 @@ static void save_checkpoint(trainer *t, int must_succeed)
     char path[2 * DECK_PATH_MAX] = "";
     if (t->info->rank == 0) {
         prefetch_drain(t->reader);
+#ifdef HAVE_CUDA
+        if (t->gpu) train_gpu_download(t->gpu, t->net.weights, t->adam_m, t->adam_v);
+#endif
         checkpoint_state state = {
             .step = t->step, .epoch = t->current.epoch, .seed = t->config->run.seed,
             .adam_m = t->adam_m, .adam_v = t->adam_v,
@@ -537,20 +630,22 @@ static void initial_state(trainer *t, char *resumed_from, size_t resumed_size)
 static void print_summary(const trainer *t, const char *resumed_from, int budget_measured)
 {
     const deck *config = t->config;
-    char weights_text[32], budget_text[32];
+    char weights_text[32];
     format_bytes(4.0 * (double)t->net.n_weights, weights_text, sizeof weights_text);
-    format_bytes(t->mem_budget, budget_text, sizeof budget_text);
-    int threads = 1;
-#ifdef _OPENMP
-    threads = omp_get_max_threads();
+    const gpu_plan *gpu = NULL;
+    const char *gradient_sum = NULL;
+#ifdef HAVE_CUDA
+    if (t->gpu) {
+        gpu = train_gpu_get_plan(t->gpu);
+        gradient_sum = train_gpu_sync_method(t->gpu);
+    }
 #endif
     printf("aldit %s: training\n", PACKAGE_VERSION);
     printf("  deck       %s\n", config->source[0] ? config->source : "(defaults)");
     printf("  run dir    %s (%s)\n", config->run.dir, resumed_from[0] ? "resuming" : "fresh start");
     if (resumed_from[0]) printf("  resumed    %s at step %lld\n", resumed_from, (long long)t->step);
     else if (config->model.init[0]) printf("  init       weights from %s\n", config->model.init);
-    printf("  device     cpu%s, %d OpenMP thread(s) per rank\n",
-           config->run.device == DEVICE_AUTO ? " (auto)" : "", threads);
+    print_device_line(config, gpu, gradient_sum);
     printf("  model      %s: dim %d, ffn %d, %d heads, %d layers; %lld parameters (%s fp32)\n", config->model.name,
            config->model.dim, config->model.ffn_dim, config->model.num_heads, config->model.num_layers,
            (long long)t->net.n_weights, weights_text);
@@ -560,8 +655,7 @@ static void print_summary(const trainer *t, const char *resumed_from, int budget
         printf("  strategy   %s, global batch %lld samples\n", deck_strategy_name(config->balance.strategy),
                (long long)config->balance.global_batch);
     else printf("  strategy   %s, budget-filled steps\n", deck_strategy_name(config->balance.strategy));
-    printf("  memory     activation budget %s per rank (%s)\n", budget_text,
-           budget_measured ? "measured: available host memory" : "[balance] mem_budget");
+    print_memory_lines(config, t->mem_budget, budget_measured, gpu);
     printf("  schedule   %lld steps (%lld per epoch), lr %g, warmup %lld, %s to %g, weight decay %g, clip %g\n",
            (long long)t->total_steps, (long long)t->steps_per_epoch, config->train.lr,
            (long long)config->train.warmup_steps, config->train.lr_schedule == LR_COSINE ? "cosine" : "constant",
@@ -646,14 +740,6 @@ static void print_timing_table(const trainer *t)
 
 /* ---- the loop ------------------------------------------------------------------------------------ */
 
-/* Decoupled weight decay applies to the weight matrices of linear layers and the patch embedding (names
-ending in ".weight" with two or more dimensions), not to biases, norm weights or modulation vectors. */
-static int decays(const param_info *param)
-{
-    size_t length = strlen(param->name);
-    return param->ndim >= 2 && length > 7 && strcmp(param->name + length - 7, ".weight") == 0;
-}
-
 /* One optimizer step on the current assignment. Returns 0, or 1 when the loss is not finite and the deck
    says error (every rank sees the same reduced values, so all return 1 together). */
 static int train_step(trainer *t, step_record *r)
@@ -668,13 +754,10 @@ static int train_step(trainer *t, step_record *r)
     int draw_next = config->run.steps <= 0 || next_step <= config->run.steps;
     if (draw_next) {
         draw_upcoming(t);
-        prefetch_start(t->reader, t->upcoming.ids, t->upcoming.n_samples);
+        prefetch_start(t->reader, t->upcoming.ids, t->upcoming.n_samples, t->upcoming.epoch);
     } else if (t->info->rank == 0) snapshot_balancer(t);
 
-    phase_started = comm_time();
     prepare_samples(t, batch);
-    t->phase_s[PHASE_NOISE] += seconds_since(phase_started);
-
     phase_started = comm_time();
     double sums[2] = {compute_gradients(t, batch), 0.0}; /* loss sum, tokens */
     double compute_s = seconds_since(phase_started);
@@ -684,7 +767,10 @@ static int train_step(trainer *t, step_record *r)
                                                config->model.patch_h, config->model.patch_w);
 
     phase_started = comm_time();
-    comm_allreduce_sum_f32(t->grads, (size_t)t->net.n_weights);
+#ifdef HAVE_CUDA
+    if (t->gpu) train_gpu_allreduce(t->gpu); /* queued: with NCCL it runs while the sums below go through MPI */
+#endif
+    if (!t->gpu) comm_allreduce_sum_f32(t->grads, (size_t)t->net.n_weights);
     comm_allreduce_sum_f64(sums, 2);
     t->phase_s[PHASE_COMM] += seconds_since(phase_started);
 
@@ -692,8 +778,23 @@ static int train_step(trainer *t, step_record *r)
     phase_started = comm_time();
     r->loss = sums[0] / (double)t->current.global_samples;
     r->tokens = sums[1];
-    r->grad_norm = optim_global_norm(t->grads, t->net.n_weights);
     r->lr = optim_lr(config, t->step, t->total_steps);
+    adamw_step hyper = {.lr = r->lr, .beta1 = config->train.beta1, .beta2 = config->train.beta2,
+                        .eps = config->train.adam_eps, .step = t->step};
+    double mem_peak = 0.0;
+#ifdef HAVE_CUDA
+    if (t->gpu) {
+        /* norm, clip and AdamW queued at once (AdamW leaves everything as it is when the norm is not
+           finite; a non-finite loss is known here and not updated from); one wait for the whole step */
+        gpu_step_result device;
+        train_gpu_finish_step(t->gpu, &hyper, isfinite(r->loss), &device);
+        r->grad_norm = device.grad_norm;
+        mem_peak = device.mem_peak;
+        t->phase_s[PHASE_COMM] += device.comm_device_s;
+        t->phase_s[PHASE_OPTIMIZER] += device.optimizer_s;
+    }
+#endif
+    if (!t->gpu) r->grad_norm = optim_global_norm(t->grads, t->net.n_weights);
     r->skipped = !isfinite(r->loss) || !isfinite(r->grad_norm);
     if (r->skipped && config->train.nonfinite == NONFINITE_ERROR) {
         if (t->info->rank == 0)
@@ -703,22 +804,24 @@ static int train_step(trainer *t, step_record *r)
         return 1;
     }
     if (r->skipped) t->skipped_steps++;
-    else {
+    else if (!t->gpu) {
         optim_clip(t->grads, t->net.n_weights, r->grad_norm, config->train.grad_clip);
-        adamw_step hyper = {.lr = r->lr, .beta1 = config->train.beta1, .beta2 = config->train.beta2,
-                            .eps = config->train.adam_eps, .step = t->step};
         for (int p = 0; p < t->net.n_params; p++) {
             const param_info *param = &t->net.params[p];
-            optim_adamw(&hyper, decays(param) ? config->train.weight_decay : 0.0, t->net.weights + param->offset,
-                        t->grads + param->offset, t->adam_m + param->offset, t->adam_v + param->offset,
-                        param->n_elements);
+            double weight_decay = optim_param_decays(param->name, param->ndim) ? config->train.weight_decay : 0.0;
+            optim_adamw(&hyper, weight_decay, t->net.weights + param->offset, t->grads + param->offset,
+                        t->adam_m + param->offset, t->adam_v + param->offset, param->n_elements);
         }
     }
-    t->phase_s[PHASE_OPTIMIZER] += seconds_since(phase_started);
+    if (!t->gpu) {
+        t->phase_s[PHASE_OPTIMIZER] += seconds_since(phase_started);
+        mem_peak = peak_resident_bytes() - t->rss_base;
+    }
 
-    /* per-rank measurements to rank 0: compute seconds, data wait, peak memory growth */
+    /* per-rank measurements to rank 0: compute seconds, data wait, peak memory (CPU: growth of the peak
+       resident set since the loop started; GPU: workspace of the largest micro-batch) */
     phase_started = comm_time();
-    double mine[3] = {compute_s, wait_s, peak_resident_bytes() - t->rss_base};
+    double mine[3] = {compute_s, wait_s, mem_peak};
     double *all = t->info->rank == 0 ? xmalloc(3 * (size_t)t->info->n_ranks * sizeof *all) : NULL;
     comm_gather_f64_n(mine, 3, all);
     t->phase_s[PHASE_COMM] += seconds_since(phase_started);
@@ -743,7 +846,69 @@ static int train_step(trainer *t, step_record *r)
     return 0;
 }
 
-static void trainer_setup(trainer *t, const deck *config, const comm_info *info, char *resumed_from,
+#ifdef HAVE_CUDA
+enum { CALIBRATION_MAX_SHAPES = 24 };
+
+static int compare_shape_tokens(const void *a, const void *b)
+{
+    const gpu_shape *x = a, *y = b;
+    int64_t tx = (int64_t)x->frames * x->height * x->width, ty = (int64_t)y->frames * y->height * y->width;
+    return (tx > ty) - (tx < ty);
+}
+
+/* Time the store's distinct sample shapes (at most CALIBRATION_MAX_SHAPES, spread over the length range;
+   each with its mean text length) on the GPU and put the fitted rates into t->balance_config. */
+static void calibrate_on_gpu(trainer *t)
+{
+    int n_distinct = 0, capacity = 64;
+    gpu_shape *distinct = xmalloc((size_t)capacity * sizeof *distinct);
+    double *text_sum = xmalloc((size_t)capacity * sizeof *text_sum);
+    int64_t *count = xmalloc((size_t)capacity * sizeof *count);
+    for (int64_t id = 0; id < t->data.n_samples; id++) {
+        const store_sample *sample = &t->data.samples[id];
+        int k = 0;
+        while (k < n_distinct && !(distinct[k].frames == sample->frames && distinct[k].height == sample->height &&
+                                   distinct[k].width == sample->width)) k++;
+        if (k == n_distinct) {
+            if (n_distinct == capacity) {
+                capacity *= 2;
+                distinct = xrealloc(distinct, (size_t)capacity * sizeof *distinct);
+                text_sum = xrealloc(text_sum, (size_t)capacity * sizeof *text_sum);
+                count = xrealloc(count, (size_t)capacity * sizeof *count);
+            }
+            distinct[k] = (gpu_shape){sample->frames, sample->height, sample->width, 0};
+            text_sum[k] = 0.0;
+            count[k] = 0;
+            n_distinct++;
+        }
+        text_sum[k] += sample->text_len;
+        count[k]++;
+    }
+    for (int k = 0; k < n_distinct; k++) {
+        int32_t mean_text = (int32_t)lround(text_sum[k] / (double)count[k]);
+        distinct[k].text_len = mean_text > 0 ? mean_text : 1;
+    }
+    qsort(distinct, (size_t)n_distinct, sizeof *distinct, compare_shape_tokens);
+    int n_shapes = n_distinct < CALIBRATION_MAX_SHAPES ? n_distinct : CALIBRATION_MAX_SHAPES;
+    gpu_shape shapes[CALIBRATION_MAX_SHAPES];
+    for (int i = 0; i < n_shapes; i++) /* evenly spaced over the sorted shapes, both ends included */
+        shapes[i] = distinct[n_shapes > 1 ? (int)((int64_t)i * (n_distinct - 1) / (n_shapes - 1)) : 0];
+    double worst_error = 0.0;
+    double seconds = train_gpu_calibrate(t->gpu, t->info->n_ranks, shapes, n_shapes, &t->balance_config, &worst_error);
+    if (t->info->rank == 0) {
+        printf("  calibrate  %d sample shapes timed on the GPU in %.1f s: GEMM path %.0f TFLOP/s, attention %.0f TFLOP/s "
+               "(deck: %.0f and %.0f; worst misfit of a shape %.0f%%)\n", n_shapes, seconds,
+               t->balance_config.balance.device_tflops, t->balance_config.balance.attention_tflops,
+               t->config->balance.device_tflops, t->config->balance.attention_tflops, 100.0 * worst_error);
+        fflush(stdout);
+    }
+    free(distinct);
+    free(text_sum);
+    free(count);
+}
+#endif
+
+static void trainer_setup(trainer *t, const deck *config, const comm_info *info, int device, char *resumed_from,
                           size_t resumed_size, int *budget_measured)
 {
     memset(t, 0, sizeof *t);
@@ -754,26 +919,50 @@ static void trainer_setup(trainer *t, const deck *config, const comm_info *info,
     store_open_bcast(&t->data, config->data.store);
     check_store_fits_model(&t->data, config, info->rank);
     model_create(&t->net, config);
-    t->grads = xcalloc((size_t)t->net.n_weights, sizeof *t->grads);
+    if (device == DEVICE_CPU) t->grads = xcalloc((size_t)t->net.n_weights, sizeof *t->grads);
     t->adam_m = xcalloc((size_t)t->net.n_weights, sizeof *t->adam_m);
     t->adam_v = xcalloc((size_t)t->net.n_weights, sizeof *t->adam_v);
-    t->mem_budget = memory_budget(config, info, t->net.n_weights, budget_measured);
+    if (info->rank == 0 || device == DEVICE_CUDA) t->samples = balance_samples(&t->data, config);
+    if (device == DEVICE_CPU) t->mem_budget = memory_budget(config, info, t->net.n_weights, budget_measured);
+#ifdef HAVE_CUDA
+    if (device == DEVICE_CUDA) {
+        t->gpu = train_gpu_create(config, info, &t->net, t->samples, t->data.n_samples);
+        if (!t->gpu) exit_all(ALDIT_EXIT_USAGE);
+        t->mem_budget = train_gpu_get_plan(t->gpu)->mem_budget;
+        *budget_measured = train_gpu_get_plan(t->gpu)->budget_measured;
+    }
+#endif
+    t->balance_config = *config;
+#ifdef HAVE_CUDA
+    if (t->gpu && config->balance.calibrate) calibrate_on_gpu(t);
+#endif
     int64_t plan[2] = {0, 0}; /* steps per epoch, total steps */
     if (info->rank == 0) {
         t->rank_seconds = xcalloc((size_t)info->n_ranks, sizeof *t->rank_seconds);
-        t->samples = balance_samples(&t->data, config);
-        t->packer = balancer_create(config, t->samples, t->data.n_samples, info->n_ranks, t->mem_budget);
+        t->packer = balancer_create(&t->balance_config, t->samples, t->data.n_samples, info->n_ranks, t->mem_budget);
         if (config->run.steps > 0 && config->balance.strategy == STRATEGY_GLOBAL && config->balance.global_batch > 0)
             plan[0] = (balancer_epoch_samples(t->packer) + config->balance.global_batch - 1) / config->balance.global_batch;
-        else plan[0] = plan_epoch(config, t->samples, t->data.n_samples, info->n_ranks, t->mem_budget).steps;
+        else plan[0] = plan_epoch(&t->balance_config, t->samples, t->data.n_samples, info->n_ranks, t->mem_budget).steps;
         plan[1] = config->run.steps > 0 ? config->run.steps : config->run.epochs * plan[0];
     }
     comm_bcast_bytes(plan, sizeof plan);
     t->steps_per_epoch = plan[0];
     t->total_steps = plan[1];
     initial_state(t, resumed_from, resumed_size);
+#ifdef HAVE_CUDA
+    if (t->gpu) {
+        train_gpu_upload(t->gpu, t->net.weights, t->adam_m, t->adam_v);
+        if (info->rank != 0) { /* only rank 0 writes checkpoints: the others need no host moments */
+            free(t->adam_m);
+            free(t->adam_v);
+            t->adam_m = t->adam_v = NULL;
+        }
+    }
+#endif
     t->first_step = t->step;
-    t->reader = prefetch_create(&t->data, config->data.prefetch);
+    prefetch_noise noise = {.noise_seed = rng_hash(config->run.seed, NOISE_STREAM_TAG),
+                            .timestep_shift = config->train.timestep_shift};
+    t->reader = prefetch_create(&t->data, config->data.prefetch, noise);
     if (info->rank == 0) t->metrics = open_metrics(config, t->step);
 }
 
@@ -791,8 +980,6 @@ static void trainer_free(trainer *t)
     free(t->snapshot);
     free(t->rank_seconds);
     free(t->resumed_seconds);
-    free(t->noise);
-    free(t->sigma);
     free(t->frames);
     free(t->height);
     free(t->width);
@@ -800,23 +987,22 @@ static void trainer_free(trainer *t)
     free(t->grads);
     free(t->adam_m);
     free(t->adam_v);
+#ifdef HAVE_CUDA
+    train_gpu_free(t->gpu);
+#endif
     model_free(&t->net);
     store_close(&t->data);
 }
 
 int train_run(const deck *config, const comm_info *info)
 {
-    if (config->run.device == DEVICE_CUDA) {
-        if (info->rank == 0)
-            fprintf(stderr, "aldit: error: [run] device = cuda: the CUDA training path is not implemented yet in this "
-                    "build; use device = cpu (or auto)\n");
-        return ALDIT_EXIT_ERROR;
-    }
+    int device = resolve_device(config, info);
+    if (device < 0) return ALDIT_EXIT_ERROR;
     cpu_set_threads(threads_per_rank(config, info));
     trainer t;
     char resumed_from[2 * DECK_PATH_MAX];
     int budget_measured = 0;
-    trainer_setup(&t, config, info, resumed_from, sizeof resumed_from, &budget_measured);
+    trainer_setup(&t, config, info, device, resumed_from, sizeof resumed_from, &budget_measured);
     if (info->rank == 0) print_summary(&t, resumed_from, budget_measured);
     int status = 0, finished = config->run.steps > 0 && t.step >= config->run.steps;
     if (!finished) {
@@ -827,7 +1013,7 @@ int train_run(const deck *config, const comm_info *info)
     }
     if (finished && info->rank == 0) printf("aldit: nothing to do: the run is already complete at step %lld\n",
                                             (long long)t.step);
-    if (!finished) prefetch_start(t.reader, t.upcoming.ids, t.upcoming.n_samples);
+    if (!finished) prefetch_start(t.reader, t.upcoming.ids, t.upcoming.n_samples, t.upcoming.epoch);
     t.rss_base = resident_bytes();
     t.loop_started_s = comm_time();
     while (!finished) {

@@ -359,6 +359,79 @@ static void test_global_fixed_batch(void **state)
     free(samples);
 }
 
+/* The step times of a device on which each sample takes its predicted cost times (1 + u), u fixed per
+   sample and uniform in [-0.1, 0.1]: the balancer then plans for a measured per-sample error. */
+static void noisy_seconds(const balance_assignment *a, const cost_model *cm, const balance_sample *samples, double *seconds)
+{
+    for (int r = 0; r < a->n_ranks; r++) {
+        seconds[r] = 0;
+        for (int64_t k = a->rank_start[r]; k < a->rank_start[r + 1]; k++) {
+            uint64_t state = rng_key(42, (uint64_t)a->indices[k], 0);
+            const balance_sample *sample = &samples[a->indices[k]];
+            const double error = 0.2 * (rng_uniform(&state) - 0.5);
+            seconds[r] += cost_model_predict(cm, sample->tokens, sample->text_len) * (1.0 + error);
+        }
+    }
+}
+
+/* global with a per-sample model error, which the balancer estimates from the step times and plans
+   margins for: every sample still comes once per epoch, micro-batches stay under the budget, and a
+   balancer resumed mid-epoch continues identically. */
+static void test_global_with_noisy_times(void **state)
+{
+    (void)state;
+    deck config = test_deck(STRATEGY_GLOBAL, 21);
+    config.balance.max_tokens = 76032;
+    const int n_ranks = 48, n_samples = 6000;
+    balance_sample *samples = random_samples(21, n_samples, 30000);
+    const double budget = mem_of(&config, 40000);
+    balancer *b = balancer_create(&config, samples, n_samples, n_ranks, budget), *resumed = NULL;
+    cost_model truth;
+    cost_model_init(&truth, &config);
+    balance_assignment a = {0};
+    double *seconds = malloc(n_ranks * sizeof(double));
+    int *seen = calloc(n_samples, sizeof(int));
+    int64_t in_epoch = 0, epoch = 0, n_recorded = 0;
+    int64_t *recorded = malloc(2 * (size_t)n_samples * sizeof(int64_t));
+    while (epoch < 2) {
+        if (epoch == 1 && in_epoch > n_samples / 3 && !resumed) {   /* save mid-epoch, continue both */
+            size_t n_bytes = balancer_state_bytes(b);
+            void *buffer = malloc(n_bytes);
+            balancer_save_state(b, buffer);
+            resumed = balancer_create(&config, samples, n_samples, n_ranks, budget);
+            assert_int_equal(balancer_load_state(resumed, buffer, n_bytes), 0);
+            free(buffer);
+        }
+        balancer_next(b, &a);
+        assert_int_equal(check_assignment(&a, samples, n_ranks, budget, balancer_cost_model(b), seen), epoch);
+        if (resumed)
+            for (int64_t k = 0; k < a.global_samples; k++) recorded[n_recorded++] = a.ids[k];
+        noisy_seconds(&a, &truth, samples, seconds);
+        balancer_observe(b, seconds);
+        in_epoch += a.global_samples;
+        if (in_epoch == n_samples) {
+            for (int64_t i = 0; i < n_samples; i++) assert_int_equal(seen[i], 1);
+            memset(seen, 0, n_samples * sizeof(int));
+            in_epoch = 0;
+            epoch++;
+        }
+    }
+    assert_non_null(resumed);
+    for (int64_t done = 0; done < n_recorded;) {
+        balancer_next(resumed, &a);
+        assert_memory_equal(a.ids, recorded + done, (size_t)a.global_samples * sizeof(int64_t));
+        done += a.global_samples;
+        noisy_seconds(&a, &truth, samples, seconds);
+        balancer_observe(resumed, seconds);
+    }
+    free(recorded); free(seen); free(seconds);
+    balance_assignment_free(&a);
+    cost_model_free(&truth);
+    balancer_free(b);
+    balancer_free(resumed);
+    free(samples);
+}
+
 /* A mixed image/video-like set: the global packer balances predicted cost within 2%. */
 static void test_global_balances_mixed_lengths(void **state)
 {
@@ -585,6 +658,29 @@ static void test_refit_ignores_stragglers(void **state)
     check_refit(0.03, 0.03, 0.05);
 }
 
+/* The median (a selection, not a sort) against the middle of the sorted values, duplicates included. */
+static int compare_doubles(const void *left, const void *right)
+{
+    const double a = *(const double *)left, b = *(const double *)right;
+    return (a > b) - (a < b);
+}
+
+static void test_median_matches_sort(void **state)
+{
+    (void)state;
+    uint64_t rng = 9;
+    double values[101], sorted[101];
+    for (int trial = 0; trial < 2000; trial++) {
+        const int n_values = 1 + (int)rng_below(&rng, 101), n_distinct = 1 + (int)rng_below(&rng, 8);
+        for (int i = 0; i < n_values; i++)
+            values[i] = trial % 2 ? (double)rng_below(&rng, (uint64_t)n_distinct) : rng_normal(&rng);
+        memcpy(sorted, values, (size_t)n_values * sizeof(double));
+        qsort(sorted, (size_t)n_values, sizeof(double), compare_doubles);
+        const double want = n_values % 2 ? sorted[n_values / 2] : 0.5 * (sorted[n_values / 2 - 1] + sorted[n_values / 2]);
+        assert_true(cost_median_in_place(values, n_values) == want);
+    }
+}
+
 static void test_refit_needs_observations(void **state)
 {
     (void)state;
@@ -650,6 +746,7 @@ int main(void)
         cmocka_unit_test(test_refit_recovers_coefficients),
         cmocka_unit_test(test_refit_ignores_stragglers),
         cmocka_unit_test(test_refit_needs_observations),
+        cmocka_unit_test(test_median_matches_sort),
         cmocka_unit_test(test_calibration_follows_device),
         cmocka_unit_test(test_each_sample_once_per_epoch),
         cmocka_unit_test(test_more_ranks_than_samples),
@@ -662,6 +759,7 @@ int main(void)
         cmocka_unit_test(test_oversize_skip),
         cmocka_unit_test(test_global_fixed_batch),
         cmocka_unit_test(test_global_balances_mixed_lengths),
+        cmocka_unit_test(test_global_with_noisy_times),
         cmocka_unit_test(test_equal_tokens_batches),
         cmocka_unit_test(test_dual_constraints),
     };

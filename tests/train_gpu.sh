@@ -1,0 +1,106 @@
+#!/bin/sh
+# train_gpu.sh — the CUDA training path. Everywhere: [run] device = cuda with the GPUs hidden is refused
+# with exit 1. On a GPU: 1 GPU rank against the CPU (bf16 against fp32: the first steps within 2e-2),
+# 2 GPU ranks against 1 with a fixed global batch (within 1e-2; needs two GPUs), and a GPU checkpoint
+# resumed on the GPU (the steps after it within 1e-3 of an uninterrupted run). The checks a machine
+# cannot run are reported as skipped.
+. "${top_srcdir:-.}/tests/train_lib.sh"
+STEPS=20
+HALF=10
+# constant lr after the warmup, so a 10-step run is the first half of a 20-step run (for the resume)
+SCHEDULE=train.lr_schedule=constant
+tap_plan 12
+
+n_gpus=0
+probe="$top_builddir/tests/gpu_present"
+if [ -x "$probe" ]; then n_gpus=$("$probe" 2> /dev/null) || n_gpus=0; fi
+case $n_gpus in ''|*[!0-9]*) n_gpus=0 ;; esac
+echo "# GPUs visible: $n_gpus"
+skip() { tap_result 0 "$1 # SKIP $2"; }
+
+tap_ok "aldit-store synth makes the test store" make_store
+
+# (d) no GPU: CUDA_VISIBLE_DEVICES=-1 hides every GPU from the CUDA runtime
+env CUDA_VISIBLE_DEVICES=-1 $MPIEXEC -np 2 --oversubscribe "$ALDIT" "$TRAIN_DECK" data.store="$WORK/store.h5" \
+    run.dir="$WORK/nogpu" run.device=cuda > "$WORK/nogpu.log" 2>&1; status=$?
+case $status:$(cat "$WORK/nogpu.log") in
+    1:*"device = cuda, but"*"sees no GPU"*|1:*"device = cuda, but this build of aldit has no CUDA"*) found=0 ;;
+    *) found=1 ;;
+esac
+tap_result $found "device = cuda without a GPU: exit 1 saying why" "$(cat "$WORK/nogpu.log")"
+
+# compare A B TOLERANCE FIRST LAST: per-step relative difference of two loss files over steps FIRST..LAST;
+# prints the largest difference; fails on a step over TOLERANCE, a missing step or a non-finite loss
+compare() {
+    paste "$1" "$2" | awk -v tol="$3" -v first="$4" -v last="$5" '
+        $1 < first || $1 > last { next }
+        { n++
+          if ($1 != $3 || $2 !~ /^[0-9.eE+-]+$/ || $4 !~ /^[0-9.eE+-]+$/) { print "bad line: " $0; bad = 1; next }
+          d = $2 - $4; if (d < 0) d = -d; m = $2 < 0 ? -$2 : $2; rel = d / m
+          if (rel > tol) { print "step " $1 ": " $2 " vs " $4 " (" rel ")"; bad = 1 }
+          if (rel > worst) worst = rel }
+        END { if (n != last - first + 1) { print "steps compared: " n; bad = 1 }
+              printf "%.2g\n", worst; exit bad }'
+}
+
+# falling FILE: mean loss of the last 5 steps below that of the first 5
+falling() {
+    awk 'NR <= 5 { first += $2 } { last[NR % 5] = $2 } END { for (i in last) tail += last[i]
+         printf "first 5: %g, last 5: %g\n", first / 5, tail / 5; exit !(NR >= 10 && tail < first) }' "$1"
+}
+
+if [ "$n_gpus" -lt 1 ]; then
+    for name in "1-rank CPU run exits 0" "1-GPU run exits 0" "its summary names the GPU and the capacity" \
+                "first 5 steps within 2e-2 of the CPU" "the loss falls on the CPU and on the GPU" \
+                "2-GPU run exits 0" "2 GPU ranks within 1e-2 of 1" "a 10-step GPU run exits 0" \
+                "restarted with 20 steps it resumes from step 10" "steps 11-20 after the resume within 1e-3"; do
+        skip "$name" "no GPU visible"
+    done
+    tap_done
+fi
+
+# (a) 1 GPU rank against the CPU
+run_aldit 1 cpu run.device=cpu run.steps=$STEPS $SCHEDULE; status=$?
+tap_is "1-rank CPU run exits 0" "$status" 0
+run_aldit 1 gpu run.device=cuda run.steps=$STEPS $SCHEDULE; status=$?
+tap_is "1-GPU run exits 0" "$status" 0
+grep -q "device     cuda: GPU" "$WORK/gpu.log" && grep -q "capacity   GPU model for micro-batches" "$WORK/gpu.log"
+tap_result $? "its summary names the GPU and the capacity" "$(head -16 "$WORK/gpu.log")"
+losses "$WORK/cpu/metrics.jsonl" > "$WORK/cpu.losses"
+losses "$WORK/gpu/metrics.jsonl" > "$WORK/gpu.losses"
+compare "$WORK/cpu.losses" "$WORK/gpu.losses" 2e-2 1 5 > "$WORK/a.compare"
+tap_result $? "first 5 steps within 2e-2 of the CPU (largest $(tail -1 "$WORK/a.compare"))" \
+    "$(cat "$WORK/a.compare"; paste "$WORK/cpu.losses" "$WORK/gpu.losses" | head -5)"
+{ falling "$WORK/cpu.losses" && falling "$WORK/gpu.losses"; } > "$WORK/falling"
+tap_result $? "the loss falls on the CPU and on the GPU" "$(cat "$WORK/falling")"
+all_steps=$(compare "$WORK/cpu.losses" "$WORK/gpu.losses" 1 1 $STEPS | tail -1)
+echo "# CPU vs GPU, steps 1-$STEPS: largest relative difference $all_steps"
+
+# (b) 2 GPU ranks against 1, the same global batch
+if [ "$n_gpus" -ge 2 ]; then
+    run_aldit 2 gpu2 run.device=cuda run.steps=$STEPS $SCHEDULE; status=$?
+    tap_is "2-GPU run exits 0" "$status" 0
+    losses "$WORK/gpu2/metrics.jsonl" > "$WORK/gpu2.losses"
+    compare "$WORK/gpu.losses" "$WORK/gpu2.losses" 1e-2 1 $STEPS > "$WORK/b.compare"
+    tap_result $? "2 GPU ranks within 1e-2 of 1 (largest $(tail -1 "$WORK/b.compare"))" "$(cat "$WORK/b.compare")"
+    grep "device     cuda" "$WORK/gpu2.log" | sed 's/^/# /'
+else
+    skip "2-GPU run exits 0" "one GPU visible"
+    skip "2 GPU ranks within 1e-2 of 1" "one GPU visible"
+fi
+
+# (c) a GPU checkpoint resumed on the GPU against the uninterrupted 1-GPU run above
+run_aldit 1 resumed run.device=cuda run.steps=$HALF $SCHEDULE; status=$?
+tap_is "a 10-step GPU run exits 0" "$status" 0
+run_aldit 1 resumed run.device=cuda run.steps=$STEPS $SCHEDULE; status=$?
+grep -q "resumed .*step_$(printf %08d $HALF).h5 at step $HALF" "$WORK/resumed.log"; found=$?
+[ $status -eq 0 ] && [ $found -eq 0 ]
+tap_result $? "restarted with 20 steps it resumes from step 10" "$(head -14 "$WORK/resumed.log")"
+losses "$WORK/resumed/metrics.jsonl" > "$WORK/resumed.losses"
+compare "$WORK/gpu.losses" "$WORK/resumed.losses" 1e-3 $((HALF + 1)) $STEPS > "$WORK/c.compare"
+tap_result $? "steps 11-20 after the resume within 1e-3 (largest $(tail -1 "$WORK/c.compare"))" \
+    "$(cat "$WORK/c.compare")"
+identical=no
+cmp -s "$WORK/gpu.losses" "$WORK/resumed.losses" && identical=yes
+echo "# resumed losses bit-identical to the uninterrupted run: $identical"
+tap_done
