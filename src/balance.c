@@ -1037,6 +1037,15 @@ void balancer_free(balancer *b)
     free(b);
 }
 
+int balancer_calibrate(balancer *b, int n_observations, const cost_features *features, const double *seconds)
+{
+    for (int i = 0; i < n_observations; i++) cost_model_observe_step(&b->cm, 1, &features[i], &seconds[i]);
+    if (!cost_model_refit(&b->cm)) return 0;
+    update_max_sample_cost(b);
+    fit_dual(b);
+    return 1;
+}
+
 const cost_model *balancer_cost_model(const balancer *b) { return &b->cm; }
 int64_t balancer_epoch_samples(const balancer *b) { return b->n_active; }
 int64_t balancer_skipped(const balancer *b) { return b->n_skipped; }

@@ -76,6 +76,11 @@ void rank_assignment_free(rank_assignment *mine);
    observing step t. Refits the cost model when [balance] calibrate is on. */
 void balancer_observe(balancer *b, const double *rank_seconds);
 
+/* Start-up calibration: each (features, seconds) pair is a timed sample (or set of samples); each enters
+   the online refit's window as a step of one rank, and the cost model is refit at once (the dual
+   strategy's fit follows it). Returns 1 when the coefficients changed. */
+int balancer_calibrate(balancer *b, int n_observations, const cost_features *features, const double *seconds);
+
 /* Introspection for logs, the simulator and tests. */
 const cost_model *balancer_cost_model(const balancer *b);
 int64_t balancer_epoch_samples(const balancer *b);   /* samples per epoch (skipped ones left out) */

@@ -65,27 +65,41 @@ static void layout_slot(const store *source, sample_batch *slot, const int64_t *
     }
 }
 
-/* Sample i's timestep and noise, from its own stream (the same numbers on any rank, in any order). */
+/* Sample i's timestep and noise, from its own streams (the same numbers on any rank, in any order): the
+   timestep from the sample's key, each chunk of its noise from a stream of its own, chunks in parallel. */
 static void draw_noise(const prefetcher *p, sample_batch *slot, int i)
 {
     const double shift = p->noise.timestep_shift;
-    uint64_t stream = rng_key(p->noise.noise_seed, (uint64_t)p->epoch, (uint64_t)slot->ids[i]);
+    const uint64_t key = rng_key(p->noise.noise_seed, (uint64_t)p->epoch, (uint64_t)slot->ids[i]);
+    uint64_t stream = key;
     double u = ((double)(rng_next_u64(&stream) >> 11) + 0.5) * 0x1.0p-53; /* in (0, 1) */
     slot->sigma[i] = (float)(shift * u / (1.0 + (shift - 1.0) * u));
-    for (int64_t e = slot->latent_start[i]; e < slot->latent_start[i + 1]; e++)
-        slot->noise[e] = (float)rng_normal(&stream);
+    const int64_t first = slot->latent_start[i], n_values = slot->latent_start[i + 1] - first;
+    const int64_t n_chunks = (n_values + PREFETCH_NOISE_CHUNK - 1) / PREFETCH_NOISE_CHUNK;
+    #pragma omp parallel for schedule(static) num_threads(p->noise.threads) if (n_chunks > 1)
+    for (int64_t chunk = 0; chunk < n_chunks; chunk++) {
+        uint64_t chunk_stream = rng_hash(key, (uint64_t)chunk + 1);
+        const int64_t begin = first + chunk * PREFETCH_NOISE_CHUNK;
+        const int64_t end = begin + PREFETCH_NOISE_CHUNK < first + n_values ? begin + PREFETCH_NOISE_CHUNK : first + n_values;
+        int64_t e = begin;
+        for (; e + 1 < end; e += 2) {
+            double second;
+            slot->noise[e] = (float)rng_normal_pair(&chunk_stream, &second);
+            slot->noise[e + 1] = (float)second;
+        }
+        if (e < end) slot->noise[e] = (float)rng_normal(&chunk_stream);
+    }
 }
 
 static void *read_slot(void *arg)
 {
     prefetcher *p = arg;
     sample_batch *slot = &p->slots[p->filling];
-    /* HDF5 reads one after another (the library is not thread-safe), the noise in parallel after them */
+    /* HDF5 reads one after another (the library is not thread-safe), then the noise */
     for (int i = 0; i < slot->n_samples && p->failed_id < 0; i++)
         if (store_read_sample(p->source, slot->ids[i], slot->latents + slot->latent_start[i],
                               slot->text + slot->text_start[i], stderr) != 0)
             p->failed_id = slot->ids[i];
-    #pragma omp parallel for schedule(dynamic)
     for (int i = 0; i < slot->n_samples; i++) draw_noise(p, slot, i);
     return NULL;
 }

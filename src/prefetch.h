@@ -23,11 +23,14 @@ typedef struct {
 
 typedef struct prefetcher prefetcher;
 
-/* How each sample's noise and timestep are drawn: from a stream keyed by (noise_seed, epoch, sample id), so
-   they do not depend on which rank reads the sample; sigma = shift u / (1 + (shift - 1) u), u ~ U(0, 1). */
+/* How each sample's noise and timestep are drawn: from streams keyed by (noise_seed, epoch, sample id) (and
+   the noise's chunk of PREFETCH_NOISE_CHUNK values, drawn in parallel), so they do not depend on which rank
+   reads the sample; sigma = shift u / (1 + (shift - 1) u), u ~ U(0, 1). */
+enum { PREFETCH_NOISE_CHUNK = 1 << 16 };
 typedef struct {
     uint64_t noise_seed;
     double timestep_shift;
+    int threads;           /* OpenMP threads drawing noise */
 } prefetch_noise;
 
 /* A reader over an open store. With background = 0 every read happens inside prefetch_finish (no thread). */

@@ -38,6 +38,16 @@ static inline uint64_t rng_below(uint64_t *state, uint64_t n)
     return (uint64_t)(((unsigned __int128)rng_next_u64(state) * n) >> 64);
 }
 
+/* Two independent standard normals by Box–Muller: the first is returned, the second stored. */
+static inline double rng_normal_pair(uint64_t *state, double *second)
+{
+    double u1 = rng_uniform(state), u2 = rng_uniform(state);
+    if (u1 < 1e-300) u1 = 1e-300;
+    const double radius = sqrt(-2.0 * log(u1)), angle = 6.283185307179586 * u2;
+    *second = radius * sin(angle);
+    return radius * cos(angle);
+}
+
 /* Standard normal by Box–Muller (one of the pair). */
 static inline double rng_normal(uint64_t *state)
 {

@@ -226,10 +226,12 @@ static balance_sample *balance_samples(const store *data, const deck *config)
 typedef struct { int64_t steps; double predicted_s, lower_bound_s, imbalance_pred; } epoch_plan;
 
 static epoch_plan plan_epoch(const deck *config, const balance_sample *samples, int64_t n_samples, int n_ranks,
-                             double mem_budget)
+                             double mem_budget, int n_calibration, const cost_features *calibration_features,
+                             const double *calibration_seconds)
 {
     epoch_plan plan = {0};
     balancer *scratch = balancer_create(config, samples, n_samples, n_ranks, mem_budget);
+    if (n_calibration > 0) balancer_calibrate(scratch, n_calibration, calibration_features, calibration_seconds);
     balance_assignment step = {0};
     double sum_mean = 0.0;
     for (;;) {
@@ -349,7 +351,7 @@ int train_check(const deck *config, const comm_info *info)
     if (info->rank == 0) {
         deck_print(config, stdout);
         balance_sample *samples = balance_samples(&data, config);
-        epoch_plan plan = plan_epoch(config, samples, data.n_samples, info->n_ranks, budget);
+        epoch_plan plan = plan_epoch(config, samples, data.n_samples, info->n_ranks, budget, 0, NULL, NULL);
         printf("\n# plan for %d rank(s)\n", info->n_ranks);
         print_store_line(&data, config);
         printf("  model      %s: %lld parameters\n", config->model.name, (long long)n_params);
@@ -378,7 +380,10 @@ static const char *const phase_names[N_PHASES] = {
 typedef struct {
     const deck *config;
     const comm_info *info;
-    deck balance_config;            /* the deck the balancer plans with: [balance] rates calibrated on the GPU */
+    /* start-up calibration: features and measured seconds of timed sample shapes (rank 0; 0 = none) */
+    int n_calibration;
+    cost_features *calibration_features;
+    double *calibration_seconds;
     store data;
     model net;                      /* the CPU model; on a GPU its weights are the host copy for checkpoints */
     train_gpu *gpu;                 /* the CUDA side, or NULL on the CPU */
@@ -846,6 +851,22 @@ static int train_step(trainer *t, step_record *r)
     return 0;
 }
 
+/* Rank 0: fit the balancer's cost model to the start-up timings and say how well it now predicts them. */
+static void report_calibration(trainer *t)
+{
+    balancer_calibrate(t->packer, t->n_calibration, t->calibration_features, t->calibration_seconds);
+    const cost_model *cm = balancer_cost_model(t->packer);
+    double worst = 0.0;
+    for (int i = 0; i < t->n_calibration; i++) {
+        double error = fabs(cost_model_predict_features(cm, &t->calibration_features[i]) / t->calibration_seconds[i] - 1.0);
+        if (error > worst) worst = error;
+    }
+    printf("             cost model fitted: seconds = %.3g + %.3g S + %.3g S^2 + %.3g S L + %.3g L "
+           "(worst misfit of a timed shape %.1f%%)\n", cm->coef[0], cm->coef[1], cm->coef[2], cm->coef[3], cm->coef[4],
+           100.0 * worst);
+    fflush(stdout);
+}
+
 #ifdef HAVE_CUDA
 enum { CALIBRATION_MAX_SHAPES = 24 };
 
@@ -857,7 +878,7 @@ static int compare_shape_tokens(const void *a, const void *b)
 }
 
 /* Time the store's distinct sample shapes (at most CALIBRATION_MAX_SHAPES, spread over the length range;
-   each with its mean text length) on the GPU and put the fitted rates into t->balance_config. */
+   each with its mean text length) on the GPU; rank 0 keeps the timings for the balancer's cost model. */
 static void calibrate_on_gpu(trainer *t)
 {
     int n_distinct = 0, capacity = 64;
@@ -893,13 +914,19 @@ static void calibrate_on_gpu(trainer *t)
     gpu_shape shapes[CALIBRATION_MAX_SHAPES];
     for (int i = 0; i < n_shapes; i++) /* evenly spaced over the sorted shapes, both ends included */
         shapes[i] = distinct[n_shapes > 1 ? (int)((int64_t)i * (n_distinct - 1) / (n_shapes - 1)) : 0];
-    double worst_error = 0.0;
-    double seconds = train_gpu_calibrate(t->gpu, t->info->n_ranks, shapes, n_shapes, &t->balance_config, &worst_error);
+    double seconds[CALIBRATION_MAX_SHAPES];
+    double spent = train_gpu_time_shapes(t->gpu, t->info->n_ranks, shapes, n_shapes, seconds);
     if (t->info->rank == 0) {
-        printf("  calibrate  %d sample shapes timed on the GPU in %.1f s: GEMM path %.0f TFLOP/s, attention %.0f TFLOP/s "
-               "(deck: %.0f and %.0f; worst misfit of a shape %.0f%%)\n", n_shapes, seconds,
-               t->balance_config.balance.device_tflops, t->balance_config.balance.attention_tflops,
-               t->config->balance.device_tflops, t->config->balance.attention_tflops, 100.0 * worst_error);
+        t->calibration_features = xcalloc((size_t)n_shapes, sizeof *t->calibration_features);
+        t->calibration_seconds = xmalloc((size_t)n_shapes * sizeof *t->calibration_seconds);
+        for (int i = 0; i < n_shapes; i++) {
+            if (seconds[i] <= 0) continue; /* beyond the GPU model's capacity */
+            int64_t tokens = (int64_t)(shapes[i].frames / t->config->model.patch_t) *
+                             (shapes[i].height / t->config->model.patch_h) * (shapes[i].width / t->config->model.patch_w);
+            cost_features_add(&t->calibration_features[t->n_calibration], tokens, shapes[i].text_len);
+            t->calibration_seconds[t->n_calibration++] = seconds[i];
+        }
+        printf("  calibrate  %d of %d sample shapes timed on the GPU in %.1f s\n", t->n_calibration, n_shapes, spent);
         fflush(stdout);
     }
     free(distinct);
@@ -932,17 +959,18 @@ static void trainer_setup(trainer *t, const deck *config, const comm_info *info,
         *budget_measured = train_gpu_get_plan(t->gpu)->budget_measured;
     }
 #endif
-    t->balance_config = *config;
 #ifdef HAVE_CUDA
     if (t->gpu && config->balance.calibrate) calibrate_on_gpu(t);
 #endif
     int64_t plan[2] = {0, 0}; /* steps per epoch, total steps */
     if (info->rank == 0) {
         t->rank_seconds = xcalloc((size_t)info->n_ranks, sizeof *t->rank_seconds);
-        t->packer = balancer_create(&t->balance_config, t->samples, t->data.n_samples, info->n_ranks, t->mem_budget);
+        t->packer = balancer_create(config, t->samples, t->data.n_samples, info->n_ranks, t->mem_budget);
+        if (t->n_calibration > 0) report_calibration(t);
         if (config->run.steps > 0 && config->balance.strategy == STRATEGY_GLOBAL && config->balance.global_batch > 0)
             plan[0] = (balancer_epoch_samples(t->packer) + config->balance.global_batch - 1) / config->balance.global_batch;
-        else plan[0] = plan_epoch(&t->balance_config, t->samples, t->data.n_samples, info->n_ranks, t->mem_budget).steps;
+        else plan[0] = plan_epoch(config, t->samples, t->data.n_samples, info->n_ranks, t->mem_budget, t->n_calibration,
+                                  t->calibration_features, t->calibration_seconds).steps;
         plan[1] = config->run.steps > 0 ? config->run.steps : config->run.epochs * plan[0];
     }
     comm_bcast_bytes(plan, sizeof plan);
@@ -961,13 +989,15 @@ static void trainer_setup(trainer *t, const deck *config, const comm_info *info,
 #endif
     t->first_step = t->step;
     prefetch_noise noise = {.noise_seed = rng_hash(config->run.seed, NOISE_STREAM_TAG),
-                            .timestep_shift = config->train.timestep_shift};
+                            .timestep_shift = config->train.timestep_shift, .threads = threads_per_rank(config, info)};
     t->reader = prefetch_create(&t->data, config->data.prefetch, noise);
     if (info->rank == 0) t->metrics = open_metrics(config, t->step);
 }
 
 static void trainer_free(trainer *t)
 {
+    free(t->calibration_features);
+    free(t->calibration_seconds);
     prefetch_destroy(t->reader);
     rank_assignment_free(&t->current);
     rank_assignment_free(&t->upcoming);

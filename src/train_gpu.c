@@ -402,8 +402,7 @@ static double time_shape(train_gpu *gpu, const gpu_shape *shape, float *latents,
     return comm_time() - started;
 }
 
-double train_gpu_calibrate(train_gpu *gpu, int n_ranks, const gpu_shape *shapes, int n_shapes, deck *balanced,
-                           double *worst_error)
+double train_gpu_time_shapes(train_gpu *gpu, int n_ranks, const gpu_shape *shapes, int n_shapes, double *seconds)
 {
     const model *host = gpu->host;
     const double started = comm_time();
@@ -416,44 +415,14 @@ double train_gpu_calibrate(train_gpu *gpu, int n_ranks, const gpu_shape *shapes,
     float *latents = xcalloc((size_t)max_latent, sizeof *latents);
     float *noise = xcalloc((size_t)max_latent, sizeof *noise);
     float *text = xcalloc((size_t)(max_text * host->text_dim), sizeof *text);
-    /* weighted normal equations of seconds = G x0 + A x1, in units of the deck's rates */
-    const double gemm_rate = balanced->balance.device_tflops * 1e12;
-    const double attention_rate = balanced->balance.attention_tflops * 1e12;
-    double normal[4] = {0}, rhs[2] = {0};
-    double *seconds = xcalloc((size_t)n_shapes, sizeof *seconds), *flops = xcalloc(2 * (size_t)n_shapes, sizeof *flops);
-    int n_timed = 0;
     for (int i = 0; i < n_shapes; i++) {
-        const gpu_shape *shape = &shapes[i];
-        int64_t tokens = (int64_t)(shape->frames / host->patch_t) * (shape->height / host->patch_h)
-                       * (shape->width / host->patch_w);
-        if (tokens > gpu->plan.max_tokens || shape->text_len > gpu->plan.max_text) { seconds[i] = -1.0; continue; }
-        seconds[i] = time_shape(gpu, shape, latents, noise, text);
-        cost_model_flops(balanced, tokens, shape->text_len, &flops[2 * i], &flops[2 * i + 1]);
-        const double row[2] = {flops[2 * i] / gemm_rate, flops[2 * i + 1] / attention_rate};
-        const double weight = 1.0 / (seconds[i] * seconds[i]);
-        for (int r = 0; r < 2; r++) {
-            rhs[r] += weight * row[r] * seconds[i];
-            for (int c = 0; c < 2; c++) normal[2 * r + c] += weight * row[r] * row[c];
-        }
-        n_timed++;
+        int64_t tokens = (int64_t)(shapes[i].frames / host->patch_t) * (shapes[i].height / host->patch_h)
+                       * (shapes[i].width / host->patch_w);
+        int fits = tokens <= gpu->plan.max_tokens && shapes[i].text_len <= gpu->plan.max_text;
+        seconds[i] = fits ? time_shape(gpu, &shapes[i], latents, noise, text) : -1.0;
     }
-    double scale[2] = {0.0, 0.0}; /* seconds per deck-rate second: the rate divides by it */
-    if (n_timed >= 2) cost_nnls_normal(2, normal, rhs, scale);
-    double rates[2] = {scale[0] > 0 ? gemm_rate / scale[0] : gemm_rate,
-                       scale[1] > 0 ? attention_rate / scale[1] : attention_rate};
-    comm_allreduce_sum_f64(rates, 2);
-    balanced->balance.device_tflops = rates[0] / n_ranks * 1e-12;
-    balanced->balance.attention_tflops = rates[1] / n_ranks * 1e-12;
-    *worst_error = 0.0;
-    for (int i = 0; i < n_shapes; i++) {
-        if (seconds[i] < 0) continue;
-        double predicted = flops[2 * i] / (balanced->balance.device_tflops * 1e12)
-                         + flops[2 * i + 1] / (balanced->balance.attention_tflops * 1e12);
-        double error = fabs(predicted - seconds[i]) / seconds[i];
-        if (error > *worst_error) *worst_error = error;
-    }
-    free(seconds);
-    free(flops);
+    comm_allreduce_sum_f64(seconds, (size_t)n_shapes); /* every rank times the same shapes */
+    for (int i = 0; i < n_shapes; i++) seconds[i] /= n_ranks;
     free(latents);
     free(noise);
     free(text);

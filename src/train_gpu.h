@@ -78,14 +78,10 @@ void train_gpu_finish_step(train_gpu *gpu, const adamw_step *hyper, int update, 
 /* One sample shape to time: latent frames, height, width (before patchify) and text tokens. */
 typedef struct { int32_t frames, height, width, text_len; } gpu_shape;
 
-/* Collective start-up calibration (DESIGN.md §3): times one forward + backward of each shape on this rank's
-   GPU (after a warm-up call, which also builds any attention plans for that length), fits the seconds to
-   GEMM FLOPs / R_gemm + attention FLOPs / R_attention by non-negative least squares (rows weighted by
-   1 / seconds), averages the rates over ranks and writes them into balanced->balance.device_tflops and
-   attention_tflops (a rate the fit cannot tell keeps the deck's value). Shapes beyond the GPU model's
-   capacity are left out. Leaves the gradients dirty (train_gpu_begin_step clears them) and the weights
-   as they were. Returns the seconds spent; *worst_error gets the largest relative misfit of a shape. */
-double train_gpu_calibrate(train_gpu *gpu, int n_ranks, const gpu_shape *shapes, int n_shapes, deck *balanced,
-                           double *worst_error);
+/* Collective start-up calibration (DESIGN.md §3): the seconds of one forward + backward of each shape on
+   this rank's GPU (after a warm-up call, which also builds any attention plans for that length), averaged
+   over the ranks, into seconds[i] (-1 for a shape beyond the GPU model's capacity). Leaves the gradients
+   dirty (train_gpu_begin_step clears them) and the weights as they were. Returns the seconds spent. */
+double train_gpu_time_shapes(train_gpu *gpu, int n_ranks, const gpu_shape *shapes, int n_shapes, double *seconds);
 
 #endif

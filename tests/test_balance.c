@@ -737,9 +737,38 @@ static void test_calibration_follows_device(void **state)
     free(samples);
 }
 
+/* Start-up calibration: single-sample timings from a device unlike the seed (a fixed cost per sample,
+   slower GEMMs, faster attention) make the balancer predict that device, for lengths it did not time too. */
+static void test_startup_calibration(void **state)
+{
+    (void)state;
+    deck config = test_deck(STRATEGY_GLOBAL, 23);
+    balance_sample *samples = random_samples(23, 500, 6000);
+    balancer *b = balancer_create(&config, samples, 500, 2, mem_of(&config, 9000));
+    const double *seed = balancer_cost_model(b)->coef;
+    const double truth[COST_N_FEATURES] = {2e-3, 2.5 * seed[1], 0.4 * seed[2], seed[3], seed[4]};
+    enum { n_shapes = 16 };
+    cost_features features[n_shapes] = {0};
+    double seconds[n_shapes];
+    for (int i = 0; i < n_shapes; i++) {
+        cost_features_add(&features[i], 256 + 380 * i, 40 + i % 5);
+        seconds[i] = 0;
+        for (int j = 0; j < COST_N_FEATURES; j++) seconds[i] += truth[j] * features[i].value[j];
+    }
+    assert_int_equal(balancer_calibrate(b, n_shapes, features, seconds), 1);
+    const cost_model *cm = balancer_cost_model(b);
+    for (int64_t tokens = 300; tokens <= 6000; tokens += 700) {
+        double want = truth[0] + tokens * (truth[1] + truth[2] * tokens + truth[3] * 42) + truth[4] * 42;
+        assert_true(fabs(cost_model_predict(cm, tokens, 42) / want - 1) < 0.02);
+    }
+    balancer_free(b);
+    free(samples);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_startup_calibration),
         cmocka_unit_test(test_flops_and_attention_share),
         cmocka_unit_test(test_memory_model),
         cmocka_unit_test(test_nnls_clamps_negative),
