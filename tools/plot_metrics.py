@@ -2,8 +2,11 @@
 """plot_metrics.py — turn an aldit metrics.jsonl into PNG curves of loss, throughput and imbalance.
 
 usage: tools/plot_metrics.py RUN_DIR/metrics.jsonl [--out DIR] [--smooth N]
+       tools/plot_metrics.py --compare RUN_A/metrics.jsonl RUN_B/metrics.jsonl ... --out DIR
 
-Writes loss.png, throughput.png and imbalance.png into DIR (default: the metrics file's folder).
+Writes loss.png, throughput.png and imbalance.png into DIR (default: the metrics file's folder). With
+--compare (runs over the same samples, e.g. one per balance strategy; each labelled by its run folder's
+name) it writes compare_progress.png (samples done against elapsed step time) and compare_imbalance.png.
 Needs matplotlib (pip install matplotlib). Steps skipped for a non-finite loss (loss null) are left out.
 """
 import argparse
@@ -64,9 +67,36 @@ def plot(pyplot, series, title, ylabel, path, smooth):
     print(f"wrote {path}")
 
 
+def compare(pyplot, paths, out):
+    runs = [(os.path.basename(os.path.dirname(os.path.abspath(path))), read_metrics(path)) for path in paths]
+    figure, axes = pyplot.subplots(figsize=(8, 4.5))
+    for label, rows in runs:
+        elapsed, done, times, samples = 0.0, 0, [0.0], [0]
+        for row in rows:
+            elapsed += row["step_s"]
+            done += row["samples"]
+            times.append(elapsed)
+            samples.append(done)
+        axes.plot(times, samples, marker=".", label=f"{label}: {done / elapsed:.1f} samples/s")
+    axes.set_xlabel("elapsed step time (s)")
+    axes.set_ylabel("samples done")
+    axes.set_title("progress through the same samples")
+    axes.grid(alpha=0.3)
+    axes.legend()
+    figure.tight_layout()
+    path = os.path.join(out, "compare_progress.png")
+    figure.savefig(path, dpi=120)
+    pyplot.close(figure)
+    print(f"wrote {path}")
+    plot(pyplot, [(label, [(s, 100 * v) for s, v in column(rows, "imbalance")]) for label, rows in runs],
+         "measured compute imbalance per step (1 - mean/max rank time)", "imbalance (%)",
+         os.path.join(out, "compare_imbalance.png"), 1)
+
+
 def main():
     parser = argparse.ArgumentParser(description="PNG curves of an aldit metrics.jsonl")
-    parser.add_argument("metrics", help="metrics.jsonl written by aldit")
+    parser.add_argument("metrics", nargs="+", help="metrics.jsonl written by aldit (several with --compare)")
+    parser.add_argument("--compare", action="store_true", help="overlay runs over the same samples")
     parser.add_argument("--out", help="folder for the PNGs (default: the metrics file's folder)")
     parser.add_argument("--smooth", type=int, default=10, help="moving-mean window in steps (1 = none)")
     args = parser.parse_args()
@@ -77,9 +107,14 @@ def main():
     except ImportError:
         sys.exit("plot_metrics.py needs matplotlib: pip install matplotlib")
 
-    rows = read_metrics(args.metrics)
-    out = args.out or os.path.dirname(os.path.abspath(args.metrics))
+    out = args.out or os.path.dirname(os.path.abspath(args.metrics[0]))
     os.makedirs(out, exist_ok=True)
+    if args.compare:
+        compare(pyplot, args.metrics, out)
+        return
+    if len(args.metrics) > 1:
+        sys.exit("plot_metrics.py: several metrics files need --compare")
+    rows = read_metrics(args.metrics[0])
     throughput = [(row["step"], row["tokens"] / row["step_s"]) for row in rows if row.get("step_s")]
     plot(pyplot, [("loss", column(rows, "loss"))], "training loss", "loss (mean per sample)",
          os.path.join(out, "loss.png"), args.smooth)
