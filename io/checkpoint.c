@@ -1,6 +1,7 @@
 /* checkpoint.c — writing (atomically, keep-K), finding and reading HDF5 checkpoints and weights-only files. */
 #include "checkpoint.h"
 #include "check.h"
+#include "h5util.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -34,17 +35,6 @@ static int model_dims(const deck *config, model_dim *dims)
 }
 #define MAX_MODEL_DIMS 16
 
-/* HDF5 prints its error stack on every failed call by default; the functions here report their own
-   messages, so the stack is silenced while they run. */
-typedef struct { H5E_auto2_t func; void *data; } h5_quiet;
-static h5_quiet h5_quiet_begin(void)
-{
-    h5_quiet saved;
-    H5Eget_auto2(H5E_DEFAULT, &saved.func, &saved.data);
-    H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
-    return saved;
-}
-static void h5_quiet_end(h5_quiet saved) { H5Eset_auto2(H5E_DEFAULT, saved.func, saved.data); }
 
 static void checkpoint_dir(const deck *config, char *dir, size_t dir_size)
 {
@@ -258,7 +248,7 @@ int checkpoint_save(const deck *config, const model *m, const checkpoint_state *
     }
     checkpoint_path(config, state->step, path, sizeof path);
     snprintf(tmp_path, sizeof tmp_path, "%s.tmp", path);
-    h5_quiet quiet = h5_quiet_begin();
+    h5_auto_print quiet = h5_quiet_begin();
     int status = write_file(tmp_path, config, m, state);
     h5_quiet_end(quiet);
     if (status != 0) {
@@ -326,7 +316,7 @@ int checkpoint_find_latest(const deck *config, char *path, size_t path_size, FIL
     int n_steps = 0, found = 0;
     int64_t *steps = list_steps(dir, &n_steps, 0, warnings);
     qsort(steps, (size_t)n_steps, sizeof *steps, compare_steps);
-    h5_quiet quiet = h5_quiet_begin();
+    h5_auto_print quiet = h5_quiet_begin();
     for (int i = n_steps - 1; i >= 0 && !found; i--) {
         char candidate[2 * DECK_PATH_MAX];
         checkpoint_path(config, steps[i], candidate, sizeof candidate);
@@ -433,23 +423,28 @@ static int read_vector(hid_t file, const char *name, hid_t memory_type, size_t v
         return 1;
     }
     hid_t set = H5Dopen2(file, name, H5P_DEFAULT);
-    hid_t space = H5Dget_space(set);
-    hssize_t n_points = H5Sget_simple_extent_npoints(space);
+    hid_t space = set >= 0 ? H5Dget_space(set) : -1;
+    hssize_t n_points = space >= 0 ? H5Sget_simple_extent_npoints(space) : -1;
+    if (n_points < 0) {
+        fprintf(errors, "%s: /%s is not a readable dataset\n", path, name);
+        if (space >= 0) H5Sclose(space);
+        if (set >= 0) H5Dclose(set);
+        return 1;
+    }
     int status = 0;
-    *n_values = n_points > 0 ? (size_t)n_points : 0;
+    *n_values = (size_t)n_points;
     *values = xmalloc(*n_values > 0 ? *n_values * value_bytes : 1);
     if (*n_values > 0 && H5Dread(set, memory_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, *values) < 0) {
         fprintf(errors, "%s: reading %s failed\n", path, name);
         status = 1;
     }
-    H5Sclose(space);
-    H5Dclose(set);
+    if (H5Sclose(space) < 0 || H5Dclose(set) < 0) status = 1;
     return status;
 }
 
 int checkpoint_load(const char *path, const deck *config, model *m, checkpoint_state *state, FILE *errors)
 {
-    h5_quiet quiet = h5_quiet_begin();
+    h5_auto_print quiet = h5_quiet_begin();
     hid_t file = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
     if (file < 0) {
         h5_quiet_end(quiet);
@@ -493,7 +488,7 @@ int checkpoint_load(const char *path, const deck *config, model *m, checkpoint_s
 
 int checkpoint_load_weights(const char *path, model *m, FILE *errors)
 {
-    h5_quiet quiet = h5_quiet_begin();
+    h5_auto_print quiet = h5_quiet_begin();
     hid_t file = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
     int status = 1;
     if (file < 0) fprintf(errors, "%s: cannot open as HDF5 ([model] init)\n", path);

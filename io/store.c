@@ -2,6 +2,7 @@
 #include "store.h"
 #include "check.h"
 #include "comm.h"
+#include "h5util.h"
 
 #include <hdf5.h>
 
@@ -144,18 +145,6 @@ int64_t store_sample_text_elements(const store *s, const store_sample *sample)
 }
 
 /* ---- HDF5 error handling: HDF5's own stack printing is off while the store works; we print ours ---- */
-
-typedef struct { H5E_auto2_t function; void *data; } h5_auto_print;
-
-static h5_auto_print h5_quiet_begin(void)
-{
-    h5_auto_print saved;
-    H5_CHECK(H5Eget_auto2(H5E_DEFAULT, &saved.function, &saved.data));
-    H5_CHECK(H5Eset_auto2(H5E_DEFAULT, NULL, NULL));
-    return saved;
-}
-
-static void h5_quiet_end(h5_auto_print saved) { H5_CHECK(H5Eset_auto2(H5E_DEFAULT, saved.function, saved.data)); }
 
 static herr_t keep_innermost(unsigned depth, const H5E_error2_t *error, void *message)
 {

@@ -1049,7 +1049,6 @@ int balancer_calibrate(balancer *b, int n_observations, const cost_features *fea
 const cost_model *balancer_cost_model(const balancer *b) { return &b->cm; }
 int64_t balancer_epoch_samples(const balancer *b) { return b->n_active; }
 int64_t balancer_skipped(const balancer *b) { return b->n_skipped; }
-double balancer_mem_budget(const balancer *b) { return b->mem_budget; }
 double balancer_dual_p(const balancer *b) { return b->dual_p; }
 
 /* ---- online refit ------------------------------------------------------------------------------------ */

@@ -86,7 +86,6 @@ const cost_model *balancer_cost_model(const balancer *b);
 int64_t balancer_epoch_samples(const balancer *b);   /* samples per epoch (skipped ones left out) */
 int64_t balancer_skipped(const balancer *b);         /* samples left out as oversize */
 double balancer_compute_budget(const balancer *b);   /* predicted seconds per rank per step (global, budget mode) */
-double balancer_mem_budget(const balancer *b);
 double balancer_dual_p(const balancer *b);           /* exponent p of the dual strategy */
 /* Largest sample tokens that fit the memory budget with `text_len` text tokens. */
 int64_t balancer_max_tokens_in_budget(const cost_model *cm, double mem_budget_bytes, int64_t text_len);

@@ -30,8 +30,6 @@ int comm_rank(void)
     return rank;
 }
 
-void comm_barrier(void) { MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD)); }
-
 void comm_bcast_bytes(void *buffer, size_t n_bytes)
 {
     char *bytes = buffer;

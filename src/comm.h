@@ -18,7 +18,6 @@ void comm_finalize(void);
 /* Rank in MPI_COMM_WORLD (after comm_init), for code that is not handed comm_info. */
 int comm_rank(void);
 
-void comm_barrier(void);
 /* Broadcast n_bytes from rank 0 to every rank (any size; sent in pieces below INT_MAX). */
 void comm_bcast_bytes(void *buffer, size_t n_bytes);
 /* Rank 0 sends counts[r] int64 values starting at displs[r] of `send` to rank r; every rank receives

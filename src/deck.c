@@ -49,7 +49,7 @@ static const char *const attention_names[] = {"auto", "cudnn", "own", NULL};
 static const deck_key deck_keys[] = {
     /* [run] */
     {KEY("run", "dir", KEY_STRING, run.dir), .nonempty = 1, .default_text = "run",
-     .help = "run folder: metrics, checkpoints and the calibration cache (created if missing)"},
+     .help = "run folder: metrics and checkpoints (created if missing)"},
     {KEY("run", "device", KEY_ENUM, run.device), .choices = device_names, .default_text = "auto",
      .help = "backend: cuda where a GPU is present (one GPU per rank of a node), else cpu"},
     {KEY("run", "seed", KEY_UINT64, run.seed), .default_text = "1234",

@@ -58,8 +58,8 @@ void train_install_signal_handlers(void)
     action.sa_handler = on_stop_signal;
     sigemptyset(&action.sa_mask);
     action.sa_flags = SA_RESTART;
-    sigaction(SIGUSR1, &action, NULL);
-    sigaction(SIGTERM, &action, NULL);
+    ALDIT_CHECK(sigaction(SIGUSR1, &action, NULL) == 0 && sigaction(SIGTERM, &action, NULL) == 0,
+                "cannot install the SIGUSR1/SIGTERM handlers");
 }
 
 /* ---- small helpers ------------------------------------------------------------------------------- */
@@ -110,6 +110,17 @@ static int resolve_device(const deck *config, const comm_info *info)
                 "--with-cuda); set device = cpu or auto\n");
 #endif
     return -1;
+}
+
+/* The CPU backend keeps every activation: a deck asking for block recomputation there would let the
+   balancer plan micro-batches (its memory model assumes recomputation) that overrun host memory. */
+static int recompute_supported(const deck *config, int device, const comm_info *info)
+{
+    if (device != DEVICE_CPU || config->train.recompute != RECOMPUTE_BLOCK) return 1;
+    if (info->rank == 0)
+        fprintf(stderr, "aldit: error: [train] recompute = block is not available on the CPU backend, which keeps every "
+                "block's activations; set train.recompute = none and balance.recompute = none (or train on GPUs)\n");
+    return 0;
 }
 
 /* MemAvailable of /proc/meminfo in bytes, or -1 where it cannot be read. */
@@ -322,6 +333,7 @@ int train_check(const deck *config, const comm_info *info)
 {
     int device = resolve_device(config, info);
     if (device < 0) return ALDIT_EXIT_ERROR;
+    if (!recompute_supported(config, device, info)) return ALDIT_EXIT_USAGE;
     store data;
     store_open_bcast(&data, config->data.store);
     check_store_fits_model(&data, config, info->rank);
@@ -412,6 +424,7 @@ typedef struct {
     double started_s, loop_started_s;
     int64_t first_step;
     FILE *metrics;                  /* rank 0 */
+    int metrics_failed;             /* a write to it failed (warned once; training goes on) */
 } trainer;
 
 static double seconds_since(double start) { return comm_time() - start; }
@@ -460,8 +473,6 @@ static void swap_assignments(trainer *t)
     t->current_mem = t->upcoming_mem;
 }
 
-/* Shapes, timesteps and noise of the current step's samples. Each sample's sigma and noise come from a
-   counter-based stream keyed by (seed, epoch, sample id): the same on any rank and any rank count. */
 /* The shapes of this step's samples as the model takes them (noise and timesteps come with the batch). */
 static void prepare_samples(trainer *t, const sample_batch *batch)
 {
@@ -700,7 +711,11 @@ static void write_metrics_line(trainer *t, const step_record *r)
             (long long)t->current.global_samples, r->tokens, t->current.n_micro, r->step_s, r->compute_max,
             r->compute_mean, imbalance, imbalance_pred, t->current_pred_max, r->wait_max, r->comm_s, r->balancer_s,
             r->mem_peak, t->current_mem, t->mem_budget, r->skipped);
-    fflush(t->metrics);
+    if (fflush(t->metrics) != 0 && !t->metrics_failed) {
+        t->metrics_failed = 1;
+        aldit_warn("writing the metrics file of %s failed at step %lld (disk full?): later lines may be missing",
+                   t->config->run.dir, (long long)t->step);
+    }
 }
 
 static void print_progress(const trainer *t, const step_record *r)
@@ -870,50 +885,45 @@ static void report_calibration(trainer *t)
 #ifdef HAVE_CUDA
 enum { CALIBRATION_MAX_SHAPES = 24 };
 
-static int compare_shape_tokens(const void *a, const void *b)
+/* Order of sample shapes: by tokens, then frames, height, width (text length ignored). */
+static int compare_shapes(const void *a, const void *b)
 {
     const gpu_shape *x = a, *y = b;
     int64_t tx = (int64_t)x->frames * x->height * x->width, ty = (int64_t)y->frames * y->height * y->width;
-    return (tx > ty) - (tx < ty);
+    if (tx != ty) return (tx > ty) - (tx < ty);
+    if (x->frames != y->frames) return (x->frames > y->frames) - (x->frames < y->frames);
+    if (x->height != y->height) return (x->height > y->height) - (x->height < y->height);
+    return (x->width > y->width) - (x->width < y->width);
 }
 
 /* Time the store's distinct sample shapes (at most CALIBRATION_MAX_SHAPES, spread over the length range;
    each with its mean text length) on the GPU; rank 0 keeps the timings for the balancer's cost model. */
 static void calibrate_on_gpu(trainer *t)
 {
-    int n_distinct = 0, capacity = 64;
-    gpu_shape *distinct = xmalloc((size_t)capacity * sizeof *distinct);
-    double *text_sum = xmalloc((size_t)capacity * sizeof *text_sum);
-    int64_t *count = xmalloc((size_t)capacity * sizeof *count);
-    for (int64_t id = 0; id < t->data.n_samples; id++) {
+    /* every sample's shape, sorted (by tokens, then frames, height, width), then one entry per distinct
+       shape with its mean text length: O(n log n) for stores of millions of samples */
+    const int64_t n_samples = t->data.n_samples;
+    gpu_shape *all = xmalloc((size_t)(n_samples > 0 ? n_samples : 1) * sizeof *all);
+    for (int64_t id = 0; id < n_samples; id++) {
         const store_sample *sample = &t->data.samples[id];
-        int k = 0;
-        while (k < n_distinct && !(distinct[k].frames == sample->frames && distinct[k].height == sample->height &&
-                                   distinct[k].width == sample->width)) k++;
-        if (k == n_distinct) {
-            if (n_distinct == capacity) {
-                capacity *= 2;
-                distinct = xrealloc(distinct, (size_t)capacity * sizeof *distinct);
-                text_sum = xrealloc(text_sum, (size_t)capacity * sizeof *text_sum);
-                count = xrealloc(count, (size_t)capacity * sizeof *count);
-            }
-            distinct[k] = (gpu_shape){sample->frames, sample->height, sample->width, 0};
-            text_sum[k] = 0.0;
-            count[k] = 0;
-            n_distinct++;
-        }
-        text_sum[k] += sample->text_len;
-        count[k]++;
+        all[id] = (gpu_shape){sample->frames, sample->height, sample->width, sample->text_len};
     }
-    for (int k = 0; k < n_distinct; k++) {
-        int32_t mean_text = (int32_t)lround(text_sum[k] / (double)count[k]);
-        distinct[k].text_len = mean_text > 0 ? mean_text : 1;
+    qsort(all, (size_t)n_samples, sizeof *all, compare_shapes);
+    gpu_shape *distinct = xmalloc((size_t)(n_samples > 0 ? n_samples : 1) * sizeof *distinct);
+    int64_t n_distinct = 0;
+    for (int64_t first = 0, end; first < n_samples; first = end) {
+        double text_sum = 0.0;
+        for (end = first; end < n_samples && compare_shapes(&all[end], &all[first]) == 0; end++) text_sum += all[end].text_len;
+        int32_t mean_text = (int32_t)lround(text_sum / (double)(end - first));
+        distinct[n_distinct++] = (gpu_shape){all[first].frames, all[first].height, all[first].width,
+                                             mean_text > 0 ? mean_text : 1};
     }
-    qsort(distinct, (size_t)n_distinct, sizeof *distinct, compare_shape_tokens);
-    int n_shapes = n_distinct < CALIBRATION_MAX_SHAPES ? n_distinct : CALIBRATION_MAX_SHAPES;
+    free(all);
+
+    int n_shapes = n_distinct < CALIBRATION_MAX_SHAPES ? (int)n_distinct : CALIBRATION_MAX_SHAPES;
     gpu_shape shapes[CALIBRATION_MAX_SHAPES];
     for (int i = 0; i < n_shapes; i++) /* evenly spaced over the sorted shapes, both ends included */
-        shapes[i] = distinct[n_shapes > 1 ? (int)((int64_t)i * (n_distinct - 1) / (n_shapes - 1)) : 0];
+        shapes[i] = distinct[n_shapes > 1 ? (int64_t)i * (n_distinct - 1) / (n_shapes - 1) : 0];
     double seconds[CALIBRATION_MAX_SHAPES];
     double spent = train_gpu_time_shapes(t->gpu, t->info->n_ranks, shapes, n_shapes, seconds);
     if (t->info->rank == 0) {
@@ -930,8 +940,6 @@ static void calibrate_on_gpu(trainer *t)
         fflush(stdout);
     }
     free(distinct);
-    free(text_sum);
-    free(count);
 }
 #endif
 
@@ -989,7 +997,9 @@ static void trainer_setup(trainer *t, const deck *config, const comm_info *info,
 #endif
     t->first_step = t->step;
     prefetch_noise noise = {.noise_seed = rng_hash(config->run.seed, NOISE_STREAM_TAG),
-                            .timestep_shift = config->train.timestep_shift, .threads = threads_per_rank(config, info)};
+                            .timestep_shift = config->train.timestep_shift,
+                            /* on the CPU the rank's threads are busy with the model: one draws the noise */
+                            .threads = device == DEVICE_CUDA ? threads_per_rank(config, info) : 1};
     t->reader = prefetch_create(&t->data, config->data.prefetch, noise);
     if (info->rank == 0) t->metrics = open_metrics(config, t->step);
 }
@@ -1004,7 +1014,8 @@ static void trainer_free(trainer *t)
     if (t->info->rank == 0) {
         balance_assignment_free(&t->drawn);
         balancer_free(t->packer);
-        fclose(t->metrics);
+        if (fclose(t->metrics) != 0 && !t->metrics_failed)
+            aldit_warn("closing the metrics file of %s failed: its last lines may be missing", t->config->run.dir);
     }
     free(t->samples);
     free(t->snapshot);
@@ -1028,6 +1039,7 @@ int train_run(const deck *config, const comm_info *info)
 {
     int device = resolve_device(config, info);
     if (device < 0) return ALDIT_EXIT_ERROR;
+    if (!recompute_supported(config, device, info)) return ALDIT_EXIT_USAGE;
     cpu_set_threads(threads_per_rank(config, info));
     trainer t;
     char resumed_from[2 * DECK_PATH_MAX];
