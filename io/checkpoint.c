@@ -140,6 +140,7 @@ static int write_file(const char *path, const deck *config, const model *m, cons
     if (status == 0) status = write_attr_i64(file, "aldit_checkpoint_version", CHECKPOINT_FORMAT_VERSION);
     if (status == 0) status = write_attr_i64(file, "step", state->step);
     if (status == 0) status = write_attr_i64(file, "epoch", state->epoch);
+    if (status == 0) status = write_attr_i64(file, "steps_per_epoch", state->steps_per_epoch);
     if (status == 0) status = write_attr_u64(file, "seed", state->seed);
     if (status == 0) status = write_attr_string(file, "rng", "counter-based: noise and sigma of a sample are "
                                                 "keyed by (seed, epoch, sample id); no stream state");
@@ -458,6 +459,8 @@ int checkpoint_load(const char *path, const deck *config, model *m, checkpoint_s
         fprintf(errors, "%s: missing attribute step, epoch or seed\n", path);
         status = 1;
     }
+    if (status == 0 && read_attr_i64(file, "steps_per_epoch", &state->steps_per_epoch) != 0)
+        state->steps_per_epoch = 0; /* optional: written since the LR schedule is kept across resumes */
     if (status == 0) status = read_params(file, "/", path, m, m->weights, errors);
     if (status == 0) {
         hid_t first = H5Lexists(file, "optim", H5P_DEFAULT) > 0 && H5Lexists(file, "optim/m", H5P_DEFAULT) > 0

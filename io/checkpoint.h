@@ -16,6 +16,7 @@
 typedef struct {
     int64_t step;                  /* optimizer steps completed */
     int64_t epoch;                 /* epoch of the last completed step */
+    int64_t steps_per_epoch;       /* as planned at the run's start (the LR schedule's); 0 = not recorded */
     uint64_t seed;                 /* [run] seed: with (epoch, sample id) it keys all noise and timesteps */
     float *adam_m, *adam_v;        /* AdamW moments, n_weights each (load fills caller-owned arrays) */
     unsigned char *balancer_state; /* the balancer's saved state (load allocates it; release with free) */

@@ -572,6 +572,7 @@ static void save_checkpoint(trainer *t, int must_succeed)
 #endif
         checkpoint_state state = {
             .step = t->step, .epoch = t->current.epoch, .seed = t->config->run.seed,
+            .steps_per_epoch = t->steps_per_epoch,
             .adam_m = t->adam_m, .adam_v = t->adam_v,
             .balancer_state = t->snapshot, .balancer_bytes = t->snapshot_bytes,
             .rank_seconds = t->rank_seconds, .n_ranks = t->info->n_ranks,
@@ -600,7 +601,7 @@ static void initial_state(trainer *t, char *resumed_from, size_t resumed_size)
     resumed_from[0] = '\0';
     if (rank == 0 && config->checkpoint.resume) found = checkpoint_find_latest(config, resumed_from, resumed_size, stderr);
     comm_bcast_bytes(&found, sizeof found);
-    int64_t resumed_step = 0;
+    int64_t resumed_step = 0, resumed_plan = 0; /* steps per epoch of the run resumed, 0 = none */
     if (found) {
         if (rank == 0) {
             checkpoint_state state = {.adam_m = t->adam_m, .adam_v = t->adam_v};
@@ -620,6 +621,8 @@ static void initial_state(trainer *t, char *resumed_from, size_t resumed_size)
                 fprintf(stderr, "aldit: error: cannot resume from %s; move it away or set [checkpoint] resume = off\n",
                         resumed_from);
             resumed_step = state.step;
+            /* keep the schedule the run started with (a new plan would rest on other measured times) */
+            if (state.steps_per_epoch > 0) resumed_plan = state.steps_per_epoch;
             /* the balancer drops unobserved steps of another rank count on load; then so do we */
             if (state.n_ranks == t->info->n_ranks) t->resumed_seconds = state.rank_seconds;
             else free(state.rank_seconds);
@@ -635,6 +638,11 @@ static void initial_state(trainer *t, char *resumed_from, size_t resumed_size)
     comm_bcast_bytes(&status, sizeof status);
     if (status != 0) exit_all(ALDIT_EXIT_USAGE);
     comm_bcast_bytes(&resumed_step, sizeof resumed_step);
+    comm_bcast_bytes(&resumed_plan, sizeof resumed_plan);
+    if (resumed_plan > 0 && config->run.steps <= 0) {
+        t->steps_per_epoch = resumed_plan;
+        t->total_steps = config->run.epochs * resumed_plan;
+    }
     comm_bcast_bytes(t->net.weights, (size_t)t->net.n_weights * sizeof(float));
     comm_bcast_bytes(t->adam_m, (size_t)t->net.n_weights * sizeof(float));
     comm_bcast_bytes(t->adam_v, (size_t)t->net.n_weights * sizeof(float));
