@@ -11,6 +11,15 @@
 // branch (dy_prev) and its gate's gradient back, so a block's e5 gradient arrives while the next block
 // (or the head) is undone. Per-sample modulation gradients are kept per layer and reduced into the
 // modulation parameters and d(e0) once the blocks are done.
+//
+// With block recomputation (GPU_RECOMPUTE_BLOCK) every block keeps only what block_saved marks as kept
+// (its input x_in, its first LayerNorm's statistics, its modulation vectors) and the other activations of
+// all blocks share one set of buffers. Walking back, the backward of block l ends at the LayerNorm that
+// opened it, whose residual backward needs block l - 1's FFN output: so block l - 1's forward is re-run
+// from its kept x_in right there (block_forward, recomputing), and its own backward follows. A re-run
+// opens with lnmod_fwd on the kept x_in where the forward ran lnmod_residual_fwd: the same LayerNorm of
+// the same stored bf16 rows (lnmod.h), so every activation, the loss and the gradients are those of
+// GPU_RECOMPUTE_NONE, bit for bit.
 #include "model_gpu.h"
 
 #include "config.h"
@@ -47,9 +56,12 @@ struct block_offsets {
     linear_offsets ffn_in, ffn_out;
 };
 
-// What one block keeps from its forward for its backward (bf16 rows unless noted).
+// What one block keeps from its forward for its backward (bf16 rows unless noted). With block
+// recomputation only the fields marked "kept" are the block's own; the others point into buffers that
+// all blocks share (layout_arena).
 struct block_saved {
-    gpu_bf16 *x_in, *h1;                       // [N, D] block input (after the previous block's FFN residual), LN-modulated
+    gpu_bf16 *x_in;                            // [N, D] kept: block input (after the previous block's FFN residual)
+    gpu_bf16 *h1;                              // [N, D] x_in LN-modulated
     gpu_bf16 *q_pre, *k_pre, *q, *k, *v;       // [N, D] projections; q, k after RMSNorm + RoPE
     gpu_bf16 *attn, *y_attn;                   // [N, D] attention output, o projection
     gpu_bf16 *x1, *n3;                         // [N, D] after the gated residual; norm3(x1)
@@ -58,10 +70,11 @@ struct block_saved {
     gpu_bf16 *cattn, *y_cross;                 // [N, D]
     gpu_bf16 *x2, *h2;                         // [N, D] after the cross-attention residual; LN-modulated
     gpu_bf16 *ffn_pre, *ffn_act, *y_ffn;       // [N, F] before / after GELU; [N, D]
-    float *modulation;                         // [6][B][D] e = blocks.l.modulation + e0, chunk-major
-    float *n3_shift, *n3_scale;                // [B, D] norm3's bias and weight - 1 per sample
-    float *d_modulation;                       // [6][B][D] gradient of `modulation`
-    float *ln1_mean, *ln1_rstd, *n3_mean, *n3_rstd, *ln2_mean, *ln2_rstd;   // [N]
+    float *modulation;                         // [6][B][D] kept: e = blocks.l.modulation + e0, chunk-major
+    float *n3_shift, *n3_scale;                // [B, D] kept: norm3's bias and weight - 1 per sample
+    float *d_modulation;                       // [6][B][D] kept: gradient of `modulation`
+    float *ln1_mean, *ln1_rstd;                                             // [N] kept
+    float *n3_mean, *n3_rstd, *ln2_mean, *ln2_rstd;                         // [N]
     float *q_rstd, *k_rstd, *cq_rstd, *ck_rstd;                             // [N] ([L] for ck)
     float *attn_lse, *cattn_lse;                                            // [N, H]
 };
@@ -103,6 +116,7 @@ struct gpu_model {
     // capacity
     int64_t max_tokens, max_text;
     int max_samples;
+    gpu_recompute recompute;
     // parameters: one flat buffer each, the host table's offsets
     float *master, *grads;
     gpu_bf16 *working;
@@ -236,31 +250,61 @@ void layout_tables(carver &c, batch_tables &t, int64_t max_tokens, int max_sampl
     t.sinusoid = c.take<float>((int64_t)max_samples * freq_dim);
 }
 
-// Assign every workspace pointer (or, with c.base NULL, count the bytes) for the model's capacity.
+// The part of a block's activations that block recomputation keeps (block_saved: "kept").
+void layout_kept(carver &c, block_saved &s, int64_t N, int64_t B, int64_t D)
+{
+    s.x_in = c.take<gpu_bf16>(N * D);
+    s.modulation = c.take<float>(6 * B * D);
+    s.d_modulation = c.take<float>(6 * B * D);
+    s.n3_shift = c.take<float>(B * D);
+    s.n3_scale = c.take<float>(B * D);
+    s.ln1_mean = c.take<float>(N);
+    s.ln1_rstd = c.take<float>(N);
+}
+
+// The rest: what block recomputation rebuilds.
+void layout_recomputed(carver &c, block_saved &s, int64_t N, int64_t L, int64_t D, int64_t F, int64_t H)
+{
+    gpu_bf16 **rows[] = {&s.h1, &s.q_pre, &s.k_pre, &s.q, &s.k, &s.v, &s.attn, &s.y_attn, &s.x1, &s.n3, &s.cq_pre,
+                         &s.cq, &s.cattn, &s.y_cross, &s.x2, &s.h2, &s.y_ffn};
+    for (gpu_bf16 **p : rows) *p = c.take<gpu_bf16>(N * D);
+    s.ck_pre = c.take<gpu_bf16>(L * D);
+    s.ck = c.take<gpu_bf16>(L * D);
+    s.cv = c.take<gpu_bf16>(L * D);
+    s.ffn_pre = c.take<gpu_bf16>(N * F);
+    s.ffn_act = c.take<gpu_bf16>(N * F);
+    float **stats[] = {&s.n3_mean, &s.n3_rstd, &s.ln2_mean, &s.ln2_rstd, &s.q_rstd, &s.k_rstd, &s.cq_rstd};
+    for (float **p : stats) *p = c.take<float>(N);
+    s.ck_rstd = c.take<float>(L);
+    s.attn_lse = c.take<float>(N * H);
+    s.cattn_lse = c.take<float>(N * H);
+}
+
+// Assign every workspace pointer (or, with c.base NULL, count the bytes) for the model's capacity and
+// recomputation mode.
 void layout_arena(gpu_model *gm, carver &c)
 {
     const int64_t N = gm->max_tokens, L = gm->max_text, B = gm->max_samples, D = gm->dim, F = gm->ffn_dim,
                   H = gm->num_heads;
     for (int l = 0; l < gm->num_layers; ++l) {
-        block_saved &s = gm->saved[l];
-        gpu_bf16 **rows[] = {&s.x_in, &s.h1, &s.q_pre, &s.k_pre, &s.q, &s.k, &s.v, &s.attn, &s.y_attn, &s.x1,
-                             &s.n3, &s.cq_pre, &s.cq, &s.cattn, &s.y_cross, &s.x2, &s.h2, &s.y_ffn};
-        for (gpu_bf16 **p : rows) *p = c.take<gpu_bf16>(N * D);
-        s.ck_pre = c.take<gpu_bf16>(L * D);
-        s.ck = c.take<gpu_bf16>(L * D);
-        s.cv = c.take<gpu_bf16>(L * D);
-        s.ffn_pre = c.take<gpu_bf16>(N * F);
-        s.ffn_act = c.take<gpu_bf16>(N * F);
-        s.modulation = c.take<float>(6 * B * D);
-        s.d_modulation = c.take<float>(6 * B * D);
-        s.n3_shift = c.take<float>(B * D);
-        s.n3_scale = c.take<float>(B * D);
-        float **stats[] = {&s.ln1_mean, &s.ln1_rstd, &s.n3_mean, &s.n3_rstd, &s.ln2_mean, &s.ln2_rstd,
-                           &s.q_rstd, &s.k_rstd, &s.cq_rstd};
-        for (float **p : stats) *p = c.take<float>(N);
-        s.ck_rstd = c.take<float>(L);
-        s.attn_lse = c.take<float>(N * H);
-        s.cattn_lse = c.take<float>(N * H);
+        layout_kept(c, gm->saved[l], N, B, D);
+        if (gm->recompute == GPU_RECOMPUTE_NONE) layout_recomputed(c, gm->saved[l], N, L, D, F, H);
+    }
+    if (gm->recompute == GPU_RECOMPUTE_BLOCK && gm->num_layers > 0) {
+        block_saved shared = {};
+        layout_recomputed(c, shared, N, L, D, F, H);
+        for (int l = 0; l < gm->num_layers; ++l) {
+            block_saved &s = gm->saved[l];
+            const block_saved kept = s;
+            s = shared;
+            s.x_in = kept.x_in;
+            s.modulation = kept.modulation;
+            s.d_modulation = kept.d_modulation;
+            s.n3_shift = kept.n3_shift;
+            s.n3_scale = kept.n3_scale;
+            s.ln1_mean = kept.ln1_mean;
+            s.ln1_rstd = kept.ln1_rstd;
+        }
     }
     gm->latents = c.take<float>(N * gm->patch_in);
     gm->noise = c.take<float>(N * gm->patch_in);
@@ -486,11 +530,71 @@ void self_attention_bwd(gpu_model *gm, const batch_dims &d, const block_saved &s
 }
 // ---- end of the self-attention dispatch ------------------------------------------------------------------
 
+// Block l's forward from its input (x2, y_ffn of block l - 1 or, for block 0 and when `recomputing`, the
+// kept x_in) to its FFN output y_ffn, into gm->saved[l].
+void block_forward(gpu_model *gm, const batch_dims &d, int l, bool recomputing, cudaStream_t stream)
+{
+    const int64_t N = d.n_tokens, L = d.n_text;
+    const int B = d.n_samples, D = gm->dim, F = gm->ffn_dim, H = gm->num_heads, hd = gm->head_dim;
+    const batch_tables &t = gm->tables_device;
+    const float eps = gm->eps;
+    const block_offsets &bo = gm->blocks[l];
+    block_saved &s = gm->saved[l];
+    float *mod[6];
+    for (int c = 0; c < 6; ++c) mod[c] = chunk_of(s.modulation, c, d, D);
+
+    // x_in = x2 + y_ffn e5 of the block before; h1 = LN(x_in) (1 + e1) + e0. A re-run starts from the kept
+    // x_in: the same LayerNorm of the same bf16 rows as lnmod_residual_fwd's (lnmod.h)
+    if (l == 0 || recomputing) {
+        lnmod_fwd(s.x_in, N, D, t.token_start, B, mod[0], mod[1], eps, s.h1, s.ln1_mean, s.ln1_rstd, stream);
+    } else {
+        const block_saved &p = gm->saved[l - 1];
+        lnmod_residual_fwd(p.x2, p.y_ffn, N, D, t.token_start, B, chunk_of(p.modulation, 5, d, D), mod[0], mod[1],
+                           eps, s.x_in, s.h1, s.ln1_mean, s.ln1_rstd, stream);
+    }
+
+    // self-attention: q, k RMSNorm + 3D RoPE; each sample attends to its own tokens
+    linear_fwd(gm, s.h1, N, D, D, bo.self_q, s.q_pre, stream);
+    linear_fwd(gm, s.h1, N, D, D, bo.self_k, s.k_pre, stream);
+    linear_fwd(gm, s.h1, N, D, D, bo.self_v, s.v, stream);
+    fused_qk_norm_rope_fwd(s.q_pre, N, H, hd, gm->working + bo.self_norm_q, eps, t.positions, s.q, s.q_rstd,
+                           stream);
+    fused_qk_norm_rope_fwd(s.k_pre, N, H, hd, gm->working + bo.self_norm_k, eps, t.positions, s.k, s.k_rstd,
+                           stream);
+    self_attention_fwd(gm, d, s, stream);
+    linear_fwd(gm, s.attn, N, D, D, bo.self_o, s.y_attn, stream);
+
+    // x1 = x_in + y_attn e2; n3 = norm3(x1) (affine LN as LN-modulate with shift = bias, scale = weight - 1)
+    lnmod_residual_fwd(s.x_in, s.y_attn, N, D, t.token_start, B, mod[2], s.n3_shift, s.n3_scale, eps, s.x1, s.n3,
+                       s.n3_mean, s.n3_rstd, stream);
+
+    // cross-attention: each sample's tokens attend to its own text rows; q, k RMSNorm (no RoPE)
+    linear_fwd(gm, s.n3, N, D, D, bo.cross_q, s.cq_pre, stream);
+    fused_qk_norm_rope_fwd(s.cq_pre, N, H, hd, gm->working + bo.cross_norm_q, eps, nullptr, s.cq, s.cq_rstd,
+                           stream);
+    if (L > 0) {
+        linear_fwd(gm, gm->context, L, D, D, bo.cross_k, s.ck_pre, stream);
+        fused_qk_norm_rope_fwd(s.ck_pre, L, H, hd, gm->working + bo.cross_norm_k, eps, nullptr, s.ck, s.ck_rstd,
+                               stream);
+        linear_fwd(gm, gm->context, L, D, D, bo.cross_v, s.cv, stream);
+    }
+    attention_fwd(s.cq, s.ck, s.cv, H, hd, t.token_start, t.text_start, B, N, L, s.cattn, s.cattn_lse, stream);
+    linear_fwd(gm, s.cattn, N, D, D, bo.cross_o, s.y_cross, stream);
+
+    // x2 = x1 + y_cross (gate 1); h2 = LN(x2) (1 + e4) + e3
+    lnmod_residual_fwd(s.x1, s.y_cross, N, D, t.token_start, B, gm->ones, mod[3], mod[4], eps, s.x2, s.h2,
+                       s.ln2_mean, s.ln2_rstd, stream);
+
+    // FFN: Linear, GELU-tanh (epilogue), Linear; its gated residual opens the next block
+    linear_gelu_fwd(gm, s.h2, N, D, F, bo.ffn_in, s.ffn_pre, s.ffn_act, stream);
+    linear_fwd(gm, s.ffn_act, N, F, D, bo.ffn_out, s.y_ffn, stream);
+}
+
 // Embeddings, blocks and head; ends with the per-sample losses and the gradient of the prediction.
 void forward(gpu_model *gm, const batch_dims &d, float grad_scale, cudaStream_t stream)
 {
     const int64_t N = d.n_tokens, L = d.n_text;
-    const int B = d.n_samples, D = gm->dim, F = gm->ffn_dim, H = gm->num_heads, hd = gm->head_dim;
+    const int B = d.n_samples, D = gm->dim;
     const batch_tables &t = gm->tables_device;
     const float eps = gm->eps;
 
@@ -526,57 +630,7 @@ void forward(gpu_model *gm, const batch_dims &d, float grad_scale, cudaStream_t 
     misc_head_modulation(master + gm->head_modulation, gm->time_emb, B, D, gm->head_shift, gm->head_scale, stream);
     misc_fill_f32(gm->ones, (int64_t)B * D, 1.0f, stream);
 
-    for (int l = 0; l < gm->num_layers; ++l) {
-        const block_offsets &bo = gm->blocks[l];
-        block_saved &s = gm->saved[l];
-        float *mod[6];
-        for (int c = 0; c < 6; ++c) mod[c] = chunk_of(s.modulation, c, d, D);
-
-        // x_in = x2 + y_ffn e5 of the block before; h1 = LN(x_in) (1 + e1) + e0
-        if (l == 0) {
-            lnmod_fwd(s.x_in, N, D, t.token_start, B, mod[0], mod[1], eps, s.h1, s.ln1_mean, s.ln1_rstd, stream);
-        } else {
-            const block_saved &p = gm->saved[l - 1];
-            lnmod_residual_fwd(p.x2, p.y_ffn, N, D, t.token_start, B, chunk_of(p.modulation, 5, d, D), mod[0], mod[1],
-                               eps, s.x_in, s.h1, s.ln1_mean, s.ln1_rstd, stream);
-        }
-
-        // self-attention: q, k RMSNorm + 3D RoPE; each sample attends to its own tokens
-        linear_fwd(gm, s.h1, N, D, D, bo.self_q, s.q_pre, stream);
-        linear_fwd(gm, s.h1, N, D, D, bo.self_k, s.k_pre, stream);
-        linear_fwd(gm, s.h1, N, D, D, bo.self_v, s.v, stream);
-        fused_qk_norm_rope_fwd(s.q_pre, N, H, hd, gm->working + bo.self_norm_q, eps, t.positions, s.q, s.q_rstd,
-                               stream);
-        fused_qk_norm_rope_fwd(s.k_pre, N, H, hd, gm->working + bo.self_norm_k, eps, t.positions, s.k, s.k_rstd,
-                               stream);
-        self_attention_fwd(gm, d, s, stream);
-        linear_fwd(gm, s.attn, N, D, D, bo.self_o, s.y_attn, stream);
-
-        // x1 = x_in + y_attn e2; n3 = norm3(x1) (affine LN as LN-modulate with shift = bias, scale = weight - 1)
-        lnmod_residual_fwd(s.x_in, s.y_attn, N, D, t.token_start, B, mod[2], s.n3_shift, s.n3_scale, eps, s.x1, s.n3,
-                           s.n3_mean, s.n3_rstd, stream);
-
-        // cross-attention: each sample's tokens attend to its own text rows; q, k RMSNorm (no RoPE)
-        linear_fwd(gm, s.n3, N, D, D, bo.cross_q, s.cq_pre, stream);
-        fused_qk_norm_rope_fwd(s.cq_pre, N, H, hd, gm->working + bo.cross_norm_q, eps, nullptr, s.cq, s.cq_rstd,
-                               stream);
-        if (L > 0) {
-            linear_fwd(gm, gm->context, L, D, D, bo.cross_k, s.ck_pre, stream);
-            fused_qk_norm_rope_fwd(s.ck_pre, L, H, hd, gm->working + bo.cross_norm_k, eps, nullptr, s.ck, s.ck_rstd,
-                                   stream);
-            linear_fwd(gm, gm->context, L, D, D, bo.cross_v, s.cv, stream);
-        }
-        attention_fwd(s.cq, s.ck, s.cv, H, hd, t.token_start, t.text_start, B, N, L, s.cattn, s.cattn_lse, stream);
-        linear_fwd(gm, s.cattn, N, D, D, bo.cross_o, s.y_cross, stream);
-
-        // x2 = x1 + y_cross (gate 1); h2 = LN(x2) (1 + e4) + e3
-        lnmod_residual_fwd(s.x1, s.y_cross, N, D, t.token_start, B, gm->ones, mod[3], mod[4], eps, s.x2, s.h2,
-                           s.ln2_mean, s.ln2_rstd, stream);
-
-        // FFN: Linear, GELU-tanh (epilogue), Linear; its gated residual opens the next block
-        linear_gelu_fwd(gm, s.h2, N, D, F, bo.ffn_in, s.ffn_pre, s.ffn_act, stream);
-        linear_fwd(gm, s.ffn_act, N, F, D, bo.ffn_out, s.y_ffn, stream);
-    }
+    for (int l = 0; l < gm->num_layers; ++l) block_forward(gm, d, l, false, stream);
 
     // head: x_final = x2 + y_ffn e5 of the last block; LN modulated by head.modulation + e; Linear
     if (gm->num_layers > 0) {
@@ -667,8 +721,11 @@ void backward(gpu_model *gm, const batch_dims &d, cudaStream_t stream)
         linear_bwd(gm, s.h1, gm->d_k, N, D, D, bo.self_k, nullptr, gm->d_h, 1, stream);
         linear_bwd(gm, s.h1, gm->d_v, N, D, D, bo.self_v, nullptr, gm->d_h, 1, stream);
 
-        // h1 = LN-modulate(x_in): with l > 0, x_in = x2 + y_ffn e5 of block l - 1, whose gradients come out here
+        // h1 = LN-modulate(x_in): with l > 0, x_in = x2 + y_ffn e5 of block l - 1, whose gradients come out
+        // here. With block recomputation block l - 1's activations are rebuilt first: this needs its y_ffn,
+        // and its own backward comes next. Block l's statistics, modulation and x_in are kept; d_* untouched.
         if (l > 0) {
+            if (gm->recompute == GPU_RECOMPUTE_BLOCK) block_forward(gm, d, l - 1, true, stream);
             block_saved &p = gm->saved[l - 1];
             lnmod_residual_bwd(s.x_in, p.y_ffn, gm->d_h, gm->d_x, N, D, t.token_start, B,
                                chunk_of(p.modulation, 5, d, D), mod[1], s.ln1_mean, s.ln1_rstd, gm->d_x, gm->d_y,
@@ -712,7 +769,7 @@ void backward(gpu_model *gm, const batch_dims &d, cudaStream_t stream)
 namespace {
 
 // A gpu_model with its dims, capacity, parameter offsets and workspace size set, nothing allocated on the device.
-gpu_model *describe(const model *m, int64_t max_tokens, int max_samples, int64_t max_text)
+gpu_model *describe(const model *m, int64_t max_tokens, int max_samples, int64_t max_text, gpu_recompute recompute)
 {
     check_supported(m);
     ALDIT_CHECK(max_tokens > 0 && max_samples > 0 && max_samples <= 65535 && max_text >= 0,
@@ -738,6 +795,9 @@ gpu_model *describe(const model *m, int64_t max_tokens, int max_samples, int64_t
     gm->max_tokens = max_tokens;
     gm->max_samples = max_samples;
     gm->max_text = max_text > 0 ? max_text : (int64_t)max_samples * m->text_len;
+    ALDIT_CHECK(recompute == GPU_RECOMPUTE_NONE || recompute == GPU_RECOMPUTE_BLOCK,
+                "gpu model: unknown recomputation mode %d", (int)recompute);
+    gm->recompute = recompute;
 
     gm->patch = find_linear(m, "patch_embedding");
     gm->text_in = find_linear(m, "text_embedding.0");
@@ -761,9 +821,10 @@ gpu_model *describe(const model *m, int64_t max_tokens, int max_samples, int64_t
 
 } // namespace
 
-size_t gpu_model_workspace_bytes(const model *host_model, int64_t max_tokens, int max_samples, int64_t max_text)
+size_t gpu_model_workspace_bytes_with_recompute(const model *host_model, int64_t max_tokens, int max_samples,
+                                                int64_t max_text, gpu_recompute recompute)
 {
-    gpu_model *gm = describe(host_model, max_tokens, max_samples, max_text);
+    gpu_model *gm = describe(host_model, max_tokens, max_samples, max_text, recompute);
     const size_t bytes = gm->arena_bytes;
     free(gm->blocks);
     free(gm->saved);
@@ -771,10 +832,16 @@ size_t gpu_model_workspace_bytes(const model *host_model, int64_t max_tokens, in
     return bytes;
 }
 
-gpu_model *gpu_model_create(const model *host_model, int64_t max_tokens, int max_samples, int64_t max_text)
+size_t gpu_model_workspace_bytes(const model *host_model, int64_t max_tokens, int max_samples, int64_t max_text)
+{
+    return gpu_model_workspace_bytes_with_recompute(host_model, max_tokens, max_samples, max_text, GPU_RECOMPUTE_NONE);
+}
+
+gpu_model *gpu_model_create_with_recompute(const model *host_model, int64_t max_tokens, int max_samples,
+                                           int64_t max_text, gpu_recompute recompute)
 {
     const model *m = host_model;
-    gpu_model *gm = describe(m, max_tokens, max_samples, max_text);
+    gpu_model *gm = describe(m, max_tokens, max_samples, max_text, recompute);
     const size_t n = (size_t)m->n_weights;
     CUDA_CHECK(cudaMalloc(&gm->master, n * sizeof(float)));
     CUDA_CHECK(cudaMalloc(&gm->grads, n * sizeof(float)));
@@ -806,6 +873,11 @@ gpu_model *gpu_model_create(const model *host_model, int64_t max_tokens, int max
     gm->timesteps_host = static_cast<float *>(xmalloc((size_t)max_samples * sizeof(float)));
     gpu_model_set_attention(gm, GPU_ATTENTION_AUTO, 0);
     return gm;
+}
+
+gpu_model *gpu_model_create(const model *host_model, int64_t max_tokens, int max_samples, int64_t max_text)
+{
+    return gpu_model_create_with_recompute(host_model, max_tokens, max_samples, max_text, GPU_RECOMPUTE_NONE);
 }
 
 int gpu_model_set_attention(gpu_model *gm, gpu_attention_choice choice, int64_t min_cudnn_tokens)

@@ -18,8 +18,8 @@ extern "C" {
    all-reduce, a norm and AdamW run over one buffer each, and a checkpoint maps name by name.
    Precision: bf16 weights and activations in the GEMMs, attention and the fused norms; fp32 statistics,
    accumulators, modulation vectors and the whole time-embedding path (B rows, on the fp32 masters).
-   Activations of every block are kept for the backward (recompute = none; block recomputation is a later
-   step), in a workspace sized once for the largest micro-batch the caller will pass.
+   Activations live in a workspace sized once for the largest micro-batch the caller will pass; how many
+   of them are kept for the backward is the recomputation mode (gpu_recompute below).
    Needs qk_norm = 1 and cross_attn_norm = 1 (Wan 2.1's settings), in_dim == out_dim, dim and ffn_dim
    multiples of 8, head_dim a multiple of 16 up to 128. */
 typedef struct gpu_model gpu_model;
@@ -31,16 +31,33 @@ typedef struct {
     float *grads;        /* fp32 [n_weights], device: gradients, ADDED into by gpu_model_forward_backward */
 } gpu_model_buffers;
 
+/* Activation recomputation ([train] recompute; the caller maps deck_recompute):
+   NONE: every block keeps all its activations for the backward: about 2 * num_layers * (18 dim + 2 ffn_dim)
+   bytes per token (plus 3 * 2 dim per text row and layer).
+   BLOCK: a block keeps only its input (the bf16 residual stream x_in, 2 dim bytes per token), its LayerNorm
+   statistics (8 bytes per token) and its per-sample modulation vectors; one block's activations (about
+   2 * (17 dim + 2 ffn_dim) bytes per token) are shared by all blocks. The backward re-runs each block's
+   forward from its kept input (all but the last block, whose activations are still there) just before it
+   needs them, with the same kernels on the same inputs: loss and gradients are those of NONE, bit for bit.
+   It costs one more forward of num_layers - 1 blocks. */
+typedef enum { GPU_RECOMPUTE_NONE, GPU_RECOMPUTE_BLOCK } gpu_recompute;
+
 /* Allocate everything on the current GPU (gpu_select first) for micro-batches of at most
    max_tokens tokens (after patchify), max_samples samples and max_text text rows in all (0 means
-   max_samples * text_len). A larger micro-batch is a fatal error naming the sizes. Weights and gradients
-   start at zero: upload weights next. The model's dims and table are read now; host_model->weights is
-   not. Fatal (naming what) when a setting is unsupported or memory runs out. */
+   max_samples * text_len), keeping activations as `recompute` says. A larger micro-batch is a fatal error
+   naming the sizes. Weights and gradients start at zero: upload weights next. The model's dims and table
+   are read now; host_model->weights is not. Fatal (naming what) when a setting is unsupported or memory
+   runs out. gpu_model_create is this with GPU_RECOMPUTE_NONE. */
+gpu_model *gpu_model_create_with_recompute(const model *host_model, int64_t max_tokens, int max_samples,
+                                           int64_t max_text, gpu_recompute recompute);
 gpu_model *gpu_model_create(const model *host_model, int64_t max_tokens, int max_samples, int64_t max_text);
 void gpu_model_free(gpu_model *gm);
-/* Device bytes of the activation workspace gpu_model_create would allocate for this capacity (the part
-   that grows with the micro-batch: about 2 * num_layers * (18 dim + 2 ffn_dim) bytes per token, plus the
-   text rows), without allocating anything. Weights, bf16 copies and gradients add 10 bytes per parameter. */
+/* Device bytes of the activation workspace gpu_model_create_with_recompute would allocate for this capacity
+   and mode (the part that grows with the micro-batch, see gpu_recompute, plus the embeddings, the head, the
+   gradients of one block's activations and the text rows), without allocating anything. Weights, bf16
+   copies and gradients add 10 bytes per parameter. gpu_model_workspace_bytes: GPU_RECOMPUTE_NONE. */
+size_t gpu_model_workspace_bytes_with_recompute(const model *host_model, int64_t max_tokens, int max_samples,
+                                                int64_t max_text, gpu_recompute recompute);
 size_t gpu_model_workspace_bytes(const model *host_model, int64_t max_tokens, int max_samples, int64_t max_text);
 
 /* Which kernels run self-attention ([train] attention in the deck; the caller maps deck_attention):

@@ -300,7 +300,7 @@ static void print_device_line(const deck *config, const gpu_plan *gpu, const cha
 
 /* The memory lines of the summaries: the activation budget per rank and where it comes from; on a GPU
    also the device memory and the capacity of the GPU model. */
-static void print_memory_lines(const deck *config, double budget, int budget_measured, const gpu_plan *gpu)
+static void print_memory_lines(double budget, int budget_measured, const gpu_plan *gpu)
 {
     char budget_text[32], free_text[32], state_text[32], workspace_text[32];
     format_bytes(budget, budget_text, sizeof budget_text);
@@ -324,9 +324,6 @@ static void print_memory_lines(const deck *config, double budget, int budget_mea
         format_bytes(gpu->attention_buffer_bytes, buffer_text, sizeof buffer_text);
         printf("             and %s kept for cuDNN attention's buffer (the longest sample)\n", buffer_text);
     }
-    if (config->train.recompute == RECOMPUTE_BLOCK)
-        printf("  note       [train] recompute = block: the GPU model keeps every block's activations (recomputation "
-               "is not implemented on the GPU yet); the capacity above is what it can hold that way\n");
 }
 
 int train_check(const deck *config, const comm_info *info)
@@ -368,7 +365,7 @@ int train_check(const deck *config, const comm_info *info)
         print_store_line(&data, config);
         printf("  model      %s: %lld parameters\n", config->model.name, (long long)n_params);
         print_device_line(config, gpu, NULL);
-        print_memory_lines(config, budget, budget_measured, gpu);
+        print_memory_lines(budget, budget_measured, gpu);
         printf("  balancer   %s: %lld steps per epoch, predicted epoch %.3g s vs lower bound %.3g s "
                "(predicted imbalance %.1f%%)\n", deck_strategy_name(config->balance.strategy), (long long)plan.steps,
                plan.predicted_s, plan.lower_bound_s, 100.0 * plan.imbalance_pred);
@@ -679,7 +676,7 @@ static void print_summary(const trainer *t, const char *resumed_from, int budget
         printf("  strategy   %s, global batch %lld samples\n", deck_strategy_name(config->balance.strategy),
                (long long)config->balance.global_batch);
     else printf("  strategy   %s, budget-filled steps\n", deck_strategy_name(config->balance.strategy));
-    print_memory_lines(config, t->mem_budget, budget_measured, gpu);
+    print_memory_lines(t->mem_budget, budget_measured, gpu);
     printf("  schedule   %lld steps (%lld per epoch), lr %g, warmup %lld, %s to %g, weight decay %g, clip %g\n",
            (long long)t->total_steps, (long long)t->steps_per_epoch, config->train.lr,
            (long long)config->train.warmup_steps, config->train.lr_schedule == LR_COSINE ? "cosine" : "constant",

@@ -87,10 +87,17 @@ static capacity capacity_for_budget(const cost_model *cm, const balance_sample *
     return c;
 }
 
-static double workspace_for(const model *table, capacity c)
+/* [train] recompute as the GPU model takes it. The balancer's memory model assumes [balance] recompute,
+   which the deck requires to be the same, so capacity and workspace are planned for one mode. */
+static gpu_recompute recompute_of(const deck *config)
+{
+    return config->train.recompute == RECOMPUTE_BLOCK ? GPU_RECOMPUTE_BLOCK : GPU_RECOMPUTE_NONE;
+}
+
+static double workspace_for(const deck *config, const model *table, capacity c)
 {
     int samples = (int)(c.samples < GPU_MAX_SAMPLES ? c.samples : GPU_MAX_SAMPLES);
-    return (double)gpu_model_workspace_bytes(table, c.tokens, samples, c.text);
+    return (double)gpu_model_workspace_bytes_with_recompute(table, c.tokens, samples, c.text, recompute_of(config));
 }
 
 /* cuDNN's attention keeps a buffer of its own outside the workspace, grown to the longest sample it
@@ -114,7 +121,7 @@ static int budget_fits(const deck *config, const cost_model *cm, const model *ta
 {
     capacity c = capacity_for_budget(cm, samples, n_samples, budget);
     return c.samples <= GPU_MAX_SAMPLES
-           && workspace_for(table, c) + attention_buffer_for(config, table, c) <= available;
+           && workspace_for(config, table, c) + attention_buffer_for(config, table, c) <= available;
 }
 
 /* Ranks of this node whose node-local rank maps to `device` (as gpu_select maps them). */
@@ -187,7 +194,7 @@ static int plan_memory(const deck *config, const comm_info *info, const cost_mod
     plan->max_tokens = c.tokens;
     plan->max_text = c.text;
     plan->max_samples = (int)(c.samples < GPU_MAX_SAMPLES ? c.samples : GPU_MAX_SAMPLES);
-    plan->workspace_bytes = workspace_for(table, c);
+    plan->workspace_bytes = workspace_for(config, table, c);
     plan->attention_buffer_bytes = attention_buffer_for(config, table, c);
     if (c.samples > GPU_MAX_SAMPLES || plan->workspace_bytes + plan->attention_buffer_bytes > available) {
         if (info->rank == 0)
@@ -248,7 +255,8 @@ train_gpu *train_gpu_create(const deck *config, const comm_info *info, const mod
         free(gpu);
         return NULL;
     }
-    gpu->net = gpu_model_create(host, gpu->plan.max_tokens, gpu->plan.max_samples, gpu->plan.max_text);
+    gpu->net = gpu_model_create_with_recompute(host, gpu->plan.max_tokens, gpu->plan.max_samples, gpu->plan.max_text,
+                                               recompute_of(config));
     const gpu_attention_choice attention[] = {[ATTENTION_AUTO] = GPU_ATTENTION_AUTO,
                                               [ATTENTION_CUDNN] = GPU_ATTENTION_CUDNN,
                                               [ATTENTION_OWN] = GPU_ATTENTION_OWN};
@@ -376,8 +384,9 @@ void train_gpu_finish_step(train_gpu *gpu, const adamw_step *hyper, int update, 
                                gpu->stream));
     /* while the GPU runs the optimizer: the workspace the step's largest micro-batch occupied */
     result->mem_peak = gpu->step_samples > 0
-        ? (double)gpu_model_workspace_bytes(gpu->host, gpu->step_tokens, gpu->step_samples,
-                                            gpu->step_text > 0 ? gpu->step_text : 1)
+        ? (double)gpu_model_workspace_bytes_with_recompute(gpu->host, gpu->step_tokens, gpu->step_samples,
+                                                           gpu->step_text > 0 ? gpu->step_text : 1,
+                                                           recompute_of(config))
         : 0.0;
     CUDA_CHECK(cudaStreamSynchronize(gpu->stream));
     float milliseconds = 0.0f;

@@ -23,7 +23,7 @@ typedef struct {
     /* Capacity of the GPU model: every micro-batch the balancer can form under mem_budget fits it. */
     int64_t max_tokens, max_text;
     int max_samples;
-    double workspace_bytes;       /* the GPU model's activation workspace at that capacity */
+    double workspace_bytes;       /* the GPU model's activation workspace at that capacity ([train] recompute) */
     double attention_buffer_bytes; /* cuDNN attention's own buffer for the longest sample (0 without cuDNN) */
     int64_t cudnn_min_tokens;     /* self-attention of samples this long runs on cuDNN; 0: never (a run sets it) */
 } gpu_plan;

@@ -1,6 +1,7 @@
 /* test_cuda_model.c — cmocka tests of the whole GPU model against the CPU model (loss, per-sample losses, every
    parameter's gradient) on a tiny Wan-shaped model over packed batches; gradient accumulation and determinism;
-   and a timing (not an assertion) of one Wan-1.3B block forward+backward. */
+   block recomputation against none (bit for bit); and a timing (not an assertion) of one Wan-1.3B block
+   forward+backward. */
 #include "config.h"
 
 #include <setjmp.h>
@@ -40,15 +41,15 @@ typedef struct {
     float *latents, *noise, *text;
 } host_batch;
 
-/* The quick-start dims: D 64, F 128, 4 heads of 16, 2 layers, text_dim 32 (16 tokens), freq_dim 32. */
-static void tiny_model(model *m, uint64_t seed)
+/* The quick-start dims: D 64, F 128, 4 heads of 16, text_dim 32 (16 tokens), freq_dim 32; num_layers layers. */
+static void tiny_model(model *m, int num_layers, uint64_t seed)
 {
     deck config;
     deck_defaults(&config);
     config.model.dim = 64;
     config.model.ffn_dim = 128;
     config.model.num_heads = 4;
-    config.model.num_layers = 2;
+    config.model.num_layers = num_layers;
     config.model.text_len = 16;
     config.model.text_dim = 32;
     config.model.freq_dim = 32;
@@ -117,7 +118,7 @@ static int by_error_descending(const void *a, const void *b)
 static void compare_with_cpu(const char *case_name, const batch_spec *spec, uint64_t seed)
 {
     model m;
-    tiny_model(&m, seed);
+    tiny_model(&m, 2, seed);
     host_batch hb;
     make_batch(&m, spec, seed + 1, &hb);
     const float grad_scale = 1.0f / (float)spec->n_samples;
@@ -210,6 +211,58 @@ static void test_sample_without_text(void **state)
     compare_with_cpu("a sample without text", &spec, 0x5eed0002ull);
 }
 
+/* recompute = block against none on the same weights and the 3-sample batch: the same kernels run on the
+   same inputs, so the losses and every gradient must be equal to the bit, and block mode's workspace is
+   smaller. 4 layers, so that middle blocks are re-run from their kept input. */
+static void test_recompute_block_matches_none(void **state)
+{
+    (void)state;
+    model m;
+    tiny_model(&m, 4, 0x5eed0005ull);
+    const batch_spec spec = {3, {1, 3, 2}, {8, 4, 6}, {8, 6, 10}, {16, 5, 11}, {0.2f, 0.5f, 0.9f}};
+    host_batch hb;
+    make_batch(&m, &spec, 0x5eed0006ull, &hb);
+    const gpu_recompute modes[2] = {GPU_RECOMPUTE_NONE, GPU_RECOMPUTE_BLOCK};
+    double loss[2], sample_loss[2][4];
+    float *grads[2];
+    size_t workspace[2];
+    gpu_select(0);
+    for (int i = 0; i < 2; ++i) {
+        workspace[i] = gpu_model_workspace_bytes_with_recompute(&m, 256, 4, 0, modes[i]);
+        gpu_model *gm = gpu_model_create_with_recompute(&m, 256, 4, 0, modes[i]);
+        gpu_model_upload_weights(gm, m.weights);
+        loss[i] = gpu_model_forward_backward(gm, &hb.batch, 1.0f / (float)spec.n_samples, sample_loss[i], 0);
+        grads[i] = xmalloc((size_t)m.n_weights * sizeof(float));
+        gpu_model_download_grads(gm, grads[i]);
+        gpu_model_free(gm);
+    }
+    int64_t differing = 0, nonfinite = 0;
+    double largest = 0.0;
+    for (int64_t j = 0; j < m.n_weights; ++j) {
+        if (!isfinite(grads[1][j])) ++nonfinite;
+        if (memcmp(&grads[0][j], &grads[1][j], sizeof(float)) != 0) {
+            ++differing;
+            largest = fmax(largest, fabs((double)grads[1][j] - (double)grads[0][j]));
+        }
+    }
+    printf("# recompute block vs none: loss %.9g vs %.9g; %lld of %lld gradient values differ (largest by %.3e), "
+           "%lld not finite; workspace %zu vs %zu bytes\n", loss[1], loss[0], (long long)differing,
+           (long long)m.n_weights, largest, (long long)nonfinite, workspace[1], workspace[0]);
+    if (loss[1] != loss[0]) fail_msg("recompute block: loss %.9g, none: %.9g", loss[1], loss[0]);
+    for (int b = 0; b < spec.n_samples; ++b)
+        if (sample_loss[1][b] != sample_loss[0][b])
+            fail_msg("recompute block: sample %d loss %.9g, none: %.9g", b, sample_loss[1][b], sample_loss[0][b]);
+    if (differing > 0 || nonfinite > 0)
+        fail_msg("recompute block: %lld gradient values differ from none, %lld not finite", (long long)differing,
+                 (long long)nonfinite);
+    if (!(workspace[1] < workspace[0]))
+        fail_msg("recompute block: workspace %zu bytes, not less than none's %zu", workspace[1], workspace[0]);
+    free(grads[0]);
+    free(grads[1]);
+    free_batch(&hb);
+    model_free(&m);
+}
+
 static double seconds_now(void)
 {
     struct timespec now;
@@ -284,6 +337,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_packed_batch),
         cmocka_unit_test(test_sample_without_text),
+        cmocka_unit_test(test_recompute_block_matches_none),
         cmocka_unit_test(test_wan13b_block_timing),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
