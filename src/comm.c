@@ -73,6 +73,7 @@ static void allreduce(void *values, size_t n_values, MPI_Datatype type, MPI_Op o
 void comm_allreduce_sum_f32(float *values, size_t n_values) { allreduce(values, n_values, MPI_FLOAT, MPI_SUM); }
 void comm_allreduce_sum_f64(double *values, size_t n_values) { allreduce(values, n_values, MPI_DOUBLE, MPI_SUM); }
 void comm_allreduce_max_f64(double *values, size_t n_values) { allreduce(values, n_values, MPI_DOUBLE, MPI_MAX); }
+void comm_allreduce_min_f64(double *values, size_t n_values) { allreduce(values, n_values, MPI_DOUBLE, MPI_MIN); }
 
 int comm_allreduce_or_int(int flag)
 {

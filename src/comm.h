@@ -31,6 +31,7 @@ int comm_scatter_int(const int *send);
 void comm_allreduce_sum_f32(float *values, size_t n_values);
 void comm_allreduce_sum_f64(double *values, size_t n_values);
 void comm_allreduce_max_f64(double *values, size_t n_values);
+void comm_allreduce_min_f64(double *values, size_t n_values);
 int comm_allreduce_or_int(int flag);
 /* Rank 0 receives one double from every rank into `all` (length n_ranks); others may pass NULL. */
 void comm_gather_f64(double value, double *all);

@@ -208,9 +208,7 @@ static double memory_budget(const deck *config, const comm_info *info, int64_t n
     if (available < 0.0) available = config->balance.device_mem * info->n_local_ranks;
     double budget = available / info->n_local_ranks * (1.0 - config->balance.mem_margin)
                     - 4.0 * sizeof(float) * (double)n_weights;
-    double negated = -budget;
-    comm_allreduce_max_f64(&negated, 1); /* the smallest over ranks */
-    budget = -negated;
+    comm_allreduce_min_f64(&budget, 1);
     if (budget <= 0.0) {
         if (info->rank == 0)
             fprintf(stderr, "aldit: error: no memory left for activations after the model state (%lld parameters); "

@@ -141,13 +141,6 @@ static void select_device(const comm_info *info, gpu_plan *plan)
     plan->ranks_per_gpu = ranks_on_device(info, plan->device);
 }
 
-static double smallest_over_ranks(double value)
-{
-    double negated = -value;
-    comm_allreduce_max_f64(&negated, 1);
-    return -negated;
-}
-
 /* Collective, after select_device: the budget and capacity, the same on every rank. Returns 0 or
    ALDIT_EXIT_USAGE (rank 0 printed why). */
 static int plan_memory(const deck *config, const comm_info *info, const cost_model *cm, const model *table,
@@ -156,7 +149,8 @@ static int plan_memory(const deck *config, const comm_info *info, const cost_mod
     const double gib = 1024.0 * 1024.0 * 1024.0;
     size_t free_bytes = 0, total_bytes = 0;
     gpu_memory_info(&free_bytes, &total_bytes);
-    plan->free_bytes = smallest_over_ranks((double)free_bytes / plan->ranks_per_gpu);
+    plan->free_bytes = (double)free_bytes / plan->ranks_per_gpu;
+    comm_allreduce_min_f64(&plan->free_bytes, 1);
     plan->state_bytes = (double)table->n_weights * (2.0 * sizeof(float) + sizeof(gpu_bf16) + 2.0 * sizeof(float));
     plan->reserve_bytes = RUNTIME_RESERVE_BYTES;
     plan->budget_measured = config->balance.mem_budget <= 0.0;
@@ -178,7 +172,8 @@ static int plan_memory(const deck *config, const comm_info *info, const cost_mod
                 budget = low;
             }
         }
-        plan->mem_budget = smallest_over_ranks(floor(budget));
+        plan->mem_budget = floor(budget);
+        comm_allreduce_min_f64(&plan->mem_budget, 1);
         if (!(plan->mem_budget > 0.0)) {
             if (info->rank == 0)
                 fprintf(stderr, "aldit: error: no GPU memory left for activations: %.2f GiB free per rank on %s, less "
@@ -427,7 +422,10 @@ double train_gpu_time_shapes(train_gpu *gpu, int n_ranks, const gpu_shape *shape
     for (int i = 0; i < n_shapes; i++) {
         int64_t tokens = (int64_t)(shapes[i].frames / host->patch_t) * (shapes[i].height / host->patch_h)
                        * (shapes[i].width / host->patch_w);
-        int fits = tokens <= gpu->plan.max_tokens && shapes[i].text_len <= gpu->plan.max_text;
+        /* within the capacity, and not an oversize sample (cuDNN's buffer was planned for the longest
+           sample the balancer may schedule) */
+        int fits = tokens <= gpu->plan.max_tokens && shapes[i].text_len <= gpu->plan.max_text &&
+                   cost_model_mem(&gpu->cm, tokens, shapes[i].text_len) <= gpu->plan.mem_budget;
         seconds[i] = fits ? time_shape(gpu, &shapes[i], latents, noise, text) : -1.0;
     }
     comm_allreduce_sum_f64(seconds, (size_t)n_shapes); /* every rank times the same shapes */
