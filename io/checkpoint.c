@@ -207,6 +207,9 @@ static int64_t *list_steps(const char *dir, int *n_steps, int remove_tmp, FILE *
             continue;
         }
         if (strcmp(end, ".h5") != 0) continue;
+        char canonical[64]; /* only names checkpoint_path writes: step_5.h5 would be looked up as step_00000005.h5 */
+        snprintf(canonical, sizeof canonical, "step_%08lld.h5", step);
+        if (strcmp(name, canonical) != 0) continue;
         if (*n_steps == capacity) steps = xrealloc(steps, (size_t)(capacity *= 2) * sizeof *steps);
         steps[(*n_steps)++] = step;
     }
