@@ -11,6 +11,8 @@
 
 #include <cmocka.h>
 
+#include "cuda_test_util.h"
+
 #if defined(HAVE_CUDA) && defined(HAVE_CUDNN)
 
 #include <math.h>
@@ -26,76 +28,9 @@
 #include "rng.h"
 
 static const double kTolerance = 1e-2; /* relative error ||gpu - cpu|| / ||cpu|| of bf16 paths */
+static const double kNearZeroBound = 1e-6; /* the error's bound where the reference is ~0 */
 
 static uint64_t g_seed = 0xc0d2a77e2026ull;
-
-/* n values normal(0, 1) rounded to bf16: the float values and their bits. */
-static float *random_bf16(size_t n, gpu_bf16 **bits)
-{
-    float *values = xmalloc(n * sizeof *values);
-    *bits = xmalloc(n * sizeof **bits);
-    for (size_t i = 0; i < n; ++i) {
-        (*bits)[i] = gpu_bf16_from_float((float)rng_normal(&g_seed));
-        values[i] = gpu_float_from_bf16((*bits)[i]);
-    }
-    return values;
-}
-
-static void *upload(const void *host, size_t n_bytes)
-{
-    void *device = NULL;
-    CUDA_CHECK(cudaMalloc(&device, n_bytes));
-    CUDA_CHECK(cudaMemcpy(device, host, n_bytes, cudaMemcpyHostToDevice));
-    return device;
-}
-
-/* All bits set: NaN in bf16 and fp32, so a value never written cannot pass. */
-static void poison(void *device, size_t n_bytes)
-{
-    CUDA_CHECK(cudaMemset(device, 0xff, n_bytes));
-}
-
-static void *poisoned(size_t n_bytes)
-{
-    void *device = NULL;
-    CUDA_CHECK(cudaMalloc(&device, n_bytes));
-    poison(device, n_bytes);
-    return device;
-}
-
-static float *download_bf16(const gpu_bf16 *device, size_t n)
-{
-    gpu_bf16 *bits = xmalloc(n * sizeof *bits);
-    float *values = xmalloc(n * sizeof *values);
-    CUDA_CHECK(cudaMemcpy(bits, device, n * sizeof *bits, cudaMemcpyDeviceToHost));
-    for (size_t i = 0; i < n; ++i) values[i] = gpu_float_from_bf16(bits[i]);
-    free(bits);
-    return values;
-}
-
-static float *download_f32(const float *device, size_t n)
-{
-    float *values = xmalloc(n * sizeof *values);
-    CUDA_CHECK(cudaMemcpy(values, device, n * sizeof *values, cudaMemcpyDeviceToHost));
-    return values;
-}
-
-/* Every value finite and ||got - want|| <= kTolerance ||want||. */
-static void expect_close(const char *what, const char *case_name, const float *got, const float *want, size_t n)
-{
-    double diff2 = 0.0, ref2 = 0.0;
-    for (size_t i = 0; i < n; ++i) {
-        if (!isfinite(got[i]))
-            fail_msg("%s (%s): element %zu is %g (not written or not finite), want %g", what, case_name, i, got[i],
-                     want[i]);
-        const double d = (double)got[i] - (double)want[i];
-        diff2 += d * d;
-        ref2 += (double)want[i] * want[i];
-    }
-    const double error = sqrt(diff2) / sqrt(ref2 > 0.0 ? ref2 : 1.0);
-    if (!(error <= kTolerance))
-        fail_msg("%s (%s): relative error %.3e over %zu values (tolerance %.0e)", what, case_name, error, n, kTolerance);
-}
 
 /* [rows, heads] <-> [heads, rows] (attention.h's lse vs cuDNN's stats). */
 static void transpose(const float *in, int64_t rows, int cols, float *out)
@@ -115,8 +50,9 @@ static void check_shape(int64_t seq_len, int num_heads, int head_dim)
     snprintf(case_name, sizeof case_name, "S=%lld, %d heads, head_dim %d", (long long)seq_len, num_heads, head_dim);
 
     gpu_bf16 *q_bits, *k_bits, *v_bits, *dout_bits;
-    float *q = random_bf16(n, &q_bits), *k = random_bf16(n, &k_bits), *v = random_bf16(n, &v_bits);
-    float *dout = random_bf16(n, &dout_bits);
+    float *q = random_normal_bf16(&g_seed, n, 0.0, 1.0, &q_bits), *k = random_normal_bf16(&g_seed, n, 0.0, 1.0, &k_bits);
+    float *v = random_normal_bf16(&g_seed, n, 0.0, 1.0, &v_bits);
+    float *dout = random_normal_bf16(&g_seed, n, 0.0, 1.0, &dout_bits);
     float *out_ref = xmalloc(n * sizeof *out_ref), *lse_ref = xmalloc(n_stats * sizeof *lse_ref);
     cpu_attention_fwd(q, k, v, num_heads, head_dim, row_start, row_start, 1, out_ref, lse_ref);
     gpu_bf16 *out_bits = xmalloc(n * sizeof *out_bits);
@@ -133,27 +69,28 @@ static void check_shape(int64_t seq_len, int num_heads, int head_dim)
     transpose(lse_ref, seq_len, num_heads, stats_ref);
 
     const size_t bytes = n * sizeof(gpu_bf16), stats_bytes = n_stats * sizeof(float);
-    gpu_bf16 *d_q = upload(q_bits, bytes), *d_k = upload(k_bits, bytes), *d_v = upload(v_bits, bytes);
-    gpu_bf16 *d_dout = upload(dout_bits, bytes), *d_out_ref = upload(out_bits, bytes);
-    float *d_stats_ref = upload(stats_ref, stats_bytes);
-    gpu_bf16 *d_out = poisoned(bytes), *d_dq = poisoned(bytes), *d_dk = poisoned(bytes), *d_dv = poisoned(bytes);
-    float *d_stats = poisoned(stats_bytes);
+    gpu_bf16 *d_q = device_upload(q_bits, bytes), *d_k = device_upload(k_bits, bytes), *d_v = device_upload(v_bits, bytes);
+    gpu_bf16 *d_dout = device_upload(dout_bits, bytes), *d_out_ref = device_upload(out_bits, bytes);
+    float *d_stats_ref = device_upload(stats_ref, stats_bytes);
+    gpu_bf16 *d_out = device_poisoned(bytes), *d_dq = device_poisoned(bytes), *d_dk = device_poisoned(bytes);
+    gpu_bf16 *d_dv = device_poisoned(bytes);
+    float *d_stats = device_poisoned(stats_bytes);
 
     attention_cudnn_fwd(d_q, d_k, d_v, seq_len, num_heads, head_dim, d_out, d_stats, 0);
     float *got = download_bf16(d_out, n);
-    expect_close("attention_cudnn_fwd out", case_name, got, out_ref, n);
+    expect_close("attention_cudnn_fwd out", case_name, got, out_ref, n, kTolerance, kNearZeroBound);
     free(got);
     float *stats = download_f32(d_stats, n_stats);
     got = xmalloc(n_stats * sizeof *got);
     transpose(stats, num_heads, (int)seq_len, got);
-    expect_close("attention_cudnn_fwd stats (as lse)", case_name, got, lse_ref, n_stats);
+    expect_close("attention_cudnn_fwd stats (as lse)", case_name, got, lse_ref, n_stats, kTolerance, kNearZeroBound);
     free(got);
     free(stats);
 
     for (int run = 0; run < 2; ++run) {
-        poison(d_dq, bytes);
-        poison(d_dk, bytes);
-        poison(d_dv, bytes);
+        device_poison(d_dq, bytes);
+        device_poison(d_dk, bytes);
+        device_poison(d_dv, bytes);
         attention_cudnn_bwd(d_q, d_k, d_v, d_out_ref, d_dout, d_stats_ref, seq_len, num_heads, head_dim, d_dq, d_dk,
                             d_dv, 0);
         const gpu_bf16 *outputs[3] = {d_dq, d_dk, d_dv};
@@ -161,16 +98,16 @@ static void check_shape(int64_t seq_len, int num_heads, int head_dim)
         const char *names[3] = {"attention_cudnn_bwd dq", "attention_cudnn_bwd dk", "attention_cudnn_bwd dv"};
         for (int i = 0; i < 3; ++i) {
             got = download_bf16(outputs[i], n);
-            expect_close(names[i], case_name, got, wants[i], n);
+            expect_close(names[i], case_name, got, wants[i], n, kTolerance, kNearZeroBound);
             free(got);
         }
     }
 
     void *device_buffers[] = {d_q, d_k, d_v, d_dout, d_out_ref, d_stats_ref, d_out, d_dq, d_dk, d_dv, d_stats};
-    for (size_t i = 0; i < sizeof device_buffers / sizeof device_buffers[0]; ++i) CUDA_CHECK(cudaFree(device_buffers[i]));
+    free_device_buffers(device_buffers, sizeof device_buffers / sizeof device_buffers[0]);
     void *host_buffers[] = {q_bits, k_bits, v_bits, dout_bits, q, k, v, dout, out_ref, lse_ref, out_bits, out_rounded,
                             dq_ref, dk_ref, dv_ref, stats_ref};
-    for (size_t i = 0; i < sizeof host_buffers / sizeof host_buffers[0]; ++i) free(host_buffers[i]);
+    free_host_buffers(host_buffers, sizeof host_buffers / sizeof host_buffers[0]);
 }
 
 static void test_available(void **state)
@@ -269,37 +206,14 @@ static void test_model_dispatch(void **state)
     free(text);
 }
 
-/* ||a - b|| / ||b|| of two device bf16 tensors. */
+/* ||a - b|| / ||b|| of two device bf16 tensors; infinite when a holds a value that is not finite. */
 static double relative_difference(const gpu_bf16 *a, const gpu_bf16 *b, size_t n)
 {
     float *x = download_bf16(a, n), *y = download_bf16(b, n);
-    double diff2 = 0.0, ref2 = 0.0;
-    for (size_t i = 0; i < n; ++i) {
-        const double d = (double)x[i] - (double)y[i];
-        diff2 += isfinite(x[i]) ? d * d : INFINITY;
-        ref2 += (double)y[i] * y[i];
-    }
+    const double difference = count_nonfinite(x, n) > 0 ? INFINITY : relative_l2_error(x, y, n);
     free(x);
     free(y);
-    return sqrt(diff2) / sqrt(ref2 > 0.0 ? ref2 : 1.0);
-}
-
-/* Milliseconds per call of `repeats` calls of fn(context) on stream 0, after one warm-up call. */
-static double time_calls(void (*fn)(void *), void *context, int repeats)
-{
-    cudaEvent_t start, stop;
-    CUDA_CHECK(cudaEventCreate(&start));
-    CUDA_CHECK(cudaEventCreate(&stop));
-    fn(context);
-    CUDA_CHECK(cudaEventRecord(start, 0));
-    for (int r = 0; r < repeats; ++r) fn(context);
-    CUDA_CHECK(cudaEventRecord(stop, 0));
-    CUDA_CHECK(cudaEventSynchronize(stop));
-    float ms = 0.0f;
-    CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-    CUDA_CHECK(cudaEventDestroy(start));
-    CUDA_CHECK(cudaEventDestroy(stop));
-    return ms / repeats;
+    return difference;
 }
 
 /* One long sample on the device, for the cuDNN path and our own kernel side by side. */
@@ -350,24 +264,26 @@ static void run_speed(int64_t rows)
     gpu_bf16 **inputs[4] = {&c.q, &c.k, &c.v, &c.dout};
     for (int t = 0; t < 4; ++t) {
         for (size_t i = 0; i < n; ++i) host[i] = gpu_bf16_from_float((float)rng_normal(&g_seed));
-        *inputs[t] = upload(host, bytes);
+        *inputs[t] = device_upload(host, bytes);
     }
     free(host);
     for (int p = 0; p < 2; ++p) {
-        c.out[p] = poisoned(bytes);
-        c.dq[p] = poisoned(bytes);
-        c.dk[p] = poisoned(bytes);
-        c.dv[p] = poisoned(bytes);
+        c.out[p] = device_poisoned(bytes);
+        c.dq[p] = device_poisoned(bytes);
+        c.dk[p] = device_poisoned(bytes);
+        c.dv[p] = device_poisoned(bytes);
     }
-    c.stats = poisoned((size_t)rows * c.num_heads * sizeof(float));
-    c.lse = poisoned((size_t)rows * c.num_heads * sizeof(float));
-    c.workspace = poisoned(attention_bwd_workspace_bytes(rows, c.num_heads));
+    c.stats = device_poisoned((size_t)rows * c.num_heads * sizeof(float));
+    c.lse = device_poisoned((size_t)rows * c.num_heads * sizeof(float));
+    c.workspace = device_poisoned(attention_bwd_workspace_bytes(rows, c.num_heads));
     const int64_t row_start[2] = {0, rows};
-    c.row_start = upload(row_start, sizeof row_start);
+    c.row_start = device_upload(row_start, sizeof row_start);
 
     const int repeats = 5;
-    const double ms[4] = {time_calls(cudnn_forward, &c, repeats), time_calls(cudnn_backward, &c, repeats),
-                          time_calls(own_forward, &c, repeats), time_calls(own_backward, &c, repeats)};
+    const double ms[4] = {gpu_milliseconds_per_call(cudnn_forward, &c, repeats),
+                          gpu_milliseconds_per_call(cudnn_backward, &c, repeats),
+                          gpu_milliseconds_per_call(own_forward, &c, repeats),
+                          gpu_milliseconds_per_call(own_backward, &c, repeats)};
     const double fwd_flops = attention_fwd_flops(row_start, row_start, 1, c.num_heads, c.head_dim);
     const double bwd_flops = attention_bwd_flops(row_start, row_start, 1, c.num_heads, c.head_dim);
     printf("# attention S=%lld heads=%d head_dim=%d: cuDNN forward %.3f ms (%.1f TFLOP/s), backward %.3f ms "
@@ -386,7 +302,7 @@ static void run_speed(int64_t rows)
 
     void *device_buffers[] = {c.q, c.k, c.v, c.dout, c.out[0], c.out[1], c.dq[0], c.dq[1], c.dk[0], c.dk[1],
                               c.dv[0], c.dv[1], c.stats, c.lse, c.workspace, c.row_start};
-    for (size_t i = 0; i < sizeof device_buffers / sizeof device_buffers[0]; ++i) CUDA_CHECK(cudaFree(device_buffers[i]));
+    free_device_buffers(device_buffers, sizeof device_buffers / sizeof device_buffers[0]);
 }
 
 static void test_speed(void **state)
@@ -399,12 +315,8 @@ static void test_speed(void **state)
 
 int main(void)
 {
-    if (gpu_count() == 0) {
-        /* Under make check (TAP) a skipped file is a "1..0 # SKIP" plan with status 0; run by hand: 77. */
-        printf("1..0 # SKIP no GPU visible (cudaGetDeviceCount found none)\n");
-        const char *output = getenv("CMOCKA_MESSAGE_OUTPUT");
-        return output && strcmp(output, "TAP") == 0 ? 0 : 77;
-    }
+    /* Under make check (TAP) a skipped file is a "1..0 # SKIP" plan with status 0; run by hand: 77. */
+    if (gpu_count() == 0) return skip_test_program("no GPU visible (cudaGetDeviceCount found none)");
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_available),
         cmocka_unit_test(test_head_dim_64),
@@ -419,9 +331,7 @@ int main(void)
 
 int main(void)
 {
-    printf("1..0 # SKIP built without cuDNN\n");
-    const char *output = getenv("CMOCKA_MESSAGE_OUTPUT");
-    return output && strcmp(output, "TAP") == 0 ? 0 : 77;
+    return skip_test_program("built without cuDNN");
 }
 
 #endif

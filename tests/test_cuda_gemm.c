@@ -13,6 +13,8 @@
 
 #include <cmocka.h>
 
+#include "cuda_test_util.h"
+
 #ifdef HAVE_CUDA
 
 #include <math.h>
@@ -25,6 +27,7 @@
 
 static const double kBf16Tolerance = 1e-2; /* relative error ||gpu - cpu|| / ||cpu|| of bf16 outputs */
 static const double kFp32Tolerance = 1e-4; /* dW, db: exact bf16 products summed in fp32 (a bf16 output: ~2e-3) */
+static const double kNearZeroBound = 1e-6; /* the error's bound where the reference is ~0 */
 
 /* A linear layer's shape; check_rows / check_outs: rows of y, dx and rows of dW compared against the CPU
    (half from the start, half from the end; 0 = all), which keeps the CPU reference of the large shapes small. */
@@ -51,7 +54,7 @@ static uint64_t g_seed = 0x6e6d6d5eedull;
 static cudaStream_t g_stream = 0; /* the stream every GPU call of the checks goes on */
 
 /* Host tensor of uniform values with standard deviation `spread`, rounded to bf16, and its bf16 bits. */
-static float *random_bf16(size_t n, double spread, gpu_bf16 **bits)
+static float *random_uniform_bf16(size_t n, double spread, gpu_bf16 **bits)
 {
     float *values = xmalloc((n ? n : 1) * sizeof *values);
     *bits = xmalloc((n ? n : 1) * sizeof **bits);
@@ -61,79 +64,6 @@ static float *random_bf16(size_t n, double spread, gpu_bf16 **bits)
         values[i] = gpu_float_from_bf16((*bits)[i]);
     }
     return values;
-}
-
-static float *random_f32(size_t n, double spread)
-{
-    float *values = xmalloc((n ? n : 1) * sizeof *values);
-    for (size_t i = 0; i < n; ++i) values[i] = (float)(spread * rng_normal(&g_seed));
-    return values;
-}
-
-static void *device_copy(const void *host, size_t n_bytes)
-{
-    void *device = NULL;
-    CUDA_CHECK(cudaMalloc(&device, n_bytes > 0 ? n_bytes : 16));
-    if (n_bytes > 0) CUDA_CHECK(cudaMemcpy(device, host, n_bytes, cudaMemcpyHostToDevice));
-    CUDA_CHECK(cudaDeviceSynchronize());
-    return device;
-}
-
-/* A device output buffer poisoned with NaN (all bits set is NaN in bf16 and fp32). Both helpers wait for their
-   copy or fill to finish: the GEMMs may run on non-blocking streams, which do not wait for the default stream. */
-static void *device_poisoned(size_t n_bytes)
-{
-    void *device = NULL;
-    CUDA_CHECK(cudaMalloc(&device, n_bytes > 0 ? n_bytes : 16));
-    CUDA_CHECK(cudaMemset(device, 0xff, n_bytes > 0 ? n_bytes : 16));
-    CUDA_CHECK(cudaDeviceSynchronize());
-    return device;
-}
-
-static float *download_f32(const float *device, size_t n)
-{
-    float *host = xmalloc((n ? n : 1) * sizeof *host);
-    if (n > 0) CUDA_CHECK(cudaMemcpy(host, device, n * sizeof *host, cudaMemcpyDeviceToHost));
-    return host;
-}
-
-static float *download_bf16(const gpu_bf16 *device, size_t n)
-{
-    gpu_bf16 *bits = xmalloc((n ? n : 1) * sizeof *bits);
-    if (n > 0) CUDA_CHECK(cudaMemcpy(bits, device, n * sizeof *bits, cudaMemcpyDeviceToHost));
-    float *host = xmalloc((n ? n : 1) * sizeof *host);
-    for (size_t i = 0; i < n; ++i) host[i] = gpu_float_from_bf16(bits[i]);
-    free(bits);
-    return host;
-}
-
-static void free_all(void **host, size_t n_host, void **device, size_t n_device)
-{
-    for (size_t i = 0; i < n_host; ++i) free(host[i]);
-    for (size_t i = 0; i < n_device; ++i) CUDA_CHECK(cudaFree(device[i]));
-}
-
-/* Every one of the n values finite (the whole output: nothing left unwritten). */
-static void expect_finite(const char *what, const char *case_name, const float *got, size_t n)
-{
-    for (size_t i = 0; i < n; ++i)
-        if (!isfinite(got[i])) fail_msg("%s (%s): element %zu is %g (not written or not finite)", what, case_name, i, got[i]);
-}
-
-/* ||got - want|| <= tolerance * ||want||, every value finite. */
-static void expect_close(const char *what, const char *case_name, const float *got, const float *want, size_t n,
-                         double tolerance)
-{
-    expect_finite(what, case_name, got, n);
-    double diff2 = 0.0, ref2 = 0.0;
-    for (size_t i = 0; i < n; ++i) {
-        const double d = (double)got[i] - (double)want[i];
-        diff2 += d * d;
-        ref2 += (double)want[i] * want[i];
-    }
-    const double error = sqrt(diff2) / (ref2 > 0.0 ? sqrt(ref2) : 1.0);
-    if (!(error <= tolerance))
-        fail_msg("%s (%s): relative error %.3e over %zu values (tolerance %.0e)", what, case_name, error, n, tolerance);
 }
 
 /* The indices compared out of n: all when check is 0 or >= n, else check/2 from the start and the rest from the end. */
@@ -166,9 +96,9 @@ static void check_forward(const shape *s, gemm_epilogue epilogue)
     const int in = s->in_dim, out = s->out_dim;
     const size_t n_x = (size_t)rows * in, n_y = (size_t)rows * out, n_w = (size_t)out * in;
     gpu_bf16 *x_bits, *w_bits, *b_bits;
-    float *x = random_bf16(n_x, 1.0, &x_bits);
-    float *w = random_bf16(n_w, 1.0 / sqrt((double)in), &w_bits);
-    float *b = random_bf16((size_t)out, 0.5, &b_bits);
+    float *x = random_uniform_bf16(n_x, 1.0, &x_bits);
+    float *w = random_uniform_bf16(n_w, 1.0 / sqrt((double)in), &w_bits);
+    float *b = random_uniform_bf16((size_t)out, 0.5, &b_bits);
     const int gelu = epilogue == GEMM_EPILOGUE_GELU_AUX_BIAS;
 
     int64_t n_check;
@@ -180,8 +110,8 @@ static void check_forward(const shape *s, gemm_epilogue epilogue)
     if (gelu) cpu_gelu_tanh_fwd(pre_ref, n_check * out, y_ref);
     else memcpy(y_ref, pre_ref, (size_t)n_check * out * sizeof *y_ref);
 
-    gpu_bf16 *d_x = device_copy(x_bits, n_x * sizeof *x_bits), *d_w = device_copy(w_bits, n_w * sizeof *w_bits);
-    gpu_bf16 *d_b = device_copy(b_bits, (size_t)out * sizeof *b_bits);
+    gpu_bf16 *d_x = device_upload(x_bits, n_x * sizeof *x_bits), *d_w = device_upload(w_bits, n_w * sizeof *w_bits);
+    gpu_bf16 *d_b = device_upload(b_bits, (size_t)out * sizeof *b_bits);
     static const char *const names[] = {"no epilogue", "bias", "bias + GELU"};
     for (int fused = 1; fused >= 0; --fused) {
         char case_name[200];
@@ -195,13 +125,15 @@ static void check_forward(const shape *s, gemm_epilogue epilogue)
         float *got = download_bf16(d_y, n_y);
         expect_finite("gemm_linear_fwd y", case_name, got, n_y);
         float *got_sub = gather_rows(got, out, rows_checked, n_check);
-        expect_close("gemm_linear_fwd y", case_name, got_sub, y_ref, (size_t)n_check * out, kBf16Tolerance);
+        expect_close("gemm_linear_fwd y", case_name, got_sub, y_ref, (size_t)n_check * out, kBf16Tolerance,
+                     kNearZeroBound);
         free(got), free(got_sub);
         if (gelu) {
             got = download_bf16(d_pre, n_y);
             expect_finite("gemm_linear_fwd pre_gelu", case_name, got, n_y);
             got_sub = gather_rows(got, out, rows_checked, n_check);
-            expect_close("gemm_linear_fwd pre_gelu", case_name, got_sub, pre_ref, (size_t)n_check * out, kBf16Tolerance);
+            expect_close("gemm_linear_fwd pre_gelu", case_name, got_sub, pre_ref, (size_t)n_check * out,
+                         kBf16Tolerance, kNearZeroBound);
             free(got), free(got_sub);
             CUDA_CHECK(cudaFree(d_pre));
         }
@@ -210,7 +142,8 @@ static void check_forward(const shape *s, gemm_epilogue epilogue)
     gemm_set_fused_epilogues(1);
     void *host[] = {x_bits, w_bits, b_bits, x, w, b, rows_checked, x_sub, pre_ref, y_ref};
     void *device[] = {d_x, d_w, d_b};
-    free_all(host, sizeof host / sizeof *host, device, sizeof device / sizeof *device);
+    free_host_buffers(host, sizeof host / sizeof *host);
+    free_device_buffers(device, sizeof device / sizeof *device);
 }
 
 /* dx = dy W, optionally times gelu'(gelu_input) or added into an existing dx. */
@@ -220,10 +153,10 @@ static void check_backward_data(const shape *s, int with_gelu, int accumulate)
     const int in = s->in_dim, out = s->out_dim;
     const size_t n_x = (size_t)rows * in, n_y = (size_t)rows * out, n_w = (size_t)out * in;
     gpu_bf16 *dy_bits, *w_bits, *gin_bits, *dx0_bits;
-    float *dy = random_bf16(n_y, 1.0, &dy_bits);
-    float *w = random_bf16(n_w, 1.0 / sqrt((double)out), &w_bits);
-    float *gelu_input = random_bf16(with_gelu ? n_x : 0, 1.5, &gin_bits);
-    float *dx0 = random_bf16(accumulate ? n_x : 0, 1.0, &dx0_bits);
+    float *dy = random_uniform_bf16(n_y, 1.0, &dy_bits);
+    float *w = random_uniform_bf16(n_w, 1.0 / sqrt((double)out), &w_bits);
+    float *gelu_input = random_uniform_bf16(with_gelu ? n_x : 0, 1.5, &gin_bits);
+    float *dx0 = random_uniform_bf16(accumulate ? n_x : 0, 1.0, &dx0_bits);
 
     int64_t n_check;
     int64_t *rows_checked = checked_indices(rows, s->check_rows, &n_check);
@@ -244,27 +177,30 @@ static void check_backward_data(const shape *s, int with_gelu, int accumulate)
         free(dx0_sub);
     }
 
-    gpu_bf16 *d_dy = device_copy(dy_bits, n_y * sizeof *dy_bits), *d_w = device_copy(w_bits, n_w * sizeof *w_bits);
-    gpu_bf16 *d_gin = device_copy(gin_bits, (with_gelu ? n_x : 0) * sizeof *gin_bits);
+    gpu_bf16 *d_dy = device_upload(dy_bits, n_y * sizeof *dy_bits), *d_w = device_upload(w_bits, n_w * sizeof *w_bits);
+    gpu_bf16 *d_gin = device_upload(gin_bits, (with_gelu ? n_x : 0) * sizeof *gin_bits);
     for (int fused = 1; fused >= 0; --fused) {
         char case_name[200];
         case_name_of(case_name, sizeof case_name, s,
                      with_gelu ? "GELU gradient" : accumulate ? "added into dx" : "plain", fused);
         gemm_set_fused_epilogues(fused);
-        gpu_bf16 *d_dx = accumulate ? device_copy(dx0_bits, n_x * sizeof *dx0_bits) : device_poisoned(n_x * sizeof *d_dx);
+        gpu_bf16 *d_dx =
+            accumulate ? device_upload(dx0_bits, n_x * sizeof *dx0_bits) : device_poisoned(n_x * sizeof *d_dx);
         gemm_linear_bwd_data(d_dy, rows, in, out, d_w, with_gelu ? d_gin : NULL, d_dx, accumulate, g_stream);
         CUDA_CHECK(cudaDeviceSynchronize());
         float *got = download_bf16(d_dx, n_x);
         expect_finite("gemm_linear_bwd_data dx", case_name, got, n_x);
         float *got_sub = gather_rows(got, in, rows_checked, n_check);
-        expect_close("gemm_linear_bwd_data dx", case_name, got_sub, dx_ref, (size_t)n_check * in, kBf16Tolerance);
+        expect_close("gemm_linear_bwd_data dx", case_name, got_sub, dx_ref, (size_t)n_check * in, kBf16Tolerance,
+                     kNearZeroBound);
         free(got), free(got_sub);
         CUDA_CHECK(cudaFree(d_dx));
     }
     gemm_set_fused_epilogues(1);
     void *host[] = {dy_bits, w_bits, gin_bits, dx0_bits, dy, w, gelu_input, dx0, rows_checked, w_t, dy_sub, dx_ref};
     void *device[] = {d_dy, d_w, d_gin};
-    free_all(host, sizeof host / sizeof *host, device, sizeof device / sizeof *device);
+    free_host_buffers(host, sizeof host / sizeof *host);
+    free_device_buffers(device, sizeof device / sizeof *device);
 }
 
 /* dW = dy^T x and db = column sums of dy in fp32: overwritten into NaN-poisoned buffers, or accumulated twice
@@ -275,11 +211,11 @@ static void check_backward_weight(const shape *s, int with_bias, int accumulate)
     const int in = s->in_dim, out = s->out_dim;
     const size_t n_x = (size_t)rows * in, n_y = (size_t)rows * out, n_w = (size_t)out * in;
     gpu_bf16 *x_bits, *dy_bits;
-    float *x = random_bf16(n_x, 1.0, &x_bits);
-    float *dy = random_bf16(n_y, 1.0, &dy_bits);
+    float *x = random_uniform_bf16(n_x, 1.0, &x_bits);
+    float *dy = random_uniform_bf16(n_y, 1.0, &dy_bits);
     const double contribution = sqrt((double)(rows > 0 ? rows : 1)); /* spread of one dy^T x entry */
-    float *dw0 = random_f32(accumulate ? n_w : 0, contribution);
-    float *db0 = random_f32(accumulate ? (size_t)out : 0, contribution);
+    float *dw0 = random_normal_f32(&g_seed, accumulate ? n_w : 0, 0.0, contribution);
+    float *db0 = random_normal_f32(&g_seed, accumulate ? (size_t)out : 0, 0.0, contribution);
 
     int64_t n_check;
     int64_t *outs_checked = checked_indices(out, s->check_outs, &n_check);
@@ -297,15 +233,15 @@ static void check_backward_weight(const shape *s, int with_bias, int accumulate)
         db_ref[j] = n_calls * db_ref[j] + (accumulate ? db0[o] : 0.0f);
     }
 
-    gpu_bf16 *d_x = device_copy(x_bits, n_x * sizeof *x_bits), *d_dy = device_copy(dy_bits, n_y * sizeof *dy_bits);
+    gpu_bf16 *d_x = device_upload(x_bits, n_x * sizeof *x_bits), *d_dy = device_upload(dy_bits, n_y * sizeof *dy_bits);
     for (int fused = 1; fused >= 0; --fused) {
         char case_name[200];
         case_name_of(case_name, sizeof case_name, s,
                      accumulate ? (with_bias ? "dW, db accumulated twice" : "dW accumulated twice")
                                 : (with_bias ? "dW, db overwritten" : "dW overwritten"), fused);
         gemm_set_fused_epilogues(fused);
-        float *d_dw = accumulate ? device_copy(dw0, n_w * sizeof *dw0) : device_poisoned(n_w * sizeof *d_dw);
-        float *d_db = with_bias ? (accumulate ? device_copy(db0, (size_t)out * sizeof *db0)
+        float *d_dw = accumulate ? device_upload(dw0, n_w * sizeof *dw0) : device_poisoned(n_w * sizeof *d_dw);
+        float *d_db = with_bias ? (accumulate ? device_upload(db0, (size_t)out * sizeof *db0)
                                               : device_poisoned((size_t)out * sizeof *d_db))
                                 : NULL;
         for (int call = 0; call < n_calls; ++call)
@@ -314,12 +250,14 @@ static void check_backward_weight(const shape *s, int with_bias, int accumulate)
         float *got = download_f32(d_dw, n_w);
         expect_finite("gemm_linear_bwd_weight dweight", case_name, got, n_w);
         float *got_sub = gather_rows(got, in, outs_checked, outs);
-        expect_close("gemm_linear_bwd_weight dweight", case_name, got_sub, dw_ref, (size_t)outs * in, kFp32Tolerance);
+        expect_close("gemm_linear_bwd_weight dweight", case_name, got_sub, dw_ref, (size_t)outs * in, kFp32Tolerance,
+                     kNearZeroBound);
         free(got), free(got_sub);
         if (with_bias) {
             got = download_f32(d_db, (size_t)out);
             got_sub = gather_rows(got, 1, outs_checked, outs);
-            expect_close("gemm_linear_bwd_weight dbias", case_name, got_sub, db_ref, (size_t)outs, kFp32Tolerance);
+            expect_close("gemm_linear_bwd_weight dbias", case_name, got_sub, db_ref, (size_t)outs, kFp32Tolerance,
+                         kNearZeroBound);
             free(got), free(got_sub);
             CUDA_CHECK(cudaFree(d_db));
         }
@@ -328,7 +266,8 @@ static void check_backward_weight(const shape *s, int with_bias, int accumulate)
     gemm_set_fused_epilogues(1);
     void *host[] = {x_bits, dy_bits, x, dy, dw0, db0, outs_checked, dy_cols, dw_ref, db_ref};
     void *device[] = {d_x, d_dy};
-    free_all(host, sizeof host / sizeof *host, device, sizeof device / sizeof *device);
+    free_host_buffers(host, sizeof host / sizeof *host);
+    free_device_buffers(device, sizeof device / sizeof *device);
 }
 
 /* Every path of one shape. */
@@ -375,9 +314,9 @@ static void test_empty_batch(void **state)
     (void)state;
     const int in = 64, out = 128;
     const size_t n_w = (size_t)out * in;
-    float *dw0 = random_f32(n_w, 1.0), *db0 = random_f32((size_t)out, 1.0);
+    float *dw0 = random_normal_f32(&g_seed, n_w, 0.0, 1.0), *db0 = random_normal_f32(&g_seed, (size_t)out, 0.0, 1.0);
     gpu_bf16 *d_w = device_poisoned(n_w * sizeof *d_w), *d_act = device_poisoned(16 * sizeof *d_act);
-    float *d_dw = device_copy(dw0, n_w * sizeof *dw0), *d_db = device_copy(db0, (size_t)out * sizeof *db0);
+    float *d_dw = device_upload(dw0, n_w * sizeof *dw0), *d_db = device_upload(db0, (size_t)out * sizeof *db0);
     gemm_linear_fwd(d_act, 0, in, out, d_w, d_w, GEMM_EPILOGUE_BIAS, d_act, NULL, g_stream);
     gemm_linear_bwd_data(d_act, 0, in, out, d_w, NULL, d_act, 0, g_stream);
     gemm_linear_bwd_weight(d_act, d_act, 0, in, out, d_dw, d_db, 1, g_stream);
@@ -398,7 +337,8 @@ static void test_empty_batch(void **state)
     free(got);
     void *host[] = {dw0, db0};
     void *device[] = {d_w, d_act, d_dw, d_db};
-    free_all(host, 2, device, 4);
+    free_host_buffers(host, 2);
+    free_device_buffers(device, 4);
 }
 
 static void test_supported_shapes(void **state)
@@ -440,7 +380,7 @@ static void test_stats_and_plan_cache(void **state)
     for (size_t i = 0; i < (size_t)rows * out; ++i) assert_true(got[i] == 0.0f);
     free(got);
     void *device[] = {d_x, d_w, d_b, d_y};
-    free_all(NULL, 0, device, 4);
+    free_device_buffers(device, 4);
 }
 
 /* Calls alternating between two non-blocking streams (the shared workspace is ordered by an event). */
@@ -476,12 +416,8 @@ static void test_report_and_release(void **state)
 
 int main(void)
 {
-    if (gpu_count() == 0) {
-        /* Under make check (TAP) a skipped file is a "1..0 # SKIP" plan with status 0; run by hand: 77. */
-        printf("1..0 # SKIP no GPU visible (cudaGetDeviceCount found none)\n");
-        const char *output = getenv("CMOCKA_MESSAGE_OUTPUT");
-        return output && strcmp(output, "TAP") == 0 ? 0 : 77;
-    }
+    /* Under make check (TAP) a skipped file is a "1..0 # SKIP" plan with status 0; run by hand: 77. */
+    if (gpu_count() == 0) return skip_test_program("no GPU visible (cudaGetDeviceCount found none)");
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_supported_shapes), cmocka_unit_test(test_small_shapes),
         cmocka_unit_test(test_wan_ffn),          cmocka_unit_test(test_wan_attention),
@@ -495,9 +431,7 @@ int main(void)
 
 int main(void)
 {
-    printf("1..0 # SKIP built without CUDA\n");
-    const char *output = getenv("CMOCKA_MESSAGE_OUTPUT");
-    return output && strcmp(output, "TAP") == 0 ? 0 : 77;
+    return skip_test_program("built without CUDA");
 }
 
 #endif

@@ -12,9 +12,9 @@
 
 #include <cmocka.h>
 
-#ifdef HAVE_CUDA
+#include "cuda_test_util.h"
 
-#include <math.h>
+#ifdef HAVE_CUDA
 
 #include "check.h"
 #include "gpu.h"
@@ -24,6 +24,7 @@
 
 static const float kEps = 1e-6f;
 static const double kTolerance = 1e-2; /* relative error ||gpu - cpu|| / ||cpu|| of bf16 paths */
+static const double kNearZeroBound = 1e-6; /* the error's bound where the reference is ~0 */
 
 /* A packed layout: rows of each sample, back to back. */
 typedef struct {
@@ -46,74 +47,6 @@ static const layout kLongLayouts[] = {
 
 static uint64_t g_seed = 0x5eed1234abcdull;
 
-/* Host tensor filled with normal(offset, spread) values already rounded to bf16, and its bf16 bits. */
-static float *random_bf16(size_t n, double offset, double spread, gpu_bf16 **bits)
-{
-    float *values = xmalloc(n * sizeof *values);
-    *bits = xmalloc(n * sizeof **bits);
-    for (size_t i = 0; i < n; ++i) {
-        (*bits)[i] = gpu_bf16_from_float((float)(offset + spread * rng_normal(&g_seed)));
-        values[i] = gpu_float_from_bf16((*bits)[i]);
-    }
-    return values;
-}
-
-static float *random_f32(size_t n, double spread)
-{
-    float *values = xmalloc(n * sizeof *values);
-    for (size_t i = 0; i < n; ++i) values[i] = (float)(spread * rng_normal(&g_seed));
-    return values;
-}
-
-static void *device_copy(const void *host, size_t n_bytes)
-{
-    void *device = NULL;
-    CUDA_CHECK(cudaMalloc(&device, n_bytes > 0 ? n_bytes : 16));
-    if (n_bytes > 0) CUDA_CHECK(cudaMemcpy(device, host, n_bytes, cudaMemcpyHostToDevice));
-    return device;
-}
-
-/* A device output buffer poisoned with NaN (all bits set is NaN in bf16 and fp32). */
-static void *device_poisoned(size_t n_bytes)
-{
-    void *device = NULL;
-    CUDA_CHECK(cudaMalloc(&device, n_bytes > 0 ? n_bytes : 16));
-    CUDA_CHECK(cudaMemset(device, 0xff, n_bytes > 0 ? n_bytes : 16));
-    return device;
-}
-
-static float *download_f32(const float *device, size_t n)
-{
-    float *host = xmalloc((n > 0 ? n : 1) * sizeof *host);
-    if (n > 0) CUDA_CHECK(cudaMemcpy(host, device, n * sizeof *host, cudaMemcpyDeviceToHost));
-    return host;
-}
-
-static float *download_bf16(const gpu_bf16 *device, size_t n)
-{
-    gpu_bf16 *bits = xmalloc((n > 0 ? n : 1) * sizeof *bits);
-    if (n > 0) CUDA_CHECK(cudaMemcpy(bits, device, n * sizeof *bits, cudaMemcpyDeviceToHost));
-    float *host = xmalloc((n > 0 ? n : 1) * sizeof *host);
-    for (size_t i = 0; i < n; ++i) host[i] = gpu_float_from_bf16(bits[i]);
-    free(bits);
-    return host;
-}
-
-/* Every value finite and ||got - want|| <= kTolerance * ||want|| (absolute 1e-6 when want is ~0). */
-static void expect_close(const char *what, const char *case_name, const float *got, const float *want, size_t n)
-{
-    double diff2 = 0.0, ref2 = 0.0;
-    for (size_t i = 0; i < n; ++i) {
-        if (!isfinite(got[i])) fail_msg("%s (%s): element %zu is %g (not written or not finite)", what, case_name, i, got[i]);
-        const double d = (double)got[i] - (double)want[i];
-        diff2 += d * d;
-        ref2 += (double)want[i] * want[i];
-    }
-    const double error = sqrt(diff2) / (ref2 > 0.0 ? sqrt(ref2) : 1.0);
-    if (!(error <= (ref2 > 1e-12 ? kTolerance : 1e-6)))
-        fail_msg("%s (%s): relative error %.3e over %zu values (tolerance %.0e)", what, case_name, error, n, kTolerance);
-}
-
 /* Row offsets of a layout; returns the total number of rows. */
 static int64_t layout_offsets(const layout *l, int64_t *row_start)
 {
@@ -130,9 +63,9 @@ static void check_plain(const layout *l, int dim)
     const int n_samples = l->n_samples;
     const size_t n = (size_t)n_rows * dim, n_mod = (size_t)n_samples * dim;
     gpu_bf16 *x_bits, *dy_bits;
-    float *x = random_bf16(n, 2.5, 1.5, &x_bits); /* an offset mean tests the variance's accuracy */
-    float *dy = random_bf16(n, 0.0, 1.0, &dy_bits);
-    float *shift = random_f32(n_mod, 0.5), *scale = random_f32(n_mod, 0.5);
+    float *x = random_normal_bf16(&g_seed, n, 2.5, 1.5, &x_bits); /* an offset mean tests the variance's accuracy */
+    float *dy = random_normal_bf16(&g_seed, n, 0.0, 1.0, &dy_bits);
+    float *shift = random_normal_f32(&g_seed, n_mod, 0.0, 0.5), *scale = random_normal_f32(&g_seed, n_mod, 0.0, 0.5);
 
     float *y_ref = xmalloc((n + 1) * sizeof *y_ref), *mean_ref = xmalloc((n_rows + 1) * sizeof *mean_ref);
     float *rstd_ref = xmalloc((n_rows + 1) * sizeof *rstd_ref), *dx_ref = xmalloc((n + 1) * sizeof *dx_ref);
@@ -140,9 +73,9 @@ static void check_plain(const layout *l, int dim)
     cpu_ln_modulate_fwd(x, n_rows, dim, row_start, n_samples, shift, scale, kEps, y_ref, mean_ref, rstd_ref);
     cpu_ln_modulate_bwd(x, dy, n_rows, dim, row_start, n_samples, scale, mean_ref, rstd_ref, dx_ref, dshift_ref, dscale_ref);
 
-    int64_t *d_row_start = device_copy(row_start, (n_samples + 1) * sizeof *row_start);
-    gpu_bf16 *d_x = device_copy(x_bits, n * sizeof *x_bits), *d_dy = device_copy(dy_bits, n * sizeof *dy_bits);
-    float *d_shift = device_copy(shift, n_mod * sizeof *shift), *d_scale = device_copy(scale, n_mod * sizeof *scale);
+    int64_t *d_row_start = device_upload(row_start, (n_samples + 1) * sizeof *row_start);
+    gpu_bf16 *d_x = device_upload(x_bits, n * sizeof *x_bits), *d_dy = device_upload(dy_bits, n * sizeof *dy_bits);
+    float *d_shift = device_upload(shift, n_mod * sizeof *shift), *d_scale = device_upload(scale, n_mod * sizeof *scale);
     gpu_bf16 *d_y = device_poisoned(n * sizeof *d_y), *d_dx = device_poisoned(n * sizeof *d_dx);
     float *d_mean = device_poisoned(n_rows * sizeof *d_mean), *d_rstd = device_poisoned(n_rows * sizeof *d_rstd);
     float *d_dshift = device_poisoned(n_mod * sizeof *d_dshift), *d_dscale = device_poisoned(n_mod * sizeof *d_dscale);
@@ -157,22 +90,22 @@ static void check_plain(const layout *l, int dim)
     char case_name[160];
     snprintf(case_name, sizeof case_name, "D=%d, %s", dim, l->name);
     float *got = download_bf16(d_y, n);
-    expect_close("lnmod_fwd y", case_name, got, y_ref, n);
+    expect_close("lnmod_fwd y", case_name, got, y_ref, n, kTolerance, kNearZeroBound);
     free(got);
     got = download_f32(d_mean, n_rows);
-    expect_close("lnmod_fwd mean", case_name, got, mean_ref, n_rows);
+    expect_close("lnmod_fwd mean", case_name, got, mean_ref, n_rows, kTolerance, kNearZeroBound);
     free(got);
     got = download_f32(d_rstd, n_rows);
-    expect_close("lnmod_fwd rstd", case_name, got, rstd_ref, n_rows);
+    expect_close("lnmod_fwd rstd", case_name, got, rstd_ref, n_rows, kTolerance, kNearZeroBound);
     free(got);
     got = download_bf16(d_dx, n);
-    expect_close("lnmod_bwd dx", case_name, got, dx_ref, n);
+    expect_close("lnmod_bwd dx", case_name, got, dx_ref, n, kTolerance, kNearZeroBound);
     free(got);
     got = download_f32(d_dshift, n_mod);
-    expect_close("lnmod_bwd dshift", case_name, got, dshift_ref, n_mod);
+    expect_close("lnmod_bwd dshift", case_name, got, dshift_ref, n_mod, kTolerance, kNearZeroBound);
     float *first_dshift = got;
     got = download_f32(d_dscale, n_mod);
-    expect_close("lnmod_bwd dscale", case_name, got, dscale_ref, n_mod);
+    expect_close("lnmod_bwd dscale", case_name, got, dscale_ref, n_mod, kTolerance, kNearZeroBound);
 
     /* The column sums are reduced in a fixed order: a second run gives the same bits. */
     CUDA_CHECK(cudaMemset(d_dshift, 0xff, n_mod * sizeof *d_dshift));
@@ -186,9 +119,9 @@ static void check_plain(const layout *l, int dim)
     free(got);
 
     void *device_buffers[] = {d_row_start, d_x, d_dy, d_shift, d_scale, d_y, d_dx, d_mean, d_rstd, d_dshift, d_dscale, d_workspace};
-    for (size_t i = 0; i < sizeof device_buffers / sizeof device_buffers[0]; ++i) CUDA_CHECK(cudaFree(device_buffers[i]));
+    free_device_buffers(device_buffers, sizeof device_buffers / sizeof device_buffers[0]);
     void *host_buffers[] = {x_bits, dy_bits, x, dy, shift, scale, y_ref, mean_ref, rstd_ref, dx_ref, dshift_ref, dscale_ref};
-    for (size_t i = 0; i < sizeof host_buffers / sizeof host_buffers[0]; ++i) free(host_buffers[i]);
+    free_host_buffers(host_buffers, sizeof host_buffers / sizeof host_buffers[0]);
 }
 
 /* Gated residual + LayerNorm-Modulate: x_new = x + y_prev * gate_b, then the plain op on x_new; the reference
@@ -201,9 +134,12 @@ static void check_residual(const layout *l, int dim, int in_place, int with_resi
     const int n_samples = l->n_samples;
     const size_t n = (size_t)n_rows * dim, n_mod = (size_t)n_samples * dim;
     gpu_bf16 *x_bits, *prev_bits, *dy_bits, *dres_bits;
-    float *x = random_bf16(n, 1.0, 1.0, &x_bits), *y_prev = random_bf16(n, 0.0, 2.0, &prev_bits);
-    float *dy = random_bf16(n, 0.0, 1.0, &dy_bits), *d_res = random_bf16(n, 0.0, 0.5, &dres_bits);
-    float *gate = random_f32(n_mod, 0.7), *shift = random_f32(n_mod, 0.5), *scale = random_f32(n_mod, 0.5);
+    float *x = random_normal_bf16(&g_seed, n, 1.0, 1.0, &x_bits);
+    float *y_prev = random_normal_bf16(&g_seed, n, 0.0, 2.0, &prev_bits);
+    float *dy = random_normal_bf16(&g_seed, n, 0.0, 1.0, &dy_bits);
+    float *d_res = random_normal_bf16(&g_seed, n, 0.0, 0.5, &dres_bits);
+    float *gate = random_normal_f32(&g_seed, n_mod, 0.0, 0.7), *shift = random_normal_f32(&g_seed, n_mod, 0.0, 0.5);
+    float *scale = random_normal_f32(&g_seed, n_mod, 0.0, 0.5);
 
     float *x_new = xmalloc((n + 1) * sizeof *x_new);
     for (int b = 0; b < n_samples; ++b)
@@ -228,11 +164,11 @@ static void check_residual(const layout *l, int dim, int in_place, int with_resi
                 dgate_ref[m] += dx_ref[i] * y_prev[i];
             }
 
-    int64_t *d_row_start = device_copy(row_start, (n_samples + 1) * sizeof *row_start);
-    gpu_bf16 *d_x = device_copy(x_bits, n * sizeof *x_bits), *d_prev = device_copy(prev_bits, n * sizeof *prev_bits);
-    gpu_bf16 *d_dy = device_copy(dy_bits, n * sizeof *dy_bits), *d_dres = device_copy(dres_bits, n * sizeof *dres_bits);
-    float *d_gate = device_copy(gate, n_mod * sizeof *gate), *d_shift = device_copy(shift, n_mod * sizeof *shift);
-    float *d_scale = device_copy(scale, n_mod * sizeof *scale);
+    int64_t *d_row_start = device_upload(row_start, (n_samples + 1) * sizeof *row_start);
+    gpu_bf16 *d_x = device_upload(x_bits, n * sizeof *x_bits), *d_prev = device_upload(prev_bits, n * sizeof *prev_bits);
+    gpu_bf16 *d_dy = device_upload(dy_bits, n * sizeof *dy_bits), *d_dres = device_upload(dres_bits, n * sizeof *dres_bits);
+    float *d_gate = device_upload(gate, n_mod * sizeof *gate), *d_shift = device_upload(shift, n_mod * sizeof *shift);
+    float *d_scale = device_upload(scale, n_mod * sizeof *scale);
     gpu_bf16 *d_x_new = in_place ? d_x : device_poisoned(n * sizeof *d_x_new);
     gpu_bf16 *d_y = device_poisoned(n * sizeof *d_y), *d_dx = device_poisoned(n * sizeof *d_dx);
     gpu_bf16 *d_dprev = device_poisoned(n * sizeof *d_dprev);
@@ -254,37 +190,37 @@ static void check_residual(const layout *l, int dim, int in_place, int with_resi
     snprintf(case_name, sizeof case_name, "D=%d, %s%s%s", dim, l->name, in_place ? ", x_new over x" : "",
              with_residual_grad ? ", with d_x_new" : "");
     float *got = download_bf16(d_x_new, n);
-    expect_close("lnmod_residual_fwd x_new", case_name, got, x_new, n);
+    expect_close("lnmod_residual_fwd x_new", case_name, got, x_new, n, kTolerance, kNearZeroBound);
     free(got);
     got = download_bf16(d_y, n);
-    expect_close("lnmod_residual_fwd y", case_name, got, y_ref, n);
+    expect_close("lnmod_residual_fwd y", case_name, got, y_ref, n, kTolerance, kNearZeroBound);
     free(got);
     got = download_f32(d_rstd, n_rows);
-    expect_close("lnmod_residual_fwd rstd", case_name, got, rstd_ref, n_rows);
+    expect_close("lnmod_residual_fwd rstd", case_name, got, rstd_ref, n_rows, kTolerance, kNearZeroBound);
     free(got);
     got = download_bf16(d_dx_out, n);
-    expect_close("lnmod_residual_bwd dx", case_name, got, dx_ref, n);
+    expect_close("lnmod_residual_bwd dx", case_name, got, dx_ref, n, kTolerance, kNearZeroBound);
     free(got);
     got = download_bf16(d_dprev, n);
-    expect_close("lnmod_residual_bwd dy_prev", case_name, got, dprev_ref, n);
+    expect_close("lnmod_residual_bwd dy_prev", case_name, got, dprev_ref, n, kTolerance, kNearZeroBound);
     free(got);
     got = download_f32(d_dshift, n_mod);
-    expect_close("lnmod_residual_bwd dshift", case_name, got, dshift_ref, n_mod);
+    expect_close("lnmod_residual_bwd dshift", case_name, got, dshift_ref, n_mod, kTolerance, kNearZeroBound);
     free(got);
     got = download_f32(d_dscale, n_mod);
-    expect_close("lnmod_residual_bwd dscale", case_name, got, dscale_ref, n_mod);
+    expect_close("lnmod_residual_bwd dscale", case_name, got, dscale_ref, n_mod, kTolerance, kNearZeroBound);
     free(got);
     got = download_f32(d_dgate, n_mod);
-    expect_close("lnmod_residual_bwd dgate", case_name, got, dgate_ref, n_mod);
+    expect_close("lnmod_residual_bwd dgate", case_name, got, dgate_ref, n_mod, kTolerance, kNearZeroBound);
     free(got);
 
     if (!in_place) CUDA_CHECK(cudaFree(d_x_new));
     void *device_buffers[] = {d_row_start, d_x, d_prev, d_dy, d_dres, d_gate, d_shift, d_scale, d_y, d_dx, d_dprev,
                               d_mean, d_rstd, d_dshift, d_dscale, d_dgate, d_workspace};
-    for (size_t i = 0; i < sizeof device_buffers / sizeof device_buffers[0]; ++i) CUDA_CHECK(cudaFree(device_buffers[i]));
+    free_device_buffers(device_buffers, sizeof device_buffers / sizeof device_buffers[0]);
     void *host_buffers[] = {x_bits, prev_bits, dy_bits, dres_bits, x, y_prev, dy, d_res, gate, shift, scale, x_new,
                             y_ref, mean_ref, rstd_ref, dx_ref, dshift_ref, dscale_ref, dprev_ref, dgate_ref};
-    for (size_t i = 0; i < sizeof host_buffers / sizeof host_buffers[0]; ++i) free(host_buffers[i]);
+    free_host_buffers(host_buffers, sizeof host_buffers / sizeof host_buffers[0]);
 }
 
 static void run_layouts(int dim, int residual)
@@ -342,12 +278,8 @@ static void test_tuning(void **state)
 
 int main(void)
 {
-    if (gpu_count() == 0) {
-        /* Under make check (TAP) a skipped file is a "1..0 # SKIP" plan with status 0; run by hand: 77. */
-        printf("1..0 # SKIP no GPU visible (cudaGetDeviceCount found none)\n");
-        const char *output = getenv("CMOCKA_MESSAGE_OUTPUT");
-        return output && strcmp(output, "TAP") == 0 ? 0 : 77;
-    }
+    /* Under make check (TAP) a skipped file is a "1..0 # SKIP" plan with status 0; run by hand: 77. */
+    if (gpu_count() == 0) return skip_test_program("no GPU visible (cudaGetDeviceCount found none)");
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_plain_64),      cmocka_unit_test(test_residual_64),
         cmocka_unit_test(test_plain_136),     cmocka_unit_test(test_residual_136),
@@ -364,9 +296,7 @@ int main(void)
 
 int main(void)
 {
-    printf("1..0 # SKIP built without CUDA\n");
-    const char *output = getenv("CMOCKA_MESSAGE_OUTPUT");
-    return output && strcmp(output, "TAP") == 0 ? 0 : 77;
+    return skip_test_program("built without CUDA");
 }
 
 #endif

@@ -14,6 +14,8 @@
 
 #include <cmocka.h>
 
+#include "cuda_test_util.h"
+
 #ifdef HAVE_CUDA
 
 #include <math.h>
@@ -90,19 +92,6 @@ static void free_batch(host_batch *hb)
     free(hb->text);
 }
 
-/* ||got - want|| / ||want||; counts values of got that are not finite (NaN never passes). */
-static double relative_error(const float *got, const float *want, int64_t n, int64_t *nonfinite)
-{
-    double diff2 = 0.0, ref2 = 0.0;
-    for (int64_t i = 0; i < n; ++i) {
-        if (!isfinite(got[i])) ++*nonfinite;
-        const double d = (double)got[i] - (double)want[i];
-        diff2 += d * d;
-        ref2 += (double)want[i] * want[i];
-    }
-    return sqrt(diff2) / (ref2 > 0.0 ? sqrt(ref2) : 1.0);
-}
-
 typedef struct {
     const char *name;
     double error, norm;
@@ -139,13 +128,13 @@ static void compare_with_cpu(const char *case_name, const batch_spec *spec, uint
            fabs(loss_gpu - loss_cpu) / fabs(loss_cpu));
     for (int b = 0; b < B; ++b)
         printf("#   sample %d: cpu %.6f gpu %.6f\n", b, loss_cpu_sample[b], loss_gpu_sample[b]);
-    int64_t nonfinite = 0;
-    const double whole = relative_error(grads_gpu, grads_cpu, m.n_weights, &nonfinite);
+    const int64_t nonfinite = (int64_t)count_nonfinite(grads_gpu, (size_t)m.n_weights);
+    const double whole = relative_l2_error(grads_gpu, grads_cpu, (size_t)m.n_weights);
     param_error *errors = xmalloc((size_t)m.n_params * sizeof(param_error));
     for (int i = 0; i < m.n_params; ++i) {
         const param_info *p = &m.params[i];
         errors[i].name = p->name;
-        errors[i].error = relative_error(grads_gpu + p->offset, grads_cpu + p->offset, p->n_elements, &(int64_t){0});
+        errors[i].error = relative_l2_error(grads_gpu + p->offset, grads_cpu + p->offset, (size_t)p->n_elements);
         double norm2 = 0.0;
         for (int64_t j = 0; j < p->n_elements; ++j) norm2 += (double)grads_cpu[p->offset + j] * grads_cpu[p->offset + j];
         errors[i].norm = sqrt(norm2);
@@ -165,8 +154,8 @@ static void compare_with_cpu(const char *case_name, const batch_spec *spec, uint
     float *grads_twice = xmalloc((size_t)m.n_weights * sizeof(float));
     gpu_model_download_grads(gm, grads_twice);
     for (int64_t i = 0; i < m.n_weights; ++i) grads_gpu[i] *= 2.0f;
-    int64_t nonfinite_twice = 0;
-    const double accumulate_error = relative_error(grads_twice, grads_gpu, m.n_weights, &nonfinite_twice);
+    const size_t nonfinite_twice = count_nonfinite(grads_twice, (size_t)m.n_weights);
+    const double accumulate_error = relative_l2_error(grads_twice, grads_gpu, (size_t)m.n_weights);
     printf("# %s: second call: loss %.9g vs %.9g, gradient vs twice the first %.2e\n", case_name, loss_again, loss_gpu,
            accumulate_error);
 
@@ -328,12 +317,8 @@ static void test_wan13b_block_timing(void **state)
 
 int main(void)
 {
-    if (gpu_count() == 0) {
-        /* Under make check (TAP) a skipped file is a "1..0 # SKIP" plan with status 0; run by hand: 77. */
-        printf("1..0 # SKIP no GPU visible (cudaGetDeviceCount found none)\n");
-        const char *output = getenv("CMOCKA_MESSAGE_OUTPUT");
-        return output && strcmp(output, "TAP") == 0 ? 0 : 77;
-    }
+    /* Under make check (TAP) a skipped file is a "1..0 # SKIP" plan with status 0; run by hand: 77. */
+    if (gpu_count() == 0) return skip_test_program("no GPU visible (cudaGetDeviceCount found none)");
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_packed_batch),
         cmocka_unit_test(test_sample_without_text),
@@ -347,9 +332,7 @@ int main(void)
 
 int main(void)
 {
-    printf("1..0 # SKIP built without CUDA\n");
-    const char *output = getenv("CMOCKA_MESSAGE_OUTPUT");
-    return output && strcmp(output, "TAP") == 0 ? 0 : 77;
+    return skip_test_program("built without CUDA");
 }
 
 #endif
