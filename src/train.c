@@ -401,6 +401,7 @@ typedef struct {
     unsigned char *snapshot;        /* rank 0: balancer state before the lookahead draw (what a checkpoint holds) */
     size_t snapshot_bytes, snapshot_capacity;
     double *rank_seconds;           /* rank 0: measured compute seconds per rank of the last step */
+    double *rank_measures;          /* rank 0: the gathered (compute s, data wait s, memory peak) per rank */
     double *resumed_seconds;        /* rank 0: those of the checkpoint resumed from, observed after the first draw */
     prefetcher *reader;
     rank_assignment current, upcoming;
@@ -845,7 +846,7 @@ static int train_step(trainer *t, step_record *r)
        resident set since the loop started; GPU: workspace of the largest micro-batch) */
     phase_started = comm_time();
     double mine[3] = {compute_s, wait_s, mem_peak};
-    double *all = t->info->rank == 0 ? xmalloc(3 * (size_t)t->info->n_ranks * sizeof *all) : NULL;
+    double *all = t->rank_measures; /* NULL on the other ranks */
     comm_gather_f64_n(mine, 3, all);
     t->phase_s[PHASE_COMM] += seconds_since(phase_started);
     if (t->info->rank == 0) {
@@ -862,7 +863,6 @@ static int train_step(trainer *t, step_record *r)
         balancer_observe(t->packer, rank_compute);
         t->phase_s[PHASE_BALANCER] += seconds_since(phase_started);
     }
-    free(all);
     r->balancer_s = t->phase_s[PHASE_BALANCER] - balancer_before;
     r->comm_s = t->phase_s[PHASE_COMM] - comm_before;
     r->step_s = seconds_since(step_started);
@@ -976,6 +976,7 @@ static void trainer_setup(trainer *t, const deck *config, const comm_info *info,
     int64_t plan[2] = {0, 0}; /* steps per epoch, total steps */
     if (info->rank == 0) {
         t->rank_seconds = xcalloc((size_t)info->n_ranks, sizeof *t->rank_seconds);
+        t->rank_measures = xcalloc(3 * (size_t)info->n_ranks, sizeof *t->rank_measures);
         t->packer = balancer_create(config, t->samples, t->data.n_samples, info->n_ranks, t->mem_budget);
         if (t->n_calibration > 0) report_calibration(t);
         if (config->run.steps > 0 && config->balance.strategy == STRATEGY_GLOBAL && config->balance.global_batch > 0)
@@ -1023,6 +1024,7 @@ static void trainer_free(trainer *t)
     free(t->samples);
     free(t->snapshot);
     free(t->rank_seconds);
+    free(t->rank_measures);
     free(t->resumed_seconds);
     free(t->frames);
     free(t->height);
