@@ -273,25 +273,19 @@ int checkpoint_save(const deck *config, const model *m, const checkpoint_state *
 
 /* ---- reading ------------------------------------------------------------------------------------- */
 
-static int read_attr_i64(hid_t loc, const char *name, int64_t *value)
+/* A scalar attribute read as `memory_type` into value; -1 if it is missing or unreadable. */
+static int read_attr(hid_t loc, const char *name, hid_t memory_type, void *value)
 {
     if (H5Aexists(loc, name) <= 0) return -1;
     hid_t attr = H5Aopen(loc, name, H5P_DEFAULT);
     if (attr < 0) return -1;
-    int status = H5Aread(attr, H5T_NATIVE_INT64, value) < 0 ? -1 : 0;
-    H5Aclose(attr);
+    int status = H5Aread(attr, memory_type, value) < 0 ? -1 : 0;
+    if (H5Aclose(attr) < 0) status = -1;
     return status;
 }
 
-static int read_attr_u64(hid_t loc, const char *name, uint64_t *value)
-{
-    if (H5Aexists(loc, name) <= 0) return -1;
-    hid_t attr = H5Aopen(loc, name, H5P_DEFAULT);
-    if (attr < 0) return -1;
-    int status = H5Aread(attr, H5T_NATIVE_UINT64, value) < 0 ? -1 : 0;
-    H5Aclose(attr);
-    return status;
-}
+static int read_attr_i64(hid_t loc, const char *name, int64_t *value) { return read_attr(loc, name, H5T_NATIVE_INT64, value); }
+static int read_attr_u64(hid_t loc, const char *name, uint64_t *value) { return read_attr(loc, name, H5T_NATIVE_UINT64, value); }
 
 /* The version attribute and the completion mark, checked on an open file. */
 static int check_header(hid_t file, const char *path, FILE *errors)
