@@ -1,11 +1,12 @@
-// attention_cudnn.cu — cuDNN fused attention through its C backend API: the unified SDPA forward and the composite (matmul, pointwise, reduction, reshape) backward graph for one sample, plans cached by shape.
+// attention_cudnn.cu — cuDNN fused attention through its C backend API: the unified SDPA forward and the composite (matmul, pointwise, reduction, reshape) backward graph for one sample of S_q query and S_kv key rows, plans cached by shape.
 //
 // Memory [S, H, D] (a sample's packed rows) is described to cuDNN as dims [1, H, S, D] with strides
-// {S·H·D, D, H·D, 1}. The unified SDPA_FWD operation takes K and V that way. The backward is the graph
-// cudnn-frontend builds for Hopper (the unified SDPA_BWD does not build there in cuDNN 9.19), where K
-// and V enter transposed ([1, H, D, S]):
+// {S·H·D, D, H·D, 1}; Q, O and their gradients have S = S_q rows, K, V and theirs S = S_kv rows, and the
+// scores are [1, H, S_q, S_kv]. The unified SDPA_FWD operation takes K and V that way. The backward is the
+// graph cudnn-frontend builds for Hopper (the unified SDPA_BWD does not build there in cuDNN 9.19), where K
+// and V enter transposed ([1, H, D, S_kv]):
 //   softmax_sum = rowsum(dO · O) · 1                          (fp32, non-virtual, ours)
-//   P   = exp(scale · Q Kᵀ − stats);       dV = Pᵀ dO          (Pᵀ: a bf16 reshape)
+//   P   = exp(scale · Q Kᵀ − stats);       dV = Pᵀ dO          (Pᵀ [S_kv, S_q]: a bf16 reshape)
 //   dS  = P · (dO Vᵀ − softmax_sum) · scale;  dK = dSᵀ Q       (dSᵀ: a bf16 reshape)
 //   dQ_accum = dS K (fp32, non-virtual, ours);  dQ = identity(dQ_accum)
 #include "attention_cudnn.h"
@@ -63,7 +64,8 @@ enum tensor_uid : int64_t {
 
 const int kMaxDescriptors = 96;
 const int kMaxOps = 24;
-const int64_t kProbeRows = 256;   // the length attention_cudnn_available builds its plans at
+const int64_t kProbeRows = 256;   // the query length attention_cudnn_available builds its plans at
+const int64_t kProbeKeyRows = 77; // and its cross-attention key length (not a multiple of 64)
 const size_t kAlign = 256;        // the backward's buffer pieces start at multiples of this
 
 // Descriptors a plan owns (all of them kept alive as long as the plan), destroyed in reverse order.
@@ -74,7 +76,7 @@ struct descriptor_list {
 
 struct plan_entry {
     int direction;
-    int64_t seq_len;
+    int64_t seq_len_q, seq_len_kv;
     int num_heads, head_dim;
     uint64_t last_use;   // 0: the slot is empty
     descriptor_list owned;
@@ -141,14 +143,14 @@ shape4 per_row_shape(int64_t S, int64_t H)
 {
     return {{1, H, S, 1}, {H * S, S, 1, 1}};
 }
-// Scores [1, H, S, S] row-major and the same values read transposed.
-shape4 scores_shape(int64_t S, int64_t H)
+// Scores [1, H, S_q, S_kv] row-major, and the same values read transposed ([1, H, S_kv, S_q]).
+shape4 scores_shape(int64_t S_q, int64_t S_kv, int64_t H)
 {
-    return {{1, H, S, S}, {H * S * S, S * S, S, 1}};
+    return {{1, H, S_q, S_kv}, {H * S_q * S_kv, S_q * S_kv, S_kv, 1}};
 }
-shape4 scores_transposed_shape(int64_t S, int64_t H)
+shape4 scores_transposed_shape(int64_t S_q, int64_t S_kv, int64_t H)
 {
-    return {{1, H, S, S}, {H * S * S, S * S, 1, S}};
+    return {{1, H, S_kv, S_q}, {H * S_q * S_kv, S_q * S_kv, 1, S_kv}};
 }
 // Dense [1, H, S, D] (the fp32 dQ accumulator).
 shape4 dense_shape(int64_t S, int64_t H, int64_t D)
@@ -325,13 +327,13 @@ bool finish_plan(graph_builder &g, plan_entry &e)
 bool build_forward(plan_entry &e)
 {
     graph_builder g = {&e.owned, {}, 0, kUidVirtual};
-    const int64_t S = e.seq_len, H = e.num_heads, D = e.head_dim;
+    const int64_t S_q = e.seq_len_q, S_kv = e.seq_len_kv, H = e.num_heads, D = e.head_dim;
     cudnnBackendDescriptor_t q, k, v, o, stats, scale, op;
-    if (!make_tensor(g, kUidQ, CUDNN_DATA_BFLOAT16, rows_shape(S, H, D), false, false, &q) ||
-        !make_tensor(g, kUidK, CUDNN_DATA_BFLOAT16, rows_shape(S, H, D), false, false, &k) ||
-        !make_tensor(g, kUidV, CUDNN_DATA_BFLOAT16, rows_shape(S, H, D), false, false, &v) ||
-        !make_tensor(g, kUidO, CUDNN_DATA_BFLOAT16, rows_shape(S, H, D), false, false, &o) ||
-        !make_tensor(g, kUidStats, CUDNN_DATA_FLOAT, per_row_shape(S, H), false, false, &stats) ||
+    if (!make_tensor(g, kUidQ, CUDNN_DATA_BFLOAT16, rows_shape(S_q, H, D), false, false, &q) ||
+        !make_tensor(g, kUidK, CUDNN_DATA_BFLOAT16, rows_shape(S_kv, H, D), false, false, &k) ||
+        !make_tensor(g, kUidV, CUDNN_DATA_BFLOAT16, rows_shape(S_kv, H, D), false, false, &v) ||
+        !make_tensor(g, kUidO, CUDNN_DATA_BFLOAT16, rows_shape(S_q, H, D), false, false, &o) ||
+        !make_tensor(g, kUidStats, CUDNN_DATA_FLOAT, per_row_shape(S_q, H), false, false, &stats) ||
         !make_tensor(g, kUidScale, CUDNN_DATA_FLOAT, scalar_shape(), false, true, &scale))
         return false;
     if (!create(e.owned, CUDNN_BACKEND_OPERATION_SDPA_FWD_DESCRIPTOR, &op)) return false;
@@ -350,36 +352,38 @@ bool build_forward(plan_entry &e)
 bool build_backward(plan_entry &e)
 {
     graph_builder g = {&e.owned, {}, 0, kUidVirtual};
-    const int64_t S = e.seq_len, H = e.num_heads, D = e.head_dim;
+    const int64_t S_q = e.seq_len_q, S_kv = e.seq_len_kv, H = e.num_heads, D = e.head_dim;
     const cudnnDataType_t bf16 = CUDNN_DATA_BFLOAT16, f32 = CUDNN_DATA_FLOAT;
     cudnnBackendDescriptor_t q, k_t, v_t, o, d_o, stats, scale, one, softmax_sum, dq_accum, dq, dk, dv;
-    if (!make_tensor(g, kUidQ, bf16, rows_shape(S, H, D), false, false, &q) ||
-        !make_tensor(g, kUidK, bf16, rows_transposed_shape(S, H, D), false, false, &k_t) ||
-        !make_tensor(g, kUidV, bf16, rows_transposed_shape(S, H, D), false, false, &v_t) ||
-        !make_tensor(g, kUidO, bf16, rows_shape(S, H, D), false, false, &o) ||
-        !make_tensor(g, kUidDO, bf16, rows_shape(S, H, D), false, false, &d_o) ||
-        !make_tensor(g, kUidStats, f32, per_row_shape(S, H), false, false, &stats) ||
+    if (!make_tensor(g, kUidQ, bf16, rows_shape(S_q, H, D), false, false, &q) ||
+        !make_tensor(g, kUidK, bf16, rows_transposed_shape(S_kv, H, D), false, false, &k_t) ||
+        !make_tensor(g, kUidV, bf16, rows_transposed_shape(S_kv, H, D), false, false, &v_t) ||
+        !make_tensor(g, kUidO, bf16, rows_shape(S_q, H, D), false, false, &o) ||
+        !make_tensor(g, kUidDO, bf16, rows_shape(S_q, H, D), false, false, &d_o) ||
+        !make_tensor(g, kUidStats, f32, per_row_shape(S_q, H), false, false, &stats) ||
         !make_tensor(g, kUidScale, f32, scalar_shape(), false, true, &scale) ||
         !make_tensor(g, kUidOne, f32, scalar_shape(), false, true, &one) ||
-        !make_tensor(g, kUidSoftmaxSum, f32, per_row_shape(S, H), false, false, &softmax_sum) ||
-        !make_tensor(g, kUidDQAccum, f32, dense_shape(S, H, D), false, false, &dq_accum) ||
-        !make_tensor(g, kUidDQ, bf16, rows_shape(S, H, D), false, false, &dq) ||
-        !make_tensor(g, kUidDK, bf16, rows_shape(S, H, D), false, false, &dk) ||
-        !make_tensor(g, kUidDV, bf16, rows_shape(S, H, D), false, false, &dv))
+        !make_tensor(g, kUidSoftmaxSum, f32, per_row_shape(S_q, H), false, false, &softmax_sum) ||
+        !make_tensor(g, kUidDQAccum, f32, dense_shape(S_q, H, D), false, false, &dq_accum) ||
+        !make_tensor(g, kUidDQ, bf16, rows_shape(S_q, H, D), false, false, &dq) ||
+        !make_tensor(g, kUidDK, bf16, rows_shape(S_kv, H, D), false, false, &dk) ||
+        !make_tensor(g, kUidDV, bf16, rows_shape(S_kv, H, D), false, false, &dv))
         return false;
 
     // softmax_sum = rowsum(dO · O) · 1
     cudnnBackendDescriptor_t d_o_o, row_sum;
-    if (!make_virtual(g, f32, rows_shape(S, H, D), &d_o_o) || !make_virtual(g, f32, per_row_shape(S, H), &row_sum) ||
+    if (!make_virtual(g, f32, rows_shape(S_q, H, D), &d_o_o) ||
+        !make_virtual(g, f32, per_row_shape(S_q, H), &row_sum) ||
         !add_pointwise(g, CUDNN_POINTWISE_MUL, d_o, o, d_o_o) || !add_sum(g, d_o_o, row_sum) ||
         !add_pointwise(g, CUDNN_POINTWISE_MUL, row_sum, one, softmax_sum))
         return false;
 
     // P = exp(scale · Q Kᵀ − stats); dV = Pᵀ dO
     cudnnBackendDescriptor_t scores, scaled, shifted, p, p_t;
-    if (!make_virtual(g, f32, scores_shape(S, H), &scores) || !make_virtual(g, f32, scores_shape(S, H), &scaled) ||
-        !make_virtual(g, f32, scores_shape(S, H), &shifted) || !make_virtual(g, f32, scores_shape(S, H), &p) ||
-        !make_virtual(g, bf16, scores_transposed_shape(S, H), &p_t) || !add_matmul(g, q, k_t, scores) ||
+    const shape4 scores_qk = scores_shape(S_q, S_kv, H), scores_kq = scores_transposed_shape(S_q, S_kv, H);
+    if (!make_virtual(g, f32, scores_qk, &scores) || !make_virtual(g, f32, scores_qk, &scaled) ||
+        !make_virtual(g, f32, scores_qk, &shifted) || !make_virtual(g, f32, scores_qk, &p) ||
+        !make_virtual(g, bf16, scores_kq, &p_t) || !add_matmul(g, q, k_t, scores) ||
         !add_pointwise(g, CUDNN_POINTWISE_MUL, scores, scale, scaled) ||
         !add_pointwise(g, CUDNN_POINTWISE_SUB, scaled, stats, shifted) ||
         !add_pointwise(g, CUDNN_POINTWISE_EXP, shifted, nullptr, p) || !add_reshape(g, p, p_t) ||
@@ -388,18 +392,19 @@ bool build_backward(plan_entry &e)
 
     // dS = P · (dO Vᵀ − softmax_sum) · scale; dK = dSᵀ Q
     cudnnBackendDescriptor_t dp, dp_centered, ds_unscaled, ds, ds_t;
-    if (!make_virtual(g, f32, scores_shape(S, H), &dp) || !make_virtual(g, f32, scores_shape(S, H), &dp_centered) ||
-        !make_virtual(g, f32, scores_shape(S, H), &ds_unscaled) || !make_virtual(g, f32, scores_shape(S, H), &ds) ||
-        !make_virtual(g, bf16, scores_transposed_shape(S, H), &ds_t) || !add_matmul(g, d_o, v_t, dp) ||
+    if (!make_virtual(g, f32, scores_qk, &dp) || !make_virtual(g, f32, scores_qk, &dp_centered) ||
+        !make_virtual(g, f32, scores_qk, &ds_unscaled) || !make_virtual(g, f32, scores_qk, &ds) ||
+        !make_virtual(g, bf16, scores_kq, &ds_t) || !add_matmul(g, d_o, v_t, dp) ||
         !add_pointwise(g, CUDNN_POINTWISE_SUB, dp, softmax_sum, dp_centered) ||
         !add_pointwise(g, CUDNN_POINTWISE_MUL, dp_centered, p, ds_unscaled) ||
         !add_pointwise(g, CUDNN_POINTWISE_MUL, ds_unscaled, scale, ds) || !add_reshape(g, ds, ds_t) ||
         !add_matmul(g, ds_t, q, dk))
         return false;
 
-    // dQ_accum = dS K (K as [S, D] again through a reshape of Kᵀ); dQ = dQ_accum in bf16
+    // dQ_accum = dS K (K as [S_kv, D] again through a reshape of Kᵀ); dQ = dQ_accum in bf16
     cudnnBackendDescriptor_t k;
-    if (!make_virtual(g, f32, rows_shape(S, H, D), &k) || !add_reshape(g, k_t, k) || !add_matmul(g, ds, k, dq_accum) ||
+    if (!make_virtual(g, f32, rows_shape(S_kv, H, D), &k) || !add_reshape(g, k_t, k) ||
+        !add_matmul(g, ds, k, dq_accum) ||
         !add_pointwise(g, CUDNN_POINTWISE_IDENTITY, dq_accum, nullptr, dq))
         return false;
     return finish_plan(g, e);
@@ -431,13 +436,13 @@ const char *direction_name(int direction)
 
 // The cached plan of this shape, built on a miss into an empty or the least recently used slot. NULL when
 // the build fails (g_build_error says why).
-plan_entry *find_plan(int direction, int64_t seq_len, int num_heads, int head_dim)
+plan_entry *find_plan(int direction, int64_t seq_len_q, int64_t seq_len_kv, int num_heads, int head_dim)
 {
     if (!ensure_handle()) return nullptr;
     plan_entry *victim = &g_state.plans[0];
     for (plan_entry &e : g_state.plans) {
-        if (e.last_use && e.direction == direction && e.seq_len == seq_len && e.num_heads == num_heads &&
-            e.head_dim == head_dim) {
+        if (e.last_use && e.direction == direction && e.seq_len_q == seq_len_q && e.seq_len_kv == seq_len_kv &&
+            e.num_heads == num_heads && e.head_dim == head_dim) {
             e.last_use = ++g_state.clock;
             return &e;
         }
@@ -446,7 +451,8 @@ plan_entry *find_plan(int direction, int64_t seq_len, int num_heads, int head_di
     destroy_all(victim->owned);
     memset(victim, 0, sizeof *victim);
     victim->direction = direction;
-    victim->seq_len = seq_len;
+    victim->seq_len_q = seq_len_q;
+    victim->seq_len_kv = seq_len_kv;
     victim->num_heads = num_heads;
     victim->head_dim = head_dim;
     const bool built = direction == kForward ? build_forward(*victim) : build_backward(*victim);
@@ -459,12 +465,13 @@ plan_entry *find_plan(int direction, int64_t seq_len, int num_heads, int head_di
     return victim;
 }
 
-plan_entry *need_plan(int direction, int64_t seq_len, int num_heads, int head_dim)
+plan_entry *need_plan(int direction, int64_t seq_len_q, int64_t seq_len_kv, int num_heads, int head_dim)
 {
-    plan_entry *e = find_plan(direction, seq_len, num_heads, head_dim);
+    plan_entry *e = find_plan(direction, seq_len_q, seq_len_kv, num_heads, head_dim);
     if (!e)
-        ALDIT_FATAL("attention_cudnn: no %s plan for seq_len %lld, %d heads, head_dim %d: %s",
-                    direction_name(direction), (long long)seq_len, num_heads, head_dim, g_build_error);
+        ALDIT_FATAL("attention_cudnn: no %s plan for seq_len_q %lld, seq_len_kv %lld, %d heads, head_dim %d: %s",
+                    direction_name(direction), (long long)seq_len_q, (long long)seq_len_kv, num_heads, head_dim,
+                    g_build_error);
     return e;
 }
 
@@ -498,17 +505,19 @@ void execute(const plan_entry &e, int n_tensors, const int64_t *uids, void *cons
     CUDNN_CHECK(cudnnBackendDestroyDescriptor(pack));
 }
 
-bool shape_supported(int64_t seq_len, int num_heads, int head_dim)
+bool shape_supported(int64_t seq_len_q, int64_t seq_len_kv, int num_heads, int head_dim)
 {
-    return seq_len >= 1 && num_heads >= 1 && head_dim >= 8 && head_dim <= 128 && head_dim % 8 == 0;
+    return seq_len_q >= 1 && seq_len_kv >= 1 && num_heads >= 1 && head_dim >= 8 && head_dim <= 128 &&
+           head_dim % 8 == 0;
 }
 
-void check_call(const char *function, int64_t seq_len, int num_heads, int head_dim, const void *const *tensors,
-                const char *const *names, int n_tensors)
+void check_call(const char *function, int64_t seq_len_q, int64_t seq_len_kv, int num_heads, int head_dim,
+                const void *const *tensors, const char *const *names, int n_tensors)
 {
-    ALDIT_CHECK(shape_supported(seq_len, num_heads, head_dim),
-                "%s: seq_len %lld, %d heads, head_dim %d not supported (seq_len and heads >= 1, head_dim a "
-                "multiple of 8 from 8 to 128)", function, (long long)seq_len, num_heads, head_dim);
+    ALDIT_CHECK(shape_supported(seq_len_q, seq_len_kv, num_heads, head_dim),
+                "%s: seq_len_q %lld, seq_len_kv %lld, %d heads, head_dim %d not supported (lengths and heads >= 1, "
+                "head_dim a multiple of 8 from 8 to 128)", function, (long long)seq_len_q, (long long)seq_len_kv,
+                num_heads, head_dim);
     for (int i = 0; i < n_tensors; ++i)
         ALDIT_CHECK(tensors[i] != nullptr && reinterpret_cast<uintptr_t>(tensors[i]) % 16 == 0,
                     "%s: %s is NULL or not 16-byte aligned (%p)", function, names[i], tensors[i]);
@@ -522,16 +531,19 @@ extern "C" int attention_cudnn_available(int num_heads, int head_dim)
         if (g_state.probes[i].num_heads == num_heads && g_state.probes[i].head_dim == head_dim)
             return g_state.probes[i].available;
     int available = 0;
-    if (!shape_supported(kProbeRows, num_heads, head_dim)) {
+    if (!shape_supported(kProbeRows, kProbeKeyRows, num_heads, head_dim)) {
         aldit_warn("cuDNN attention: %d heads of head_dim %d are not supported (a multiple of 8 up to 128)",
                    num_heads, head_dim);
     } else if (gpu_count() == 0) {
         aldit_warn("cuDNN attention: no GPU visible");
-    } else if (cudnnGetVersion() < 91301) {
-        aldit_warn("cuDNN attention: the loaded cuDNN is %zu, the unified SDPA forward needs 9.13.1 or newer",
+    } else if (cudnnGetVersion() <= 91500) {
+        aldit_warn("cuDNN attention: the loaded cuDNN is %zu; the unified SDPA forward needs 9.13.1 or newer and "
+                   "the composite backward, without a padding mask, a release newer than 9.15.0",
                    cudnnGetVersion());
-    } else if (!find_plan(kForward, kProbeRows, num_heads, head_dim) ||
-               !find_plan(kBackward, kProbeRows, num_heads, head_dim)) {
+    } else if (!find_plan(kForward, kProbeRows, kProbeRows, num_heads, head_dim) ||
+               !find_plan(kBackward, kProbeRows, kProbeRows, num_heads, head_dim) ||
+               !find_plan(kForward, kProbeRows, kProbeKeyRows, num_heads, head_dim) ||
+               !find_plan(kBackward, kProbeRows, kProbeKeyRows, num_heads, head_dim)) {
         aldit_warn("cuDNN attention: no plan for %d heads of head_dim %d: %s", num_heads, head_dim, g_build_error);
     } else {
         available = 1;
@@ -541,13 +553,14 @@ extern "C" int attention_cudnn_available(int num_heads, int head_dim)
     return available;
 }
 
-extern "C" void attention_cudnn_fwd(const gpu_bf16 *q, const gpu_bf16 *k, const gpu_bf16 *v, int64_t seq_len,
-                                    int num_heads, int head_dim, gpu_bf16 *out, float *stats, cudaStream_t stream)
+extern "C" void attention_cudnn_cross_fwd(const gpu_bf16 *q, const gpu_bf16 *k, const gpu_bf16 *v, int64_t seq_len_q,
+                                          int64_t seq_len_kv, int num_heads, int head_dim, gpu_bf16 *out, float *stats,
+                                          cudaStream_t stream)
 {
     const void *tensors[] = {q, k, v, out, stats};
     const char *names[] = {"q", "k", "v", "out", "stats"};
-    check_call("attention_cudnn_fwd", seq_len, num_heads, head_dim, tensors, names, 5);
-    const plan_entry *e = need_plan(kForward, seq_len, num_heads, head_dim);
+    check_call("attention_cudnn_cross_fwd", seq_len_q, seq_len_kv, num_heads, head_dim, tensors, names, 5);
+    const plan_entry *e = need_plan(kForward, seq_len_q, seq_len_kv, num_heads, head_dim);
     void *workspace = e->workspace_bytes > 0 ? ensure_buffer(static_cast<size_t>(e->workspace_bytes)) : nullptr;
     float scale = 1.0f / sqrtf(static_cast<float>(head_dim));
     const int64_t uids[] = {kUidQ, kUidK, kUidV, kUidO, kUidStats, kUidScale};
@@ -556,17 +569,18 @@ extern "C" void attention_cudnn_fwd(const gpu_bf16 *q, const gpu_bf16 *k, const 
     execute(*e, 6, uids, pointers, workspace, stream);
 }
 
-extern "C" void attention_cudnn_bwd(const gpu_bf16 *q, const gpu_bf16 *k, const gpu_bf16 *v, const gpu_bf16 *out,
-                                    const gpu_bf16 *dout, const float *stats, int64_t seq_len, int num_heads,
-                                    int head_dim, gpu_bf16 *dq, gpu_bf16 *dk, gpu_bf16 *dv, cudaStream_t stream)
+extern "C" void attention_cudnn_cross_bwd(const gpu_bf16 *q, const gpu_bf16 *k, const gpu_bf16 *v, const gpu_bf16 *out,
+                                          const gpu_bf16 *dout, const float *stats, int64_t seq_len_q,
+                                          int64_t seq_len_kv, int num_heads, int head_dim, gpu_bf16 *dq, gpu_bf16 *dk,
+                                          gpu_bf16 *dv, cudaStream_t stream)
 {
     const void *tensors[] = {q, k, v, out, dout, stats, dq, dk, dv};
     const char *names[] = {"q", "k", "v", "out", "dout", "stats", "dq", "dk", "dv"};
-    check_call("attention_cudnn_bwd", seq_len, num_heads, head_dim, tensors, names, 9);
-    const plan_entry *e = need_plan(kBackward, seq_len, num_heads, head_dim);
+    check_call("attention_cudnn_cross_bwd", seq_len_q, seq_len_kv, num_heads, head_dim, tensors, names, 9);
+    const plan_entry *e = need_plan(kBackward, seq_len_q, seq_len_kv, num_heads, head_dim);
     const size_t workspace_bytes = align_up(static_cast<size_t>(e->workspace_bytes));
-    const size_t sum_bytes = align_up(static_cast<size_t>(num_heads) * seq_len * sizeof(float));
-    const size_t accum_bytes = align_up(static_cast<size_t>(num_heads) * seq_len * head_dim * sizeof(float));
+    const size_t sum_bytes = align_up(static_cast<size_t>(num_heads) * seq_len_q * sizeof(float));
+    const size_t accum_bytes = align_up(static_cast<size_t>(num_heads) * seq_len_q * head_dim * sizeof(float));
     char *buffer = ensure_buffer(workspace_bytes + sum_bytes + accum_bytes);
     float scale = 1.0f / sqrtf(static_cast<float>(head_dim)), one = 1.0f;
     const int64_t uids[] = {kUidQ,  kUidK,  kUidV,     kUidO,   kUidDO,         kUidStats,  kUidDQ,
@@ -578,6 +592,19 @@ extern "C" void attention_cudnn_bwd(const gpu_bf16 *q, const gpu_bf16 *k, const 
                               &scale,                       &one,
                               buffer + workspace_bytes,     buffer + workspace_bytes + sum_bytes};
     execute(*e, 13, uids, pointers, buffer, stream);
+}
+
+extern "C" void attention_cudnn_fwd(const gpu_bf16 *q, const gpu_bf16 *k, const gpu_bf16 *v, int64_t seq_len,
+                                    int num_heads, int head_dim, gpu_bf16 *out, float *stats, cudaStream_t stream)
+{
+    attention_cudnn_cross_fwd(q, k, v, seq_len, seq_len, num_heads, head_dim, out, stats, stream);
+}
+
+extern "C" void attention_cudnn_bwd(const gpu_bf16 *q, const gpu_bf16 *k, const gpu_bf16 *v, const gpu_bf16 *out,
+                                    const gpu_bf16 *dout, const float *stats, int64_t seq_len, int num_heads,
+                                    int head_dim, gpu_bf16 *dq, gpu_bf16 *dk, gpu_bf16 *dv, cudaStream_t stream)
+{
+    attention_cudnn_cross_bwd(q, k, v, out, dout, stats, seq_len, seq_len, num_heads, head_dim, dq, dk, dv, stream);
 }
 
 extern "C" void attention_cudnn_release(void)

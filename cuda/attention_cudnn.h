@@ -1,4 +1,4 @@
-/* attention_cudnn.h — cuDNN fused attention for one sample through cuDNN's C backend API (unified SDPA forward, composite backward graph), plans cached by shape. */
+/* attention_cudnn.h — cuDNN fused attention (self and cross) for one sample through cuDNN's C backend API (unified SDPA forward, composite backward graph), plans cached by shape. */
 #ifndef ALDIT_ATTENTION_CUDNN_H
 #define ALDIT_ATTENTION_CUDNN_H
 
@@ -12,34 +12,50 @@ extern "C" {
 #endif
 
 /* Built only when configure finds cuDNN (HAVE_CUDNN). The semantics are attention_fwd / attention_bwd's
-   (attention.h) for ONE self-attention sample of seq_len rows: non-causal softmax attention with scores
-   scaled by 1/sqrt(head_dim), bf16 in and out, fp32 accumulation; no padding, no atomics in the forward.
-   - q, k, v, out, dout, dq, dk, dv: bf16 [seq_len, num_heads * head_dim] row-major (head h in columns
-     [h * head_dim, (h + 1) * head_dim)), i.e. one sample's slice of the packed rows. Device memory, 16-byte
-     aligned.
-   - stats: fp32 [num_heads, seq_len] — HEAD-MAJOR (cuDNN's layout, not attention.h's lse [rows, heads]):
+   (attention.h) for ONE sample whose seq_len_q query rows attend to its seq_len_kv key/value rows
+   (cross-attention: the sample's tokens to its own text rows; self-attention is seq_len_kv == seq_len_q):
+   non-causal softmax attention with scores scaled by 1/sqrt(head_dim), bf16 in and out, fp32 accumulation;
+   no padding, no atomics in the forward.
+   - q, out, dout, dq: bf16 [seq_len_q, num_heads * head_dim]; k, v, dk, dv: bf16 [seq_len_kv, num_heads *
+     head_dim]; row-major (head h in columns [h * head_dim, (h + 1) * head_dim)), i.e. one sample's slices of
+     the packed rows. Device memory, 16-byte aligned.
+   - stats: fp32 [num_heads, seq_len_q] — HEAD-MAJOR (cuDNN's layout, not attention.h's lse [rows, heads]):
      the natural log of the sum of exp(scaled scores) per head and query row, written by the forward and
      read by the backward of the same sample. Device memory, 16-byte aligned.
-   - head_dim: a multiple of 8 from 8 to 128; num_heads >= 1; seq_len >= 1.
-   Execution plans are built on first use of a (direction, seq_len, num_heads, head_dim) and cached (the
-   last ATTENTION_CUDNN_PLAN_SLOTS shapes; a build takes 0.04-1 s on an H200). The module keeps one device
-   buffer for cuDNN's workspace and, in the backward, the fp32 softmax-sum [num_heads, seq_len] and fp32 dQ
-   accumulator [num_heads, seq_len, head_dim]: about 4 * num_heads * seq_len * (head_dim + 1) bytes, grown
-   (cudaFree + cudaMalloc, which synchronises the device) when a longer sample comes. The backward's dQ
-   goes through atomic adds: it is not bitwise reproducible. Work is queued on `stream`; one GPU per
-   process (the one current at the first call). A cuDNN failure is fatal, naming file:line, the call,
-   cuDNN's status and its last error message. */
-#define ATTENTION_CUDNN_PLAN_SLOTS 32
+   - head_dim: a multiple of 8 from 8 to 128; num_heads, seq_len_q, seq_len_kv >= 1.
+   Execution plans are built on first use of a (direction, seq_len_q, seq_len_kv, num_heads, head_dim) and
+   cached (the last ATTENTION_CUDNN_PLAN_SLOTS shapes, least recently used out; a build takes 0.04-1 s on an
+   H200; a training run needs four plans per (tokens, text length) pair of its long samples: 256 slots hold
+   the 17 long shapes of inputs/mixed.lengths at several text lengths). The module keeps
+   one device buffer for cuDNN's workspace and, in the backward, the fp32 softmax-sum [num_heads, seq_len_q]
+   and fp32 dQ accumulator [num_heads, seq_len_q, head_dim]: about 4 * num_heads * seq_len_q * (head_dim + 1)
+   bytes plus the plan's workspace — the query rows set its size, not the key rows — grown (cudaFree +
+   cudaMalloc, which synchronises the device) when a longer sample comes. The backward's dQ goes through
+   atomic adds: it is not bitwise reproducible. Work is queued on `stream`; one GPU per process (the one
+   current at the first call). A cuDNN failure is fatal, naming file:line, the call, cuDNN's status and its
+   last error message. */
+#define ATTENTION_CUDNN_PLAN_SLOTS 256
 
-/* 1 when cuDNN (>= 9.13.1) is loaded, a GPU is present and both plans build for this head count and
-   head_dim (tried once at a small length, then remembered); 0 otherwise, after one warning saying why. */
+/* 1 when cuDNN (newer than 9.15.0: older ones need a padding-mask workaround in the backward for key lengths
+   that are not multiples of 128) is loaded, a GPU is present and the forward and backward plans build for
+   this head count and head_dim, for self-attention and for cross-attention to a key length that is not a
+   multiple of 64 (tried once at small lengths, then remembered); 0 otherwise, after one warning saying why. */
 int attention_cudnn_available(int num_heads, int head_dim);
 
 /* out = softmax(q k^T / sqrt(head_dim)) v per head, and stats for the backward. */
-void attention_cudnn_fwd(const gpu_bf16 *q, const gpu_bf16 *k, const gpu_bf16 *v, int64_t seq_len, int num_heads,
-                         int head_dim, gpu_bf16 *out, float *stats, cudaStream_t stream);
+void attention_cudnn_cross_fwd(const gpu_bf16 *q, const gpu_bf16 *k, const gpu_bf16 *v, int64_t seq_len_q,
+                               int64_t seq_len_kv, int num_heads, int head_dim, gpu_bf16 *out, float *stats,
+                               cudaStream_t stream);
 
 /* dq, dk, dv (bf16, overwritten) from dout and the forward's out and stats. */
+void attention_cudnn_cross_bwd(const gpu_bf16 *q, const gpu_bf16 *k, const gpu_bf16 *v, const gpu_bf16 *out,
+                               const gpu_bf16 *dout, const float *stats, int64_t seq_len_q, int64_t seq_len_kv,
+                               int num_heads, int head_dim, gpu_bf16 *dq, gpu_bf16 *dk, gpu_bf16 *dv,
+                               cudaStream_t stream);
+
+/* Self-attention: the calls above with seq_len_kv = seq_len_q = seq_len. */
+void attention_cudnn_fwd(const gpu_bf16 *q, const gpu_bf16 *k, const gpu_bf16 *v, int64_t seq_len, int num_heads,
+                         int head_dim, gpu_bf16 *out, float *stats, cudaStream_t stream);
 void attention_cudnn_bwd(const gpu_bf16 *q, const gpu_bf16 *k, const gpu_bf16 *v, const gpu_bf16 *out,
                          const gpu_bf16 *dout, const float *stats, int64_t seq_len, int num_heads, int head_dim,
                          gpu_bf16 *dq, gpu_bf16 *dk, gpu_bf16 *dv, cudaStream_t stream);

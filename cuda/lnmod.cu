@@ -9,6 +9,8 @@
 // block). The backward keeps the per-sample column sums (dshift, dscale, dgate) in registers while the
 // chunk stays inside one sample, adds the row groups up in shared memory when it leaves the sample, and
 // writes one partial per (chunk, sample) to the workspace; a last pass adds the partials of each sample in chunk order.
+// The forwards also have a staged form (lnmod_tune): rows reach shared memory by cp.async several rows ahead, and
+// the block keeps its sample's modulation vectors in shared memory (its section below says why).
 #include "lnmod.h"
 
 #include <cuda_bf16.h>
@@ -129,6 +131,7 @@ struct FwdArgs {
     float eps;
     bool interleaved;                    // rows in steps interleaved across blocks, not one chunk per block
     bool streaming;                      // evict-first loads of x and stores of y
+    int stages;                          // staged kernel: rows in flight per row group (0: the register kernel)
     uint4 *x_new, *y;                    // x_new: residual variant only
     float *mean, *rstd;
 };
@@ -246,6 +249,241 @@ __global__ void __launch_bounds__(kBlockThreads) lnmod_fwd_kernel(const FwdArgs 
         if constexpr (kPrefetch)
 #pragma unroll
             for (int i = 0; i < VPT; ++i) xv[i] = next[i];
+    }
+}
+
+// ---- forward, staged (lnmod_tune's fwd_stages, residual_fwd_stages) --------------------------------
+// The inputs of the next `stages` rows of each row group travel to shared memory by cp.async (16 bytes a
+// thread, cached in L2 only) while the current row is reduced from registers: up to 3 rows in flight where
+// the register kernel has 1, and half its row registers (64 a thread instead of ~99 at D = 1536, 3072), so
+// more blocks fit. The block keeps its current sample's (1 + scale), shift (and gate) in shared memory: a
+// row no longer re-reads 8 (12) bytes of fp32 modulation per element through L1/L2 against its 4 (8) bytes
+// of DRAM traffic. The row's statistics take two butterflies of one float (the sum, then the squared
+// deviations from the exact mean) instead of five rounds of moment merges with divisions; row groups wider
+// than a warp meet at their own named barrier, not the whole block's.
+
+constexpr int kMaxFwdStages = 3;
+
+__device__ __forceinline__ void copy_async16(uint4 *shared_dst, const uint4 *global_src)
+{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"((unsigned)__cvta_generic_to_shared(shared_dst)),
+                 "l"(__cvta_generic_to_global(global_src))
+                 : "memory");
+}
+
+__device__ __forceinline__ void copy_async_commit()
+{
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+
+// Makes `value` computed before the asm statements that follow, which the compiler keeps after this one.
+__device__ __forceinline__ void computed_before_next_asm(float value)
+{
+    asm volatile("" ::"f"(value));
+}
+
+// Wait until at most `pending` (< kMaxFwdStages) of this thread's newest copy groups are still in flight.
+__device__ __forceinline__ void copy_async_wait(int pending)
+{
+    static_assert(kMaxFwdStages == 3, "one case per pending count");
+    switch (pending) {
+    case 0: asm volatile("cp.async.wait_group 0;\n" ::: "memory"); break;
+    case 1: asm volatile("cp.async.wait_group 1;\n" ::: "memory"); break;
+    default: asm volatile("cp.async.wait_group 2;\n" ::: "memory"); break;
+    }
+}
+
+// Copy this thread's vectors of row `row` (when valid) into its slots (slot[i * TPR] for vector i).
+template <int TPR, int VPT>
+__device__ __forceinline__ void copy_row_async(const uint4 *base, int64_t row, bool valid, int nvec, uint4 *slot)
+{
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) {
+        const int vec = threadIdx.x + i * TPR;
+        if (valid && vec < nvec) copy_async16(slot + i * TPR, base + row * nvec + vec);
+    }
+}
+
+// The named barrier 1 + threadIdx.y of this thread's row group of TPR > 32 threads. The ids are constants so
+// that ptxas reserves only those: an SM holds 64 barriers, and 16 a block would cap it at 4 blocks.
+template <int TPR>
+__device__ __forceinline__ void group_barrier()
+{
+    static_assert(TPR > 32 && kBlockThreads / TPR <= 4, "one case per row group");
+    switch (threadIdx.y) {
+    case 0: __barrier_sync_count(1, TPR); break;
+    case 1: __barrier_sync_count(2, TPR); break;
+    case 2: __barrier_sync_count(3, TPR); break;
+    default: __barrier_sync_count(4, TPR); break;
+    }
+}
+
+// Sum of v over this thread's row group (all of its threads call it; each gets the bitwise same value): a
+// butterfly in each warp, then (TPR > 32) the warps' sums added in a fixed order through `warp_sums`
+// (TPR / 32 floats of this group), behind the group's named barrier.
+template <int TPR>
+__device__ __forceinline__ float group_sum(float v, float *warp_sums)
+{
+#pragma unroll
+    for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(kFullMask, v, offset);
+    if constexpr (TPR > 32) {
+        if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = v;
+        group_barrier<TPR>();
+        v = warp_sums[0];
+#pragma unroll
+        for (int w = 1; w < TPR / 32; ++w) v += warp_sums[w];
+    }
+    return v;
+}
+
+// The staged modulation: vector `which` (0: 1 + scale, 1: shift, 2: gate) of one sample as float4 halves,
+// [which][half][nvec], so that consecutive lanes read consecutive 16 bytes.
+__device__ __forceinline__ void staged8(const float4 *staged, int which, int nvec, int v, float (&f)[kVecElems])
+{
+    const float4 lo = staged[(2 * which) * nvec + v], hi = staged[(2 * which + 1) * nvec + v];
+    f[0] = lo.x; f[1] = lo.y; f[2] = lo.z; f[3] = lo.w;
+    f[4] = hi.x; f[5] = hi.y; f[6] = hi.z; f[7] = hi.w;
+}
+
+// Stage sample `sample`'s modulation vectors (every thread of the block takes part).
+template <bool RESIDUAL>
+__device__ __forceinline__ void stage_modulation(const FwdArgs &a, int sample, int nvec, float4 *staged)
+{
+    const float *const vectors[3] = {a.scale, a.shift, a.gate};
+    const int64_t offset = (int64_t)sample * a.dim;
+    const int thread = threadIdx.y * blockDim.x + threadIdx.x;
+#pragma unroll
+    for (int which = 0; which < (RESIDUAL ? 3 : 2); ++which)
+        for (int k = thread; k < 2 * nvec; k += kBlockThreads) {  // float4 k: half k % 2 of 16-byte vector k / 2
+            float4 q = __ldg(reinterpret_cast<const float4 *>(vectors[which] + offset) + k);
+            if (which == 0) q.x += 1.0f, q.y += 1.0f, q.z += 1.0f, q.w += 1.0f;
+            staged[(2 * which + k % 2) * nvec + k / 2] = q;
+        }
+}
+
+// Dynamic shared memory of the staged kernel: row slots [stages][inputs][kBlockThreads * VPT] uint4, the
+// staged modulation [2 or 3][2][nvec] float4, the row groups' warp sums [2][kBlockThreads / 32] float.
+constexpr size_t staged_slot_bytes(bool residual, int vpt)
+{
+    return (residual ? 2 : 1) * (size_t)kBlockThreads * vpt * sizeof(uint4);
+}
+constexpr size_t staged_fixed_bytes(bool residual, int dim)
+{
+    return (residual ? 3 : 2) * (size_t)dim * sizeof(float) + 2 * (kBlockThreads / 32) * sizeof(float);
+}
+
+template <int TPR, int VPT, bool RESIDUAL>
+__global__ void __launch_bounds__(kBlockThreads, RESIDUAL ? 3 : 4) lnmod_fwd_staged_kernel(const FwdArgs a)
+{
+    constexpr int kRows = kBlockThreads / TPR, kWarps = TPR / 32;
+    constexpr int kSlotVecs = kBlockThreads * VPT;  // one input's slots in one stage
+    constexpr int kStageVecs = (RESIDUAL ? 2 : 1) * kSlotVecs;
+    extern __shared__ uint4 staged_shared[];
+    const int nvec = a.dim / kVecElems, stages = a.stages;
+    uint4 *const my_slots = staged_shared + threadIdx.y * VPT * TPR + threadIdx.x;
+    float4 *const staged = reinterpret_cast<float4 *>(staged_shared + stages * kStageVecs);
+    float *const warp_sums = reinterpret_cast<float *>(staged + (RESIDUAL ? 3 : 2) * 2 * nvec) + threadIdx.y * kWarps;
+    const int64_t stride = a.interleaved ? (int64_t)gridDim.x * kRows : kRows;
+    const int64_t begin = a.interleaved ? (int64_t)blockIdx.x * kRows : (int64_t)blockIdx.x * a.rows_per_block;
+    const int64_t end = a.interleaved ? a.n_rows : min(begin + a.rows_per_block, a.n_rows);
+    if (begin >= end) return;
+
+    for (int s = 0; s < stages; ++s) {
+        const int64_t row = begin + s * stride + threadIdx.y;
+        copy_row_async<TPR, VPT>(a.x, row, row < end, nvec, my_slots + s * kStageVecs);
+        if constexpr (RESIDUAL) copy_row_async<TPR, VPT>(a.y_prev, row, row < end, nvec, my_slots + s * kStageVecs + kSlotVecs);
+        copy_async_commit();
+    }
+    int block_sample = sample_of_row(a.row_start, a.n_samples, begin), staged_sample = -1, stage = 0;
+    for (int64_t base = begin; base < end; base += stride) {
+        advance_sample(a.row_start, a.n_samples, base, block_sample);
+        if (block_sample != staged_sample) {  // block-uniform
+            __syncthreads();  // every row of the block is done with the vectors staged before
+            stage_modulation<RESIDUAL>(a, block_sample, nvec, staged);
+            __syncthreads();
+            staged_sample = block_sample;
+        }
+        const int64_t row = base + threadIdx.y;
+        const bool valid = row < end;
+        int sample = block_sample;
+        if (valid) advance_sample(a.row_start, a.n_samples, row, sample);
+        const bool from_staged = sample == staged_sample;  // else (a row past a sample end) read global memory
+        const int64_t row_vec = row * nvec, mod_offset = (int64_t)sample * a.dim;
+
+        copy_async_wait(stages - 1);  // this row's copies have landed
+        uint4 *const slot = my_slots + stage * kStageVecs;
+        uint4 xv[VPT];
+        float sum = 0.0f;
+#pragma unroll
+        for (int i = 0; i < VPT; ++i) {
+            const int v = threadIdx.x + i * TPR;
+            if (valid && v < nvec) {
+                xv[i] = slot[i * TPR];
+                float xf[kVecElems];
+                if constexpr (RESIDUAL) {
+                    float pf[kVecElems], gf[kVecElems];
+                    unpack8(xv[i], xf);
+                    unpack8(slot[kSlotVecs + i * TPR], pf);
+                    if (from_staged) staged8(staged, 2, nvec, v, gf);
+                    else load8(a.gate + mod_offset + v * kVecElems, gf);
+#pragma unroll
+                    for (int j = 0; j < kVecElems; ++j) xf[j] += pf[j] * gf[j];
+                    xv[i] = pack8(xf);
+                    a.x_new[row_vec + v] = xv[i];
+                }
+                unpack8(xv[i], xf);
+#pragma unroll
+                for (int j = 0; j < kVecElems; ++j) sum += xf[j];
+            }
+        }
+        // Every value read from the slots is in the sum, so the reads are done: refill them with the row
+        // `stages` steps on.
+        computed_before_next_asm(sum);
+        const int64_t ahead = row + stages * stride;
+        copy_row_async<TPR, VPT>(a.x, ahead, ahead < end, nvec, slot);
+        if constexpr (RESIDUAL) copy_row_async<TPR, VPT>(a.y_prev, ahead, ahead < end, nvec, slot + kSlotVecs);
+        copy_async_commit();
+        stage = stage + 1 == stages ? 0 : stage + 1;
+
+        const float mean = group_sum<TPR>(sum, warp_sums) / (float)a.dim;
+        float m2 = 0.0f;
+#pragma unroll
+        for (int i = 0; i < VPT; ++i) {
+            const int v = threadIdx.x + i * TPR;
+            if (valid && v < nvec) {
+                float f[kVecElems];
+                unpack8(xv[i], f);
+#pragma unroll
+                for (int j = 0; j < kVecElems; ++j) m2 += (f[j] - mean) * (f[j] - mean);
+            }
+        }
+        const float rstd = rsqrtf(group_sum<TPR>(m2, warp_sums + kBlockThreads / 32) / (float)a.dim + a.eps);
+        if (valid) {
+            if (threadIdx.x == 0) {
+                a.mean[row] = mean;
+                a.rstd[row] = rstd;
+            }
+#pragma unroll
+            for (int i = 0; i < VPT; ++i) {
+                const int v = threadIdx.x + i * TPR;
+                if (v < nvec) {
+                    float f[kVecElems], scale1[kVecElems], sh[kVecElems];
+                    unpack8(xv[i], f);
+                    if (from_staged) {
+                        staged8(staged, 0, nvec, v, scale1);
+                        staged8(staged, 1, nvec, v, sh);
+                    } else {
+                        load8(a.scale + mod_offset + v * kVecElems, scale1);
+                        load8(a.shift + mod_offset + v * kVecElems, sh);
+#pragma unroll
+                        for (int j = 0; j < kVecElems; ++j) scale1[j] += 1.0f;
+                    }
+#pragma unroll
+                    for (int j = 0; j < kVecElems; ++j) f[j] = (f[j] - mean) * rstd * scale1[j] + sh[j];
+                    a.y[row_vec + v] = pack8(f);
+                }
+            }
+        }
     }
 }
 
@@ -484,6 +722,7 @@ __global__ void __launch_bounds__(kSumCols * kSumLanes)
 constexpr int kFwdMaxVpt = 8, kBwdMaxVpt = 5, kResidualBwdMaxVpt = 4, kWidestVpt = 4;
 int g_vpt_limit[3] = {kFwdMaxVpt, kBwdMaxVpt, kResidualBwdMaxVpt};
 bool g_fwd_interleaved = true, g_fwd_streaming = false;
+int g_fwd_stages[2] = {0, 0};  // plain, residual forward (lnmod_tune)
 
 // Row-group width and vectors per thread for a row of `dim`: the narrowest group (a warp first) whose
 // threads hold at most `limit` vectors each, else the widest group (256 threads, at most 4 vectors).
@@ -509,10 +748,10 @@ struct GridPlan {
 };
 
 template <class Kernel>
-GridPlan grid_plan(Kernel kernel, int &occupancy_cache, int64_t n_rows, int rows_per_step)
+GridPlan grid_plan(Kernel kernel, int &occupancy_cache, int64_t n_rows, int rows_per_step, size_t shared_bytes = 0)
 {
     if (occupancy_cache == 0)
-        CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occupancy_cache, kernel, kBlockThreads, 0));
+        CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occupancy_cache, kernel, kBlockThreads, shared_bytes));
     int device = 0, sms = 0;
     CUDA_CHECK(cudaGetDevice(&device));
     CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
@@ -553,12 +792,45 @@ struct FwdOp {
     template <int TPR, int VPT>
     void run()
     {
+        if (args.stages > 0) {
+            run_staged<TPR, VPT>();
+            return;
+        }
         static int occupancy = 0;
         auto kernel = lnmod_fwd_kernel<TPR, VPT, RESIDUAL>;
         const GridPlan plan = grid_plan(kernel, occupancy, args.n_rows, kBlockThreads / TPR);
         if (plan.blocks == 0) return;
         args.rows_per_block = plan.rows_per_block;
         kernel<<<(unsigned)plan.blocks, dim3(TPR, kBlockThreads / TPR), 0, stream>>>(args);
+        CUDA_CHECK_LAUNCH();
+    }
+
+    // The staged kernel, with as many of the requested stages as fit in a block's shared memory (at least
+    // one always does: at most 96 KiB of modulation and 64 KiB of slots at LNMOD_MAX_DIM).
+    template <int TPR, int VPT>
+    void run_staged()
+    {
+        static int occupancy = 0;
+        static size_t occupancy_bytes = 0;  // the dynamic shared memory `occupancy` was found for
+        auto kernel = lnmod_fwd_staged_kernel<TPR, VPT, RESIDUAL>;
+        int device = 0, shared_max = 0;
+        CUDA_CHECK(cudaGetDevice(&device));
+        CUDA_CHECK(cudaDeviceGetAttribute(&shared_max, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+        const size_t slot_bytes = staged_slot_bytes(RESIDUAL, VPT), fixed_bytes = staged_fixed_bytes(RESIDUAL, args.dim);
+        while (args.stages > 1 && fixed_bytes + args.stages * slot_bytes > (size_t)shared_max) --args.stages;
+        const size_t bytes = fixed_bytes + args.stages * slot_bytes;
+        ALDIT_CHECK(bytes <= (size_t)shared_max, "lnmod: the staged forward needs %zu bytes of shared memory (%d here)",
+                    bytes, shared_max);
+        if (bytes != occupancy_bytes) {
+            CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+            CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                            cudaSharedmemCarveoutMaxShared));
+            occupancy = 0, occupancy_bytes = bytes;
+        }
+        const GridPlan plan = grid_plan(kernel, occupancy, args.n_rows, kBlockThreads / TPR, bytes);
+        if (plan.blocks == 0) return;
+        args.rows_per_block = plan.rows_per_block;
+        kernel<<<(unsigned)plan.blocks, dim3(TPR, kBlockThreads / TPR), bytes, stream>>>(args);
         CUDA_CHECK_LAUNCH();
     }
 };
@@ -634,7 +906,7 @@ size_t bwd_workspace_bytes(int64_t n_rows, int dim, int n_samples, bool residual
 
 extern "C" void lnmod_tune(const lnmod_tuning *tuning)
 {
-    const lnmod_tuning defaults = {0, 0, 0, 0, 0};
+    const lnmod_tuning defaults = {0, 0, 0, 0, 0, 0, 0};
     const lnmod_tuning *t = tuning ? tuning : &defaults;
     const int requested[3] = {t->max_vpt_fwd, t->max_vpt_bwd, t->max_vpt_residual_bwd};
     const int compiled[3] = {kFwdMaxVpt, kBwdMaxVpt, kResidualBwdMaxVpt};
@@ -642,6 +914,8 @@ extern "C" void lnmod_tune(const lnmod_tuning *tuning)
         g_vpt_limit[k] = requested[k] <= 0 || requested[k] > compiled[k] ? compiled[k] : requested[k];
     g_fwd_interleaved = t->fwd_chunked == 0;
     g_fwd_streaming = t->fwd_streaming != 0;
+    const int stages[2] = {t->fwd_stages, t->residual_fwd_stages};
+    for (int k = 0; k < 2; ++k) g_fwd_stages[k] = stages[k] < 0 ? 0 : stages[k] > kMaxFwdStages ? kMaxFwdStages : stages[k];
 }
 
 extern "C" void lnmod_fwd(const gpu_bf16 *x, int64_t n_rows, int dim, const int64_t *row_start, int n_samples,
@@ -660,7 +934,7 @@ extern "C" void lnmod_fwd(const gpu_bf16 *x, int64_t n_rows, int dim, const int6
     args.shift = shift, args.scale = scale, args.row_start = row_start;
     args.n_samples = n_samples, args.dim = dim, args.n_rows = n_rows, args.eps = eps;
     args.y = reinterpret_cast<uint4 *>(y), args.mean = mean, args.rstd = rstd;
-    args.interleaved = g_fwd_interleaved, args.streaming = g_fwd_streaming;
+    args.interleaved = g_fwd_interleaved, args.streaming = g_fwd_streaming, args.stages = g_fwd_stages[0];
     FwdOp<false> op = {args, stream};
     dispatch<kFwdMaxVpt>(shape, op);
 }
@@ -683,7 +957,7 @@ extern "C" void lnmod_residual_fwd(const gpu_bf16 *x, const gpu_bf16 *y_prev, in
     args.gate = gate, args.shift = shift, args.scale = scale, args.row_start = row_start;
     args.n_samples = n_samples, args.dim = dim, args.n_rows = n_rows, args.eps = eps;
     args.x_new = reinterpret_cast<uint4 *>(x_new), args.y = reinterpret_cast<uint4 *>(y);
-    args.mean = mean, args.rstd = rstd;
+    args.mean = mean, args.rstd = rstd, args.stages = g_fwd_stages[1];
     FwdOp<true> op = {args, stream};
     dispatch<kFwdMaxVpt>(shape, op);
 }

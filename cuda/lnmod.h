@@ -57,16 +57,21 @@ void lnmod_residual_bwd(const gpu_bf16 *x_new, const gpu_bf16 *y_prev, const gpu
                         const float *rstd, gpu_bf16 *dx, gpu_bf16 *dy_prev, float *dshift, float *dscale,
                         float *dgate, void *workspace, cudaStream_t stream);
 
-/* Tuning knobs (aldit-bench --max-vpt, --fwd-order, --fwd-streaming); zeros are the defaults.
-   max_vpt_*: the most 16-byte vectors of a row one thread holds in the forward kernels, the plain
-   backward and the residual backward (defaults and maxima 8, 5, 4); lower limits spread a row over
-   wider thread groups (32, 64, 128, 256 threads). fwd_chunked: the plain forward's blocks each take
-   one contiguous chunk of rows instead of interleaved steps of rows (the default; the backward always
-   uses chunks). fwd_streaming: the plain forward loads x and stores y with evict-first cache hints
-   (measured no faster on an H200; docs/PERFORMANCE.md). Set before launching, from one thread. */
+/* Tuning knobs (aldit-bench --max-vpt, --fwd-order, --fwd-streaming, --fwd-stages); zeros are the defaults.
+   max_vpt_*: the most 16-byte vectors of a row one thread holds in the forward kernels, the plain backward
+   and the residual backward (defaults and maxima 8, 5, 4); lower limits spread a row over wider thread groups
+   (32, 64, 128, 256 threads). fwd_chunked: the plain forward's blocks each take one contiguous chunk of rows
+   instead of interleaved steps of rows (the default; the residual forward and the backward always use
+   chunks). fwd_streaming: the plain register-prefetch forward loads x and stores y with evict-first cache
+   hints (measured no faster on an H200; docs/PERFORMANCE.md). fwd_stages, residual_fwd_stages: 0 runs the
+   plain / residual forward kernel that loads rows into registers (the plain one with the next row in flight);
+   1 to 3 run the staged forward instead, whose inputs travel to shared memory by cp.async with that many rows
+   per row group in flight, and which keeps the block's current sample's modulation vectors in shared memory
+   (fewer stages where shared memory is short). Set before launching, from one thread. */
 typedef struct {
     int max_vpt_fwd, max_vpt_bwd, max_vpt_residual_bwd;
     int fwd_chunked, fwd_streaming;
+    int fwd_stages, residual_fwd_stages;
 } lnmod_tuning;
 void lnmod_tune(const lnmod_tuning *tuning); /* NULL restores the defaults */
 

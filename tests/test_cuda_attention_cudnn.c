@@ -1,4 +1,4 @@
-/* test_cuda_attention_cudnn.c — cmocka tests of cuDNN's fused attention (attention_cudnn.h) against cpu_attention_fwd/bwd on one sample of bf16-rounded random inputs, the GPU model's dispatch to it, and its speed beside our own kernel's. */
+/* test_cuda_attention_cudnn.c — cmocka tests of cuDNN's fused attention (attention_cudnn.h), self and cross (query and key lengths differ), against cpu_attention_fwd/bwd on one sample of bf16-rounded random inputs, the GPU model's dispatch to it, and its speed beside our own kernel's. */
 #include "config.h"
 
 #include <setjmp.h>
@@ -39,66 +39,89 @@ static void transpose(const float *in, int64_t rows, int cols, float *out)
         for (int c = 0; c < cols; ++c) out[(size_t)c * rows + r] = in[(size_t)r * cols + c];
 }
 
-/* One sample of seq_len rows: the forward (out, stats) against the CPU, then the backward fed the
-   reference's out (bf16) and lse (as stats), twice over poisoned outputs (the second run finds the
-   module's dQ accumulator holding the first run's values, which must not leak in). */
-static void check_shape(int64_t seq_len, int num_heads, int head_dim)
+/* One sample of seq_len_q query rows and seq_len_kv key rows (equal: through the self-attention entry points):
+   the forward (out, stats) against the CPU, then the backward fed the reference's out (bf16) and lse (as
+   stats), twice over poisoned outputs (the second run finds the module's dQ accumulator holding the first
+   run's values, which must not leak in). */
+static void check_shape(int64_t seq_len_q, int64_t seq_len_kv, int num_heads, int head_dim)
 {
-    const int64_t row_start[2] = {0, seq_len};
-    const size_t n = (size_t)seq_len * num_heads * head_dim, n_stats = (size_t)seq_len * num_heads;
+    const int64_t q_start[2] = {0, seq_len_q}, kv_start[2] = {0, seq_len_kv};
+    const int width = num_heads * head_dim;
+    const size_t n_q = (size_t)seq_len_q * width, n_kv = (size_t)seq_len_kv * width;
+    const size_t n_stats = (size_t)seq_len_q * num_heads;
+    const int self = seq_len_q == seq_len_kv;
     char case_name[120];
-    snprintf(case_name, sizeof case_name, "S=%lld, %d heads, head_dim %d", (long long)seq_len, num_heads, head_dim);
+    snprintf(case_name, sizeof case_name, "S_q=%lld, S_kv=%lld, %d heads, head_dim %d", (long long)seq_len_q,
+             (long long)seq_len_kv, num_heads, head_dim);
 
     gpu_bf16 *q_bits, *k_bits, *v_bits, *dout_bits;
-    float *q = random_normal_bf16(&g_seed, n, 0.0, 1.0, &q_bits), *k = random_normal_bf16(&g_seed, n, 0.0, 1.0, &k_bits);
-    float *v = random_normal_bf16(&g_seed, n, 0.0, 1.0, &v_bits);
-    float *dout = random_normal_bf16(&g_seed, n, 0.0, 1.0, &dout_bits);
-    float *out_ref = xmalloc(n * sizeof *out_ref), *lse_ref = xmalloc(n_stats * sizeof *lse_ref);
-    cpu_attention_fwd(q, k, v, num_heads, head_dim, row_start, row_start, 1, out_ref, lse_ref);
-    gpu_bf16 *out_bits = xmalloc(n * sizeof *out_bits);
-    float *out_rounded = xmalloc(n * sizeof *out_rounded);
-    for (size_t i = 0; i < n; ++i) {
+    float *q = random_normal_bf16(&g_seed, n_q, 0.0, 1.0, &q_bits);
+    float *k = random_normal_bf16(&g_seed, n_kv, 0.0, 1.0, &k_bits);
+    float *v = random_normal_bf16(&g_seed, n_kv, 0.0, 1.0, &v_bits);
+    float *dout = random_normal_bf16(&g_seed, n_q, 0.0, 1.0, &dout_bits);
+    float *out_ref = xmalloc(n_q * sizeof *out_ref), *lse_ref = xmalloc(n_stats * sizeof *lse_ref);
+    cpu_attention_fwd(q, k, v, num_heads, head_dim, q_start, kv_start, 1, out_ref, lse_ref);
+    gpu_bf16 *out_bits = xmalloc(n_q * sizeof *out_bits);
+    float *out_rounded = xmalloc(n_q * sizeof *out_rounded);
+    for (size_t i = 0; i < n_q; ++i) {
         out_bits[i] = gpu_bf16_from_float(out_ref[i]);
         out_rounded[i] = gpu_float_from_bf16(out_bits[i]);
     }
-    float *dq_ref = xmalloc(n * sizeof *dq_ref), *dk_ref = xmalloc(n * sizeof *dk_ref);
-    float *dv_ref = xmalloc(n * sizeof *dv_ref);
-    cpu_attention_bwd(q, k, v, out_rounded, dout, lse_ref, num_heads, head_dim, row_start, row_start, 1, dq_ref, dk_ref,
+    float *dq_ref = xmalloc(n_q * sizeof *dq_ref), *dk_ref = xmalloc(n_kv * sizeof *dk_ref);
+    float *dv_ref = xmalloc(n_kv * sizeof *dv_ref);
+    cpu_attention_bwd(q, k, v, out_rounded, dout, lse_ref, num_heads, head_dim, q_start, kv_start, 1, dq_ref, dk_ref,
                       dv_ref);
     float *stats_ref = xmalloc(n_stats * sizeof *stats_ref);
-    transpose(lse_ref, seq_len, num_heads, stats_ref);
+    transpose(lse_ref, seq_len_q, num_heads, stats_ref);
 
-    const size_t bytes = n * sizeof(gpu_bf16), stats_bytes = n_stats * sizeof(float);
-    gpu_bf16 *d_q = device_upload(q_bits, bytes), *d_k = device_upload(k_bits, bytes), *d_v = device_upload(v_bits, bytes);
-    gpu_bf16 *d_dout = device_upload(dout_bits, bytes), *d_out_ref = device_upload(out_bits, bytes);
+    const size_t q_bytes = n_q * sizeof(gpu_bf16), kv_bytes = n_kv * sizeof(gpu_bf16);
+    const size_t stats_bytes = n_stats * sizeof(float);
+    gpu_bf16 *d_q = device_upload(q_bits, q_bytes), *d_k = device_upload(k_bits, kv_bytes);
+    gpu_bf16 *d_v = device_upload(v_bits, kv_bytes), *d_dout = device_upload(dout_bits, q_bytes);
+    gpu_bf16 *d_out_ref = device_upload(out_bits, q_bytes);
     float *d_stats_ref = device_upload(stats_ref, stats_bytes);
-    gpu_bf16 *d_out = device_poisoned(bytes), *d_dq = device_poisoned(bytes), *d_dk = device_poisoned(bytes);
-    gpu_bf16 *d_dv = device_poisoned(bytes);
+    gpu_bf16 *d_out = device_poisoned(q_bytes), *d_dq = device_poisoned(q_bytes), *d_dk = device_poisoned(kv_bytes);
+    gpu_bf16 *d_dv = device_poisoned(kv_bytes);
     float *d_stats = device_poisoned(stats_bytes);
 
-    attention_cudnn_fwd(d_q, d_k, d_v, seq_len, num_heads, head_dim, d_out, d_stats, 0);
-    float *got = download_bf16(d_out, n);
-    expect_close("attention_cudnn_fwd out", case_name, got, out_ref, n, kTolerance, kNearZeroBound);
+    if (self)
+        attention_cudnn_fwd(d_q, d_k, d_v, seq_len_q, num_heads, head_dim, d_out, d_stats, 0);
+    else
+        attention_cudnn_cross_fwd(d_q, d_k, d_v, seq_len_q, seq_len_kv, num_heads, head_dim, d_out, d_stats, 0);
+    float *got = download_bf16(d_out, n_q);
+    expect_close("attention_cudnn forward out", case_name, got, out_ref, n_q, kTolerance, kNearZeroBound);
     free(got);
     float *stats = download_f32(d_stats, n_stats);
     got = xmalloc(n_stats * sizeof *got);
-    transpose(stats, num_heads, (int)seq_len, got);
-    expect_close("attention_cudnn_fwd stats (as lse)", case_name, got, lse_ref, n_stats, kTolerance, kNearZeroBound);
+    transpose(stats, num_heads, (int)seq_len_q, got);
+    expect_close("attention_cudnn forward stats (as lse)", case_name, got, lse_ref, n_stats, kTolerance,
+                 kNearZeroBound);
     free(got);
     free(stats);
 
     for (int run = 0; run < 2; ++run) {
-        device_poison(d_dq, bytes);
-        device_poison(d_dk, bytes);
-        device_poison(d_dv, bytes);
-        attention_cudnn_bwd(d_q, d_k, d_v, d_out_ref, d_dout, d_stats_ref, seq_len, num_heads, head_dim, d_dq, d_dk,
-                            d_dv, 0);
+        device_poison(d_dq, q_bytes);
+        device_poison(d_dk, kv_bytes);
+        device_poison(d_dv, kv_bytes);
+        if (self)
+            attention_cudnn_bwd(d_q, d_k, d_v, d_out_ref, d_dout, d_stats_ref, seq_len_q, num_heads, head_dim, d_dq,
+                                d_dk, d_dv, 0);
+        else
+            attention_cudnn_cross_bwd(d_q, d_k, d_v, d_out_ref, d_dout, d_stats_ref, seq_len_q, seq_len_kv, num_heads,
+                                      head_dim, d_dq, d_dk, d_dv, 0);
         const gpu_bf16 *outputs[3] = {d_dq, d_dk, d_dv};
         const float *wants[3] = {dq_ref, dk_ref, dv_ref};
-        const char *names[3] = {"attention_cudnn_bwd dq", "attention_cudnn_bwd dk", "attention_cudnn_bwd dv"};
+        const size_t counts[3] = {n_q, n_kv, n_kv};
+        const char *names[3] = {"attention_cudnn backward dq", "attention_cudnn backward dk",
+                                "attention_cudnn backward dv"};
+        /* dq is exactly zero with one key (softmax of one score is constant): there its rounding noise is
+           bounded by the tolerance times the norm of dv, the scale of this call's gradients */
+        double dv_norm2 = 0.0;
+        for (size_t j = 0; j < n_kv; ++j) dv_norm2 += (double)dv_ref[j] * dv_ref[j];
         for (int i = 0; i < 3; ++i) {
-            got = download_bf16(outputs[i], n);
-            expect_close(names[i], case_name, got, wants[i], n, kTolerance, kNearZeroBound);
+            got = download_bf16(outputs[i], counts[i]);
+            expect_close(names[i], case_name, got, wants[i], counts[i], kTolerance,
+                         i == 0 ? kTolerance * sqrt(dv_norm2) : kNearZeroBound);
             free(got);
         }
     }
@@ -121,22 +144,52 @@ static void test_available(void **state)
 static void test_head_dim_64(void **state)
 {
     (void)state;
-    check_shape(64, 12, 64);
-    check_shape(300, 5, 64);
-    check_shape(1024, 2, 64);
+    check_shape(64, 64, 12, 64);
+    check_shape(300, 300, 5, 64);
+    check_shape(1024, 1024, 2, 64);
 }
 
 static void test_head_dim_128(void **state)
 {
     (void)state;
-    check_shape(64, 2, 128);
-    check_shape(300, 4, 128);
-    check_shape(1024, 3, 128);
+    check_shape(64, 64, 2, 128);
+    check_shape(300, 300, 4, 128);
+    check_shape(1024, 1024, 3, 128);
+}
+
+/* Cross-attention: more query than key rows (the model's case: a sample's tokens to its text), key lengths
+   that are and are not multiples of 64, and fewer query than key rows. */
+static void test_cross_head_dim_64(void **state)
+{
+    (void)state;
+    check_shape(1500, 512, 4, 64);
+    check_shape(4096, 77, 2, 64);
+    check_shape(200, 700, 3, 64);
+}
+
+static void test_cross_head_dim_128(void **state)
+{
+    (void)state;
+    check_shape(1500, 512, 3, 128);
+    check_shape(4096, 77, 4, 128);
+    check_shape(200, 700, 2, 128);
+}
+
+/* Text as short as the model may see it (a few tokens, one). Last in the file: a length cuDNN cannot plan is
+   fatal (the message names the shape), which would end the program before the tests after it. */
+static void test_cross_short_text(void **state)
+{
+    (void)state;
+    check_shape(1024, 16, 2, 64);
+    check_shape(1100, 5, 3, 128);
+    check_shape(256, 1, 2, 128);
 }
 
 /* The GPU model with long samples on cuDNN (threshold lowered to 100 tokens) against the same model on our
-   own kernel: a packed batch of 128, 16 and 288 tokens (cuDNN, own kernel on a run that does not start at
-   row 0, cuDNN), 2 heads of 64; loss and whole gradient within 2e-2 (relative; bf16 activations). */
+   own kernel: a packed batch of 128 tokens with 16 text rows (self- and cross-attention on cuDNN), 16 tokens
+   with 5 (our own kernel, on runs that do not start at row 0) and 288 tokens without text (self-attention on
+   cuDNN, cross-attention on our own kernel), 2 heads of 64; loss and whole gradient within 2e-2 (relative;
+   bf16 activations). */
 static void test_model_dispatch(void **state)
 {
     (void)state;
@@ -218,98 +271,116 @@ static double relative_difference(const gpu_bf16 *a, const gpu_bf16 *b, size_t n
 
 /* One long sample on the device, for the cuDNN path and our own kernel side by side. */
 typedef struct {
-    int64_t rows;
+    int64_t q_rows, kv_rows;
     int num_heads, head_dim;
     gpu_bf16 *q, *k, *v, *dout;
     gpu_bf16 *out[2], *dq[2], *dk[2], *dv[2]; /* [0] cuDNN, [1] own kernel */
     float *stats, *lse;
-    int64_t *row_start; /* device {0, rows} */
+    int64_t *q_start, *kv_start; /* device {0, q_rows}, {0, kv_rows} */
     void *workspace;
 } speed_case;
 
 static void cudnn_forward(void *context)
 {
     speed_case *c = context;
-    attention_cudnn_fwd(c->q, c->k, c->v, c->rows, c->num_heads, c->head_dim, c->out[0], c->stats, 0);
+    attention_cudnn_cross_fwd(c->q, c->k, c->v, c->q_rows, c->kv_rows, c->num_heads, c->head_dim, c->out[0], c->stats,
+                              0);
 }
 
 static void cudnn_backward(void *context)
 {
     speed_case *c = context;
-    attention_cudnn_bwd(c->q, c->k, c->v, c->out[0], c->dout, c->stats, c->rows, c->num_heads, c->head_dim, c->dq[0],
-                        c->dk[0], c->dv[0], 0);
+    attention_cudnn_cross_bwd(c->q, c->k, c->v, c->out[0], c->dout, c->stats, c->q_rows, c->kv_rows, c->num_heads,
+                              c->head_dim, c->dq[0], c->dk[0], c->dv[0], 0);
 }
 
 static void own_forward(void *context)
 {
     speed_case *c = context;
-    attention_fwd(c->q, c->k, c->v, c->num_heads, c->head_dim, c->row_start, c->row_start, 1, c->rows, c->rows,
+    attention_fwd(c->q, c->k, c->v, c->num_heads, c->head_dim, c->q_start, c->kv_start, 1, c->q_rows, c->kv_rows,
                   c->out[1], c->lse, 0);
 }
 
 static void own_backward(void *context)
 {
     speed_case *c = context;
-    attention_bwd(c->q, c->k, c->v, c->out[1], c->dout, c->lse, c->num_heads, c->head_dim, c->row_start, c->row_start,
-                  1, c->rows, c->rows, c->dq[1], c->dk[1], c->dv[1], c->workspace, 0);
+    attention_bwd(c->q, c->k, c->v, c->out[1], c->dout, c->lse, c->num_heads, c->head_dim, c->q_start, c->kv_start, 1,
+                  c->q_rows, c->kv_rows, c->dq[1], c->dk[1], c->dv[1], c->workspace, 0);
 }
 
-/* Speed at Wan-1.3B's self-attention shapes (12 heads, head_dim 128) printed as TAP comments, cuDNN and our
-   own kernel in the same run; asserted: both paths agree (relative difference <= 1e-2, every value finite). */
-static void run_speed(int64_t rows)
+/* A device bf16 tensor of n normal values. */
+static gpu_bf16 *device_random_bf16(size_t n)
 {
-    speed_case c = {.rows = rows, .num_heads = 12, .head_dim = 128};
-    const size_t n = (size_t)rows * c.num_heads * c.head_dim, bytes = n * sizeof(gpu_bf16);
-    gpu_bf16 *host = xmalloc(bytes);
-    gpu_bf16 **inputs[4] = {&c.q, &c.k, &c.v, &c.dout};
-    for (int t = 0; t < 4; ++t) {
-        for (size_t i = 0; i < n; ++i) host[i] = gpu_bf16_from_float((float)rng_normal(&g_seed));
-        *inputs[t] = device_upload(host, bytes);
-    }
+    gpu_bf16 *host = xmalloc(n * sizeof *host);
+    for (size_t i = 0; i < n; ++i) host[i] = gpu_bf16_from_float((float)rng_normal(&g_seed));
+    gpu_bf16 *device = device_upload(host, n * sizeof *host);
     free(host);
+    return device;
+}
+
+/* Speed at Wan-1.3B's shapes (12 heads, head_dim 128; self-attention: kv_rows == q_rows, cross-attention: the
+   text's kv_rows) printed as TAP comments, cuDNN and our own kernel in the same run; asserted: both paths agree
+   (relative difference <= 1e-2, every value finite). */
+static void run_speed(int64_t q_rows, int64_t kv_rows)
+{
+    speed_case c = {.q_rows = q_rows, .kv_rows = kv_rows, .num_heads = 12, .head_dim = 128};
+    const size_t width = (size_t)c.num_heads * c.head_dim, n_q = (size_t)q_rows * width, n_kv = (size_t)kv_rows * width;
+    const size_t q_bytes = n_q * sizeof(gpu_bf16), kv_bytes = n_kv * sizeof(gpu_bf16);
+    c.q = device_random_bf16(n_q);
+    c.k = device_random_bf16(n_kv);
+    c.v = device_random_bf16(n_kv);
+    c.dout = device_random_bf16(n_q);
     for (int p = 0; p < 2; ++p) {
-        c.out[p] = device_poisoned(bytes);
-        c.dq[p] = device_poisoned(bytes);
-        c.dk[p] = device_poisoned(bytes);
-        c.dv[p] = device_poisoned(bytes);
+        c.out[p] = device_poisoned(q_bytes);
+        c.dq[p] = device_poisoned(q_bytes);
+        c.dk[p] = device_poisoned(kv_bytes);
+        c.dv[p] = device_poisoned(kv_bytes);
     }
-    c.stats = device_poisoned((size_t)rows * c.num_heads * sizeof(float));
-    c.lse = device_poisoned((size_t)rows * c.num_heads * sizeof(float));
-    c.workspace = device_poisoned(attention_bwd_workspace_bytes(rows, c.num_heads));
-    const int64_t row_start[2] = {0, rows};
-    c.row_start = device_upload(row_start, sizeof row_start);
+    c.stats = device_poisoned((size_t)q_rows * c.num_heads * sizeof(float));
+    c.lse = device_poisoned((size_t)q_rows * c.num_heads * sizeof(float));
+    c.workspace = device_poisoned(attention_bwd_workspace_bytes(q_rows, c.num_heads));
+    const int64_t q_start[2] = {0, q_rows}, kv_start[2] = {0, kv_rows};
+    c.q_start = device_upload(q_start, sizeof q_start);
+    c.kv_start = device_upload(kv_start, sizeof kv_start);
 
     const int repeats = 5;
     const double ms[4] = {gpu_milliseconds_per_call(cudnn_forward, &c, repeats),
                           gpu_milliseconds_per_call(cudnn_backward, &c, repeats),
                           gpu_milliseconds_per_call(own_forward, &c, repeats),
                           gpu_milliseconds_per_call(own_backward, &c, repeats)};
-    const double fwd_flops = attention_fwd_flops(row_start, row_start, 1, c.num_heads, c.head_dim);
-    const double bwd_flops = attention_bwd_flops(row_start, row_start, 1, c.num_heads, c.head_dim);
-    printf("# attention S=%lld heads=%d head_dim=%d: cuDNN forward %.3f ms (%.1f TFLOP/s), backward %.3f ms "
-           "(%.1f TFLOP/s); own kernel forward %.3f ms (%.1f TFLOP/s), backward %.3f ms (%.1f TFLOP/s)\n",
-           (long long)rows, c.num_heads, c.head_dim, ms[0], fwd_flops / (ms[0] * 1e9), ms[1],
-           bwd_flops / (ms[1] * 1e9), ms[2], fwd_flops / (ms[2] * 1e9), ms[3], bwd_flops / (ms[3] * 1e9));
+    const double fwd_flops = attention_fwd_flops(q_start, kv_start, 1, c.num_heads, c.head_dim);
+    const double bwd_flops = attention_bwd_flops(q_start, kv_start, 1, c.num_heads, c.head_dim);
+    printf("# %s-attention S_q=%lld S_kv=%lld heads=%d head_dim=%d: cuDNN forward %.3f ms (%.1f TFLOP/s), backward "
+           "%.3f ms (%.1f TFLOP/s), f+b %.3f ms; own kernel forward %.3f ms (%.1f TFLOP/s), backward %.3f ms "
+           "(%.1f TFLOP/s), f+b %.3f ms\n", q_rows == kv_rows ? "self" : "cross", (long long)q_rows,
+           (long long)kv_rows, c.num_heads, c.head_dim, ms[0], fwd_flops / (ms[0] * 1e9), ms[1],
+           bwd_flops / (ms[1] * 1e9), ms[0] + ms[1], ms[2], fwd_flops / (ms[2] * 1e9), ms[3],
+           bwd_flops / (ms[3] * 1e9), ms[2] + ms[3]);
     fflush(stdout);
 
     const gpu_bf16 *pairs[4][2] = {{c.out[0], c.out[1]}, {c.dq[0], c.dq[1]}, {c.dk[0], c.dk[1]}, {c.dv[0], c.dv[1]}};
+    const size_t counts[4] = {n_q, n_q, n_kv, n_kv};
     const char *names[4] = {"out", "dq", "dk", "dv"};
     for (int i = 0; i < 4; ++i) {
-        const double difference = relative_difference(pairs[i][0], pairs[i][1], n);
+        const double difference = relative_difference(pairs[i][0], pairs[i][1], counts[i]);
         if (!(difference <= kTolerance))
-            fail_msg("S=%lld: cuDNN and own-kernel %s differ by %.3e (relative)", (long long)rows, names[i], difference);
+            fail_msg("S_q=%lld S_kv=%lld: cuDNN and own-kernel %s differ by %.3e (relative)", (long long)q_rows,
+                     (long long)kv_rows, names[i], difference);
     }
 
     void *device_buffers[] = {c.q, c.k, c.v, c.dout, c.out[0], c.out[1], c.dq[0], c.dq[1], c.dk[0], c.dk[1],
-                              c.dv[0], c.dv[1], c.stats, c.lse, c.workspace, c.row_start};
+                              c.dv[0], c.dv[1], c.stats, c.lse, c.workspace, c.q_start, c.kv_start};
     free_device_buffers(device_buffers, sizeof device_buffers / sizeof device_buffers[0]);
 }
 
+/* Self-attention at 16384 and 32760 tokens; cross-attention of 16384 and 75600 tokens to 512 text rows. */
 static void test_speed(void **state)
 {
     (void)state;
-    run_speed(16384);
-    run_speed(32760);
+    run_speed(16384, 16384);
+    run_speed(32760, 32760);
+    run_speed(16384, 512);
+    run_speed(75600, 512);
     attention_cudnn_release();
 }
 
@@ -321,8 +392,11 @@ int main(void)
         cmocka_unit_test(test_available),
         cmocka_unit_test(test_head_dim_64),
         cmocka_unit_test(test_head_dim_128),
+        cmocka_unit_test(test_cross_head_dim_64),
+        cmocka_unit_test(test_cross_head_dim_128),
         cmocka_unit_test(test_model_dispatch),
         cmocka_unit_test(test_speed),
+        cmocka_unit_test(test_cross_short_text),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

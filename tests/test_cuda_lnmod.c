@@ -259,18 +259,26 @@ static void test_many_samples(void **state)
 }
 
 /* The tuning knobs: lower vectors-per-thread limits pick the other row-group shapes (64 and 256 threads,
-   fewer vectors); the forward's interleaved row order and streaming cache hints. */
+   fewer vectors); the forward's row order and streaming cache hints; the staged forwards with 1 to 3 stages
+   (3 stages of the residual one at D = 8192 do not fit in shared memory: it falls back to fewer). */
 static void test_tuning(void **state)
 {
     (void)state;
-    static const lnmod_tuning tunings[] = {{4, 4, 3, 1, 0}, {2, 2, 2, 0, 1}, {1, 1, 1, 1, 1}};
-    static const int dims[] = {136, 1536, 3072, 5120};
+    static const lnmod_tuning tunings[] = {
+        {4, 4, 3, 1, 0, 0, 0}, {2, 2, 2, 0, 1, 0, 0}, {1, 1, 1, 1, 1, 0, 0}, {0, 0, 0, 0, 0, 1, 1},
+        {0, 0, 0, 0, 0, 2, 3}, {0, 0, 0, 1, 0, 3, 2}, {4, 4, 3, 0, 0, 2, 1}, {1, 1, 1, 1, 0, 1, 2},
+    };
+    static const int dims[] = {136, 1536, 3072, 5120, 8192};
     for (size_t k = 0; k < sizeof tunings / sizeof tunings[0]; ++k) {
         lnmod_tune(&tunings[k]);
         for (size_t d = 0; d < sizeof dims / sizeof dims[0]; ++d) {
             check_plain(&kSmallLayouts[1], dims[d]);
             check_residual(&kSmallLayouts[2], dims[d], 0, 1);
             if (dims[d] <= 1536) check_plain(&kLongLayouts[0], dims[d]);
+            if (dims[d] == 3072 && tunings[k].fwd_stages > 0) {
+                check_plain(&kLongLayouts[1], dims[d]);
+                check_residual(&kLongLayouts[1], dims[d], 1, 0);
+            }
         }
     }
     lnmod_tune(NULL);

@@ -46,17 +46,20 @@ static void usage(FILE *out)
     fprintf(out,
             "usage: aldit-bench [--sections lnmod,gemm,attention,block] [--samples B] [--rows S] [--dims D1,D2,...]\n"
             "                   [--repeats N] [--max-vpt F,B,R] [--fwd-order chunk|interleave] [--fwd-streaming 0|1]\n"
+            "                   [--fwd-stages P,R]\n"
             "                   [--seq S1,S2,...] [--text-rows T] [--gemm-fused 0|1] [--json FILE]\n"
             "  Device copy bandwidth, then the sections (default lnmod,gemm):\n"
             "  lnmod: LayerNorm-Modulate (forward, backward, gated-residual variants) on B packed samples of S rows\n"
-            "    each (default B=2, S=32760, D=1536,3072,5120). --max-vpt, --fwd-order and --fwd-streaming set the\n"
-            "    kernels' tuning knobs (lnmod_tune in cuda/lnmod.h).\n"
+            "    each (default B=2, S=32760, D=1536,3072,5120). --max-vpt, --fwd-order, --fwd-streaming and --fwd-stages\n"
+            "    (plain, residual forward: 0 the register kernel, 1-3 the staged kernel) set the kernels' tuning knobs\n"
+            "    (lnmod_tune in cuda/lnmod.h).\n"
             "  gemm: the cuBLASLt linear layers of one Wan-1.3B block (D=1536, FFN 8960) on one sample of S rows\n"
             "    (--seq, default S=4096,16384,32760,75600) and T text rows (default 512): forward, backward data and\n"
             "    backward weight (fp32 dW and db accumulated) in TFLOP/s, the block's GEMM sum, and an 8192^3\n"
             "    reference; --gemm-fused 0 runs plain GEMMs + aldit's own epilogue kernels instead.\n"
-            "  attention: aldit's flash attention (cuda/attention.h), forward and backward, 12 heads of 128, on one\n"
-            "    sample: self-attention S x S and cross-attention S x T, in TFLOP/s.\n"
+            "  attention: aldit's flash attention (cuda/attention.h) and, where built with it, cuDNN's fused SDPA\n"
+            "    (cuda/attention_cudnn.h), forward and backward, 12 heads of 128, on one sample: self-attention\n"
+            "    S x S and cross-attention S x T, in TFLOP/s.\n"
             "  block: one Wan-1.3B block forward+backward (GPU model, recompute none) on one sample of S tokens\n"
             "    and T text tokens: (2-layer model step) - (1-layer model step), against the floor of its GEMMs and\n"
             "    attentions at the rates of the gemm and attention sections (which it runs too).\n"
@@ -77,7 +80,7 @@ static long parse_long(const char *text, const char *option, long low, long high
 
 static bench_options parse_options(int argc, char **argv)
 {
-    bench_options o = {1, 1, 0, 0, 2, 32760, 3, {1536, 3072, 5120}, 21, 10, {0, 0, 0, 0, 0},
+    bench_options o = {1, 1, 0, 0, 2, 32760, 3, {1536, 3072, 5120}, 21, 10, {0, 0, 0, 0, 0, 0, 0},
                        4, {4096, 16384, 32760, 75600}, 512, 1, NULL};
     for (int i = 1; i < argc; ++i) {
         const char *arg = argv[i];
@@ -136,6 +139,15 @@ static bench_options parse_options(int argc, char **argv)
             }
             o.tuning.fwd_chunked = !strcmp(value, "chunk");
         } else if (!strcmp(arg, "--fwd-streaming")) o.tuning.fwd_streaming = (int)parse_long(value, arg, 0, 1);
+        else if (!strcmp(arg, "--fwd-stages")) {
+            char extra;
+            if (sscanf(value, "%d,%d%c", &o.tuning.fwd_stages, &o.tuning.residual_fwd_stages, &extra) != 2 ||
+                o.tuning.fwd_stages < 0 || o.tuning.fwd_stages > 3 || o.tuning.residual_fwd_stages < 0 ||
+                o.tuning.residual_fwd_stages > 3) {
+                fprintf(stderr, "aldit-bench: --fwd-stages %s: expected two integers P,R from 0 to 3\n", value);
+                exit(ALDIT_EXIT_USAGE);
+            }
+        }
         else if (!strcmp(arg, "--dims")) {
             char *copy = strdup(value), *save = NULL;
             o.n_dims = 0;
@@ -329,10 +341,11 @@ static void run_lnmod_section(const bench_options *o, double copy_gbs, cudaStrea
                               double results[kMaxDims][kLnmodOps][2])
 {
     printf("LayerNorm-Modulate, B=%d samples x S=%lld rows (%lld rows), bf16 rows, fp32 statistics and modulation;"
-           "\n  tuning: --max-vpt %d,%d,%d --fwd-order %s --fwd-streaming %d (0 = default)\n", o->n_samples,
-           (long long)o->rows_per_sample, (long long)(o->n_samples * o->rows_per_sample), o->tuning.max_vpt_fwd,
-           o->tuning.max_vpt_bwd, o->tuning.max_vpt_residual_bwd, o->tuning.fwd_chunked ? "chunk" : "interleave",
-           o->tuning.fwd_streaming);
+           "\n  tuning: --max-vpt %d,%d,%d --fwd-order %s --fwd-streaming %d --fwd-stages %d,%d (0 = default)\n",
+           o->n_samples, (long long)o->rows_per_sample, (long long)(o->n_samples * o->rows_per_sample),
+           o->tuning.max_vpt_fwd, o->tuning.max_vpt_bwd, o->tuning.max_vpt_residual_bwd,
+           o->tuning.fwd_chunked ? "chunk" : "interleave", o->tuning.fwd_streaming, o->tuning.fwd_stages,
+           o->tuning.residual_fwd_stages);
     printf("%-6s %-14s %10s %12s %10s %9s\n", "D", "op", "ms", "floor MB", "GB/s", "% copy");
 
     const int64_t n_rows = o->n_samples * o->rows_per_sample;
@@ -584,34 +597,33 @@ static int own_attention_available(void) { return attention_head_dim_supported(k
 #ifdef HAVE_CUDNN
 static int cudnn_attention_available(void) { return attention_cudnn_available(kWanHeads, kWanHeadDim); }
 
-/* cuDNN's fused SDPA takes one self-attention sample (n_kv == n_q); its stats fill the lse buffer (same size). */
+/* cuDNN's fused SDPA on the one sample (self: n_kv == n_q); its stats fill the lse buffer (same size). */
 static void run_cudnn_attention_fwd(void *context, cudaStream_t stream)
 {
     attention_context *c = context;
-    attention_cudnn_fwd(c->q, c->k, c->v, c->n_q, kWanHeads, kWanHeadDim, c->out, c->lse, stream);
+    attention_cudnn_cross_fwd(c->q, c->k, c->v, c->n_q, c->n_kv, kWanHeads, kWanHeadDim, c->out, c->lse, stream);
 }
 
 static void run_cudnn_attention_bwd(void *context, cudaStream_t stream)
 {
     attention_context *c = context;
-    attention_cudnn_bwd(c->q, c->k, c->v, c->out, c->dout, c->lse, c->n_q, kWanHeads, kWanHeadDim, c->dq, c->dk, c->dv,
-                        stream);
+    attention_cudnn_cross_bwd(c->q, c->k, c->v, c->out, c->dout, c->lse, c->n_q, c->n_kv, kWanHeads, kWanHeadDim, c->dq,
+                              c->dk, c->dv, stream);
 }
 #endif
 
-/* The attention implementations the section times; row 0 is what the GPU model calls, and the block's floor
-   uses its rates. cuDNN's fused SDPA (cuda/attention_cudnn.h, where configure found cuDNN) does self-attention
-   only. */
+/* The attention implementations the section times, each for self- and cross-attention: our own kernel and
+   cuDNN's fused SDPA (cuda/attention_cudnn.h, where configure found cuDNN), which the GPU model calls for
+   samples of GPU_ATTENTION_CUDNN_MIN_TOKENS tokens or more; the block's floor uses the faster one's rates. */
 typedef struct {
     const char *name;
-    int does_cross;    /* handles key rows other than the query rows (cross-attention) */
     int (*available)(void);
     bench_op fwd, bwd; /* bwd runs after fwd on the same context: it reads out and lse */
 } attention_backend;
 static const attention_backend kAttentionBackends[] = {
-    {"own", 1, own_attention_available, run_attention_fwd, run_attention_bwd},
+    {"own", own_attention_available, run_attention_fwd, run_attention_bwd},
 #ifdef HAVE_CUDNN
-    {"cudnn", 0, cudnn_attention_available, run_cudnn_attention_fwd, run_cudnn_attention_bwd},
+    {"cudnn", cudnn_attention_available, run_cudnn_attention_fwd, run_cudnn_attention_bwd},
 #endif
 };
 #define ATTENTION_BACKENDS (sizeof kAttentionBackends / sizeof kAttentionBackends[0])
@@ -667,7 +679,7 @@ static void run_attention_section(const bench_options *o, cudaStream_t stream, a
             r->flops[si][kind][0] = fwd_flops;
             r->flops[si][kind][1] = bwd_flops;
             for (size_t b = 0; b < ATTENTION_BACKENDS; ++b) {
-                if (!available[b] || (kind == 1 && !kAttentionBackends[b].does_cross)) continue;
+                if (!available[b]) continue;
                 r->measured[si][b][kind] = 1;
                 const double fwd_ms = time_long_op(kAttentionBackends[b].fwd, &c, o, kLongOpBudgetSeconds, stream);
                 const double bwd_ms = time_long_op(kAttentionBackends[b].bwd, &c, o, kLongOpBudgetSeconds, stream);
