@@ -48,6 +48,7 @@ struct linear_offsets {
 };
 
 struct block_offsets {
+    int64_t first, end; // the block's parameters are values [first, end) of the flat buffers
     int64_t modulation;
     linear_offsets self_q, self_k, self_v, self_o;
     int64_t self_norm_q, self_norm_k, norm3_weight, norm3_bias;
@@ -158,6 +159,9 @@ struct gpu_model {
     // self-attention of samples of at least cudnn_min_tokens tokens goes to cuDNN (gpu_model_set_attention)
     int use_cudnn;
     int64_t cudnn_min_tokens;
+    // told as each range of the gradients is final in a forward_backward call (gpu_model_set_grads_ready)
+    gpu_grads_ready_fn grads_ready;
+    void *grads_ready_context;
 };
 
 namespace {
@@ -178,6 +182,28 @@ linear_offsets find_linear(const model *m, const char *prefix)
     snprintf(name, sizeof name, "%s.bias", prefix);
     lin.bias = find_offset(m, name);
     return lin;
+}
+
+// Each block's parameters lie back to back in Wan's order, from its modulation to the next block's (the last
+// block's end at head.modulation); the gradient all-reduce relies on it (gpu_model_set_grads_ready).
+void find_block_ranges(const model *m, block_offsets *blocks, int64_t head_modulation)
+{
+    for (int l = 0; l < m->num_layers; ++l) {
+        blocks[l].first = blocks[l].modulation;
+        blocks[l].end = l + 1 < m->num_layers ? blocks[l + 1].modulation : head_modulation;
+    }
+    for (int i = 0; i < m->n_params; ++i) {
+        const param_info *p = &m->params[i];
+        int layer = -1, name_end = 0;
+        if (sscanf(p->name, "blocks.%d.%n", &layer, &name_end) != 1 || name_end == 0) layer = -1;
+        for (int l = 0; l < m->num_layers; ++l) {
+            const bool inside = p->offset >= blocks[l].first && p->offset + p->n_elements <= blocks[l].end;
+            if (inside != (layer == l))
+                ALDIT_FATAL("gpu model: parameter %s (values %lld to %lld) breaks block %d's range %lld to %lld",
+                            p->name, (long long)p->offset, (long long)(p->offset + p->n_elements), l,
+                            (long long)blocks[l].first, (long long)blocks[l].end);
+        }
+    }
 }
 
 void find_block(const model *m, int layer, block_offsets *bo)
@@ -468,67 +494,110 @@ float *chunk_of(float *table, int chunk, const batch_dims &d, int dim)
     return table + (int64_t)chunk * d.n_samples * dim;
 }
 
-// ---- self-attention dispatch (attention-cudnn) --------------------------------------------------------------
-// A sample of at least cudnn_min_tokens tokens runs on cuDNN, whose stats (head-major [H, S], see
-// attention_cudnn.h) fill that sample's slice of attn_lse; its backward reads them back, as the dispatch
-// is the same both ways. The other samples run on our own kernel in maximal runs of consecutive samples:
-// its kernels take absolute row offsets, so a run passes its piece of the device offset table.
+// ---- attention dispatch (attention-cudnn) ------------------------------------------------------------------
+// Self-attention (each sample's tokens attend to its own tokens) and cross-attention (to its own text rows)
+// go through one dispatch. A sample of at least cudnn_min_tokens tokens that has key rows runs on cuDNN,
+// whose stats (head-major [H, S], see attention_cudnn.h) fill that sample's slice of the lse buffer; its
+// backward reads them back, as the dispatch is the same both ways. The other samples run on our own kernel
+// in maximal runs of consecutive samples: its kernels take absolute row offsets, so a run passes its piece
+// of the device offset tables. A cross-attention sample without text stays on our own kernel (zero output).
 
-// cuDNN wants 16-byte aligned stats: the slice starts token_start[b] * num_heads floats into attn_lse.
-bool sample_on_cudnn(const gpu_model *gm, int b)
+enum attention_kind { kSelfAttention, kCrossAttention };
+
+// The key/value row offsets of an attention: the tokens (self) or the text rows (cross).
+const int64_t *key_start(const batch_tables &t, attention_kind kind)
 {
-    const int64_t *start = gm->tables_host.token_start;
-    return gm->use_cudnn && start[b + 1] - start[b] >= gm->cudnn_min_tokens && start[b] * gm->num_heads % 4 == 0;
+    return kind == kSelfAttention ? t.token_start : t.text_start;
+}
+
+// cuDNN wants 16-byte aligned stats: the slice starts token_start[b] * num_heads floats into the lse buffer.
+bool sample_on_cudnn(const gpu_model *gm, attention_kind kind, int b)
+{
+    const int64_t *start = gm->tables_host.token_start, *keys = key_start(gm->tables_host, kind);
+    return gm->use_cudnn && start[b + 1] - start[b] >= gm->cudnn_min_tokens && keys[b + 1] > keys[b] &&
+           start[b] * gm->num_heads % 4 == 0;
 }
 
 // The end of the run of samples that starts at `first` (a sample on cuDNN is a run of one).
-int run_end(const gpu_model *gm, int n_samples, int first)
+int run_end(const gpu_model *gm, attention_kind kind, int n_samples, int first)
 {
-    if (sample_on_cudnn(gm, first)) return first + 1;
+    if (sample_on_cudnn(gm, kind, first)) return first + 1;
     int end = first + 1;
-    while (end < n_samples && !sample_on_cudnn(gm, end)) ++end;
+    while (end < n_samples && !sample_on_cudnn(gm, kind, end)) ++end;
     return end;
+}
+
+// out and lse ([N, H] rows as attention.h's; head-major per sample on cuDNN) from q (token rows) and k, v
+// (key rows of `kind`).
+void attention_dispatch_fwd(const gpu_model *gm, const batch_dims &d, attention_kind kind, const gpu_bf16 *q,
+                            const gpu_bf16 *k, const gpu_bf16 *v, gpu_bf16 *out, float *lse, cudaStream_t stream)
+{
+    const int H = gm->num_heads, hd = gm->head_dim;
+    const int64_t *start = gm->tables_host.token_start, *device_start = gm->tables_device.token_start;
+    const int64_t *keys = key_start(gm->tables_host, kind), *device_keys = key_start(gm->tables_device, kind);
+    for (int b = 0, end = 0; b < d.n_samples; b = end) {
+        end = run_end(gm, kind, d.n_samples, b);
+#ifdef HAVE_CUDNN
+        if (sample_on_cudnn(gm, kind, b)) {
+            const int64_t at = start[b] * gm->dim, key_at = keys[b] * gm->dim;
+            attention_cudnn_cross_fwd(q + at, k + key_at, v + key_at, start[end] - start[b], keys[end] - keys[b], H,
+                                      hd, out + at, lse + start[b] * H, stream);
+            continue;
+        }
+#endif
+        attention_fwd(q, k, v, H, hd, device_start + b, device_keys + b, end - b, start[end], keys[end], out, lse,
+                      stream);
+    }
+}
+
+// dq (token rows), dk, dv (key rows of `kind`) from the output gradient in gm->d_t.
+void attention_dispatch_bwd(gpu_model *gm, const batch_dims &d, attention_kind kind, const gpu_bf16 *q,
+                            const gpu_bf16 *k, const gpu_bf16 *v, const gpu_bf16 *out, const float *lse, gpu_bf16 *dq,
+                            gpu_bf16 *dk, gpu_bf16 *dv, cudaStream_t stream)
+{
+    const int H = gm->num_heads, hd = gm->head_dim;
+    const int64_t *start = gm->tables_host.token_start, *device_start = gm->tables_device.token_start;
+    const int64_t *keys = key_start(gm->tables_host, kind), *device_keys = key_start(gm->tables_device, kind);
+    for (int b = 0, end = 0; b < d.n_samples; b = end) {
+        end = run_end(gm, kind, d.n_samples, b);
+#ifdef HAVE_CUDNN
+        if (sample_on_cudnn(gm, kind, b)) {
+            const int64_t at = start[b] * gm->dim, key_at = keys[b] * gm->dim;
+            attention_cudnn_cross_bwd(q + at, k + key_at, v + key_at, out + at, gm->d_t + at, lse + start[b] * H,
+                                      start[end] - start[b], keys[end] - keys[b], H, hd, dq + at, dk + key_at,
+                                      dv + key_at, stream);
+            continue;
+        }
+#endif
+        attention_bwd(q, k, v, out, gm->d_t, lse, H, hd, device_start + b, device_keys + b, end - b, start[end],
+                      keys[end], dq, dk, dv, gm->scratch, stream);
+    }
 }
 
 void self_attention_fwd(const gpu_model *gm, const batch_dims &d, block_saved &s, cudaStream_t stream)
 {
-    const int H = gm->num_heads, hd = gm->head_dim;
-    const int64_t *start = gm->tables_host.token_start, *device_start = gm->tables_device.token_start;
-    for (int b = 0, end = 0; b < d.n_samples; b = end) {
-        end = run_end(gm, d.n_samples, b);
-#ifdef HAVE_CUDNN
-        if (sample_on_cudnn(gm, b)) {
-            const int64_t at = start[b] * gm->dim;
-            attention_cudnn_fwd(s.q + at, s.k + at, s.v + at, start[end] - start[b], H, hd, s.attn + at,
-                                s.attn_lse + start[b] * H, stream);
-            continue;
-        }
-#endif
-        attention_fwd(s.q, s.k, s.v, H, hd, device_start + b, device_start + b, end - b, start[end], start[end],
-                      s.attn, s.attn_lse, stream);
-    }
+    attention_dispatch_fwd(gm, d, kSelfAttention, s.q, s.k, s.v, s.attn, s.attn_lse, stream);
 }
 
 // dq, dk, dv into gm->d_q, d_k, d_v from the output gradient in gm->d_t.
 void self_attention_bwd(gpu_model *gm, const batch_dims &d, const block_saved &s, cudaStream_t stream)
 {
-    const int H = gm->num_heads, hd = gm->head_dim;
-    const int64_t *start = gm->tables_host.token_start, *device_start = gm->tables_device.token_start;
-    for (int b = 0, end = 0; b < d.n_samples; b = end) {
-        end = run_end(gm, d.n_samples, b);
-#ifdef HAVE_CUDNN
-        if (sample_on_cudnn(gm, b)) {
-            const int64_t at = start[b] * gm->dim;
-            attention_cudnn_bwd(s.q + at, s.k + at, s.v + at, s.attn + at, gm->d_t + at, s.attn_lse + start[b] * H,
-                                start[end] - start[b], H, hd, gm->d_q + at, gm->d_k + at, gm->d_v + at, stream);
-            continue;
-        }
-#endif
-        attention_bwd(s.q, s.k, s.v, s.attn, gm->d_t, s.attn_lse, H, hd, device_start + b, device_start + b, end - b,
-                      start[end], start[end], gm->d_q, gm->d_k, gm->d_v, gm->scratch, stream);
-    }
+    attention_dispatch_bwd(gm, d, kSelfAttention, s.q, s.k, s.v, s.attn, s.attn_lse, gm->d_q, gm->d_k, gm->d_v,
+                           stream);
 }
-// ---- end of the self-attention dispatch ------------------------------------------------------------------
+
+void cross_attention_fwd(const gpu_model *gm, const batch_dims &d, block_saved &s, cudaStream_t stream)
+{
+    attention_dispatch_fwd(gm, d, kCrossAttention, s.cq, s.ck, s.cv, s.cattn, s.cattn_lse, stream);
+}
+
+// dq into gm->d_q, dk and dv of the text rows into gm->d_ck, d_cv, from the output gradient in gm->d_t.
+void cross_attention_bwd(gpu_model *gm, const batch_dims &d, const block_saved &s, cudaStream_t stream)
+{
+    attention_dispatch_bwd(gm, d, kCrossAttention, s.cq, s.ck, s.cv, s.cattn, s.cattn_lse, gm->d_q, gm->d_ck, gm->d_cv,
+                           stream);
+}
+// ---- end of the attention dispatch -----------------------------------------------------------------------
 
 // Block l's forward from its input (x2, y_ffn of block l - 1 or, for block 0 and when `recomputing`, the
 // kept x_in) to its FFN output y_ffn, into gm->saved[l].
@@ -578,7 +647,7 @@ void block_forward(gpu_model *gm, const batch_dims &d, int l, bool recomputing, 
                                stream);
         linear_fwd(gm, gm->context, L, D, D, bo.cross_v, s.cv, stream);
     }
-    attention_fwd(s.cq, s.ck, s.cv, H, hd, t.token_start, t.text_start, B, N, L, s.cattn, s.cattn_lse, stream);
+    cross_attention_fwd(gm, d, s, stream);
     linear_fwd(gm, s.cattn, N, D, D, bo.cross_o, s.y_cross, stream);
 
     // x2 = x1 + y_cross (gate 1); h2 = LN(x2) (1 + e4) + e3
@@ -646,7 +715,24 @@ void forward(gpu_model *gm, const batch_dims &d, float grad_scale, cudaStream_t 
                          gm->d_pred, gm->scratch, stream);
 }
 
-// Backward of everything `forward` did, from d_pred; parameter gradients are added into gm->grads.
+// Tell the caller that gradient values [first, first + count) are final for this call (gpu_model_set_grads_ready).
+void grads_ready(const gpu_model *gm, int64_t first, int64_t count, cudaStream_t stream)
+{
+    if (gm->grads_ready && count > 0) gm->grads_ready(gm->grads_ready_context, first, count, stream);
+}
+
+// The ranges the backward reports after the blocks': the head's (the values after the last block), then the
+// embeddings' (before the first).
+void head_and_embedding_grads_ready(const gpu_model *gm, cudaStream_t stream)
+{
+    const int64_t blocks_first = gm->num_layers > 0 ? gm->blocks[0].first : gm->n_weights;
+    const int64_t blocks_end = gm->num_layers > 0 ? gm->blocks[gm->num_layers - 1].end : gm->n_weights;
+    grads_ready(gm, blocks_end, gm->n_weights - blocks_end, stream);
+    grads_ready(gm, 0, blocks_first, stream);
+}
+
+// Backward of everything `forward` did, from d_pred; parameter gradients are added into gm->grads, and the
+// caller is told as each block's range, then the head's and the embeddings', is final.
 void backward(gpu_model *gm, const batch_dims &d, cudaStream_t stream)
 {
     const int64_t N = d.n_tokens, L = d.n_text;
@@ -671,6 +757,7 @@ void backward(gpu_model *gm, const batch_dims &d, cudaStream_t stream)
     misc_head_modulation_bwd(gm->d_head_shift, gm->d_head_scale, B, D, grads + gm->head_modulation, gm->d_time_emb,
                              stream);
     if (L > 0) CUDA_CHECK(cudaMemsetAsync(gm->d_context, 0, (size_t)(L * D) * sizeof(float), stream));
+    CUDA_CHECK(cudaMemsetAsync(gm->d_e0, 0, (size_t)B * 6 * D * sizeof(float), stream));
 
     // blocks, last to first. On entry d_x = dL/dx2 and d_y = dL/dy_ffn of block l.
     for (int l = gm->num_layers - 1; l >= 0; --l) {
@@ -691,8 +778,7 @@ void backward(gpu_model *gm, const batch_dims &d, cudaStream_t stream)
 
         // cross-attention
         linear_bwd(gm, s.cattn, gm->d_y, N, D, D, bo.cross_o, nullptr, gm->d_t, 0, stream);
-        attention_bwd(s.cq, s.ck, s.cv, s.cattn, gm->d_t, s.cattn_lse, H, hd, t.token_start, t.text_start, B, N, L,
-                      gm->d_q, gm->d_ck, gm->d_cv, scratch, stream);
+        cross_attention_bwd(gm, d, s, stream);
         if (L > 0) {
             linear_bwd(gm, gm->context, gm->d_cv, L, D, D, bo.cross_v, nullptr, gm->d_ctx_part, 0, stream);
             fused_qk_norm_rope_bwd(s.ck_pre, gm->d_ck, L, H, hd, working + bo.cross_norm_k, nullptr, s.ck_rstd,
@@ -735,6 +821,10 @@ void backward(gpu_model *gm, const batch_dims &d, cudaStream_t stream)
                       d_mod[1], scratch, stream);
             misc_add_bf16(gm->d_x, gm->d_t, N * D, gm->d_x, stream);
         }
+        // block l's modulation gradient is complete now (chunk 5 came from block l + 1 or the head), and with
+        // it every gradient of the block's parameters
+        misc_block_modulation_bwd(s.d_modulation, B, D, grads + bo.modulation, gm->d_e0, stream);
+        grads_ready(gm, bo.first, bo.end - bo.first, stream);
     }
 
     // embeddings: d_x is now the gradient of the patch embedding's output
@@ -746,10 +836,8 @@ void backward(gpu_model *gm, const batch_dims &d, cudaStream_t stream)
         linear_bwd(gm, gm->text, gm->d_text_pre, L, gm->text_dim, D, gm->text_in, nullptr, nullptr, 0, stream);
     }
 
-    // time path (fp32): e0 feeds every block's modulation; e feeds the head's and the projection
-    CUDA_CHECK(cudaMemsetAsync(gm->d_e0, 0, (size_t)B * 6 * D * sizeof(float), stream));
-    for (int l = 0; l < gm->num_layers; ++l)
-        misc_block_modulation_bwd(gm->saved[l].d_modulation, B, D, grads + gm->blocks[l].modulation, gm->d_e0, stream);
+    // time path (fp32): e0 (its gradient summed over the blocks above) feeds every block's modulation; e
+    // feeds the head's and the projection
     const float *master = gm->master;
     misc_linear_f32_bwd(gm->time_silu, gm->d_e0, B, D, 6 * D, master + gm->time_projection.weight, gm->d_time_b,
                         grads + gm->time_projection.weight, grads + gm->time_projection.bias, stream);
@@ -760,6 +848,7 @@ void backward(gpu_model *gm, const batch_dims &d, cudaStream_t stream)
     misc_silu_f32_bwd(gm->time_pre, gm->d_time_b, (int64_t)B * D, gm->d_time_b, stream);
     misc_linear_f32_bwd(t.sinusoid, gm->d_time_b, B, gm->freq_dim, D, master + gm->time_in.weight, nullptr,
                         grads + gm->time_in.weight, grads + gm->time_in.bias, stream);
+    head_and_embedding_grads_ready(gm, stream);
 }
 
 } // namespace
@@ -810,6 +899,7 @@ gpu_model *describe(const model *m, int64_t max_tokens, int max_samples, int64_t
     gm->blocks = static_cast<block_offsets *>(xcalloc((size_t)(m->num_layers > 0 ? m->num_layers : 1),
                                                       sizeof(block_offsets)));
     for (int l = 0; l < m->num_layers; ++l) find_block(m, l, &gm->blocks[l]);
+    find_block_ranges(m, gm->blocks, gm->head_modulation);
     gm->saved = static_cast<block_saved *>(xcalloc((size_t)(m->num_layers > 0 ? m->num_layers : 1),
                                                    sizeof(block_saved)));
     gm->scratch_bytes = scratch_bytes_for(gm, gm->max_tokens, gm->max_text, gm->max_samples);
@@ -878,6 +968,19 @@ gpu_model *gpu_model_create_with_recompute(const model *host_model, int64_t max_
 gpu_model *gpu_model_create(const model *host_model, int64_t max_tokens, int max_samples, int64_t max_text)
 {
     return gpu_model_create_with_recompute(host_model, max_tokens, max_samples, max_text, GPU_RECOMPUTE_NONE);
+}
+
+void gpu_model_set_grads_ready(gpu_model *gm, gpu_grads_ready_fn ready, void *context)
+{
+    gm->grads_ready = ready;
+    gm->grads_ready_context = context;
+}
+
+void gpu_model_grads_ready_all(const gpu_model *gm, cudaStream_t stream)
+{
+    for (int l = gm->num_layers - 1; l >= 0; --l)
+        grads_ready(gm, gm->blocks[l].first, gm->blocks[l].end - gm->blocks[l].first, stream);
+    head_and_embedding_grads_ready(gm, stream);
 }
 
 int gpu_model_set_attention(gpu_model *gm, gpu_attention_choice choice, int64_t min_cudnn_tokens)

@@ -60,17 +60,30 @@ size_t gpu_model_workspace_bytes_with_recompute(const model *host_model, int64_t
                                                 int64_t max_text, gpu_recompute recompute);
 size_t gpu_model_workspace_bytes(const model *host_model, int64_t max_tokens, int max_samples, int64_t max_text);
 
-/* Which kernels run self-attention ([train] attention in the deck; the caller maps deck_attention):
-   AUTO: cuDNN's fused attention for samples of at least min_cudnn_tokens tokens when aldit was built with
-   cuDNN and its plans build for this model's heads (attention_cudnn_available), our own kernel otherwise;
-   CUDNN: the same, but a fatal error (exit 2) when cuDNN is not there; OWN: our own kernel only.
-   Cross-attention always runs on our own kernel. min_cudnn_tokens 0 means GPU_ATTENTION_CUDNN_MIN_TOKENS.
+/* Which kernels run self- and cross-attention ([train] attention in the deck; the caller maps deck_attention):
+   AUTO: cuDNN's fused attention for samples of at least min_cudnn_tokens tokens (for cross-attention: that
+   have text) when aldit was built with cuDNN and its plans build for this model's heads
+   (attention_cudnn_available), our own kernel otherwise; CUDNN: the same, but a fatal error (exit 2) when
+   cuDNN is not there; OWN: our own kernel only. min_cudnn_tokens 0 means GPU_ATTENTION_CUDNN_MIN_TOKENS.
    Returns 1 when cuDNN will serve long samples. gpu_model_create sets AUTO with the default threshold.
    cuDNN keeps its own device buffer, outside gpu_model_device_bytes: about 4 * num_heads * S * (head_dim + 1)
-   bytes for the longest sample S it served (see attention_cudnn.h). */
+   bytes plus its plans' workspace for the longest sample S it served (S query rows; cross-attention's
+   backward needs no more than self-attention's: see attention_cudnn.h). */
 typedef enum { GPU_ATTENTION_AUTO, GPU_ATTENTION_CUDNN, GPU_ATTENTION_OWN } gpu_attention_choice;
 #define GPU_ATTENTION_CUDNN_MIN_TOKENS 1024
 int gpu_model_set_attention(gpu_model *gm, gpu_attention_choice choice, int64_t min_cudnn_tokens);
+
+/* Gradient readiness, for an all-reduce that overlaps the backward (src/gradsync.h): while `ready` is set,
+   each gpu_model_forward_backward call calls ready(context, first, count, stream) on the calling thread as
+   soon as the work that completes gradient values [first, first + count) has been queued on `stream`:
+   each block's parameters in turn, last block first, then the head's, then the embeddings' (patch, text,
+   time, time projection). The ranges are disjoint and cover all n_weights values once per call; the rest
+   of the call's work queued on `stream` does not touch them again. NULL turns it off (the default). */
+typedef void (*gpu_grads_ready_fn)(void *context, int64_t first, int64_t count, cudaStream_t stream);
+void gpu_model_set_grads_ready(gpu_model *gm, gpu_grads_ready_fn ready, void *context);
+/* Report every range in the order a forward_backward call would, computing nothing: for a rank with no
+   micro-batch in a step, whose all-reduce must make the same bucket calls as the others'. */
+void gpu_model_grads_ready_all(const gpu_model *gm, cudaStream_t stream);
 
 gpu_model_buffers gpu_model_get_buffers(const gpu_model *gm);
 /* Device bytes this model holds: weights, bf16 copies, gradients and the workspace (not cuBLASLt's). */

@@ -40,16 +40,30 @@ static forward_flops count_forward_flops(const deck *config)
 static double block_pass_factor(const deck *config) { return config->balance.recompute == RECOMPUTE_BLOCK ? 4.0 : 3.0; }
 static const double outside_pass_factor = 3.0;
 
-void cost_model_flops(const deck *config, int64_t tokens, int64_t text_len, double *gemm_flops, double *attention_flops)
+/* FLOPs of one sample with the blocks' passes counted `block` times their forward. */
+static void count_flops(const deck *config, int64_t tokens, int64_t text_len, double block, double *gemm_flops,
+                        double *attention_flops)
 {
     const forward_flops f = count_forward_flops(config);
-    const double s = (double)tokens, l = (double)text_len, block = block_pass_factor(config);
+    const double s = (double)tokens, l = (double)text_len;
     if (gemm_flops)
         *gemm_flops = block * (f.block_gemm_per_token * s + f.block_gemm_per_text_token * l)
                     + outside_pass_factor * (f.outside_gemm_per_token * s + f.outside_gemm_per_text_token * l
                                              + f.outside_gemm_per_sample);
     if (attention_flops)
         *attention_flops = block * (f.self_attention_per_token2 * s * s + f.cross_attention_per_token_text * s * l);
+}
+
+void cost_model_flops(const deck *config, int64_t tokens, int64_t text_len, double *gemm_flops, double *attention_flops)
+{
+    count_flops(config, tokens, text_len, block_pass_factor(config), gemm_flops, attention_flops);
+}
+
+double cost_model_model_flops(const deck *config, int64_t tokens, int64_t text_len)
+{
+    double gemm_flops = 0.0, attention_flops = 0.0;
+    count_flops(config, tokens, text_len, 3.0, &gemm_flops, &attention_flops);
+    return gemm_flops + attention_flops;
 }
 
 int64_t cost_model_param_count(const deck *config)

@@ -35,6 +35,9 @@ void cost_model_free(cost_model *cm);
 /* FLOPs of one sample's forward + backward (with recompute: one more forward), split into GEMM and
    attention FLOPs (either pointer may be NULL). */
 void cost_model_flops(const deck *config, int64_t tokens, int64_t text_len, double *gemm_flops, double *attention_flops);
+/* Model FLOPs of one sample for utilisation (MFU): 3x its forward's GEMM and attention FLOPs, whatever the
+   recomputation (the work the model needs, not the work done). */
+double cost_model_model_flops(const deck *config, int64_t tokens, int64_t text_len);
 
 /* The per-sample functions below are inline (the balancer calls them for every sample of every step);
    costmodel.c holds their external definitions. */

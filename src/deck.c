@@ -165,6 +165,9 @@ static const deck_key deck_keys[] = {
      .help = "a NaN/Inf loss or gradient: error (stop) or skip the step"},
     {KEY("train", "attention", KEY_ENUM, train.attention), .choices = attention_names, .default_text = "auto",
      .help = "CUDA attention: cudnn (fused SDPA), own kernel, or auto (cudnn when built with it)"},
+    {KEY("train", "allreduce_bucket", KEY_BYTES, train.allreduce_bucket), .min = 0, .max = 1125899906842624.0,
+     .default_text = "64MiB",
+     .help = "CUDA: gradient all-reduce in buckets of this size overlapping the backward (0 = one after it)"},
     /* [checkpoint] */
     {KEY("checkpoint", "every", KEY_INT64, checkpoint.every), .min = 0, .max = 1e12, .default_text = "0",
      .help = "checkpoint every N steps (0 = only at the end and on SIGUSR1/SIGTERM)"},

@@ -77,6 +77,7 @@ typedef struct {
         deck_recompute recompute;      /* activation recomputation: none | block */
         deck_nonfinite nonfinite;      /* a NaN/Inf loss: error | skip the step */
         deck_attention attention;      /* CUDA attention kernel: auto | cudnn | own */
+        double allreduce_bucket;       /* CUDA: bytes per overlapped gradient all-reduce; 0 = one after the backward */
     } train;
     struct {
         int64_t every;                 /* checkpoint every N steps (0 = only at the end / on a signal) */

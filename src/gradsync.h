@@ -25,11 +25,30 @@ const char *gradsync_method(const gradsync *sync);
 /* Collective: sum values[0 .. n_values) (device memory, fp32) over all ranks, in place. The sum includes
    all work queued on `stream` before the call; work queued on `stream` after the call sees the sum.
    NCCL: queued on the NCCL stream behind an event, no host synchronisation. MPI: the buffer goes to the
-   host, through comm_allreduce_sum_f32 and back before the call returns. */
+   host, through comm_allreduce_sum_f32 and back before the call returns. It is gradsync_begin, one
+   gradsync_ready of the whole buffer and gradsync_finish. */
 void gradsync_allreduce(gradsync *sync, float *values, int64_t n_values, cudaStream_t stream);
 
-/* Seconds the last NCCL all-reduce ran on its stream (0 for MPI, which the caller times on the host, and
-   for one rank). Valid once `stream` of that call has been synchronised. */
+/* The same sum in buckets that overlap the work producing the values (the backward; gpu_model_set_grads_ready
+   reports its ranges), every rank making the same calls in the same order:
+   - gradsync_begin: a sum of values[0 .. n_values) starts; bucket_bytes is the size from which a bucket is
+     launched (0: nothing is launched before gradsync_finish, one all-reduce in all).
+   - gradsync_ready: values [first, first + count) are final once the work queued on `stream` so far is
+     done. Adjacent ranges join the pending bucket; a bucket of at least bucket_bytes, or a range not
+     adjacent to the pending one, launches the pending bucket on the NCCL stream behind an event on `stream`
+     (no host synchronisation). Ranges must not overlap.
+   - gradsync_finish: launches what is pending, checks that the ranges covered all n_values values (fatal
+     otherwise), and makes work queued on `stream` after it see the whole sum.
+   Without NCCL the ranges are only counted and the whole buffer goes through MPI in gradsync_finish. */
+void gradsync_begin(gradsync *sync, float *values, int64_t n_values, double bucket_bytes);
+void gradsync_ready(gradsync *sync, int64_t first, int64_t count, cudaStream_t stream);
+void gradsync_finish(gradsync *sync, cudaStream_t stream);
+
+/* Of the last sum, valid once `stream` of its gradsync_finish has been synchronised (0 for one rank):
+   the seconds from the end of the work before gradsync_finish on `stream` to the end of the last bucket
+   on the NCCL stream, the all-reduce time the step could not hide (MPI: 0, the caller times it on the
+   host), and the number of all-reduce calls it took. */
 double gradsync_device_seconds(const gradsync *sync);
+int gradsync_buckets(const gradsync *sync);
 
 #endif

@@ -277,15 +277,22 @@ static void print_store_line(const store *data, const deck *config)
 }
 
 /* The device line of the summaries. On a GPU: rank 0's GPU and (in a run) what sums the gradients. */
-static void print_device_line(const deck *config, const gpu_plan *gpu, const char *gradient_sum)
+static void print_device_line(const deck *config, const gpu_plan *gpu, const char *gradient_sum, int n_ranks)
 {
     const char *chosen = config->run.device == DEVICE_AUTO ? " (auto)" : "";
     if (gpu) {
-        printf("  device     cuda%s: GPU %d, %s; %d rank(s) per GPU%s%s\n", chosen, gpu->device, gpu->description,
-               gpu->ranks_per_gpu, gradient_sum ? "; gradient all-reduce: " : "", gradient_sum ? gradient_sum : "");
+        char buckets[96] = "";
+        if (gradient_sum && n_ranks > 1 && config->train.allreduce_bucket > 0) {
+            char bucket_text[32];
+            format_bytes(config->train.allreduce_bucket, bucket_text, sizeof bucket_text);
+            snprintf(buckets, sizeof buckets, ", buckets of %s overlapping the backward", bucket_text);
+        } else if (gradient_sum && n_ranks > 1) snprintf(buckets, sizeof buckets, ", one call after the backward");
+        printf("  device     cuda%s: GPU %d, %s; %d rank(s) per GPU%s%s%s\n", chosen, gpu->device, gpu->description,
+               gpu->ranks_per_gpu, gradient_sum ? "; gradient all-reduce: " : "", gradient_sum ? gradient_sum : "",
+               buckets);
         if (gradient_sum && gpu->cudnn_min_tokens > 0) /* a run: the attention kernels are chosen */
-            printf("  attention  cuDNN's fused attention for samples of %lld tokens or more, our flash attention "
-                   "below and for cross-attention\n", (long long)gpu->cudnn_min_tokens);
+            printf("  attention  cuDNN's fused attention (self and cross) for samples of %lld tokens or more, our flash "
+                   "attention below\n", (long long)gpu->cudnn_min_tokens);
         else if (gradient_sum) printf("  attention  our flash attention\n");
         return;
     }
@@ -362,7 +369,7 @@ int train_check(const deck *config, const comm_info *info)
         printf("\n# plan for %d rank(s)\n", info->n_ranks);
         print_store_line(&data, config);
         printf("  model      %s: %lld parameters\n", config->model.name, (long long)n_params);
-        print_device_line(config, gpu, NULL);
+        print_device_line(config, gpu, NULL, 1);
         print_memory_lines(budget, budget_measured, gpu);
         printf("  balancer   %s: %lld steps per epoch, predicted epoch %.3g s vs lower bound %.3g s "
                "(predicted imbalance %.1f%%)\n", deck_strategy_name(config->balance.strategy), (long long)plan.steps,
@@ -511,7 +518,7 @@ static double compute_gradients(trainer *t, const sample_batch *batch)
             .text = batch->text + batch->text_start[first],
         };
 #ifdef HAVE_CUDA
-        if (t->gpu) loss_sum += train_gpu_micro_batch(t->gpu, &mb, grad_scale);
+        if (t->gpu) loss_sum += train_gpu_micro_batch(t->gpu, &mb, grad_scale, micro == t->current.n_micro - 1);
 #endif
         if (!t->gpu) loss_sum += model_forward_backward(&t->net, &mb, t->grads, grad_scale, NULL);
     }
@@ -665,7 +672,7 @@ static void print_summary(const trainer *t, const char *resumed_from, int budget
     printf("  run dir    %s (%s)\n", config->run.dir, resumed_from[0] ? "resuming" : "fresh start");
     if (resumed_from[0]) printf("  resumed    %s at step %lld\n", resumed_from, (long long)t->step);
     else if (config->model.init[0]) printf("  init       weights from %s\n", config->model.init);
-    print_device_line(config, gpu, gradient_sum);
+    print_device_line(config, gpu, gradient_sum, t->info->n_ranks);
     printf("  model      %s: dim %d, ffn %d, %d heads, %d layers; %lld parameters (%s fp32)\n", config->model.name,
            config->model.dim, config->model.ffn_dim, config->model.num_heads, config->model.num_layers,
            (long long)t->net.n_weights, weights_text);
@@ -687,7 +694,7 @@ static void print_summary(const trainer *t, const char *resumed_from, int budget
 }
 
 typedef struct {
-    double loss, lr, grad_norm, tokens, step_s, compute_max, compute_mean, wait_max, comm_s, balancer_s, mem_peak;
+    double loss, lr, grad_norm, tokens, model_flops, step_s, compute_max, compute_mean, wait_max, comm_s, balancer_s, mem_peak;
     int skipped;
 } step_record;
 
@@ -709,12 +716,12 @@ static void write_metrics_line(trainer *t, const step_record *r)
             "\"samples\": %lld, \"tokens\": %.0f, \"micro_batches\": %d, \"step_s\": %.6f, \"compute_s_max\": %.6f, "
             "\"compute_s_mean\": %.6f, \"imbalance\": %.6f, \"imbalance_pred\": %.6f, \"compute_s_pred\": %.6g, "
             "\"data_wait_s\": %.6f, \"comm_s\": %.6f, \"balancer_s\": %.6f, \"mem_peak\": %.0f, \"mem_pred\": %.0f, "
-            "\"mem_budget\": %.0f, \"skipped\": %d}\n",
+            "\"mem_budget\": %.0f, \"model_flops\": %.6g, \"ranks\": %d, \"skipped\": %d}\n",
             (long long)t->step, (long long)t->current.epoch, json_number(r->loss, loss, sizeof loss), r->lr,
             json_number(r->grad_norm, grad_norm, sizeof grad_norm),
             (long long)t->current.global_samples, r->tokens, t->current.n_micro, r->step_s, r->compute_max,
             r->compute_mean, imbalance, imbalance_pred, t->current_pred_max, r->wait_max, r->comm_s, r->balancer_s,
-            r->mem_peak, t->current_mem, t->mem_budget, r->skipped);
+            r->mem_peak, t->current_mem, t->mem_budget, r->model_flops, t->info->n_ranks, r->skipped);
     if (fflush(t->metrics) != 0 && !t->metrics_failed) {
         t->metrics_failed = 1;
         aldit_warn("writing the metrics file of %s failed at step %lld (disk full?): later lines may be missing",
@@ -783,25 +790,29 @@ static int train_step(trainer *t, step_record *r)
 
     prepare_samples(t, batch);
     phase_started = comm_time();
-    double sums[2] = {compute_gradients(t, batch), 0.0}; /* loss sum, tokens */
+    double sums[3] = {compute_gradients(t, batch), 0.0, 0.0}; /* loss sum, tokens, model FLOPs */
     double compute_s = seconds_since(phase_started);
     t->phase_s[PHASE_COMPUTE] += compute_s;
-    for (int i = 0; i < batch->n_samples; i++)
-        sums[1] += (double)store_sample_tokens(&t->data.samples[batch->ids[i]], config->model.patch_t,
-                                               config->model.patch_h, config->model.patch_w);
+    for (int i = 0; i < batch->n_samples; i++) {
+        int64_t tokens = store_sample_tokens(&t->data.samples[batch->ids[i]], config->model.patch_t,
+                                             config->model.patch_h, config->model.patch_w);
+        sums[1] += (double)tokens;
+        sums[2] += cost_model_model_flops(config, tokens, t->text_len[i]);
+    }
 
     phase_started = comm_time();
 #ifdef HAVE_CUDA
     if (t->gpu) train_gpu_allreduce(t->gpu); /* queued: with NCCL it runs while the sums below go through MPI */
 #endif
     if (!t->gpu) comm_allreduce_sum_f32(t->grads, (size_t)t->net.n_weights);
-    comm_allreduce_sum_f64(sums, 2);
+    comm_allreduce_sum_f64(sums, 3);
     t->phase_s[PHASE_COMM] += seconds_since(phase_started);
 
     t->step++;
     phase_started = comm_time();
     r->loss = sums[0] / (double)t->current.global_samples;
     r->tokens = sums[1];
+    r->model_flops = sums[2];
     r->lr = optim_lr(config, t->step, t->total_steps);
     adamw_step hyper = {.lr = r->lr, .beta1 = config->train.beta1, .beta2 = config->train.beta2,
                         .eps = config->train.adam_eps, .step = t->step};

@@ -46,6 +46,7 @@ struct train_gpu {
     double step_mem_estimate;
     int64_t step_tokens, step_text;
     int step_samples;
+    int grads_reported;           /* the step's last micro-batch reported its gradient ranges to the sync */
 };
 
 /* ---- planning -------------------------------------------------------------------------------------- */
@@ -321,12 +322,20 @@ void train_gpu_download(const train_gpu *gpu, float *weights, float *adam_m, flo
 void train_gpu_begin_step(train_gpu *gpu)
 {
     gpu_model_zero_grads(gpu->net, gpu->stream);
+    gradsync_begin(gpu->sync, gpu->buffers.grads, gpu->buffers.n_weights, gpu->config->train.allreduce_bucket);
+    gpu->grads_reported = 0;
     gpu->step_mem_estimate = 0.0;
     gpu->step_tokens = gpu->step_text = 0;
     gpu->step_samples = 0;
 }
 
-double train_gpu_micro_batch(train_gpu *gpu, const model_batch *batch, float grad_scale)
+/* gpu_grads_ready_fn of the step's last micro-batch: each final gradient range joins the all-reduce. */
+static void gradient_range_ready(void *context, int64_t first, int64_t count, cudaStream_t stream)
+{
+    gradsync_ready(((train_gpu *)context)->sync, first, count, stream);
+}
+
+double train_gpu_micro_batch(train_gpu *gpu, const model_batch *batch, float grad_scale, int last)
 {
     const model *host = gpu->host;
     int64_t tokens = 0, text = 0;
@@ -351,12 +360,22 @@ double train_gpu_micro_batch(train_gpu *gpu, const model_batch *batch, float gra
         gpu->step_text = text;
         gpu->step_samples = batch->n_samples;
     }
-    return gpu_model_forward_backward(gpu->net, batch, grad_scale, NULL, gpu->stream);
+    if (!last) return gpu_model_forward_backward(gpu->net, batch, grad_scale, NULL, gpu->stream);
+    gpu_model_set_grads_ready(gpu->net, gradient_range_ready, gpu);
+    double loss_sum = gpu_model_forward_backward(gpu->net, batch, grad_scale, NULL, gpu->stream);
+    gpu_model_set_grads_ready(gpu->net, NULL, NULL);
+    gpu->grads_reported = 1;
+    return loss_sum;
 }
 
 void train_gpu_allreduce(train_gpu *gpu)
 {
-    gradsync_allreduce(gpu->sync, gpu->buffers.grads, gpu->buffers.n_weights, gpu->stream);
+    if (!gpu->grads_reported) { /* no micro-batch here this step: the same bucket calls as the other ranks */
+        gpu_model_set_grads_ready(gpu->net, gradient_range_ready, gpu);
+        gpu_model_grads_ready_all(gpu->net, gpu->stream);
+        gpu_model_set_grads_ready(gpu->net, NULL, NULL);
+    }
+    gradsync_finish(gpu->sync, gpu->stream);
 }
 
 void train_gpu_finish_step(train_gpu *gpu, const adamw_step *hyper, int update, gpu_step_result *result)

@@ -58,14 +58,17 @@ void train_gpu_download(const train_gpu *gpu, float *weights, float *adam_m, flo
 void train_gpu_begin_step(train_gpu *gpu);
 /* Forward + backward of one micro-batch (host memory, as model_forward_backward), gradients scaled by
    grad_scale ADDED on the device; returns the sum of its per-sample losses (waits for the GPU). A
-   micro-batch beyond the planned capacity is a fatal error naming both sizes. */
-double train_gpu_micro_batch(train_gpu *gpu, const model_batch *batch, float grad_scale);
-/* Collective: sum the gradients over ranks (queued; no host synchronisation with NCCL). */
+   micro-batch beyond the planned capacity is a fatal error naming both sizes. `last`: the rank's last
+   micro-batch of the step, whose backward launches the gradient all-reduce in buckets of
+   [train] allreduce_bucket bytes as its blocks finish (gradsync.h), on the NCCL stream. */
+double train_gpu_micro_batch(train_gpu *gpu, const model_batch *batch, float grad_scale, int last);
+/* Collective: the rest of the gradient sum over ranks (queued; no host synchronisation with NCCL). A rank
+   without micro-batches this step makes the same bucket calls as the others here. */
 void train_gpu_allreduce(train_gpu *gpu);
 
 typedef struct {
     double grad_norm;             /* global norm of the summed gradients before clipping */
-    double comm_device_s;         /* seconds of the NCCL all-reduce on its stream (0 without NCCL) */
+    double comm_device_s;         /* seconds the NCCL all-reduce ran past the backward (0 without NCCL) */
     double optimizer_s;           /* seconds of norm, clip and AdamW on the GPU */
     double mem_peak;              /* activation workspace bytes of the step's largest micro-batch (0: none) */
 } gpu_step_result;

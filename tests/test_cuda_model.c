@@ -1,7 +1,7 @@
 /* test_cuda_model.c — cmocka tests of the whole GPU model against the CPU model (loss, per-sample losses, every
-   parameter's gradient) on a tiny Wan-shaped model over packed batches; gradient accumulation and determinism;
-   block recomputation against none (bit for bit); and a timing (not an assertion) of one Wan-1.3B block
-   forward+backward. */
+   parameter's gradient) on a tiny Wan-shaped model over packed batches, with attention on our own kernel and,
+   for the longer samples, on cuDNN; gradient accumulation and determinism; block recomputation against none
+   (bit for bit); and a timing (not an assertion) of one Wan-1.3B block forward+backward. */
 #include "config.h"
 
 #include <setjmp.h>
@@ -103,8 +103,10 @@ static int by_error_descending(const void *a, const void *b)
     return ea < eb ? 1 : (ea > eb ? -1 : 0);
 }
 
-/* One micro-batch on both backends from the same weights: losses and every gradient compared. */
-static void compare_with_cpu(const char *case_name, const batch_spec *spec, uint64_t seed)
+/* One micro-batch on both backends from the same weights: losses and every gradient compared. Attention runs as
+   gpu_model_create chooses or, with min_cudnn_tokens > 0, on cuDNN for samples of that many tokens (a failure
+   where cuDNN is not available). */
+static void compare_with_cpu(const char *case_name, const batch_spec *spec, uint64_t seed, int64_t min_cudnn_tokens)
 {
     model m;
     tiny_model(&m, 2, seed);
@@ -119,6 +121,8 @@ static void compare_with_cpu(const char *case_name, const batch_spec *spec, uint
 
     gpu_select(0);
     gpu_model *gm = gpu_model_create(&m, 256, 4, 0);
+    if (min_cudnn_tokens > 0)
+        assert_int_equal(gpu_model_set_attention(gm, GPU_ATTENTION_AUTO, min_cudnn_tokens), 1);
     gpu_model_upload_weights(gm, m.weights);
     const double loss_gpu = gpu_model_forward_backward(gm, &hb.batch, grad_scale, loss_gpu_sample, 0);
     float *grads_gpu = xmalloc((size_t)m.n_weights * sizeof(float));
@@ -189,7 +193,7 @@ static void test_packed_batch(void **state)
 {
     (void)state;
     const batch_spec spec = {3, {1, 3, 2}, {8, 4, 6}, {8, 6, 10}, {16, 5, 11}, {0.2f, 0.5f, 0.9f}};
-    compare_with_cpu("3 samples packed", &spec, 0x5eed0001ull);
+    compare_with_cpu("3 samples packed", &spec, 0x5eed0001ull, 0);
 }
 
 /* A sample without text (zero cross-attention output) beside one with text. */
@@ -197,7 +201,21 @@ static void test_sample_without_text(void **state)
 {
     (void)state;
     const batch_spec spec = {2, {2, 1}, {4, 6}, {4, 4}, {0, 7}, {0.7f, 0.3f}};
-    compare_with_cpu("a sample without text", &spec, 0x5eed0002ull);
+    compare_with_cpu("a sample without text", &spec, 0x5eed0002ull, 0);
+}
+
+/* Self- and cross-attention on cuDNN for the samples of 17 tokens or more (the threshold lowered), the others
+   on our own kernel: 16 tokens with 16 text rows (own kernel), 18 with 5 (cuDNN), 30 without text (self on
+   cuDNN, cross on our own kernel: no keys), 32 with 11 (cuDNN). Skipped where aldit is built without cuDNN. */
+static void test_cudnn_attention(void **state)
+{
+    (void)state;
+#ifdef HAVE_CUDNN
+    const batch_spec spec = {4, {1, 3, 2, 2}, {8, 4, 6, 8}, {8, 6, 10, 8}, {16, 5, 0, 11}, {0.2f, 0.5f, 0.9f, 0.4f}};
+    compare_with_cpu("cuDNN attention for samples of 17 tokens or more", &spec, 0x5eed000aull, 17);
+#else
+    skip();
+#endif
 }
 
 /* recompute = block against none on the same weights and the 3-sample batch: the same kernels run on the
@@ -248,6 +266,92 @@ static void test_recompute_block_matches_none(void **state)
         fail_msg("recompute block: workspace %zu bytes, not less than none's %zu", workspace[1], workspace[0]);
     free(grads[0]);
     free(grads[1]);
+    free_batch(&hb);
+    model_free(&m);
+}
+
+/* What the gradient-readiness hook saw in one forward_backward call: the ranges in order and, for each, the
+   gradient values at the moment it was reported (the stream drained first). */
+typedef struct {
+    const gpu_model *gm;
+    int n_ranges;
+    int64_t first[64], count[64];
+    float *snapshot; /* n_weights values */
+} ready_record;
+
+static void record_ready(void *context, int64_t first, int64_t count, cudaStream_t stream)
+{
+    ready_record *record = context;
+    assert_true(record->n_ranges < 64);
+    record->first[record->n_ranges] = first;
+    record->count[record->n_ranges] = count;
+    record->n_ranges++;
+    if (!record->snapshot) return;
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    CUDA_CHECK(cudaMemcpy(record->snapshot + first, gpu_model_get_buffers(record->gm).grads + first,
+                          (size_t)count * sizeof(float), cudaMemcpyDeviceToHost));
+}
+
+/* The all-reduce overlaps the backward on the ranges gpu_model_set_grads_ready reports: each must be final
+   when reported (its values then equal to the bit to those after the call), the ranges must cover every
+   value once, the blocks come last block first, and gpu_model_grads_ready_all replays the same sequence.
+   Both recomputation modes (block mode re-runs a block's forward inside the next block's backward). */
+static void test_grads_ready_ranges(void **state)
+{
+    (void)state;
+    model m;
+    tiny_model(&m, 4, 0x5eed0007ull);
+    const batch_spec spec = {3, {1, 3, 2}, {8, 4, 6}, {8, 6, 10}, {16, 5, 11}, {0.2f, 0.5f, 0.9f}};
+    host_batch hb;
+    make_batch(&m, &spec, 0x5eed0008ull, &hb);
+    gpu_select(0);
+    const gpu_recompute modes[2] = {GPU_RECOMPUTE_NONE, GPU_RECOMPUTE_BLOCK};
+    float *final_grads = xmalloc((size_t)m.n_weights * sizeof(float));
+    unsigned char *times_covered = xmalloc((size_t)m.n_weights);
+    for (int i = 0; i < 2; ++i) {
+        gpu_model *gm = gpu_model_create_with_recompute(&m, 256, 4, 0, modes[i]);
+        gpu_model_upload_weights(gm, m.weights);
+        ready_record during = {.gm = gm, .snapshot = xmalloc((size_t)m.n_weights * sizeof(float))};
+        gpu_model_set_grads_ready(gm, record_ready, &during);
+        gpu_model_forward_backward(gm, &hb.batch, 1.0f / (float)spec.n_samples, NULL, 0);
+        gpu_model_download_grads(gm, final_grads);
+
+        memset(times_covered, 0, (size_t)m.n_weights);
+        int64_t changed_after_report = 0;
+        for (int r = 0; r < during.n_ranges; ++r)
+            for (int64_t j = during.first[r]; j < during.first[r] + during.count[r]; ++j) {
+                times_covered[j]++;
+                if (memcmp(&during.snapshot[j], &final_grads[j], sizeof(float)) != 0) ++changed_after_report;
+            }
+        int64_t not_once = 0;
+        for (int64_t j = 0; j < m.n_weights; ++j) not_once += times_covered[j] != 1;
+        printf("# grads ready, recompute %s: %d ranges; %lld values not covered exactly once, %lld changed after "
+               "their range was reported\n", i ? "block" : "none", during.n_ranges, (long long)not_once,
+               (long long)changed_after_report);
+        if (not_once > 0) fail_msg("%lld gradient values not reported exactly once", (long long)not_once);
+        if (changed_after_report > 0)
+            fail_msg("%lld gradient values changed after their range was reported final", (long long)changed_after_report);
+        assert_int_equal(during.n_ranges, m.num_layers + 2);
+        for (int l = 0; l < m.num_layers; ++l) {
+            char name[64];
+            snprintf(name, sizeof name, "blocks.%d.modulation", m.num_layers - 1 - l);
+            assert_int_equal(during.first[l], model_find_param(&m, name)->offset);
+        }
+
+        ready_record replay = {.gm = gm};
+        gpu_model_set_grads_ready(gm, record_ready, &replay);
+        gpu_model_grads_ready_all(gm, 0);
+        assert_int_equal(replay.n_ranges, during.n_ranges);
+        for (int r = 0; r < during.n_ranges; ++r) {
+            assert_int_equal(replay.first[r], during.first[r]);
+            assert_int_equal(replay.count[r], during.count[r]);
+        }
+        gpu_model_set_grads_ready(gm, NULL, NULL);
+        free(during.snapshot);
+        gpu_model_free(gm);
+    }
+    free(final_grads);
+    free(times_covered);
     free_batch(&hb);
     model_free(&m);
 }
@@ -322,7 +426,9 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_packed_batch),
         cmocka_unit_test(test_sample_without_text),
+        cmocka_unit_test(test_cudnn_attention),
         cmocka_unit_test(test_recompute_block_matches_none),
+        cmocka_unit_test(test_grads_ready_ranges),
         cmocka_unit_test(test_wan13b_block_timing),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1,7 +1,9 @@
 #!/bin/sh
 # train_gpu.sh — the CUDA training path. Everywhere: [run] device = cuda with the GPUs hidden is refused
 # with exit 1. On a GPU: 1 GPU rank against the CPU (bf16 against fp32: the first steps within 2e-2),
-# 2 GPU ranks against 1 with a fixed global batch (within 1e-2; needs two GPUs), and a GPU checkpoint
+# 2 GPU ranks against 1 with a fixed global batch (within 1e-2; needs two GPUs), the all-reduce overlapped in
+# buckets against one call after the backward and one call per range (2 ranks: the same sums, so the losses
+# equal to the bit; calibration off so that measured times do not steer the packing), and a GPU checkpoint
 # resumed on the GPU (the steps after it within 1e-3 of an uninterrupted run). The checks a machine
 # cannot run are reported as skipped.
 . "${top_srcdir:-.}/tests/train_lib.sh"
@@ -9,7 +11,7 @@ STEPS=20
 HALF=10
 # constant lr after the warmup, so a 10-step run is the first half of a 20-step run (for the resume)
 SCHEDULE=train.lr_schedule=constant
-tap_plan 12
+tap_plan 13
 
 n_gpus=0
 probe="$top_builddir/tests/gpu_present"
@@ -52,7 +54,8 @@ falling() {
 if [ "$n_gpus" -lt 1 ]; then
     for name in "1-rank CPU run exits 0" "1-GPU run exits 0" "its summary names the GPU and the capacity" \
                 "first 5 steps within 2e-2 of the CPU" "the loss falls on the CPU and on the GPU" \
-                "2-GPU run exits 0" "2 GPU ranks within 1e-2 of 1" "a 10-step GPU run exits 0" \
+                "2-GPU run exits 0" "2 GPU ranks within 1e-2 of 1" \
+                "2 GPU ranks: bucketed, single and per-range all-reduce give the same losses" "a 10-step GPU run exits 0" \
                 "restarted with 20 steps it resumes from step 10" "steps 11-20 after the resume within 1e-3"; do
         skip "$name" "no GPU visible"
     done
@@ -84,9 +87,21 @@ if [ "$n_gpus" -ge 2 ]; then
     compare "$WORK/gpu.losses" "$WORK/gpu2.losses" 1e-2 1 $STEPS > "$WORK/b.compare"
     tap_result $? "2 GPU ranks within 1e-2 of 1 (largest $(tail -1 "$WORK/b.compare"))" "$(cat "$WORK/b.compare")"
     grep "device     cuda" "$WORK/gpu2.log" | sed 's/^/# /'
+    same=0
+    for bucket in 64MiB 0 1; do
+        run_aldit 2 "bucket$bucket" run.device=cuda run.steps=$HALF $SCHEDULE balance.calibrate=off \
+            train.allreduce_bucket=$bucket || same=1
+        losses "$WORK/bucket$bucket/metrics.jsonl" > "$WORK/bucket$bucket.losses"
+    done
+    [ -s "$WORK/bucket64MiB.losses" ] || same=1
+    cmp -s "$WORK/bucket64MiB.losses" "$WORK/bucket0.losses" || same=1
+    cmp -s "$WORK/bucket64MiB.losses" "$WORK/bucket1.losses" || same=1
+    tap_result $same "2 GPU ranks: bucketed, single and per-range all-reduce give the same losses" \
+        "$(paste "$WORK/bucket64MiB.losses" "$WORK/bucket0.losses" "$WORK/bucket1.losses"; tail -3 "$WORK/bucket1.log")"
 else
     skip "2-GPU run exits 0" "one GPU visible"
     skip "2 GPU ranks within 1e-2 of 1" "one GPU visible"
+    skip "2 GPU ranks: bucketed, single and per-range all-reduce give the same losses" "one GPU visible"
 fi
 
 # (c) a GPU checkpoint resumed on the GPU against the uninterrupted 1-GPU run above

@@ -1,0 +1,80 @@
+#!/usr/bin/env python3
+"""runs_table.py — one Markdown table row per aldit run from its metrics.jsonl (plain Python, no packages).
+
+usage: tools/runs_table.py RUN_A/metrics.jsonl [RUN_B/metrics.jsonl ...] [--peak-tflops 989] [--skip-steps 0]
+
+Per run (labelled by its run folder's name), over its steps (the first --skip-steps left out): steps,
+measured imbalance (mean over steps of 1 - mean/max per-rank compute time) and the balancer's predicted
+one, time (sum of step_s), samples/s, tokens/s per GPU, MFU (model_flops / (time x ranks x peak)), peak
+memory against the budget (largest mem_peak / mem_budget), data-wait share (sum of data_wait_s / time)
+and the share of exposed communication (comm_s / time).
+"""
+import argparse
+import json
+import os
+import sys
+
+
+def read_rows(path):
+    rows = []
+    with open(path) as metrics:
+        for number, line in enumerate(metrics, 1):
+            if not line.strip():
+                continue
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as error:
+                sys.exit(f"{path}:{number}: not a JSON line: {error}")
+    if not rows:
+        sys.exit(f"{path}: no metrics lines")
+    return rows
+
+
+def summarise(path, rows, peak_tflops):
+    missing = [key for key in ("model_flops", "ranks") if key not in rows[0]]
+    if missing:
+        sys.exit(f"{path}: metrics lines without {', '.join(missing)} (written by an older aldit)")
+    time_s = sum(row["step_s"] for row in rows)
+    samples = sum(row["samples"] for row in rows)
+    tokens = sum(row["tokens"] for row in rows)
+    ranks = rows[0]["ranks"]
+    flops = sum(row["model_flops"] for row in rows)
+    return {
+        "run": os.path.basename(os.path.dirname(os.path.abspath(path))),
+        "ranks": ranks,
+        "steps": len(rows),
+        "imbalance": sum(row["imbalance"] for row in rows) / len(rows),
+        "imbalance_pred": sum(row["imbalance_pred"] for row in rows) / len(rows),
+        "time_s": time_s,
+        "samples_per_s": samples / time_s,
+        "tokens_per_s_per_gpu": tokens / time_s / ranks,
+        "mfu": flops / (time_s * ranks * peak_tflops * 1e12),
+        "mem": max(row["mem_peak"] / row["mem_budget"] for row in rows),
+        "data_wait": sum(row["data_wait_s"] for row in rows) / time_s,
+        "comm": sum(row["comm_s"] for row in rows) / time_s,
+        "samples": samples,
+    }
+
+
+def main():
+    parser = argparse.ArgumentParser(description="a Markdown table of aldit runs from their metrics.jsonl")
+    parser.add_argument("metrics", nargs="+")
+    parser.add_argument("--peak-tflops", type=float, default=989.0, help="dense bf16 peak per GPU (H100/H200: 989)")
+    parser.add_argument("--skip-steps", type=int, default=0, help="leave out each run's first N steps")
+    args = parser.parse_args()
+    print("| run | GPUs | steps | samples | imbalance measured (predicted) | time (s) | samples/s | tokens/s per GPU "
+          "| MFU | peak mem / budget | data wait | comm |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for path in args.metrics:
+        rows = read_rows(path)[args.skip_steps:]
+        if not rows:
+            sys.exit(f"{path}: no steps after the first {args.skip_steps}")
+        r = summarise(path, rows, args.peak_tflops)
+        print(f"| {r['run']} | {r['ranks']} | {r['steps']} | {r['samples']} | {100 * r['imbalance']:.1f}% "
+              f"({100 * r['imbalance_pred']:.1f}%) | {r['time_s']:.2f} | {r['samples_per_s']:.1f} | "
+              f"{r['tokens_per_s_per_gpu']:,.0f} | {100 * r['mfu']:.1f}% | {100 * r['mem']:.1f}% | "
+              f"{100 * r['data_wait']:.2f}% | {100 * r['comm']:.2f}% |")
+
+
+if __name__ == "__main__":
+    main()
