@@ -511,11 +511,15 @@ const int64_t *key_start(const batch_tables &t, attention_kind kind)
 }
 
 // cuDNN wants 16-byte aligned stats: the slice starts token_start[b] * num_heads floats into the lse buffer.
+// Cross-attention goes to cuDNN only with the model's full text_len (Wan pads every caption to it): cuDNN
+// needs a plan per (tokens, keys) pair, and captions of varying lengths would build plans (0.04-1 s each)
+// for most samples; measured on 2 H200s with texts of 32-64 tokens, 3-5x slower steps.
 bool sample_on_cudnn(const gpu_model *gm, attention_kind kind, int b)
 {
     const int64_t *start = gm->tables_host.token_start, *keys = key_start(gm->tables_host, kind);
-    return gm->use_cudnn && start[b + 1] - start[b] >= gm->cudnn_min_tokens && keys[b + 1] > keys[b] &&
-           start[b] * gm->num_heads % 4 == 0;
+    const int64_t n_keys = keys[b + 1] - keys[b];
+    return gm->use_cudnn && start[b + 1] - start[b] >= gm->cudnn_min_tokens && n_keys > 0 &&
+           (kind == kSelfAttention || n_keys == gm->text_len) && start[b] * gm->num_heads % 4 == 0;
 }
 
 // The end of the run of samples that starts at `first` (a sample on cuDNN is a run of one).

@@ -61,8 +61,9 @@ size_t gpu_model_workspace_bytes_with_recompute(const model *host_model, int64_t
 size_t gpu_model_workspace_bytes(const model *host_model, int64_t max_tokens, int max_samples, int64_t max_text);
 
 /* Which kernels run self- and cross-attention ([train] attention in the deck; the caller maps deck_attention):
-   AUTO: cuDNN's fused attention for samples of at least min_cudnn_tokens tokens (for cross-attention: that
-   have text) when aldit was built with cuDNN and its plans build for this model's heads
+   AUTO: cuDNN's fused attention for samples of at least min_cudnn_tokens tokens (for cross-attention: whose
+   text has the model's full text_len rows, as Wan pads captions; other lengths would each need their own
+   plans) when aldit was built with cuDNN and its plans build for this model's heads
    (attention_cudnn_available), our own kernel otherwise; CUDNN: the same, but a fatal error (exit 2) when
    cuDNN is not there; OWN: our own kernel only. min_cudnn_tokens 0 means GPU_ATTENTION_CUDNN_MIN_TOKENS.
    Returns 1 when cuDNN will serve long samples. gpu_model_create sets AUTO with the default threshold.

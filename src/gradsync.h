@@ -13,8 +13,10 @@ typedef struct gradsync gradsync;
 
 /* Collective, after the rank's GPU is selected: ready to sum fp32 device buffers of up to n_values
    values over all ranks. With NCCL and more than one rank: rank 0 makes the unique id, comm_bcast_bytes
-   sends it, every rank joins with ncclCommInitRank and gets its own NCCL stream. Without NCCL: a pinned
-   host buffer of n_values floats for MPI. With one rank nothing is made. */
+   sends it, every rank joins with ncclCommInitRank and gets its own NCCL stream, and one all-reduce of up
+   to 64 MiB (zeros, on a temporary buffer) makes NCCL connect the ranks now rather than in the first
+   step (the call waits for it). Without NCCL: a pinned host buffer of n_values floats for MPI. With one
+   rank nothing is made. */
 gradsync *gradsync_create(const comm_info *info, int64_t n_values);
 void gradsync_free(gradsync *sync);
 

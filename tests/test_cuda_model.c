@@ -204,14 +204,15 @@ static void test_sample_without_text(void **state)
     compare_with_cpu("a sample without text", &spec, 0x5eed0002ull, 0);
 }
 
-/* Self- and cross-attention on cuDNN for the samples of 17 tokens or more (the threshold lowered), the others
-   on our own kernel: 16 tokens with 16 text rows (own kernel), 18 with 5 (cuDNN), 30 without text (self on
-   cuDNN, cross on our own kernel: no keys), 32 with 11 (cuDNN). Skipped where aldit is built without cuDNN. */
+/* Self-attention on cuDNN for the samples of 17 tokens or more (the threshold lowered), cross-attention too
+   where the text has the model's full 16 rows, the rest on our own kernel: 16 tokens with 16 text rows (own
+   kernel), 18 with 16 (cuDNN), 30 without text (self on cuDNN, cross on our own kernel: no keys), 32 with 11
+   (self on cuDNN, cross on our own kernel). Skipped where aldit is built without cuDNN. */
 static void test_cudnn_attention(void **state)
 {
     (void)state;
 #ifdef HAVE_CUDNN
-    const batch_spec spec = {4, {1, 3, 2, 2}, {8, 4, 6, 8}, {8, 6, 10, 8}, {16, 5, 0, 11}, {0.2f, 0.5f, 0.9f, 0.4f}};
+    const batch_spec spec = {4, {1, 3, 2, 2}, {8, 4, 6, 8}, {8, 6, 10, 8}, {16, 16, 0, 11}, {0.2f, 0.5f, 0.9f, 0.4f}};
     compare_with_cpu("cuDNN attention for samples of 17 tokens or more", &spec, 0x5eed000aull, 17);
 #else
     skip();
