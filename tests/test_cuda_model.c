@@ -219,6 +219,16 @@ static void test_cudnn_attention(void **state)
 #endif
 }
 
+/* The tiny model with 4 layers (so that middle blocks exist) and a packed batch of 3 samples (1, 3 and 2
+   frames; 16, 5 and 11 text rows), weights and data from `seed`. */
+static batch_spec four_layer_case(uint64_t seed, model *m, host_batch *hb)
+{
+    const batch_spec spec = {3, {1, 3, 2}, {8, 4, 6}, {8, 6, 10}, {16, 5, 11}, {0.2f, 0.5f, 0.9f}};
+    tiny_model(m, 4, seed);
+    make_batch(m, &spec, seed + 1, hb);
+    return spec;
+}
+
 /* recompute = block against none on the same weights and the 3-sample batch: the same kernels run on the
    same inputs, so the losses and every gradient must be equal to the bit, and block mode's workspace is
    smaller. 4 layers, so that middle blocks are re-run from their kept input. */
@@ -226,10 +236,8 @@ static void test_recompute_block_matches_none(void **state)
 {
     (void)state;
     model m;
-    tiny_model(&m, 4, 0x5eed0005ull);
-    const batch_spec spec = {3, {1, 3, 2}, {8, 4, 6}, {8, 6, 10}, {16, 5, 11}, {0.2f, 0.5f, 0.9f}};
     host_batch hb;
-    make_batch(&m, &spec, 0x5eed0006ull, &hb);
+    const batch_spec spec = four_layer_case(0x5eed0005ull, &m, &hb);
     const gpu_recompute modes[2] = {GPU_RECOMPUTE_NONE, GPU_RECOMPUTE_BLOCK};
     double loss[2], sample_loss[2][4];
     float *grads[2];
@@ -301,10 +309,8 @@ static void test_grads_ready_ranges(void **state)
 {
     (void)state;
     model m;
-    tiny_model(&m, 4, 0x5eed0007ull);
-    const batch_spec spec = {3, {1, 3, 2}, {8, 4, 6}, {8, 6, 10}, {16, 5, 11}, {0.2f, 0.5f, 0.9f}};
     host_batch hb;
-    make_batch(&m, &spec, 0x5eed0008ull, &hb);
+    const batch_spec spec = four_layer_case(0x5eed0007ull, &m, &hb);
     gpu_select(0);
     const gpu_recompute modes[2] = {GPU_RECOMPUTE_NONE, GPU_RECOMPUTE_BLOCK};
     float *final_grads = xmalloc((size_t)m.n_weights * sizeof(float));

@@ -10,24 +10,10 @@ memory against the budget (largest mem_peak / mem_budget), data-wait share (sum 
 and the share of exposed communication (comm_s / time).
 """
 import argparse
-import json
 import os
 import sys
 
-
-def read_rows(path):
-    rows = []
-    with open(path) as metrics:
-        for number, line in enumerate(metrics, 1):
-            if not line.strip():
-                continue
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as error:
-                sys.exit(f"{path}:{number}: not a JSON line: {error}")
-    if not rows:
-        sys.exit(f"{path}: no metrics lines")
-    return rows
+from plot_metrics import read_metrics  # the same folder; needs no matplotlib
 
 
 def summarise(path, rows, peak_tflops):
@@ -66,7 +52,7 @@ def main():
           "| MFU | peak mem / budget | data wait | comm |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for path in args.metrics:
-        rows = read_rows(path)[args.skip_steps:]
+        rows = read_metrics(path)[args.skip_steps:]
         if not rows:
             sys.exit(f"{path}: no steps after the first {args.skip_steps}")
         r = summarise(path, rows, args.peak_tflops)
