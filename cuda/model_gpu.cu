@@ -496,11 +496,12 @@ float *chunk_of(float *table, int chunk, const batch_dims &d, int dim)
 
 // ---- attention dispatch (attention-cudnn) ------------------------------------------------------------------
 // Self-attention (each sample's tokens attend to its own tokens) and cross-attention (to its own text rows)
-// go through one dispatch. A sample of at least cudnn_min_tokens tokens that has key rows runs on cuDNN,
-// whose stats (head-major [H, S], see attention_cudnn.h) fill that sample's slice of the lse buffer; its
-// backward reads them back, as the dispatch is the same both ways. The other samples run on our own kernel
-// in maximal runs of consecutive samples: its kernels take absolute row offsets, so a run passes its piece
-// of the device offset tables. A cross-attention sample without text stays on our own kernel (zero output).
+// go through one dispatch. A sample of at least cudnn_min_tokens tokens that has key rows (cross-attention:
+// the model's full text_len of them, see sample_on_cudnn) runs on cuDNN, whose stats (head-major [H, S], see
+// attention_cudnn.h) fill that sample's slice of the lse buffer; its backward reads them back, as the
+// dispatch is the same both ways. The other samples run on our own kernel in maximal runs of consecutive
+// samples: its kernels take absolute row offsets, so a run passes its piece of the device offset tables.
+// A cross-attention sample without text stays on our own kernel (zero output).
 
 enum attention_kind { kSelfAttention, kCrossAttention };
 
@@ -513,7 +514,7 @@ const int64_t *key_start(const batch_tables &t, attention_kind kind)
 // cuDNN wants 16-byte aligned stats: the slice starts token_start[b] * num_heads floats into the lse buffer.
 // Cross-attention goes to cuDNN only with the model's full text_len (Wan pads every caption to it): cuDNN
 // needs a plan per (tokens, keys) pair, and captions of varying lengths would build plans (0.04-1 s each)
-// for most samples; measured on 2 H200s with texts of 32-64 tokens, 3-5x slower steps.
+// for most samples (measured on 2 H200s with texts of 32-64 tokens: epochs 2-3x slower).
 bool sample_on_cudnn(const gpu_model *gm, attention_kind kind, int b)
 {
     const int64_t *start = gm->tables_host.token_start, *keys = key_start(gm->tables_host, kind);
