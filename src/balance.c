@@ -46,6 +46,8 @@ struct balancer {
     int calibrate;
     double mem_budget;
     double compute_budget_config; /* deck value; 0 = derive from the equal_tokens batches */
+    double mem_fill;              /* global, derived budget: fill this fraction of mem_budget (0 = off) */
+    double all_mem;               /* activation bytes of the active samples, summed */
     int64_t max_tokens;           /* T_max of the equal_tokens buckets */
     double dual_p_config;         /* deck value; 0 = fit from the cost model */
     int64_t n_samples;
@@ -163,10 +165,22 @@ static double max_planned_sample(const balancer *b)
     return b->max_sample_cost * (1.0 + b->sample_error * fmin(b->spread_quantile, 1.0));
 }
 
+/* Predicted seconds of a micro-batch of the active samples' average mix (cost per byte over them all)
+   that fills mem_fill of the memory budget: a rank given less leaves its memory, and with it the size of
+   its GEMMs, unused. 0 unless global derives its budget. */
+static double memory_fill_cost(const balancer *b)
+{
+    if (b->strategy != STRATEGY_GLOBAL || b->compute_budget_config > 0 || !(b->mem_fill > 0) || !(b->all_mem > 0))
+        return 0.0;
+    return b->mem_fill * b->mem_budget * cost_model_predict_features(&b->cm, &b->all_features) / b->all_mem;
+}
+
 double balancer_compute_budget(const balancer *b)
 {
-    return fmax(base_compute_budget(b), budget_floor_samples * max_planned_sample(b));
+    return fmax(fmax(base_compute_budget(b), budget_floor_samples * max_planned_sample(b)), memory_fill_cost(b));
 }
+
+void balancer_set_mem_fill(balancer *b, double fraction) { b->mem_fill = fraction; }
 
 /* ---- buckets and the bucket strategies ------------------------------------------------------------- */
 
@@ -953,6 +967,7 @@ balancer *balancer_create_checked(const deck *config, const balance_sample *samp
     b->calibrate = config->balance.calibrate;
     b->mem_budget = mem_budget_bytes;
     b->compute_budget_config = config->balance.compute_budget;
+    b->mem_fill = config->balance.mem_fill;
     b->max_tokens = config->balance.max_tokens;
     b->dual_p_config = config->balance.dual_p;
     b->n_samples = n_samples;
@@ -1004,7 +1019,11 @@ balancer *balancer_create_checked(const deck *config, const balance_sample *samp
     b->queue_next = xmalloc((size_t)n_ranks * sizeof(int32_t));
     b->pending = xcalloc((size_t)PENDING_STEPS * (size_t)n_ranks, sizeof(cost_features));
     b->pending_square = xcalloc((size_t)PENDING_STEPS * (size_t)n_ranks, sizeof(double));
-    for (int64_t i = 0; i < b->n_active; i++) features_add_sample(&b->all_features, &b->samples[b->active[i]]);
+    for (int64_t i = 0; i < b->n_active; i++) {
+        const balance_sample *sample = &b->samples[b->active[i]];
+        features_add_sample(&b->all_features, sample);
+        b->all_mem += cost_model_mem(&b->cm, sample->tokens, sample->text_len);
+    }
     build_buckets(b);
     derive_typical_batch(b);
     update_max_sample_cost(b);

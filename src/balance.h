@@ -81,6 +81,10 @@ void balancer_observe(balancer *b, const double *rank_seconds);
    strategy's fit follows it). Returns 1 when the coefficients changed. */
 int balancer_calibrate(balancer *b, int n_observations, const cost_features *features, const double *seconds);
 
+/* Replace [balance] mem_fill, which balancer_create takes from the deck (the CPU trainer sets 0: host
+   memory is not what limits a CPU rank's step). Call before the first balancer_next. */
+void balancer_set_mem_fill(balancer *b, double fraction);
+
 /* Introspection for logs, the simulator and tests. */
 const cost_model *balancer_cost_model(const balancer *b);
 int64_t balancer_epoch_samples(const balancer *b);   /* samples per epoch (skipped ones left out) */

@@ -55,6 +55,7 @@ typedef struct {
         double compute_budget;         /* predicted seconds per rank per step (0 = derive from max_tokens) */
         double mem_budget;             /* activation bytes per rank (0 = measure device memory) */
         double mem_margin;             /* fraction of free memory kept back (0.1) */
+        double mem_fill;               /* global, auto compute budget: fill this much of mem_budget (0.9; 0 = off) */
         double device_mem;             /* device bytes assumed when nothing can be measured (80 GiB) */
         double device_tflops;          /* GEMM rate seeding the cost model, TFLOP/s */
         double attention_tflops;       /* attention rate seeding the cost model, TFLOP/s */

@@ -63,19 +63,6 @@ gradsync *gradsync_create(const comm_info *info, int64_t n_values)
     CUDA_CHECK(cudaEventCreateWithFlags(&sync->ready, cudaEventDisableTiming));
     CUDA_CHECK(cudaEventCreate(&sync->compute_done));
     CUDA_CHECK(cudaEventCreate(&sync->done));
-    /* NCCL connects the ranks on the first collective that needs a connection (measured 1.9-2.0 s on two
-       H200s, charged to the first training step until now): make that connection here, with one
-       all-reduce the size of a large bucket, so that the free-memory measurement after this sees NCCL's
-       buffers and the first step does not pay for it */
-    const int64_t warmup_values = n_values < GRADSYNC_WARMUP_VALUES ? n_values : GRADSYNC_WARMUP_VALUES;
-    if (warmup_values > 0) {
-        float *warmup = NULL;
-        CUDA_CHECK(cudaMalloc((void **)&warmup, (size_t)warmup_values * sizeof(float)));
-        CUDA_CHECK(cudaMemsetAsync(warmup, 0, (size_t)warmup_values * sizeof(float), sync->stream));
-        NCCL_CHECK(ncclAllReduce(warmup, warmup, (size_t)warmup_values, ncclFloat32, ncclSum, sync->comm, sync->stream));
-        CUDA_CHECK(cudaStreamSynchronize(sync->stream));
-        CUDA_CHECK(cudaFree(warmup));
-    }
     int version = 0;
     NCCL_CHECK(ncclGetVersion(&version));
     snprintf(sync->method, sizeof sync->method, "NCCL %d.%d.%d (%d ranks)", version / 10000, version / 100 % 100,
@@ -87,6 +74,26 @@ gradsync *gradsync_create(const comm_info *info, int64_t n_values)
              info->n_ranks);
 #endif
     return sync;
+}
+
+void gradsync_connect(gradsync *sync, int64_t n_values)
+{
+    if (sync->n_ranks == 1) return;
+#ifdef HAVE_NCCL
+    /* NCCL connects the ranks on the first collective that needs a connection (measured 1.9-2.0 s on two
+       H200s, charged to the first training step otherwise): one all-reduce the size of a large bucket */
+    const int64_t warmup_values = n_values < GRADSYNC_WARMUP_VALUES ? n_values : GRADSYNC_WARMUP_VALUES;
+    if (warmup_values > 0) {
+        float *warmup = NULL;
+        CUDA_CHECK(cudaMalloc((void **)&warmup, (size_t)warmup_values * sizeof(float)));
+        CUDA_CHECK(cudaMemsetAsync(warmup, 0, (size_t)warmup_values * sizeof(float), sync->stream));
+        NCCL_CHECK(ncclAllReduce(warmup, warmup, (size_t)warmup_values, ncclFloat32, ncclSum, sync->comm, sync->stream));
+        CUDA_CHECK(cudaStreamSynchronize(sync->stream));
+        CUDA_CHECK(cudaFree(warmup));
+    }
+#else
+    (void)n_values;
+#endif
 }
 
 void gradsync_free(gradsync *sync)

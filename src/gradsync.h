@@ -13,11 +13,13 @@ typedef struct gradsync gradsync;
 
 /* Collective, after the rank's GPU is selected: ready to sum fp32 device buffers of up to n_values
    values over all ranks. With NCCL and more than one rank: rank 0 makes the unique id, comm_bcast_bytes
-   sends it, every rank joins with ncclCommInitRank and gets its own NCCL stream, and one all-reduce of up
-   to 64 MiB (zeros, on a temporary buffer) makes NCCL connect the ranks now rather than in the first
-   step (the call waits for it). Without NCCL: a pinned host buffer of n_values floats for MPI. With one
-   rank nothing is made. */
+   sends it, every rank joins with ncclCommInitRank and gets its own NCCL stream. Without NCCL: a pinned
+   host buffer of n_values floats for MPI. With one rank nothing is made. */
 gradsync *gradsync_create(const comm_info *info, int64_t n_values);
+/* Collective: with NCCL and more than one rank, one all-reduce of up to 64 MiB (zeros, on a temporary
+   buffer; min(n_values, 16 Mi) floats) makes NCCL connect the ranks now rather than in the first sum,
+   which would otherwise pay for it (about 2 s on two H200s); waits for it. Otherwise nothing. */
+void gradsync_connect(gradsync *sync, int64_t n_values);
 void gradsync_free(gradsync *sync);
 
 /* What sums the gradients, for the start-up summary: "NCCL 2.28.9 (2 ranks)", "MPI through host memory

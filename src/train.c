@@ -230,16 +230,26 @@ static balance_sample *balance_samples(const store *data, const deck *config)
     return samples;
 }
 
+/* balancer_create for this run's device: [balance] mem_fill counts on GPUs only (host memory does not
+   limit a CPU rank's step, its compute does). */
+static balancer *create_balancer(const deck *config, const balance_sample *samples, int64_t n_samples, int n_ranks,
+                                 double mem_budget, int device)
+{
+    balancer *b = balancer_create(config, samples, n_samples, n_ranks, mem_budget);
+    if (b && device == DEVICE_CPU) balancer_set_mem_fill(b, 0.0);
+    return b;
+}
+
 /* What one epoch looks like under the balancer: steps, predicted seconds (sum of each step's slowest
    rank) and the lower bound (all predicted work spread evenly). Runs a scratch balancer (rank 0). */
 typedef struct { int64_t steps; double predicted_s, lower_bound_s, imbalance_pred; } epoch_plan;
 
 static epoch_plan plan_epoch(const deck *config, const balance_sample *samples, int64_t n_samples, int n_ranks,
-                             double mem_budget, int n_calibration, const cost_features *calibration_features,
-                             const double *calibration_seconds)
+                             double mem_budget, int device, int n_calibration,
+                             const cost_features *calibration_features, const double *calibration_seconds)
 {
     epoch_plan plan = {0};
-    balancer *scratch = balancer_create(config, samples, n_samples, n_ranks, mem_budget);
+    balancer *scratch = create_balancer(config, samples, n_samples, n_ranks, mem_budget, device);
     if (n_calibration > 0) balancer_calibrate(scratch, n_calibration, calibration_features, calibration_seconds);
     balance_assignment step = {0};
     double sum_mean = 0.0;
@@ -365,7 +375,7 @@ int train_check(const deck *config, const comm_info *info)
     if (info->rank == 0) {
         deck_print(config, stdout);
         balance_sample *samples = balance_samples(&data, config);
-        epoch_plan plan = plan_epoch(config, samples, data.n_samples, info->n_ranks, budget, 0, NULL, NULL);
+        epoch_plan plan = plan_epoch(config, samples, data.n_samples, info->n_ranks, budget, device, 0, NULL, NULL);
         printf("\n# plan for %d rank(s)\n", info->n_ranks);
         print_store_line(&data, config);
         printf("  model      %s: %lld parameters\n", config->model.name, (long long)n_params);
@@ -988,28 +998,18 @@ static void trainer_setup(trainer *t, const deck *config, const comm_info *info,
     if (info->rank == 0) {
         t->rank_seconds = xcalloc((size_t)info->n_ranks, sizeof *t->rank_seconds);
         t->rank_measures = xcalloc(3 * (size_t)info->n_ranks, sizeof *t->rank_measures);
-        t->packer = balancer_create(config, t->samples, t->data.n_samples, info->n_ranks, t->mem_budget);
+        t->packer = create_balancer(config, t->samples, t->data.n_samples, info->n_ranks, t->mem_budget, device);
         if (t->n_calibration > 0) report_calibration(t);
         if (config->run.steps > 0 && config->balance.strategy == STRATEGY_GLOBAL && config->balance.global_batch > 0)
             plan[0] = (balancer_epoch_samples(t->packer) + config->balance.global_batch - 1) / config->balance.global_batch;
-        else plan[0] = plan_epoch(config, t->samples, t->data.n_samples, info->n_ranks, t->mem_budget, t->n_calibration,
-                                  t->calibration_features, t->calibration_seconds).steps;
+        else plan[0] = plan_epoch(config, t->samples, t->data.n_samples, info->n_ranks, t->mem_budget, device,
+                                  t->n_calibration, t->calibration_features, t->calibration_seconds).steps;
         plan[1] = config->run.steps > 0 ? config->run.steps : config->run.epochs * plan[0];
     }
     comm_bcast_bytes(plan, sizeof plan);
     t->steps_per_epoch = plan[0];
     t->total_steps = plan[1];
     initial_state(t, resumed_from, resumed_size);
-#ifdef HAVE_CUDA
-    if (t->gpu) {
-        train_gpu_upload(t->gpu, t->net.weights, t->adam_m, t->adam_v);
-        if (info->rank != 0) { /* only rank 0 writes checkpoints: the others need no host moments */
-            free(t->adam_m);
-            free(t->adam_v);
-            t->adam_m = t->adam_v = NULL;
-        }
-    }
-#endif
     t->first_step = t->step;
     prefetch_noise noise = {.noise_seed = rng_hash(config->run.seed, NOISE_STREAM_TAG),
                             .timestep_shift = config->train.timestep_shift,
@@ -1017,6 +1017,23 @@ static void trainer_setup(trainer *t, const deck *config, const comm_info *info,
                             .threads = device == DEVICE_CUDA ? threads_per_rank(config, info) : 1};
     t->reader = prefetch_create(&t->data, config->data.prefetch, noise);
     if (info->rank == 0) t->metrics = open_metrics(config, t->step);
+}
+
+/* Collective, while the first step's samples are read: the initial state goes to the GPU and NCCL
+   connects the ranks (train_gpu_start); nothing on the CPU. */
+static void start_device(trainer *t)
+{
+#ifdef HAVE_CUDA
+    if (!t->gpu) return;
+    train_gpu_start(t->gpu, t->net.weights, t->adam_m, t->adam_v);
+    if (t->info->rank != 0) { /* only rank 0 writes checkpoints: the others need no host moments */
+        free(t->adam_m);
+        free(t->adam_v);
+        t->adam_m = t->adam_v = NULL;
+    }
+#else
+    (void)t;
+#endif
 }
 
 static void trainer_free(trainer *t)
@@ -1071,7 +1088,10 @@ int train_run(const deck *config, const comm_info *info)
     }
     if (finished && info->rank == 0) printf("aldit: nothing to do: the run is already complete at step %lld\n",
                                             (long long)t.step);
-    if (!finished) prefetch_start(t.reader, t.upcoming.ids, t.upcoming.n_samples, t.upcoming.epoch);
+    if (!finished) {
+        prefetch_start(t.reader, t.upcoming.ids, t.upcoming.n_samples, t.upcoming.epoch);
+        start_device(&t);
+    }
     t.rss_base = resident_bytes();
     t.loop_started_s = comm_time();
     while (!finished) {

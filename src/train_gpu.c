@@ -308,6 +308,12 @@ void train_gpu_upload(train_gpu *gpu, const float *weights, const float *adam_m,
     CUDA_CHECK(cudaMemcpy(gpu->adam_v, adam_v, n_bytes, cudaMemcpyHostToDevice));
 }
 
+void train_gpu_start(train_gpu *gpu, const float *weights, const float *adam_m, const float *adam_v)
+{
+    train_gpu_upload(gpu, weights, adam_m, adam_v);
+    gradsync_connect(gpu->sync, gpu->host->n_weights);
+}
+
 void train_gpu_download(const train_gpu *gpu, float *weights, float *adam_m, float *adam_v)
 {
     const size_t n_bytes = (size_t)gpu->host->n_weights * sizeof(float);

@@ -38,9 +38,10 @@ int train_gpu_plan(const deck *config, const comm_info *info, const model *table
 typedef struct train_gpu train_gpu;
 
 /* Collective: select the GPU, set up the gradient all-reduce (NCCL when built with it), plan the memory
-   (the plan above, with NCCL's buffers taken) and allocate the GPU model at the plan's capacity plus the
-   AdamW moments. Weights and moments are zero until train_gpu_upload. Returns NULL, after rank 0
-   printed why, when the model or the deck's budget does not fit (bad input: exit status 2). */
+   (the plan above; NCCL's connection buffers, made at train_gpu_start, come out of its reserve) and
+   allocate the GPU model at the plan's capacity plus the AdamW moments. Weights and moments are zero
+   until train_gpu_upload or train_gpu_start. Returns NULL, after rank 0 printed why, when the model or
+   the deck's budget does not fit (bad input: exit status 2). */
 train_gpu *train_gpu_create(const deck *config, const comm_info *info, const model *host, const balance_sample *samples,
                             int64_t n_samples);
 void train_gpu_free(train_gpu *gpu);
@@ -51,6 +52,10 @@ const char *train_gpu_sync_method(const train_gpu *gpu);
 /* Host fp32 arrays of n_weights values <-> the device's master weights (and bf16 copies) and moments,
    synchronously: for the initial state and for checkpoints (the same arrays the CPU path keeps). */
 void train_gpu_upload(train_gpu *gpu, const float *weights, const float *adam_m, const float *adam_v);
+/* Collective, once before the first step: train_gpu_upload of the initial state, then the gradient
+   all-reduce connects the ranks (gradsync_connect). The trainer calls it while the first step's samples
+   are being read, so that the read overlaps both. */
+void train_gpu_start(train_gpu *gpu, const float *weights, const float *adam_m, const float *adam_v);
 void train_gpu_download(const train_gpu *gpu, float *weights, float *adam_m, float *adam_v);
 
 /* One step: train_gpu_begin_step, train_gpu_micro_batch for each of the rank's micro-batches, then

@@ -471,6 +471,67 @@ static void test_global_balances_mixed_lengths(void **state)
     free(samples);
 }
 
+/* [balance] mem_fill: global's derived budget grows to a micro-batch of the average mix filling that share
+   of the memory budget, so steps use the memory (and stay under it); 0 and the setter turn it off. */
+static void test_global_fills_memory(void **state)
+{
+    (void)state;
+    deck config = test_deck(STRATEGY_GLOBAL, 17);
+    config.balance.max_tokens = 76032;
+    config.balance.pool = 4096;
+    const int32_t shapes[5] = {256, 1024, 7800, 32760, 76032};
+    const int64_t n_samples = 4000;
+    balance_sample *samples = malloc(n_samples * sizeof(*samples));
+    uint64_t rng = 9;
+    for (int64_t i = 0; i < n_samples; i++)
+        samples[i] = (balance_sample){i, shapes[rng_below(&rng, 5)], 64 + (int32_t)rng_below(&rng, 449)};
+    const double mem_budget = mem_of(&config, 600000);
+    int64_t steps_of[2] = {0, 0};
+    for (int fill = 0; fill < 2; fill++) {
+        config.balance.mem_fill = fill ? 0.9 : 0.0;
+        balancer *b = balancer_create(&config, samples, n_samples, 4, mem_budget);
+        const cost_model *cm = balancer_cost_model(b);
+        cost_features all = {{0}};
+        double all_mem = 0.0;
+        for (int64_t i = 0; i < n_samples; i++) {
+            cost_features_add(&all, samples[i].tokens, samples[i].text_len);
+            all_mem += cost_model_mem(cm, samples[i].tokens, samples[i].text_len);
+        }
+        const double fill_cost = 0.9 * mem_budget * cost_model_predict_features(cm, &all) / all_mem;
+        if (fill) {
+            assert_true(balancer_compute_budget(b) >= fill_cost * (1 - 1e-12));
+            balancer *off = balancer_create(&config, samples, n_samples, 4, mem_budget);
+            balancer_set_mem_fill(off, 0.0);
+            assert_true(balancer_compute_budget(off) < fill_cost); /* this mix: the fill decides */
+            balancer_free(off);
+        } else assert_true(balancer_compute_budget(b) < fill_cost);
+        int *seen = calloc((size_t)n_samples, sizeof(int));
+        balance_assignment a = {0};
+        double peak_sum = 0.0;
+        int64_t in_epoch = 0;
+        while (in_epoch < n_samples) {
+            balancer_next(b, &a);
+            check_assignment(&a, samples, 4, mem_budget, cm, seen);
+            double peak = 0.0;
+            for (int m = 0; m < a.rank_micro_start[4]; m++) {
+                double bytes = 0.0;
+                for (int64_t k = a.micro_start[m]; k < a.micro_start[m + 1]; k++)
+                    bytes += cost_model_mem(cm, samples[a.indices[k]].tokens, samples[a.indices[k]].text_len);
+                peak = fmax(peak, bytes);
+            }
+            in_epoch += a.global_samples;
+            if (in_epoch < n_samples) peak_sum += peak / mem_budget, steps_of[fill]++; /* the last step is a rest */
+        }
+        if (fill) assert_true(peak_sum / steps_of[fill] >= 0.85);
+        else assert_true(peak_sum / steps_of[fill] < 0.85);
+        free(seen);
+        balance_assignment_free(&a);
+        balancer_free(b);
+    }
+    assert_true(steps_of[1] < steps_of[0]);
+    free(samples);
+}
+
 static void test_equal_tokens_batches(void **state)
 {
     (void)state;
@@ -788,6 +849,7 @@ int main(void)
         cmocka_unit_test(test_oversize_skip),
         cmocka_unit_test(test_global_fixed_batch),
         cmocka_unit_test(test_global_balances_mixed_lengths),
+        cmocka_unit_test(test_global_fills_memory),
         cmocka_unit_test(test_global_with_noisy_times),
         cmocka_unit_test(test_equal_tokens_batches),
         cmocka_unit_test(test_dual_constraints),
