@@ -162,7 +162,7 @@ static sim_result simulate(const deck *config, const balance_sample *samples, in
                            double mem_budget, const double *true_cost, double *compute_budget, double *dual_p)
 {
     sim_result result = {0};
-    balancer *b = balancer_create(config, samples, n_samples, n_ranks, mem_budget);
+    balancer *b = balancer_create(config, samples, n_samples, n_ranks, mem_budget, NULL);
     *compute_budget = balancer_compute_budget(b);
     *dual_p = balancer_dual_p(b);
     const int64_t epoch_samples = balancer_epoch_samples(b);

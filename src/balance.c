@@ -944,7 +944,7 @@ static void *touched_alloc(size_t n_items, size_t item_bytes)
 }
 
 balancer *balancer_create_checked(const deck *config, const balance_sample *samples, int64_t n_samples, int n_ranks,
-                                  double mem_budget_bytes, FILE *errors)
+                                  double mem_budget_bytes, const cost_model *memory, FILE *errors)
 {
     if (n_samples <= 0 || n_samples >= INT32_MAX || n_ranks <= 0 || !(mem_budget_bytes > 0)) {
         if (errors) fprintf(errors, "aldit: balance: need samples (%lld), ranks (%d) and a memory budget (%g bytes)\n",
@@ -975,6 +975,7 @@ balancer *balancer_create_checked(const deck *config, const balance_sample *samp
     memcpy(b->samples, samples, (size_t)n_samples * sizeof(balance_sample));
     b->samples_hash = hash_samples(samples, n_samples);
     cost_model_init(&b->cm, config);
+    if (memory) cost_model_copy_memory(&b->cm, memory);
     b->active = xmalloc((size_t)n_samples * sizeof(int64_t));
     if (check_oversize(b, config->balance.oversize, errors) > 0 || b->n_active == 0) {
         if (b->n_active == 0 && errors) fprintf(errors, "aldit: balance: no sample fits the memory budget\n");
@@ -1033,9 +1034,9 @@ balancer *balancer_create_checked(const deck *config, const balance_sample *samp
 }
 
 balancer *balancer_create(const deck *config, const balance_sample *samples, int64_t n_samples, int n_ranks,
-                          double mem_budget_bytes)
+                          double mem_budget_bytes, const cost_model *memory)
 {
-    balancer *b = balancer_create_checked(config, samples, n_samples, n_ranks, mem_budget_bytes, stderr);
+    balancer *b = balancer_create_checked(config, samples, n_samples, n_ranks, mem_budget_bytes, memory, stderr);
     if (!b) ALDIT_FATAL_CODE(ALDIT_EXIT_USAGE, "balance: cannot assign the samples (see above)");
     return b;
 }

@@ -121,6 +121,13 @@ static void count_activation_bytes(cost_model *cm, const deck *config)
     cm->mem_per_sample = FP32_BYTES * (config->model.freq_dim + 8.0 * dim);
 }
 
+void cost_model_copy_memory(cost_model *cm, const cost_model *from)
+{
+    cm->mem_per_sample = from->mem_per_sample;
+    cm->mem_per_token = from->mem_per_token;
+    cm->mem_per_text_token = from->mem_per_text_token;
+}
+
 void cost_model_init(cost_model *cm, const deck *config)
 {
     memset(cm, 0, sizeof(*cm));

@@ -63,6 +63,9 @@ inline double cost_model_mem(const cost_model *cm, int64_t tokens, int64_t text_
     return cm->mem_per_sample + cm->mem_per_token * (double)tokens + cm->mem_per_text_token * (double)text_len;
 }
 
+/* Take the activation bytes per sample, token and text token of `from` (the rest of `cm` stays). */
+void cost_model_copy_memory(cost_model *cm, const cost_model *from);
+
 /* Bytes of weights, gradients and AdamW state of the configured model (bf16 weights + fp32 master,
    fp32 gradients, two fp32 moments), for deriving a memory budget from device memory. */
 double cost_model_state_bytes(const deck *config);

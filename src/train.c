@@ -230,12 +230,12 @@ static balance_sample *balance_samples(const store *data, const deck *config)
     return samples;
 }
 
-/* balancer_create for this run's device: [balance] mem_fill counts on GPUs only (host memory does not
-   limit a CPU rank's step, its compute does). */
+/* balancer_create for this run's device: with the GPU plan's memory model (`memory`, NULL on the CPU), and
+   [balance] mem_fill on GPUs only (host memory does not limit a CPU rank's step, its compute does). */
 static balancer *create_balancer(const deck *config, const balance_sample *samples, int64_t n_samples, int n_ranks,
-                                 double mem_budget, int device)
+                                 double mem_budget, int device, const cost_model *memory)
 {
-    balancer *b = balancer_create(config, samples, n_samples, n_ranks, mem_budget);
+    balancer *b = balancer_create(config, samples, n_samples, n_ranks, mem_budget, memory);
     if (b && device == DEVICE_CPU) balancer_set_mem_fill(b, 0.0);
     return b;
 }
@@ -245,11 +245,11 @@ static balancer *create_balancer(const deck *config, const balance_sample *sampl
 typedef struct { int64_t steps; double predicted_s, lower_bound_s, imbalance_pred; } epoch_plan;
 
 static epoch_plan plan_epoch(const deck *config, const balance_sample *samples, int64_t n_samples, int n_ranks,
-                             double mem_budget, int device, int n_calibration,
+                             double mem_budget, int device, const cost_model *memory, int n_calibration,
                              const cost_features *calibration_features, const double *calibration_seconds)
 {
     epoch_plan plan = {0};
-    balancer *scratch = create_balancer(config, samples, n_samples, n_ranks, mem_budget, device);
+    balancer *scratch = create_balancer(config, samples, n_samples, n_ranks, mem_budget, device, memory);
     if (n_calibration > 0) balancer_calibrate(scratch, n_calibration, calibration_features, calibration_seconds);
     balance_assignment step = {0};
     double sum_mean = 0.0;
@@ -353,17 +353,22 @@ int train_check(const deck *config, const comm_info *info)
     int budget_measured = 0;
     double budget = 0.0;
     const gpu_plan *gpu = NULL;
+    cost_model gpu_memory, *memory = NULL; /* the GPU model's memory model (train_gpu_fit_memory) */
     if (device == DEVICE_CPU) budget = memory_budget(config, info, n_params, &budget_measured);
 #ifdef HAVE_CUDA
     gpu_plan plan_of_gpu;
     if (device == DEVICE_CUDA) {
         model table;
         model_create_table(&table, config);
+        cost_model_init(&gpu_memory, config);
+        train_gpu_fit_memory(&gpu_memory, config, &table);
+        memory = &gpu_memory;
         balance_sample *all = balance_samples(&data, config);
         int status = train_gpu_plan(config, info, &table, all, data.n_samples, &plan_of_gpu);
         free(all);
         model_free(&table);
         if (status != 0) {
+            cost_model_free(&gpu_memory);
             store_close(&data);
             return status;
         }
@@ -375,7 +380,8 @@ int train_check(const deck *config, const comm_info *info)
     if (info->rank == 0) {
         deck_print(config, stdout);
         balance_sample *samples = balance_samples(&data, config);
-        epoch_plan plan = plan_epoch(config, samples, data.n_samples, info->n_ranks, budget, device, 0, NULL, NULL);
+        epoch_plan plan = plan_epoch(config, samples, data.n_samples, info->n_ranks, budget, device, memory, 0,
+                                     NULL, NULL);
         printf("\n# plan for %d rank(s)\n", info->n_ranks);
         print_store_line(&data, config);
         printf("  model      %s: %lld parameters\n", config->model.name, (long long)n_params);
@@ -389,6 +395,7 @@ int train_check(const deck *config, const comm_info *info)
                     (long long)(config->run.epochs * plan.steps));
         free(samples);
     }
+    if (memory) cost_model_free(memory);
     store_close(&data);
     return 0;
 }
@@ -982,11 +989,13 @@ static void trainer_setup(trainer *t, const deck *config, const comm_info *info,
     t->adam_m = xcalloc((size_t)t->net.n_weights, sizeof *t->adam_m);
     t->adam_v = xcalloc((size_t)t->net.n_weights, sizeof *t->adam_v);
     if (info->rank == 0 || device == DEVICE_CUDA) t->samples = balance_samples(&t->data, config);
+    const cost_model *gpu_memory = NULL; /* the GPU plan's memory model; NULL: the deck's (CPU) */
     if (device == DEVICE_CPU) t->mem_budget = memory_budget(config, info, t->net.n_weights, budget_measured);
 #ifdef HAVE_CUDA
     if (device == DEVICE_CUDA) {
         t->gpu = train_gpu_create(config, info, &t->net, t->samples, t->data.n_samples);
         if (!t->gpu) exit_all(ALDIT_EXIT_USAGE);
+        gpu_memory = train_gpu_memory_model(t->gpu);
         t->mem_budget = train_gpu_get_plan(t->gpu)->mem_budget;
         *budget_measured = train_gpu_get_plan(t->gpu)->budget_measured;
     }
@@ -998,12 +1007,13 @@ static void trainer_setup(trainer *t, const deck *config, const comm_info *info,
     if (info->rank == 0) {
         t->rank_seconds = xcalloc((size_t)info->n_ranks, sizeof *t->rank_seconds);
         t->rank_measures = xcalloc(3 * (size_t)info->n_ranks, sizeof *t->rank_measures);
-        t->packer = create_balancer(config, t->samples, t->data.n_samples, info->n_ranks, t->mem_budget, device);
+        t->packer = create_balancer(config, t->samples, t->data.n_samples, info->n_ranks, t->mem_budget, device,
+                                    gpu_memory);
         if (t->n_calibration > 0) report_calibration(t);
         if (config->run.steps > 0 && config->balance.strategy == STRATEGY_GLOBAL && config->balance.global_batch > 0)
             plan[0] = (balancer_epoch_samples(t->packer) + config->balance.global_batch - 1) / config->balance.global_batch;
         else plan[0] = plan_epoch(config, t->samples, t->data.n_samples, info->n_ranks, t->mem_budget, device,
-                                  t->n_calibration, t->calibration_features, t->calibration_seconds).steps;
+                                  gpu_memory, t->n_calibration, t->calibration_features, t->calibration_seconds).steps;
         plan[1] = config->run.steps > 0 ? config->run.steps : config->run.epochs * plan[0];
     }
     comm_bcast_bytes(plan, sizeof plan);

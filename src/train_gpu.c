@@ -29,7 +29,7 @@ struct train_gpu {
     const deck *config;
     const model *host;
     gpu_plan plan;
-    cost_model cm;                /* the balancer's memory model, for the capacity check and mem_peak */
+    cost_model cm;                /* the balancer's memory model, fitted to the GPU model's (train_gpu_fit_memory) */
     gradsync *sync;
     gpu_model *net;
     gpu_model_buffers buffers;
@@ -99,6 +99,20 @@ static double workspace_for(const deck *config, const model *table, capacity c)
 {
     int samples = (int)(c.samples < GPU_MAX_SAMPLES ? c.samples : GPU_MAX_SAMPLES);
     return (double)gpu_model_workspace_bytes_with_recompute(table, c.tokens, samples, c.text, recompute_of(config));
+}
+
+void train_gpu_fit_memory(cost_model *cm, const deck *config, const model *table)
+{
+    const gpu_recompute recompute = recompute_of(config);
+    const int64_t tokens = (int64_t)1 << 20, text = (int64_t)1 << 16;
+    const int samples = 1024;
+    const double base = (double)gpu_model_workspace_bytes_with_recompute(table, tokens, samples, text, recompute);
+    cm->mem_per_token =
+        ((double)gpu_model_workspace_bytes_with_recompute(table, 2 * tokens, samples, text, recompute) - base) / tokens;
+    cm->mem_per_text_token =
+        ((double)gpu_model_workspace_bytes_with_recompute(table, tokens, samples, 2 * text, recompute) - base) / text;
+    cm->mem_per_sample =
+        ((double)gpu_model_workspace_bytes_with_recompute(table, tokens, 2 * samples, text, recompute) - base) / samples;
 }
 
 /* cuDNN's attention keeps a buffer of its own outside the workspace, grown to the longest sample it
@@ -214,6 +228,7 @@ int train_gpu_plan(const deck *config, const comm_info *info, const model *table
     select_device(info, plan);
     cost_model cm;
     cost_model_init(&cm, config);
+    train_gpu_fit_memory(&cm, config, table);
     int status = plan_memory(config, info, &cm, table, samples, n_samples, plan);
     cost_model_free(&cm);
     return status;
@@ -245,6 +260,7 @@ train_gpu *train_gpu_create(const deck *config, const comm_info *info, const mod
     select_device(info, &gpu->plan);
     gpu->sync = gradsync_create(info, host->n_weights);
     cost_model_init(&gpu->cm, config);
+    train_gpu_fit_memory(&gpu->cm, config, host);
     if (plan_memory(config, info, &gpu->cm, host, samples, n_samples, &gpu->plan) != 0) {
         gradsync_free(gpu->sync);
         cost_model_free(&gpu->cm);
@@ -297,6 +313,8 @@ void train_gpu_free(train_gpu *gpu)
 }
 
 const gpu_plan *train_gpu_get_plan(const train_gpu *gpu) { return &gpu->plan; }
+
+const cost_model *train_gpu_memory_model(const train_gpu *gpu) { return &gpu->cm; }
 
 const char *train_gpu_sync_method(const train_gpu *gpu) { return gradsync_method(gpu->sync); }
 

@@ -6,6 +6,7 @@
 
 #include "balance.h"
 #include "comm.h"
+#include "costmodel.h"
 #include "deck.h"
 #include "model.h"
 #include "optim.h"
@@ -35,6 +36,12 @@ typedef struct {
 int train_gpu_plan(const deck *config, const comm_info *info, const model *table, const balance_sample *samples,
                    int64_t n_samples, gpu_plan *plan);
 
+/* The activation bytes per sample, token and text token of cm (its memory model) become the GPU model's
+   own, for [train] recompute: slopes of gpu_model_workspace_bytes_with_recompute at 1 Mi tokens, 1024
+   samples and 64 Ki text rows. The balancer and the GPU plan then count the bytes the GPU allocates
+   (the deck's analytic model is about 4% short of the GPU layout for Wan-1.3B). */
+void train_gpu_fit_memory(cost_model *cm, const deck *config, const model *table);
+
 typedef struct train_gpu train_gpu;
 
 /* Collective: select the GPU, set up the gradient all-reduce (NCCL when built with it), plan the memory
@@ -46,6 +53,8 @@ train_gpu *train_gpu_create(const deck *config, const comm_info *info, const mod
                             int64_t n_samples);
 void train_gpu_free(train_gpu *gpu);
 const gpu_plan *train_gpu_get_plan(const train_gpu *gpu);
+/* The memory model the plan used (train_gpu_fit_memory): the balancer must plan with the same bytes. */
+const cost_model *train_gpu_memory_model(const train_gpu *gpu);
 /* What sums the gradients: gradsync_method(). */
 const char *train_gpu_sync_method(const train_gpu *gpu);
 

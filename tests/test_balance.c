@@ -94,7 +94,7 @@ static void run_epochs_and_check(deck_strategy strategy, uint64_t seed, int n_ra
     deck config = test_deck(strategy, seed);
     balance_sample *samples = random_samples(seed, n_samples, 6000);
     const double mem_budget = mem_of(&config, 9000);
-    balancer *b = balancer_create_checked(&config, samples, n_samples, n_ranks, mem_budget, stderr);
+    balancer *b = balancer_create_checked(&config, samples, n_samples, n_ranks, mem_budget, NULL, stderr);
     assert_non_null(b);
     int *seen = calloc((size_t)n_samples, sizeof(int));
     balance_assignment a = {0};
@@ -173,10 +173,10 @@ static void test_same_seed_same_assignments(void **state)
         deck config = test_deck(all_strategies[s], 77);
         balance_sample *samples = random_samples(3, 500, 5000);
         double budget = mem_of(&config, 9000);
-        balancer *b1 = balancer_create(&config, samples, 500, 5, budget);
-        balancer *b2 = balancer_create(&config, samples, 500, 5, budget);
+        balancer *b1 = balancer_create(&config, samples, 500, 5, budget, NULL);
+        balancer *b2 = balancer_create(&config, samples, 500, 5, budget, NULL);
         config.run.seed = 78;
-        balancer *b3 = balancer_create(&config, samples, 500, 5, budget);
+        balancer *b3 = balancer_create(&config, samples, 500, 5, budget, NULL);
         int64_t n1, n2, n3;
         int64_t *v1 = record_steps(b1, 5, 40, &n1), *v2 = record_steps(b2, 5, 40, &n2), *v3 = record_steps(b3, 5, 40, &n3);
         assert_int_equal(n1, n2);
@@ -194,7 +194,7 @@ static void test_epoch_orders_differ(void **state)
     deck config = test_deck(STRATEGY_GLOBAL, 9);
     config.balance.global_batch = 1;   /* one sample per step: the order itself */
     balance_sample *samples = random_samples(4, 200, 3000);
-    balancer *b = balancer_create(&config, samples, 200, 1, mem_of(&config, 9000));
+    balancer *b = balancer_create(&config, samples, 200, 1, mem_of(&config, 9000), NULL);
     int64_t order[2][200];
     balance_assignment a = {0};
     for (int e = 0; e < 2; e++)
@@ -217,13 +217,13 @@ static void check_resume(deck_strategy strategy, int64_t global_batch, int steps
     const int n_ranks = 4;
     balance_sample *samples = random_samples(8, 700, 6000);
     double budget = mem_of(&config, 9000);
-    balancer *original = balancer_create(&config, samples, 700, n_ranks, budget);
+    balancer *original = balancer_create(&config, samples, 700, n_ranks, budget, NULL);
     int64_t n_before;
     free(record_steps(original, n_ranks, steps_before, &n_before));
     size_t n_bytes = balancer_state_bytes(original);
     void *buffer = malloc(n_bytes);
     balancer_save_state(original, buffer);
-    balancer *resumed = balancer_create(&config, samples, 700, ranks_after, budget);
+    balancer *resumed = balancer_create(&config, samples, 700, ranks_after, budget, NULL);
     assert_int_equal(balancer_load_state(resumed, buffer, n_bytes), 0);
     if (ranks_after == n_ranks) {
         int64_t n1, n2;
@@ -277,7 +277,7 @@ static void test_state_rejects_other_runs(void **state)
     deck config = test_deck(STRATEGY_GLOBAL, 1);
     balance_sample *samples = random_samples(2, 300, 4000);
     double budget = mem_of(&config, 9000);
-    balancer *b = balancer_create(&config, samples, 300, 2, budget);
+    balancer *b = balancer_create(&config, samples, 300, 2, budget, NULL);
     balance_assignment a = {0};
     balancer_next(b, &a);
     size_t n_bytes = balancer_state_bytes(b);
@@ -285,11 +285,11 @@ static void test_state_rejects_other_runs(void **state)
     balancer_save_state(b, buffer);
     assert_int_not_equal(balancer_load_state(b, buffer, n_bytes - 8), 0);       /* truncated */
     samples[5].tokens += 1;                                                       /* another store */
-    balancer *other = balancer_create(&config, samples, 300, 2, budget);
+    balancer *other = balancer_create(&config, samples, 300, 2, budget, NULL);
     assert_int_not_equal(balancer_load_state(other, buffer, n_bytes), 0);
     samples[5].tokens -= 1;
     config.run.seed = 2;                                                          /* another seed */
-    balancer *reseeded = balancer_create(&config, samples, 300, 2, budget);
+    balancer *reseeded = balancer_create(&config, samples, 300, 2, budget, NULL);
     assert_int_not_equal(balancer_load_state(reseeded, buffer, n_bytes), 0);
     buffer[0] ^= 0xff;                                                            /* not a state */
     assert_int_not_equal(balancer_load_state(b, buffer, n_bytes), 0);
@@ -305,7 +305,7 @@ static void test_oversize_error_names_sample(void **state)
     deck config = test_deck(STRATEGY_GLOBAL, 1);
     balance_sample samples[4] = {{10, 100, 512}, {11, 70000, 512}, {12, 200, 512}, {13, 300, 512}};
     FILE *errors = tmpfile();
-    balancer *b = balancer_create_checked(&config, samples, 4, 2, mem_of(&config, 20000), errors);
+    balancer *b = balancer_create_checked(&config, samples, 4, 2, mem_of(&config, 20000), NULL, errors);
     assert_null(b);
     char text[2048] = {0};
     rewind(errors);
@@ -323,7 +323,7 @@ static void test_oversize_skip(void **state)
     deck config = test_deck(STRATEGY_GLOBAL, 1);
     config.balance.oversize = OVERSIZE_SKIP;
     balance_sample samples[5] = {{10, 100, 512}, {11, 70000, 512}, {12, 200, 512}, {13, 90000, 512}, {14, 50, 512}};
-    balancer *b = balancer_create_checked(&config, samples, 5, 2, mem_of(&config, 20000), stderr);
+    balancer *b = balancer_create_checked(&config, samples, 5, 2, mem_of(&config, 20000), NULL, stderr);
     assert_non_null(b);
     assert_int_equal(balancer_skipped(b), 2);
     assert_int_equal(balancer_epoch_samples(b), 3);
@@ -342,7 +342,7 @@ static void test_global_fixed_batch(void **state)
     deck config = test_deck(STRATEGY_GLOBAL, 5);
     config.balance.global_batch = 64;
     balance_sample *samples = random_samples(6, 1000, 6000);
-    balancer *b = balancer_create(&config, samples, 1000, 3, mem_of(&config, 9000));
+    balancer *b = balancer_create(&config, samples, 1000, 3, mem_of(&config, 9000), NULL);
     balance_assignment a = {0};
     int64_t total = 0;
     for (int t = 0; t < 16; t++) {   /* 15 full steps and the epoch's last 40 */
@@ -385,7 +385,7 @@ static void test_global_with_noisy_times(void **state)
     const int n_ranks = 48, n_samples = 6000;
     balance_sample *samples = random_samples(21, n_samples, 30000);
     const double budget = mem_of(&config, 40000);
-    balancer *b = balancer_create(&config, samples, n_samples, n_ranks, budget), *resumed = NULL;
+    balancer *b = balancer_create(&config, samples, n_samples, n_ranks, budget, NULL), *resumed = NULL;
     cost_model truth;
     cost_model_init(&truth, &config);
     balance_assignment a = {0};
@@ -398,7 +398,7 @@ static void test_global_with_noisy_times(void **state)
             size_t n_bytes = balancer_state_bytes(b);
             void *buffer = malloc(n_bytes);
             balancer_save_state(b, buffer);
-            resumed = balancer_create(&config, samples, n_samples, n_ranks, budget);
+            resumed = balancer_create(&config, samples, n_samples, n_ranks, budget, NULL);
             assert_int_equal(balancer_load_state(resumed, buffer, n_bytes), 0);
             free(buffer);
         }
@@ -452,7 +452,7 @@ static void test_global_balances_mixed_lengths(void **state)
         samples[i] = (balance_sample){i, shapes[k], 512};
     }
     for (int n_ranks = 8; n_ranks <= 64; n_ranks *= 8) {
-        balancer *b = balancer_create(&config, samples, n_samples, n_ranks, mem_of(&config, 300000));
+        balancer *b = balancer_create(&config, samples, n_samples, n_ranks, mem_of(&config, 300000), NULL);
         balance_assignment a = {0};
         double imbalance = 0;
         int64_t steps = 0, seen = 0;
@@ -489,7 +489,7 @@ static void test_global_fills_memory(void **state)
     int64_t steps_of[2] = {0, 0};
     for (int fill = 0; fill < 2; fill++) {
         config.balance.mem_fill = fill ? 0.9 : 0.0;
-        balancer *b = balancer_create(&config, samples, n_samples, 4, mem_budget);
+        balancer *b = balancer_create(&config, samples, n_samples, 4, mem_budget, NULL);
         const cost_model *cm = balancer_cost_model(b);
         cost_features all = {{0}};
         double all_mem = 0.0;
@@ -500,7 +500,7 @@ static void test_global_fills_memory(void **state)
         const double fill_cost = 0.9 * mem_budget * cost_model_predict_features(cm, &all) / all_mem;
         if (fill) {
             assert_true(balancer_compute_budget(b) >= fill_cost * (1 - 1e-12));
-            balancer *off = balancer_create(&config, samples, n_samples, 4, mem_budget);
+            balancer *off = balancer_create(&config, samples, n_samples, 4, mem_budget, NULL);
             balancer_set_mem_fill(off, 0.0);
             assert_true(balancer_compute_budget(off) < fill_cost); /* this mix: the fill decides */
             balancer_free(off);
@@ -537,7 +537,7 @@ static void test_equal_tokens_batches(void **state)
     (void)state;
     deck config = test_deck(STRATEGY_EQUAL_TOKENS, 3);
     balance_sample *samples = random_samples(12, 600, 5000);
-    balancer *b = balancer_create(&config, samples, 600, 4, mem_of(&config, 9000));
+    balancer *b = balancer_create(&config, samples, 600, 4, mem_of(&config, 9000), NULL);
     balance_assignment a = {0};
     int64_t seen = 0;
     while (seen < 600) {
@@ -564,7 +564,7 @@ static void test_dual_constraints(void **state)
     deck config = test_deck(STRATEGY_DUAL, 3);
     balance_sample *samples = random_samples(13, 600, 5000);
     double budget = mem_of(&config, 9000);
-    balancer *b = balancer_create(&config, samples, 600, 4, budget);
+    balancer *b = balancer_create(&config, samples, 600, 4, budget, NULL);
     const double p = balancer_dual_p(b);
     assert_true(p >= 1.0 && p <= 2.0);
     const cost_model *cm = balancer_cost_model(b);
@@ -763,7 +763,7 @@ static void test_calibration_follows_device(void **state)
     /* measured times 1.5x the seed: after a few observed steps the balancer predicts 1.5x */
     deck config = test_deck(STRATEGY_GLOBAL, 21);
     balance_sample *samples = random_samples(21, 2000, 6000);
-    balancer *b = balancer_create(&config, samples, 2000, 4, mem_of(&config, 9000));
+    balancer *b = balancer_create(&config, samples, 2000, 4, mem_of(&config, 9000), NULL);
     double seed_prediction = cost_model_predict(balancer_cost_model(b), 3000, 512);
     cost_model truth;
     cost_model_init(&truth, &config);
@@ -785,7 +785,7 @@ static void test_calibration_follows_device(void **state)
     cost_model_free(&truth);
     /* calibrate = off: nothing changes */
     config.balance.calibrate = 0;
-    balancer *fixed = balancer_create(&config, samples, 2000, 4, mem_of(&config, 9000));
+    balancer *fixed = balancer_create(&config, samples, 2000, 4, mem_of(&config, 9000), NULL);
     for (int t = 0; t < 12; t++) {
         balancer_next(fixed, &a);
         for (int r = 0; r < 4; r++) seconds[r] = 1.5 * a.predicted_seconds[r];
@@ -805,7 +805,7 @@ static void test_startup_calibration(void **state)
     (void)state;
     deck config = test_deck(STRATEGY_GLOBAL, 23);
     balance_sample *samples = random_samples(23, 500, 6000);
-    balancer *b = balancer_create(&config, samples, 500, 2, mem_of(&config, 9000));
+    balancer *b = balancer_create(&config, samples, 500, 2, mem_of(&config, 9000), NULL);
     const double *seed = balancer_cost_model(b)->coef;
     const double truth[COST_N_FEATURES] = {2e-3, 2.5 * seed[1], 0.4 * seed[2], seed[3], seed[4]};
     enum { n_shapes = 16 };

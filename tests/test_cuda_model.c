@@ -220,13 +220,13 @@ static void test_cudnn_attention(void **state)
 }
 
 /* The tiny model with 4 layers (so that middle blocks exist) and a packed batch of 3 samples (1, 3 and 2
-   frames; 16, 5 and 11 text rows), weights and data from `seed`. */
-static batch_spec four_layer_case(uint64_t seed, model *m, host_batch *hb)
+   frames; 16, 5 and 11 text rows), weights and data from `seed`. hb's batch points into *spec, which must
+   outlive it. */
+static void four_layer_case(uint64_t seed, model *m, batch_spec *spec, host_batch *hb)
 {
-    const batch_spec spec = {3, {1, 3, 2}, {8, 4, 6}, {8, 6, 10}, {16, 5, 11}, {0.2f, 0.5f, 0.9f}};
+    *spec = (batch_spec){3, {1, 3, 2}, {8, 4, 6}, {8, 6, 10}, {16, 5, 11}, {0.2f, 0.5f, 0.9f}};
     tiny_model(m, 4, seed);
-    make_batch(m, &spec, seed + 1, hb);
-    return spec;
+    make_batch(m, spec, seed + 1, hb);
 }
 
 /* recompute = block against none on the same weights and the 3-sample batch: the same kernels run on the
@@ -237,7 +237,8 @@ static void test_recompute_block_matches_none(void **state)
     (void)state;
     model m;
     host_batch hb;
-    const batch_spec spec = four_layer_case(0x5eed0005ull, &m, &hb);
+    batch_spec spec;
+    four_layer_case(0x5eed0005ull, &m, &spec, &hb);
     const gpu_recompute modes[2] = {GPU_RECOMPUTE_NONE, GPU_RECOMPUTE_BLOCK};
     double loss[2], sample_loss[2][4];
     float *grads[2];
@@ -310,7 +311,8 @@ static void test_grads_ready_ranges(void **state)
     (void)state;
     model m;
     host_batch hb;
-    const batch_spec spec = four_layer_case(0x5eed0007ull, &m, &hb);
+    batch_spec spec;
+    four_layer_case(0x5eed0007ull, &m, &spec, &hb);
     gpu_select(0);
     const gpu_recompute modes[2] = {GPU_RECOMPUTE_NONE, GPU_RECOMPUTE_BLOCK};
     float *final_grads = xmalloc((size_t)m.n_weights * sizeof(float));

@@ -27,7 +27,7 @@ static int check_strategy(deck_strategy strategy, const comm_info *info)
     cost_model_init(&cm, &config);
     const double mem_budget = cost_model_mem(&cm, 9000, 512);
     cost_model_free(&cm);
-    balancer *b = balancer_create(&config, samples, N_SAMPLES, info->n_ranks, mem_budget);
+    balancer *b = balancer_create(&config, samples, N_SAMPLES, info->n_ranks, mem_budget, NULL);
     balance_assignment expected = {0};
     rank_assignment mine = {0};
     int failures = 0;
