@@ -1,16 +1,17 @@
 // lnmod.cu — fused LayerNorm-Modulate kernels (D-tile coalesced reduction), their backward and the gated-residual variant.
 //
-// Each row is read once as 16-byte vectors of 8 bf16, spread over a group of TPR threads (32, 64, 128
-// or 256: the narrowest whose threads hold at most 8 vectors in the forward, 5 in the backward, 4 in
-// the residual backward), VPT vectors per thread kept in registers; the row's moments are reduced in
-// fp32 warp -> block. A block holds 256 threads, i.e. 256 / TPR row groups that walk their rows
-// together, the plain kernels with the next row's loads in flight (a persistent grid of as many blocks
-// as are resident: the forward takes interleaved steps of rows, the backward one contiguous chunk per
-// block). The backward keeps the per-sample column sums (dshift, dscale, dgate) in registers while the
-// chunk stays inside one sample, adds the row groups up in shared memory when it leaves the sample, and
-// writes one partial per (chunk, sample) to the workspace; a last pass adds the partials of each sample in chunk order.
-// The forwards also have a staged form (lnmod_tune): rows reach shared memory by cp.async several rows ahead, and
-// the block keeps its sample's modulation vectors in shared memory (its section below says why).
+// Each row is read once as 16-byte vectors of 8 bf16, spread over a group of TPR threads (32, 64, 128 or 256: the
+// narrowest whose threads hold at most 4 vectors in the plain forward, 8 in the residual forward, 5 in the backward,
+// 4 in the residual backward), VPT vectors per thread kept in registers; the row's moments are reduced in fp32
+// warp -> block. A block holds 256 threads, i.e. 256 / TPR row groups that walk their rows together, the next row's
+// loads in flight where there is room (a persistent grid of as many blocks as are resident: the plain forward takes
+// interleaved steps of rows, the other kernels one contiguous chunk per block). The forwards (by default, see
+// lnmod_tune) stage their rows: each row group's next row travels to shared memory by cp.async while the current
+// one is reduced, and the block keeps its sample's modulation vectors in shared memory (the staged section below
+// says why); the register forward, which loads rows straight into registers, stays selectable. The backward keeps
+// the per-sample column sums (dshift, dscale, dgate) in registers while the chunk stays inside one sample, adds the
+// row groups up in shared memory when it leaves the sample, and writes one partial per (chunk, sample) to the
+// workspace; a last pass adds the partials of each sample in chunk order.
 #include "lnmod.h"
 
 #include <cuda_bf16.h>
@@ -148,8 +149,50 @@ __device__ __forceinline__ void load_row(const uint4 *base, int64_t row, bool va
     }
 }
 
-// The plain forward keeps the next row's x in flight while it reduces and writes the current one; the
-// residual variant already has two input rows in flight and would run out of registers.
+// The end of both forward kernels for a valid row (row_vec = row * nvec): its statistics (the group's first
+// thread) and y = (x - mean) * rstd * (1 + scale) + shift from this thread's vectors xv, where
+// modulation(v, sc, sh) gives the sample's scale (with SCALE_PLUS_ONE 1 + scale, as the staged kernel keeps it) and
+// shift of vector v; streaming: evict-first stores. Each kernel keeps the arithmetic it had before they shared this
+// loop (the register kernel compiles to the same machine code), which matters: ptxas's register allocation is
+// sensitive to its shape (a variant that computed row * nvec here took the 6-vector register kernel from 99
+// registers to 80 with spills), and an add of 1 per element cost the staged kernel 3 points of copy bandwidth at
+// D = 5120 (H200).
+template <int TPR, int VPT, bool SCALE_PLUS_ONE, class Modulation>
+__device__ __forceinline__ void store_normalized(const FwdArgs &a, int64_t row, int64_t row_vec, int nvec,
+                                                 const uint4 (&xv)[VPT], float mean, float rstd,
+                                                 const Modulation &modulation, bool streaming)
+{
+    if (threadIdx.x == 0) {
+        a.mean[row] = mean;
+        a.rstd[row] = rstd;
+    }
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) {
+        const int v = threadIdx.x + i * TPR;
+        if (v < nvec) {
+            float f[kVecElems], sc[kVecElems], sh[kVecElems];
+            unpack8(xv[i], f);
+            modulation(v, sc, sh);
+#pragma unroll
+            for (int j = 0; j < kVecElems; ++j)
+                f[j] = (f[j] - mean) * rstd * (SCALE_PLUS_ONE ? sc[j] : 1.0f + sc[j]) + sh[j];
+            if (streaming) __stcs(a.y + row_vec + v, pack8(f));
+            else a.y[row_vec + v] = pack8(f);
+        }
+    }
+}
+
+// scale and shift of sample vector `v` (8 values each) from global memory.
+__device__ __forceinline__ void load_modulation(const FwdArgs &a, int64_t mod_offset, int v, float (&sc)[kVecElems],
+                                                float (&sh)[kVecElems])
+{
+    load8(a.scale + mod_offset + v * kVecElems, sc);
+    load8(a.shift + mod_offset + v * kVecElems, sh);
+}
+
+// The register forward (lnmod_tune's LNMOD_FWD_REGISTER_KERNEL; the staged kernel below is the default): the plain
+// one keeps the next row's x in flight while it reduces and writes the current one; the residual variant already
+// has two input rows in flight and would run out of registers.
 template <int TPR, int VPT, bool RESIDUAL>
 __global__ void __launch_bounds__(kBlockThreads) lnmod_fwd_kernel(const FwdArgs a)
 {
@@ -225,26 +268,11 @@ __global__ void __launch_bounds__(kBlockThreads) lnmod_fwd_kernel(const FwdArgs 
         }
         m = row_moments<TPR>(m, scratch);
         if (valid) {
-            const float mean = m.mean;
-            const float rstd = rsqrtf(m.m2 / (float)a.dim + a.eps);
-            if (threadIdx.x == 0) {
-                a.mean[row] = mean;
-                a.rstd[row] = rstd;
-            }
-#pragma unroll
-            for (int i = 0; i < VPT; ++i) {
-                const int v = threadIdx.x + i * TPR;
-                if (v < nvec) {
-                    float f[kVecElems], sc[kVecElems], sh[kVecElems];
-                    unpack8(xv[i], f);
-                    load8(a.scale + mod_offset + v * kVecElems, sc);
-                    load8(a.shift + mod_offset + v * kVecElems, sh);
-#pragma unroll
-                    for (int j = 0; j < kVecElems; ++j) f[j] = (f[j] - mean) * rstd * (1.0f + sc[j]) + sh[j];
-                    if (a.streaming) __stcs(a.y + row_vec + v, pack8(f));
-                    else a.y[row_vec + v] = pack8(f);
-                }
-            }
+            const auto modulation = [&](int v, float (&sc)[kVecElems], float (&sh)[kVecElems]) {
+                load_modulation(a, mod_offset, v, sc, sh);
+            };
+            store_normalized<TPR, VPT, false>(a, row, row_vec, nvec, xv, m.mean,
+                                              rsqrtf(m.m2 / (float)a.dim + a.eps), modulation, a.streaming);
         }
         if constexpr (kPrefetch)
 #pragma unroll
@@ -252,17 +280,17 @@ __global__ void __launch_bounds__(kBlockThreads) lnmod_fwd_kernel(const FwdArgs 
     }
 }
 
-// ---- forward, staged (lnmod_tune's fwd_stages, residual_fwd_stages) --------------------------------
-// The inputs of the next `stages` rows of each row group travel to shared memory by cp.async (16 bytes a
-// thread, cached in L2 only) while the current row is reduced from registers: up to 3 rows in flight where
-// the register kernel has 1, and half its row registers (64 a thread instead of ~99 at D = 1536, 3072), so
-// more blocks fit. The block keeps its current sample's (1 + scale), shift (and gate) in shared memory: a
+// ---- forward, staged (the default; lnmod_tune's fwd_stages, residual_fwd_stages) -------------------
+// The inputs of the next `stages` rows of each row group (1 by default, up to 3) travel to shared memory by
+// cp.async (16 bytes a thread, cached in L2 only) while the current row is reduced from registers, with
+// fewer row registers than the register kernel (64 a thread instead of ~99 at D = 1536, 3072), so more blocks
+// fit. The block keeps its current sample's (1 + scale), shift (and gate) in shared memory: a
 // row no longer re-reads 8 (12) bytes of fp32 modulation per element through L1/L2 against its 4 (8) bytes
 // of DRAM traffic. The row's statistics take two butterflies of one float (the sum, then the squared
 // deviations from the exact mean) instead of five rounds of moment merges with divisions; row groups wider
 // than a warp meet at their own named barrier, not the whole block's.
 
-constexpr int kMaxFwdStages = 3;
+constexpr int kMaxFwdStages = LNMOD_FWD_MAX_STAGES, kDefaultFwdStages = 1;
 
 __device__ __forceinline__ void copy_async16(uint4 *shared_dst, const uint4 *global_src)
 {
@@ -459,30 +487,17 @@ __global__ void __launch_bounds__(kBlockThreads, RESIDUAL ? 3 : 4) lnmod_fwd_sta
         }
         const float rstd = rsqrtf(group_sum<TPR>(m2, warp_sums + kBlockThreads / 32) / (float)a.dim + a.eps);
         if (valid) {
-            if (threadIdx.x == 0) {
-                a.mean[row] = mean;
-                a.rstd[row] = rstd;
-            }
+            const auto modulation = [&](int v, float (&scale1)[kVecElems], float (&sh)[kVecElems]) {
+                if (from_staged) {
+                    staged8(staged, 0, nvec, v, scale1);
+                    staged8(staged, 1, nvec, v, sh);
+                } else {
+                    load_modulation(a, mod_offset, v, scale1, sh);
 #pragma unroll
-            for (int i = 0; i < VPT; ++i) {
-                const int v = threadIdx.x + i * TPR;
-                if (v < nvec) {
-                    float f[kVecElems], scale1[kVecElems], sh[kVecElems];
-                    unpack8(xv[i], f);
-                    if (from_staged) {
-                        staged8(staged, 0, nvec, v, scale1);
-                        staged8(staged, 1, nvec, v, sh);
-                    } else {
-                        load8(a.scale + mod_offset + v * kVecElems, scale1);
-                        load8(a.shift + mod_offset + v * kVecElems, sh);
-#pragma unroll
-                        for (int j = 0; j < kVecElems; ++j) scale1[j] += 1.0f;
-                    }
-#pragma unroll
-                    for (int j = 0; j < kVecElems; ++j) f[j] = (f[j] - mean) * rstd * scale1[j] + sh[j];
-                    a.y[row_vec + v] = pack8(f);
+                    for (int j = 0; j < kVecElems; ++j) scale1[j] += 1.0f;
                 }
-            }
+            };
+            store_normalized<TPR, VPT, true>(a, row, row_vec, nvec, xv, mean, rstd, modulation, false);
         }
     }
 }
@@ -718,11 +733,16 @@ __global__ void __launch_bounds__(kSumCols * kSumLanes)
 
 // Vectors per thread compiled for each kernel (about the most its registers hold without spilling: the
 // forward holds x (and y_prev), the backward also two (three) column sums of 8 floats per vector), and
-// the settings in use (lnmod_tune).
-constexpr int kFwdMaxVpt = 8, kBwdMaxVpt = 5, kResidualBwdMaxVpt = 4, kWidestVpt = 4;
-int g_vpt_limit[3] = {kFwdMaxVpt, kBwdMaxVpt, kResidualBwdMaxVpt};
+// the plain staged forward's default limit (measured fastest, docs/PERFORMANCE.md table 3b; under its
+// 64-register bound 5 or more vectors spill in groups of 64 and 128 threads).
+constexpr int kFwdMaxVpt = 8, kStagedFwdVpt = 4, kBwdMaxVpt = 5, kResidualBwdMaxVpt = 4, kWidestVpt = 4;
+
+// The settings in use (lnmod_tune), [0] for the plain, [1] for the residual variant: the forward's stages
+// (0: the register kernel) and vectors-per-thread limits, the backward's vectors-per-thread limits.
+int g_fwd_stages[2] = {kDefaultFwdStages, kDefaultFwdStages};
+int g_fwd_vpt_limit[2] = {kStagedFwdVpt, kFwdMaxVpt};
+int g_bwd_vpt_limit[2] = {kBwdMaxVpt, kResidualBwdMaxVpt};
 bool g_fwd_interleaved = true, g_fwd_streaming = false;
-int g_fwd_stages[2] = {0, 0};  // plain, residual forward (lnmod_tune)
 
 // Row-group width and vectors per thread for a row of `dim`: the narrowest group (a warp first) whose
 // threads hold at most `limit` vectors each, else the widest group (256 threads, at most 4 vectors).
@@ -785,17 +805,37 @@ void dispatch(RowShape shape, Op &op)
     }
 }
 
+// How many of the `requested` stages of the staged forward fit in a block's shared memory on the current device
+// (at H100/H200's 227 KiB all do: at most 96 KiB of modulation and 3 x 64 KiB of slots at LNMOD_MAX_DIM, at 8
+// vectors a thread; fewer where it is short, 0 where not even one does).
+int staged_stages_that_fit(bool residual, int vpt, int dim, int requested)
+{
+    int device = 0, shared_max = 0;
+    CUDA_CHECK(cudaGetDevice(&device));
+    CUDA_CHECK(cudaDeviceGetAttribute(&shared_max, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    const size_t fixed_bytes = staged_fixed_bytes(residual, dim), slot_bytes = staged_slot_bytes(residual, vpt);
+    int stages = requested;
+    while (stages > 0 && fixed_bytes + stages * slot_bytes > (size_t)shared_max) --stages;
+    return stages;
+}
+
 template <bool RESIDUAL>
 struct FwdOp {
     FwdArgs args;
     cudaStream_t stream;
+    // The staged kernel with as many of the requested stages as fit (lnmod_fwd_plan_for says the same), else
+    // the register kernel.
     template <int TPR, int VPT>
     void run()
     {
-        if (args.stages > 0) {
-            run_staged<TPR, VPT>();
-            return;
-        }
+        if (args.stages > 0) args.stages = staged_stages_that_fit(RESIDUAL, VPT, args.dim, args.stages);
+        if (args.stages > 0) run_staged<TPR, VPT>();
+        else run_registers<TPR, VPT>();
+    }
+
+    template <int TPR, int VPT>
+    void run_registers()
+    {
         static int occupancy = 0;
         auto kernel = lnmod_fwd_kernel<TPR, VPT, RESIDUAL>;
         const GridPlan plan = grid_plan(kernel, occupancy, args.n_rows, kBlockThreads / TPR);
@@ -805,22 +845,14 @@ struct FwdOp {
         CUDA_CHECK_LAUNCH();
     }
 
-    // The staged kernel, with as many of the requested stages as fit in a block's shared memory (at least
-    // one always does: at most 96 KiB of modulation and 64 KiB of slots at LNMOD_MAX_DIM).
+    // The staged kernel with args.stages stages, which fit (staged_stages_that_fit).
     template <int TPR, int VPT>
     void run_staged()
     {
         static int occupancy = 0;
         static size_t occupancy_bytes = 0;  // the dynamic shared memory `occupancy` was found for
         auto kernel = lnmod_fwd_staged_kernel<TPR, VPT, RESIDUAL>;
-        int device = 0, shared_max = 0;
-        CUDA_CHECK(cudaGetDevice(&device));
-        CUDA_CHECK(cudaDeviceGetAttribute(&shared_max, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-        const size_t slot_bytes = staged_slot_bytes(RESIDUAL, VPT), fixed_bytes = staged_fixed_bytes(RESIDUAL, args.dim);
-        while (args.stages > 1 && fixed_bytes + args.stages * slot_bytes > (size_t)shared_max) --args.stages;
-        const size_t bytes = fixed_bytes + args.stages * slot_bytes;
-        ALDIT_CHECK(bytes <= (size_t)shared_max, "lnmod: the staged forward needs %zu bytes of shared memory (%d here)",
-                    bytes, shared_max);
+        const size_t bytes = staged_fixed_bytes(RESIDUAL, args.dim) + args.stages * staged_slot_bytes(RESIDUAL, VPT);
         if (bytes != occupancy_bytes) {
             CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
             CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
@@ -892,11 +924,11 @@ size_t bwd_workspace_bytes(int64_t n_rows, int dim, int n_samples, bool residual
     GridPlan plan;
     if (residual) {
         BwdOp<true> op = {args, nullptr, {}, true, {}};
-        dispatch<kResidualBwdMaxVpt>(row_shape(dim, g_vpt_limit[2], what), op);
+        dispatch<kResidualBwdMaxVpt>(row_shape(dim, g_bwd_vpt_limit[1], what), op);
         plan = op.plan;
     } else {
         BwdOp<false> op = {args, nullptr, {}, true, {}};
-        dispatch<kBwdMaxVpt>(row_shape(dim, g_vpt_limit[1], what), op);
+        dispatch<kBwdMaxVpt>(row_shape(dim, g_bwd_vpt_limit[0], what), op);
         plan = op.plan;
     }
     return (size_t)(plan.blocks + n_samples) * (size_t)dim * sizeof(float) * (residual ? 3 : 2);
@@ -908,14 +940,27 @@ extern "C" void lnmod_tune(const lnmod_tuning *tuning)
 {
     const lnmod_tuning defaults = {0, 0, 0, 0, 0, 0, 0};
     const lnmod_tuning *t = tuning ? tuning : &defaults;
-    const int requested[3] = {t->max_vpt_fwd, t->max_vpt_bwd, t->max_vpt_residual_bwd};
-    const int compiled[3] = {kFwdMaxVpt, kBwdMaxVpt, kResidualBwdMaxVpt};
-    for (int k = 0; k < 3; ++k)
-        g_vpt_limit[k] = requested[k] <= 0 || requested[k] > compiled[k] ? compiled[k] : requested[k];
+    const int stages[2] = {t->fwd_stages, t->residual_fwd_stages};
+    for (int k = 0; k < 2; ++k)
+        g_fwd_stages[k] = stages[k] < 0 ? 0 : stages[k] == 0 ? kDefaultFwdStages : min(stages[k], kMaxFwdStages);
+    // A requested limit of 0 (or less) is the default, one above the compiled maximum that maximum.
+    const auto limit = [](int requested, int compiled, int fallback) {
+        return requested <= 0 ? fallback : min(requested, compiled);
+    };
+    g_fwd_vpt_limit[0] = limit(t->max_vpt_fwd, kFwdMaxVpt, g_fwd_stages[0] > 0 ? kStagedFwdVpt : kFwdMaxVpt);
+    g_fwd_vpt_limit[1] = limit(t->max_vpt_fwd, kFwdMaxVpt, kFwdMaxVpt);
+    g_bwd_vpt_limit[0] = limit(t->max_vpt_bwd, kBwdMaxVpt, kBwdMaxVpt);
+    g_bwd_vpt_limit[1] = limit(t->max_vpt_residual_bwd, kResidualBwdMaxVpt, kResidualBwdMaxVpt);
     g_fwd_interleaved = t->fwd_chunked == 0;
     g_fwd_streaming = t->fwd_streaming != 0;
-    const int stages[2] = {t->fwd_stages, t->residual_fwd_stages};
-    for (int k = 0; k < 2; ++k) g_fwd_stages[k] = stages[k] < 0 ? 0 : stages[k] > kMaxFwdStages ? kMaxFwdStages : stages[k];
+}
+
+extern "C" lnmod_fwd_plan lnmod_fwd_plan_for(int dim, int residual)
+{
+    const int k = residual ? 1 : 0;
+    const RowShape shape = row_shape(dim, g_fwd_vpt_limit[k], "lnmod_fwd_plan_for");
+    const int stages = g_fwd_stages[k] > 0 ? staged_stages_that_fit(k == 1, shape.vpt, dim, g_fwd_stages[k]) : 0;
+    return {stages > 0 ? stages : LNMOD_FWD_REGISTER_KERNEL, shape.tpr, shape.vpt};
 }
 
 extern "C" void lnmod_fwd(const gpu_bf16 *x, int64_t n_rows, int dim, const int64_t *row_start, int n_samples,
@@ -924,7 +969,7 @@ extern "C" void lnmod_fwd(const gpu_bf16 *x, int64_t n_rows, int dim, const int6
 {
     const char *what = "lnmod_fwd";
     check_rows(what, n_rows, n_samples, row_start);
-    const RowShape shape = row_shape(dim, g_vpt_limit[0], what);
+    const RowShape shape = row_shape(dim, g_fwd_vpt_limit[0], what);
     if (n_rows == 0) return;
     check_aligned(what, "x", x), check_aligned(what, "y", y), check_aligned(what, "shift", shift);
     check_aligned(what, "scale", scale);
@@ -946,7 +991,7 @@ extern "C" void lnmod_residual_fwd(const gpu_bf16 *x, const gpu_bf16 *y_prev, in
 {
     const char *what = "lnmod_residual_fwd";
     check_rows(what, n_rows, n_samples, row_start);
-    const RowShape shape = row_shape(dim, g_vpt_limit[0], what);
+    const RowShape shape = row_shape(dim, g_fwd_vpt_limit[1], what);
     if (n_rows == 0) return;
     check_aligned(what, "x", x), check_aligned(what, "y_prev", y_prev), check_aligned(what, "gate", gate);
     check_aligned(what, "shift", shift), check_aligned(what, "scale", scale);
@@ -978,7 +1023,7 @@ extern "C" void lnmod_bwd(const gpu_bf16 *x, const gpu_bf16 *dy, int64_t n_rows,
 {
     const char *what = "lnmod_bwd";
     check_rows(what, n_rows, n_samples, row_start);
-    const RowShape shape = row_shape(dim, g_vpt_limit[1], what);
+    const RowShape shape = row_shape(dim, g_bwd_vpt_limit[0], what);
     if (n_samples == 0) return;
     check_aligned(what, "dshift", dshift), check_aligned(what, "dscale", dscale);
     check_aligned(what, "workspace", workspace);
@@ -1004,7 +1049,7 @@ extern "C" void lnmod_residual_bwd(const gpu_bf16 *x_new, const gpu_bf16 *y_prev
 {
     const char *what = "lnmod_residual_bwd";
     check_rows(what, n_rows, n_samples, row_start);
-    const RowShape shape = row_shape(dim, g_vpt_limit[2], what);
+    const RowShape shape = row_shape(dim, g_bwd_vpt_limit[1], what);
     if (n_samples == 0) return;
     check_aligned(what, "dshift", dshift), check_aligned(what, "dscale", dscale), check_aligned(what, "dgate", dgate);
     check_aligned(what, "workspace", workspace);

@@ -58,22 +58,42 @@ void lnmod_residual_bwd(const gpu_bf16 *x_new, const gpu_bf16 *y_prev, const gpu
                         float *dgate, void *workspace, cudaStream_t stream);
 
 /* Tuning knobs (aldit-bench --max-vpt, --fwd-order, --fwd-streaming, --fwd-stages); zeros are the defaults.
-   max_vpt_*: the most 16-byte vectors of a row one thread holds in the forward kernels, the plain backward
-   and the residual backward (defaults and maxima 8, 5, 4); lower limits spread a row over wider thread groups
-   (32, 64, 128, 256 threads). fwd_chunked: the plain forward's blocks each take one contiguous chunk of rows
-   instead of interleaved steps of rows (the default; the residual forward and the backward always use
-   chunks). fwd_streaming: the plain register-prefetch forward loads x and stores y with evict-first cache
-   hints (measured no faster on an H200; docs/PERFORMANCE.md). fwd_stages, residual_fwd_stages: 0 runs the
-   plain / residual forward kernel that loads rows into registers (the plain one with the next row in flight);
-   1 to 3 run the staged forward instead, whose inputs travel to shared memory by cp.async with that many rows
-   per row group in flight, and which keeps the block's current sample's modulation vectors in shared memory
-   (fewer stages where shared memory is short). Set before launching, from one thread. */
+   The plain and the residual forward each run one of two kernels:
+   - the staged kernel (the default of both, 1 stage): each row group's next rows travel to shared memory by
+     cp.async while the current row is reduced from registers, and the block keeps its current sample's
+     modulation vectors in shared memory. fwd_stages, residual_fwd_stages: 0 = the default, 1 stage; 1 to
+     LNMOD_FWD_MAX_STAGES = that many rows in flight per row group (larger values mean the maximum; fewer where a
+     block's shared memory is short, and the register kernel where not even one stage fits);
+   - the register kernel: rows are loaded into registers (the plain one with the next row in flight);
+     fwd_stages / residual_fwd_stages = LNMOD_FWD_REGISTER_KERNEL (any negative value) selects it.
+   max_vpt_*: the most 16-byte vectors of a row one thread holds in the forward kernels (plain and residual
+   alike), the plain backward and the residual backward; lower limits spread a row over wider thread groups (32,
+   64, 128, 256 threads). 0 = the default: 4 for the plain forward's staged kernel (measured fastest on an H200,
+   docs/PERFORMANCE.md table 3b; more vectors spill under its 64-register bound), 8 for the register kernels and
+   the residual forward's staged kernel, 5 for the backward, 4 for the residual backward; these are also the
+   maxima (8 for the forward), larger values mean the maximum.
+   fwd_chunked: the plain forward's blocks each take one contiguous chunk of rows instead of interleaved steps of
+   rows (the default; the residual forward and the backward always use chunks).
+   fwd_streaming: the plain register kernel loads x and stores y with evict-first cache hints (measured no faster
+   on an H200; docs/PERFORMANCE.md); the staged kernel ignores it.
+   Set before launching, from one thread. */
+#define LNMOD_FWD_REGISTER_KERNEL (-1)
+#define LNMOD_FWD_MAX_STAGES 3
 typedef struct {
     int max_vpt_fwd, max_vpt_bwd, max_vpt_residual_bwd;
     int fwd_chunked, fwd_streaming;
     int fwd_stages, residual_fwd_stages;
 } lnmod_tuning;
 void lnmod_tune(const lnmod_tuning *tuning); /* NULL restores the defaults */
+
+/* The kernel that lnmod_fwd (residual = 0) or lnmod_residual_fwd (residual = 1) runs on rows of `dim` under the
+   current tuning on the current device: stages is LNMOD_FWD_REGISTER_KERNEL for the register kernel, else the
+   staged kernel's rows in flight (after the shared-memory fallback); the row-group width (threads) and the
+   16-byte vectors each of its threads holds. For logs, aldit-bench and tests. */
+typedef struct {
+    int stages, threads_per_row, vectors_per_thread;
+} lnmod_fwd_plan;
+lnmod_fwd_plan lnmod_fwd_plan_for(int dim, int residual);
 
 #ifdef __cplusplus
 }

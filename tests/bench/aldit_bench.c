@@ -50,9 +50,13 @@ static void usage(FILE *out)
             "                   [--seq S1,S2,...] [--text-rows T] [--gemm-fused 0|1] [--json FILE]\n"
             "  Device copy bandwidth, then the sections (default lnmod,gemm):\n"
             "  lnmod: LayerNorm-Modulate (forward, backward, gated-residual variants) on B packed samples of S rows\n"
-            "    each (default B=2, S=32760, D=1536,3072,5120). --max-vpt, --fwd-order, --fwd-streaming and --fwd-stages\n"
-            "    (plain, residual forward: 0 the register kernel, 1-3 the staged kernel) set the kernels' tuning knobs\n"
-            "    (lnmod_tune in cuda/lnmod.h).\n"
+            "    each (default B=2, S=32760, D=1536,3072,5120). --max-vpt, --fwd-order, --fwd-streaming and\n"
+            "    --fwd-stages set the kernels' tuning knobs (lnmod_tune in cuda/lnmod.h; 0 is each one's default).\n"
+            "    --fwd-stages P,R picks the plain / residual forward kernel: -1 the register kernel, 0 the default\n"
+            "    (the staged kernel, 1 stage), 1-3 the staged kernel with that many rows in flight. --max-vpt F,B,R:\n"
+            "    the most 16-byte vectors a thread holds in the forwards, the backward, the residual backward (0: 4\n"
+            "    in the plain staged forward, else 8; 5; 4). The kernel and row-group shape of each forward are\n"
+            "    printed per D.\n"
             "  gemm: the cuBLASLt linear layers of one Wan-1.3B block (D=1536, FFN 8960) on one sample of S rows\n"
             "    (--seq, default S=4096,16384,32760,75600) and T text rows (default 512): forward, backward data and\n"
             "    backward weight (fp32 dW and db accumulated) in TFLOP/s, the block's GEMM sum, and an 8192^3\n"
@@ -128,8 +132,12 @@ static bench_options parse_options(int argc, char **argv)
             free(copy);
         }
         else if (!strcmp(arg, "--max-vpt")) {
-            if (sscanf(value, "%d,%d,%d", &o.tuning.max_vpt_fwd, &o.tuning.max_vpt_bwd, &o.tuning.max_vpt_residual_bwd) != 3) {
-                fprintf(stderr, "aldit-bench: --max-vpt %s: expected three integers F,B,R\n", value);
+            char extra;
+            if (sscanf(value, "%d,%d,%d%c", &o.tuning.max_vpt_fwd, &o.tuning.max_vpt_bwd,
+                       &o.tuning.max_vpt_residual_bwd, &extra) != 3 ||
+                o.tuning.max_vpt_fwd < 0 || o.tuning.max_vpt_bwd < 0 || o.tuning.max_vpt_residual_bwd < 0) {
+                fprintf(stderr, "aldit-bench: --max-vpt %s: expected three integers F,B,R of at least 0 (0: default)\n",
+                        value);
                 exit(ALDIT_EXIT_USAGE);
             }
         } else if (!strcmp(arg, "--fwd-order")) {
@@ -142,9 +150,13 @@ static bench_options parse_options(int argc, char **argv)
         else if (!strcmp(arg, "--fwd-stages")) {
             char extra;
             if (sscanf(value, "%d,%d%c", &o.tuning.fwd_stages, &o.tuning.residual_fwd_stages, &extra) != 2 ||
-                o.tuning.fwd_stages < 0 || o.tuning.fwd_stages > 3 || o.tuning.residual_fwd_stages < 0 ||
-                o.tuning.residual_fwd_stages > 3) {
-                fprintf(stderr, "aldit-bench: --fwd-stages %s: expected two integers P,R from 0 to 3\n", value);
+                o.tuning.fwd_stages < LNMOD_FWD_REGISTER_KERNEL || o.tuning.fwd_stages > LNMOD_FWD_MAX_STAGES ||
+                o.tuning.residual_fwd_stages < LNMOD_FWD_REGISTER_KERNEL ||
+                o.tuning.residual_fwd_stages > LNMOD_FWD_MAX_STAGES) {
+                fprintf(stderr,
+                        "aldit-bench: --fwd-stages %s: expected two integers P,R from %d to %d (%d: the register "
+                        "kernel, 0: the default)\n",
+                        value, LNMOD_FWD_REGISTER_KERNEL, LNMOD_FWD_MAX_STAGES, LNMOD_FWD_REGISTER_KERNEL);
                 exit(ALDIT_EXIT_USAGE);
             }
         }
@@ -346,6 +358,20 @@ static void run_lnmod_section(const bench_options *o, double copy_gbs, cudaStrea
            o->tuning.max_vpt_fwd, o->tuning.max_vpt_bwd, o->tuning.max_vpt_residual_bwd,
            o->tuning.fwd_chunked ? "chunk" : "interleave", o->tuning.fwd_streaming, o->tuning.fwd_stages,
            o->tuning.residual_fwd_stages);
+    for (int d = 0; d < o->n_dims; ++d) {
+        char kernels[2][96];
+        for (int residual = 0; residual < 2; ++residual) {
+            const lnmod_fwd_plan plan = lnmod_fwd_plan_for(o->dims[d], residual);
+            if (plan.stages == LNMOD_FWD_REGISTER_KERNEL)
+                snprintf(kernels[residual], sizeof kernels[residual], "register kernel, %d threads x %d vectors",
+                         plan.threads_per_row, plan.vectors_per_thread);
+            else
+                snprintf(kernels[residual], sizeof kernels[residual],
+                         "staged kernel, %d stage%s, %d threads x %d vectors", plan.stages, plan.stages > 1 ? "s" : "",
+                         plan.threads_per_row, plan.vectors_per_thread);
+        }
+        printf("  D=%d: fwd %s; residual_fwd %s\n", o->dims[d], kernels[0], kernels[1]);
+    }
     printf("%-6s %-14s %10s %12s %10s %9s\n", "D", "op", "ms", "floor MB", "GB/s", "% copy");
 
     const int64_t n_rows = o->n_samples * o->rows_per_sample;
