@@ -432,6 +432,9 @@ typedef struct {
     balance_assignment drawn;       /* rank 0: the last assignment drawn */
     double upcoming_pred_max, upcoming_pred_mean, upcoming_mem;
     double current_pred_max, current_pred_mean, current_mem;
+    /* rank 0, per rank of the upcoming / current step: predicted seconds and samples (for the metrics) */
+    double *upcoming_rank_pred, *current_rank_pred;
+    int64_t *upcoming_rank_samples, *current_rank_samples;
     /* per-sample shapes of the current step */
     int32_t *frames, *height, *width, *text_len;
     int sample_capacity;
@@ -478,6 +481,10 @@ static void draw_upcoming(trainer *t)
         t->upcoming_pred_max = slowest;
         t->upcoming_pred_mean = total / t->drawn.n_ranks;
         t->upcoming_mem = mem;
+        for (int r = 0; r < t->drawn.n_ranks; r++) {
+            t->upcoming_rank_pred[r] = t->drawn.predicted_seconds[r];
+            t->upcoming_rank_samples[r] = t->drawn.rank_start[r + 1] - t->drawn.rank_start[r];
+        }
     }
     balance_scatter(t->info->rank == 0 ? &t->drawn : NULL, &t->upcoming);
     t->phase_s[PHASE_BALANCER] += seconds_since(started);
@@ -491,6 +498,12 @@ static void swap_assignments(trainer *t)
     t->current_pred_max = t->upcoming_pred_max;
     t->current_pred_mean = t->upcoming_pred_mean;
     t->current_mem = t->upcoming_mem;
+    double *pred = t->current_rank_pred;
+    t->current_rank_pred = t->upcoming_rank_pred;
+    t->upcoming_rank_pred = pred;
+    int64_t *samples = t->current_rank_samples;
+    t->current_rank_samples = t->upcoming_rank_samples;
+    t->upcoming_rank_samples = samples;
 }
 
 /* The shapes of this step's samples as the model takes them (noise and timesteps come with the batch). */
@@ -710,6 +723,9 @@ static void print_summary(const trainer *t, const char *resumed_from, int budget
     fflush(stdout);
 }
 
+/* Runs of up to this many ranks also log each rank's measured and predicted seconds and samples per step. */
+#define METRICS_MAX_RANK_ARRAYS 64
+
 typedef struct {
     double loss, lr, grad_norm, tokens, model_flops, step_s, compute_max, compute_mean, wait_max, comm_s, balancer_s, mem_peak;
     int skipped;
@@ -733,12 +749,26 @@ static void write_metrics_line(trainer *t, const step_record *r)
             "\"samples\": %lld, \"tokens\": %.0f, \"micro_batches\": %d, \"step_s\": %.6f, \"compute_s_max\": %.6f, "
             "\"compute_s_mean\": %.6f, \"imbalance\": %.6f, \"imbalance_pred\": %.6f, \"compute_s_pred\": %.6g, "
             "\"data_wait_s\": %.6f, \"comm_s\": %.6f, \"balancer_s\": %.6f, \"mem_peak\": %.0f, \"mem_pred\": %.0f, "
-            "\"mem_budget\": %.0f, \"model_flops\": %.6g, \"ranks\": %d, \"skipped\": %d}\n",
+            "\"mem_budget\": %.0f, \"model_flops\": %.6g, \"ranks\": %d, \"skipped\": %d",
             (long long)t->step, (long long)t->current.epoch, json_number(r->loss, loss, sizeof loss), r->lr,
             json_number(r->grad_norm, grad_norm, sizeof grad_norm),
             (long long)t->current.global_samples, r->tokens, t->current.n_micro, r->step_s, r->compute_max,
             r->compute_mean, imbalance, imbalance_pred, t->current_pred_max, r->wait_max, r->comm_s, r->balancer_s,
             r->mem_peak, t->current_mem, t->mem_budget, r->model_flops, t->info->n_ranks, r->skipped);
+    const int n_ranks = t->info->n_ranks;
+    if (n_ranks <= METRICS_MAX_RANK_ARRAYS) {
+        fputs(", \"rank_compute_s\": [", t->metrics);
+        for (int rank = 0; rank < n_ranks; rank++)
+            fprintf(t->metrics, "%s%.6f", rank ? ", " : "", t->rank_seconds[rank]);
+        fputs("], \"rank_pred_s\": [", t->metrics);
+        for (int rank = 0; rank < n_ranks; rank++)
+            fprintf(t->metrics, "%s%.6g", rank ? ", " : "", t->current_rank_pred[rank]);
+        fputs("], \"rank_samples\": [", t->metrics);
+        for (int rank = 0; rank < n_ranks; rank++)
+            fprintf(t->metrics, "%s%lld", rank ? ", " : "", (long long)t->current_rank_samples[rank]);
+        fputc(']', t->metrics);
+    }
+    fputs("}\n", t->metrics);
     if (fflush(t->metrics) != 0 && !t->metrics_failed) {
         t->metrics_failed = 1;
         aldit_warn("writing the metrics file of %s failed at step %lld (disk full?): later lines may be missing",
@@ -1006,6 +1036,10 @@ static void trainer_setup(trainer *t, const deck *config, const comm_info *info,
     int64_t plan[2] = {0, 0}; /* steps per epoch, total steps */
     if (info->rank == 0) {
         t->rank_seconds = xcalloc((size_t)info->n_ranks, sizeof *t->rank_seconds);
+        t->upcoming_rank_pred = xcalloc((size_t)info->n_ranks, sizeof *t->upcoming_rank_pred);
+        t->current_rank_pred = xcalloc((size_t)info->n_ranks, sizeof *t->current_rank_pred);
+        t->upcoming_rank_samples = xcalloc((size_t)info->n_ranks, sizeof *t->upcoming_rank_samples);
+        t->current_rank_samples = xcalloc((size_t)info->n_ranks, sizeof *t->current_rank_samples);
         t->rank_measures = xcalloc(3 * (size_t)info->n_ranks, sizeof *t->rank_measures);
         t->packer = create_balancer(config, t->samples, t->data.n_samples, info->n_ranks, t->mem_budget, device,
                                     gpu_memory);
@@ -1062,6 +1096,10 @@ static void trainer_free(trainer *t)
     free(t->samples);
     free(t->snapshot);
     free(t->rank_seconds);
+    free(t->upcoming_rank_pred);
+    free(t->current_rank_pred);
+    free(t->upcoming_rank_samples);
+    free(t->current_rank_samples);
     free(t->rank_measures);
     free(t->resumed_seconds);
     free(t->frames);
