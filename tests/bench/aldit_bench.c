@@ -5,6 +5,8 @@
    of its GEMMs and attentions measured in the same run). */
 #include "config.h"
 
+#include <cuda_profiler_api.h>
+
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -38,6 +40,7 @@ typedef struct {
     int64_t seq[kMaxSeq];  /* S: tokens of the one sample of the gemm, attention and block sections */
     int text_rows;         /* its text tokens */
     int gemm_fused;        /* cuBLASLt's fused epilogues (1) or plain GEMMs + own kernels (0) */
+    int profile_step;      /* block: one more 2-layer step inside cudaProfilerStart/Stop, for a profiler */
     const char *json_path;
 } bench_options;
 
@@ -47,7 +50,7 @@ static void usage(FILE *out)
             "usage: aldit-bench [--sections lnmod,gemm,attention,block] [--samples B] [--rows S] [--dims D1,D2,...]\n"
             "                   [--repeats N] [--max-vpt F,B,R] [--fwd-order chunk|interleave] [--fwd-streaming 0|1]\n"
             "                   [--fwd-stages P,R]\n"
-            "                   [--seq S1,S2,...] [--text-rows T] [--gemm-fused 0|1] [--json FILE]\n"
+            "                   [--seq S1,S2,...] [--text-rows T] [--gemm-fused 0|1] [--profile-step 0|1] [--json FILE]\n"
             "  Device copy bandwidth, then the sections (default lnmod,gemm):\n"
             "  lnmod: LayerNorm-Modulate (forward, backward, gated-residual variants) on B packed samples of S rows\n"
             "    each (default B=2, S=32760, D=1536,3072,5120). --max-vpt, --fwd-order, --fwd-streaming and\n"
@@ -66,7 +69,9 @@ static void usage(FILE *out)
             "    S x S and cross-attention S x T, in TFLOP/s.\n"
             "  block: one Wan-1.3B block forward+backward (GPU model, recompute none) on one sample of S tokens\n"
             "    and T text tokens: (2-layer model step) - (1-layer model step), against the floor of its GEMMs and\n"
-            "    attentions at the rates of the gemm and attention sections (which it runs too).\n"
+            "    attentions at the rates of the gemm and attention sections (which it runs too). --profile-step 1\n"
+            "    then runs one more 2-layer step per S between cudaProfilerStart and cudaProfilerStop, e.g. for\n"
+            "    ncu --profile-from-start off --metrics gpu__time_duration.sum (each kernel's time in that step).\n"
             "  Short ops: N=21 timed groups of 10 launches; long ones (attention, block) fewer groups of 1 launch,\n"
             "  about 3-6 s per figure; medians reported. --json also writes the figures to FILE.\n");
 }
@@ -85,7 +90,7 @@ static long parse_long(const char *text, const char *option, long low, long high
 static bench_options parse_options(int argc, char **argv)
 {
     bench_options o = {1, 1, 0, 0, 2, 32760, 3, {1536, 3072, 5120}, 21, 10, {0, 0, 0, 0, 0, 0, 0},
-                       4, {4096, 16384, 32760, 75600}, 512, 1, NULL};
+                       4, {4096, 16384, 32760, 75600}, 512, 1, 0, NULL};
     for (int i = 1; i < argc; ++i) {
         const char *arg = argv[i];
         if (!strcmp(arg, "--help") || !strcmp(arg, "-h")) {
@@ -104,6 +109,7 @@ static bench_options parse_options(int argc, char **argv)
         else if (!strcmp(arg, "--json")) o.json_path = value;
         else if (!strcmp(arg, "--text-rows")) o.text_rows = (int)parse_long(value, arg, 1, 1L << 20);
         else if (!strcmp(arg, "--gemm-fused")) o.gemm_fused = (int)parse_long(value, arg, 0, 1);
+        else if (!strcmp(arg, "--profile-step")) o.profile_step = (int)parse_long(value, arg, 0, 1);
         else if (!strcmp(arg, "--sections")) {
             char *copy = strdup(value), *save = NULL;
             o.run_lnmod = o.run_gemm = o.run_attention = o.run_block = 0;
@@ -858,6 +864,13 @@ static void run_block_section(const bench_options *o, const gemm_results *gemm, 
             step_context step = {gpu_model_create(&layers[l], S, 1, 0), &batch};
             gpu_model_upload_weights(step.gm, layers[l].weights);
             r->step_ms[si][l] = time_long_op(run_model_step, &step, o, kStepBudgetSeconds, stream);
+            if (l == 1 && o->profile_step) { /* after the timing: a profiler started with capture off sees only this */
+                CUDA_CHECK(cudaDeviceSynchronize());
+                CUDA_CHECK(cudaProfilerStart());
+                run_model_step(&step, stream);
+                CUDA_CHECK(cudaDeviceSynchronize());
+                CUDA_CHECK(cudaProfilerStop());
+            }
             gpu_model_free(step.gm);
         }
         free(latents);
