@@ -853,7 +853,8 @@ static int train_step(trainer *t, step_record *r)
 #endif
     if (!t->gpu) comm_allreduce_sum_f32(t->grads, (size_t)t->net.n_weights);
     comm_allreduce_sum_f64(sums, 3);
-    t->phase_s[PHASE_COMM] += seconds_since(phase_started);
+    const double host_comm_s = seconds_since(phase_started); /* includes waiting for the slowest rank */
+    t->phase_s[PHASE_COMM] += host_comm_s;
 
     t->step++;
     phase_started = comm_time();
@@ -872,7 +873,9 @@ static int train_step(trainer *t, step_record *r)
         train_gpu_finish_step(t->gpu, &hyper, isfinite(r->loss), &device);
         r->grad_norm = device.grad_norm;
         mem_peak = device.mem_peak;
-        t->phase_s[PHASE_COMM] += device.comm_device_s;
+        /* NCCL's time past the backward starts with the host's wait above (both when this rank's compute
+           ends) and also waits for the slowest rank: only what outlasts the host's wait is more */
+        t->phase_s[PHASE_COMM] += fmax(0.0, device.comm_device_s - host_comm_s);
         t->phase_s[PHASE_OPTIMIZER] += device.optimizer_s;
     }
 #endif
