@@ -353,7 +353,7 @@ int train_check(const deck *config, const comm_info *info)
     int budget_measured = 0;
     double budget = 0.0;
     const gpu_plan *gpu = NULL;
-    cost_model gpu_memory, *memory = NULL; /* the GPU model's memory model (train_gpu_fit_memory) */
+    cost_model gpu_memory, *memory = NULL; /* the GPU plan's memory model (train_gpu_plan) */
     if (device == DEVICE_CPU) budget = memory_budget(config, info, n_params, &budget_measured);
 #ifdef HAVE_CUDA
     gpu_plan plan_of_gpu;
@@ -361,10 +361,9 @@ int train_check(const deck *config, const comm_info *info)
         model table;
         model_create_table(&table, config);
         cost_model_init(&gpu_memory, config);
-        train_gpu_fit_memory(&gpu_memory, config, &table);
         memory = &gpu_memory;
         balance_sample *all = balance_samples(&data, config);
-        int status = train_gpu_plan(config, info, &table, all, data.n_samples, &plan_of_gpu);
+        int status = train_gpu_plan(config, info, &table, memory, all, data.n_samples, &plan_of_gpu);
         free(all);
         model_free(&table);
         if (status != 0) {

@@ -29,7 +29,7 @@ struct train_gpu {
     const deck *config;
     const model *host;
     gpu_plan plan;
-    cost_model cm;                /* the balancer's memory model, fitted to the GPU model's (train_gpu_fit_memory) */
+    cost_model cm;                /* the balancer's memory model, fitted to the GPU model's (fit_memory_to_gpu) */
     gradsync *sync;
     gpu_model *net;
     gpu_model_buffers buffers;
@@ -101,7 +101,9 @@ static double workspace_for(const deck *config, const model *table, capacity c)
     return (double)gpu_model_workspace_bytes_with_recompute(table, c.tokens, samples, c.text, recompute_of(config));
 }
 
-void train_gpu_fit_memory(cost_model *cm, const deck *config, const model *table)
+/* cm's activation bytes per sample, token and text token become the GPU model's own (train_gpu_memory_model).
+   After select_device: the workspace sizes depend on the device's occupancy. */
+static void fit_memory_to_gpu(cost_model *cm, const deck *config, const model *table)
 {
     const gpu_recompute recompute = recompute_of(config);
     const int64_t tokens = (int64_t)1 << 20, text = (int64_t)1 << 16;
@@ -222,16 +224,12 @@ static int plan_memory(const deck *config, const comm_info *info, const cost_mod
     return 0;
 }
 
-int train_gpu_plan(const deck *config, const comm_info *info, const model *table, const balance_sample *samples,
-                   int64_t n_samples, gpu_plan *plan)
+int train_gpu_plan(const deck *config, const comm_info *info, const model *table, cost_model *memory,
+                   const balance_sample *samples, int64_t n_samples, gpu_plan *plan)
 {
     select_device(info, plan);
-    cost_model cm;
-    cost_model_init(&cm, config);
-    train_gpu_fit_memory(&cm, config, table);
-    int status = plan_memory(config, info, &cm, table, samples, n_samples, plan);
-    cost_model_free(&cm);
-    return status;
+    fit_memory_to_gpu(memory, config, table);
+    return plan_memory(config, info, memory, table, samples, n_samples, plan);
 }
 
 /* ---- the device state ------------------------------------------------------------------------------ */
@@ -260,7 +258,7 @@ train_gpu *train_gpu_create(const deck *config, const comm_info *info, const mod
     select_device(info, &gpu->plan);
     gpu->sync = gradsync_create(info, host->n_weights);
     cost_model_init(&gpu->cm, config);
-    train_gpu_fit_memory(&gpu->cm, config, host);
+    fit_memory_to_gpu(&gpu->cm, config, host);
     if (plan_memory(config, info, &gpu->cm, host, samples, n_samples, &gpu->plan) != 0) {
         gradsync_free(gpu->sync);
         cost_model_free(&gpu->cm);

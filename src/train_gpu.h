@@ -31,16 +31,12 @@ typedef struct {
 
 /* Collective (--check): select this rank's GPU and plan its memory as train_gpu_create would (but
    before NCCL's buffers exist, and allocating nothing). `table` is a model or its parameter table;
-   `samples` every sample of the store. Returns 0, or ALDIT_EXIT_USAGE after rank 0 printed why the
-   model or [balance] mem_budget does not fit the GPU. */
-int train_gpu_plan(const deck *config, const comm_info *info, const model *table, const balance_sample *samples,
-                   int64_t n_samples, gpu_plan *plan);
-
-/* The activation bytes per sample, token and text token of cm (its memory model) become the GPU model's
-   own, for [train] recompute: slopes of gpu_model_workspace_bytes_with_recompute at 1 Mi tokens, 1024
-   samples and 64 Ki text rows. The balancer and the GPU plan then count the bytes the GPU allocates
-   (the deck's analytic model is about 4% short of the GPU layout for Wan-1.3B). */
-void train_gpu_fit_memory(cost_model *cm, const deck *config, const model *table);
+   `samples` every sample of the store. `memory`, a cost model the caller initialised (cost_model_init),
+   gets the memory model the plan uses: the GPU model's own activation bytes per sample, token and text
+   token (see train_gpu_memory_model), for the caller's balancer. Returns 0, or ALDIT_EXIT_USAGE after
+   rank 0 printed why the model or [balance] mem_budget does not fit the GPU. */
+int train_gpu_plan(const deck *config, const comm_info *info, const model *table, cost_model *memory,
+                   const balance_sample *samples, int64_t n_samples, gpu_plan *plan);
 
 typedef struct train_gpu train_gpu;
 
@@ -53,7 +49,10 @@ train_gpu *train_gpu_create(const deck *config, const comm_info *info, const mod
                             int64_t n_samples);
 void train_gpu_free(train_gpu *gpu);
 const gpu_plan *train_gpu_get_plan(const train_gpu *gpu);
-/* The memory model the plan used (train_gpu_fit_memory): the balancer must plan with the same bytes. */
+/* The memory model the plan used: the balancer must plan with the same bytes. Its activation bytes per
+   sample, token and text token are the GPU model's own for [train] recompute (the slopes of
+   gpu_model_workspace_bytes_with_recompute at 1 Mi tokens, 1024 samples and 64 Ki text rows; the deck's
+   analytic model is about 4% short of the GPU layout for Wan-1.3B). */
 const cost_model *train_gpu_memory_model(const train_gpu *gpu);
 /* What sums the gradients: gradsync_method(). */
 const char *train_gpu_sync_method(const train_gpu *gpu);
