@@ -139,6 +139,9 @@ static const deck_key deck_keys[] = {
      .help = "refit the cost model online from the measured per-rank times"},
     {KEY("balance", "calibrate_window", KEY_INT, balance.calibrate_window), .min = 2, .max = 1000000,
      .default_text = "50", .help = "steps of (assignment, measured time) pairs kept for the refit"},
+    {KEY("balance", "calibrate_packed", KEY_BOOL, balance.calibrate_packed), .default_text = "on",
+     .help = "GPU start-up calibration times each sample shape packed into a micro-batch as training runs it "
+             "(as many copies as mem_fill of mem_budget takes, at most 32); off = one sample per call"},
     {KEY("balance", "recompute", KEY_ENUM, balance.recompute), .choices = recompute_names, .default_text = "none",
      .help = "activation recomputation the memory model assumes; must equal train.recompute"},
     /* [train] */

@@ -64,6 +64,7 @@ typedef struct {
         deck_oversize oversize;        /* error | skip a sample that alone exceeds the memory budget */
         int calibrate;                 /* refit the cost model online from measured times (1) */
         int calibrate_window;          /* steps of (assignment, time) pairs kept for the refit */
+        int calibrate_packed;          /* GPU start-up timing: packed micro-batches (1) or one sample per call */
         deck_recompute recompute;      /* activation recomputation assumed by mem(S): none | block */
     } balance;
     struct {

@@ -946,7 +946,8 @@ static void report_calibration(trainer *t)
 }
 
 #ifdef HAVE_CUDA
-enum { CALIBRATION_MAX_SHAPES = 24 };
+/* shapes timed at start-up; copies of a shape packed into one timed micro-batch ([balance] calibrate_packed) */
+enum { CALIBRATION_MAX_SHAPES = 24, CALIBRATION_MAX_COPIES = 32 };
 
 /* Order of sample shapes: by tokens, then frames, height, width (text length ignored). */
 static int compare_shapes(const void *a, const void *b)
@@ -960,7 +961,9 @@ static int compare_shapes(const void *a, const void *b)
 }
 
 /* Time the store's distinct sample shapes (at most CALIBRATION_MAX_SHAPES, spread over the length range;
-   each with its mean text length) on the GPU; rank 0 keeps the timings for the balancer's cost model. */
+   each with its mean text length) on the GPU, each packed into a micro-batch of as many copies as training
+   would pack (train_gpu_time_shapes; one copy with [balance] calibrate_packed off), so that the timings
+   carry the per-micro-batch fixed cost as training does; rank 0 keeps them for the balancer's cost model. */
 static void calibrate_on_gpu(trainer *t)
 {
     /* every sample's shape, sorted (by tokens, then frames, height, width), then one entry per distinct
@@ -988,18 +991,27 @@ static void calibrate_on_gpu(trainer *t)
     for (int i = 0; i < n_shapes; i++) /* evenly spaced over the sorted shapes, both ends included */
         shapes[i] = distinct[n_shapes > 1 ? (int64_t)i * (n_distinct - 1) / (n_shapes - 1) : 0];
     double seconds[CALIBRATION_MAX_SHAPES];
-    double spent = train_gpu_time_shapes(t->gpu, t->info->n_ranks, shapes, n_shapes, seconds);
+    int copies[CALIBRATION_MAX_SHAPES];
+    const int max_copies = t->config->balance.calibrate_packed ? CALIBRATION_MAX_COPIES : 1;
+    double spent = train_gpu_time_shapes(t->gpu, t->info->n_ranks, shapes, n_shapes, max_copies, copies, seconds);
     if (t->info->rank == 0) {
         t->calibration_features = xcalloc((size_t)n_shapes, sizeof *t->calibration_features);
         t->calibration_seconds = xmalloc((size_t)n_shapes * sizeof *t->calibration_seconds);
+        int most_copies = 0;
         for (int i = 0; i < n_shapes; i++) {
-            if (seconds[i] <= 0) continue; /* beyond the GPU model's capacity */
+            if (copies[i] < 1 || seconds[i] <= 0) continue; /* beyond the GPU model's capacity */
             int64_t tokens = (int64_t)(shapes[i].frames / t->config->model.patch_t) *
                              (shapes[i].height / t->config->model.patch_h) * (shapes[i].width / t->config->model.patch_w);
-            cost_features_add(&t->calibration_features[t->n_calibration], tokens, shapes[i].text_len);
+            for (int copy = 0; copy < copies[i]; copy++) /* the micro-batch's features: copies x one sample's */
+                cost_features_add(&t->calibration_features[t->n_calibration], tokens, shapes[i].text_len);
             t->calibration_seconds[t->n_calibration++] = seconds[i];
+            if (copies[i] > most_copies) most_copies = copies[i];
         }
-        printf("  calibrate  %d of %d sample shapes timed on the GPU in %.1f s\n", t->n_calibration, n_shapes, spent);
+        if (most_copies > 1)
+            printf("  calibrate  %d of %d sample shapes timed on the GPU (packed up to %d per micro-batch) in %.1f s\n",
+                   t->n_calibration, n_shapes, most_copies, spent);
+        else printf("  calibrate  %d of %d sample shapes timed on the GPU (one per micro-batch) in %.1f s\n",
+                    t->n_calibration, n_shapes, spent);
         fflush(stdout);
     }
     free(distinct);

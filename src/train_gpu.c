@@ -434,45 +434,93 @@ void train_gpu_finish_step(train_gpu *gpu, const adamw_step *hyper, int update, 
 
 /* ---- start-up calibration -------------------------------------------------------------------------- */
 
-/* Seconds of one forward + backward of a single sample of this shape (zero data: only the time counts). */
-static double time_shape(train_gpu *gpu, const gpu_shape *shape, float *latents, float *noise, float *text)
+/* Host arrays of a calibration micro-batch: room for the most copies and the largest shape (zero data). */
+typedef struct {
+    int32_t *frames, *height, *width, *text_len;
+    float *sigma, *latents, *noise, *text;
+} calibration_batch;
+
+/* Tokens of one sample of this shape after the patchify. */
+static int64_t shape_tokens(const model *host, const gpu_shape *shape)
 {
-    const float sigma = 0.5f;
-    model_batch batch = {.n_samples = 1, .frames = &shape->frames, .height = &shape->height, .width = &shape->width,
-                         .text_len = &shape->text_len, .latents = latents, .noise = noise, .sigma = &sigma,
-                         .text = text};
+    return (int64_t)(shape->frames / host->patch_t) * (shape->height / host->patch_h) * (shape->width / host->patch_w);
+}
+
+/* Copies of this shape one micro-batch takes: at most max_copies, within the GPU model's capacity
+   (tokens, text rows, samples), and by the memory model within fill_bytes; at least 1. 0 when one copy
+   alone is beyond the capacity, or an oversize sample (cuDNN's buffer was planned for the longest sample
+   the balancer may schedule). */
+static int copies_that_fit(const train_gpu *gpu, const gpu_shape *shape, int max_copies, double fill_bytes)
+{
+    const gpu_plan *plan = &gpu->plan;
+    const int64_t tokens = shape_tokens(gpu->host, shape), text = shape->text_len;
+    const double bytes = cost_model_mem(&gpu->cm, tokens, text);
+    if (tokens > plan->max_tokens || text > plan->max_text || plan->max_samples < 1 || bytes > plan->mem_budget)
+        return 0;
+    int copies = 1;
+    while (copies < max_copies && copies < plan->max_samples && (copies + 1) * tokens <= plan->max_tokens &&
+           (copies + 1) * text <= plan->max_text && (copies + 1) * bytes <= fill_bytes)
+        copies++;
+    return copies;
+}
+
+/* Seconds of one forward + backward of a micro-batch of `copies` samples of this shape (only the time
+   counts), after a warm-up call of the same micro-batch. */
+static double time_micro_batch(train_gpu *gpu, const gpu_shape *shape, int copies, const calibration_batch *room)
+{
+    for (int i = 0; i < copies; i++) {
+        room->frames[i] = shape->frames;
+        room->height[i] = shape->height;
+        room->width[i] = shape->width;
+        room->text_len[i] = shape->text_len;
+        room->sigma[i] = 0.5f;
+    }
+    model_batch batch = {.n_samples = copies, .frames = room->frames, .height = room->height, .width = room->width,
+                         .text_len = room->text_len, .latents = room->latents, .noise = room->noise,
+                         .sigma = room->sigma, .text = room->text};
     gpu_model_forward_backward(gpu->net, &batch, 1.0f, NULL, gpu->stream); /* warm-up: plans, caches */
     double started = comm_time();
     gpu_model_forward_backward(gpu->net, &batch, 1.0f, NULL, gpu->stream); /* returns after the GPU is done */
     return comm_time() - started;
 }
 
-double train_gpu_time_shapes(train_gpu *gpu, int n_ranks, const gpu_shape *shapes, int n_shapes, double *seconds)
+double train_gpu_time_shapes(train_gpu *gpu, int n_ranks, const gpu_shape *shapes, int n_shapes, int max_copies,
+                             int *copies, double *seconds)
 {
     const model *host = gpu->host;
     const double started = comm_time();
+    /* a training micro-batch fills at most [balance] mem_fill of the budget (the step's target) */
+    const double fill = gpu->config->balance.mem_fill > 0.0 ? gpu->config->balance.mem_fill : 0.9;
+    int most_copies = 1;
     int64_t max_latent = 0, max_text = 0;
     for (int i = 0; i < n_shapes; i++) {
-        int64_t latent = (int64_t)host->in_dim * shapes[i].frames * shapes[i].height * shapes[i].width;
+        copies[i] = copies_that_fit(gpu, &shapes[i], max_copies, fill * gpu->plan.mem_budget);
+        int64_t latent = (int64_t)copies[i] * host->in_dim * shapes[i].frames * shapes[i].height * shapes[i].width;
+        int64_t text = (int64_t)copies[i] * shapes[i].text_len;
+        if (copies[i] > most_copies) most_copies = copies[i];
         if (latent > max_latent) max_latent = latent;
-        if (shapes[i].text_len > max_text) max_text = shapes[i].text_len;
+        if (text > max_text) max_text = text;
     }
-    float *latents = xcalloc((size_t)max_latent, sizeof *latents);
-    float *noise = xcalloc((size_t)max_latent, sizeof *noise);
-    float *text = xcalloc((size_t)(max_text * host->text_dim), sizeof *text);
-    for (int i = 0; i < n_shapes; i++) {
-        int64_t tokens = (int64_t)(shapes[i].frames / host->patch_t) * (shapes[i].height / host->patch_h)
-                       * (shapes[i].width / host->patch_w);
-        /* within the capacity, and not an oversize sample (cuDNN's buffer was planned for the longest
-           sample the balancer may schedule) */
-        int fits = tokens <= gpu->plan.max_tokens && shapes[i].text_len <= gpu->plan.max_text &&
-                   cost_model_mem(&gpu->cm, tokens, shapes[i].text_len) <= gpu->plan.mem_budget;
-        seconds[i] = fits ? time_shape(gpu, &shapes[i], latents, noise, text) : -1.0;
-    }
-    comm_allreduce_sum_f64(seconds, (size_t)n_shapes); /* every rank times the same shapes */
+    calibration_batch room = {
+        .frames = xmalloc((size_t)most_copies * sizeof *room.frames),
+        .height = xmalloc((size_t)most_copies * sizeof *room.height),
+        .width = xmalloc((size_t)most_copies * sizeof *room.width),
+        .text_len = xmalloc((size_t)most_copies * sizeof *room.text_len),
+        .sigma = xmalloc((size_t)most_copies * sizeof *room.sigma),
+        .latents = xcalloc((size_t)(max_latent > 0 ? max_latent : 1), sizeof *room.latents),
+        .noise = xcalloc((size_t)(max_latent > 0 ? max_latent : 1), sizeof *room.noise),
+        .text = xcalloc((size_t)(max_text > 0 ? max_text * host->text_dim : 1), sizeof *room.text)};
+    for (int i = 0; i < n_shapes; i++)
+        seconds[i] = copies[i] > 0 ? time_micro_batch(gpu, &shapes[i], copies[i], &room) : -1.0;
+    comm_allreduce_sum_f64(seconds, (size_t)n_shapes); /* every rank times the same micro-batches */
     for (int i = 0; i < n_shapes; i++) seconds[i] /= n_ranks;
-    free(latents);
-    free(noise);
-    free(text);
+    free(room.frames);
+    free(room.height);
+    free(room.width);
+    free(room.text_len);
+    free(room.sigma);
+    free(room.latents);
+    free(room.noise);
+    free(room.text);
     return comm_time() - started;
 }

@@ -133,6 +133,7 @@ static void test_defaults(void **state)
     assert_int_equal(config.balance.oversize, OVERSIZE_ERROR);
     assert_int_equal(config.balance.calibrate, 1);
     assert_int_equal(config.balance.calibrate_window, 50);
+    assert_int_equal(config.balance.calibrate_packed, 1);
     assert_true(config.train.lr == 1e-4);
     assert_int_equal(config.train.warmup_steps, 100);
     assert_int_equal(config.train.lr_schedule, LR_COSINE);
@@ -427,6 +428,8 @@ static void test_bools(void **state)
         assert_int_equal(load_one(override, &config), 0);
         assert_int_equal(config.checkpoint.resume, 0);
     }
+    assert_int_equal(load_one("balance.calibrate_packed=off", &config), 0); /* the calibration A/B switch */
+    assert_int_equal(config.balance.calibrate_packed, 0);
     assert_int_equal(load_one("model.qk_norm=2", &config), 1);
     assert_int_equal(load_one("model.qk_norm=", &config), 1);
     assert_int_equal(load_one("model.qk_norm=enabled", &config), 1);
