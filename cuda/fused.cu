@@ -15,6 +15,7 @@
 #include <stdint.h>
 
 #include "bf16vec.cuh"
+#include "colsum.cuh"
 
 #include <type_traits>
 
@@ -66,6 +67,17 @@ __device__ __forceinline__ T block_sum(T value)
 
 // ---- RoPE angles -----------------------------------------------------------------------------------
 
+// sin and cos of an angle of moderate size (|angle| < 2^20 rad; RoPE's are at most the largest grid index):
+// reduced by whole turns with 2 pi in two fp32 parts (hi + lo), then the fast intrinsic, which is accurate to
+// about 2^-21 on [-pi, pi]. Unlike sincosf it has no slow path for huge arguments, so it needs no stack.
+__device__ __forceinline__ void sincos_moderate(float angle, float &sin_out, float &cos_out)
+{
+    const float turns = rintf(angle * 0.15915494309189535f);
+    float reduced = fmaf(-turns, 6.28318548202514648f, angle);  // hi: the fp32 nearest 2 pi
+    reduced = fmaf(-turns, -1.7484555314695172e-7f, reduced);   // lo: 2 pi - hi
+    __sincosf(reduced, &sin_out, &cos_out);
+}
+
 // cos and sin of the 4 pairs of the vector that starts at column `column` (a multiple of 8), for a row at
 // grid position (f, h, w). Pair j of a head (n_pairs = head_dim / 2) belongs to the frame part (the first
 // n_pairs - 2 * (n_pairs / 3) pairs), then the row part and the column part (n_pairs / 3 each) and turns
@@ -77,12 +89,12 @@ __device__ __forceinline__ void rope_angles(int column, int head_dim, const int 
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
         const int pair = ((column + 2 * k) % head_dim) / 2;
-        int axis, local, part;
-        if (pair < first) { axis = 0; local = pair; part = first; }
-        else if (pair < first + third) { axis = 1; local = pair - first; part = third; }
-        else { axis = 2; local = pair - first - third; part = third; }
+        int at, local, part;  // at: the position along the pair's axis (selected, not indexed: no local memory)
+        if (pair < first) { at = position[0]; local = pair; part = first; }
+        else if (pair < first + third) { at = position[1]; local = pair - first; part = third; }
+        else { at = position[2]; local = pair - first - third; part = third; }
         const float frequency = exp2f(kNegLog2Theta * (float)local / (float)part);
-        sincosf((float)position[axis] * frequency, &sin_a[k], &cos_a[k]);
+        sincos_moderate((float)at * frequency, sin_a[k], cos_a[k]);
         sin_a[k] *= direction;
     }
 }
@@ -148,21 +160,30 @@ __device__ __forceinline__ void load_position(const int32_t *positions, int64_t 
     for (int axis = 0; axis < 3; ++axis) position[axis] = positions && valid ? __ldg(positions + row * 3 + axis) : 0;
 }
 
+// A grid of resident blocks strides over the row groups; each thread loads its vectors of the next row
+// group before it reduces and writes the current one, so that a row's loads are in flight during the
+// previous row's work. Up to 3 vectors per thread the registers allow 3 resident blocks per SM.
 template <int TPR, int VPT>
-__global__ void __launch_bounds__(kBlockThreads) qk_norm_rope_fwd_kernel(const QkArgs a)
+__global__ void __launch_bounds__(kBlockThreads, VPT <= 3 ? 3 : 2) qk_norm_rope_fwd_kernel(const QkArgs a)
 {
     constexpr int kRows = kBlockThreads / TPR;
     __shared__ float scratch[kBlockThreads / 32];
     const int nvec = a.dim / kVecElems;
     const bool shared_angles = (TPR * kVecElems) % a.head_dim == 0;
+    const int64_t stride = (int64_t)gridDim.x * kRows;
     uint4 wv[VPT];
     load_weight<TPR, VPT>(a.weight, nvec, wv);
+    uint4 next[VPT];
+    load_row<TPR, VPT>(a.x, (int64_t)blockIdx.x * kRows + threadIdx.y,
+                       (int64_t)blockIdx.x * kRows + threadIdx.y < a.n_rows, nvec, next);
 
-    for (int64_t base = (int64_t)blockIdx.x * kRows; base < a.n_rows; base += (int64_t)gridDim.x * kRows) {
+    for (int64_t base = (int64_t)blockIdx.x * kRows; base < a.n_rows; base += stride) {
         const int64_t row = base + threadIdx.y;
         const bool valid = row < a.n_rows;
         uint4 xv[VPT];
-        load_row<TPR, VPT>(a.x, row, valid, nvec, xv);
+#pragma unroll
+        for (int i = 0; i < VPT; ++i) xv[i] = next[i];
+        load_row<TPR, VPT>(a.x, row + stride, row + stride < a.n_rows, nvec, next);
         int position[3];
         load_position(a.positions, row, valid, position);
 
@@ -200,21 +221,32 @@ __global__ void __launch_bounds__(kBlockThreads) qk_norm_rope_fwd_kernel(const Q
 
 // With u = x * rstd, y = R(u * weight): g = R^T dy, dweight += g * u, and
 // dx = rstd * (g * weight - x * rstd^2 * mean(g * weight * x)).
+// The dweight sums of each row group live in shared memory (each thread adds into its own columns of its
+// group's row), not in registers: 3 blocks of 256 threads stay resident per SM up to 3 vectors per thread.
 template <int TPR, int VPT>
-__global__ void __launch_bounds__(kBlockThreads) qk_norm_rope_bwd_kernel(const QkArgs a)
+__global__ void __launch_bounds__(kBlockThreads, VPT <= 3 ? 3 : 2) qk_norm_rope_bwd_kernel(const QkArgs a)
 {
     constexpr int kRows = kBlockThreads / TPR;
     __shared__ float scratch[kBlockThreads / 32];
-    extern __shared__ float group_sums[];  // [kRows][dim]
+    extern __shared__ float4 group_sums4[];  // [kRows][dim] floats, then the weight's nvec vectors
+    float *group_sums = reinterpret_cast<float *>(group_sums4);
     const int nvec = a.dim / kVecElems;
     const bool shared_angles = (TPR * kVecElems) % a.head_dim == 0;
-    uint4 wv[VPT];
-    load_weight<TPR, VPT>(a.weight, nvec, wv);
-    float acc[VPT][kVecElems];
+    uint4 *weight_vecs = reinterpret_cast<uint4 *>(group_sums4 + (size_t)kRows * (a.dim / 4));
+    if (threadIdx.y == 0) {
+        uint4 wv[VPT];
+        load_weight<TPR, VPT>(a.weight, nvec, wv);
 #pragma unroll
-    for (int i = 0; i < VPT; ++i)
+        for (int i = 0; i < VPT; ++i)
+            if (threadIdx.x + i * TPR < nvec) weight_vecs[threadIdx.x + i * TPR] = wv[i];
+    }
+    float4 *my_sums = group_sums4 + (size_t)threadIdx.y * (a.dim / 4);  // this row group's dweight sums
 #pragma unroll
-        for (int j = 0; j < kVecElems; ++j) acc[i][j] = 0.0f;
+    for (int i = 0; i < VPT; ++i) {
+        const int v = threadIdx.x + i * TPR;
+        if (v < nvec) my_sums[2 * v] = my_sums[2 * v + 1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+    __syncthreads();  // the weight's vectors are in shared memory
 
     for (int64_t base = (int64_t)blockIdx.x * kRows; base < a.n_rows; base += (int64_t)gridDim.x * kRows) {
         const int64_t row = base + threadIdx.y;
@@ -226,24 +258,28 @@ __global__ void __launch_bounds__(kBlockThreads) qk_norm_rope_bwd_kernel(const Q
         load_position(a.positions, row, valid, position);
         const float rstd = valid ? a.rstd_in[row] : 0.0f;
 
-        float g[VPT][kVecElems];
+        // g = R^T dy is formed twice (for the row sum, then for dx) rather than kept: fewer registers, more
+        // resident blocks. With shared angles cos_a, sin_a of the first vector serve every vector.
         float cos_a[4], sin_a[4];
         float sum_gwx = 0.0f;
 #pragma unroll
         for (int i = 0; i < VPT; ++i) {
             const int v = threadIdx.x + i * TPR;
-            unpack8(dyv[i], g[i]);  // zeros outside the row
+            float g[kVecElems], f[kVecElems], w[kVecElems];
+            unpack8(dyv[i], g);  // zeros outside the row
             if (a.positions && v < nvec) {
                 if (i == 0 || !shared_angles) rope_angles(v * kVecElems, a.head_dim, position, -1.0f, cos_a, sin_a);
-                rotate_pairs(g[i], cos_a, sin_a);
+                rotate_pairs(g, cos_a, sin_a);
             }
-            float f[kVecElems], w[kVecElems];
             unpack8(xv[i], f);
-            unpack8(wv[i], w);
+            unpack8(v < nvec ? weight_vecs[v] : make_uint4(0, 0, 0, 0), w);
 #pragma unroll
-            for (int j = 0; j < kVecElems; ++j) {
-                sum_gwx += g[i][j] * w[j] * f[j];
-                acc[i][j] += g[i][j] * f[j] * rstd;
+            for (int j = 0; j < kVecElems; ++j) sum_gwx += g[j] * w[j] * f[j];
+            if (valid && v < nvec) {
+                float4 lo = my_sums[2 * v], hi = my_sums[2 * v + 1];
+                lo.x += g[0] * f[0] * rstd, lo.y += g[1] * f[1] * rstd, lo.z += g[2] * f[2] * rstd, lo.w += g[3] * f[3] * rstd;
+                hi.x += g[4] * f[4] * rstd, hi.y += g[5] * f[5] * rstd, hi.z += g[6] * f[6] * rstd, hi.w += g[7] * f[7] * rstd;
+                my_sums[2 * v] = lo, my_sums[2 * v + 1] = hi;
             }
         }
         sum_gwx = row_sum<TPR>(sum_gwx, scratch);
@@ -253,51 +289,26 @@ __global__ void __launch_bounds__(kBlockThreads) qk_norm_rope_bwd_kernel(const Q
         for (int i = 0; i < VPT; ++i) {
             const int v = threadIdx.x + i * TPR;
             if (v >= nvec) break;
-            float f[kVecElems], w[kVecElems];
+            float g[kVecElems], f[kVecElems], w[kVecElems];
+            unpack8(dyv[i], g);
+            if (a.positions) {
+                if (!shared_angles) rope_angles(v * kVecElems, a.head_dim, position, -1.0f, cos_a, sin_a);
+                rotate_pairs(g, cos_a, sin_a);
+            }
             unpack8(xv[i], f);
-            unpack8(wv[i], w);
+            unpack8(weight_vecs[v], w);
 #pragma unroll
-            for (int j = 0; j < kVecElems; ++j) f[j] = rstd * (g[i][j] * w[j] - f[j] * coef);
+            for (int j = 0; j < kVecElems; ++j) f[j] = rstd * (g[j] * w[j] - f[j] * coef);
             a.out[row * nvec + v] = pack8(f);
         }
     }
 
     // This block's partial of dweight: the row groups' sums added in group order.
-#pragma unroll
-    for (int i = 0; i < VPT; ++i) {
-        const int v = threadIdx.x + i * TPR;
-        if (v < nvec)
-#pragma unroll
-            for (int j = 0; j < kVecElems; ++j) group_sums[threadIdx.y * a.dim + v * kVecElems + j] = acc[i][j];
-    }
     __syncthreads();
     for (int column = threadIdx.y * TPR + threadIdx.x; column < a.dim; column += kBlockThreads) {
         float total = 0.0f;
         for (int group = 0; group < kRows; ++group) total += group_sums[group * a.dim + column];
         a.partial[(int64_t)blockIdx.x * a.dim + column] = total;
-    }
-}
-
-// dweight[c] += sum over blocks of partial[block][c]: 32 columns per block, each column's partials split
-// over 8 slices (block k goes to slice k % 8), the slices added in order.
-constexpr int kColumnsPerBlock = 32, kSlices = kBlockThreads / kColumnsPerBlock;
-
-__global__ void __launch_bounds__(kBlockThreads) add_column_partials_kernel(const float *partial, int n_partials,
-                                                                            int dim, float *sums)
-{
-    __shared__ float slice_sums[kSlices][kColumnsPerBlock];
-    const int lane = threadIdx.x % kColumnsPerBlock, slice = threadIdx.x / kColumnsPerBlock;
-    const int column = blockIdx.x * kColumnsPerBlock + lane;
-    float total = 0.0f;
-    if (column < dim)
-        for (int k = slice; k < n_partials; k += kSlices) total += partial[(int64_t)k * dim + column];
-    slice_sums[slice][lane] = total;
-    __syncthreads();
-    if (slice == 0 && column < dim) {
-        float sum = 0.0f;
-#pragma unroll
-        for (int s = 0; s < kSlices; ++s) sum += slice_sums[s][lane];
-        sums[column] += sum;
     }
 }
 
@@ -353,8 +364,9 @@ void check_rows_aligned(const char *op, const char *name, const void *rows)
 }
 
 // Blocks of the backward: at least kMinRowsPerBlock rows each (the partials stay small next to the rows),
-// at most as many as the device holds at once at full occupancy (8 blocks of 256 threads per SM).
-constexpr int64_t kMinRowsPerBlock = 64;
+// at most as many as the device holds at once at full occupancy (8 blocks of 256 threads per SM); the
+// launch takes the fewer of these and the blocks its kernel can keep resident (resident_blocks).
+constexpr int64_t kMinRowsPerBlock = 16;
 constexpr int kMaxBlocksPerSm = 2048 / kBlockThreads;
 
 int sm_count()
@@ -363,6 +375,25 @@ int sm_count()
     CUDA_CHECK(cudaGetDevice(&device));
     CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
     return count;
+}
+
+// Resident blocks per SM of one kernel (kBlockThreads threads) at one dynamic shared-memory size, asked
+// from the runtime once per launch site and size: a launch site keeps one of these in a static.
+struct Residency {
+    const void *kernel;
+    size_t shared_bytes;
+    int per_sm;
+};
+
+int64_t resident_blocks(Residency &cache, const void *kernel, size_t shared_bytes)
+{
+    if (cache.kernel != kernel || cache.shared_bytes != shared_bytes || cache.per_sm < 1) {
+        CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&cache.per_sm, kernel, kBlockThreads, shared_bytes));
+        cache.kernel = kernel;
+        cache.shared_bytes = shared_bytes;
+        if (cache.per_sm < 1) cache.per_sm = 1;
+    }
+    return (int64_t)sm_count() * cache.per_sm;
 }
 
 int64_t qk_bwd_block_bound(int64_t n_rows)
@@ -596,9 +627,12 @@ extern "C" void fused_qk_norm_rope_fwd(const gpu_bf16 *x, int64_t n_rows, int nu
     a.rstd_out = rstd;
     with_row_shape(a.dim, [&](auto tpr, auto vpt) {
         constexpr int kTpr = decltype(tpr)::value, kRows = kBlockThreads / kTpr;
-        const int64_t groups = (n_rows + kRows - 1) / kRows, most = (int64_t)sm_count() * kMaxBlocksPerSm * 8;
+        const auto kernel = qk_norm_rope_fwd_kernel<kTpr, decltype(vpt)::value>;
+        static Residency residency;
+        const int64_t groups = (n_rows + kRows - 1) / kRows;
+        const int64_t most = resident_blocks(residency, reinterpret_cast<const void *>(kernel), 0);
         const unsigned blocks = (unsigned)(groups < most ? groups : most);
-        qk_norm_rope_fwd_kernel<kTpr, decltype(vpt)::value><<<blocks, dim3(kTpr, kRows), 0, stream>>>(a);
+        kernel<<<blocks, dim3(kTpr, kRows), 0, stream>>>(a);
     });
     CUDA_CHECK_LAUNCH();
 }
@@ -630,15 +664,20 @@ extern "C" void fused_qk_norm_rope_bwd(const gpu_bf16 *x, const gpu_bf16 *dy, in
     a.head_dim = head_dim;
     a.out = reinterpret_cast<uint4 *>(dx);
     a.partial = static_cast<float *>(workspace);
-    const int n_blocks = (int)qk_bwd_block_bound(n_rows);
+    int n_blocks = (int)qk_bwd_block_bound(n_rows);  // the workspace holds this many partials
     with_row_shape(a.dim, [&](auto tpr, auto vpt) {
         constexpr int kTpr = decltype(tpr)::value, kRows = kBlockThreads / kTpr;
-        const size_t shared_bytes = (size_t)kRows * a.dim * sizeof(float);  // at most 8192 floats
-        qk_norm_rope_bwd_kernel<kTpr, decltype(vpt)::value><<<n_blocks, dim3(kTpr, kRows), shared_bytes, stream>>>(a);
+        const auto kernel = qk_norm_rope_bwd_kernel<kTpr, decltype(vpt)::value>;
+        static Residency residency;
+        // the row groups' sums (kRows * dim floats, at most 8192) and the weight (dim bf16)
+        const size_t shared_bytes = (size_t)kRows * a.dim * sizeof(float) + (size_t)a.dim * sizeof(gpu_bf16);
+        const int64_t resident = resident_blocks(residency, reinterpret_cast<const void *>(kernel), shared_bytes);
+        if (resident < n_blocks) n_blocks = (int)resident;
+        kernel<<<n_blocks, dim3(kTpr, kRows), shared_bytes, stream>>>(a);
     });
     CUDA_CHECK_LAUNCH();
-    add_column_partials_kernel<<<(a.dim + kColumnsPerBlock - 1) / kColumnsPerBlock, kBlockThreads, 0, stream>>>(
-        a.partial, n_blocks, a.dim, dweight);
+    column_partials_kernel<<<(a.dim + kPartialColumns - 1) / kPartialColumns, kPartialThreads, 0, stream>>>(
+        a.partial, n_blocks, a.dim, dweight, 1);
     CUDA_CHECK_LAUNCH();
 }
 

@@ -10,16 +10,21 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "bf16vec.cuh"
+#include "colsum.cuh"
+
 namespace {
 
 constexpr size_t kWorkspaceBytes = size_t(32) << 20;  // cuBLASLt's recommended workspace on Hopper
 constexpr int kMaxDevices = 64;
 constexpr int kPlanSlots = 512;  // per device: a few dozen layer shapes times the row counts in use
 constexpr int kPlanProbe = 8;    // slots looked at from a key's hash before the least recently used goes
-constexpr int kColsumPairs = 32;  // column-sum block: 32 threads x 2 columns wide,
-constexpr int kColsumLanes = 8;   // 8 row lanes deep
-constexpr int kColsumMaxChunks = 128;
-constexpr int64_t kColsumMinChunkRows = 64;
+constexpr int kColsumVecs = 32;   // column-sum block: 32 threads x one 16-byte vector (8 columns) wide,
+constexpr int kColsumLanes = 8;   // 8 row lanes deep,
+constexpr int kColsumUnroll = 4;  // each lane with this many rows' loads in flight
+constexpr int kColsumBlocksPerSm = 8;       // the grid aims at this many blocks per SM (2048 threads)
+constexpr int64_t kColsumMinChunkRows = 64;  // rows of a chunk at the least (the partials stay small)
+static_assert(kColsumLanes == kVecElems, "a column-sum block finishes one column of each vector per lane");
 constexpr int kElementwiseThreads = 256;
 constexpr int kElementwiseMaxBlocks = 4096;
 constexpr float kGeluSqrt2OverPi = 0.7978845608028654f;  // the constants of cpu_gelu_tanh_fwd
@@ -52,6 +57,7 @@ struct Device {
     void *workspace;
     float *scratch;  // bias-gradient staging and column-sum partials
     size_t scratch_floats;
+    int sm_count;
     cudaEvent_t last_done;  // recorded after each call, for a call that comes on another stream
     cudaStream_t last_stream;
     bool has_last;
@@ -61,7 +67,7 @@ struct Device {
 };
 
 Device g_devices[kMaxDevices];
-bool g_fused_epilogues = true;
+gemm_fusion g_fusion = GEMM_FUSION_DEFAULT;
 
 bool same_key(const PlanKey &a, const PlanKey &b)
 {
@@ -127,6 +133,7 @@ Device &current_device()
         CUDA_CHECK(cudaMalloc(&dev.workspace, kWorkspaceBytes));
         CUDA_CHECK(cudaEventCreateWithFlags(&dev.last_done, cudaEventDisableTiming));
         dev.plans = (Plan *)xcalloc(kPlanSlots, sizeof *dev.plans);
+        CUDA_CHECK(cudaDeviceGetAttribute(&dev.sm_count, cudaDevAttrMultiProcessorCount, id));
         dev.ready = true;
     }
     return dev;
@@ -364,67 +371,79 @@ __global__ void dgelu_kernel(uint4 *__restrict__ d, const uint4 *__restrict__ pr
     }
 }
 
-// Column sums, pass 1: block (kColsumPairs, kColsumLanes) sums columns [64 * blockIdx.x, +64) over the
-// rows of chunk blockIdx.y, each lane every kColsumLanes-th row, lanes added in order; one partial per
-// (chunk, column). cols is even (a multiple of 8).
-__global__ void colsum_partial_kernel(const __nv_bfloat162 *__restrict__ dy, int64_t n_rows, int cols,
-                                      int64_t rows_per_chunk, float *__restrict__ partials)
+// Column sums, pass 1: block (kColsumVecs, kColsumLanes) sums the vectors (8 columns each)
+// [kColsumVecs * blockIdx.x, +kColsumVecs) over the rows of chunk blockIdx.y: lane y takes rows y, y + 8,
+// ... of the chunk, kColsumUnroll of them loaded before they are added (in row order), then the lanes are
+// added in order; one partial per (chunk, column). A warp reads 512 contiguous bytes of a row.
+__global__ void __launch_bounds__(kColsumVecs *kColsumLanes)
+    colsum_partial_kernel(const uint4 *__restrict__ dy, int64_t n_rows, int nvec, int64_t rows_per_chunk,
+                          float *__restrict__ partials)
 {
-    __shared__ float2 lanes[kColsumLanes][kColsumPairs];
-    const int col = 2 * (blockIdx.x * kColsumPairs + threadIdx.x);
+    __shared__ float lanes[kColsumLanes][kColsumVecs][kVecElems + 1];  // +1: no bank conflicts on the sum
+    const int vec = blockIdx.x * kColsumVecs + threadIdx.x;
     const int64_t begin = blockIdx.y * rows_per_chunk;
     const int64_t end = begin + rows_per_chunk < n_rows ? begin + rows_per_chunk : n_rows;
-    float2 sum = make_float2(0.0f, 0.0f);
-    if (col < cols)
-        for (int64_t r = begin + threadIdx.y; r < end; r += kColsumLanes) {
-            const float2 v = __bfloat1622float2(dy[(r * cols + col) / 2]);
-            sum.x += v.x;
-            sum.y += v.y;
+    float sum[kVecElems] = {};
+    if (vec < nvec) {
+        int64_t r = begin + threadIdx.y;
+        for (; r + (kColsumUnroll - 1) * kColsumLanes < end; r += kColsumUnroll * kColsumLanes) {
+            uint4 v[kColsumUnroll];
+#pragma unroll
+            for (int u = 0; u < kColsumUnroll; ++u) v[u] = dy[(r + u * kColsumLanes) * nvec + vec];
+#pragma unroll
+            for (int u = 0; u < kColsumUnroll; ++u) {
+                float f[kVecElems];
+                unpack8(v[u], f);
+#pragma unroll
+                for (int j = 0; j < kVecElems; ++j) sum[j] += f[j];
+            }
         }
-    lanes[threadIdx.y][threadIdx.x] = sum;
+        for (; r < end; r += kColsumLanes) {
+            float f[kVecElems];
+            unpack8(dy[r * nvec + vec], f);
+#pragma unroll
+            for (int j = 0; j < kVecElems; ++j) sum[j] += f[j];
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < kVecElems; ++j) lanes[threadIdx.y][threadIdx.x][j] = sum[j];
     __syncthreads();
-    if (threadIdx.y == 0 && col < cols) {
-        for (int lane = 1; lane < kColsumLanes; ++lane) {
-            sum.x += lanes[lane][threadIdx.x].x;
-            sum.y += lanes[lane][threadIdx.x].y;
-        }
-        partials[blockIdx.y * (int64_t)cols + col] = sum.x;
-        partials[blockIdx.y * (int64_t)cols + col + 1] = sum.y;
+    // thread (x, y) finishes column j = y of vector x: the lanes added in order
+    const int j = threadIdx.y;
+    if (vec < nvec) {
+        float total = 0.0f;
+#pragma unroll
+        for (int lane = 0; lane < kColsumLanes; ++lane) total += lanes[lane][threadIdx.x][j];
+        partials[blockIdx.y * (int64_t)nvec * kVecElems + (int64_t)vec * kVecElems + j] = total;
     }
 }
 
-// Pass 2: out[c] (+)= the chunks' partials of column c, added in chunk order.
-__global__ void colsum_final_kernel(const float *__restrict__ partials, int n_chunks, int cols, float *out,
-                                    int accumulate)
-{
-    const int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= cols) return;
-    float sum = 0.0f;
-    for (int chunk = 0; chunk < n_chunks; ++chunk) sum += partials[chunk * (int64_t)cols + c];
-    out[c] = accumulate ? out[c] + sum : sum;
-}
-
+// out[c] (+)= the n_chunks partials of column c (column_partials_kernel's fixed order).
 void launch_colsum_final(const float *partials, int n_chunks, int cols, float *out, int accumulate,
                          cudaStream_t stream)
 {
-    colsum_final_kernel<<<(cols + kElementwiseThreads - 1) / kElementwiseThreads, kElementwiseThreads, 0, stream>>>(
+    column_partials_kernel<<<(cols + kPartialColumns - 1) / kPartialColumns, kPartialThreads, 0, stream>>>(
         partials, n_chunks, cols, out, accumulate);
     CUDA_CHECK_LAUNCH();
 }
 
-// out (+)= column sums of the bf16 [n_rows, cols] matrix (n_rows > 0), deterministic.
+// out (+)= column sums of the bf16 [n_rows, cols] matrix (n_rows > 0, cols a multiple of 8, dy 16-byte
+// aligned), deterministic: the chunking depends only on the shape and the device's SM count.
 void column_sums(Device &dev, const gpu_bf16 *dy, int64_t n_rows, int cols, float *out, int accumulate,
                  cudaStream_t stream)
 {
-    int64_t n_chunks = (n_rows + kColsumMinChunkRows - 1) / kColsumMinChunkRows;
-    if (n_chunks > kColsumMaxChunks) n_chunks = kColsumMaxChunks;
+    const int nvec = cols / kVecElems;
+    const int64_t column_blocks = (nvec + kColsumVecs - 1) / kColsumVecs;
+    const int64_t wanted = ((int64_t)dev.sm_count * kColsumBlocksPerSm + column_blocks - 1) / column_blocks;
+    const int64_t most = (n_rows + kColsumMinChunkRows - 1) / kColsumMinChunkRows;
+    int64_t n_chunks = wanted < most ? wanted : most;
+    if (n_chunks < 1) n_chunks = 1;
     const int64_t rows_per_chunk = (n_rows + n_chunks - 1) / n_chunks;
     n_chunks = (n_rows + rows_per_chunk - 1) / rows_per_chunk;
     float *partials = scratch_floats(dev, (size_t)n_chunks * (size_t)cols);
-    const dim3 block(kColsumPairs, kColsumLanes);
-    const dim3 grid((unsigned)((cols / 2 + kColsumPairs - 1) / kColsumPairs), (unsigned)n_chunks);
-    colsum_partial_kernel<<<grid, block, 0, stream>>>((const __nv_bfloat162 *)dy, n_rows, cols, rows_per_chunk,
-                                                      partials);
+    const dim3 block(kColsumVecs, kColsumLanes);
+    const dim3 grid((unsigned)column_blocks, (unsigned)n_chunks);
+    colsum_partial_kernel<<<grid, block, 0, stream>>>((const uint4 *)dy, n_rows, nvec, rows_per_chunk, partials);
     CUDA_CHECK_LAUNCH();
     launch_colsum_final(partials, (int)n_chunks, cols, out, accumulate, stream);
 }
@@ -461,7 +480,7 @@ extern "C" void gemm_linear_fwd(const gpu_bf16 *x, int64_t n_rows, int in_dim, i
     begin_call(dev, stream);
     const int64_t m = out_dim, n = n_rows, k = in_dim;
     bool done = false;
-    if (gelu && g_fused_epilogues) {
+    if (gelu && g_fusion != GEMM_FUSED_NONE) {
         Plan *plan = find_plan(dev, kForward, CUBLASLT_EPILOGUE_GELU_AUX_BIAS, m, n, k, weight, x, y, bias, pre_gelu,
                                false);
         if (plan) run_plan(dev, *plan, weight, x, 0.0f, y, bias, pre_gelu, stream), done = true;
@@ -499,7 +518,7 @@ extern "C" void gemm_linear_bwd_data(const gpu_bf16 *dy, int64_t n_rows, int in_
     const int64_t m = in_dim, n = n_rows, k = out_dim;
     const float beta = accumulate_dx ? 1.0f : 0.0f;
     bool done = false;
-    if (gelu_input && g_fused_epilogues) {
+    if (gelu_input && g_fusion != GEMM_FUSED_NONE) {
         Plan *plan = find_plan(dev, kBackwardData, CUBLASLT_EPILOGUE_DGELU, m, n, k, weight, dy, dx, NULL, gelu_input,
                                false);
         if (plan) run_plan(dev, *plan, weight, dy, beta, dx, NULL, gelu_input, stream), done = true;
@@ -539,7 +558,7 @@ extern "C" void gemm_linear_bwd_weight(const gpu_bf16 *x, const gpu_bf16 *dy, in
     const int64_t m = in_dim, n = out_dim, k = n_rows;
     const float beta = accumulate ? 1.0f : 0.0f;
     bool done = false;
-    if (dbias && g_fused_epilogues) {
+    if (dbias && g_fusion == GEMM_FUSED_ALL) {
         // BGRADB writes (never adds) the bias gradient: when accumulating, into scratch, then added.
         float *bias_grad = accumulate ? scratch_floats(dev, (size_t)out_dim) : dbias;
         Plan *plan = find_plan(dev, kBackwardWeight, CUBLASLT_EPILOGUE_BGRADB, m, n, k, x, dy, dweight, bias_grad, NULL,
@@ -574,9 +593,9 @@ extern "C" void gemm_reset_stats(void)
     memset(&current_device().stats, 0, sizeof(gemm_stats));
 }
 
-extern "C" void gemm_set_fused_epilogues(int enabled)
+extern "C" void gemm_set_fused_epilogues(gemm_fusion fusion)
 {
-    g_fused_epilogues = enabled != 0;
+    g_fusion = fusion;
 }
 
 extern "C" void gemm_release(void)

@@ -42,15 +42,16 @@ extern "C" {
    (out_dim x rows, ld out_dim) and D's layout in the dx GEMM of the second (its in_dim x rows): the
    same [n_rows, ffn] row-major tensor, so the forward's aux feeds the backward's DGELU directly.
 
-   Epilogue paths: by default the bias, GELU (with its aux output), GELU gradient and bias gradient run
-   inside cuBLASLt's kernels (epilogues BIAS, GELU_AUX_BIAS, DGELU, BGRADB). Where cuBLASLt reports
-   no algorithm for a fused epilogue at some shape, or after gemm_set_fused_epilogues(0), the call runs
-   the plain GEMM (BIAS for the GELU forward) and this file's own kernels instead: GELU, GELU gradient,
-   and a deterministic column sum (per-chunk partials, then a fixed-order final pass). The bias
-   gradient is always fp32: BGRADB writes the type of C/D, which is fp32 in the dW GEMM. The GELU
+   Epilogue paths: by default the bias, GELU (with its aux output) and GELU gradient run inside
+   cuBLASLt's kernels (epilogues BIAS, GELU_AUX_BIAS, DGELU) and the bias gradient comes from this
+   file's deterministic column sum (16-byte loads, per-chunk partials, then a fixed-order final pass);
+   GEMM_FUSED_ALL takes it from cuBLASLt's BGRADB instead (see gemm_fusion). Where cuBLASLt reports no
+   algorithm for a fused epilogue at some shape, or with GEMM_FUSED_NONE, the call runs the plain GEMM
+   (BIAS for the GELU forward) and this file's own kernels: GELU, GELU gradient, column sum. The bias
+   gradient is always fp32 (BGRADB writes the type of C/D, which is fp32 in the dW GEMM). The GELU
    gradient is not fused with the bias gradient (DGELU_BGRAD would give it in bf16); the bias of the
-   layer before the GELU gets its gradient from that layer's own dW GEMM (BGRADB over its dy, which
-   is the DGELU output), in fp32. A Wan FFN (x [rows, D] -> up -> GELU -> down -> y):
+   layer before the GELU gets its gradient from that layer's own dW call (the column sums of its dy,
+   which is the DGELU output), in fp32. A Wan FFN (x [rows, D] -> up -> GELU -> down -> y):
      forward:  gemm_linear_fwd(x, rows, D, F, w_up, b_up, GEMM_EPILOGUE_GELU_AUX_BIAS, h, pre, s);
                gemm_linear_fwd(h, rows, F, D, w_down, b_down, GEMM_EPILOGUE_BIAS, y, NULL, s);
      backward: gemm_linear_bwd_weight(h, dy, rows, F, D, dw_down, db_down, 1, s);
@@ -105,13 +106,19 @@ typedef struct {
     int64_t heuristic_queries; /* plans built (cache misses) */
     int64_t unfused;           /* calls that wanted a fused epilogue and ran the own kernels instead
                                   because cuBLASLt had no algorithm for it (not counting
-                                  gemm_set_fused_epilogues(0)) */
+                                  gemm_set_fused_epilogues) */
 } gemm_stats;
 void gemm_get_stats(gemm_stats *stats);
 void gemm_reset_stats(void);
 
-/* 1 (default): cuBLASLt's fused epilogues; 0: plain GEMMs + own kernels (for tests and comparisons). */
-void gemm_set_fused_epilogues(int enabled);
+/* Which epilogues run inside cuBLASLt's kernels. GEMM_FUSED_ALL: bias, GELU, GELU gradient and bias
+   gradient (BGRADB). GEMM_FUSED_BUT_BIAS_GRAD (the default, GEMM_FUSION_DEFAULT): the same but the bias
+   gradient, which comes from gemm.cu's column sums: cuBLASLt runs BGRADB as a kernel of its own after the
+   GEMM, which was slower on the H200 (docs/PERFORMANCE.md). GEMM_FUSED_NONE: plain GEMMs + own kernels for
+   everything (for tests and comparisons). */
+typedef enum { GEMM_FUSED_NONE = 0, GEMM_FUSED_ALL = 1, GEMM_FUSED_BUT_BIAS_GRAD = 2 } gemm_fusion;
+#define GEMM_FUSION_DEFAULT GEMM_FUSED_BUT_BIAS_GRAD
+void gemm_set_fused_epilogues(gemm_fusion fusion);
 
 /* Free every device's handle, workspace, scratch and cached plans (each device is made current in
    turn, then the original one restored). Calls after this start afresh. */

@@ -86,7 +86,8 @@ static float *gather_rows(const float *matrix, int cols, const int64_t *index, i
 
 static void case_name_of(char *text, size_t capacity, const shape *s, const char *detail, int fused)
 {
-    snprintf(text, capacity, "%s, %s, %s", s->name, detail, fused ? "fused epilogues" : "own kernels");
+    static const char *const paths[] = {"own kernels", "fused epilogues", "fused epilogues but the bias gradient"};
+    snprintf(text, capacity, "%s, %s, %s", s->name, detail, paths[fused]);
 }
 
 /* Forward with each epilogue: y (and the GELU pre-activation) against cpu_linear_fwd (+ cpu_gelu_tanh_fwd). */
@@ -113,10 +114,10 @@ static void check_forward(const shape *s, gemm_epilogue epilogue)
     gpu_bf16 *d_x = device_upload(x_bits, n_x * sizeof *x_bits), *d_w = device_upload(w_bits, n_w * sizeof *w_bits);
     gpu_bf16 *d_b = device_upload(b_bits, (size_t)out * sizeof *b_bits);
     static const char *const names[] = {"no epilogue", "bias", "bias + GELU"};
-    for (int fused = 1; fused >= 0; --fused) {
+    for (int fused = GEMM_FUSED_BUT_BIAS_GRAD; fused >= GEMM_FUSED_NONE; --fused) {
         char case_name[200];
         case_name_of(case_name, sizeof case_name, s, names[epilogue], fused);
-        gemm_set_fused_epilogues(fused);
+        gemm_set_fused_epilogues((gemm_fusion)fused);
         gpu_bf16 *d_y = device_poisoned(n_y * sizeof *d_y);
         gpu_bf16 *d_pre = gelu ? device_poisoned(n_y * sizeof *d_pre) : NULL;
         gemm_linear_fwd(d_x, rows, in, out, d_w, epilogue == GEMM_EPILOGUE_NONE ? NULL : d_b, epilogue, d_y, d_pre,
@@ -139,7 +140,7 @@ static void check_forward(const shape *s, gemm_epilogue epilogue)
         }
         CUDA_CHECK(cudaFree(d_y));
     }
-    gemm_set_fused_epilogues(1);
+    gemm_set_fused_epilogues(GEMM_FUSION_DEFAULT);
     void *host[] = {x_bits, w_bits, b_bits, x, w, b, rows_checked, x_sub, pre_ref, y_ref};
     void *device[] = {d_x, d_w, d_b};
     free_host_buffers(host, sizeof host / sizeof *host);
@@ -179,11 +180,11 @@ static void check_backward_data(const shape *s, int with_gelu, int accumulate)
 
     gpu_bf16 *d_dy = device_upload(dy_bits, n_y * sizeof *dy_bits), *d_w = device_upload(w_bits, n_w * sizeof *w_bits);
     gpu_bf16 *d_gin = device_upload(gin_bits, (with_gelu ? n_x : 0) * sizeof *gin_bits);
-    for (int fused = 1; fused >= 0; --fused) {
+    for (int fused = GEMM_FUSED_BUT_BIAS_GRAD; fused >= GEMM_FUSED_NONE; --fused) {
         char case_name[200];
         case_name_of(case_name, sizeof case_name, s,
                      with_gelu ? "GELU gradient" : accumulate ? "added into dx" : "plain", fused);
-        gemm_set_fused_epilogues(fused);
+        gemm_set_fused_epilogues((gemm_fusion)fused);
         gpu_bf16 *d_dx =
             accumulate ? device_upload(dx0_bits, n_x * sizeof *dx0_bits) : device_poisoned(n_x * sizeof *d_dx);
         gemm_linear_bwd_data(d_dy, rows, in, out, d_w, with_gelu ? d_gin : NULL, d_dx, accumulate, g_stream);
@@ -196,7 +197,7 @@ static void check_backward_data(const shape *s, int with_gelu, int accumulate)
         free(got), free(got_sub);
         CUDA_CHECK(cudaFree(d_dx));
     }
-    gemm_set_fused_epilogues(1);
+    gemm_set_fused_epilogues(GEMM_FUSION_DEFAULT);
     void *host[] = {dy_bits, w_bits, gin_bits, dx0_bits, dy, w, gelu_input, dx0, rows_checked, w_t, dy_sub, dx_ref};
     void *device[] = {d_dy, d_w, d_gin};
     free_host_buffers(host, sizeof host / sizeof *host);
@@ -234,12 +235,12 @@ static void check_backward_weight(const shape *s, int with_bias, int accumulate)
     }
 
     gpu_bf16 *d_x = device_upload(x_bits, n_x * sizeof *x_bits), *d_dy = device_upload(dy_bits, n_y * sizeof *dy_bits);
-    for (int fused = 1; fused >= 0; --fused) {
+    for (int fused = GEMM_FUSED_BUT_BIAS_GRAD; fused >= GEMM_FUSED_NONE; --fused) {
         char case_name[200];
         case_name_of(case_name, sizeof case_name, s,
                      accumulate ? (with_bias ? "dW, db accumulated twice" : "dW accumulated twice")
                                 : (with_bias ? "dW, db overwritten" : "dW overwritten"), fused);
-        gemm_set_fused_epilogues(fused);
+        gemm_set_fused_epilogues((gemm_fusion)fused);
         float *d_dw = accumulate ? device_upload(dw0, n_w * sizeof *dw0) : device_poisoned(n_w * sizeof *d_dw);
         float *d_db = with_bias ? (accumulate ? device_upload(db0, (size_t)out * sizeof *db0)
                                               : device_poisoned((size_t)out * sizeof *d_db))
@@ -263,7 +264,7 @@ static void check_backward_weight(const shape *s, int with_bias, int accumulate)
         }
         CUDA_CHECK(cudaFree(d_dw));
     }
-    gemm_set_fused_epilogues(1);
+    gemm_set_fused_epilogues(GEMM_FUSION_DEFAULT);
     void *host[] = {x_bits, dy_bits, x, dy, dw0, db0, outs_checked, dy_cols, dw_ref, db_ref};
     void *device[] = {d_x, d_dy};
     free_host_buffers(host, sizeof host / sizeof *host);

@@ -39,7 +39,7 @@ typedef struct {
     int n_seq;
     int64_t seq[kMaxSeq];  /* S: tokens of the one sample of the gemm, attention and block sections */
     int text_rows;         /* its text tokens */
-    int gemm_fused;        /* cuBLASLt's fused epilogues (1) or plain GEMMs + own kernels (0) */
+    int gemm_fused;        /* gemm_fusion: cuBLASLt's fused epilogues (1), all but the bias gradient (2), none (0) */
     int profile_step;      /* block: one more 2-layer step inside cudaProfilerStart/Stop, for a profiler */
     const char *json_path;
 } bench_options;
@@ -50,7 +50,7 @@ static void usage(FILE *out)
             "usage: aldit-bench [--sections lnmod,gemm,attention,block] [--samples B] [--rows S] [--dims D1,D2,...]\n"
             "                   [--repeats N] [--max-vpt F,B,R] [--fwd-order chunk|interleave] [--fwd-streaming 0|1]\n"
             "                   [--fwd-stages P,R]\n"
-            "                   [--seq S1,S2,...] [--text-rows T] [--gemm-fused 0|1] [--profile-step 0|1] [--json FILE]\n"
+            "                   [--seq S1,S2,...] [--text-rows T] [--gemm-fused 0|1|2] [--profile-step 0|1] [--json FILE]\n"
             "  Device copy bandwidth, then the sections (default lnmod,gemm):\n"
             "  lnmod: LayerNorm-Modulate (forward, backward, gated-residual variants) on B packed samples of S rows\n"
             "    each (default B=2, S=32760, D=1536,3072,5120). --max-vpt, --fwd-order, --fwd-streaming and\n"
@@ -63,7 +63,9 @@ static void usage(FILE *out)
             "  gemm: the cuBLASLt linear layers of one Wan-1.3B block (D=1536, FFN 8960) on one sample of S rows\n"
             "    (--seq, default S=4096,16384,32760,75600) and T text rows (default 512): forward, backward data and\n"
             "    backward weight (fp32 dW and db accumulated) in TFLOP/s, the block's GEMM sum, and an 8192^3\n"
-            "    reference; --gemm-fused 0 runs plain GEMMs + aldit's own epilogue kernels instead.\n"
+            "    reference. --gemm-fused (gemm_fusion in cuda/gemm.h; the block section follows it): 2 (default)\n"
+            "    cuBLASLt's epilogues but the bias gradients from aldit's own column sums, 1 all in cuBLASLt, 0 plain\n"
+            "    GEMMs + aldit's own epilogue kernels.\n"
             "  attention: aldit's flash attention (cuda/attention.h) and, where built with it, cuDNN's fused SDPA\n"
             "    (cuda/attention_cudnn.h), forward and backward, 12 heads of 128, on one sample: self-attention\n"
             "    S x S and cross-attention S x T, in TFLOP/s.\n"
@@ -90,7 +92,7 @@ static long parse_long(const char *text, const char *option, long low, long high
 static bench_options parse_options(int argc, char **argv)
 {
     bench_options o = {1, 1, 0, 0, 2, 32760, 3, {1536, 3072, 5120}, 21, 10, {0, 0, 0, 0, 0, 0, 0},
-                       4, {4096, 16384, 32760, 75600}, 512, 1, 0, NULL};
+                       4, {4096, 16384, 32760, 75600}, 512, GEMM_FUSION_DEFAULT, 0, NULL};
     for (int i = 1; i < argc; ++i) {
         const char *arg = argv[i];
         if (!strcmp(arg, "--help") || !strcmp(arg, "-h")) {
@@ -108,7 +110,7 @@ static bench_options parse_options(int argc, char **argv)
         else if (!strcmp(arg, "--repeats")) o.repeats = (int)parse_long(value, arg, 1, 1000);
         else if (!strcmp(arg, "--json")) o.json_path = value;
         else if (!strcmp(arg, "--text-rows")) o.text_rows = (int)parse_long(value, arg, 1, 1L << 20);
-        else if (!strcmp(arg, "--gemm-fused")) o.gemm_fused = (int)parse_long(value, arg, 0, 1);
+        else if (!strcmp(arg, "--gemm-fused")) o.gemm_fused = (int)parse_long(value, arg, 0, 2);
         else if (!strcmp(arg, "--profile-step")) o.profile_step = (int)parse_long(value, arg, 0, 1);
         else if (!strcmp(arg, "--sections")) {
             char *copy = strdup(value), *save = NULL;
@@ -518,7 +520,7 @@ static double tflops(double flops, double ms) { return flops / (ms * 1e9); }
 /* Times the three GEMMs of every linear of a Wan-1.3B block at every S, and the 8192^3 reference. */
 static void run_gemm_section(const bench_options *o, cudaStream_t stream, gemm_results *r)
 {
-    gemm_set_fused_epilogues(o->gemm_fused);
+    gemm_set_fused_epilogues((gemm_fusion)o->gemm_fused);
     int64_t max_rows = o->text_rows;
     for (int i = 0; i < o->n_seq; ++i) max_rows = o->seq[i] > max_rows ? o->seq[i] : max_rows;
     size_t n_act = (size_t)max_rows * kWanFfn, n_weight = (size_t)kWanFfn * kWanDim;
@@ -547,7 +549,10 @@ static void run_gemm_section(const bench_options *o, cudaStream_t stream, gemm_r
 
     printf("GEMMs of a Wan-1.3B block (cuBLASLt, bf16 in and out, fp32 accumulation; dW, db fp32 accumulated; "
            "epilogues: %s),\n  one sample of S rows and %d text rows:\n",
-           o->gemm_fused ? "fused in cuBLASLt" : "plain GEMMs + own kernels", o->text_rows);
+           o->gemm_fused == GEMM_FUSED_ALL             ? "fused in cuBLASLt"
+           : o->gemm_fused == GEMM_FUSED_BUT_BIAS_GRAD ? "fused in cuBLASLt but the bias gradient (own column sums)"
+                                                       : "plain GEMMs + own kernels",
+           o->text_rows);
     printf("%-6s %-25s %6s %5s %5s %-11s %9s %8s\n", "S", "layer", "rows", "in", "out", "op", "ms", "TFLOP/s");
     for (int si = 0; si < o->n_seq; ++si) {
         r->block_ms[si][0] = r->block_ms[si][1] = r->block_flops[si][0] = r->block_flops[si][1] = 0.0;
@@ -584,7 +589,7 @@ static void run_gemm_section(const bench_options *o, cudaStream_t stream, gemm_r
     gemm_stats stats_after;
     gemm_get_stats(&stats_after);
     r->unfused_calls = stats_after.unfused - stats_before.unfused;
-    if (o->gemm_fused)
+    if (o->gemm_fused != GEMM_FUSED_NONE)
         printf("calls whose fused epilogue cuBLASLt had no algorithm for (own kernels ran instead): %lld\n",
                (long long)r->unfused_calls);
 
