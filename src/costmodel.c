@@ -121,6 +121,19 @@ static void count_activation_bytes(cost_model *cm, const deck *config)
     cm->mem_per_sample = FP32_BYTES * (config->model.freq_dim + 8.0 * dim);
 }
 
+int cost_model_calibration_copies(const cost_model *cm, int64_t tokens, int64_t text_len, int64_t max_tokens,
+                                  int64_t max_text, int max_samples, double mem_budget, double fill_bytes,
+                                  int max_copies)
+{
+    const double bytes = cost_model_mem(cm, tokens, text_len);
+    if (tokens > max_tokens || text_len > max_text || max_samples < 1 || bytes > mem_budget) return 0;
+    int copies = 1;
+    while (copies < max_copies && copies < max_samples && (copies + 1) * tokens <= max_tokens &&
+           (copies + 1) * text_len <= max_text && (copies + 1) * bytes <= fill_bytes)
+        copies++;
+    return copies;
+}
+
 void cost_model_copy_memory(cost_model *cm, const cost_model *from)
 {
     cm->mem_per_sample = from->mem_per_sample;

@@ -63,6 +63,14 @@ inline double cost_model_mem(const cost_model *cm, int64_t tokens, int64_t text_
     return cm->mem_per_sample + cm->mem_per_token * (double)tokens + cm->mem_per_text_token * (double)text_len;
 }
 
+/* Copies of one sample (tokens, text_len) that one micro-batch of the GPU start-up calibration holds: the
+   most that fit a micro-batch of at most max_tokens tokens, max_text text tokens and max_samples samples
+   and whose summed activation bytes (cost_model_mem) stay within fill_bytes; at most max_copies, at least
+   1; 0 when one copy alone is beyond that capacity or over mem_budget (an oversize sample). */
+int cost_model_calibration_copies(const cost_model *cm, int64_t tokens, int64_t text_len, int64_t max_tokens,
+                                  int64_t max_text, int max_samples, double mem_budget, double fill_bytes,
+                                  int max_copies);
+
 /* Take the activation bytes per sample, token and text token of `from` (the rest of `cm` stays). */
 void cost_model_copy_memory(cost_model *cm, const cost_model *from);
 

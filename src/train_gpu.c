@@ -446,24 +446,6 @@ static int64_t shape_tokens(const model *host, const gpu_shape *shape)
     return (int64_t)(shape->frames / host->patch_t) * (shape->height / host->patch_h) * (shape->width / host->patch_w);
 }
 
-/* Copies of this shape one micro-batch takes: at most max_copies, within the GPU model's capacity
-   (tokens, text rows, samples), and by the memory model within fill_bytes; at least 1. 0 when one copy
-   alone is beyond the capacity, or an oversize sample (cuDNN's buffer was planned for the longest sample
-   the balancer may schedule). */
-static int copies_that_fit(const train_gpu *gpu, const gpu_shape *shape, int max_copies, double fill_bytes)
-{
-    const gpu_plan *plan = &gpu->plan;
-    const int64_t tokens = shape_tokens(gpu->host, shape), text = shape->text_len;
-    const double bytes = cost_model_mem(&gpu->cm, tokens, text);
-    if (tokens > plan->max_tokens || text > plan->max_text || plan->max_samples < 1 || bytes > plan->mem_budget)
-        return 0;
-    int copies = 1;
-    while (copies < max_copies && copies < plan->max_samples && (copies + 1) * tokens <= plan->max_tokens &&
-           (copies + 1) * text <= plan->max_text && (copies + 1) * bytes <= fill_bytes)
-        copies++;
-    return copies;
-}
-
 /* Seconds of one forward + backward of a micro-batch of `copies` samples of this shape (only the time
    counts), after a warm-up call of the same micro-batch. */
 static double time_micro_batch(train_gpu *gpu, const gpu_shape *shape, int copies, const calibration_batch *room)
@@ -494,7 +476,11 @@ double train_gpu_time_shapes(train_gpu *gpu, int n_ranks, const gpu_shape *shape
     int most_copies = 1;
     int64_t max_latent = 0, max_text = 0;
     for (int i = 0; i < n_shapes; i++) {
-        copies[i] = copies_that_fit(gpu, &shapes[i], max_copies, fill * gpu->plan.mem_budget);
+        /* within the capacity, and not an oversize sample (cuDNN's buffer was planned for the longest sample
+           the balancer may schedule) */
+        copies[i] = cost_model_calibration_copies(&gpu->cm, shape_tokens(host, &shapes[i]), shapes[i].text_len,
+                                                  gpu->plan.max_tokens, gpu->plan.max_text, gpu->plan.max_samples,
+                                                  gpu->plan.mem_budget, fill * gpu->plan.mem_budget, max_copies);
         int64_t latent = (int64_t)copies[i] * host->in_dim * shapes[i].frames * shapes[i].height * shapes[i].width;
         int64_t text = (int64_t)copies[i] * shapes[i].text_len;
         if (copies[i] > most_copies) most_copies = copies[i];

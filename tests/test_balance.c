@@ -826,10 +826,84 @@ static void test_startup_calibration(void **state)
     free(samples);
 }
 
+/* The copies of one sample a calibration micro-batch holds: capped by max_copies, samples, tokens, text
+   rows and the fill bytes; 0 for a sample beyond the capacity or the budget. */
+static void test_calibration_copies(void **state)
+{
+    (void)state;
+    deck config = test_deck(STRATEGY_GLOBAL, 29);
+    cost_model cm;
+    cost_model_init(&cm, &config);
+    const double one = cost_model_mem(&cm, 1000, 64), budget = 100 * one;
+    assert_int_equal(cost_model_calibration_copies(&cm, 1000, 64, 1 << 20, 1 << 20, 1000, budget, budget, 32), 32);
+    assert_int_equal(cost_model_calibration_copies(&cm, 1000, 64, 1 << 20, 1 << 20, 1000, budget, 5.5 * one, 32), 5);
+    assert_int_equal(cost_model_calibration_copies(&cm, 1000, 64, 3200, 1 << 20, 1000, budget, budget, 32), 3);
+    assert_int_equal(cost_model_calibration_copies(&cm, 1000, 64, 1 << 20, 200, 1000, budget, budget, 32), 3);
+    assert_int_equal(cost_model_calibration_copies(&cm, 1000, 64, 1 << 20, 1 << 20, 2, budget, budget, 32), 2);
+    assert_int_equal(cost_model_calibration_copies(&cm, 1000, 64, 1 << 20, 1 << 20, 1000, budget, 0.5 * one, 32), 1);
+    assert_int_equal(cost_model_calibration_copies(&cm, 1000, 64, 1 << 20, 1 << 20, 1000, budget, budget, 1), 1);
+    assert_int_equal(cost_model_calibration_copies(&cm, 1000, 64, 999, 1 << 20, 1000, budget, budget, 32), 0);
+    assert_int_equal(cost_model_calibration_copies(&cm, 1000, 64, 1 << 20, 63, 1000, budget, budget, 32), 0);
+    assert_int_equal(cost_model_calibration_copies(&cm, 1000, 64, 1 << 20, 1 << 20, 1000, 0.9 * one, budget, 32), 0);
+    cost_model_free(&cm);
+}
+
+/* A device whose every forward + backward call costs a fixed 5 ms on top of its samples' costs (as a GPU
+   pays embeddings, head and launches once per micro-batch). Timing one sample per call puts that cost into
+   every sample's constant; timing micro-batches packed as training packs them (cost_model_calibration_copies)
+   predicts training's micro-batches: many short samples in one call, and a long video alone. */
+static void test_packed_calibration_amortises_fixed_cost(void **state)
+{
+    (void)state;
+    deck config = test_deck(STRATEGY_GLOBAL, 31);
+    balance_sample *samples = random_samples(31, 500, 6000);
+    balancer *single = balancer_create(&config, samples, 500, 2, mem_of(&config, 9000), NULL);
+    balancer *packed = balancer_create(&config, samples, 500, 2, mem_of(&config, 9000), NULL);
+    const cost_model *seed = balancer_cost_model(single);
+    const double per_call = 5e-3;
+    const double truth[COST_N_FEATURES] = {2e-4, seed->coef[1], seed->coef[2], seed->coef[3], seed->coef[4]};
+    const double budget = mem_of(&config, 9000), fill = 0.9 * budget;
+    enum { n_shapes = 16 };
+    cost_features one_each[n_shapes] = {0}, packed_each[n_shapes] = {0};
+    double one_seconds[n_shapes], packed_seconds[n_shapes];
+    for (int i = 0; i < n_shapes; i++) {
+        const int64_t tokens = 128 + 390 * i, text = 64;
+        const int copies = cost_model_calibration_copies(seed, tokens, text, 1 << 20, 1 << 20, 4096, budget, fill, 32);
+        assert_true(copies >= 1);
+        for (int c = 0; c < copies; c++) cost_features_add(&packed_each[i], tokens, text);
+        cost_features_add(&one_each[i], tokens, text);
+        one_seconds[i] = per_call, packed_seconds[i] = per_call;
+        for (int j = 0; j < COST_N_FEATURES; j++) {
+            one_seconds[i] += truth[j] * one_each[i].value[j];
+            packed_seconds[i] += truth[j] * packed_each[i].value[j];
+        }
+    }
+    assert_int_equal(balancer_calibrate(single, n_shapes, one_each, one_seconds), 1);
+    assert_int_equal(balancer_calibrate(packed, n_shapes, packed_each, packed_seconds), 1);
+    /* training's micro-batches: 24 short samples packed into one call; one long video alone */
+    const int64_t lengths[2] = {300, 6000};
+    const int counts[2] = {24, 1};
+    for (int m = 0; m < 2; m++) {
+        cost_features batch = {0};
+        for (int c = 0; c < counts[m]; c++) cost_features_add(&batch, lengths[m], 64);
+        double device = per_call;
+        for (int j = 0; j < COST_N_FEATURES; j++) device += truth[j] * batch.value[j];
+        const double single_error = cost_model_predict_features(balancer_cost_model(single), &batch) / device - 1;
+        const double packed_error = cost_model_predict_features(balancer_cost_model(packed), &batch) / device - 1;
+        if (m == 0) assert_true(single_error > 0.5);  /* 24 fixed costs charged for one */
+        assert_true(fabs(packed_error) < 0.15);
+    }
+    balancer_free(single);
+    balancer_free(packed);
+    free(samples);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_startup_calibration),
+        cmocka_unit_test(test_calibration_copies),
+        cmocka_unit_test(test_packed_calibration_amortises_fixed_cost),
         cmocka_unit_test(test_flops_and_attention_share),
         cmocka_unit_test(test_memory_model),
         cmocka_unit_test(test_nnls_clamps_negative),
