@@ -904,3 +904,5 @@ void deck_print_reference(FILE *out)
 
 const char *deck_strategy_name(deck_strategy strategy) { return strategy_names[strategy]; }
 const char *deck_device_name(deck_device device) { return device_names[device]; }
+const char *deck_recompute_name(deck_recompute recompute) { return recompute_names[recompute]; }
+const char *deck_attention_name(deck_attention attention) { return attention_names[attention]; }

@@ -119,5 +119,7 @@ void deck_print_reference(FILE *out);
 /* Names of enum values, for printing. */
 const char *deck_strategy_name(deck_strategy strategy);
 const char *deck_device_name(deck_device device);
+const char *deck_recompute_name(deck_recompute recompute);
+const char *deck_attention_name(deck_attention attention);
 
 #endif

@@ -2,6 +2,7 @@
 #include "config.h"
 #include "train.h"
 #include "balance.h"
+#include "calibration.h"
 #include "check.h"
 #include "checkpoint.h"
 #include "costmodel.h"
@@ -963,7 +964,8 @@ static int compare_shapes(const void *a, const void *b)
 /* Time the store's distinct sample shapes (at most CALIBRATION_MAX_SHAPES, spread over the length range;
    each with its mean text length) on the GPU, each packed into a micro-batch of as many copies as training
    would pack (train_gpu_time_shapes; one copy with [balance] calibrate_packed off), so that the timings
-   carry the per-micro-batch fixed cost as training does; rank 0 keeps them for the balancer's cost model. */
+   carry the per-micro-batch fixed cost as training does; rank 0 keeps them for the balancer's cost model,
+   and in the run folder (calibration.h), from where a restarted run on the same device and model reads them. */
 static void calibrate_on_gpu(trainer *t)
 {
     /* every sample's shape, sorted (by tokens, then frames, height, width), then one entry per distinct
@@ -990,28 +992,52 @@ static void calibrate_on_gpu(trainer *t)
     gpu_shape shapes[CALIBRATION_MAX_SHAPES];
     for (int i = 0; i < n_shapes; i++) /* evenly spaced over the sorted shapes, both ends included */
         shapes[i] = distinct[n_shapes > 1 ? (int64_t)i * (n_distinct - 1) / (n_shapes - 1) : 0];
-    double seconds[CALIBRATION_MAX_SHAPES];
     int copies[CALIBRATION_MAX_SHAPES];
     const int max_copies = t->config->balance.calibrate_packed ? CALIBRATION_MAX_COPIES : 1;
-    double spent = train_gpu_time_shapes(t->gpu, t->info->n_ranks, shapes, n_shapes, max_copies, copies, seconds);
+    train_gpu_calibration_copies(t->gpu, shapes, n_shapes, max_copies, copies);
+    calibration_entry entries[CALIBRATION_MAX_SHAPES];
+    for (int i = 0; i < n_shapes; i++)
+        entries[i] = (calibration_entry){shapes[i].frames, shapes[i].height, shapes[i].width, shapes[i].text_len,
+                                         copies[i], -1.0};
+
+    /* a run restarted on the same device and model reads the timings from the run folder; rank 0 decides */
+    char path[DECK_PATH_MAX + 32], key[CALIBRATION_KEY_MAX] = "";
+    snprintf(path, sizeof path, "%s/%s", t->config->run.dir, CALIBRATION_FILE);
+    int cached = 0;
+    if (t->info->rank == 0) {
+        const gpu_plan *plan = train_gpu_get_plan(t->gpu);
+        calibration_key(t->config, plan->description, plan->ranks_per_gpu, key, sizeof key);
+        cached = calibration_load(path, key, entries, n_shapes) == CALIBRATION_CACHE_HIT;
+    }
+    comm_bcast_bytes(&cached, sizeof cached);
+    double spent = 0.0;
+    if (!cached) {
+        double seconds[CALIBRATION_MAX_SHAPES];
+        spent = train_gpu_time_shapes(t->gpu, t->info->n_ranks, shapes, n_shapes, copies, seconds);
+        for (int i = 0; i < n_shapes; i++) entries[i].seconds = seconds[i];
+        if (t->info->rank == 0) calibration_save(path, key, entries, n_shapes);
+    }
     if (t->info->rank == 0) {
         t->calibration_features = xcalloc((size_t)n_shapes, sizeof *t->calibration_features);
         t->calibration_seconds = xmalloc((size_t)n_shapes * sizeof *t->calibration_seconds);
         int most_copies = 0;
         for (int i = 0; i < n_shapes; i++) {
-            if (copies[i] < 1 || seconds[i] <= 0) continue; /* beyond the GPU model's capacity */
+            if (entries[i].copies < 1 || entries[i].seconds <= 0) continue; /* beyond the GPU model's capacity */
             int64_t tokens = (int64_t)(shapes[i].frames / t->config->model.patch_t) *
                              (shapes[i].height / t->config->model.patch_h) * (shapes[i].width / t->config->model.patch_w);
-            for (int copy = 0; copy < copies[i]; copy++) /* the micro-batch's features: copies x one sample's */
+            for (int copy = 0; copy < entries[i].copies; copy++) /* the micro-batch's features: copies x one sample's */
                 cost_features_add(&t->calibration_features[t->n_calibration], tokens, shapes[i].text_len);
-            t->calibration_seconds[t->n_calibration++] = seconds[i];
-            if (copies[i] > most_copies) most_copies = copies[i];
+            t->calibration_seconds[t->n_calibration++] = entries[i].seconds;
+            if (entries[i].copies > most_copies) most_copies = entries[i].copies;
         }
-        if (most_copies > 1)
-            printf("  calibrate  %d of %d sample shapes timed on the GPU (packed up to %d per micro-batch) in %.1f s\n",
-                   t->n_calibration, n_shapes, most_copies, spent);
-        else printf("  calibrate  %d of %d sample shapes timed on the GPU (one per micro-batch) in %.1f s\n",
-                    t->n_calibration, n_shapes, spent);
+        char packing[48];
+        if (most_copies > 1) snprintf(packing, sizeof packing, "packed up to %d per micro-batch", most_copies);
+        else snprintf(packing, sizeof packing, "one per micro-batch");
+        if (cached)
+            printf("  calibrate  %d of %d sample shapes (%s): timings read from %s (same device and model; delete "
+                   "it to time them again)\n", t->n_calibration, n_shapes, packing, path);
+        else printf("  calibrate  %d of %d sample shapes timed on the GPU (%s) in %.1f s, kept in %s\n",
+                    t->n_calibration, n_shapes, packing, spent, path);
         fflush(stdout);
     }
     free(distinct);

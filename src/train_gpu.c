@@ -466,21 +466,27 @@ static double time_micro_batch(train_gpu *gpu, const gpu_shape *shape, int copie
     return comm_time() - started;
 }
 
-double train_gpu_time_shapes(train_gpu *gpu, int n_ranks, const gpu_shape *shapes, int n_shapes, int max_copies,
-                             int *copies, double *seconds)
+void train_gpu_calibration_copies(const train_gpu *gpu, const gpu_shape *shapes, int n_shapes, int max_copies,
+                                  int *copies)
+{
+    /* a training micro-batch fills at most [balance] mem_fill of the budget (the step's target) */
+    const double fill = gpu->config->balance.mem_fill > 0.0 ? gpu->config->balance.mem_fill : 0.9;
+    for (int i = 0; i < n_shapes; i++)
+        /* within the capacity, and not an oversize sample (cuDNN's buffer was planned for the longest sample
+           the balancer may schedule) */
+        copies[i] = cost_model_calibration_copies(&gpu->cm, shape_tokens(gpu->host, &shapes[i]), shapes[i].text_len,
+                                                  gpu->plan.max_tokens, gpu->plan.max_text, gpu->plan.max_samples,
+                                                  gpu->plan.mem_budget, fill * gpu->plan.mem_budget, max_copies);
+}
+
+double train_gpu_time_shapes(train_gpu *gpu, int n_ranks, const gpu_shape *shapes, int n_shapes, const int *copies,
+                             double *seconds)
 {
     const model *host = gpu->host;
     const double started = comm_time();
-    /* a training micro-batch fills at most [balance] mem_fill of the budget (the step's target) */
-    const double fill = gpu->config->balance.mem_fill > 0.0 ? gpu->config->balance.mem_fill : 0.9;
     int most_copies = 1;
     int64_t max_latent = 0, max_text = 0;
     for (int i = 0; i < n_shapes; i++) {
-        /* within the capacity, and not an oversize sample (cuDNN's buffer was planned for the longest sample
-           the balancer may schedule) */
-        copies[i] = cost_model_calibration_copies(&gpu->cm, shape_tokens(host, &shapes[i]), shapes[i].text_len,
-                                                  gpu->plan.max_tokens, gpu->plan.max_text, gpu->plan.max_samples,
-                                                  gpu->plan.mem_budget, fill * gpu->plan.mem_budget, max_copies);
         int64_t latent = (int64_t)copies[i] * host->in_dim * shapes[i].frames * shapes[i].height * shapes[i].width;
         int64_t text = (int64_t)copies[i] * shapes[i].text_len;
         if (copies[i] > most_copies) most_copies = copies[i];

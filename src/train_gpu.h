@@ -94,15 +94,18 @@ void train_gpu_finish_step(train_gpu *gpu, const adamw_step *hyper, int update, 
 /* One sample shape to time: latent frames, height, width (before patchify) and text tokens. */
 typedef struct { int32_t frames, height, width, text_len; } gpu_shape;
 
-/* Collective start-up calibration (DESIGN.md §3): the seconds of one forward + backward of a micro-batch
-   holding copies[i] copies of each shape on this rank's GPU (after a warm-up call, which also builds any
-   attention plans for that length), averaged over the ranks, into seconds[i]. copies[i] is the most
-   copies, at most max_copies, that the GPU model's capacity takes and whose memory model fits
-   [balance] mem_fill of the budget (0.9 where mem_fill is 0), at least 1; it is derived from the plan, so
-   every rank times the same micro-batches. A shape beyond the capacity even alone gets copies[i] = 0 and
-   seconds[i] = -1. max_copies = 1 times one sample per call. Leaves the gradients dirty
+/* Start-up calibration (DESIGN.md §3). The copies of each shape one timed micro-batch holds: the most
+   copies, at most max_copies, that the GPU model's capacity takes and whose memory model fits [balance]
+   mem_fill of the budget (0.9 where mem_fill is 0), at least 1 (cost_model_calibration_copies); derived
+   from the plan, so the same on every rank. 0 for a shape beyond the capacity even alone. max_copies = 1
+   times one sample per call. */
+void train_gpu_calibration_copies(const train_gpu *gpu, const gpu_shape *shapes, int n_shapes, int max_copies,
+                                  int *copies);
+/* Collective: the seconds of one forward + backward of a micro-batch holding copies[i] copies of each
+   shape on this rank's GPU (after a warm-up call, which also builds any attention plans for that length),
+   averaged over the ranks, into seconds[i]; -1 where copies[i] is 0. Leaves the gradients dirty
    (train_gpu_begin_step clears them) and the weights as they were. Returns the seconds spent. */
-double train_gpu_time_shapes(train_gpu *gpu, int n_ranks, const gpu_shape *shapes, int n_shapes, int max_copies,
-                             int *copies, double *seconds);
+double train_gpu_time_shapes(train_gpu *gpu, int n_ranks, const gpu_shape *shapes, int n_shapes, const int *copies,
+                             double *seconds);
 
 #endif

@@ -1,0 +1,147 @@
+/* calibration.c — reading and writing the start-up calibration's cached timings (calibration.txt in the run folder). */
+#include "config.h"
+#include "calibration.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+
+/* The file, line by line:
+     # aldit start-up calibration: forward + backward seconds of packed micro-batches (delete to time again)
+     key <calibration_key's text>
+     shapes <n>
+     <frames> <height> <width> <text_len> <copies> <seconds>     (n lines, in the caller's order)
+   Lines are at most CALIBRATION_LINE_MAX bytes. */
+enum { CALIBRATION_LINE_MAX = CALIBRATION_KEY_MAX + 64 };
+static const char header_line[] =
+    "# aldit start-up calibration: forward + backward seconds of packed micro-batches (delete to time again)\n";
+
+void calibration_key(const deck *config, const char *device, int ranks_per_gpu, char *key, size_t key_size)
+{
+    snprintf(key, key_size,
+             "aldit %s | %s | %d rank(s) per GPU | model dim %d ffn %d heads %d layers %d in %d out %d "
+             "patch %dx%dx%d text %d x %d freq %d qk_norm %d cross_attn_norm %d | recompute %s attention %s | "
+             "packed %d",
+             PACKAGE_VERSION, device, ranks_per_gpu, config->model.dim, config->model.ffn_dim,
+             config->model.num_heads, config->model.num_layers, config->model.in_dim, config->model.out_dim,
+             config->model.patch_t, config->model.patch_h, config->model.patch_w, config->model.text_len,
+             config->model.text_dim, config->model.freq_dim, config->model.qk_norm, config->model.cross_attn_norm,
+             deck_recompute_name(config->train.recompute), deck_attention_name(config->train.attention),
+             config->balance.calibrate_packed);
+    for (char *c = key; *c; c++)
+        if (*c == '\n' || *c == '\r') *c = ' '; /* one line in the file */
+}
+
+/* Read one line without its newline into `line`; 0 at the end of the file or when the line is too long
+   (*too_long set). */
+static int read_line(FILE *file, char *line, size_t line_size, int *too_long)
+{
+    *too_long = 0;
+    if (!fgets(line, (int)line_size, file)) return 0;
+    size_t length = strlen(line);
+    if (length > 0 && line[length - 1] == '\n') line[--length] = '\0';
+    else if (!feof(file)) {
+        *too_long = 1;
+        return 0;
+    }
+    return 1;
+}
+
+calibration_cache_status calibration_load(const char *path, const char *key, calibration_entry *entries,
+                                          int n_entries)
+{
+    FILE *file = fopen(path, "r");
+    if (!file) {
+        if (errno == ENOENT) return CALIBRATION_CACHE_MISSING;
+        aldit_warn("%s: cannot read the cached calibration (%s); timing the shapes again", path, strerror(errno));
+        return CALIBRATION_CACHE_CORRUPT;
+    }
+    char line[CALIBRATION_LINE_MAX];
+    int line_number = 0, too_long = 0;
+    calibration_cache_status status = CALIBRATION_CACHE_HIT;
+    double *seconds = xmalloc((size_t)(n_entries > 0 ? n_entries : 1) * sizeof *seconds);
+#define CORRUPT(...)                                                                                              \
+    do {                                                                                                          \
+        aldit_warn(__VA_ARGS__);                                                                                  \
+        status = CALIBRATION_CACHE_CORRUPT;                                                                       \
+        goto done;                                                                                                \
+    } while (0)
+    line_number++;
+    if (!read_line(file, line, sizeof line, &too_long) || strncmp(line, header_line, strlen(header_line) - 1) != 0)
+        CORRUPT("%s:%d: not an aldit calibration file (delete it to time the shapes again)", path, line_number);
+    line_number++;
+    if (!read_line(file, line, sizeof line, &too_long) || strncmp(line, "key ", 4) != 0)
+        CORRUPT("%s:%d: expected the line \"key ...\"", path, line_number);
+    if (strcmp(line + 4, key) != 0) {
+        status = CALIBRATION_CACHE_STALE;
+        goto done;
+    }
+    line_number++;
+    int n_cached = -1;
+    char extra;
+    if (!read_line(file, line, sizeof line, &too_long) || sscanf(line, "shapes %d %c", &n_cached, &extra) != 1 ||
+        n_cached < 0)
+        CORRUPT("%s:%d: expected the line \"shapes N\"", path, line_number);
+    if (n_cached != n_entries) {
+        status = CALIBRATION_CACHE_STALE;
+        goto done;
+    }
+    for (int i = 0; i < n_entries; i++) {
+        line_number++;
+        calibration_entry cached;
+        if (!read_line(file, line, sizeof line, &too_long) ||
+            sscanf(line, "%d %d %d %d %d %lf %c", &cached.frames, &cached.height, &cached.width, &cached.text_len,
+                   &cached.copies, &cached.seconds, &extra) != 6)
+            CORRUPT("%s:%d: expected \"frames height width text_len copies seconds\" (shape %d of %d)", path,
+                    line_number, i + 1, n_entries);
+        if (cached.copies < 0 || !isfinite(cached.seconds) || (cached.copies > 0 && !(cached.seconds > 0)))
+            CORRUPT("%s:%d: %d copies timed at %g s is not a timing", path, line_number, cached.copies,
+                    cached.seconds);
+        const calibration_entry *want = &entries[i];
+        if (cached.frames != want->frames || cached.height != want->height || cached.width != want->width ||
+            cached.text_len != want->text_len || cached.copies != want->copies) {
+            status = CALIBRATION_CACHE_STALE;
+            goto done;
+        }
+        seconds[i] = cached.copies > 0 ? cached.seconds : -1.0;
+    }
+    line_number++;
+    if (read_line(file, line, sizeof line, &too_long) || too_long)
+        CORRUPT("%s:%d: more lines than the %d shapes it announces", path, line_number, n_entries);
+    for (int i = 0; i < n_entries; i++) entries[i].seconds = seconds[i];
+#undef CORRUPT
+done:
+    free(seconds);
+    fclose(file);
+    return status;
+}
+
+int calibration_save(const char *path, const char *key, const calibration_entry *entries, int n_entries)
+{
+    char tmp_path[DECK_PATH_MAX + 16];
+    snprintf(tmp_path, sizeof tmp_path, "%s.tmp", path);
+    FILE *file = fopen(tmp_path, "w");
+    if (!file) {
+        aldit_warn("cannot write the calibration cache %s: %s (the run goes on without it)", tmp_path,
+                   strerror(errno));
+        return -1;
+    }
+    int failed = fputs(header_line, file) < 0 || fprintf(file, "key %s\nshapes %d\n", key, n_entries) < 0;
+    for (int i = 0; i < n_entries && !failed; i++) {
+        const calibration_entry *e = &entries[i];
+        failed = fprintf(file, "%d %d %d %d %d %.17g\n", e->frames, e->height, e->width, e->text_len, e->copies,
+                         e->copies > 0 ? e->seconds : -1.0) < 0;
+    }
+    failed |= fflush(file) != 0;
+    failed |= fclose(file) != 0;
+    if (failed || rename(tmp_path, path) != 0) {
+        aldit_warn("cannot write the calibration cache %s: %s (the run goes on without it)", path, strerror(errno));
+        remove(tmp_path);
+        return -1;
+    }
+    return 0;
+}
