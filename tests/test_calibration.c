@@ -15,23 +15,6 @@
 
 enum { N_SHAPES = 3 };
 
-/* A scratch folder per test (mkdtemp), its cache path in `path`. */
-static void scratch_path(char *folder, size_t folder_size, char *path, size_t path_size)
-{
-    snprintf(folder, folder_size, "/tmp/aldit_calibration_XXXXXX");
-    assert_non_null(mkdtemp(folder));
-    snprintf(path, path_size, "%s/%s", folder, CALIBRATION_FILE);
-}
-
-static void remove_scratch(const char *folder, const char *path)
-{
-    char tmp_path[512];
-    snprintf(tmp_path, sizeof tmp_path, "%s.tmp", path);
-    remove(path);
-    remove(tmp_path);
-    rmdir(folder);
-}
-
 /* Three shapes as calibrate_on_gpu makes them: two timed, one beyond the capacity. */
 static void timed_entries(calibration_entry *entries)
 {
@@ -46,6 +29,38 @@ static void asked_entries(calibration_entry *entries)
 {
     timed_entries(entries);
     for (int i = 0; i < N_SHAPES; i++) entries[i].seconds = 0.0;
+}
+
+/* Each file test's fixture: a scratch folder (mkdtemp) with the cache's path in it, the entries as
+   timed and as asked for. */
+typedef struct {
+    char folder[64], path[128];
+    calibration_entry timed[N_SHAPES], asked[N_SHAPES];
+} scratch;
+
+static int make_scratch(void **state)
+{
+    scratch *s = calloc(1, sizeof *s);
+    if (!s) return -1;
+    snprintf(s->folder, sizeof s->folder, "/tmp/aldit_calibration_XXXXXX");
+    if (!mkdtemp(s->folder)) return -1;
+    snprintf(s->path, sizeof s->path, "%s/%s", s->folder, CALIBRATION_FILE);
+    timed_entries(s->timed);
+    asked_entries(s->asked);
+    *state = s;
+    return 0;
+}
+
+static int remove_scratch(void **state)
+{
+    scratch *s = *state;
+    char tmp_path[160];
+    snprintf(tmp_path, sizeof tmp_path, "%s.tmp", s->path);
+    remove(s->path);
+    remove(tmp_path);
+    rmdir(s->folder);
+    free(s);
+    return 0;
 }
 
 static void write_text(const char *path, const char *text)
@@ -92,58 +107,47 @@ static void test_key_names_what_the_timings_depend_on(void **state)
 
 static void test_round_trip(void **state)
 {
-    (void)state;
-    char folder[64], path[128];
-    scratch_path(folder, sizeof folder, path, sizeof path);
-    calibration_entry timed[N_SHAPES], asked[N_SHAPES];
-    timed_entries(timed);
-    asked_entries(asked);
-    assert_int_equal(calibration_load(path, "k", asked, N_SHAPES), CALIBRATION_CACHE_MISSING);
-    assert_int_equal(calibration_save(path, "k", timed, N_SHAPES), 0);
+    scratch *s = *state;
+    calibration_entry *timed = s->timed, *asked = s->asked;
+    assert_int_equal(calibration_load(s->path, "k", asked, N_SHAPES), CALIBRATION_CACHE_MISSING);
+    assert_int_equal(calibration_save(s->path, "k", timed, N_SHAPES), 0);
     char tmp_path[160];
-    snprintf(tmp_path, sizeof tmp_path, "%s.tmp", path);
+    snprintf(tmp_path, sizeof tmp_path, "%s.tmp", s->path);
     assert_int_equal(access(tmp_path, F_OK), -1); /* renamed into place */
-    assert_int_equal(calibration_load(path, "k", asked, N_SHAPES), CALIBRATION_CACHE_HIT);
+    assert_int_equal(calibration_load(s->path, "k", asked, N_SHAPES), CALIBRATION_CACHE_HIT);
     for (int i = 0; i < N_SHAPES; i++) {
         assert_int_equal(asked[i].copies, timed[i].copies);
         assert_true(asked[i].seconds == timed[i].seconds); /* %.17g: the same double back */
     }
     /* saving again replaces the file */
     timed[0].seconds = 0.25;
-    assert_int_equal(calibration_save(path, "k", timed, N_SHAPES), 0);
-    assert_int_equal(calibration_load(path, "k", asked, N_SHAPES), CALIBRATION_CACHE_HIT);
+    assert_int_equal(calibration_save(s->path, "k", timed, N_SHAPES), 0);
+    assert_int_equal(calibration_load(s->path, "k", asked, N_SHAPES), CALIBRATION_CACHE_HIT);
     assert_true(asked[0].seconds == 0.25);
-    remove_scratch(folder, path);
 }
 
 static void test_stale_cache_is_not_used(void **state)
 {
-    (void)state;
-    char folder[64], path[128];
-    scratch_path(folder, sizeof folder, path, sizeof path);
-    calibration_entry timed[N_SHAPES], asked[N_SHAPES];
-    timed_entries(timed);
-    assert_int_equal(calibration_save(path, "key of one device", timed, N_SHAPES), 0);
+    scratch *s = *state;
+    calibration_entry *asked = s->asked;
+    assert_int_equal(calibration_save(s->path, "key of one device", s->timed, N_SHAPES), 0);
+    assert_int_equal(calibration_load(s->path, "key of another", asked, N_SHAPES), CALIBRATION_CACHE_STALE);
     asked_entries(asked);
-    assert_int_equal(calibration_load(path, "key of another", asked, N_SHAPES), CALIBRATION_CACHE_STALE);
-    asked_entries(asked);
-    assert_int_equal(calibration_load(path, "key of one device", asked, N_SHAPES - 1), CALIBRATION_CACHE_STALE);
+    assert_int_equal(calibration_load(s->path, "key of one device", asked, N_SHAPES - 1), CALIBRATION_CACHE_STALE);
     asked_entries(asked);
     asked[0].copies = 16; /* another memory budget packs other micro-batches */
-    assert_int_equal(calibration_load(path, "key of one device", asked, N_SHAPES), CALIBRATION_CACHE_STALE);
+    assert_int_equal(calibration_load(s->path, "key of one device", asked, N_SHAPES), CALIBRATION_CACHE_STALE);
     asked_entries(asked);
     asked[1].width = 112;
-    assert_int_equal(calibration_load(path, "key of one device", asked, N_SHAPES), CALIBRATION_CACHE_STALE);
+    assert_int_equal(calibration_load(s->path, "key of one device", asked, N_SHAPES), CALIBRATION_CACHE_STALE);
     for (int i = 0; i < N_SHAPES; i++) assert_true(asked[i].seconds == 0.0); /* nothing filled in */
-    remove_scratch(folder, path);
 }
 
 static void test_corrupt_cache_is_reported(void **state)
 {
-    (void)state;
-    char folder[64], path[128];
-    scratch_path(folder, sizeof folder, path, sizeof path);
-    calibration_entry asked[N_SHAPES];
+    scratch *s = *state;
+    const char *path = s->path;
+    calibration_entry *asked = s->asked;
     static const char header[] =
         "# aldit start-up calibration: forward + backward seconds of packed micro-batches (delete to time again)\n";
     const char *bodies[] = {
@@ -169,7 +173,6 @@ static void test_corrupt_cache_is_reported(void **state)
     asked_entries(asked);
     assert_int_equal(calibration_load(path, "k", asked, N_SHAPES), CALIBRATION_CACHE_HIT);
     assert_true(asked[1].seconds == 0.5 && asked[2].seconds == -1.0);
-    remove_scratch(folder, path);
 }
 
 static void test_unwritable_folder_is_a_warning(void **state)
@@ -184,9 +187,9 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_key_names_what_the_timings_depend_on),
-        cmocka_unit_test(test_round_trip),
-        cmocka_unit_test(test_stale_cache_is_not_used),
-        cmocka_unit_test(test_corrupt_cache_is_reported),
+        cmocka_unit_test_setup_teardown(test_round_trip, make_scratch, remove_scratch),
+        cmocka_unit_test_setup_teardown(test_stale_cache_is_not_used, make_scratch, remove_scratch),
+        cmocka_unit_test_setup_teardown(test_corrupt_cache_is_reported, make_scratch, remove_scratch),
         cmocka_unit_test(test_unwritable_folder_is_a_warning),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
