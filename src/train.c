@@ -1011,11 +1011,12 @@ static void calibrate_on_gpu(trainer *t)
     }
     comm_bcast_bytes(&cached, sizeof cached);
     double spent = 0.0;
+    int saved = 0;
     if (!cached) {
         double seconds[CALIBRATION_MAX_SHAPES];
         spent = train_gpu_time_shapes(t->gpu, t->info->n_ranks, shapes, n_shapes, copies, seconds);
         for (int i = 0; i < n_shapes; i++) entries[i].seconds = seconds[i];
-        if (t->info->rank == 0) calibration_save(path, key, entries, n_shapes);
+        if (t->info->rank == 0) saved = calibration_save(path, key, entries, n_shapes) == 0;
     }
     if (t->info->rank == 0) {
         t->calibration_features = xcalloc((size_t)n_shapes, sizeof *t->calibration_features);
@@ -1036,8 +1037,8 @@ static void calibrate_on_gpu(trainer *t)
         if (cached)
             printf("  calibrate  %d of %d sample shapes (%s): timings read from %s (same device and model; delete "
                    "it to time them again)\n", t->n_calibration, n_shapes, packing, path);
-        else printf("  calibrate  %d of %d sample shapes timed on the GPU (%s) in %.1f s, kept in %s\n",
-                    t->n_calibration, n_shapes, packing, spent, path);
+        else printf("  calibrate  %d of %d sample shapes timed on the GPU (%s) in %.1f s%s%s\n", t->n_calibration,
+                    n_shapes, packing, spent, saved ? ", kept in " : "", saved ? path : "");
         fflush(stdout);
     }
     free(distinct);
