@@ -23,6 +23,7 @@ namespace {
 
 constexpr int kBlockThreads = 256;  // threads of every kernel here but the tiny ones
 constexpr int kMaxVecsPerThread = 4;
+constexpr size_t kDefaultDynamicShared = 40 * 1024;  // dynamic shared memory that needs no opt-in (limit: 48 KiB less the static)
 constexpr unsigned kFullMask = 0xffffffffu;
 constexpr float kNegLog2Theta = -13.287712379549449f;  // -log2(10000), RoPE's theta
 
@@ -669,8 +670,11 @@ extern "C" void fused_qk_norm_rope_bwd(const gpu_bf16 *x, const gpu_bf16 *dy, in
         constexpr int kTpr = decltype(tpr)::value, kRows = kBlockThreads / kTpr;
         const auto kernel = qk_norm_rope_bwd_kernel<kTpr, decltype(vpt)::value>;
         static Residency residency;
-        // the row groups' sums (kRows * dim floats, at most 8192) and the weight (dim bf16)
+        // the row groups' sums (kRows * dim floats, at most 8192) and the weight (dim bf16): up to 48 KiB, past
+        // the default limit of dynamic shared memory (48 KiB less the static) near FUSED_QK_MAX_DIM
         const size_t shared_bytes = (size_t)kRows * a.dim * sizeof(float) + (size_t)a.dim * sizeof(gpu_bf16);
+        if (shared_bytes > kDefaultDynamicShared)
+            CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared_bytes));
         const int64_t resident = resident_blocks(residency, reinterpret_cast<const void *>(kernel), shared_bytes);
         if (resident < n_blocks) n_blocks = (int)resident;
         kernel<<<n_blocks, dim3(kTpr, kRows), shared_bytes, stream>>>(a);

@@ -168,6 +168,8 @@ static void test_qk_dim1536_head16(void **state) { (void)state; run_grid_batches
 static void test_qk_dim64_head16(void **state) { (void)state; run_grid_batches(4, 16); }
 static void test_qk_dim3072_head128(void **state) { (void)state; run_grid_batches(24, 128); }
 static void test_qk_dim5120_head128(void **state) { (void)state; run_grid_batches(40, 128); }
+/* FUSED_QK_MAX_DIM: the backward's shared memory (sums and weight) is 48 KiB, past the default limit. */
+static void test_qk_dim8192_head128(void **state) { (void)state; run_grid_batches(64, 128); }
 /* Heads that are not a multiple of 8 values: vectors straddle heads and each vector has its own angles. */
 static void test_qk_odd_heads(void **state)
 {
@@ -499,7 +501,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_qk_dim1536_head128), cmocka_unit_test(test_qk_dim1536_head16),
         cmocka_unit_test(test_qk_dim64_head16),    cmocka_unit_test(test_qk_dim3072_head128),
-        cmocka_unit_test(test_qk_dim5120_head128), cmocka_unit_test(test_qk_odd_heads),
+        cmocka_unit_test(test_qk_dim5120_head128), cmocka_unit_test(test_qk_dim8192_head128),
+        cmocka_unit_test(test_qk_odd_heads),
         cmocka_unit_test(test_qk_many_rows),       cmocka_unit_test(test_sumsq_and_clip),
         cmocka_unit_test(test_adamw),              cmocka_unit_test(test_clipped_step),
         cmocka_unit_test(test_flow),               cmocka_unit_test(test_flow_many_samples),
