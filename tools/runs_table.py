@@ -2,12 +2,16 @@
 """runs_table.py — one Markdown table row per aldit run from its metrics.jsonl (plain Python, no packages).
 
 usage: tools/runs_table.py RUN_A/metrics.jsonl [RUN_B/metrics.jsonl ...] [--peak-tflops 989] [--skip-steps 0]
+                           [--baseline RUN]
 
 Per run (labelled by its run folder's name), over its steps (the first --skip-steps left out): steps,
 measured imbalance (mean over steps of 1 - mean/max per-rank compute time) and the balancer's predicted
 one, time (sum of step_s), samples/s, tokens/s per GPU, MFU (model_flops / (time x ranks x peak)), peak
 memory against the budget (largest mem_peak / mem_budget), data-wait share (sum of data_wait_s / time)
-and the share of exposed communication (comm_s / time).
+and the share of exposed communication (comm_s / time); the rank error spread, the mean over steps of
+the largest minus the smallest per-rank prediction error (rank_compute_s / rank_pred_s - 1: what
+unbalances the ranks; an error common to all ranks does not; "-" without those arrays); and with
+--baseline RUN, each run's samples/s over that run's.
 """
 import argparse
 import os
@@ -39,7 +43,21 @@ def summarise(path, rows, peak_tflops):
         "data_wait": sum(row["data_wait_s"] for row in rows) / time_s,
         "comm": sum(row["comm_s"] for row in rows) / time_s,
         "samples": samples,
+        "rank_error_spread": rank_error_spread(rows),
     }
+
+
+def rank_error_spread(rows):
+    """Mean over steps of max - min of the ranks' relative prediction errors; None without per-rank arrays."""
+    spreads = []
+    for row in rows:
+        measured, predicted = row.get("rank_compute_s"), row.get("rank_pred_s")
+        if not measured or not predicted:
+            return None
+        errors = [m / p - 1.0 for m, p in zip(measured, predicted) if p > 0]
+        if errors:
+            spreads.append(max(errors) - min(errors))
+    return sum(spreads) / len(spreads) if spreads else None
 
 
 def main():
@@ -47,19 +65,30 @@ def main():
     parser.add_argument("metrics", nargs="+")
     parser.add_argument("--peak-tflops", type=float, default=989.0, help="dense bf16 peak per GPU (H100/H200: 989)")
     parser.add_argument("--skip-steps", type=int, default=0, help="leave out each run's first N steps")
+    parser.add_argument("--baseline", help="the run (folder name) whose samples/s the others are compared with")
     args = parser.parse_args()
-    print("| run | GPUs | steps | samples | imbalance measured (predicted) | time (s) | samples/s | tokens/s per GPU "
-          "| MFU | peak mem / budget | data wait | comm |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    summaries = []
     for path in args.metrics:
         rows = read_metrics(path)[args.skip_steps:]
         if not rows:
             sys.exit(f"{path}: no steps after the first {args.skip_steps}")
-        r = summarise(path, rows, args.peak_tflops)
+        summaries.append(summarise(path, rows, args.peak_tflops))
+    baseline = None
+    if args.baseline:
+        matches = [r for r in summaries if r["run"] == args.baseline]
+        if not matches:
+            sys.exit(f"--baseline {args.baseline}: no such run among {', '.join(r['run'] for r in summaries)}")
+        baseline = matches[0]["samples_per_s"]
+    print("| run | GPUs | steps | samples | imbalance measured (predicted) | time (s) | samples/s | tokens/s per GPU "
+          "| MFU | peak mem / budget | data wait | comm | rank error spread |" + (" vs baseline |" if baseline else ""))
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if baseline else ""))
+    for r in summaries:
+        spread = "-" if r["rank_error_spread"] is None else f"{100 * r['rank_error_spread']:.1f}%"
+        ratio = f" {r['samples_per_s'] / baseline:.3f}x |" if baseline else ""
         print(f"| {r['run']} | {r['ranks']} | {r['steps']} | {r['samples']} | {100 * r['imbalance']:.1f}% "
               f"({100 * r['imbalance_pred']:.1f}%) | {r['time_s']:.2f} | {r['samples_per_s']:.1f} | "
               f"{r['tokens_per_s_per_gpu']:,.0f} | {100 * r['mfu']:.1f}% | {100 * r['mem']:.1f}% | "
-              f"{100 * r['data_wait']:.2f}% | {100 * r['comm']:.2f}% |")
+              f"{100 * r['data_wait']:.2f}% | {100 * r['comm']:.2f}% | {spread} |{ratio}")
 
 
 if __name__ == "__main__":
