@@ -122,12 +122,14 @@ done:
 
 int calibration_save(const char *path, const char *key, const calibration_entry *entries, int n_entries)
 {
-    char tmp_path[DECK_PATH_MAX + 16];
-    snprintf(tmp_path, sizeof tmp_path, "%s.tmp", path);
+    const size_t tmp_size = strlen(path) + sizeof ".tmp";
+    char *tmp_path = xmalloc(tmp_size);
+    snprintf(tmp_path, tmp_size, "%s.tmp", path);
     FILE *file = fopen(tmp_path, "w");
     if (!file) {
         aldit_warn("cannot write the calibration cache %s: %s (the run goes on without it)", tmp_path,
                    strerror(errno));
+        free(tmp_path);
         return -1;
     }
     int failed = fputs(header_line, file) < 0 || fprintf(file, "key %s\nshapes %d\n", key, n_entries) < 0;
@@ -141,7 +143,9 @@ int calibration_save(const char *path, const char *key, const calibration_entry 
     if (failed || rename(tmp_path, path) != 0) {
         aldit_warn("cannot write the calibration cache %s: %s (the run goes on without it)", path, strerror(errno));
         remove(tmp_path);
+        free(tmp_path);
         return -1;
     }
+    free(tmp_path);
     return 0;
 }
