@@ -175,8 +175,8 @@ __global__ void __launch_bounds__(kBlockThreads, VPT <= 3 ? 3 : 2) qk_norm_rope_
     uint4 wv[VPT];
     load_weight<TPR, VPT>(a.weight, nvec, wv);
     uint4 next[VPT];
-    load_row<TPR, VPT>(a.x, (int64_t)blockIdx.x * kRows + threadIdx.y,
-                       (int64_t)blockIdx.x * kRows + threadIdx.y < a.n_rows, nvec, next);
+    const int64_t first_row = (int64_t)blockIdx.x * kRows + threadIdx.y;
+    load_row<TPR, VPT>(a.x, first_row, first_row < a.n_rows, nvec, next);
 
     for (int64_t base = (int64_t)blockIdx.x * kRows; base < a.n_rows; base += stride) {
         const int64_t row = base + threadIdx.y;

@@ -36,19 +36,65 @@ void calibration_key(const deck *config, const char *device, int ranks_per_gpu, 
         if (*c == '\n' || *c == '\r') *c = ' '; /* one line in the file */
 }
 
-/* Read one line without its newline into `line`; 0 at the end of the file or when the line is too long
-   (*too_long set). */
-static int read_line(FILE *file, char *line, size_t line_size, int *too_long)
+/* Read the next line without its newline into `line` (counting it in *line_number); 0 at the end of the
+   file or for a line longer than the buffer. */
+static int read_line(FILE *file, char *line, size_t line_size, int *line_number)
 {
-    *too_long = 0;
+    ++*line_number;
     if (!fgets(line, (int)line_size, file)) return 0;
-    size_t length = strlen(line);
-    if (length > 0 && line[length - 1] == '\n') line[--length] = '\0';
-    else if (!feof(file)) {
-        *too_long = 1;
-        return 0;
-    }
+    const size_t length = strlen(line);
+    if (length > 0 && line[length - 1] == '\n') line[length - 1] = '\0';
+    else if (!feof(file)) return 0;
     return 1;
+}
+
+/* calibration_load's reading of an open file: the cached seconds of each entry into seconds[]. */
+static calibration_cache_status parse_cache(FILE *file, const char *path, const char *key,
+                                            const calibration_entry *entries, int n_entries, double *seconds)
+{
+    char line[CALIBRATION_LINE_MAX], extra;
+    int line_number = 0;
+    if (!read_line(file, line, sizeof line, &line_number) || strncmp(line, header_line, strlen(header_line) - 1) != 0) {
+        aldit_warn("%s:%d: not an aldit calibration file (delete it to time the shapes again)", path, line_number);
+        return CALIBRATION_CACHE_CORRUPT;
+    }
+    if (!read_line(file, line, sizeof line, &line_number) || strncmp(line, "key ", 4) != 0) {
+        aldit_warn("%s:%d: expected the line \"key ...\"", path, line_number);
+        return CALIBRATION_CACHE_CORRUPT;
+    }
+    if (strcmp(line + 4, key) != 0) return CALIBRATION_CACHE_STALE;
+    int n_cached = -1;
+    if (!read_line(file, line, sizeof line, &line_number) || sscanf(line, "shapes %d %c", &n_cached, &extra) != 1 ||
+        n_cached < 0) {
+        aldit_warn("%s:%d: expected the line \"shapes N\"", path, line_number);
+        return CALIBRATION_CACHE_CORRUPT;
+    }
+    if (n_cached != n_entries) return CALIBRATION_CACHE_STALE;
+    for (int i = 0; i < n_entries; i++) {
+        calibration_entry cached;
+        if (!read_line(file, line, sizeof line, &line_number) ||
+            sscanf(line, "%d %d %d %d %d %lf %c", &cached.frames, &cached.height, &cached.width, &cached.text_len,
+                   &cached.copies, &cached.seconds, &extra) != 6) {
+            aldit_warn("%s:%d: expected \"frames height width text_len copies seconds\" (shape %d of %d)", path,
+                       line_number, i + 1, n_entries);
+            return CALIBRATION_CACHE_CORRUPT;
+        }
+        if (cached.copies < 0 || !isfinite(cached.seconds) || (cached.copies > 0 && !(cached.seconds > 0))) {
+            aldit_warn("%s:%d: %d copies timed at %g s is not a timing", path, line_number, cached.copies,
+                       cached.seconds);
+            return CALIBRATION_CACHE_CORRUPT;
+        }
+        const calibration_entry *want = &entries[i];
+        if (cached.frames != want->frames || cached.height != want->height || cached.width != want->width ||
+            cached.text_len != want->text_len || cached.copies != want->copies)
+            return CALIBRATION_CACHE_STALE;
+        seconds[i] = cached.copies > 0 ? cached.seconds : -1.0;
+    }
+    if (fgetc(file) != EOF) {
+        aldit_warn("%s:%d: more lines than the %d shapes it announces", path, line_number + 1, n_entries);
+        return CALIBRATION_CACHE_CORRUPT;
+    }
+    return CALIBRATION_CACHE_HIT;
 }
 
 calibration_cache_status calibration_load(const char *path, const char *key, calibration_entry *entries,
@@ -60,61 +106,11 @@ calibration_cache_status calibration_load(const char *path, const char *key, cal
         aldit_warn("%s: cannot read the cached calibration (%s); timing the shapes again", path, strerror(errno));
         return CALIBRATION_CACHE_CORRUPT;
     }
-    char line[CALIBRATION_LINE_MAX];
-    int line_number = 0, too_long = 0;
-    calibration_cache_status status = CALIBRATION_CACHE_HIT;
+    /* all or nothing: the entries change only on a hit */
     double *seconds = xmalloc((size_t)(n_entries > 0 ? n_entries : 1) * sizeof *seconds);
-#define CORRUPT(...)                                                                                              \
-    do {                                                                                                          \
-        aldit_warn(__VA_ARGS__);                                                                                  \
-        status = CALIBRATION_CACHE_CORRUPT;                                                                       \
-        goto done;                                                                                                \
-    } while (0)
-    line_number++;
-    if (!read_line(file, line, sizeof line, &too_long) || strncmp(line, header_line, strlen(header_line) - 1) != 0)
-        CORRUPT("%s:%d: not an aldit calibration file (delete it to time the shapes again)", path, line_number);
-    line_number++;
-    if (!read_line(file, line, sizeof line, &too_long) || strncmp(line, "key ", 4) != 0)
-        CORRUPT("%s:%d: expected the line \"key ...\"", path, line_number);
-    if (strcmp(line + 4, key) != 0) {
-        status = CALIBRATION_CACHE_STALE;
-        goto done;
-    }
-    line_number++;
-    int n_cached = -1;
-    char extra;
-    if (!read_line(file, line, sizeof line, &too_long) || sscanf(line, "shapes %d %c", &n_cached, &extra) != 1 ||
-        n_cached < 0)
-        CORRUPT("%s:%d: expected the line \"shapes N\"", path, line_number);
-    if (n_cached != n_entries) {
-        status = CALIBRATION_CACHE_STALE;
-        goto done;
-    }
-    for (int i = 0; i < n_entries; i++) {
-        line_number++;
-        calibration_entry cached;
-        if (!read_line(file, line, sizeof line, &too_long) ||
-            sscanf(line, "%d %d %d %d %d %lf %c", &cached.frames, &cached.height, &cached.width, &cached.text_len,
-                   &cached.copies, &cached.seconds, &extra) != 6)
-            CORRUPT("%s:%d: expected \"frames height width text_len copies seconds\" (shape %d of %d)", path,
-                    line_number, i + 1, n_entries);
-        if (cached.copies < 0 || !isfinite(cached.seconds) || (cached.copies > 0 && !(cached.seconds > 0)))
-            CORRUPT("%s:%d: %d copies timed at %g s is not a timing", path, line_number, cached.copies,
-                    cached.seconds);
-        const calibration_entry *want = &entries[i];
-        if (cached.frames != want->frames || cached.height != want->height || cached.width != want->width ||
-            cached.text_len != want->text_len || cached.copies != want->copies) {
-            status = CALIBRATION_CACHE_STALE;
-            goto done;
-        }
-        seconds[i] = cached.copies > 0 ? cached.seconds : -1.0;
-    }
-    line_number++;
-    if (read_line(file, line, sizeof line, &too_long) || too_long)
-        CORRUPT("%s:%d: more lines than the %d shapes it announces", path, line_number, n_entries);
-    for (int i = 0; i < n_entries; i++) entries[i].seconds = seconds[i];
-#undef CORRUPT
-done:
+    const calibration_cache_status status = parse_cache(file, path, key, entries, n_entries, seconds);
+    if (status == CALIBRATION_CACHE_HIT)
+        for (int i = 0; i < n_entries; i++) entries[i].seconds = seconds[i];
     free(seconds);
     fclose(file);
     return status;
