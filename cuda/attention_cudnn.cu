@@ -58,7 +58,7 @@ enum direction { kForward = 0, kBackward = 1 };
 // Unique ids of the graphs' tensors: those in the variant packs, then the virtual ones.
 enum tensor_uid : int64_t {
     kUidQ = 1, kUidK, kUidV, kUidO, kUidStats, kUidScale, kUidDO, kUidDQ, kUidDK, kUidDV, kUidOne,
-    kUidSoftmaxSum, kUidDQAccum,
+    kUidSoftmaxSum, kUidDQAccum, kUidSeqLenQ, kUidSeqLenKV,
     kUidVirtual = 100,
 };
 
@@ -77,11 +77,13 @@ struct descriptor_list {
 struct plan_entry {
     int direction;
     int64_t seq_len_q, seq_len_kv;
+    int64_t kv_rows;     // the key/value rows the tensors span (forward: > seq_len_kv with a padding mask)
     int num_heads, head_dim;
     uint64_t last_use;   // 0: the slot is empty
     descriptor_list owned;
     cudnnBackendDescriptor_t plan;
     int64_t workspace_bytes;
+    int32_t *seq_lens;   // padded forward: device {seq_len_q, seq_len_kv}, the padding mask's lengths
 };
 
 struct probe_result {
@@ -323,12 +325,23 @@ bool finish_plan(graph_builder &g, plan_entry &e)
     return false;
 }
 
-// The unified SDPA forward: O and stats from Q, K, V and the scale (by value).
+// The unified SDPA forward: O and stats from Q, K, V and the scale (by value). With e.kv_rows > seq_len_kv,
+// K and V span kv_rows rows and a padding mask (the lengths in e.seq_lens) gives the rows past seq_len_kv
+// probability 0.
 bool build_forward(plan_entry &e)
 {
     graph_builder g = {&e.owned, {}, 0, kUidVirtual};
-    const int64_t S_q = e.seq_len_q, S_kv = e.seq_len_kv, H = e.num_heads, D = e.head_dim;
-    cudnnBackendDescriptor_t q, k, v, o, stats, scale, op;
+    const int64_t S_q = e.seq_len_q, S_kv = e.kv_rows, H = e.num_heads, D = e.head_dim;
+    const bool padded = e.kv_rows != e.seq_len_kv;
+    cudnnBackendDescriptor_t q, k, v, o, stats, scale, op, seq_len_q = nullptr, seq_len_kv = nullptr;
+    if (padded) {
+        const int32_t lengths[2] = {static_cast<int32_t>(e.seq_len_q), static_cast<int32_t>(e.seq_len_kv)};
+        CUDA_CHECK(cudaMalloc(&e.seq_lens, sizeof lengths));
+        CUDA_CHECK(cudaMemcpy(e.seq_lens, lengths, sizeof lengths, cudaMemcpyHostToDevice));
+        if (!make_tensor(g, kUidSeqLenQ, CUDNN_DATA_INT32, scalar_shape(), false, false, &seq_len_q) ||
+            !make_tensor(g, kUidSeqLenKV, CUDNN_DATA_INT32, scalar_shape(), false, false, &seq_len_kv))
+            return false;
+    }
     if (!make_tensor(g, kUidQ, CUDNN_DATA_BFLOAT16, rows_shape(S_q, H, D), false, false, &q) ||
         !make_tensor(g, kUidK, CUDNN_DATA_BFLOAT16, rows_shape(S_kv, H, D), false, false, &k) ||
         !make_tensor(g, kUidV, CUDNN_DATA_BFLOAT16, rows_shape(S_kv, H, D), false, false, &v) ||
@@ -345,6 +358,12 @@ bool build_forward(plan_entry &e)
                                        &stats));
     CUDNN_TRY(cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_SDPA_FWD_SCALEDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1,
                                        &scale));
+    if (padded) {
+        CUDNN_TRY(cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_SDPA_FWD_SEQ_LEN_QDESC,
+                                           CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &seq_len_q));
+        CUDNN_TRY(cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_SDPA_FWD_SEQ_LEN_KVDESC,
+                                           CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &seq_len_kv));
+    }
     return push_op(g, op) && finish_plan(g, e);
 }
 
@@ -434,44 +453,54 @@ const char *direction_name(int direction)
     return direction == kForward ? "forward" : "backward";
 }
 
-// The cached plan of this shape, built on a miss into an empty or the least recently used slot. NULL when
-// the build fails (g_build_error says why).
-plan_entry *find_plan(int direction, int64_t seq_len_q, int64_t seq_len_kv, int num_heads, int head_dim)
+// Empty a plan slot (cudaFree of the lengths waits for the work that may still read them).
+void clear_entry(plan_entry &e)
+{
+    destroy_all(e.owned);
+    if (e.seq_lens) CUDA_CHECK(cudaFree(e.seq_lens));
+    memset(&e, 0, sizeof e);
+}
+
+// The cached plan of this shape (kv_rows: the key/value rows the tensors span, seq_len_kv unless a padded
+// forward), built on a miss into an empty or the least recently used slot. NULL when the build fails
+// (g_build_error says why).
+plan_entry *find_plan(int direction, int64_t seq_len_q, int64_t seq_len_kv, int64_t kv_rows, int num_heads,
+                      int head_dim)
 {
     if (!ensure_handle()) return nullptr;
     plan_entry *victim = &g_state.plans[0];
     for (plan_entry &e : g_state.plans) {
         if (e.last_use && e.direction == direction && e.seq_len_q == seq_len_q && e.seq_len_kv == seq_len_kv &&
-            e.num_heads == num_heads && e.head_dim == head_dim) {
+            e.kv_rows == kv_rows && e.num_heads == num_heads && e.head_dim == head_dim) {
             e.last_use = ++g_state.clock;
             return &e;
         }
         if (e.last_use < victim->last_use) victim = &e;
     }
-    destroy_all(victim->owned);
-    memset(victim, 0, sizeof *victim);
+    clear_entry(*victim);
     victim->direction = direction;
     victim->seq_len_q = seq_len_q;
     victim->seq_len_kv = seq_len_kv;
+    victim->kv_rows = kv_rows;
     victim->num_heads = num_heads;
     victim->head_dim = head_dim;
     const bool built = direction == kForward ? build_forward(*victim) : build_backward(*victim);
     if (!built) {
-        destroy_all(victim->owned);
-        memset(victim, 0, sizeof *victim);
+        clear_entry(*victim);
         return nullptr;
     }
     victim->last_use = ++g_state.clock;
     return victim;
 }
 
-plan_entry *need_plan(int direction, int64_t seq_len_q, int64_t seq_len_kv, int num_heads, int head_dim)
+plan_entry *need_plan(int direction, int64_t seq_len_q, int64_t seq_len_kv, int64_t kv_rows, int num_heads,
+                      int head_dim)
 {
-    plan_entry *e = find_plan(direction, seq_len_q, seq_len_kv, num_heads, head_dim);
+    plan_entry *e = find_plan(direction, seq_len_q, seq_len_kv, kv_rows, num_heads, head_dim);
     if (!e)
-        ALDIT_FATAL("attention_cudnn: no %s plan for seq_len_q %lld, seq_len_kv %lld, %d heads, head_dim %d: %s",
-                    direction_name(direction), (long long)seq_len_q, (long long)seq_len_kv, num_heads, head_dim,
-                    g_build_error);
+        ALDIT_FATAL("attention_cudnn: no %s plan for seq_len_q %lld, seq_len_kv %lld (%lld rows), %d heads, "
+                    "head_dim %d: %s", direction_name(direction), (long long)seq_len_q, (long long)seq_len_kv,
+                    (long long)kv_rows, num_heads, head_dim, g_build_error);
     return e;
 }
 
@@ -540,10 +569,12 @@ extern "C" int attention_cudnn_available(int num_heads, int head_dim)
         aldit_warn("cuDNN attention: the loaded cuDNN is %zu; the unified SDPA forward needs 9.13.1 or newer and "
                    "the composite backward, without a padding mask, a release newer than 9.15.0",
                    cudnnGetVersion());
-    } else if (!find_plan(kForward, kProbeRows, kProbeRows, num_heads, head_dim) ||
-               !find_plan(kBackward, kProbeRows, kProbeRows, num_heads, head_dim) ||
-               !find_plan(kForward, kProbeRows, kProbeKeyRows, num_heads, head_dim) ||
-               !find_plan(kBackward, kProbeRows, kProbeKeyRows, num_heads, head_dim)) {
+    } else if (!find_plan(kForward, kProbeRows, kProbeRows, kProbeRows, num_heads, head_dim) ||
+               !find_plan(kBackward, kProbeRows, kProbeRows, kProbeRows, num_heads, head_dim) ||
+               !find_plan(kForward, kProbeRows, kProbeKeyRows, kProbeKeyRows, num_heads, head_dim) ||
+               !find_plan(kForward, kProbeRows, kProbeKeyRows, attention_cudnn_kv_rows(kProbeKeyRows), num_heads,
+                          head_dim) ||
+               !find_plan(kBackward, kProbeRows, kProbeKeyRows, kProbeKeyRows, num_heads, head_dim)) {
         aldit_warn("cuDNN attention: no plan for %d heads of head_dim %d: %s", num_heads, head_dim, g_build_error);
     } else {
         available = 1;
@@ -553,20 +584,36 @@ extern "C" int attention_cudnn_available(int num_heads, int head_dim)
     return available;
 }
 
-extern "C" void attention_cudnn_cross_fwd(const gpu_bf16 *q, const gpu_bf16 *k, const gpu_bf16 *v, int64_t seq_len_q,
-                                          int64_t seq_len_kv, int num_heads, int head_dim, gpu_bf16 *out, float *stats,
-                                          cudaStream_t stream)
+extern "C" int64_t attention_cudnn_kv_rows(int64_t seq_len_kv)
+{
+    const int64_t tile = ATTENTION_CUDNN_KV_TILE;
+    return (seq_len_kv + tile - 1) / tile * tile;
+}
+
+extern "C" void attention_cudnn_cross_fwd_padded(const gpu_bf16 *q, const gpu_bf16 *k, const gpu_bf16 *v,
+                                                 int64_t seq_len_q, int64_t seq_len_kv, int64_t kv_rows, int num_heads,
+                                                 int head_dim, gpu_bf16 *out, float *stats, cudaStream_t stream)
 {
     const void *tensors[] = {q, k, v, out, stats};
     const char *names[] = {"q", "k", "v", "out", "stats"};
     check_call("attention_cudnn_cross_fwd", seq_len_q, seq_len_kv, num_heads, head_dim, tensors, names, 5);
-    const plan_entry *e = need_plan(kForward, seq_len_q, seq_len_kv, num_heads, head_dim);
+    ALDIT_CHECK(kv_rows >= seq_len_kv && kv_rows <= INT32_MAX, "attention_cudnn_cross_fwd_padded: kv_rows %lld must "
+                "be at least seq_len_kv %lld", (long long)kv_rows, (long long)seq_len_kv);
+    const plan_entry *e = need_plan(kForward, seq_len_q, seq_len_kv, kv_rows, num_heads, head_dim);
     void *workspace = e->workspace_bytes > 0 ? ensure_buffer(static_cast<size_t>(e->workspace_bytes)) : nullptr;
     float scale = 1.0f / sqrtf(static_cast<float>(head_dim));
-    const int64_t uids[] = {kUidQ, kUidK, kUidV, kUidO, kUidStats, kUidScale};
+    const int64_t uids[] = {kUidQ, kUidK, kUidV, kUidO, kUidStats, kUidScale, kUidSeqLenQ, kUidSeqLenKV};
     void *const pointers[] = {const_cast<gpu_bf16 *>(q), const_cast<gpu_bf16 *>(k), const_cast<gpu_bf16 *>(v), out,
-                              stats, &scale};
-    execute(*e, 6, uids, pointers, workspace, stream);
+                              stats, &scale, e->seq_lens, e->seq_lens + 1};
+    execute(*e, e->seq_lens ? 8 : 6, uids, pointers, workspace, stream);
+}
+
+extern "C" void attention_cudnn_cross_fwd(const gpu_bf16 *q, const gpu_bf16 *k, const gpu_bf16 *v, int64_t seq_len_q,
+                                          int64_t seq_len_kv, int num_heads, int head_dim, gpu_bf16 *out, float *stats,
+                                          cudaStream_t stream)
+{
+    attention_cudnn_cross_fwd_padded(q, k, v, seq_len_q, seq_len_kv, seq_len_kv, num_heads, head_dim, out, stats,
+                                     stream);
 }
 
 extern "C" void attention_cudnn_cross_bwd(const gpu_bf16 *q, const gpu_bf16 *k, const gpu_bf16 *v, const gpu_bf16 *out,
@@ -577,7 +624,7 @@ extern "C" void attention_cudnn_cross_bwd(const gpu_bf16 *q, const gpu_bf16 *k, 
     const void *tensors[] = {q, k, v, out, dout, stats, dq, dk, dv};
     const char *names[] = {"q", "k", "v", "out", "dout", "stats", "dq", "dk", "dv"};
     check_call("attention_cudnn_cross_bwd", seq_len_q, seq_len_kv, num_heads, head_dim, tensors, names, 9);
-    const plan_entry *e = need_plan(kBackward, seq_len_q, seq_len_kv, num_heads, head_dim);
+    const plan_entry *e = need_plan(kBackward, seq_len_q, seq_len_kv, seq_len_kv, num_heads, head_dim);
     const size_t workspace_bytes = align_up(static_cast<size_t>(e->workspace_bytes));
     const size_t sum_bytes = align_up(static_cast<size_t>(num_heads) * seq_len_q * sizeof(float));
     const size_t accum_bytes = align_up(static_cast<size_t>(num_heads) * seq_len_q * head_dim * sizeof(float));
@@ -610,7 +657,7 @@ extern "C" void attention_cudnn_bwd(const gpu_bf16 *q, const gpu_bf16 *k, const 
 extern "C" void attention_cudnn_release(void)
 {
     if (g_state.handle) CUDA_CHECK(cudaDeviceSynchronize());
-    for (plan_entry &e : g_state.plans) destroy_all(e.owned);
+    for (plan_entry &e : g_state.plans) clear_entry(e);
     if (g_state.buffer) CUDA_CHECK(cudaFree(g_state.buffer));
     if (g_state.handle) CUDNN_CHECK(cudnnDestroy(g_state.handle));
     memset(&g_state, 0, sizeof g_state);

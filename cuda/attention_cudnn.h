@@ -53,6 +53,18 @@ void attention_cudnn_cross_bwd(const gpu_bf16 *q, const gpu_bf16 *k, const gpu_b
                                int num_heads, int head_dim, gpu_bf16 *dq, gpu_bf16 *dk, gpu_bf16 *dv,
                                cudaStream_t stream);
 
+/* The forward with k and v read in whole tiles of ATTENTION_CUDNN_KV_TILE rows: they span kv_rows >=
+   seq_len_kv rows (attention_cudnn_kv_rows(seq_len_kv): rounded up to the tile), and cuDNN's padding mask gives
+   the rows past seq_len_kv probability 0. Those rows must be readable device memory holding finite values (the
+   next sample's rows, or zeros: a NaN there would still reach the output through 0 * NaN). Same results as
+   attention_cudnn_cross_fwd (stats unchanged: [num_heads, seq_len_q]); on an H200 a key length that is not a
+   multiple of 128 runs up to 8% slower than the next multiple (docs/PERFORMANCE.md), which this avoids. */
+#define ATTENTION_CUDNN_KV_TILE 128
+int64_t attention_cudnn_kv_rows(int64_t seq_len_kv);
+void attention_cudnn_cross_fwd_padded(const gpu_bf16 *q, const gpu_bf16 *k, const gpu_bf16 *v, int64_t seq_len_q,
+                                      int64_t seq_len_kv, int64_t kv_rows, int num_heads, int head_dim, gpu_bf16 *out,
+                                      float *stats, cudaStream_t stream);
+
 /* Self-attention: the calls above with seq_len_kv = seq_len_q = seq_len. */
 void attention_cudnn_fwd(const gpu_bf16 *q, const gpu_bf16 *k, const gpu_bf16 *v, int64_t seq_len, int num_heads,
                          int head_dim, gpu_bf16 *out, float *stats, cudaStream_t stream);

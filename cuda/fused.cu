@@ -372,10 +372,7 @@ constexpr int kMaxBlocksPerSm = 2048 / kBlockThreads;
 
 int sm_count()
 {
-    int device = 0, count = 0;
-    CUDA_CHECK(cudaGetDevice(&device));
-    CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
-    return count;
+    return gpu_attribute(cudaDevAttrMultiProcessorCount);
 }
 
 // Resident blocks per SM of one kernel (kBlockThreads threads) at one dynamic shared-memory size, asked

@@ -34,6 +34,23 @@ extern "C" int gpu_select(int local_rank)
     return device;
 }
 
+extern "C" int gpu_attribute(enum cudaDeviceAttr attribute)
+{
+    constexpr int kDevices = 64, kAttributes = 2;
+    static const cudaDeviceAttr kept[kAttributes] = {cudaDevAttrMultiProcessorCount,
+                                                      cudaDevAttrMaxSharedMemoryPerBlockOptin};
+    static int values[kDevices][kAttributes];  // 0: not asked yet (both are positive on every GPU)
+    int device = 0, value = 0;
+    CUDA_CHECK(cudaGetDevice(&device));
+    for (int a = 0; a < kAttributes; ++a)
+        if (kept[a] == attribute && device < kDevices) {
+            if (values[device][a] == 0) CUDA_CHECK(cudaDeviceGetAttribute(&values[device][a], attribute, device));
+            return values[device][a];
+        }
+    CUDA_CHECK(cudaDeviceGetAttribute(&value, attribute, device));
+    return value;
+}
+
 extern "C" void gpu_memory_info(size_t *free_bytes, size_t *total_bytes)
 {
     CUDA_CHECK(cudaMemGetInfo(free_bytes, total_bytes));

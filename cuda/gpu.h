@@ -37,6 +37,10 @@ int gpu_count(void);
    node get different GPUs while there are enough. Fatal when there is no GPU. */
 int gpu_select(int local_rank);
 
+/* An attribute of the current GPU (cudaDeviceGetAttribute), asked once per GPU and attribute and then kept:
+   for launch code that sizes grids by it on every launch (SM count, shared memory per block). */
+int gpu_attribute(enum cudaDeviceAttr attribute);
+
 /* Free and total bytes of the current GPU's memory. */
 void gpu_memory_info(size_t *free_bytes, size_t *total_bytes);
 

@@ -772,9 +772,7 @@ GridPlan grid_plan(Kernel kernel, int &occupancy_cache, int64_t n_rows, int rows
 {
     if (occupancy_cache == 0)
         CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occupancy_cache, kernel, kBlockThreads, shared_bytes));
-    int device = 0, sms = 0;
-    CUDA_CHECK(cudaGetDevice(&device));
-    CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    const int sms = gpu_attribute(cudaDevAttrMultiProcessorCount);
     const int64_t resident = (int64_t)(occupancy_cache > 0 ? occupancy_cache : 1) * sms;
     if (n_rows <= 0) return {0, rows_per_step};
     int64_t rows_per_block = (n_rows + resident - 1) / resident;
@@ -810,9 +808,7 @@ void dispatch(RowShape shape, Op &op)
 // vectors a thread; fewer where it is short, 0 where not even one does).
 int staged_stages_that_fit(bool residual, int vpt, int dim, int requested)
 {
-    int device = 0, shared_max = 0;
-    CUDA_CHECK(cudaGetDevice(&device));
-    CUDA_CHECK(cudaDeviceGetAttribute(&shared_max, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    const int shared_max = gpu_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin);
     const size_t fixed_bytes = staged_fixed_bytes(residual, dim), slot_bytes = staged_slot_bytes(residual, vpt);
     int stages = requested;
     while (stages > 0 && fixed_bytes + stages * slot_bytes > (size_t)shared_max) --stages;

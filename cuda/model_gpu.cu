@@ -27,6 +27,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "attention.h"
 #ifdef HAVE_CUDNN
@@ -42,6 +43,12 @@ extern "C" {
 }
 
 namespace {
+
+// Rows the self-attention's k and v have past the capacity: cuDNN's forward reads keys in whole tiles.
+constexpr int64_t kKeyTileSlack = 128;
+#ifdef HAVE_CUDNN
+static_assert(kKeyTileSlack >= ATTENTION_CUDNN_KV_TILE - 1, "room for the last sample's partial key tile");
+#endif
 
 struct linear_offsets {
     int64_t weight, bias;
@@ -156,9 +163,13 @@ struct gpu_model {
     float *latents_pinned, *noise_pinned, *text_pinned, *loss_pinned;
     int32_t *grid_frames, *grid_height, *grid_width;   // [B] tokens per axis (host)
     float *timesteps_host;                             // [B]
-    // self-attention of samples of at least cudnn_min_tokens tokens goes to cuDNN (gpu_model_set_attention)
+    // self-attention of samples of at least cudnn_min_tokens tokens goes to cuDNN (gpu_model_set_attention), its
+    // forward reading the keys in whole tiles unless turned off (gpu_model_set_cudnn_key_tiles)
     int use_cudnn;
     int64_t cudnn_min_tokens;
+    int cudnn_key_tiles;
+    // host seconds the last forward_backward call took to queue its work (gpu_model_enqueue_seconds)
+    double enqueue_seconds;
     // told as each range of the gradients is final in a forward_backward call (gpu_model_set_grads_ready)
     gpu_grads_ready_fn grads_ready;
     void *grads_ready_context;
@@ -289,11 +300,14 @@ void layout_kept(carver &c, block_saved &s, int64_t N, int64_t B, int64_t D)
 }
 
 // The rest: what block recomputation rebuilds.
+// k and v have kKeyTileSlack rows more: cuDNN's padded forward reads the keys in whole tiles (attention_dispatch_fwd).
 void layout_recomputed(carver &c, block_saved &s, int64_t N, int64_t L, int64_t D, int64_t F, int64_t H)
 {
-    gpu_bf16 **rows[] = {&s.h1, &s.q_pre, &s.k_pre, &s.q, &s.k, &s.v, &s.attn, &s.y_attn, &s.x1, &s.n3, &s.cq_pre,
+    gpu_bf16 **rows[] = {&s.h1, &s.q_pre, &s.k_pre, &s.q, &s.attn, &s.y_attn, &s.x1, &s.n3, &s.cq_pre,
                          &s.cq, &s.cattn, &s.y_cross, &s.x2, &s.h2, &s.y_ffn};
     for (gpu_bf16 **p : rows) *p = c.take<gpu_bf16>(N * D);
+    s.k = c.take<gpu_bf16>((N + kKeyTileSlack) * D);
+    s.v = c.take<gpu_bf16>((N + kKeyTileSlack) * D);
     s.ck_pre = c.take<gpu_bf16>(L * D);
     s.ck = c.take<gpu_bf16>(L * D);
     s.cv = c.take<gpu_bf16>(L * D);
@@ -534,8 +548,9 @@ int run_end(const gpu_model *gm, attention_kind kind, int n_samples, int first)
 
 // out and lse ([N, H] rows as attention.h's; head-major per sample on cuDNN) from q (token rows) and k, v
 // (key rows of `kind`).
+// (k and v are not const: rows past the batch's may be zeroed for cuDNN's whole key tiles.)
 void attention_dispatch_fwd(const gpu_model *gm, const batch_dims &d, attention_kind kind, const gpu_bf16 *q,
-                            const gpu_bf16 *k, const gpu_bf16 *v, gpu_bf16 *out, float *lse, cudaStream_t stream)
+                            gpu_bf16 *k, gpu_bf16 *v, gpu_bf16 *out, float *lse, cudaStream_t stream)
 {
     const int H = gm->num_heads, hd = gm->head_dim;
     const int64_t *start = gm->tables_host.token_start, *device_start = gm->tables_device.token_start;
@@ -544,9 +559,22 @@ void attention_dispatch_fwd(const gpu_model *gm, const batch_dims &d, attention_
         end = run_end(gm, kind, d.n_samples, b);
 #ifdef HAVE_CUDNN
         if (sample_on_cudnn(gm, kind, b)) {
-            const int64_t at = start[b] * gm->dim, key_at = keys[b] * gm->dim;
-            attention_cudnn_cross_fwd(q + at, k + key_at, v + key_at, start[end] - start[b], keys[end] - keys[b], H,
-                                      hd, out + at, lse + start[b] * H, stream);
+            const int64_t at = start[b] * gm->dim, key_at = keys[b] * gm->dim, n_keys = keys[end] - keys[b];
+            // Self-attention reads its keys in whole tiles (attention_cudnn.h): the rows past the sample are the
+            // next samples' keys, or, past the batch's, zeroed here (k and v have kKeyTileSlack rows to spare).
+            int64_t key_rows = n_keys;
+            if (kind == kSelfAttention && gm->cudnn_key_tiles) {
+                key_rows = attention_cudnn_kv_rows(n_keys);
+                const int64_t past_batch = keys[b] + key_rows - d.n_tokens;
+                if (past_batch > 0) {
+                    const size_t offset = (size_t)d.n_tokens * gm->dim;
+                    const size_t bytes = (size_t)past_batch * gm->dim * sizeof(gpu_bf16);
+                    CUDA_CHECK(cudaMemsetAsync(k + offset, 0, bytes, stream));
+                    CUDA_CHECK(cudaMemsetAsync(v + offset, 0, bytes, stream));
+                }
+            }
+            attention_cudnn_cross_fwd_padded(q + at, k + key_at, v + key_at, start[end] - start[b], n_keys, key_rows,
+                                             H, hd, out + at, lse + start[b] * H, stream);
             continue;
         }
 #endif
@@ -967,6 +995,7 @@ gpu_model *gpu_model_create_with_recompute(const model *host_model, int64_t max_
     gm->grid_width = gm->grid_frames + 2 * (size_t)max_samples;
     gm->timesteps_host = static_cast<float *>(xmalloc((size_t)max_samples * sizeof(float)));
     gpu_model_set_attention(gm, GPU_ATTENTION_AUTO, 0);
+    gm->cudnn_key_tiles = 1;
     return gm;
 }
 
@@ -1005,6 +1034,16 @@ int gpu_model_set_attention(gpu_model *gm, gpu_attention_choice choice, int64_t 
                          "--with-cudnn); use auto or own");
 #endif
     return gm->use_cudnn;
+}
+
+double gpu_model_enqueue_seconds(const gpu_model *gm)
+{
+    return gm->enqueue_seconds;
+}
+
+void gpu_model_set_cudnn_key_tiles(gpu_model *gm, int whole_tiles)
+{
+    gm->cudnn_key_tiles = whole_tiles != 0;
 }
 
 void gpu_model_free(gpu_model *gm)
@@ -1071,9 +1110,13 @@ void gpu_model_zero_grads(gpu_model *gm, cudaStream_t stream)
 double gpu_model_forward_backward(gpu_model *gm, const model_batch *batch, float grad_scale, double *sample_loss,
                                   cudaStream_t stream)
 {
+    timespec queue_start, queue_end;
+    clock_gettime(CLOCK_MONOTONIC, &queue_start);
     const batch_dims dims = stage_batch(gm, batch, stream);
     forward(gm, dims, grad_scale, stream);
     backward(gm, dims, stream);
+    clock_gettime(CLOCK_MONOTONIC, &queue_end);
+    gm->enqueue_seconds = (double)(queue_end.tv_sec - queue_start.tv_sec) + 1e-9 * (queue_end.tv_nsec - queue_start.tv_nsec);
     CUDA_CHECK(cudaMemcpyAsync(gm->loss_pinned, gm->sample_loss, (size_t)dims.n_samples * sizeof(float),
                                cudaMemcpyDeviceToHost, stream));
     CUDA_CHECK(cudaStreamSynchronize(stream));

@@ -39,6 +39,47 @@ static void transpose(const float *in, int64_t rows, int cols, float *out)
         for (int c = 0; c < cols; ++c) out[(size_t)c * rows + r] = in[(size_t)r * cols + c];
 }
 
+/* The forward reading whole key tiles (attention_cudnn_cross_fwd_padded) where seq_len_kv is not a multiple
+   of the tile: the rows past seq_len_kv hold large values (keys that would take all of the softmax, values far
+   off the outputs' scale) that the padding mask must keep out; out and stats against the reference. */
+static void check_padded_forward(const gpu_bf16 *q_bits, const gpu_bf16 *k_bits, const gpu_bf16 *v_bits,
+                                 int64_t seq_len_q, int64_t seq_len_kv, int num_heads, int head_dim,
+                                 const float *out_ref, const float *stats_ref, const char *case_name)
+{
+    const int64_t kv_rows = attention_cudnn_kv_rows(seq_len_kv);
+    assert_true(kv_rows >= seq_len_kv && kv_rows % ATTENTION_CUDNN_KV_TILE == 0);
+    if (kv_rows == seq_len_kv) return;
+    const int width = num_heads * head_dim;
+    const size_t n_q = (size_t)seq_len_q * width, n_kv = (size_t)seq_len_kv * width, n_padded = (size_t)kv_rows * width;
+    const size_t n_stats = (size_t)seq_len_q * num_heads;
+    gpu_bf16 *k_padded = xmalloc(n_padded * sizeof *k_padded), *v_padded = xmalloc(n_padded * sizeof *v_padded);
+    memcpy(k_padded, k_bits, n_kv * sizeof *k_padded);
+    memcpy(v_padded, v_bits, n_kv * sizeof *v_padded);
+    for (size_t i = n_kv; i < n_padded; ++i) {
+        k_padded[i] = gpu_bf16_from_float(i % 2 ? 40.0f : -40.0f);
+        v_padded[i] = gpu_bf16_from_float(1000.0f);
+    }
+    gpu_bf16 *d_q = device_upload(q_bits, n_q * sizeof(gpu_bf16));
+    gpu_bf16 *d_k = device_upload(k_padded, n_padded * sizeof(gpu_bf16));
+    gpu_bf16 *d_v = device_upload(v_padded, n_padded * sizeof(gpu_bf16));
+    gpu_bf16 *d_out = device_poisoned(n_q * sizeof(gpu_bf16));
+    float *d_stats = device_poisoned(n_stats * sizeof(float));
+    attention_cudnn_cross_fwd_padded(d_q, d_k, d_v, seq_len_q, seq_len_kv, kv_rows, num_heads, head_dim, d_out,
+                                     d_stats, 0);
+    char name[200];
+    snprintf(name, sizeof name, "%s, keys read as %lld rows", case_name, (long long)kv_rows);
+    float *got = download_bf16(d_out, n_q);
+    expect_close("attention_cudnn padded forward out", name, got, out_ref, n_q, kTolerance, kNearZeroBound);
+    free(got);
+    got = download_f32(d_stats, n_stats);
+    expect_close("attention_cudnn padded forward stats", name, got, stats_ref, n_stats, kTolerance, kNearZeroBound);
+    free(got);
+    void *device_buffers[] = {d_q, d_k, d_v, d_out, d_stats};
+    free_device_buffers(device_buffers, sizeof device_buffers / sizeof device_buffers[0]);
+    free(k_padded);
+    free(v_padded);
+}
+
 /* One sample of seq_len_q query rows and seq_len_kv key rows (equal: through the self-attention entry points):
    the forward (out, stats) against the CPU, then the backward fed the reference's out (bf16) and lse (as
    stats), twice over poisoned outputs (the second run finds the module's dQ accumulator holding the first
@@ -98,6 +139,8 @@ static void check_shape(int64_t seq_len_q, int64_t seq_len_kv, int num_heads, in
                  kNearZeroBound);
     free(got);
     free(stats);
+    check_padded_forward(q_bits, k_bits, v_bits, seq_len_q, seq_len_kv, num_heads, head_dim, out_ref, stats_ref,
+                         case_name);
 
     for (int run = 0; run < 2; ++run) {
         device_poison(d_dq, q_bytes);

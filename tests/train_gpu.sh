@@ -4,14 +4,15 @@
 # 2 GPU ranks against 1 with a fixed global batch (within 1e-2; needs two GPUs), the all-reduce overlapped in
 # buckets against one call after the backward and one call per range (2 ranks: the same sums, so the losses
 # equal to the bit; calibration off so that measured times do not steer the packing), and a GPU checkpoint
-# resumed on the GPU (the steps after it within 1e-3 of an uninterrupted run). The checks a machine
+# resumed on the GPU (the steps after it within 1e-3 of an uninterrupted run), and the start-up calibration
+# timed on the GPU, kept in the run folder and read back by the next run there. The checks a machine
 # cannot run are reported as skipped.
 . "${top_srcdir:-.}/tests/train_lib.sh"
 STEPS=20
 HALF=10
 # constant lr after the warmup, so a 10-step run is the first half of a 20-step run (for the resume)
 SCHEDULE=train.lr_schedule=constant
-tap_plan 13
+tap_plan 15
 
 n_gpus=0
 probe="$top_builddir/tests/gpu_present"
@@ -56,7 +57,9 @@ if [ "$n_gpus" -lt 1 ]; then
                 "first 5 steps within 2e-2 of the CPU" "the loss falls on the CPU and on the GPU" \
                 "2-GPU run exits 0" "2 GPU ranks within 1e-2 of 1" \
                 "2 GPU ranks: bucketed, single and per-range all-reduce give the same losses" "a 10-step GPU run exits 0" \
-                "restarted with 20 steps it resumes from step 10" "steps 11-20 after the resume within 1e-3"; do
+                "restarted with 20 steps it resumes from step 10" "steps 11-20 after the resume within 1e-3" \
+                "a calibrated GPU run times the shapes and keeps the timings" \
+                "the next run in its folder reads them instead of timing"; do
         skip "$name" "no GPU visible"
     done
     tap_done
@@ -118,4 +121,14 @@ tap_result $? "steps 11-20 after the resume within 1e-3 (largest $(tail -1 "$WOR
 identical=no
 cmp -s "$WORK/gpu.losses" "$WORK/resumed.losses" && identical=yes
 echo "# resumed losses bit-identical to the uninterrupted run: $identical"
+
+# (e) the calibration cache: the first calibrated run times on the GPU and keeps calibration.txt; the next
+# run in the same folder (here: resuming it) reads the file instead
+run_aldit 1 calibrated run.device=cuda run.steps=2 balance.calibrate=1; status=$?
+[ $status -eq 0 ] && grep -q "timed on the GPU .*kept in .*calibration.txt" "$WORK/calibrated.log" &&
+    [ -s "$WORK/calibrated/calibration.txt" ]
+tap_result $? "a calibrated GPU run times the shapes and keeps the timings" "$(grep -i calibrat "$WORK/calibrated.log")"
+run_aldit 1 calibrated run.device=cuda run.steps=4 balance.calibrate=1; status=$?
+[ $status -eq 0 ] && grep -q "timings read from .*calibration.txt" "$WORK/calibrated.log"
+tap_result $? "the next run in its folder reads them instead of timing" "$(grep -i calibrat "$WORK/calibrated.log")"
 tap_done

@@ -41,6 +41,8 @@ typedef struct {
     int text_rows;         /* its text tokens */
     int gemm_fused;        /* gemm_fusion: cuBLASLt's fused epilogues (1), all but the bias gradient (2), none (0) */
     int profile_step;      /* block: one more 2-layer step inside cudaProfilerStart/Stop, for a profiler */
+    const char *attention_backends; /* --backends: comma-separated names of the attention backends to time */
+    int key_tiles;         /* block: cuDNN's self-attention forward reads whole key tiles (gpu_model_set_cudnn_key_tiles) */
     const char *json_path;
 } bench_options;
 
@@ -50,7 +52,8 @@ static void usage(FILE *out)
             "usage: aldit-bench [--sections lnmod,gemm,attention,block] [--samples B] [--rows S] [--dims D1,D2,...]\n"
             "                   [--repeats N] [--max-vpt F,B,R] [--fwd-order chunk|interleave] [--fwd-streaming 0|1]\n"
             "                   [--fwd-stages P,R]\n"
-            "                   [--seq S1,S2,...] [--text-rows T] [--gemm-fused 0|1|2] [--profile-step 0|1] [--json FILE]\n"
+            "                   [--seq S1,S2,...] [--text-rows T] [--gemm-fused 0|1|2] [--profile-step 0|1]\n"
+            "                   [--backends own,cudnn,cudnn-tiles] [--key-tiles 0|1] [--json FILE]\n"
             "  Device copy bandwidth, then the sections (default lnmod,gemm):\n"
             "  lnmod: LayerNorm-Modulate (forward, backward, gated-residual variants) on B packed samples of S rows\n"
             "    each (default B=2, S=32760, D=1536,3072,5120). --max-vpt, --fwd-order, --fwd-streaming and\n"
@@ -68,8 +71,10 @@ static void usage(FILE *out)
             "    GEMMs + aldit's own epilogue kernels.\n"
             "  attention: aldit's flash attention (cuda/attention.h) and, where built with it, cuDNN's fused SDPA\n"
             "    (cuda/attention_cudnn.h), forward and backward, 12 heads of 128, on one sample: self-attention\n"
-            "    S x S and cross-attention S x T, in TFLOP/s.\n"
-            "  block: one Wan-1.3B block forward+backward (GPU model, recompute none) on one sample of S tokens\n"
+            "    S x S and cross-attention S x T, in TFLOP/s; cudnn-tiles is cuDNN with the forward reading the keys in\n"
+            "    whole tiles of 128 rows (the GPU model's default). --backends (default all three) names the ones timed.\n"
+            "  block: one Wan-1.3B block forward+backward (GPU model, recompute none; --key-tiles 0 turns the\n"
+            "    whole key tiles of cuDNN's forward off) on one sample of S tokens\n"
             "    and T text tokens: (2-layer model step) - (1-layer model step), against the floor of its GEMMs and\n"
             "    attentions at the rates of the gemm and attention sections (which it runs too). --profile-step 1\n"
             "    then runs one more 2-layer step per S between cudaProfilerStart and cudaProfilerStop, e.g. for\n"
@@ -92,7 +97,7 @@ static long parse_long(const char *text, const char *option, long low, long high
 static bench_options parse_options(int argc, char **argv)
 {
     bench_options o = {1, 1, 0, 0, 2, 32760, 3, {1536, 3072, 5120}, 21, 10, {0, 0, 0, 0, 0, 0, 0},
-                       4, {4096, 16384, 32760, 75600}, 512, GEMM_FUSION_DEFAULT, 0, NULL};
+                       4, {4096, 16384, 32760, 75600}, 512, GEMM_FUSION_DEFAULT, 0, "own,cudnn,cudnn-tiles", 1, NULL};
     for (int i = 1; i < argc; ++i) {
         const char *arg = argv[i];
         if (!strcmp(arg, "--help") || !strcmp(arg, "-h")) {
@@ -112,6 +117,8 @@ static bench_options parse_options(int argc, char **argv)
         else if (!strcmp(arg, "--text-rows")) o.text_rows = (int)parse_long(value, arg, 1, 1L << 20);
         else if (!strcmp(arg, "--gemm-fused")) o.gemm_fused = (int)parse_long(value, arg, 0, 2);
         else if (!strcmp(arg, "--profile-step")) o.profile_step = (int)parse_long(value, arg, 0, 1);
+        else if (!strcmp(arg, "--backends")) o.attention_backends = value;
+        else if (!strcmp(arg, "--key-tiles")) o.key_tiles = (int)parse_long(value, arg, 0, 1);
         else if (!strcmp(arg, "--sections")) {
             char *copy = strdup(value), *save = NULL;
             o.run_lnmod = o.run_gemm = o.run_attention = o.run_block = 0;
@@ -641,6 +648,14 @@ static void run_cudnn_attention_fwd(void *context, cudaStream_t stream)
     attention_cudnn_cross_fwd(c->q, c->k, c->v, c->n_q, c->n_kv, kWanHeads, kWanHeadDim, c->out, c->lse, stream);
 }
 
+/* The same with the keys read in whole tiles (the model's default): k and v have the rows to spare. */
+static void run_cudnn_tiles_attention_fwd(void *context, cudaStream_t stream)
+{
+    attention_context *c = context;
+    attention_cudnn_cross_fwd_padded(c->q, c->k, c->v, c->n_q, c->n_kv, attention_cudnn_kv_rows(c->n_kv), kWanHeads,
+                                     kWanHeadDim, c->out, c->lse, stream);
+}
+
 static void run_cudnn_attention_bwd(void *context, cudaStream_t stream)
 {
     attention_context *c = context;
@@ -661,6 +676,7 @@ static const attention_backend kAttentionBackends[] = {
     {"own", own_attention_available, run_attention_fwd, run_attention_bwd},
 #ifdef HAVE_CUDNN
     {"cudnn", cudnn_attention_available, run_cudnn_attention_fwd, run_cudnn_attention_bwd},
+    {"cudnn-tiles", cudnn_attention_available, run_cudnn_tiles_attention_fwd, run_cudnn_attention_bwd},
 #endif
 };
 #define ATTENTION_BACKENDS (sizeof kAttentionBackends / sizeof kAttentionBackends[0])
@@ -671,13 +687,23 @@ typedef struct {
     double flops[kMaxSeq][kAttentionKinds][kAttentionOps];
 } attention_results;
 
+/* Whether `name` is one of the comma-separated items of `list`. */
+static int name_listed(const char *name, const char *list)
+{
+    const size_t length = strlen(name);
+    for (const char *item = list; item && *item; item = strchr(item, ',') ? strchr(item, ',') + 1 : NULL)
+        if (!strncmp(item, name, length) && (item[length] == ',' || item[length] == '\0')) return 1;
+    return 0;
+}
+
 /* Times self-attention (S x S) and cross-attention (S x T) forward and backward at every S. */
 static void run_attention_section(const bench_options *o, cudaStream_t stream, attention_results *r)
 {
     int64_t max_rows = o->text_rows;
     for (int i = 0; i < o->n_seq; ++i) max_rows = o->seq[i] > max_rows ? o->seq[i] : max_rows;
     const int width = kWanHeads * kWanHeadDim;
-    const size_t n = (size_t)max_rows * (size_t)width, n_pattern = (size_t)1 << 22, pattern_extra = 4096;
+    /* ATTENTION_CUDNN_KV_TILE rows to spare: cudnn-tiles reads the keys in whole tiles */
+    const size_t n = (size_t)(max_rows + 128) * (size_t)width, n_pattern = (size_t)1 << 22, pattern_extra = 4096;
     uint64_t rng = 0xa77e47104eull;
     gpu_bf16 *pattern = xmalloc((n_pattern + pattern_extra) * sizeof *pattern);
     for (size_t i = 0; i < n_pattern + pattern_extra; ++i)
@@ -697,12 +723,16 @@ static void run_attention_section(const bench_options *o, cudaStream_t stream, a
 
     int available[ATTENTION_BACKENDS];
     for (size_t b = 0; b < ATTENTION_BACKENDS; ++b)
-        if (!(available[b] = kAttentionBackends[b].available()))
+        if (!name_listed(kAttentionBackends[b].name, o->attention_backends)) {
+            available[b] = 0;
+            printf("attention backend %s: not in --backends %s, not timed\n", kAttentionBackends[b].name,
+                   o->attention_backends);
+        } else if (!(available[b] = kAttentionBackends[b].available()))
             printf("attention backend %s: not available for %d heads of %d, not timed\n", kAttentionBackends[b].name,
                    kWanHeads, kWanHeadDim);
     printf("Attention (%d heads x %d, bf16, fp32 accumulation), one sample: self S x S and cross S x %d text rows;\n"
            "  FLOPs: forward 4*Sq*Skv*%d, backward 2.5x that:\n", kWanHeads, kWanHeadDim, o->text_rows, width);
-    printf("%-6s %-6s %-8s %8s %10s %10s %10s %10s %10s\n", "S", "kind", "backend", "kv rows", "fwd ms", "fwd TF/s",
+    printf("%-6s %-6s %-11s %8s %10s %10s %10s %10s %10s\n", "S", "kind", "backend", "kv rows", "fwd ms", "fwd TF/s",
            "bwd ms", "bwd TF/s", "f+b TF/s");
     for (int si = 0; si < o->n_seq; ++si)
         for (int kind = 0; kind < kAttentionKinds; ++kind) {
@@ -722,7 +752,7 @@ static void run_attention_section(const bench_options *o, cudaStream_t stream, a
                 const double bwd_ms = time_long_op(kAttentionBackends[b].bwd, &c, o, kLongOpBudgetSeconds, stream);
                 r->ms[si][b][kind][0] = fwd_ms;
                 r->ms[si][b][kind][1] = bwd_ms;
-                printf("%-6lld %-6s %-8s %8lld %10.3f %10.1f %10.3f %10.1f %10.1f\n", (long long)o->seq[si],
+                printf("%-6lld %-6s %-11s %8lld %10.3f %10.1f %10.3f %10.1f %10.1f\n", (long long)o->seq[si],
                        kAttentionKindNames[kind], kAttentionBackends[b].name, (long long)c.n_kv, fwd_ms,
                        tflops(fwd_flops, fwd_ms), bwd_ms, tflops(bwd_flops, bwd_ms),
                        tflops(fwd_flops + bwd_flops, fwd_ms + bwd_ms));
@@ -773,12 +803,15 @@ static double fastest_attention_ms(const attention_results *attn, int si, int ki
 typedef struct {
     gpu_model *gm;
     const model_batch *batch;
+    double enqueue_ms; /* the least host time a step took to queue its work (gpu_model_enqueue_seconds) */
 } step_context;
 
 static void run_model_step(void *context, cudaStream_t stream)
 {
     step_context *c = context;
     gpu_model_forward_backward(c->gm, c->batch, 1.0f, NULL, stream);
+    const double enqueue_ms = 1e3 * gpu_model_enqueue_seconds(c->gm);
+    if (c->enqueue_ms == 0.0 || enqueue_ms < c->enqueue_ms) c->enqueue_ms = enqueue_ms;
 }
 
 typedef struct {
@@ -786,6 +819,7 @@ typedef struct {
     int skipped[kMaxSeq];
     double need_bytes[kMaxSeq], free_bytes[kMaxSeq];
     double step_ms[kMaxSeq][2]; /* 1-layer, 2-layer model */
+    double enqueue_ms[kMaxSeq][2]; /* their host time to queue a step's work */
     double block_ms[kMaxSeq], flops[kMaxSeq];
     double gemm_ms[kMaxSeq], self_ms[kMaxSeq], cross_ms[kMaxSeq], floor_ms[kMaxSeq];
 } block_results;
@@ -866,9 +900,11 @@ static void run_block_section(const bench_options *o, const gemm_results *gemm, 
         const model_batch batch = {1, &frames, &height, &width, &text_len, latents, noise, &sigma, text};
 
         for (int l = 0; l < 2; ++l) {
-            step_context step = {gpu_model_create(&layers[l], S, 1, 0), &batch};
+            step_context step = {gpu_model_create(&layers[l], S, 1, 0), &batch, 0.0};
+            gpu_model_set_cudnn_key_tiles(step.gm, o->key_tiles);
             gpu_model_upload_weights(step.gm, layers[l].weights);
             r->step_ms[si][l] = time_long_op(run_model_step, &step, o, kStepBudgetSeconds, stream);
+            r->enqueue_ms[si][l] = step.enqueue_ms;
             if (l == 1 && o->profile_step) { /* after the timing: a profiler started with capture off sees only this */
                 CUDA_CHECK(cudaDeviceSynchronize());
                 CUDA_CHECK(cudaProfilerStart());
@@ -888,6 +924,13 @@ static void run_block_section(const bench_options *o, const gemm_results *gemm, 
                r->floor_ms[si], 100.0 * (r->block_ms[si] / r->floor_ms[si] - 1.0));
     }
     printf("  (vs floor: the block's time over the floor's; issue 5's target is at most +8%%.)\n");
+    printf("Host time to queue one step's work (least over the timed steps; where the block's share comes near its GPU\n"
+           "time, the step is launch-bound):\n%-6s %12s %12s %14s %14s\n", "S", "1-layer ms", "2-layer ms",
+           "block host ms", "block GPU ms");
+    for (int si = 0; si < o->n_seq; ++si)
+        if (!r->skipped[si])
+            printf("%-6lld %12.3f %12.3f %14.3f %14.3f\n", (long long)o->seq[si], r->enqueue_ms[si][0],
+                   r->enqueue_ms[si][1], r->enqueue_ms[si][1] - r->enqueue_ms[si][0], r->block_ms[si]);
     model_free(&layers[0]);
     model_free(&layers[1]);
 }
