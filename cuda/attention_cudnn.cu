@@ -1,4 +1,4 @@
-// attention_cudnn.cu — cuDNN fused attention through its C backend API: the unified SDPA forward and the composite (matmul, pointwise, reduction, reshape) backward graph for one sample of S_q query and S_kv key rows, plans cached by shape.
+// attention_cudnn.cu — cuDNN fused attention through its C backend API: the unified SDPA forward and the composite (matmul, pointwise, reduction, reshape) backward graph for one sample of S_q query and S_kv key rows, plans cached by shape; self-attention over zero-padded whole tiles.
 //
 // Memory [S, H, D] (a sample's packed rows) is described to cuDNN as dims [1, H, S, D] with strides
 // {S·H·D, D, H·D, 1}; Q, O and their gradients have S = S_q rows, K, V and theirs S = S_kv rows, and the
@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include <cuda_bf16.h>
 #include <cudnn.h>
 
 #if CUDNN_VERSION < 91301
@@ -58,7 +59,7 @@ enum direction { kForward = 0, kBackward = 1 };
 // Unique ids of the graphs' tensors: those in the variant packs, then the virtual ones.
 enum tensor_uid : int64_t {
     kUidQ = 1, kUidK, kUidV, kUidO, kUidStats, kUidScale, kUidDO, kUidDQ, kUidDK, kUidDV, kUidOne,
-    kUidSoftmaxSum, kUidDQAccum, kUidSeqLenQ, kUidSeqLenKV,
+    kUidSoftmaxSum, kUidDQAccum,
     kUidVirtual = 100,
 };
 
@@ -77,13 +78,11 @@ struct descriptor_list {
 struct plan_entry {
     int direction;
     int64_t seq_len_q, seq_len_kv;
-    int64_t kv_rows;     // the key/value rows the tensors span (forward: > seq_len_kv with a padding mask)
     int num_heads, head_dim;
     uint64_t last_use;   // 0: the slot is empty
     descriptor_list owned;
     cudnnBackendDescriptor_t plan;
     int64_t workspace_bytes;
-    int32_t *seq_lens;   // padded forward: device {seq_len_q, seq_len_kv}, the padding mask's lengths
 };
 
 struct probe_result {
@@ -325,23 +324,12 @@ bool finish_plan(graph_builder &g, plan_entry &e)
     return false;
 }
 
-// The unified SDPA forward: O and stats from Q, K, V and the scale (by value). With e.kv_rows > seq_len_kv,
-// K and V span kv_rows rows and a padding mask (the lengths in e.seq_lens) gives the rows past seq_len_kv
-// probability 0.
+// The unified SDPA forward: O and stats from Q, K, V and the scale (by value).
 bool build_forward(plan_entry &e)
 {
     graph_builder g = {&e.owned, {}, 0, kUidVirtual};
-    const int64_t S_q = e.seq_len_q, S_kv = e.kv_rows, H = e.num_heads, D = e.head_dim;
-    const bool padded = e.kv_rows != e.seq_len_kv;
-    cudnnBackendDescriptor_t q, k, v, o, stats, scale, op, seq_len_q = nullptr, seq_len_kv = nullptr;
-    if (padded) {
-        const int32_t lengths[2] = {static_cast<int32_t>(e.seq_len_q), static_cast<int32_t>(e.seq_len_kv)};
-        CUDA_CHECK(cudaMalloc(&e.seq_lens, sizeof lengths));
-        CUDA_CHECK(cudaMemcpy(e.seq_lens, lengths, sizeof lengths, cudaMemcpyHostToDevice));
-        if (!make_tensor(g, kUidSeqLenQ, CUDNN_DATA_INT32, scalar_shape(), false, false, &seq_len_q) ||
-            !make_tensor(g, kUidSeqLenKV, CUDNN_DATA_INT32, scalar_shape(), false, false, &seq_len_kv))
-            return false;
-    }
+    const int64_t S_q = e.seq_len_q, S_kv = e.seq_len_kv, H = e.num_heads, D = e.head_dim;
+    cudnnBackendDescriptor_t q, k, v, o, stats, scale, op;
     if (!make_tensor(g, kUidQ, CUDNN_DATA_BFLOAT16, rows_shape(S_q, H, D), false, false, &q) ||
         !make_tensor(g, kUidK, CUDNN_DATA_BFLOAT16, rows_shape(S_kv, H, D), false, false, &k) ||
         !make_tensor(g, kUidV, CUDNN_DATA_BFLOAT16, rows_shape(S_kv, H, D), false, false, &v) ||
@@ -358,12 +346,6 @@ bool build_forward(plan_entry &e)
                                        &stats));
     CUDNN_TRY(cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_SDPA_FWD_SCALEDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1,
                                        &scale));
-    if (padded) {
-        CUDNN_TRY(cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_SDPA_FWD_SEQ_LEN_QDESC,
-                                           CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &seq_len_q));
-        CUDNN_TRY(cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_SDPA_FWD_SEQ_LEN_KVDESC,
-                                           CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &seq_len_kv));
-    }
     return push_op(g, op) && finish_plan(g, e);
 }
 
@@ -453,54 +435,44 @@ const char *direction_name(int direction)
     return direction == kForward ? "forward" : "backward";
 }
 
-// Empty a plan slot (cudaFree of the lengths waits for the work that may still read them).
-void clear_entry(plan_entry &e)
-{
-    destroy_all(e.owned);
-    if (e.seq_lens) CUDA_CHECK(cudaFree(e.seq_lens));
-    memset(&e, 0, sizeof e);
-}
-
-// The cached plan of this shape (kv_rows: the key/value rows the tensors span, seq_len_kv unless a padded
-// forward), built on a miss into an empty or the least recently used slot. NULL when the build fails
-// (g_build_error says why).
-plan_entry *find_plan(int direction, int64_t seq_len_q, int64_t seq_len_kv, int64_t kv_rows, int num_heads,
-                      int head_dim)
+// The cached plan of this shape, built on a miss into an empty or the least recently used slot. NULL when
+// the build fails (g_build_error says why).
+plan_entry *find_plan(int direction, int64_t seq_len_q, int64_t seq_len_kv, int num_heads, int head_dim)
 {
     if (!ensure_handle()) return nullptr;
     plan_entry *victim = &g_state.plans[0];
     for (plan_entry &e : g_state.plans) {
         if (e.last_use && e.direction == direction && e.seq_len_q == seq_len_q && e.seq_len_kv == seq_len_kv &&
-            e.kv_rows == kv_rows && e.num_heads == num_heads && e.head_dim == head_dim) {
+            e.num_heads == num_heads && e.head_dim == head_dim) {
             e.last_use = ++g_state.clock;
             return &e;
         }
         if (e.last_use < victim->last_use) victim = &e;
     }
-    clear_entry(*victim);
+    destroy_all(victim->owned);
+    memset(victim, 0, sizeof *victim);
     victim->direction = direction;
     victim->seq_len_q = seq_len_q;
     victim->seq_len_kv = seq_len_kv;
-    victim->kv_rows = kv_rows;
     victim->num_heads = num_heads;
     victim->head_dim = head_dim;
     const bool built = direction == kForward ? build_forward(*victim) : build_backward(*victim);
     if (!built) {
-        clear_entry(*victim);
+        destroy_all(victim->owned);
+        memset(victim, 0, sizeof *victim);
         return nullptr;
     }
     victim->last_use = ++g_state.clock;
     return victim;
 }
 
-plan_entry *need_plan(int direction, int64_t seq_len_q, int64_t seq_len_kv, int64_t kv_rows, int num_heads,
-                      int head_dim)
+plan_entry *need_plan(int direction, int64_t seq_len_q, int64_t seq_len_kv, int num_heads, int head_dim)
 {
-    plan_entry *e = find_plan(direction, seq_len_q, seq_len_kv, kv_rows, num_heads, head_dim);
+    plan_entry *e = find_plan(direction, seq_len_q, seq_len_kv, num_heads, head_dim);
     if (!e)
-        ALDIT_FATAL("attention_cudnn: no %s plan for seq_len_q %lld, seq_len_kv %lld (%lld rows), %d heads, "
-                    "head_dim %d: %s", direction_name(direction), (long long)seq_len_q, (long long)seq_len_kv,
-                    (long long)kv_rows, num_heads, head_dim, g_build_error);
+        ALDIT_FATAL("attention_cudnn: no %s plan for seq_len_q %lld, seq_len_kv %lld, %d heads, head_dim %d: %s",
+                    direction_name(direction), (long long)seq_len_q, (long long)seq_len_kv, num_heads, head_dim,
+                    g_build_error);
     return e;
 }
 
@@ -569,12 +541,10 @@ extern "C" int attention_cudnn_available(int num_heads, int head_dim)
         aldit_warn("cuDNN attention: the loaded cuDNN is %zu; the unified SDPA forward needs 9.13.1 or newer and "
                    "the composite backward, without a padding mask, a release newer than 9.15.0",
                    cudnnGetVersion());
-    } else if (!find_plan(kForward, kProbeRows, kProbeRows, kProbeRows, num_heads, head_dim) ||
-               !find_plan(kBackward, kProbeRows, kProbeRows, kProbeRows, num_heads, head_dim) ||
-               !find_plan(kForward, kProbeRows, kProbeKeyRows, kProbeKeyRows, num_heads, head_dim) ||
-               !find_plan(kForward, kProbeRows, kProbeKeyRows, attention_cudnn_kv_rows(kProbeKeyRows), num_heads,
-                          head_dim) ||
-               !find_plan(kBackward, kProbeRows, kProbeKeyRows, kProbeKeyRows, num_heads, head_dim)) {
+    } else if (!find_plan(kForward, kProbeRows, kProbeRows, num_heads, head_dim) ||
+               !find_plan(kBackward, kProbeRows, kProbeRows, num_heads, head_dim) ||
+               !find_plan(kForward, kProbeRows, kProbeKeyRows, num_heads, head_dim) ||
+               !find_plan(kBackward, kProbeRows, kProbeKeyRows, num_heads, head_dim)) {
         aldit_warn("cuDNN attention: no plan for %d heads of head_dim %d: %s", num_heads, head_dim, g_build_error);
     } else {
         available = 1;
@@ -584,36 +554,20 @@ extern "C" int attention_cudnn_available(int num_heads, int head_dim)
     return available;
 }
 
-extern "C" int64_t attention_cudnn_kv_rows(int64_t seq_len_kv)
-{
-    const int64_t tile = ATTENTION_CUDNN_KV_TILE;
-    return (seq_len_kv + tile - 1) / tile * tile;
-}
-
-extern "C" void attention_cudnn_cross_fwd_padded(const gpu_bf16 *q, const gpu_bf16 *k, const gpu_bf16 *v,
-                                                 int64_t seq_len_q, int64_t seq_len_kv, int64_t kv_rows, int num_heads,
-                                                 int head_dim, gpu_bf16 *out, float *stats, cudaStream_t stream)
-{
-    const void *tensors[] = {q, k, v, out, stats};
-    const char *names[] = {"q", "k", "v", "out", "stats"};
-    check_call("attention_cudnn_cross_fwd", seq_len_q, seq_len_kv, num_heads, head_dim, tensors, names, 5);
-    ALDIT_CHECK(kv_rows >= seq_len_kv && kv_rows <= INT32_MAX, "attention_cudnn_cross_fwd_padded: kv_rows %lld must "
-                "be at least seq_len_kv %lld", (long long)kv_rows, (long long)seq_len_kv);
-    const plan_entry *e = need_plan(kForward, seq_len_q, seq_len_kv, kv_rows, num_heads, head_dim);
-    void *workspace = e->workspace_bytes > 0 ? ensure_buffer(static_cast<size_t>(e->workspace_bytes)) : nullptr;
-    float scale = 1.0f / sqrtf(static_cast<float>(head_dim));
-    const int64_t uids[] = {kUidQ, kUidK, kUidV, kUidO, kUidStats, kUidScale, kUidSeqLenQ, kUidSeqLenKV};
-    void *const pointers[] = {const_cast<gpu_bf16 *>(q), const_cast<gpu_bf16 *>(k), const_cast<gpu_bf16 *>(v), out,
-                              stats, &scale, e->seq_lens, e->seq_lens + 1};
-    execute(*e, e->seq_lens ? 8 : 6, uids, pointers, workspace, stream);
-}
-
 extern "C" void attention_cudnn_cross_fwd(const gpu_bf16 *q, const gpu_bf16 *k, const gpu_bf16 *v, int64_t seq_len_q,
                                           int64_t seq_len_kv, int num_heads, int head_dim, gpu_bf16 *out, float *stats,
                                           cudaStream_t stream)
 {
-    attention_cudnn_cross_fwd_padded(q, k, v, seq_len_q, seq_len_kv, seq_len_kv, num_heads, head_dim, out, stats,
-                                     stream);
+    const void *tensors[] = {q, k, v, out, stats};
+    const char *names[] = {"q", "k", "v", "out", "stats"};
+    check_call("attention_cudnn_cross_fwd", seq_len_q, seq_len_kv, num_heads, head_dim, tensors, names, 5);
+    const plan_entry *e = need_plan(kForward, seq_len_q, seq_len_kv, num_heads, head_dim);
+    void *workspace = e->workspace_bytes > 0 ? ensure_buffer(static_cast<size_t>(e->workspace_bytes)) : nullptr;
+    float scale = 1.0f / sqrtf(static_cast<float>(head_dim));
+    const int64_t uids[] = {kUidQ, kUidK, kUidV, kUidO, kUidStats, kUidScale};
+    void *const pointers[] = {const_cast<gpu_bf16 *>(q), const_cast<gpu_bf16 *>(k), const_cast<gpu_bf16 *>(v), out,
+                              stats, &scale};
+    execute(*e, 6, uids, pointers, workspace, stream);
 }
 
 extern "C" void attention_cudnn_cross_bwd(const gpu_bf16 *q, const gpu_bf16 *k, const gpu_bf16 *v, const gpu_bf16 *out,
@@ -624,7 +578,7 @@ extern "C" void attention_cudnn_cross_bwd(const gpu_bf16 *q, const gpu_bf16 *k, 
     const void *tensors[] = {q, k, v, out, dout, stats, dq, dk, dv};
     const char *names[] = {"q", "k", "v", "out", "dout", "stats", "dq", "dk", "dv"};
     check_call("attention_cudnn_cross_bwd", seq_len_q, seq_len_kv, num_heads, head_dim, tensors, names, 9);
-    const plan_entry *e = need_plan(kBackward, seq_len_q, seq_len_kv, seq_len_kv, num_heads, head_dim);
+    const plan_entry *e = need_plan(kBackward, seq_len_q, seq_len_kv, num_heads, head_dim);
     const size_t workspace_bytes = align_up(static_cast<size_t>(e->workspace_bytes));
     const size_t sum_bytes = align_up(static_cast<size_t>(num_heads) * seq_len_q * sizeof(float));
     const size_t accum_bytes = align_up(static_cast<size_t>(num_heads) * seq_len_q * head_dim * sizeof(float));
@@ -654,10 +608,83 @@ extern "C" void attention_cudnn_bwd(const gpu_bf16 *q, const gpu_bf16 *k, const 
     attention_cudnn_cross_bwd(q, k, v, out, dout, stats, seq_len, seq_len, num_heads, head_dim, dq, dk, dv, stream);
 }
 
+// ---- self-attention over whole tiles (attention_cudnn.h) ---------------------------------------------------------
+
+namespace {
+
+constexpr int kRescaleThreads = 256;
+constexpr float kLeastRealShare = 1.0f / 4096.0f;  // (Z - P) / Z below this: NaN (attention_cudnn.h)
+
+// Rows of `pairs_per_block` (row, head) pairs: every thread reads its pair's stats first, the block meets, then
+// the pair's first thread writes the new stats, while each thread scales its 16-byte vectors of out.
+__global__ void __launch_bounds__(kRescaleThreads) rescale_padded_kernel(uint4 *out, float *stats, int64_t seq_len,
+                                                                         int64_t padded_rows, int num_heads,
+                                                                         int vecs_per_head, float pad_keys)
+{
+    const int pairs_per_block = kRescaleThreads / vecs_per_head;
+    const int64_t pair = (int64_t)blockIdx.x * pairs_per_block + threadIdx.x / vecs_per_head;
+    const int lane = threadIdx.x % vecs_per_head;
+    const bool active = threadIdx.x < pairs_per_block * vecs_per_head && pair < seq_len * num_heads;
+    const int64_t row = active ? pair / num_heads : 0, head = active ? pair % num_heads : 0;
+    float *const stat = stats + head * padded_rows + row;
+    const float lse = active ? *stat : 0.0f;
+    // share of the real keys in the padded sum: 1 - P exp(-lse), its log, and the factor on out
+    const float real_share = -expm1f(logf(pad_keys) - lse);
+    const bool precise = real_share >= kLeastRealShare;
+    const float factor = precise ? 1.0f / real_share : __int_as_float(0x7fc00000);
+    __syncthreads();
+    if (!active) return;
+    if (lane == 0) *stat = precise ? lse + logf(real_share) : factor;
+    uint4 *const vector = out + (row * num_heads + head) * vecs_per_head + lane;
+    uint4 bits = *vector;
+    __nv_bfloat162 *halves = reinterpret_cast<__nv_bfloat162 *>(&bits);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        float2 f = __bfloat1622float2(halves[i]);
+        halves[i] = __floats2bfloat162_rn(f.x * factor, f.y * factor);
+    }
+    *vector = bits;
+}
+
+} // namespace
+
+extern "C" int64_t attention_cudnn_padded_rows(int64_t seq_len)
+{
+    return (seq_len + ATTENTION_CUDNN_TILE - 1) / ATTENTION_CUDNN_TILE * ATTENTION_CUDNN_TILE;
+}
+
+extern "C" void attention_cudnn_fwd_padded(const gpu_bf16 *q, const gpu_bf16 *k, const gpu_bf16 *v, int64_t seq_len,
+                                           int64_t padded_rows, int num_heads, int head_dim, gpu_bf16 *out,
+                                           float *stats, cudaStream_t stream)
+{
+    ALDIT_CHECK(seq_len >= 1 && padded_rows >= seq_len, "attention_cudnn_fwd_padded: padded_rows %lld must be at least "
+                "seq_len %lld", (long long)padded_rows, (long long)seq_len);
+    attention_cudnn_cross_fwd(q, k, v, padded_rows, padded_rows, num_heads, head_dim, out, stats, stream);
+    if (padded_rows == seq_len) return;
+    const int vecs_per_head = head_dim / 8;  // head_dim: a multiple of 8 up to 128 (checked above)
+    const int64_t pairs = seq_len * num_heads, pairs_per_block = kRescaleThreads / vecs_per_head;
+    const int64_t blocks = (pairs + pairs_per_block - 1) / pairs_per_block;
+    rescale_padded_kernel<<<(unsigned)blocks, kRescaleThreads, 0, stream>>>(
+        reinterpret_cast<uint4 *>(out), stats, seq_len, padded_rows, num_heads, vecs_per_head,
+        static_cast<float>(padded_rows - seq_len));
+    CUDA_CHECK_LAUNCH();
+}
+
+extern "C" void attention_cudnn_bwd_padded(const gpu_bf16 *q, const gpu_bf16 *k, const gpu_bf16 *v,
+                                           const gpu_bf16 *out, const gpu_bf16 *dout, const float *stats,
+                                           int64_t seq_len, int64_t padded_rows, int num_heads, int head_dim,
+                                           gpu_bf16 *dq, gpu_bf16 *dk, gpu_bf16 *dv, cudaStream_t stream)
+{
+    ALDIT_CHECK(seq_len >= 1 && padded_rows >= seq_len, "attention_cudnn_bwd_padded: padded_rows %lld must be at least "
+                "seq_len %lld", (long long)padded_rows, (long long)seq_len);
+    attention_cudnn_cross_bwd(q, k, v, out, dout, stats, padded_rows, padded_rows, num_heads, head_dim, dq, dk, dv,
+                              stream);
+}
+
 extern "C" void attention_cudnn_release(void)
 {
     if (g_state.handle) CUDA_CHECK(cudaDeviceSynchronize());
-    for (plan_entry &e : g_state.plans) clear_entry(e);
+    for (plan_entry &e : g_state.plans) destroy_all(e.owned);
     if (g_state.buffer) CUDA_CHECK(cudaFree(g_state.buffer));
     if (g_state.handle) CUDNN_CHECK(cudnnDestroy(g_state.handle));
     memset(&g_state, 0, sizeof g_state);

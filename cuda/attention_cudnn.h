@@ -53,17 +53,31 @@ void attention_cudnn_cross_bwd(const gpu_bf16 *q, const gpu_bf16 *k, const gpu_b
                                int num_heads, int head_dim, gpu_bf16 *dq, gpu_bf16 *dk, gpu_bf16 *dv,
                                cudaStream_t stream);
 
-/* The forward with k and v read in whole tiles of ATTENTION_CUDNN_KV_TILE rows: they span kv_rows >=
-   seq_len_kv rows (attention_cudnn_kv_rows(seq_len_kv): rounded up to the tile), and cuDNN's padding mask gives
-   the rows past seq_len_kv probability 0. Those rows must be readable device memory holding finite values (the
-   next sample's rows, or zeros: a NaN there would still reach the output through 0 * NaN). Same results as
-   attention_cudnn_cross_fwd (stats unchanged: [num_heads, seq_len_q]); on an H200 a key length that is not a
-   multiple of 128 runs up to 8% slower than the next multiple (docs/PERFORMANCE.md), which this avoids. */
-#define ATTENTION_CUDNN_KV_TILE 128
-int64_t attention_cudnn_kv_rows(int64_t seq_len_kv);
-void attention_cudnn_cross_fwd_padded(const gpu_bf16 *q, const gpu_bf16 *k, const gpu_bf16 *v, int64_t seq_len_q,
-                                      int64_t seq_len_kv, int64_t kv_rows, int num_heads, int head_dim, gpu_bf16 *out,
-                                      float *stats, cudaStream_t stream);
+/* Self-attention over whole tiles. On an H200, cuDNN's kernels run a sequence whose length is not a
+   multiple of ATTENTION_CUDNN_TILE 7-8% slower forward and ~3% slower backward than the next multiple, though
+   that has more rows (docs/PERFORMANCE.md; a padding mask recovers little of it). These calls run the
+   attention of one sample of seq_len rows on padded_rows = attention_cudnn_padded_rows(seq_len) rows instead,
+   the rows past seq_len being ZERO in q, k and v (the caller zeroes them: this suits a sample whose buffers
+   have the rows to spare, e.g. the last of a packed micro-batch), with the same results:
+   - zero keys score 0, so each adds exp(0) = 1 to every row's softmax sum, and zero values add nothing to its
+     output: the forward runs cuDNN's plan for padded_rows rows, then rescales each real row's out by
+     Z / (Z - P) and its stats to log(Z - P) (Z = exp(stats), P = padded_rows - seq_len), which are the
+     unpadded attention's. fp32 arithmetic; exact unless the real keys' sum is tiny against P (a row whose
+     every score is below about -3 on a 75,600-key sample): where Z - P < Z / 4096 the row's out and stats
+     are set to NaN, so that the step fails loudly instead of losing precision.
+   - the backward, given those out and stats and dout with ZERO pad rows, gives the real rows' dq, dk, dv
+     exactly: the zero keys add nothing to dq, and the pad query rows (zero dout) nothing to dk, dv.
+   out, dout, dq, dk, dv span padded_rows rows (the pad rows of out, dq, dk, dv get scratch values); stats is
+   [num_heads, padded_rows], head-major. */
+#define ATTENTION_CUDNN_TILE 128
+int64_t attention_cudnn_padded_rows(int64_t seq_len);
+void attention_cudnn_fwd_padded(const gpu_bf16 *q, const gpu_bf16 *k, const gpu_bf16 *v, int64_t seq_len,
+                                int64_t padded_rows, int num_heads, int head_dim, gpu_bf16 *out, float *stats,
+                                cudaStream_t stream);
+void attention_cudnn_bwd_padded(const gpu_bf16 *q, const gpu_bf16 *k, const gpu_bf16 *v, const gpu_bf16 *out,
+                                const gpu_bf16 *dout, const float *stats, int64_t seq_len, int64_t padded_rows,
+                                int num_heads, int head_dim, gpu_bf16 *dq, gpu_bf16 *dk, gpu_bf16 *dv,
+                                cudaStream_t stream);
 
 /* Self-attention: the calls above with seq_len_kv = seq_len_q = seq_len. */
 void attention_cudnn_fwd(const gpu_bf16 *q, const gpu_bf16 *k, const gpu_bf16 *v, int64_t seq_len, int num_heads,

@@ -44,10 +44,11 @@ extern "C" {
 
 namespace {
 
-// Rows the self-attention's k and v have past the capacity: cuDNN's forward reads keys in whole tiles.
-constexpr int64_t kKeyTileSlack = 128;
+// Rows the self-attention's tensors have past the capacity: cuDNN runs the last sample over whole tiles
+// (attention_dispatch_fwd).
+constexpr int64_t kTileSlack = 128;
 #ifdef HAVE_CUDNN
-static_assert(kKeyTileSlack >= ATTENTION_CUDNN_KV_TILE - 1, "room for the last sample's partial key tile");
+static_assert(kTileSlack >= ATTENTION_CUDNN_TILE - 1, "room for the last sample's partial tile");
 #endif
 
 struct linear_offsets {
@@ -163,11 +164,11 @@ struct gpu_model {
     float *latents_pinned, *noise_pinned, *text_pinned, *loss_pinned;
     int32_t *grid_frames, *grid_height, *grid_width;   // [B] tokens per axis (host)
     float *timesteps_host;                             // [B]
-    // self-attention of samples of at least cudnn_min_tokens tokens goes to cuDNN (gpu_model_set_attention), its
-    // forward reading the keys in whole tiles unless turned off (gpu_model_set_cudnn_key_tiles)
+    // self-attention of samples of at least cudnn_min_tokens tokens goes to cuDNN (gpu_model_set_attention), the
+    // last sample of a micro-batch over whole tiles unless turned off (gpu_model_set_cudnn_whole_tiles)
     int use_cudnn;
     int64_t cudnn_min_tokens;
-    int cudnn_key_tiles;
+    int cudnn_whole_tiles;
     // host seconds the last forward_backward call took to queue its work (gpu_model_enqueue_seconds)
     double enqueue_seconds;
     // told as each range of the gradients is final in a forward_backward call (gpu_model_set_grads_ready)
@@ -300,14 +301,14 @@ void layout_kept(carver &c, block_saved &s, int64_t N, int64_t B, int64_t D)
 }
 
 // The rest: what block recomputation rebuilds.
-// k and v have kKeyTileSlack rows more: cuDNN's padded forward reads the keys in whole tiles (attention_dispatch_fwd).
+// The self-attention's q, k, v, attn and attn_lse have kTileSlack rows more (attention_dispatch_fwd).
 void layout_recomputed(carver &c, block_saved &s, int64_t N, int64_t L, int64_t D, int64_t F, int64_t H)
 {
-    gpu_bf16 **rows[] = {&s.h1, &s.q_pre, &s.k_pre, &s.q, &s.attn, &s.y_attn, &s.x1, &s.n3, &s.cq_pre,
+    gpu_bf16 **rows[] = {&s.h1, &s.q_pre, &s.k_pre, &s.y_attn, &s.x1, &s.n3, &s.cq_pre,
                          &s.cq, &s.cattn, &s.y_cross, &s.x2, &s.h2, &s.y_ffn};
     for (gpu_bf16 **p : rows) *p = c.take<gpu_bf16>(N * D);
-    s.k = c.take<gpu_bf16>((N + kKeyTileSlack) * D);
-    s.v = c.take<gpu_bf16>((N + kKeyTileSlack) * D);
+    gpu_bf16 **tiled[] = {&s.q, &s.k, &s.v, &s.attn};
+    for (gpu_bf16 **p : tiled) *p = c.take<gpu_bf16>((N + kTileSlack) * D);
     s.ck_pre = c.take<gpu_bf16>(L * D);
     s.ck = c.take<gpu_bf16>(L * D);
     s.cv = c.take<gpu_bf16>(L * D);
@@ -316,7 +317,7 @@ void layout_recomputed(carver &c, block_saved &s, int64_t N, int64_t L, int64_t 
     float **stats[] = {&s.n3_mean, &s.n3_rstd, &s.ln2_mean, &s.ln2_rstd, &s.q_rstd, &s.k_rstd, &s.cq_rstd};
     for (float **p : stats) *p = c.take<float>(N);
     s.ck_rstd = c.take<float>(L);
-    s.attn_lse = c.take<float>(N * H);
+    s.attn_lse = c.take<float>((N + kTileSlack) * H);
     s.cattn_lse = c.take<float>(N * H);
 }
 
@@ -369,8 +370,10 @@ void layout_arena(gpu_model *gm, carver &c)
     gm->pred = c.take<gpu_bf16>(N * gm->patch_out);
     gm->d_pred = c.take<gpu_bf16>(N * gm->patch_out);
     gm->sample_loss = c.take<float>(B);
-    gpu_bf16 **grads_nd[] = {&gm->d_x, &gm->d_h, &gm->d_y, &gm->d_t, &gm->d_q, &gm->d_k, &gm->d_v};
+    gpu_bf16 **grads_nd[] = {&gm->d_x, &gm->d_h, &gm->d_y};
     for (gpu_bf16 **p : grads_nd) *p = c.take<gpu_bf16>(N * D);
+    gpu_bf16 **grads_tiled[] = {&gm->d_t, &gm->d_q, &gm->d_k, &gm->d_v};  // self-attention's (attention_dispatch_fwd)
+    for (gpu_bf16 **p : grads_tiled) *p = c.take<gpu_bf16>((N + kTileSlack) * D);
     gm->d_ffn = c.take<gpu_bf16>(N * F);
     gpu_bf16 **grads_ld[] = {&gm->d_ck, &gm->d_cv, &gm->d_ctx_part, &gm->d_context_bf16, &gm->d_text_pre};
     for (gpu_bf16 **p : grads_ld) *p = c.take<gpu_bf16>(L * D);
@@ -537,6 +540,26 @@ bool sample_on_cudnn(const gpu_model *gm, attention_kind kind, int b)
            (kind == kSelfAttention || n_keys == gm->text_len) && start[b] * gm->num_heads % 4 == 0;
 }
 
+#ifdef HAVE_CUDNN
+// The rows cuDNN runs sample b's self-attention on: whole tiles (attention_cudnn.h) when it is the last sample of
+// the batch and its length is not a multiple of the tile (the rows past it are then free: the self-attention's
+// tensors have kTileSlack rows past the capacity), else its own length. Forward and backward decide alike.
+int64_t cudnn_self_rows(const gpu_model *gm, const batch_dims &d, int b)
+{
+    const int64_t *start = gm->tables_host.token_start, rows = start[b + 1] - start[b];
+    return gm->cudnn_whole_tiles && b == d.n_samples - 1 ? attention_cudnn_padded_rows(rows) : rows;
+}
+
+// Zero rows [n_tokens, n_tokens + pad_rows) of each of the `count` row buffers of `dim` columns.
+void zero_pad_rows(gpu_bf16 *const *buffers, int count, const batch_dims &d, int64_t pad_rows, int dim,
+                   cudaStream_t stream)
+{
+    for (int i = 0; i < count; ++i)
+        CUDA_CHECK(cudaMemsetAsync(buffers[i] + d.n_tokens * dim, 0, (size_t)(pad_rows * dim) * sizeof(gpu_bf16),
+                                   stream));
+}
+#endif
+
 // The end of the run of samples that starts at `first` (a sample on cuDNN is a run of one).
 int run_end(const gpu_model *gm, attention_kind kind, int n_samples, int first)
 {
@@ -547,9 +570,9 @@ int run_end(const gpu_model *gm, attention_kind kind, int n_samples, int first)
 }
 
 // out and lse ([N, H] rows as attention.h's; head-major per sample on cuDNN) from q (token rows) and k, v
-// (key rows of `kind`).
-// (k and v are not const: rows past the batch's may be zeroed for cuDNN's whole key tiles.)
-void attention_dispatch_fwd(const gpu_model *gm, const batch_dims &d, attention_kind kind, const gpu_bf16 *q,
+// (key rows of `kind`). q, k, v are not const: a last sample run over whole tiles has their rows past the
+// batch's zeroed.
+void attention_dispatch_fwd(const gpu_model *gm, const batch_dims &d, attention_kind kind, gpu_bf16 *q,
                             gpu_bf16 *k, gpu_bf16 *v, gpu_bf16 *out, float *lse, cudaStream_t stream)
 {
     const int H = gm->num_heads, hd = gm->head_dim;
@@ -559,22 +582,17 @@ void attention_dispatch_fwd(const gpu_model *gm, const batch_dims &d, attention_
         end = run_end(gm, kind, d.n_samples, b);
 #ifdef HAVE_CUDNN
         if (sample_on_cudnn(gm, kind, b)) {
-            const int64_t at = start[b] * gm->dim, key_at = keys[b] * gm->dim, n_keys = keys[end] - keys[b];
-            // Self-attention reads its keys in whole tiles (attention_cudnn.h): the rows past the sample are the
-            // next samples' keys, or, past the batch's, zeroed here (k and v have kKeyTileSlack rows to spare).
-            int64_t key_rows = n_keys;
-            if (kind == kSelfAttention && gm->cudnn_key_tiles) {
-                key_rows = attention_cudnn_kv_rows(n_keys);
-                const int64_t past_batch = keys[b] + key_rows - d.n_tokens;
-                if (past_batch > 0) {
-                    const size_t offset = (size_t)d.n_tokens * gm->dim;
-                    const size_t bytes = (size_t)past_batch * gm->dim * sizeof(gpu_bf16);
-                    CUDA_CHECK(cudaMemsetAsync(k + offset, 0, bytes, stream));
-                    CUDA_CHECK(cudaMemsetAsync(v + offset, 0, bytes, stream));
-                }
+            const int64_t at = start[b] * gm->dim, key_at = keys[b] * gm->dim, rows = start[end] - start[b];
+            const int64_t padded = kind == kSelfAttention ? cudnn_self_rows(gm, d, b) : rows;
+            if (padded > rows) {
+                gpu_bf16 *const inputs[] = {q, k, v};
+                zero_pad_rows(inputs, 3, d, padded - rows, gm->dim, stream);
+                attention_cudnn_fwd_padded(q + at, k + at, v + at, rows, padded, H, hd, out + at, lse + start[b] * H,
+                                           stream);
+            } else {
+                attention_cudnn_cross_fwd(q + at, k + key_at, v + key_at, rows, keys[end] - keys[b], H, hd, out + at,
+                                          lse + start[b] * H, stream);
             }
-            attention_cudnn_cross_fwd_padded(q + at, k + key_at, v + key_at, start[end] - start[b], n_keys, key_rows,
-                                             H, hd, out + at, lse + start[b] * H, stream);
             continue;
         }
 #endif
@@ -595,10 +613,17 @@ void attention_dispatch_bwd(gpu_model *gm, const batch_dims &d, attention_kind k
         end = run_end(gm, kind, d.n_samples, b);
 #ifdef HAVE_CUDNN
         if (sample_on_cudnn(gm, kind, b)) {
-            const int64_t at = start[b] * gm->dim, key_at = keys[b] * gm->dim;
-            attention_cudnn_cross_bwd(q + at, k + key_at, v + key_at, out + at, gm->d_t + at, lse + start[b] * H,
-                                      start[end] - start[b], keys[end] - keys[b], H, hd, dq + at, dk + key_at,
-                                      dv + key_at, stream);
+            const int64_t at = start[b] * gm->dim, key_at = keys[b] * gm->dim, rows = start[end] - start[b];
+            const int64_t padded = kind == kSelfAttention ? cudnn_self_rows(gm, d, b) : rows;
+            if (padded > rows) {  // q, k, v still have zero pad rows from the forward; the output gradient's too
+                gpu_bf16 *const output_grad[] = {gm->d_t};
+                zero_pad_rows(output_grad, 1, d, padded - rows, gm->dim, stream);
+                attention_cudnn_bwd_padded(q + at, k + at, v + at, out + at, gm->d_t + at, lse + start[b] * H, rows,
+                                           padded, H, hd, dq + at, dk + at, dv + at, stream);
+            } else {
+                attention_cudnn_cross_bwd(q + at, k + key_at, v + key_at, out + at, gm->d_t + at, lse + start[b] * H,
+                                          rows, keys[end] - keys[b], H, hd, dq + at, dk + key_at, dv + key_at, stream);
+            }
             continue;
         }
 #endif
@@ -995,7 +1020,7 @@ gpu_model *gpu_model_create_with_recompute(const model *host_model, int64_t max_
     gm->grid_width = gm->grid_frames + 2 * (size_t)max_samples;
     gm->timesteps_host = static_cast<float *>(xmalloc((size_t)max_samples * sizeof(float)));
     gpu_model_set_attention(gm, GPU_ATTENTION_AUTO, 0);
-    gm->cudnn_key_tiles = 1;
+    gm->cudnn_whole_tiles = 1;
     return gm;
 }
 
@@ -1041,9 +1066,9 @@ double gpu_model_enqueue_seconds(const gpu_model *gm)
     return gm->enqueue_seconds;
 }
 
-void gpu_model_set_cudnn_key_tiles(gpu_model *gm, int whole_tiles)
+void gpu_model_set_cudnn_whole_tiles(gpu_model *gm, int whole_tiles)
 {
-    gm->cudnn_key_tiles = whole_tiles != 0;
+    gm->cudnn_whole_tiles = whole_tiles != 0;
 }
 
 void gpu_model_free(gpu_model *gm)

@@ -73,10 +73,10 @@ size_t gpu_model_workspace_bytes(const model *host_model, int64_t max_tokens, in
 typedef enum { GPU_ATTENTION_AUTO, GPU_ATTENTION_CUDNN, GPU_ATTENTION_OWN } gpu_attention_choice;
 #define GPU_ATTENTION_CUDNN_MIN_TOKENS 1024
 int gpu_model_set_attention(gpu_model *gm, gpu_attention_choice choice, int64_t min_cudnn_tokens);
-/* Whether cuDNN's self-attention forward reads the keys in whole tiles of ATTENTION_CUDNN_KV_TILE rows
-   (attention_cudnn_cross_fwd_padded: faster where a sample's length is not a multiple of the tile; the
-   default, 1) or exactly the sample's rows (0; for comparisons). */
-void gpu_model_set_cudnn_key_tiles(gpu_model *gm, int whole_tiles);
+/* Whether cuDNN runs the self-attention of a micro-batch's last sample over whole tiles of
+   ATTENTION_CUDNN_TILE rows, zero-padded (attention_cudnn_fwd_padded: faster where its length is not a
+   multiple of the tile; the default, 1), or over exactly its rows (0; for comparisons). */
+void gpu_model_set_cudnn_whole_tiles(gpu_model *gm, int whole_tiles);
 /* Host seconds the last gpu_model_forward_backward call spent queuing its work (staging the batch, every
    launch), before it waited for the GPU: where this approaches the GPU's time the step is launch-bound. */
 double gpu_model_enqueue_seconds(const gpu_model *gm);

@@ -39,45 +39,67 @@ static void transpose(const float *in, int64_t rows, int cols, float *out)
         for (int c = 0; c < cols; ++c) out[(size_t)c * rows + r] = in[(size_t)r * cols + c];
 }
 
-/* The forward reading whole key tiles (attention_cudnn_cross_fwd_padded) where seq_len_kv is not a multiple
-   of the tile: the rows past seq_len_kv hold large values (keys that would take all of the softmax, values far
-   off the outputs' scale) that the padding mask must keep out; out and stats against the reference. */
-static void check_padded_forward(const gpu_bf16 *q_bits, const gpu_bf16 *k_bits, const gpu_bf16 *v_bits,
-                                 int64_t seq_len_q, int64_t seq_len_kv, int num_heads, int head_dim,
-                                 const float *out_ref, const float *stats_ref, const char *case_name)
+/* Self-attention over zero-padded whole tiles (attention_cudnn_fwd_padded / bwd_padded) where seq_len is not a
+   multiple of the tile: out and stats of the real rows against the reference (stats [heads, padded rows]),
+   then the backward fed the reference's out and lse (pad rows: out of large values, stats 0, dout zero) against
+   the reference gradients. The pad rows of dq, dk, dv are scratch and not compared. */
+static void check_padded_self(const gpu_bf16 *q_bits, const gpu_bf16 *k_bits, const gpu_bf16 *v_bits,
+                              const gpu_bf16 *dout_bits, const gpu_bf16 *out_bits, int64_t seq_len, int num_heads,
+                              int head_dim, const float *out_ref, const float *lse_ref, const float *const grads_ref[3],
+                              const char *case_name)
 {
-    const int64_t kv_rows = attention_cudnn_kv_rows(seq_len_kv);
-    assert_true(kv_rows >= seq_len_kv && kv_rows % ATTENTION_CUDNN_KV_TILE == 0);
-    if (kv_rows == seq_len_kv) return;
+    const int64_t padded = attention_cudnn_padded_rows(seq_len);
+    assert_true(padded >= seq_len && padded % ATTENTION_CUDNN_TILE == 0 && padded - seq_len < ATTENTION_CUDNN_TILE);
+    if (padded == seq_len) return;
     const int width = num_heads * head_dim;
-    const size_t n_q = (size_t)seq_len_q * width, n_kv = (size_t)seq_len_kv * width, n_padded = (size_t)kv_rows * width;
-    const size_t n_stats = (size_t)seq_len_q * num_heads;
-    gpu_bf16 *k_padded = xmalloc(n_padded * sizeof *k_padded), *v_padded = xmalloc(n_padded * sizeof *v_padded);
-    memcpy(k_padded, k_bits, n_kv * sizeof *k_padded);
-    memcpy(v_padded, v_bits, n_kv * sizeof *v_padded);
-    for (size_t i = n_kv; i < n_padded; ++i) {
-        k_padded[i] = gpu_bf16_from_float(i % 2 ? 40.0f : -40.0f);
-        v_padded[i] = gpu_bf16_from_float(1000.0f);
+    const size_t n = (size_t)seq_len * width, n_padded = (size_t)padded * width;
+    const size_t n_stats = (size_t)padded * num_heads;
+    /* inputs with zero pad rows (dout too); out with pad rows far off the outputs' scale */
+    const gpu_bf16 *const sources[5] = {q_bits, k_bits, v_bits, dout_bits, out_bits};
+    gpu_bf16 *device[5];
+    gpu_bf16 *rows = xmalloc(n_padded * sizeof *rows);
+    for (int t = 0; t < 5; ++t) {
+        memcpy(rows, sources[t], n * sizeof *rows);
+        for (size_t i = n; i < n_padded; ++i) rows[i] = gpu_bf16_from_float(t == 4 ? 1000.0f : 0.0f);
+        device[t] = device_upload(rows, n_padded * sizeof *rows);
     }
-    gpu_bf16 *d_q = device_upload(q_bits, n_q * sizeof(gpu_bf16));
-    gpu_bf16 *d_k = device_upload(k_padded, n_padded * sizeof(gpu_bf16));
-    gpu_bf16 *d_v = device_upload(v_padded, n_padded * sizeof(gpu_bf16));
-    gpu_bf16 *d_out = device_poisoned(n_q * sizeof(gpu_bf16));
-    float *d_stats = device_poisoned(n_stats * sizeof(float));
-    attention_cudnn_cross_fwd_padded(d_q, d_k, d_v, seq_len_q, seq_len_kv, kv_rows, num_heads, head_dim, d_out,
-                                     d_stats, 0);
+    free(rows);
     char name[200];
-    snprintf(name, sizeof name, "%s, keys read as %lld rows", case_name, (long long)kv_rows);
-    float *got = download_bf16(d_out, n_q);
-    expect_close("attention_cudnn padded forward out", name, got, out_ref, n_q, kTolerance, kNearZeroBound);
+    snprintf(name, sizeof name, "%s, over %lld zero-padded rows", case_name, (long long)padded);
+
+    gpu_bf16 *d_out = device_poisoned(n_padded * sizeof(gpu_bf16));
+    float *d_stats = device_poisoned(n_stats * sizeof(float));
+    attention_cudnn_fwd_padded(device[0], device[1], device[2], seq_len, padded, num_heads, head_dim, d_out, d_stats, 0);
+    float *got = download_bf16(d_out, n);
+    expect_close("attention_cudnn padded forward out", name, got, out_ref, n, kTolerance, kNearZeroBound);
     free(got);
-    got = download_f32(d_stats, n_stats);
-    expect_close("attention_cudnn padded forward stats", name, got, stats_ref, n_stats, kTolerance, kNearZeroBound);
-    free(got);
-    void *device_buffers[] = {d_q, d_k, d_v, d_out, d_stats};
+    float *stats = download_f32(d_stats, n_stats), *lse = xmalloc((size_t)seq_len * num_heads * sizeof *lse);
+    for (int h = 0; h < num_heads; ++h)
+        for (int64_t r = 0; r < seq_len; ++r) lse[(size_t)r * num_heads + h] = stats[(size_t)h * padded + r];
+    expect_close("attention_cudnn padded forward stats (as lse)", name, lse, lse_ref, (size_t)seq_len * num_heads,
+                 kTolerance, kNearZeroBound);
+    free(stats);
+    free(lse);
+
+    float *stats_ref = xcalloc(n_stats, sizeof *stats_ref); /* the reference's lse, head-major; pad rows 0 */
+    for (int h = 0; h < num_heads; ++h)
+        for (int64_t r = 0; r < seq_len; ++r) stats_ref[(size_t)h * padded + r] = lse_ref[(size_t)r * num_heads + h];
+    float *d_stats_ref = device_upload(stats_ref, n_stats * sizeof *stats_ref);
+    free(stats_ref);
+    gpu_bf16 *grads[3];
+    for (int i = 0; i < 3; ++i) grads[i] = device_poisoned(n_padded * sizeof(gpu_bf16));
+    attention_cudnn_bwd_padded(device[0], device[1], device[2], device[4], device[3], d_stats_ref, seq_len, padded,
+                               num_heads, head_dim, grads[0], grads[1], grads[2], 0);
+    const char *names[3] = {"attention_cudnn padded backward dq", "attention_cudnn padded backward dk",
+                            "attention_cudnn padded backward dv"};
+    for (int i = 0; i < 3; ++i) {
+        got = download_bf16(grads[i], n);
+        expect_close(names[i], name, got, grads_ref[i], n, kTolerance, kNearZeroBound);
+        free(got);
+    }
+    void *device_buffers[] = {device[0], device[1], device[2], device[3], device[4], d_out, d_stats, d_stats_ref,
+                              grads[0], grads[1], grads[2]};
     free_device_buffers(device_buffers, sizeof device_buffers / sizeof device_buffers[0]);
-    free(k_padded);
-    free(v_padded);
 }
 
 /* One sample of seq_len_q query rows and seq_len_kv key rows (equal: through the self-attention entry points):
@@ -139,8 +161,6 @@ static void check_shape(int64_t seq_len_q, int64_t seq_len_kv, int num_heads, in
                  kNearZeroBound);
     free(got);
     free(stats);
-    check_padded_forward(q_bits, k_bits, v_bits, seq_len_q, seq_len_kv, num_heads, head_dim, out_ref, stats_ref,
-                         case_name);
 
     for (int run = 0; run < 2; ++run) {
         device_poison(d_dq, q_bytes);
@@ -167,6 +187,12 @@ static void check_shape(int64_t seq_len_q, int64_t seq_len_kv, int num_heads, in
                          i < 2 ? kTolerance * sqrt(dv_norm2) : kNearZeroBound);
             free(got);
         }
+    }
+
+    if (self) {
+        const float *const grads_ref[3] = {dq_ref, dk_ref, dv_ref};
+        check_padded_self(q_bits, k_bits, v_bits, dout_bits, out_bits, seq_len_q, num_heads, head_dim, out_ref, lse_ref,
+                          grads_ref, case_name);
     }
 
     void *device_buffers[] = {d_q, d_k, d_v, d_dout, d_out_ref, d_stats_ref, d_out, d_dq, d_dk, d_dv, d_stats};

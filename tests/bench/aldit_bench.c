@@ -42,7 +42,7 @@ typedef struct {
     int gemm_fused;        /* gemm_fusion: cuBLASLt's fused epilogues (1), all but the bias gradient (2), none (0) */
     int profile_step;      /* block: one more 2-layer step inside cudaProfilerStart/Stop, for a profiler */
     const char *attention_backends; /* --backends: comma-separated names of the attention backends to time */
-    int key_tiles;         /* block: cuDNN's self-attention forward reads whole key tiles (gpu_model_set_cudnn_key_tiles) */
+    int whole_tiles;       /* block: cuDNN runs the last sample's self-attention over whole tiles (gpu_model_set_cudnn_whole_tiles) */
     const char *json_path;
 } bench_options;
 
@@ -51,9 +51,9 @@ static void usage(FILE *out)
     fprintf(out,
             "usage: aldit-bench [--sections lnmod,gemm,attention,block] [--samples B] [--rows S] [--dims D1,D2,...]\n"
             "                   [--repeats N] [--max-vpt F,B,R] [--fwd-order chunk|interleave] [--fwd-streaming 0|1]\n"
-            "                   [--fwd-stages P,R]\n"
+            "                   [--fwd-stages P,R] [--fwd-serial-launch 0|1]\n"
             "                   [--seq S1,S2,...] [--text-rows T] [--gemm-fused 0|1|2] [--profile-step 0|1]\n"
-            "                   [--backends own,cudnn,cudnn-tiles] [--key-tiles 0|1] [--json FILE]\n"
+            "                   [--backends own,cudnn,cudnn-tiles] [--whole-tiles 0|1] [--json FILE]\n"
             "  Device copy bandwidth, then the sections (default lnmod,gemm):\n"
             "  lnmod: LayerNorm-Modulate (forward, backward, gated-residual variants) on B packed samples of S rows\n"
             "    each (default B=2, S=32760, D=1536,3072,5120). --max-vpt, --fwd-order, --fwd-streaming and\n"
@@ -62,7 +62,8 @@ static void usage(FILE *out)
             "    (the staged kernel, 1 stage), 1-3 the staged kernel with that many rows in flight. --max-vpt F,B,R:\n"
             "    the most 16-byte vectors a thread holds in the forwards, the backward, the residual backward (0: 4\n"
             "    in the plain staged forward, else 8; 5; 4). The kernel and row-group shape of each forward are\n"
-            "    printed per D.\n"
+            "    printed per D. --fwd-serial-launch 1 launches the staged forwards without programmatic dependent\n"
+            "    launch (the default overlaps their start with the previous kernel's end).\n"
             "  gemm: the cuBLASLt linear layers of one Wan-1.3B block (D=1536, FFN 8960) on one sample of S rows\n"
             "    (--seq, default S=4096,16384,32760,75600) and T text rows (default 512): forward, backward data and\n"
             "    backward weight (fp32 dW and db accumulated) in TFLOP/s, the block's GEMM sum, and an 8192^3\n"
@@ -71,10 +72,11 @@ static void usage(FILE *out)
             "    GEMMs + aldit's own epilogue kernels.\n"
             "  attention: aldit's flash attention (cuda/attention.h) and, where built with it, cuDNN's fused SDPA\n"
             "    (cuda/attention_cudnn.h), forward and backward, 12 heads of 128, on one sample: self-attention\n"
-            "    S x S and cross-attention S x T, in TFLOP/s; cudnn-tiles is cuDNN with the forward reading the keys in\n"
-            "    whole tiles of 128 rows (the GPU model's default). --backends (default all three) names the ones timed.\n"
-            "  block: one Wan-1.3B block forward+backward (GPU model, recompute none; --key-tiles 0 turns the\n"
-            "    whole key tiles of cuDNN's forward off) on one sample of S tokens\n"
+            "    S x S and cross-attention S x T, in TFLOP/s; cudnn-tiles is cuDNN's self-attention over whole tiles of\n"
+            "    128 rows, zero-padded (the GPU model's default for a micro-batch's last sample). --backends (default all\n"
+            "    three) names the ones timed.\n"
+            "  block: one Wan-1.3B block forward+backward (GPU model, recompute none; --whole-tiles 0 turns cuDNN's\n"
+            "    zero-padded whole tiles off) on one sample of S tokens\n"
             "    and T text tokens: (2-layer model step) - (1-layer model step), against the floor of its GEMMs and\n"
             "    attentions at the rates of the gemm and attention sections (which it runs too). --profile-step 1\n"
             "    then runs one more 2-layer step per S between cudaProfilerStart and cudaProfilerStop, e.g. for\n"
@@ -96,7 +98,7 @@ static long parse_long(const char *text, const char *option, long low, long high
 
 static bench_options parse_options(int argc, char **argv)
 {
-    bench_options o = {1, 1, 0, 0, 2, 32760, 3, {1536, 3072, 5120}, 21, 10, {0, 0, 0, 0, 0, 0, 0},
+    bench_options o = {1, 1, 0, 0, 2, 32760, 3, {1536, 3072, 5120}, 21, 10, {0, 0, 0, 0, 0, 0, 0, 0},
                        4, {4096, 16384, 32760, 75600}, 512, GEMM_FUSION_DEFAULT, 0, "own,cudnn,cudnn-tiles", 1, NULL};
     for (int i = 1; i < argc; ++i) {
         const char *arg = argv[i];
@@ -118,7 +120,7 @@ static bench_options parse_options(int argc, char **argv)
         else if (!strcmp(arg, "--gemm-fused")) o.gemm_fused = (int)parse_long(value, arg, 0, 2);
         else if (!strcmp(arg, "--profile-step")) o.profile_step = (int)parse_long(value, arg, 0, 1);
         else if (!strcmp(arg, "--backends")) o.attention_backends = value;
-        else if (!strcmp(arg, "--key-tiles")) o.key_tiles = (int)parse_long(value, arg, 0, 1);
+        else if (!strcmp(arg, "--whole-tiles")) o.whole_tiles = (int)parse_long(value, arg, 0, 1);
         else if (!strcmp(arg, "--sections")) {
             char *copy = strdup(value), *save = NULL;
             o.run_lnmod = o.run_gemm = o.run_attention = o.run_block = 0;
@@ -162,6 +164,7 @@ static bench_options parse_options(int argc, char **argv)
             }
             o.tuning.fwd_chunked = !strcmp(value, "chunk");
         } else if (!strcmp(arg, "--fwd-streaming")) o.tuning.fwd_streaming = (int)parse_long(value, arg, 0, 1);
+        else if (!strcmp(arg, "--fwd-serial-launch")) o.tuning.fwd_serial_launch = (int)parse_long(value, arg, 0, 1);
         else if (!strcmp(arg, "--fwd-stages")) {
             char extra;
             if (sscanf(value, "%d,%d%c", &o.tuning.fwd_stages, &o.tuning.residual_fwd_stages, &extra) != 2 ||
@@ -368,11 +371,12 @@ static void run_lnmod_section(const bench_options *o, double copy_gbs, cudaStrea
                               double results[kMaxDims][kLnmodOps][2])
 {
     printf("LayerNorm-Modulate, B=%d samples x S=%lld rows (%lld rows), bf16 rows, fp32 statistics and modulation;"
-           "\n  tuning: --max-vpt %d,%d,%d --fwd-order %s --fwd-streaming %d --fwd-stages %d,%d (0 = default)\n",
+           "\n  tuning: --max-vpt %d,%d,%d --fwd-order %s --fwd-streaming %d --fwd-stages %d,%d --fwd-serial-launch %d\n"
+           "  (0 = default)\n",
            o->n_samples, (long long)o->rows_per_sample, (long long)(o->n_samples * o->rows_per_sample),
            o->tuning.max_vpt_fwd, o->tuning.max_vpt_bwd, o->tuning.max_vpt_residual_bwd,
            o->tuning.fwd_chunked ? "chunk" : "interleave", o->tuning.fwd_streaming, o->tuning.fwd_stages,
-           o->tuning.residual_fwd_stages);
+           o->tuning.residual_fwd_stages, o->tuning.fwd_serial_launch);
     for (int d = 0; d < o->n_dims; ++d) {
         char kernels[2][96];
         for (int residual = 0; residual < 2; ++residual) {
@@ -648,19 +652,47 @@ static void run_cudnn_attention_fwd(void *context, cudaStream_t stream)
     attention_cudnn_cross_fwd(c->q, c->k, c->v, c->n_q, c->n_kv, kWanHeads, kWanHeadDim, c->out, c->lse, stream);
 }
 
-/* The same with the keys read in whole tiles (the model's default): k and v have the rows to spare. */
-static void run_cudnn_tiles_attention_fwd(void *context, cudaStream_t stream)
-{
-    attention_context *c = context;
-    attention_cudnn_cross_fwd_padded(c->q, c->k, c->v, c->n_q, c->n_kv, attention_cudnn_kv_rows(c->n_kv), kWanHeads,
-                                     kWanHeadDim, c->out, c->lse, stream);
-}
-
 static void run_cudnn_attention_bwd(void *context, cudaStream_t stream)
 {
     attention_context *c = context;
     attention_cudnn_cross_bwd(c->q, c->k, c->v, c->out, c->dout, c->lse, c->n_q, c->n_kv, kWanHeads, kWanHeadDim, c->dq,
                               c->dk, c->dv, stream);
+}
+
+/* Self-attention over whole tiles, zero-padded (the model's default for a micro-batch's last sample): the
+   buffers have the rows to spare; zeroing the pad rows is part of the op, as in the model. Cross-attention
+   (512 keys: whole tiles already) runs as cudnn. */
+static void zero_rows_past(gpu_bf16 *buffer, int64_t rows, int64_t padded, cudaStream_t stream)
+{
+    const size_t width = (size_t)kWanHeads * kWanHeadDim;
+    CUDA_CHECK(cudaMemsetAsync(buffer + (size_t)rows * width, 0, (size_t)(padded - rows) * width * sizeof *buffer,
+                               stream));
+}
+
+static void run_cudnn_tiles_attention_fwd(void *context, cudaStream_t stream)
+{
+    attention_context *c = context;
+    if (c->n_q != c->n_kv) {
+        run_cudnn_attention_fwd(context, stream);
+        return;
+    }
+    const int64_t padded = attention_cudnn_padded_rows(c->n_q);
+    gpu_bf16 *const inputs[] = {c->q, c->k, c->v};
+    for (int i = 0; i < 3; ++i) zero_rows_past(inputs[i], c->n_q, padded, stream);
+    attention_cudnn_fwd_padded(c->q, c->k, c->v, c->n_q, padded, kWanHeads, kWanHeadDim, c->out, c->lse, stream);
+}
+
+static void run_cudnn_tiles_attention_bwd(void *context, cudaStream_t stream)
+{
+    attention_context *c = context;
+    if (c->n_q != c->n_kv) {
+        run_cudnn_attention_bwd(context, stream);
+        return;
+    }
+    const int64_t padded = attention_cudnn_padded_rows(c->n_q);
+    zero_rows_past(c->dout, c->n_q, padded, stream);
+    attention_cudnn_bwd_padded(c->q, c->k, c->v, c->out, c->dout, c->lse, c->n_q, padded, kWanHeads, kWanHeadDim,
+                               c->dq, c->dk, c->dv, stream);
 }
 #endif
 
@@ -676,7 +708,7 @@ static const attention_backend kAttentionBackends[] = {
     {"own", own_attention_available, run_attention_fwd, run_attention_bwd},
 #ifdef HAVE_CUDNN
     {"cudnn", cudnn_attention_available, run_cudnn_attention_fwd, run_cudnn_attention_bwd},
-    {"cudnn-tiles", cudnn_attention_available, run_cudnn_tiles_attention_fwd, run_cudnn_attention_bwd},
+    {"cudnn-tiles", cudnn_attention_available, run_cudnn_tiles_attention_fwd, run_cudnn_tiles_attention_bwd},
 #endif
 };
 #define ATTENTION_BACKENDS (sizeof kAttentionBackends / sizeof kAttentionBackends[0])
@@ -702,7 +734,7 @@ static void run_attention_section(const bench_options *o, cudaStream_t stream, a
     int64_t max_rows = o->text_rows;
     for (int i = 0; i < o->n_seq; ++i) max_rows = o->seq[i] > max_rows ? o->seq[i] : max_rows;
     const int width = kWanHeads * kWanHeadDim;
-    /* ATTENTION_CUDNN_KV_TILE rows to spare: cudnn-tiles reads the keys in whole tiles */
+    /* a tile of rows to spare: cudnn-tiles runs over whole tiles */
     const size_t n = (size_t)(max_rows + 128) * (size_t)width, n_pattern = (size_t)1 << 22, pattern_extra = 4096;
     uint64_t rng = 0xa77e47104eull;
     gpu_bf16 *pattern = xmalloc((n_pattern + pattern_extra) * sizeof *pattern);
@@ -716,7 +748,7 @@ static void run_attention_section(const bench_options *o, cudaStream_t stream, a
     free(pattern);
     gpu_bf16 **outputs[] = {&c.out, &c.dq, &c.dk, &c.dv};
     for (size_t i = 0; i < sizeof outputs / sizeof outputs[0]; ++i) *outputs[i] = device_alloc(n * sizeof(gpu_bf16));
-    c.lse = device_alloc((size_t)max_rows * kWanHeads * sizeof *c.lse);
+    c.lse = device_alloc((size_t)(max_rows + 128) * kWanHeads * sizeof *c.lse);
     c.workspace = device_alloc(attention_bwd_workspace_bytes(max_rows, kWanHeads));
     c.q_start = device_alloc(2 * sizeof *c.q_start);
     c.kv_start = device_alloc(2 * sizeof *c.kv_start);
@@ -901,7 +933,7 @@ static void run_block_section(const bench_options *o, const gemm_results *gemm, 
 
         for (int l = 0; l < 2; ++l) {
             step_context step = {gpu_model_create(&layers[l], S, 1, 0), &batch, 0.0};
-            gpu_model_set_cudnn_key_tiles(step.gm, o->key_tiles);
+            gpu_model_set_cudnn_whole_tiles(step.gm, o->whole_tiles);
             gpu_model_upload_weights(step.gm, layers[l].weights);
             r->step_ms[si][l] = time_long_op(run_model_step, &step, o, kStepBudgetSeconds, stream);
             r->enqueue_ms[si][l] = step.enqueue_ms;
