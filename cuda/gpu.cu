@@ -36,10 +36,9 @@ extern "C" int gpu_select(int local_rank)
 
 extern "C" int gpu_attribute(enum cudaDeviceAttr attribute)
 {
-    constexpr int kDevices = 64, kAttributes = 3;
+    constexpr int kDevices = 64, kAttributes = 2;
     static const cudaDeviceAttr kept[kAttributes] = {cudaDevAttrMultiProcessorCount,
-                                                      cudaDevAttrMaxSharedMemoryPerBlockOptin,
-                                                      cudaDevAttrComputeCapabilityMajor};
+                                                      cudaDevAttrMaxSharedMemoryPerBlockOptin};
     static int values[kDevices][kAttributes];  // 0: not asked yet (both are positive on every GPU)
     int device = 0, value = 0;
     CUDA_CHECK(cudaGetDevice(&device));

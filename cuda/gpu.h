@@ -38,7 +38,7 @@ int gpu_count(void);
 int gpu_select(int local_rank);
 
 /* An attribute of the current GPU (cudaDeviceGetAttribute), asked once per GPU and attribute and then kept:
-   for launch code that asks on every launch (SM count, shared memory per block, compute capability). */
+   for launch code that sizes grids by it on every launch (SM count, shared memory per block). */
 int gpu_attribute(enum cudaDeviceAttr attribute);
 
 /* Free and total bytes of the current GPU's memory. */

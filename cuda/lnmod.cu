@@ -414,12 +414,6 @@ __global__ void __launch_bounds__(kBlockThreads, RESIDUAL ? 3 : 4) lnmod_fwd_sta
     const int64_t stride = a.interleaved ? (int64_t)gridDim.x * kRows : kRows;
     const int64_t begin = a.interleaved ? (int64_t)blockIdx.x * kRows : (int64_t)blockIdx.x * a.rows_per_block;
     const int64_t end = a.interleaved ? a.n_rows : min(begin + a.rows_per_block, a.n_rows);
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    // Launched as a programmatic dependent (run_staged): wait for the previous kernel's completion and memory
-    // before the first read, then let the next kernel's blocks start as ours finish.
-    asm volatile("griddepcontrol.wait;\n" ::: "memory");
-    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
     if (begin >= end) return;
 
     for (int s = 0; s < stages; ++s) {
@@ -748,7 +742,7 @@ constexpr int kFwdMaxVpt = 8, kStagedFwdVpt = 4, kBwdMaxVpt = 5, kResidualBwdMax
 int g_fwd_stages[2] = {kDefaultFwdStages, kDefaultFwdStages};
 int g_fwd_vpt_limit[2] = {kStagedFwdVpt, kFwdMaxVpt};
 int g_bwd_vpt_limit[2] = {kBwdMaxVpt, kResidualBwdMaxVpt};
-bool g_fwd_interleaved = true, g_fwd_streaming = false, g_fwd_programmatic = true;
+bool g_fwd_interleaved = true, g_fwd_streaming = false;
 
 // Row-group width and vectors per thread for a row of `dim`: the narrowest group (a warp first) whose
 // threads hold at most `limit` vectors each, else the widest group (256 threads, at most 4 vectors).
@@ -864,19 +858,8 @@ struct FwdOp {
         const GridPlan plan = grid_plan(kernel, occupancy, args.n_rows, kBlockThreads / TPR, bytes);
         if (plan.blocks == 0) return;
         args.rows_per_block = plan.rows_per_block;
-        // A programmatic dependent (lnmod_tune): the grid is at most the resident blocks, so blocks that start
-        // early and wait cannot hold back blocks of the kernel before.
-        cudaLaunchAttribute programmatic;
-        programmatic.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        programmatic.val.programmaticStreamSerializationAllowed = 1;
-        cudaLaunchConfig_t config = {};
-        config.gridDim = dim3((unsigned)plan.blocks);
-        config.blockDim = dim3(TPR, kBlockThreads / TPR);
-        config.dynamicSmemBytes = bytes;
-        config.stream = stream;
-        config.attrs = &programmatic;
-        config.numAttrs = g_fwd_programmatic && gpu_attribute(cudaDevAttrComputeCapabilityMajor) >= 9 ? 1 : 0;
-        CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, args));
+        kernel<<<(unsigned)plan.blocks, dim3(TPR, kBlockThreads / TPR), bytes, stream>>>(args);
+        CUDA_CHECK_LAUNCH();
     }
 };
 
@@ -951,7 +934,7 @@ size_t bwd_workspace_bytes(int64_t n_rows, int dim, int n_samples, bool residual
 
 extern "C" void lnmod_tune(const lnmod_tuning *tuning)
 {
-    const lnmod_tuning defaults = {0, 0, 0, 0, 0, 0, 0, 0};
+    const lnmod_tuning defaults = {0, 0, 0, 0, 0, 0, 0};
     const lnmod_tuning *t = tuning ? tuning : &defaults;
     const int stages[2] = {t->fwd_stages, t->residual_fwd_stages};
     for (int k = 0; k < 2; ++k)
@@ -966,7 +949,6 @@ extern "C" void lnmod_tune(const lnmod_tuning *tuning)
     g_bwd_vpt_limit[1] = limit(t->max_vpt_residual_bwd, kResidualBwdMaxVpt, kResidualBwdMaxVpt);
     g_fwd_interleaved = t->fwd_chunked == 0;
     g_fwd_streaming = t->fwd_streaming != 0;
-    g_fwd_programmatic = t->fwd_serial_launch == 0;
 }
 
 extern "C" lnmod_fwd_plan lnmod_fwd_plan_for(int dim, int residual)

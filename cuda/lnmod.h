@@ -76,10 +76,6 @@ void lnmod_residual_bwd(const gpu_bf16 *x_new, const gpu_bf16 *y_prev, const gpu
    rows (the default; the residual forward and the backward always use chunks).
    fwd_streaming: the plain register kernel loads x and stores y with evict-first cache hints (measured no faster
    on an H200; docs/PERFORMANCE.md); the staged kernel ignores it.
-   fwd_serial_launch: 1 launches the staged forwards as ordinary stream-ordered kernels. By default (0) they
-   launch as programmatic dependents (compute capability 9.0 and newer): their blocks may start while the
-   kernel before them finishes, each waiting (griddepcontrol.wait) for that kernel's completion and memory
-   before reading anything, which hides a launch's start-up behind the tail of the previous kernel.
    Set before launching, from one thread. */
 #define LNMOD_FWD_REGISTER_KERNEL (-1)
 #define LNMOD_FWD_MAX_STAGES 3
@@ -87,7 +83,6 @@ typedef struct {
     int max_vpt_fwd, max_vpt_bwd, max_vpt_residual_bwd;
     int fwd_chunked, fwd_streaming;
     int fwd_stages, residual_fwd_stages;
-    int fwd_serial_launch;
 } lnmod_tuning;
 void lnmod_tune(const lnmod_tuning *tuning); /* NULL restores the defaults */
 

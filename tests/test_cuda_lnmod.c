@@ -296,7 +296,7 @@ static void test_default_plans(void **state)
         {1536, 0, {1, 64, 3}}, {3072, 0, {1, 128, 3}}, {5120, 0, {1, 256, 3}},
         {1536, 1, {1, 32, 6}}, {3072, 1, {1, 64, 6}},  {5120, 1, {1, 128, 5}},
     };
-    const lnmod_tuning registers = {0, 0, 0, 0, 0, LNMOD_FWD_REGISTER_KERNEL, LNMOD_FWD_REGISTER_KERNEL, 0};
+    const lnmod_tuning registers = {0, 0, 0, 0, 0, LNMOD_FWD_REGISTER_KERNEL, LNMOD_FWD_REGISTER_KERNEL};
     for (int round = 0; round < 2; ++round) {
         for (size_t k = 0; k < sizeof expected / sizeof expected[0]; ++k) {
             const lnmod_fwd_plan got = lnmod_fwd_plan_for(expected[k].dim, expected[k].residual);
@@ -322,16 +322,15 @@ static void test_default_plans(void **state)
    at its default and lower vectors-per-thread limits (the other row-group shapes: 64 and 256 threads, fewer
    vectors), with the chunked row order and streaming cache hints; the staged forwards at the defaults (zeros),
    at 8 and at 1 vector a thread and with 1 to 3 stages (3 stages of the residual one at D = 8192 and 8 vectors do
-   not fit in shared memory: it falls back to fewer), launched as programmatic dependents (the default) and
-   serially; one forward on each kernel. */
+   not fit in shared memory: it falls back to fewer); one forward on each kernel. */
 static void test_tuning(void **state)
 {
     (void)state;
     enum { R = LNMOD_FWD_REGISTER_KERNEL };
     static const lnmod_tuning tunings[] = {
-        {0, 0, 0, 0, 0, R, R, 0}, {4, 4, 3, 1, 0, R, R, 0}, {2, 2, 2, 0, 1, R, R, 0}, {1, 1, 1, 1, 1, R, R, 0},
-        {0, 0, 0, 0, 0, 0, 0, 0}, {8, 0, 0, 0, 0, 1, 1, 1}, {0, 0, 0, 0, 0, 2, 3, 0}, {0, 0, 0, 1, 0, 3, 2, 1},
-        {4, 4, 3, 0, 0, 2, 1, 0}, {1, 1, 1, 1, 0, 1, 2, 0}, {0, 0, 0, 0, 1, R, 0, 0}, {0, 0, 0, 1, 0, 0, R, 1},
+        {0, 0, 0, 0, 0, R, R}, {4, 4, 3, 1, 0, R, R}, {2, 2, 2, 0, 1, R, R}, {1, 1, 1, 1, 1, R, R},
+        {0, 0, 0, 0, 0, 0, 0}, {8, 0, 0, 0, 0, 1, 1}, {0, 0, 0, 0, 0, 2, 3}, {0, 0, 0, 1, 0, 3, 2},
+        {4, 4, 3, 0, 0, 2, 1}, {1, 1, 1, 1, 0, 1, 2}, {0, 0, 0, 0, 1, R, 0}, {0, 0, 0, 1, 0, 0, R},
     };
     static const int dims[] = {136, 1536, 3072, 5120, 8192};
     for (size_t k = 0; k < sizeof tunings / sizeof tunings[0]; ++k) {

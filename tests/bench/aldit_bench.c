@@ -51,7 +51,7 @@ static void usage(FILE *out)
     fprintf(out,
             "usage: aldit-bench [--sections lnmod,gemm,attention,block] [--samples B] [--rows S] [--dims D1,D2,...]\n"
             "                   [--repeats N] [--max-vpt F,B,R] [--fwd-order chunk|interleave] [--fwd-streaming 0|1]\n"
-            "                   [--fwd-stages P,R] [--fwd-serial-launch 0|1]\n"
+            "                   [--fwd-stages P,R]\n"
             "                   [--seq S1,S2,...] [--text-rows T] [--gemm-fused 0|1|2] [--profile-step 0|1]\n"
             "                   [--backends own,cudnn,cudnn-tiles] [--whole-tiles 0|1] [--json FILE]\n"
             "  Device copy bandwidth, then the sections (default lnmod,gemm):\n"
@@ -62,8 +62,7 @@ static void usage(FILE *out)
             "    (the staged kernel, 1 stage), 1-3 the staged kernel with that many rows in flight. --max-vpt F,B,R:\n"
             "    the most 16-byte vectors a thread holds in the forwards, the backward, the residual backward (0: 4\n"
             "    in the plain staged forward, else 8; 5; 4). The kernel and row-group shape of each forward are\n"
-            "    printed per D. --fwd-serial-launch 1 launches the staged forwards without programmatic dependent\n"
-            "    launch (the default overlaps their start with the previous kernel's end).\n"
+            "    printed per D.\n"
             "  gemm: the cuBLASLt linear layers of one Wan-1.3B block (D=1536, FFN 8960) on one sample of S rows\n"
             "    (--seq, default S=4096,16384,32760,75600) and T text rows (default 512): forward, backward data and\n"
             "    backward weight (fp32 dW and db accumulated) in TFLOP/s, the block's GEMM sum, and an 8192^3\n"
@@ -98,7 +97,7 @@ static long parse_long(const char *text, const char *option, long low, long high
 
 static bench_options parse_options(int argc, char **argv)
 {
-    bench_options o = {1, 1, 0, 0, 2, 32760, 3, {1536, 3072, 5120}, 21, 10, {0, 0, 0, 0, 0, 0, 0, 0},
+    bench_options o = {1, 1, 0, 0, 2, 32760, 3, {1536, 3072, 5120}, 21, 10, {0, 0, 0, 0, 0, 0, 0},
                        4, {4096, 16384, 32760, 75600}, 512, GEMM_FUSION_DEFAULT, 0, "own,cudnn,cudnn-tiles", 1, NULL};
     for (int i = 1; i < argc; ++i) {
         const char *arg = argv[i];
@@ -164,7 +163,6 @@ static bench_options parse_options(int argc, char **argv)
             }
             o.tuning.fwd_chunked = !strcmp(value, "chunk");
         } else if (!strcmp(arg, "--fwd-streaming")) o.tuning.fwd_streaming = (int)parse_long(value, arg, 0, 1);
-        else if (!strcmp(arg, "--fwd-serial-launch")) o.tuning.fwd_serial_launch = (int)parse_long(value, arg, 0, 1);
         else if (!strcmp(arg, "--fwd-stages")) {
             char extra;
             if (sscanf(value, "%d,%d%c", &o.tuning.fwd_stages, &o.tuning.residual_fwd_stages, &extra) != 2 ||
@@ -371,12 +369,11 @@ static void run_lnmod_section(const bench_options *o, double copy_gbs, cudaStrea
                               double results[kMaxDims][kLnmodOps][2])
 {
     printf("LayerNorm-Modulate, B=%d samples x S=%lld rows (%lld rows), bf16 rows, fp32 statistics and modulation;"
-           "\n  tuning: --max-vpt %d,%d,%d --fwd-order %s --fwd-streaming %d --fwd-stages %d,%d --fwd-serial-launch %d\n"
-           "  (0 = default)\n",
+           "\n  tuning: --max-vpt %d,%d,%d --fwd-order %s --fwd-streaming %d --fwd-stages %d,%d (0 = default)\n",
            o->n_samples, (long long)o->rows_per_sample, (long long)(o->n_samples * o->rows_per_sample),
            o->tuning.max_vpt_fwd, o->tuning.max_vpt_bwd, o->tuning.max_vpt_residual_bwd,
            o->tuning.fwd_chunked ? "chunk" : "interleave", o->tuning.fwd_streaming, o->tuning.fwd_stages,
-           o->tuning.residual_fwd_stages, o->tuning.fwd_serial_launch);
+           o->tuning.residual_fwd_stages);
     for (int d = 0; d < o->n_dims; ++d) {
         char kernels[2][96];
         for (int residual = 0; residual < 2; ++residual) {
