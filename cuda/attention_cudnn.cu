@@ -79,6 +79,7 @@ struct plan_entry {
     int direction;
     int64_t seq_len_q, seq_len_kv;
     int num_heads, head_dim;
+    int query_batches;   // backward: the query rows split into this many batches (query_batches_for)
     uint64_t last_use;   // 0: the slot is empty
     descriptor_list owned;
     cudnnBackendDescriptor_t plan;
@@ -94,13 +95,14 @@ struct cudnn_state {
     int device;
     plan_entry plans[ATTENTION_CUDNN_PLAN_SLOTS];
     uint64_t clock;
-    void *buffer;   // cuDNN's workspace, then (backward) softmax sum and dQ accumulator
+    void *buffer;   // cuDNN's workspace, then (backward) softmax sum, dQ accumulator (and query batches' pieces)
     size_t buffer_bytes;
     probe_result probes[8];
     int n_probes;
 };
 
 cudnn_state g_state;
+bool g_whole_queries = false;  // attention_cudnn_set_query_batches(0): the backward never splits the query rows
 
 size_t align_up(size_t bytes)
 {
@@ -143,6 +145,17 @@ shape4 rows_transposed_shape(int64_t S, int64_t H, int64_t D)
 shape4 per_row_shape(int64_t S, int64_t H)
 {
     return {{1, H, S, 1}, {H * S, S, 1, 1}};
+}
+// The stats and softmax sums of S = B·s query rows, head-major [H, S], seen as B query batches of s rows.
+shape4 batched_stats_shape(int64_t B, int64_t s, int64_t H)
+{
+    return {{B, H, s, 1}, {s, B * s, 1, 1}};
+}
+// A shape whose first (batch) dim is B: the others' strides make each batch one contiguous block.
+shape4 batched(shape4 shape, int64_t B)
+{
+    shape.dims[0] = B;
+    return shape;
 }
 // Scores [1, H, S_q, S_kv] row-major, and the same values read transposed ([1, H, S_kv, S_q]).
 shape4 scores_shape(int64_t S_q, int64_t S_kv, int64_t H)
@@ -349,39 +362,42 @@ bool build_forward(plan_entry &e)
     return push_op(g, op) && finish_plan(g, e);
 }
 
-// The composite backward (18 operations; see the comment at the top of the file).
+// The composite backward (18 operations; see the comment at the top of the file). With e.query_batches = B > 1
+// the S_q query rows run as B batches of S_q / B rows against the same keys: K and V come as B copies, and dK,
+// dV as B fp32 partial sums (cross_bwd_split adds them up).
 bool build_backward(plan_entry &e)
 {
     graph_builder g = {&e.owned, {}, 0, kUidVirtual};
-    const int64_t S_q = e.seq_len_q, S_kv = e.seq_len_kv, H = e.num_heads, D = e.head_dim;
-    const cudnnDataType_t bf16 = CUDNN_DATA_BFLOAT16, f32 = CUDNN_DATA_FLOAT;
+    const int64_t B = e.query_batches, S_q = e.seq_len_q / B, S_kv = e.seq_len_kv, H = e.num_heads, D = e.head_dim;
+    const cudnnDataType_t bf16 = CUDNN_DATA_BFLOAT16, f32 = CUDNN_DATA_FLOAT, key_grad = B > 1 ? f32 : bf16;
     cudnnBackendDescriptor_t q, k_t, v_t, o, d_o, stats, scale, one, softmax_sum, dq_accum, dq, dk, dv;
-    if (!make_tensor(g, kUidQ, bf16, rows_shape(S_q, H, D), false, false, &q) ||
-        !make_tensor(g, kUidK, bf16, rows_transposed_shape(S_kv, H, D), false, false, &k_t) ||
-        !make_tensor(g, kUidV, bf16, rows_transposed_shape(S_kv, H, D), false, false, &v_t) ||
-        !make_tensor(g, kUidO, bf16, rows_shape(S_q, H, D), false, false, &o) ||
-        !make_tensor(g, kUidDO, bf16, rows_shape(S_q, H, D), false, false, &d_o) ||
-        !make_tensor(g, kUidStats, f32, per_row_shape(S_q, H), false, false, &stats) ||
+    if (!make_tensor(g, kUidQ, bf16, batched(rows_shape(S_q, H, D), B), false, false, &q) ||
+        !make_tensor(g, kUidK, bf16, batched(rows_transposed_shape(S_kv, H, D), B), false, false, &k_t) ||
+        !make_tensor(g, kUidV, bf16, batched(rows_transposed_shape(S_kv, H, D), B), false, false, &v_t) ||
+        !make_tensor(g, kUidO, bf16, batched(rows_shape(S_q, H, D), B), false, false, &o) ||
+        !make_tensor(g, kUidDO, bf16, batched(rows_shape(S_q, H, D), B), false, false, &d_o) ||
+        !make_tensor(g, kUidStats, f32, batched_stats_shape(B, S_q, H), false, false, &stats) ||
         !make_tensor(g, kUidScale, f32, scalar_shape(), false, true, &scale) ||
         !make_tensor(g, kUidOne, f32, scalar_shape(), false, true, &one) ||
-        !make_tensor(g, kUidSoftmaxSum, f32, per_row_shape(S_q, H), false, false, &softmax_sum) ||
-        !make_tensor(g, kUidDQAccum, f32, dense_shape(S_q, H, D), false, false, &dq_accum) ||
-        !make_tensor(g, kUidDQ, bf16, rows_shape(S_q, H, D), false, false, &dq) ||
-        !make_tensor(g, kUidDK, bf16, rows_shape(S_kv, H, D), false, false, &dk) ||
-        !make_tensor(g, kUidDV, bf16, rows_shape(S_kv, H, D), false, false, &dv))
+        !make_tensor(g, kUidSoftmaxSum, f32, batched_stats_shape(B, S_q, H), false, false, &softmax_sum) ||
+        !make_tensor(g, kUidDQAccum, f32, batched(dense_shape(S_q, H, D), B), false, false, &dq_accum) ||
+        !make_tensor(g, kUidDQ, bf16, batched(rows_shape(S_q, H, D), B), false, false, &dq) ||
+        !make_tensor(g, kUidDK, key_grad, batched(rows_shape(S_kv, H, D), B), false, false, &dk) ||
+        !make_tensor(g, kUidDV, key_grad, batched(rows_shape(S_kv, H, D), B), false, false, &dv))
         return false;
 
     // softmax_sum = rowsum(dO · O) · 1
     cudnnBackendDescriptor_t d_o_o, row_sum;
-    if (!make_virtual(g, f32, rows_shape(S_q, H, D), &d_o_o) ||
-        !make_virtual(g, f32, per_row_shape(S_q, H), &row_sum) ||
+    if (!make_virtual(g, f32, batched(rows_shape(S_q, H, D), B), &d_o_o) ||
+        !make_virtual(g, f32, batched(per_row_shape(S_q, H), B), &row_sum) ||
         !add_pointwise(g, CUDNN_POINTWISE_MUL, d_o, o, d_o_o) || !add_sum(g, d_o_o, row_sum) ||
         !add_pointwise(g, CUDNN_POINTWISE_MUL, row_sum, one, softmax_sum))
         return false;
 
     // P = exp(scale · Q Kᵀ − stats); dV = Pᵀ dO
     cudnnBackendDescriptor_t scores, scaled, shifted, p, p_t;
-    const shape4 scores_qk = scores_shape(S_q, S_kv, H), scores_kq = scores_transposed_shape(S_q, S_kv, H);
+    const shape4 scores_qk = batched(scores_shape(S_q, S_kv, H), B);
+    const shape4 scores_kq = batched(scores_transposed_shape(S_q, S_kv, H), B);
     if (!make_virtual(g, f32, scores_qk, &scores) || !make_virtual(g, f32, scores_qk, &scaled) ||
         !make_virtual(g, f32, scores_qk, &shifted) || !make_virtual(g, f32, scores_qk, &p) ||
         !make_virtual(g, bf16, scores_kq, &p_t) || !add_matmul(g, q, k_t, scores) ||
@@ -404,7 +420,7 @@ bool build_backward(plan_entry &e)
 
     // dQ_accum = dS K (K as [S_kv, D] again through a reshape of Kᵀ); dQ = dQ_accum in bf16
     cudnnBackendDescriptor_t k;
-    if (!make_virtual(g, f32, rows_shape(S_kv, H, D), &k) || !add_reshape(g, k_t, k) ||
+    if (!make_virtual(g, f32, batched(rows_shape(S_kv, H, D), B), &k) || !add_reshape(g, k_t, k) ||
         !add_matmul(g, ds, k, dq_accum) ||
         !add_pointwise(g, CUDNN_POINTWISE_IDENTITY, dq_accum, nullptr, dq))
         return false;
@@ -437,13 +453,14 @@ const char *direction_name(int direction)
 
 // The cached plan of this shape, built on a miss into an empty or the least recently used slot. NULL when
 // the build fails (g_build_error says why).
-plan_entry *find_plan(int direction, int64_t seq_len_q, int64_t seq_len_kv, int num_heads, int head_dim)
+plan_entry *find_plan(int direction, int64_t seq_len_q, int64_t seq_len_kv, int num_heads, int head_dim,
+                      int query_batches = 1)
 {
     if (!ensure_handle()) return nullptr;
     plan_entry *victim = &g_state.plans[0];
     for (plan_entry &e : g_state.plans) {
         if (e.last_use && e.direction == direction && e.seq_len_q == seq_len_q && e.seq_len_kv == seq_len_kv &&
-            e.num_heads == num_heads && e.head_dim == head_dim) {
+            e.num_heads == num_heads && e.head_dim == head_dim && e.query_batches == query_batches) {
             e.last_use = ++g_state.clock;
             return &e;
         }
@@ -456,6 +473,7 @@ plan_entry *find_plan(int direction, int64_t seq_len_q, int64_t seq_len_kv, int 
     victim->seq_len_kv = seq_len_kv;
     victim->num_heads = num_heads;
     victim->head_dim = head_dim;
+    victim->query_batches = query_batches;
     const bool built = direction == kForward ? build_forward(*victim) : build_backward(*victim);
     if (!built) {
         destroy_all(victim->owned);
@@ -466,14 +484,77 @@ plan_entry *find_plan(int direction, int64_t seq_len_q, int64_t seq_len_kv, int 
     return victim;
 }
 
-plan_entry *need_plan(int direction, int64_t seq_len_q, int64_t seq_len_kv, int num_heads, int head_dim)
+plan_entry *need_plan(int direction, int64_t seq_len_q, int64_t seq_len_kv, int num_heads, int head_dim,
+                      int query_batches = 1)
 {
-    plan_entry *e = find_plan(direction, seq_len_q, seq_len_kv, num_heads, head_dim);
+    plan_entry *e = find_plan(direction, seq_len_q, seq_len_kv, num_heads, head_dim, query_batches);
     if (!e)
-        ALDIT_FATAL("attention_cudnn: no %s plan for seq_len_q %lld, seq_len_kv %lld, %d heads, head_dim %d: %s",
-                    direction_name(direction), (long long)seq_len_q, (long long)seq_len_kv, num_heads, head_dim,
-                    g_build_error);
+        ALDIT_FATAL("attention_cudnn: no %s plan for seq_len_q %lld (in %d batches), seq_len_kv %lld, %d heads, "
+                    "head_dim %d: %s", direction_name(direction), (long long)seq_len_q, query_batches,
+                    (long long)seq_len_kv, num_heads, head_dim, g_build_error);
     return e;
+}
+
+// ---- the backward's query batches ------------------------------------------------------------------------------
+// With few keys (cross-attention to 512 text rows) the backward's grid, which cuDNN lays over key tiles, has
+// only heads x key tiles blocks (48 for Wan's 12 heads and 512 keys: a third of an H200). Splitting the query
+// rows into batches against copies of the keys multiplies the blocks; the batches' dK and dV pieces are then
+// added up in fp32.
+
+constexpr int kElementwiseThreads = 256;
+constexpr int64_t kLeastBatchRows = 512;     // query rows per batch at least
+constexpr int64_t kMostSplitKeys = 1024;     // split only with at most this many keys
+constexpr int kQueryBatchChoices[] = {8, 4, 2};
+
+// The query batches the backward of this shape runs in: the most of 8, 4, 2 that divide seq_len_q into
+// batches of at least kLeastBatchRows rows when there are at most kMostSplitKeys keys, else 1.
+int query_batches_for(int64_t seq_len_q, int64_t seq_len_kv)
+{
+    if (seq_len_kv > kMostSplitKeys) return 1;
+    for (int batches : kQueryBatchChoices)
+        if (seq_len_q % batches == 0 && seq_len_q / batches >= kLeastBatchRows) return batches;
+    return 1;
+}
+
+unsigned elementwise_blocks(int64_t n_items)
+{
+    const int64_t blocks = (n_items + kElementwiseThreads - 1) / kElementwiseThreads;
+    return static_cast<unsigned>(blocks < 1 ? 1 : blocks > 4096 ? 4096 : blocks);
+}
+
+// `batches` copies of k and v (n_vectors 16-byte vectors each), back to back.
+__global__ void copy_keys_kernel(const uint4 *k, const uint4 *v, int64_t n_vectors, int batches, uint4 *k_copies,
+                                 uint4 *v_copies)
+{
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n_vectors; i += (int64_t)gridDim.x * blockDim.x) {
+        const uint4 kv = k[i], vv = v[i];
+        for (int b = 0; b < batches; ++b) {
+            k_copies[b * n_vectors + i] = kv;
+            v_copies[b * n_vectors + i] = vv;
+        }
+    }
+}
+
+// dk, dv (bf16) = the sums over the batches of the fp32 pieces, batch by batch in order.
+__global__ void add_key_pieces_kernel(const float *dk_pieces, const float *dv_pieces, int64_t n_vectors, int batches,
+                                      uint4 *dk, uint4 *dv)
+{
+    const float *const pieces[2] = {dk_pieces, dv_pieces};
+    uint4 *const outputs[2] = {dk, dv};
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n_vectors; i += (int64_t)gridDim.x * blockDim.x)
+        for (int t = 0; t < 2; ++t) {
+            float sum[8] = {};
+            for (int b = 0; b < batches; ++b) {
+                const float4 *p = reinterpret_cast<const float4 *>(pieces[t] + (b * n_vectors + i) * 8);
+                const float4 lo = p[0], hi = p[1];
+                sum[0] += lo.x, sum[1] += lo.y, sum[2] += lo.z, sum[3] += lo.w;
+                sum[4] += hi.x, sum[5] += hi.y, sum[6] += hi.z, sum[7] += hi.w;
+            }
+            uint4 bits;
+            __nv_bfloat162 *halves = reinterpret_cast<__nv_bfloat162 *>(&bits);
+            for (int j = 0; j < 4; ++j) halves[j] = __floats2bfloat162_rn(sum[2 * j], sum[2 * j + 1]);
+            outputs[t][i] = bits;
+        }
 }
 
 // The module's device buffer, at least `bytes` long. A new one starts poisoned (all bits set: NaN), so a
@@ -578,21 +659,54 @@ extern "C" void attention_cudnn_cross_bwd(const gpu_bf16 *q, const gpu_bf16 *k, 
     const void *tensors[] = {q, k, v, out, dout, stats, dq, dk, dv};
     const char *names[] = {"q", "k", "v", "out", "dout", "stats", "dq", "dk", "dv"};
     check_call("attention_cudnn_cross_bwd", seq_len_q, seq_len_kv, num_heads, head_dim, tensors, names, 9);
-    const plan_entry *e = need_plan(kBackward, seq_len_q, seq_len_kv, num_heads, head_dim);
+    const int batches = g_whole_queries ? 1 : query_batches_for(seq_len_q, seq_len_kv);
+    const plan_entry *e = need_plan(kBackward, seq_len_q, seq_len_kv, num_heads, head_dim, batches);
+    // the buffer: workspace, softmax sum, dQ accumulator; with query batches, K and V copies and dK, dV pieces
+    const size_t key_values = static_cast<size_t>(seq_len_kv) * num_heads * head_dim;
     const size_t workspace_bytes = align_up(static_cast<size_t>(e->workspace_bytes));
     const size_t sum_bytes = align_up(static_cast<size_t>(num_heads) * seq_len_q * sizeof(float));
     const size_t accum_bytes = align_up(static_cast<size_t>(num_heads) * seq_len_q * head_dim * sizeof(float));
-    char *buffer = ensure_buffer(workspace_bytes + sum_bytes + accum_bytes);
+    const size_t copy_bytes = batches > 1 ? align_up(batches * key_values * sizeof(gpu_bf16)) : 0;
+    const size_t piece_bytes = batches > 1 ? align_up(batches * key_values * sizeof(float)) : 0;
+    char *buffer = ensure_buffer(workspace_bytes + sum_bytes + accum_bytes + 2 * copy_bytes + 2 * piece_bytes);
+    char *const k_copies = buffer + workspace_bytes + sum_bytes + accum_bytes, *const v_copies = k_copies + copy_bytes;
+    float *const dk_pieces = reinterpret_cast<float *>(v_copies + copy_bytes);
+    float *const dv_pieces = reinterpret_cast<float *>(v_copies + copy_bytes + piece_bytes);
+    if (batches > 1) {
+        const unsigned blocks = elementwise_blocks(key_values / 8);
+        copy_keys_kernel<<<blocks, kElementwiseThreads, 0, stream>>>(
+            reinterpret_cast<const uint4 *>(k), reinterpret_cast<const uint4 *>(v), key_values / 8, batches,
+            reinterpret_cast<uint4 *>(k_copies), reinterpret_cast<uint4 *>(v_copies));
+        CUDA_CHECK_LAUNCH();
+    }
     float scale = 1.0f / sqrtf(static_cast<float>(head_dim)), one = 1.0f;
     const int64_t uids[] = {kUidQ,  kUidK,  kUidV,     kUidO,   kUidDO,         kUidStats,  kUidDQ,
                             kUidDK, kUidDV, kUidScale, kUidOne, kUidSoftmaxSum, kUidDQAccum};
-    void *const pointers[] = {const_cast<gpu_bf16 *>(q),    const_cast<gpu_bf16 *>(k), const_cast<gpu_bf16 *>(v),
-                              const_cast<gpu_bf16 *>(out),  const_cast<gpu_bf16 *>(dout),
-                              const_cast<float *>(stats),   dq,
-                              dk,                           dv,
-                              &scale,                       &one,
-                              buffer + workspace_bytes,     buffer + workspace_bytes + sum_bytes};
+    void *const pointers[] = {const_cast<gpu_bf16 *>(q),
+                              batches > 1 ? static_cast<void *>(k_copies) : const_cast<gpu_bf16 *>(k),
+                              batches > 1 ? static_cast<void *>(v_copies) : const_cast<gpu_bf16 *>(v),
+                              const_cast<gpu_bf16 *>(out),
+                              const_cast<gpu_bf16 *>(dout),
+                              const_cast<float *>(stats),
+                              dq,
+                              batches > 1 ? static_cast<void *>(dk_pieces) : dk,
+                              batches > 1 ? static_cast<void *>(dv_pieces) : dv,
+                              &scale,
+                              &one,
+                              buffer + workspace_bytes,
+                              buffer + workspace_bytes + sum_bytes};
     execute(*e, 13, uids, pointers, buffer, stream);
+    if (batches > 1) {
+        const unsigned blocks = elementwise_blocks(key_values / 8);
+        add_key_pieces_kernel<<<blocks, kElementwiseThreads, 0, stream>>>(
+            dk_pieces, dv_pieces, key_values / 8, batches, reinterpret_cast<uint4 *>(dk), reinterpret_cast<uint4 *>(dv));
+        CUDA_CHECK_LAUNCH();
+    }
+}
+
+extern "C" void attention_cudnn_set_query_batches(int split)
+{
+    g_whole_queries = !split;
 }
 
 extern "C" void attention_cudnn_fwd(const gpu_bf16 *q, const gpu_bf16 *k, const gpu_bf16 *v, int64_t seq_len,

@@ -29,7 +29,8 @@ extern "C" {
    the 17 long shapes of inputs/mixed.lengths at several text lengths). The module keeps
    one device buffer for cuDNN's workspace and, in the backward, the fp32 softmax-sum [num_heads, seq_len_q]
    and fp32 dQ accumulator [num_heads, seq_len_q, head_dim]: about 4 * num_heads * seq_len_q * (head_dim + 1)
-   bytes plus the plan's workspace — the query rows set its size, not the key rows — grown (cudaFree +
+   bytes plus the plan's workspace — the query rows set its size — and, where the backward splits the query rows
+   (attention_cudnn_set_query_batches), 12 * batches * seq_len_kv * num_heads * head_dim bytes more; grown (cudaFree +
    cudaMalloc, which synchronises the device) when a longer sample comes. The backward's dQ goes through
    atomic adds: it is not bitwise reproducible. Work is queued on `stream`; one GPU per process (the one
    current at the first call). A cuDNN failure is fatal, naming file:line, the call, cuDNN's status and its
@@ -85,6 +86,13 @@ void attention_cudnn_fwd(const gpu_bf16 *q, const gpu_bf16 *k, const gpu_bf16 *v
 void attention_cudnn_bwd(const gpu_bf16 *q, const gpu_bf16 *k, const gpu_bf16 *v, const gpu_bf16 *out,
                          const gpu_bf16 *dout, const float *stats, int64_t seq_len, int num_heads, int head_dim,
                          gpu_bf16 *dq, gpu_bf16 *dk, gpu_bf16 *dv, cudaStream_t stream);
+
+/* The backward of a shape with few keys (at most 1024: cross-attention to the text) splits the query rows into
+   2, 4 or 8 batches of at least 512 rows against copies of the keys, so that cuDNN's grid, laid over key tiles,
+   fills the GPU; the batches' dK and dV come out in fp32 and are added up in order (no atomics) before the
+   rounding to bf16. On by default; 0 turns it off (for comparisons), 1 back on (kept across
+   attention_cudnn_release). */
+void attention_cudnn_set_query_batches(int split);
 
 /* Free the plans, the buffer and the cuDNN handle (waits for the current GPU); the next call starts over. */
 void attention_cudnn_release(void);

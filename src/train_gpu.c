@@ -14,6 +14,9 @@
 #include "gpu.h"
 #include "gradsync.h"
 #include "model_gpu.h"
+#ifdef HAVE_CUDNN
+#include "attention_cudnn.h"
+#endif
 
 /* Device memory kept back besides the plan: cuBLASLt's workspace and the GEMM scratch, kernels loaded
    lazily at their first launch, and NCCL's buffers for connections made at the first all-reduce. */
@@ -118,12 +121,15 @@ static void fit_memory_to_gpu(cost_model *cm, const deck *config, const model *t
 }
 
 /* cuDNN's attention keeps a buffer of its own outside the workspace, grown to the longest sample it
-   serves: about 4 * num_heads * S * (head_dim + 1) bytes (attention_cudnn.h). 0 where it cannot run. */
+   serves: about 4 * num_heads * S * (head_dim + 1) bytes (attention_cudnn.h), S counting the rows up to the
+   whole tile a last sample runs on, plus, for the cross-attention backward's query batches, 12 bytes per
+   value of 8 copies of the text rows' keys. 0 where it cannot run. */
 static double attention_buffer_for(const deck *config, const model *table, capacity c)
 {
 #ifdef HAVE_CUDNN
     if (config->train.attention != ATTENTION_OWN)
-        return 4.0 * table->num_heads * (double)c.longest * (table->head_dim + 1);
+        return 4.0 * table->num_heads * (double)attention_cudnn_padded_rows(c.longest) * (table->head_dim + 1) +
+               12.0 * 8 * (double)table->text_len * table->dim;
 #else
     (void)config;
     (void)table;

@@ -43,6 +43,7 @@ typedef struct {
     int profile_step;      /* block: one more 2-layer step inside cudaProfilerStart/Stop, for a profiler */
     const char *attention_backends; /* --backends: comma-separated names of the attention backends to time */
     int whole_tiles;       /* block: cuDNN runs the last sample's self-attention over whole tiles (gpu_model_set_cudnn_whole_tiles) */
+    int query_batches;     /* cuDNN's backward splits the query rows of few-key shapes (attention_cudnn_set_query_batches) */
     const char *json_path;
 } bench_options;
 
@@ -53,7 +54,8 @@ static void usage(FILE *out)
             "                   [--repeats N] [--max-vpt F,B,R] [--fwd-order chunk|interleave] [--fwd-streaming 0|1]\n"
             "                   [--fwd-stages P,R]\n"
             "                   [--seq S1,S2,...] [--text-rows T] [--gemm-fused 0|1|2] [--profile-step 0|1]\n"
-            "                   [--backends own,cudnn,cudnn-tiles] [--whole-tiles 0|1] [--json FILE]\n"
+            "                   [--backends own,cudnn,cudnn-tiles] [--whole-tiles 0|1]\n"
+            "                   [--query-batches 0|1] [--json FILE]\n"
             "  Device copy bandwidth, then the sections (default lnmod,gemm):\n"
             "  lnmod: LayerNorm-Modulate (forward, backward, gated-residual variants) on B packed samples of S rows\n"
             "    each (default B=2, S=32760, D=1536,3072,5120). --max-vpt, --fwd-order, --fwd-streaming and\n"
@@ -73,7 +75,8 @@ static void usage(FILE *out)
             "    (cuda/attention_cudnn.h), forward and backward, 12 heads of 128, on one sample: self-attention\n"
             "    S x S and cross-attention S x T, in TFLOP/s; cudnn-tiles is cuDNN's self-attention over whole tiles of\n"
             "    128 rows, zero-padded (the GPU model's default for a micro-batch's last sample). --backends (default all\n"
-            "    three) names the ones timed.\n"
+            "    three) names the ones timed. --query-batches 0 turns off the split of the query rows in cuDNN's\n"
+            "    backward of few keys (cross-attention; attention_cudnn_set_query_batches), for all sections.\n"
             "  block: one Wan-1.3B block forward+backward (GPU model, recompute none; --whole-tiles 0 turns cuDNN's\n"
             "    zero-padded whole tiles off) on one sample of S tokens\n"
             "    and T text tokens: (2-layer model step) - (1-layer model step), against the floor of its GEMMs and\n"
@@ -98,7 +101,7 @@ static long parse_long(const char *text, const char *option, long low, long high
 static bench_options parse_options(int argc, char **argv)
 {
     bench_options o = {1, 1, 0, 0, 2, 32760, 3, {1536, 3072, 5120}, 21, 10, {0, 0, 0, 0, 0, 0, 0},
-                       4, {4096, 16384, 32760, 75600}, 512, GEMM_FUSION_DEFAULT, 0, "own,cudnn,cudnn-tiles", 1, NULL};
+                       4, {4096, 16384, 32760, 75600}, 512, GEMM_FUSION_DEFAULT, 0, "own,cudnn,cudnn-tiles", 1, 1, NULL};
     for (int i = 1; i < argc; ++i) {
         const char *arg = argv[i];
         if (!strcmp(arg, "--help") || !strcmp(arg, "-h")) {
@@ -120,6 +123,7 @@ static bench_options parse_options(int argc, char **argv)
         else if (!strcmp(arg, "--profile-step")) o.profile_step = (int)parse_long(value, arg, 0, 1);
         else if (!strcmp(arg, "--backends")) o.attention_backends = value;
         else if (!strcmp(arg, "--whole-tiles")) o.whole_tiles = (int)parse_long(value, arg, 0, 1);
+        else if (!strcmp(arg, "--query-batches")) o.query_batches = (int)parse_long(value, arg, 0, 1);
         else if (!strcmp(arg, "--sections")) {
             char *copy = strdup(value), *save = NULL;
             o.run_lnmod = o.run_gemm = o.run_attention = o.run_block = 0;
@@ -1060,6 +1064,9 @@ int main(int argc, char **argv)
     }
     gpu_select(0);
     lnmod_tune(&o.tuning);
+#ifdef HAVE_CUDNN
+    attention_cudnn_set_query_batches(o.query_batches);
+#endif
     char device[256];
     gpu_describe(device, sizeof device);
     cudaStream_t stream;
