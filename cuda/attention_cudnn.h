@@ -30,7 +30,7 @@ extern "C" {
    one device buffer for cuDNN's workspace and, in the backward, the fp32 softmax-sum [num_heads, seq_len_q]
    and fp32 dQ accumulator [num_heads, seq_len_q, head_dim]: about 4 * num_heads * seq_len_q * (head_dim + 1)
    bytes plus the plan's workspace — the query rows set its size — and, where the backward splits the query rows
-   (attention_cudnn_set_query_batches), 12 * batches * seq_len_kv * num_heads * head_dim bytes more; grown (cudaFree +
+   (attention_cudnn_set_query_batches), 8 * batches * seq_len_kv * num_heads * head_dim bytes more; grown (cudaFree +
    cudaMalloc, which synchronises the device) when a longer sample comes. The backward's dQ goes through
    atomic adds: it is not bitwise reproducible. Work is queued on `stream`; one GPU per process (the one
    current at the first call). A cuDNN failure is fatal, naming file:line, the call, cuDNN's status and its
@@ -89,7 +89,7 @@ void attention_cudnn_bwd(const gpu_bf16 *q, const gpu_bf16 *k, const gpu_bf16 *v
 
 /* The backward of a shape with few keys (at most 1024: cross-attention to the text) splits the query rows into
    2, 4 or 8 batches of at least 512 rows against copies of the keys, so that cuDNN's grid, laid over key tiles,
-   fills the GPU; the batches' dK and dV come out in fp32 and are added up in order (no atomics) before the
+   fills the GPU; the batches' dK and dV come out as bf16 pieces, added up in fp32 in order (no atomics) before the
    rounding to bf16. On by default; 0 turns it off (for comparisons), 1 back on (kept across
    attention_cudnn_release). */
 void attention_cudnn_set_query_batches(int split);

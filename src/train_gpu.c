@@ -122,14 +122,14 @@ static void fit_memory_to_gpu(cost_model *cm, const deck *config, const model *t
 
 /* cuDNN's attention keeps a buffer of its own outside the workspace, grown to the longest sample it
    serves: about 4 * num_heads * S * (head_dim + 1) bytes (attention_cudnn.h), S counting the rows up to the
-   whole tile a last sample runs on, plus, for the cross-attention backward's query batches, 12 bytes per
+   whole tile a last sample runs on, plus, for the cross-attention backward's query batches, 8 bytes per
    value of 8 copies of the text rows' keys. 0 where it cannot run. */
 static double attention_buffer_for(const deck *config, const model *table, capacity c)
 {
 #ifdef HAVE_CUDNN
     if (config->train.attention != ATTENTION_OWN)
         return 4.0 * table->num_heads * (double)attention_cudnn_padded_rows(c.longest) * (table->head_dim + 1) +
-               12.0 * 8 * (double)table->text_len * table->dim;
+               8.0 * 8 * (double)table->text_len * table->dim;
 #else
     (void)config;
     (void)table;
