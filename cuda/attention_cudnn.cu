@@ -1,4 +1,4 @@
-// attention_cudnn.cu — cuDNN fused attention through its C backend API: the unified SDPA forward and the composite (matmul, pointwise, reduction, reshape) backward graph for one sample of S_q query and S_kv key rows, plans cached by shape; self-attention over zero-padded whole tiles.
+// attention_cudnn.cu — cuDNN fused attention through its C backend API: the unified SDPA forward and the composite (matmul, pointwise, reduction, reshape) backward graph for one sample of S_q query and S_kv key rows, plans cached by shape; self-attention over zero-padded whole tiles; the few-key backward in query batches.
 //
 // Memory [S, H, D] (a sample's packed rows) is described to cuDNN as dims [1, H, S, D] with strides
 // {S·H·D, D, H·D, 1}; Q, O and their gradients have S = S_q rows, K, V and theirs S = S_kv rows, and the
@@ -499,8 +499,8 @@ plan_entry *need_plan(int direction, int64_t seq_len_q, int64_t seq_len_kv, int 
 // ---- the backward's query batches ------------------------------------------------------------------------------
 // With few keys (cross-attention to 512 text rows) the backward's grid, which cuDNN lays over key tiles, has
 // only heads x key tiles blocks (48 for Wan's 12 heads and 512 keys: a third of an H200). Splitting the query
-// rows into batches against copies of the keys multiplies the blocks; the batches' dK and dV pieces are then
-// added up in fp32.
+// rows into batches against copies of the keys multiplies the blocks; the batches' dK and dV come out as bf16
+// pieces, added up in fp32 (add_key_pieces_kernel).
 
 constexpr int kElementwiseThreads = 256;
 constexpr int64_t kLeastBatchRows = 512;     // query rows per batch at least
