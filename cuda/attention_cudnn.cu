@@ -15,8 +15,9 @@
 #include <stdio.h>
 #include <string.h>
 
-#include <cuda_bf16.h>
 #include <cudnn.h>
+
+#include "bf16vec.cuh"
 
 #if CUDNN_VERSION < 91301
 #error "attention_cudnn.cu needs cuDNN 9.13.1 or newer (the unified SDPA forward operation)"
@@ -544,19 +545,12 @@ __global__ void add_key_pieces_kernel(const uint4 *dk_pieces, const uint4 *dv_pi
     uint4 *const outputs[2] = {dk, dv};
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n_vectors; i += (int64_t)gridDim.x * blockDim.x)
         for (int t = 0; t < 2; ++t) {
-            float sum[8] = {};
+            float sum[kVecElems] = {}, piece[kVecElems];
             for (int b = 0; b < batches; ++b) {
-                uint4 piece = pieces[t][b * n_vectors + i];
-                const __nv_bfloat162 *halves = reinterpret_cast<const __nv_bfloat162 *>(&piece);
-                for (int j = 0; j < 4; ++j) {
-                    const float2 f = __bfloat1622float2(halves[j]);
-                    sum[2 * j] += f.x, sum[2 * j + 1] += f.y;
-                }
+                unpack8(pieces[t][b * n_vectors + i], piece);
+                for (int j = 0; j < kVecElems; ++j) sum[j] += piece[j];
             }
-            uint4 bits;
-            __nv_bfloat162 *halves = reinterpret_cast<__nv_bfloat162 *>(&bits);
-            for (int j = 0; j < 4; ++j) halves[j] = __floats2bfloat162_rn(sum[2 * j], sum[2 * j + 1]);
-            outputs[t][i] = bits;
+            outputs[t][i] = pack8(sum);
         }
 }
 
@@ -753,14 +747,11 @@ __global__ void __launch_bounds__(kRescaleThreads) rescale_padded_kernel(uint4 *
     if (!active) return;
     if (lane == 0) *stat = precise ? lse + logf(real_share) : factor;
     uint4 *const vector = out + (row * num_heads + head) * vecs_per_head + lane;
-    uint4 bits = *vector;
-    __nv_bfloat162 *halves = reinterpret_cast<__nv_bfloat162 *>(&bits);
+    float values[kVecElems];
+    unpack8(*vector, values);
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        float2 f = __bfloat1622float2(halves[i]);
-        halves[i] = __floats2bfloat162_rn(f.x * factor, f.y * factor);
-    }
-    *vector = bits;
+    for (int j = 0; j < kVecElems; ++j) values[j] *= factor;
+    *vector = pack8(values);
 }
 
 } // namespace
