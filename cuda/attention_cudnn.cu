@@ -506,9 +506,9 @@ plan_entry *need_plan(int direction, int64_t seq_len_q, int64_t seq_len_kv, int 
 constexpr int kElementwiseThreads = 256;
 constexpr int64_t kLeastBatchRows = 512;     // query rows per batch at least
 constexpr int64_t kMostSplitKeys = 1024;     // split only with at most this many keys
-constexpr int kQueryBatchChoices[] = {8, 4, 2};
+constexpr int kQueryBatchChoices[] = {ATTENTION_CUDNN_MOST_QUERY_BATCHES, 4, 2};
 
-// The query batches the backward of this shape runs in: the most of 8, 4, 2 that divide seq_len_q into
+// The query batches the backward of this shape runs in: the first of 8, 4, 2 that divides seq_len_q into
 // batches of at least kLeastBatchRows rows when there are at most kMostSplitKeys keys, else 1.
 int query_batches_for(int64_t seq_len_q, int64_t seq_len_kv)
 {

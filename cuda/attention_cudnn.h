@@ -92,6 +92,7 @@ void attention_cudnn_bwd(const gpu_bf16 *q, const gpu_bf16 *k, const gpu_bf16 *v
    fills the GPU; the batches' dK and dV come out as bf16 pieces, added up in fp32 in order (no atomics) before the
    rounding to bf16. On by default; 0 turns it off (for comparisons), 1 back on (kept across
    attention_cudnn_release). */
+#define ATTENTION_CUDNN_MOST_QUERY_BATCHES 8
 void attention_cudnn_set_query_batches(int split);
 
 /* Free the plans, the buffer and the cuDNN handle (waits for the current GPU); the next call starts over. */

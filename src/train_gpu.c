@@ -129,7 +129,7 @@ static double attention_buffer_for(const deck *config, const model *table, capac
 #ifdef HAVE_CUDNN
     if (config->train.attention != ATTENTION_OWN)
         return 4.0 * table->num_heads * (double)attention_cudnn_padded_rows(c.longest) * (table->head_dim + 1) +
-               8.0 * 8 * (double)table->text_len * table->dim;
+               8.0 * ATTENTION_CUDNN_MOST_QUERY_BATCHES * (double)table->text_len * table->dim;
 #else
     (void)config;
     (void)table;

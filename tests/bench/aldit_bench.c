@@ -121,7 +121,21 @@ static bench_options parse_options(int argc, char **argv)
         else if (!strcmp(arg, "--text-rows")) o.text_rows = (int)parse_long(value, arg, 1, 1L << 20);
         else if (!strcmp(arg, "--gemm-fused")) o.gemm_fused = (int)parse_long(value, arg, 0, 2);
         else if (!strcmp(arg, "--profile-step")) o.profile_step = (int)parse_long(value, arg, 0, 1);
-        else if (!strcmp(arg, "--backends")) o.attention_backends = value;
+        else if (!strcmp(arg, "--backends")) {
+            static const char *const known[] = {"own", "cudnn", "cudnn-tiles"};
+            char *copy = strdup(value), *save = NULL;
+            for (char *item = strtok_r(copy, ",", &save); item; item = strtok_r(NULL, ",", &save)) {
+                size_t k = 0;
+                while (k < sizeof known / sizeof known[0] && strcmp(item, known[k])) ++k;
+                if (k == sizeof known / sizeof known[0]) {
+                    fprintf(stderr, "aldit-bench: --backends %s: unknown backend %s (own, cudnn, cudnn-tiles)\n",
+                            value, item);
+                    exit(ALDIT_EXIT_USAGE);
+                }
+            }
+            free(copy);
+            o.attention_backends = value;
+        }
         else if (!strcmp(arg, "--whole-tiles")) o.whole_tiles = (int)parse_long(value, arg, 0, 1);
         else if (!strcmp(arg, "--query-batches")) o.query_batches = (int)parse_long(value, arg, 0, 1);
         else if (!strcmp(arg, "--sections")) {
