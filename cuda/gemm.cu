@@ -19,6 +19,8 @@ constexpr size_t kWorkspaceBytes = size_t(32) << 20;  // cuBLASLt's recommended 
 constexpr int kMaxDevices = 64;
 constexpr int kPlanSlots = 512;  // per device: a few dozen layer shapes times the row counts in use
 constexpr int kPlanProbe = 8;    // slots looked at from a key's hash before the least recently used goes
+constexpr int kTuneCandidates = 8;  // algorithms the heuristic is asked for when autotuning
+constexpr int kTuneRepeats = 3;     // timed runs per candidate (after one untimed), the least counts
 constexpr int kColsumVecs = 32;   // column-sum block: 32 threads x one 16-byte vector (8 columns) wide,
 constexpr int kColsumLanes = 8;   // 8 row lanes deep,
 constexpr int kColsumUnroll = 4;  // each lane with this many rows' loads in flight
@@ -48,7 +50,10 @@ struct Plan {
     uint64_t last_use;
     cublasLtMatmulDesc_t desc;
     cublasLtMatrixLayout_t a, b, d;
-    cublasLtMatmulAlgo_t algo;
+    cublasLtMatmulAlgo_t algo;  // the one that runs
+    cublasLtMatmulAlgo_t candidates[kTuneCandidates];  // the heuristic's, best guess first
+    int n_candidates;
+    bool tuned;  // the candidates were timed (or there was nothing to choose)
 };
 
 struct Device {
@@ -59,6 +64,7 @@ struct Device {
     size_t scratch_floats;
     int sm_count;
     cudaEvent_t last_done;  // recorded after each call, for a call that comes on another stream
+    cudaEvent_t tune_start, tune_stop;
     cudaStream_t last_stream;
     bool has_last;
     Plan *plans;
@@ -68,6 +74,7 @@ struct Device {
 
 Device g_devices[kMaxDevices];
 gemm_fusion g_fusion = GEMM_FUSION_DEFAULT;
+bool g_autotune = GEMM_AUTOTUNE_DEFAULT;
 
 bool same_key(const PlanKey &a, const PlanKey &b)
 {
@@ -132,6 +139,8 @@ Device &current_device()
         CUBLAS_CHECK(cublasLtCreate(&dev.handle));
         CUDA_CHECK(cudaMalloc(&dev.workspace, kWorkspaceBytes));
         CUDA_CHECK(cudaEventCreateWithFlags(&dev.last_done, cudaEventDisableTiming));
+        CUDA_CHECK(cudaEventCreate(&dev.tune_start));
+        CUDA_CHECK(cudaEventCreate(&dev.tune_stop));
         dev.plans = (Plan *)xcalloc(kPlanSlots, sizeof *dev.plans);
         CUDA_CHECK(cudaDeviceGetAttribute(&dev.sm_count, cudaDevAttrMultiProcessorCount, id));
         dev.ready = true;
@@ -223,22 +232,82 @@ void build_plan(Device &dev, const PlanKey &key, const void *bias, const void *a
     for (const auto &alignment : alignments)
         CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, alignment.attribute, &alignment.bytes,
                                                           sizeof alignment.bytes));
-    cublasLtMatmulHeuristicResult_t result;
-    memset(&result, 0, sizeof result);
+    cublasLtMatmulHeuristicResult_t results[kTuneCandidates];
+    memset(results, 0, sizeof results);
     int returned = 0;
     const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(dev.handle, plan.desc, plan.a, plan.b, plan.d,
-                                                                 plan.d, preference, 1, &result, &returned);
+                                                                 plan.d, preference, g_autotune ? kTuneCandidates : 1,
+                                                                 results, &returned);
     CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(preference));
     dev.stats.heuristic_queries += 1;
-    plan.heuristic_status = status == CUBLAS_STATUS_SUCCESS && returned > 0 ? result.state : status;
-    plan.supported = status == CUBLAS_STATUS_SUCCESS && returned > 0 && result.state == CUBLAS_STATUS_SUCCESS;
+    plan.heuristic_status = status == CUBLAS_STATUS_SUCCESS && returned > 0 ? results[0].state : status;
+    if (status == CUBLAS_STATUS_SUCCESS)
+        for (int r = 0; r < returned; ++r)
+            if (results[r].state == CUBLAS_STATUS_SUCCESS) plan.candidates[plan.n_candidates++] = results[r].algo;
+    plan.supported = plan.n_candidates > 0;
     if (plan.supported) {
-        plan.algo = result.algo;
+        plan.algo = plan.candidates[0];
+        plan.tuned = plan.n_candidates == 1;
     } else {
         CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(plan.a));
         CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(plan.b));
         CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(plan.d));
         CUBLAS_CHECK(cublasLtMatmulDescDestroy(plan.desc));
+    }
+}
+
+// Milliseconds of one candidate on the call's operands: the least of kTuneRepeats timed runs after an untimed
+// one; a negative value when cuBLASLt refuses to run it.
+float time_candidate(Device &dev, const Plan &plan, const cublasLtMatmulAlgo_t &algo, const void *a, const void *b,
+                     float beta, void *d, cudaStream_t stream)
+{
+    const float alpha = 1.0f;
+    float least = -1.0f;
+    for (int run = 0; run <= kTuneRepeats; ++run) {
+        CUDA_CHECK(cudaEventRecord(dev.tune_start, stream));
+        const cublasStatus_t status = cublasLtMatmul(dev.handle, plan.desc, &alpha, a, plan.a, b, plan.b, &beta, d,
+                                                     plan.d, d, plan.d, &algo, dev.workspace, kWorkspaceBytes, stream);
+        if (status != CUBLAS_STATUS_SUCCESS) return -1.0f;
+        CUDA_CHECK(cudaEventRecord(dev.tune_stop, stream));
+        CUDA_CHECK(cudaEventSynchronize(dev.tune_stop));
+        float ms = 0.0f;
+        CUDA_CHECK(cudaEventElapsedTime(&ms, dev.tune_start, dev.tune_stop));
+        if (run > 0 && (least < 0.0f || ms < least)) least = ms;
+    }
+    return least;
+}
+
+// Autotuning, on a plan's first call: each of the heuristic's candidates runs on this call's operands (pointer
+// attributes already set) and the fastest becomes the plan's algorithm. The runs write D (and a GELU aux or bias
+// gradient) as the call itself is about to; where the call adds into D (beta != 0), they run on a copy of D
+// instead, and when that copy does not fit in device memory the heuristic's first choice stays.
+void tune_plan(Device &dev, Plan &plan, const void *a, const void *b, float beta, void *d, cudaStream_t stream)
+{
+    plan.tuned = true;
+    void *target = d, *copy = NULL;
+    if (beta != 0.0f) {
+        const size_t d_bytes = (size_t)plan.key.m * (size_t)plan.key.n *
+                               (plan.key.kind == kBackwardWeight ? sizeof(float) : sizeof(gpu_bf16));
+        if (cudaMalloc(&copy, d_bytes) != cudaSuccess) {
+            (void)cudaGetLastError();  // clear the allocation failure: tuning is optional
+            dev.stats.untuned += 1;
+            return;
+        }
+        CUDA_CHECK(cudaMemcpyAsync(copy, d, d_bytes, cudaMemcpyDeviceToDevice, stream));
+        target = copy;
+    }
+    int best = 0;
+    float best_ms = -1.0f;
+    for (int c = 0; c < plan.n_candidates; ++c) {
+        const float ms = time_candidate(dev, plan, plan.candidates[c], a, b, beta, target, stream);
+        if (ms >= 0.0f && (best_ms < 0.0f || ms < best_ms)) best = c, best_ms = ms;
+    }
+    plan.algo = plan.candidates[best];
+    dev.stats.tuned += 1;
+    dev.stats.tuned_not_first += best != 0;
+    if (copy) {
+        CUDA_CHECK(cudaStreamSynchronize(stream));
+        CUDA_CHECK(cudaFree(copy));
     }
 }
 
@@ -292,6 +361,7 @@ void run_plan(Device &dev, Plan &plan, const void *a, const void *b, float beta,
     if (epilogue_has_aux(plan.key.epilogue))
         CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux,
                                                     sizeof aux));
+    if (!plan.tuned) tune_plan(dev, plan, a, b, beta, d, stream);
     const float alpha = 1.0f;
     CUBLAS_CHECK(cublasLtMatmul(dev.handle, plan.desc, &alpha, a, plan.a, b, plan.b, &beta, d, plan.d, d, plan.d,
                                 &plan.algo, dev.workspace, kWorkspaceBytes, stream));
@@ -598,6 +668,11 @@ extern "C" void gemm_set_fused_epilogues(gemm_fusion fusion)
     g_fusion = fusion;
 }
 
+extern "C" void gemm_set_autotune(int autotune)
+{
+    g_autotune = autotune != 0;
+}
+
 extern "C" void gemm_release(void)
 {
     int original = 0;
@@ -612,6 +687,8 @@ extern "C" void gemm_release(void)
         CUDA_CHECK(cudaFree(dev.workspace));
         if (dev.scratch) CUDA_CHECK(cudaFree(dev.scratch));
         CUDA_CHECK(cudaEventDestroy(dev.last_done));
+        CUDA_CHECK(cudaEventDestroy(dev.tune_start));
+        CUDA_CHECK(cudaEventDestroy(dev.tune_stop));
         CUBLAS_CHECK(cublasLtDestroy(dev.handle));
         memset(&dev, 0, sizeof dev);
     }

@@ -107,6 +107,9 @@ typedef struct {
     int64_t unfused;           /* calls that wanted a fused epilogue and ran the own kernels instead
                                   because cuBLASLt had no algorithm for it (not counting
                                   gemm_set_fused_epilogues) */
+    int64_t tuned;             /* plans whose candidates were timed (gemm_set_autotune) */
+    int64_t tuned_not_first;   /* ... where another than the heuristic's first won */
+    int64_t untuned;           /* plans left at the heuristic's first: no room for the copy of D */
 } gemm_stats;
 void gemm_get_stats(gemm_stats *stats);
 void gemm_reset_stats(void);
@@ -119,6 +122,15 @@ void gemm_reset_stats(void);
 typedef enum { GEMM_FUSED_NONE = 0, GEMM_FUSED_ALL = 1, GEMM_FUSED_BUT_BIAS_GRAD = 2 } gemm_fusion;
 #define GEMM_FUSION_DEFAULT GEMM_FUSED_BUT_BIAS_GRAD
 void gemm_set_fused_epilogues(gemm_fusion fusion);
+
+/* Autotuning (GEMM_AUTOTUNE_DEFAULT: on): a plan, built on the first call of a shape, asks cuBLASLt's heuristic for
+   up to 8 algorithms and times each on that first call's own operands (a synchronisation of the stream; a
+   temporary copy of D where the call adds into it), keeping the fastest for the plan's later calls. Off: the
+   heuristic's first algorithm, no timing. Timings decide, so two runs may pick different algorithms (and round
+   differently); turn it off for bitwise-reproducible runs. Takes effect for plans built after the call (set it
+   before the first GEMM; gemm_release drops the plans). */
+#define GEMM_AUTOTUNE_DEFAULT 1
+void gemm_set_autotune(int autotune);
 
 /* Free every device's handle, workspace, scratch and cached plans (each device is made current in
    turn, then the original one restored). Calls after this start afresh. */

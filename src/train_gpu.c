@@ -11,6 +11,7 @@
 #include "comm.h"
 #include "costmodel.h"
 #include "fused.h"
+#include "gemm.h"
 #include "gpu.h"
 #include "gradsync.h"
 #include "model_gpu.h"
@@ -278,6 +279,7 @@ train_gpu *train_gpu_create(const deck *config, const comm_info *info, const mod
                                               [ATTENTION_OWN] = GPU_ATTENTION_OWN};
     if (gpu_model_set_attention(gpu->net, attention[config->train.attention], GPU_ATTENTION_CUDNN_MIN_TOKENS))
         gpu->plan.cudnn_min_tokens = GPU_ATTENTION_CUDNN_MIN_TOKENS;
+    gemm_set_autotune(config->train.gemm_autotune);
     gpu->buffers = gpu_model_get_buffers(gpu->net);
     const size_t n_bytes = (size_t)host->n_weights * sizeof(float);
     CUDA_CHECK(cudaMalloc((void **)&gpu->adam_m, n_bytes));

@@ -1,6 +1,7 @@
 /* test_cuda_gemm.c — cmocka tests of the cuBLASLt linear layer (forward with bias / GELU epilogues, dx with and
    without the GELU gradient, fp32 dW and db accumulation) against cpu_linear_fwd/bwd and cpu_gelu_tanh_* on the same
-   bf16-rounded inputs, through cuBLASLt's fused epilogues and through gemm.cu's own kernels. */
+   bf16-rounded inputs, through cuBLASLt's fused epilogues and through gemm.cu's own kernels, with autotuning on and
+   off. */
 #include "config.h"
 
 #include <setjmp.h>
@@ -401,6 +402,24 @@ static void test_two_streams(void **state)
     for (int i = 0; i < 2; ++i) CUDA_CHECK(cudaStreamDestroy(streams[i]));
 }
 
+/* With autotuning off (the tests above run with it on, the default), the heuristic's first algorithms give the same
+   results within tolerance, and no plan is timed. */
+static void test_autotune_off(void **state)
+{
+    (void)state;
+    gemm_stats before, after;
+    gemm_set_autotune(0);
+    gemm_release(); /* plans built so far were tuned */
+    gemm_get_stats(&before);
+    check_forward(&kWanAttn, GEMM_EPILOGUE_BIAS);
+    check_backward_data(&kWanDown, 1, 0);
+    check_backward_weight(&kWanAttn, 1, 1);
+    gemm_get_stats(&after);
+    assert_int_equal(after.tuned, before.tuned);
+    assert_true(after.heuristic_queries > before.heuristic_queries);
+    gemm_set_autotune(GEMM_AUTOTUNE_DEFAULT);
+}
+
 /* A TAP comment on which path cuBLASLt took (fused epilogues it had no algorithm for fall back to the own kernels,
    which the tests above check too), then everything released. */
 static void test_report_and_release(void **state)
@@ -408,8 +427,10 @@ static void test_report_and_release(void **state)
     (void)state;
     gemm_stats stats;
     gemm_get_stats(&stats);
-    printf("# gemm: %lld cuBLASLt calls, %lld plans built, %lld calls without the fused epilogue they asked for\n",
-           (long long)stats.gemms, (long long)stats.heuristic_queries, (long long)stats.unfused);
+    printf("# gemm: %lld cuBLASLt calls, %lld plans built, %lld calls without the fused epilogue they asked for; "
+           "%lld plans autotuned (%lld to another than the heuristic's first choice), %lld left untuned for want of "
+           "memory\n", (long long)stats.gemms, (long long)stats.heuristic_queries, (long long)stats.unfused,
+           (long long)stats.tuned, (long long)stats.tuned_not_first, (long long)stats.untuned);
     gemm_release();
     gemm_get_stats(&stats);
     assert_int_equal(stats.gemms, 0);
@@ -424,6 +445,7 @@ int main(void)
         cmocka_unit_test(test_wan_ffn),          cmocka_unit_test(test_wan_attention),
         cmocka_unit_test(test_empty_batch),      cmocka_unit_test(test_stats_and_plan_cache),
         cmocka_unit_test(test_two_streams),      cmocka_unit_test(test_report_and_release),
+        cmocka_unit_test(test_autotune_off),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

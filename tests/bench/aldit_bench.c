@@ -44,6 +44,7 @@ typedef struct {
     const char *attention_backends; /* --backends: comma-separated names of the attention backends to time */
     int whole_tiles;       /* block: cuDNN runs the last sample's self-attention over whole tiles (gpu_model_set_cudnn_whole_tiles) */
     int query_batches;     /* cuDNN's backward splits the query rows of few-key shapes (attention_cudnn_set_query_batches) */
+    int gemm_autotune;     /* cuBLASLt's candidates timed on each plan's first call (gemm_set_autotune) */
     const char *json_path;
 } bench_options;
 
@@ -55,7 +56,7 @@ static void usage(FILE *out)
             "                   [--fwd-stages P,R]\n"
             "                   [--seq S1,S2,...] [--text-rows T] [--gemm-fused 0|1|2] [--profile-step 0|1]\n"
             "                   [--backends own,cudnn,cudnn-tiles] [--whole-tiles 0|1]\n"
-            "                   [--query-batches 0|1] [--json FILE]\n"
+            "                   [--query-batches 0|1] [--gemm-autotune 0|1] [--json FILE]\n"
             "  Device copy bandwidth, then the sections (default lnmod,gemm):\n"
             "  lnmod: LayerNorm-Modulate (forward, backward, gated-residual variants) on B packed samples of S rows\n"
             "    each (default B=2, S=32760, D=1536,3072,5120). --max-vpt, --fwd-order, --fwd-streaming and\n"
@@ -70,7 +71,8 @@ static void usage(FILE *out)
             "    backward weight (fp32 dW and db accumulated) in TFLOP/s, the block's GEMM sum, and an 8192^3\n"
             "    reference. --gemm-fused (gemm_fusion in cuda/gemm.h; the block section follows it): 2 (default)\n"
             "    cuBLASLt's epilogues but the bias gradients from aldit's own column sums, 1 all in cuBLASLt, 0 plain\n"
-            "    GEMMs + aldit's own epilogue kernels.\n"
+            "    GEMMs + aldit's own epilogue kernels. --gemm-autotune 0 takes cuBLASLt's first heuristic choice\n"
+            "    instead of the fastest of its candidates timed on first use (gemm_set_autotune), for all sections.\n"
             "  attention: aldit's flash attention (cuda/attention.h) and, where built with it, cuDNN's fused SDPA\n"
             "    (cuda/attention_cudnn.h), forward and backward, 12 heads of 128, on one sample: self-attention\n"
             "    S x S and cross-attention S x T, in TFLOP/s; cudnn-tiles is cuDNN's self-attention over whole tiles of\n"
@@ -101,7 +103,8 @@ static long parse_long(const char *text, const char *option, long low, long high
 static bench_options parse_options(int argc, char **argv)
 {
     bench_options o = {1, 1, 0, 0, 2, 32760, 3, {1536, 3072, 5120}, 21, 10, {0, 0, 0, 0, 0, 0, 0},
-                       4, {4096, 16384, 32760, 75600}, 512, GEMM_FUSION_DEFAULT, 0, "own,cudnn,cudnn-tiles", 1, 1, NULL};
+                       4, {4096, 16384, 32760, 75600}, 512, GEMM_FUSION_DEFAULT, 0, "own,cudnn,cudnn-tiles", 1, 1, GEMM_AUTOTUNE_DEFAULT,
+                       NULL};
     for (int i = 1; i < argc; ++i) {
         const char *arg = argv[i];
         if (!strcmp(arg, "--help") || !strcmp(arg, "-h")) {
@@ -138,6 +141,7 @@ static bench_options parse_options(int argc, char **argv)
         }
         else if (!strcmp(arg, "--whole-tiles")) o.whole_tiles = (int)parse_long(value, arg, 0, 1);
         else if (!strcmp(arg, "--query-batches")) o.query_batches = (int)parse_long(value, arg, 0, 1);
+        else if (!strcmp(arg, "--gemm-autotune")) o.gemm_autotune = (int)parse_long(value, arg, 0, 1);
         else if (!strcmp(arg, "--sections")) {
             char *copy = strdup(value), *save = NULL;
             o.run_lnmod = o.run_gemm = o.run_attention = o.run_block = 0;
@@ -618,6 +622,9 @@ static void run_gemm_section(const bench_options *o, cudaStream_t stream, gemm_r
     if (o->gemm_fused != GEMM_FUSED_NONE)
         printf("calls whose fused epilogue cuBLASLt had no algorithm for (own kernels ran instead): %lld\n",
                (long long)r->unfused_calls);
+    printf("autotuning %s: %lld plans timed, %lld of them faster with another than the heuristic's first choice\n",
+           o->gemm_autotune ? "on" : "off (--gemm-autotune 0)", (long long)(stats_after.tuned - stats_before.tuned),
+           (long long)(stats_after.tuned_not_first - stats_before.tuned_not_first));
 
     CUDA_CHECK(cudaStreamSynchronize(stream));
     void *buffers[] = {c.x, c.dy, c.pre_gelu, c.weight, c.bias, c.y, c.dx, c.dweight, c.dbias};
@@ -999,8 +1006,9 @@ static void write_json(FILE *json, const bench_options *o, const char *device, d
         fprintf(json, "\n]");
     }
     if (o->run_gemm) {
-        fprintf(json, ", \"gemm_fused_epilogues\": %d, \"gemm_unfused_calls\": %lld, \"text_rows\": %d, \"gemm\": [",
-                o->gemm_fused, (long long)gemm->unfused_calls, o->text_rows);
+        fprintf(json, ", \"gemm_fused_epilogues\": %d, \"gemm_autotune\": %d, \"gemm_unfused_calls\": %lld, "
+                "\"text_rows\": %d, \"gemm\": [", o->gemm_fused, o->gemm_autotune, (long long)gemm->unfused_calls,
+                o->text_rows);
         int first = 1;
         for (int si = 0; si < o->n_seq; ++si)
             for (int l = 0; l < kWanLinears; ++l) {
@@ -1078,6 +1086,7 @@ int main(int argc, char **argv)
     }
     gpu_select(0);
     lnmod_tune(&o.tuning);
+    gemm_set_autotune(o.gemm_autotune);
 #ifdef HAVE_CUDNN
     attention_cudnn_set_query_batches(o.query_batches);
 #endif
