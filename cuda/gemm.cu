@@ -20,7 +20,8 @@ constexpr int kMaxDevices = 64;
 constexpr int kPlanSlots = 512;  // per device: a few dozen layer shapes times the row counts in use
 constexpr int kPlanProbe = 8;    // slots looked at from a key's hash before the least recently used goes
 constexpr int kTuneCandidates = 8;  // algorithms the heuristic is asked for when autotuning
-constexpr int kTuneRepeats = 3;     // timed runs per candidate (after one untimed), the least counts
+constexpr int kTuneRounds = 5;      // timed rounds over the candidates (after an untimed one); each one's least counts
+constexpr float kTuneMargin = 0.02f;  // another candidate replaces the heuristic's first only when this much faster
 constexpr int kColsumVecs = 32;   // column-sum block: 32 threads x one 16-byte vector (8 columns) wide,
 constexpr int kColsumLanes = 8;   // 8 row lanes deep,
 constexpr int kColsumUnroll = 4;  // each lane with this many rows' loads in flight
@@ -64,7 +65,7 @@ struct Device {
     size_t scratch_floats;
     int sm_count;
     cudaEvent_t last_done;  // recorded after each call, for a call that comes on another stream
-    cudaEvent_t tune_start, tune_stop;
+    cudaEvent_t tune_marks[kTuneCandidates + 1];  // a tuning round: before the first candidate, after each
     cudaStream_t last_stream;
     bool has_last;
     Plan *plans;
@@ -139,8 +140,7 @@ Device &current_device()
         CUBLAS_CHECK(cublasLtCreate(&dev.handle));
         CUDA_CHECK(cudaMalloc(&dev.workspace, kWorkspaceBytes));
         CUDA_CHECK(cudaEventCreateWithFlags(&dev.last_done, cudaEventDisableTiming));
-        CUDA_CHECK(cudaEventCreate(&dev.tune_start));
-        CUDA_CHECK(cudaEventCreate(&dev.tune_stop));
+        for (cudaEvent_t &mark : dev.tune_marks) CUDA_CHECK(cudaEventCreate(&mark));
         dev.plans = (Plan *)xcalloc(kPlanSlots, sizeof *dev.plans);
         CUDA_CHECK(cudaDeviceGetAttribute(&dev.sm_count, cudaDevAttrMultiProcessorCount, id));
         dev.ready = true;
@@ -256,31 +256,11 @@ void build_plan(Device &dev, const PlanKey &key, const void *bias, const void *a
     }
 }
 
-// Milliseconds of one candidate on the call's operands: the least of kTuneRepeats timed runs after an untimed
-// one; a negative value when cuBLASLt refuses to run it.
-float time_candidate(Device &dev, const Plan &plan, const cublasLtMatmulAlgo_t &algo, const void *a, const void *b,
-                     float beta, void *d, cudaStream_t stream)
-{
-    const float alpha = 1.0f;
-    float least = -1.0f;
-    for (int run = 0; run <= kTuneRepeats; ++run) {
-        CUDA_CHECK(cudaEventRecord(dev.tune_start, stream));
-        const cublasStatus_t status = cublasLtMatmul(dev.handle, plan.desc, &alpha, a, plan.a, b, plan.b, &beta, d,
-                                                     plan.d, d, plan.d, &algo, dev.workspace, kWorkspaceBytes, stream);
-        if (status != CUBLAS_STATUS_SUCCESS) return -1.0f;
-        CUDA_CHECK(cudaEventRecord(dev.tune_stop, stream));
-        CUDA_CHECK(cudaEventSynchronize(dev.tune_stop));
-        float ms = 0.0f;
-        CUDA_CHECK(cudaEventElapsedTime(&ms, dev.tune_start, dev.tune_stop));
-        if (run > 0 && (least < 0.0f || ms < least)) least = ms;
-    }
-    return least;
-}
-
 // Autotuning, on a plan's first call: each of the heuristic's candidates runs on this call's operands (pointer
-// attributes already set) and the fastest becomes the plan's algorithm. The runs write D (and a GELU aux or bias
-// gradient) as the call itself is about to; where the call adds into D (beta != 0), they run on a copy of D
-// instead, and when that copy does not fit in device memory the heuristic's first choice stays.
+// attributes already set), kTuneRounds times after an untimed round, and the fastest (by its least time) becomes
+// the plan's algorithm, the heuristic's first unless another beats it by kTuneMargin. The runs write D (and a
+// GELU aux or bias gradient) as the call itself is about to; where the call adds into D (beta != 0), they run on
+// a copy of D instead, and when that copy does not fit in device memory the heuristic's first choice stays.
 void tune_plan(Device &dev, Plan &plan, const void *a, const void *b, float beta, void *d, cudaStream_t stream)
 {
     plan.tuned = true;
@@ -296,12 +276,30 @@ void tune_plan(Device &dev, Plan &plan, const void *a, const void *b, float beta
         CUDA_CHECK(cudaMemcpyAsync(copy, d, d_bytes, cudaMemcpyDeviceToDevice, stream));
         target = copy;
     }
-    int best = 0;
-    float best_ms = -1.0f;
-    for (int c = 0; c < plan.n_candidates; ++c) {
-        const float ms = time_candidate(dev, plan, plan.candidates[c], a, b, beta, target, stream);
-        if (ms >= 0.0f && (best_ms < 0.0f || ms < best_ms)) best = c, best_ms = ms;
+    // Rounds over all candidates in turn, so that a drift of the clocks during the tuning weighs on each alike.
+    const float alpha = 1.0f;
+    float least_ms[kTuneCandidates];
+    bool refused[kTuneCandidates] = {};
+    for (int round = 0; round <= kTuneRounds; ++round) {
+        CUDA_CHECK(cudaEventRecord(dev.tune_marks[0], stream));
+        for (int c = 0; c < plan.n_candidates; ++c) {
+            if (!refused[c])
+                refused[c] = cublasLtMatmul(dev.handle, plan.desc, &alpha, a, plan.a, b, plan.b, &beta, target, plan.d,
+                                            target, plan.d, &plan.candidates[c], dev.workspace, kWorkspaceBytes,
+                                            stream) != CUBLAS_STATUS_SUCCESS;
+            CUDA_CHECK(cudaEventRecord(dev.tune_marks[c + 1], stream));
+        }
+        CUDA_CHECK(cudaEventSynchronize(dev.tune_marks[plan.n_candidates]));
+        for (int c = 0; c < plan.n_candidates && round > 0; ++c) {
+            float ms = 0.0f;
+            CUDA_CHECK(cudaEventElapsedTime(&ms, dev.tune_marks[c], dev.tune_marks[c + 1]));
+            least_ms[c] = round == 1 || ms < least_ms[c] ? ms : least_ms[c];
+        }
     }
+    int best = 0;
+    for (int c = 1; c < plan.n_candidates; ++c)
+        if (!refused[c] && (refused[best] || least_ms[c] < least_ms[best])) best = c;
+    if (!refused[0] && best != 0 && least_ms[best] > (1.0f - kTuneMargin) * least_ms[0]) best = 0;
     plan.algo = plan.candidates[best];
     dev.stats.tuned += 1;
     dev.stats.tuned_not_first += best != 0;
@@ -687,8 +685,7 @@ extern "C" void gemm_release(void)
         CUDA_CHECK(cudaFree(dev.workspace));
         if (dev.scratch) CUDA_CHECK(cudaFree(dev.scratch));
         CUDA_CHECK(cudaEventDestroy(dev.last_done));
-        CUDA_CHECK(cudaEventDestroy(dev.tune_start));
-        CUDA_CHECK(cudaEventDestroy(dev.tune_stop));
+        for (cudaEvent_t mark : dev.tune_marks) CUDA_CHECK(cudaEventDestroy(mark));
         CUBLAS_CHECK(cublasLtDestroy(dev.handle));
         memset(&dev, 0, sizeof dev);
     }
