@@ -1,4 +1,4 @@
-// attention_cudnn.cu — cuDNN fused attention through its C backend API: the unified SDPA forward and the composite (matmul, pointwise, reduction, reshape) backward graph for one sample of S_q query and S_kv key rows, plans cached by shape; self-attention over zero-padded whole tiles; the few-key backward in query batches.
+// attention_cudnn.cu — cuDNN fused attention through its C backend API: the unified SDPA forward and the composite (matmul, pointwise, reduction, reshape) backward graph for one sample of S_q query and S_kv key rows, plans cached by shape, their engine configuration autotuned once per size class; self-attention over zero-padded whole tiles; the few-key backward in query batches.
 //
 // Memory [S, H, D] (a sample's packed rows) is described to cuDNN as dims [1, H, S, D] with strides
 // {S·H·D, D, H·D, 1}; Q, O and their gradients have S = S_q rows, K, V and theirs S = S_kv rows, and the
@@ -69,11 +69,31 @@ const int kMaxOps = 24;
 const int64_t kProbeRows = 256;   // the query length attention_cudnn_available builds its plans at
 const int64_t kProbeKeyRows = 77; // and its cross-attention key length (not a multiple of 64)
 const size_t kAlign = 256;        // the backward's buffer pieces start at multiples of this
+const int64_t kMostSplitKeys = 1024;  // the backward splits the query rows only with at most this many keys
 
 // Descriptors a plan owns (all of them kept alive as long as the plan), destroyed in reverse order.
 struct descriptor_list {
     cudnnBackendDescriptor_t items[kMaxDescriptors];
     int count;
+};
+
+// An engine configuration: the engine's global index and its knob values.
+const int kMaxKnobs = 16;
+struct knob_setting {
+    cudnnBackendKnobType_t type;
+    int64_t value;
+};
+struct engine_choice {
+    int64_t engine;
+    int n_knobs;
+    knob_setting knobs[kMaxKnobs];
+};
+
+// A plan built for autotuning (see the autotuning section).
+struct candidate {
+    descriptor_list owned;
+    cudnnBackendDescriptor_t plan;
+    engine_choice choice;
 };
 
 struct plan_entry {
@@ -85,6 +105,11 @@ struct plan_entry {
     descriptor_list owned;
     cudnnBackendDescriptor_t plan;
     int64_t workspace_bytes;
+    engine_choice choice;    // what `plan` runs
+    candidate *chosen;       // the tuned configuration's descriptors where it is not the heuristics' first
+    candidate *candidates;   // the other configurations to time at the first call (then freed)
+    int n_candidates;
+    int tune_class;          // the size class it is tuned for (index in g_classes), -1 none
 };
 
 struct probe_result {
@@ -100,10 +125,14 @@ struct cudnn_state {
     size_t buffer_bytes;
     probe_result probes[8];
     int n_probes;
+    cudaEvent_t tune_marks[50];  // a tuning round: before the first configuration, after each (kMaxCandidates + 2)
+    bool have_marks;
 };
 
 cudnn_state g_state;
 bool g_whole_queries = false;  // attention_cudnn_set_query_batches(0): the backward never splits the query rows
+bool g_autotune = ATTENTION_CUDNN_AUTOTUNE_DEFAULT;
+int64_t g_tune_least_rows = ATTENTION_CUDNN_TUNE_LEAST_ROWS;
 
 size_t align_up(size_t bytes)
 {
@@ -285,7 +314,310 @@ bool add_reshape(graph_builder &g, cudnnBackendDescriptor_t x, cudnnBackendDescr
     return push_op(g, op);
 }
 
-// Operation graph -> heuristics (mode A) -> the first engine config whose plan finalizes.
+// ---- autotuning of the engine configuration ------------------------------------------------------------
+// cuDNN's heuristics rank engine configurations (an engine and its knob values: tile shapes, pipelining, ...) by
+// a model, not a measurement. With autotuning on (attention_cudnn_set_autotune), the first plan of a size class
+// (direction, heads, head_dim, few keys or not, and floor(log2(sqrt(S_q * S_kv))) from the tuning's least rows
+// on) gets candidates: the heuristics' other configurations that build, and the first one's engine with each of
+// its knobs swept over its range (the other knobs kept), those that build within the first one's workspace. Its
+// first call times them all in rounds (an untimed one, then kTuneRounds, dropping after each those slower than
+// kTuneKeep times the best) and keeps the fastest by its least time, unless that is less than kTuneMargin faster
+// than the heuristics' first. Later plans of the class are built with the winner's engine and knob values where
+// they build, else with the heuristics' first.
+
+constexpr int kMaxCandidates = 48;
+constexpr int64_t kMaxKnobValues = 64;  // a knob whose range has more values than this is not swept
+constexpr int kTuneRounds = 3;
+constexpr float kTuneKeep = 1.15f;
+constexpr float kTuneMargin = 0.02f;
+constexpr int kMaxClasses = 64;
+constexpr int kMaxTuneRecords = 32;
+
+struct tune_class {
+    int direction, num_heads, head_dim, few_keys, size_log2;
+    int state;  // 0: not tuned, 1: candidates built and waiting for the first call, 2: tuned
+    engine_choice winner;
+};
+
+tune_class g_classes[kMaxClasses];
+int g_n_classes;
+
+struct tune_record {
+    int direction;
+    int64_t seq_len_q, seq_len_kv;
+    int n_candidates;
+    float first_ms, best_ms;
+    engine_choice first, best;
+};
+
+tune_record g_tune_records[kMaxTuneRecords];
+int g_n_tune_records;
+
+bool same_choice(const engine_choice &a, const engine_choice &b)
+{
+    if (a.engine != b.engine || a.n_knobs != b.n_knobs) return false;
+    for (int i = 0; i < a.n_knobs; ++i)
+        if (a.knobs[i].type != b.knobs[i].type || a.knobs[i].value != b.knobs[i].value) return false;
+    return true;
+}
+
+// The engine and knob values of a finalized engine configuration (read through descriptors in `scratch`).
+bool read_choice(cudnnBackendDescriptor_t config, descriptor_list &scratch, engine_choice &choice)
+{
+    cudnnBackendDescriptor_t engine, knobs[kMaxKnobs];
+    if (!create(scratch, CUDNN_BACKEND_ENGINE_DESCRIPTOR, &engine)) return false;
+    for (cudnnBackendDescriptor_t &knob : knobs)
+        if (!create(scratch, CUDNN_BACKEND_KNOB_CHOICE_DESCRIPTOR, &knob)) return false;
+    int64_t n = 0;
+    CUDNN_TRY(cudnnBackendGetAttribute(config, CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &n,
+                                       &engine));
+    CUDNN_TRY(cudnnBackendGetAttribute(engine, CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &n,
+                                       &choice.engine));
+    CUDNN_TRY(cudnnBackendGetAttribute(config, CUDNN_ATTR_ENGINECFG_KNOB_CHOICES, CUDNN_TYPE_BACKEND_DESCRIPTOR,
+                                       kMaxKnobs, &n, knobs));
+    choice.n_knobs = static_cast<int>(n);
+    for (int i = 0; i < choice.n_knobs; ++i) {
+        int64_t got = 0;
+        CUDNN_TRY(cudnnBackendGetAttribute(knobs[i], CUDNN_ATTR_KNOB_CHOICE_KNOB_TYPE, CUDNN_TYPE_KNOB_TYPE, 1, &got,
+                                           &choice.knobs[i].type));
+        CUDNN_TRY(cudnnBackendGetAttribute(knobs[i], CUDNN_ATTR_KNOB_CHOICE_KNOB_VALUE, CUDNN_TYPE_INT64, 1, &got,
+                                           &choice.knobs[i].value));
+    }
+    return true;
+}
+
+// The operation graph's engine `index`, finalized, in `owned`.
+bool make_engine(cudnnBackendDescriptor_t graph, int64_t index, descriptor_list &owned, cudnnBackendDescriptor_t *engine)
+{
+    if (!create(owned, CUDNN_BACKEND_ENGINE_DESCRIPTOR, engine)) return false;
+    CUDNN_TRY(cudnnBackendSetAttribute(*engine, CUDNN_ATTR_ENGINE_OPERATION_GRAPH, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1,
+                                       &graph));
+    CUDNN_TRY(cudnnBackendSetAttribute(*engine, CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &index));
+    CUDNN_TRY(cudnnBackendFinalize(*engine));
+    return true;
+}
+
+// An execution plan of the graph with `choice`; false when cuDNN does not build it.
+bool build_choice(cudnnBackendDescriptor_t graph, const engine_choice &choice, candidate &c)
+{
+    cudnnHandle_t handle = g_state.handle;
+    cudnnBackendDescriptor_t engine, config, plan, knobs[kMaxKnobs];
+    c.choice = choice;
+    if (!make_engine(graph, choice.engine, c.owned, &engine)) return false;
+    for (int i = 0; i < choice.n_knobs; ++i) {
+        if (!create(c.owned, CUDNN_BACKEND_KNOB_CHOICE_DESCRIPTOR, &knobs[i])) return false;
+        CUDNN_TRY(cudnnBackendSetAttribute(knobs[i], CUDNN_ATTR_KNOB_CHOICE_KNOB_TYPE, CUDNN_TYPE_KNOB_TYPE, 1,
+                                           &choice.knobs[i].type));
+        CUDNN_TRY(cudnnBackendSetAttribute(knobs[i], CUDNN_ATTR_KNOB_CHOICE_KNOB_VALUE, CUDNN_TYPE_INT64, 1,
+                                           &choice.knobs[i].value));
+        CUDNN_TRY(cudnnBackendFinalize(knobs[i]));
+    }
+    if (!create(c.owned, CUDNN_BACKEND_ENGINECFG_DESCRIPTOR, &config)) return false;
+    CUDNN_TRY(cudnnBackendSetAttribute(config, CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &engine));
+    if (choice.n_knobs > 0)
+        CUDNN_TRY(cudnnBackendSetAttribute(config, CUDNN_ATTR_ENGINECFG_KNOB_CHOICES, CUDNN_TYPE_BACKEND_DESCRIPTOR,
+                                           choice.n_knobs, knobs));
+    CUDNN_TRY(cudnnBackendFinalize(config));
+    if (!create(c.owned, CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, &plan)) return false;
+    CUDNN_TRY(cudnnBackendSetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle));
+    CUDNN_TRY(cudnnBackendSetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1,
+                                       &config));
+    CUDNN_TRY(cudnnBackendFinalize(plan));
+    c.plan = plan;
+    return true;
+}
+
+int64_t plan_workspace_bytes(cudnnBackendDescriptor_t plan)
+{
+    int64_t n = 0, bytes = 0;
+    CUDNN_CHECK(cudnnBackendGetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, &n,
+                                         &bytes));
+    return bytes;
+}
+
+void free_candidate(candidate *c)
+{
+    if (!c) return;
+    destroy_all(c->owned);
+    free(c);
+}
+
+// Adds the plan of `choice` to e's candidates when it builds within e's workspace and is not there yet.
+void add_candidate(plan_entry &e, cudnnBackendDescriptor_t graph, const engine_choice &choice)
+{
+    if (e.n_candidates == kMaxCandidates || same_choice(choice, e.choice)) return;
+    for (int i = 0; i < e.n_candidates; ++i)
+        if (same_choice(choice, e.candidates[i].choice)) return;
+    candidate &c = e.candidates[e.n_candidates];
+    memset(&c, 0, sizeof c);
+    if (build_choice(graph, choice, c) && plan_workspace_bytes(c.plan) <= e.workspace_bytes) ++e.n_candidates;
+    else destroy_all(c.owned);
+}
+
+// The candidates of e (whose plan, the heuristics' first, is built): the heuristics' other configurations and
+// e's engine with each knob swept.
+void build_candidates(plan_entry &e, cudnnBackendDescriptor_t graph, const cudnnBackendDescriptor_t *configs,
+                      int64_t n_configs)
+{
+    e.candidates = static_cast<candidate *>(xcalloc(kMaxCandidates, sizeof(candidate)));
+    descriptor_list scratch = {};
+    for (int64_t i = 1; i < n_configs; ++i) {
+        engine_choice choice = {};
+        if (read_choice(configs[i], scratch, choice)) add_candidate(e, graph, choice);
+        destroy_all(scratch);
+    }
+    cudnnBackendDescriptor_t engine, infos[CUDNN_KNOB_TYPE_COUNTS];
+    int64_t n_infos = 0;
+    bool have_infos = make_engine(graph, e.choice.engine, scratch, &engine);
+    for (int i = 0; have_infos && i < CUDNN_KNOB_TYPE_COUNTS; ++i)
+        have_infos = create(scratch, CUDNN_BACKEND_KNOB_INFO_DESCRIPTOR, &infos[i]);
+    if (have_infos && cudnnBackendGetAttribute(engine, CUDNN_ATTR_ENGINE_KNOB_INFO, CUDNN_TYPE_BACKEND_DESCRIPTOR,
+                                               CUDNN_KNOB_TYPE_COUNTS, &n_infos, infos) != CUDNN_STATUS_SUCCESS)
+        n_infos = 0;
+    for (int64_t i = 0; i < n_infos; ++i) {
+        cudnnBackendKnobType_t type;
+        int64_t n = 0, lowest = 0, highest = 0, stride = 1;
+        if (cudnnBackendGetAttribute(infos[i], CUDNN_ATTR_KNOB_INFO_TYPE, CUDNN_TYPE_KNOB_TYPE, 1, &n, &type) ||
+            cudnnBackendGetAttribute(infos[i], CUDNN_ATTR_KNOB_INFO_MINIMUM_VALUE, CUDNN_TYPE_INT64, 1, &n, &lowest) ||
+            cudnnBackendGetAttribute(infos[i], CUDNN_ATTR_KNOB_INFO_MAXIMUM_VALUE, CUDNN_TYPE_INT64, 1, &n, &highest) ||
+            cudnnBackendGetAttribute(infos[i], CUDNN_ATTR_KNOB_INFO_STRIDE, CUDNN_TYPE_INT64, 1, &n, &stride))
+            continue;
+        if (stride < 1) stride = 1;
+        if (highest < lowest || (highest - lowest) / stride + 1 > kMaxKnobValues) continue;
+        for (int64_t value = lowest; value <= highest; value += stride) {
+            engine_choice choice = e.choice;
+            int k = 0;
+            while (k < choice.n_knobs && choice.knobs[k].type != type) ++k;
+            if (k == choice.n_knobs) {
+                if (k == kMaxKnobs) break;
+                choice.knobs[choice.n_knobs++].type = type;
+            }
+            choice.knobs[k].value = value;
+            add_candidate(e, graph, choice);
+        }
+    }
+    destroy_all(scratch);
+    if (e.n_candidates == 0) {
+        free(e.candidates);
+        e.candidates = nullptr;
+    }
+}
+
+// Frees everything a plan slot holds (the tuned configuration and the candidates before the graph they use).
+void destroy_entry(plan_entry &e)
+{
+    free_candidate(e.chosen);
+    for (int i = 0; i < e.n_candidates; ++i) destroy_all(e.candidates[i].owned);
+    free(e.candidates);
+    if (e.tune_class >= 0 && e.n_candidates > 0) g_classes[e.tune_class].state = 0;  // not timed: the next plan tunes
+    destroy_all(e.owned);
+    memset(&e, 0, sizeof e);
+}
+
+// Times e's plan (the heuristics' first) and its candidates on the call's variant pack and keeps the fastest.
+void tune(plan_entry &e, cudnnBackendDescriptor_t pack, cudaStream_t stream)
+{
+    static_assert(sizeof g_state.tune_marks / sizeof g_state.tune_marks[0] >= kMaxCandidates + 2, "tuning marks");
+    if (!g_state.have_marks) {
+        for (cudaEvent_t &mark : g_state.tune_marks) CUDA_CHECK(cudaEventCreate(&mark));
+        g_state.have_marks = true;
+    }
+    const int n = e.n_candidates + 1;  // 0: e.plan, then the candidates
+    float least_ms[kMaxCandidates + 1] = {};
+    bool refused[kMaxCandidates + 1] = {}, dropped[kMaxCandidates + 1] = {};
+    for (int round = 0; round <= kTuneRounds; ++round) {
+        CUDA_CHECK(cudaEventRecord(g_state.tune_marks[0], stream));
+        for (int c = 0; c < n; ++c) {
+            if (!refused[c] && !dropped[c])
+                refused[c] = cudnnBackendExecute(g_state.handle, c == 0 ? e.plan : e.candidates[c - 1].plan, pack) !=
+                             CUDNN_STATUS_SUCCESS;
+            CUDA_CHECK(cudaEventRecord(g_state.tune_marks[c + 1], stream));
+        }
+        CUDA_CHECK(cudaEventSynchronize(g_state.tune_marks[n]));
+        if (round == 0) continue;
+        int best = -1;
+        for (int c = 0; c < n; ++c) {
+            if (refused[c] || dropped[c]) continue;
+            float ms = 0.0f;
+            CUDA_CHECK(cudaEventElapsedTime(&ms, g_state.tune_marks[c], g_state.tune_marks[c + 1]));
+            least_ms[c] = round == 1 || ms < least_ms[c] ? ms : least_ms[c];
+            if (best < 0 || least_ms[c] < least_ms[best]) best = c;
+        }
+        for (int c = 0; c < n && best >= 0; ++c) dropped[c] = dropped[c] || least_ms[c] > kTuneKeep * least_ms[best];
+    }
+    int best = 0;
+    for (int c = 1; c < n; ++c)
+        if (!refused[c] && (refused[best] || least_ms[c] < least_ms[best])) best = c;
+    if (!refused[0] && best != 0 && least_ms[best] > (1.0f - kTuneMargin) * least_ms[0]) best = 0;
+    if (g_n_tune_records < kMaxTuneRecords)
+        g_tune_records[g_n_tune_records++] = {e.direction, e.seq_len_q, e.seq_len_kv, e.n_candidates, least_ms[0],
+                                              least_ms[best], e.choice, best > 0 ? e.candidates[best - 1].choice : e.choice};
+    // e.workspace_bytes stays: the candidates need no more, and this call's buffer layout was made with it
+    if (best > 0) {
+        e.chosen = static_cast<candidate *>(xmalloc(sizeof(candidate)));
+        *e.chosen = e.candidates[best - 1];
+        e.plan = e.chosen->plan;
+        e.choice = e.chosen->choice;
+    }
+    for (int c = 1; c < n; ++c)
+        if (c != best) destroy_all(e.candidates[c - 1].owned);
+    free(e.candidates);
+    e.candidates = nullptr;
+    e.n_candidates = 0;
+    g_classes[e.tune_class].state = 2;
+    g_classes[e.tune_class].winner = e.choice;
+}
+
+// The size class of a plan (found or added), -1 when its shape is below the tuning's least rows or the table is full.
+int tune_class_of(const plan_entry &e)
+{
+    const double rows = sqrt(static_cast<double>(e.seq_len_q) * static_cast<double>(e.seq_len_kv));
+    if (rows < static_cast<double>(g_tune_least_rows)) return -1;
+    const int size_log2 = static_cast<int>(floor(log2(rows)));
+    const int few_keys = e.seq_len_kv <= kMostSplitKeys;
+    for (int i = 0; i < g_n_classes; ++i) {
+        const tune_class &c = g_classes[i];
+        if (c.direction == e.direction && c.num_heads == e.num_heads && c.head_dim == e.head_dim &&
+            c.few_keys == few_keys && c.size_log2 == size_log2)
+            return i;
+    }
+    if (g_n_classes == kMaxClasses) return -1;
+    g_classes[g_n_classes] = {e.direction, e.num_heads, e.head_dim, few_keys, size_log2, 0, {}};
+    return g_n_classes++;
+}
+
+// After e's plan (the heuristics' first) is built: its class's winner instead, or candidates for the first call.
+void apply_tuning(plan_entry &e, cudnnBackendDescriptor_t graph, const cudnnBackendDescriptor_t *configs,
+                  int64_t n_configs)
+{
+    e.tune_class = -1;
+    if (!g_autotune) return;
+    const int index = tune_class_of(e);
+    if (index < 0) return;
+    tune_class &c = g_classes[index];
+    if (c.state == 0) {
+        build_candidates(e, graph, configs, n_configs);
+        if (e.n_candidates == 0) {
+            c.state = 2;
+            c.winner = e.choice;
+        } else {
+            c.state = 1;
+            e.tune_class = index;
+        }
+    } else if (c.state == 2 && !same_choice(c.winner, e.choice)) {
+        candidate *winner = static_cast<candidate *>(xcalloc(1, sizeof(candidate)));
+        if (build_choice(graph, c.winner, *winner)) {
+            e.chosen = winner;
+            e.plan = winner->plan;
+            e.choice = winner->choice;
+            e.workspace_bytes = plan_workspace_bytes(winner->plan);
+        } else {
+            free_candidate(winner);
+        }
+    }
+}
+
+// Operation graph -> heuristics (mode A) -> the first engine config whose plan finalizes (then apply_tuning).
 bool finish_plan(graph_builder &g, plan_entry &e)
 {
     cudnnHandle_t handle = g_state.handle;
@@ -329,10 +661,12 @@ bool finish_plan(graph_builder &g, plan_entry &e)
                              sizeof g_build_error);
             continue;
         }
-        int64_t n_values = 0;
-        CUDNN_TRY(cudnnBackendGetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1,
-                                           &n_values, &e.workspace_bytes));
+        e.workspace_bytes = plan_workspace_bytes(plan);
         e.plan = plan;
+        descriptor_list scratch = {};
+        const bool known = read_choice(configs[i], scratch, e.choice);
+        destroy_all(scratch);
+        if (known) apply_tuning(e, graph, configs + i, n_returned - i);
         return true;
     }
     return false;
@@ -468,8 +802,7 @@ plan_entry *find_plan(int direction, int64_t seq_len_q, int64_t seq_len_kv, int 
         }
         if (e.last_use < victim->last_use) victim = &e;
     }
-    destroy_all(victim->owned);
-    memset(victim, 0, sizeof *victim);
+    destroy_entry(*victim);
     victim->direction = direction;
     victim->seq_len_q = seq_len_q;
     victim->seq_len_kv = seq_len_kv;
@@ -478,8 +811,7 @@ plan_entry *find_plan(int direction, int64_t seq_len_q, int64_t seq_len_kv, int 
     victim->query_batches = query_batches;
     const bool built = direction == kForward ? build_forward(*victim) : build_backward(*victim);
     if (!built) {
-        destroy_all(victim->owned);
-        memset(victim, 0, sizeof *victim);
+        destroy_entry(*victim);
         return nullptr;
     }
     victim->last_use = ++g_state.clock;
@@ -505,7 +837,6 @@ plan_entry *need_plan(int direction, int64_t seq_len_q, int64_t seq_len_kv, int 
 
 constexpr int kElementwiseThreads = 256;
 constexpr int64_t kLeastBatchRows = 512;     // query rows per batch at least
-constexpr int64_t kMostSplitKeys = 1024;     // split only with at most this many keys
 constexpr int kQueryBatchChoices[] = {ATTENTION_CUDNN_MOST_QUERY_BATCHES, 4, 2};
 
 // The query batches the backward of this shape runs in: the first of 8, 4, 2 that divides seq_len_q into
@@ -569,7 +900,7 @@ char *ensure_buffer(size_t bytes)
     return static_cast<char *>(g_state.buffer);
 }
 
-void execute(const plan_entry &e, int n_tensors, const int64_t *uids, void *const *pointers, void *workspace,
+void execute(plan_entry &e, int n_tensors, const int64_t *uids, void *const *pointers, void *workspace,
              cudaStream_t stream)
 {
     cudnnBackendDescriptor_t pack;
@@ -580,6 +911,7 @@ void execute(const plan_entry &e, int n_tensors, const int64_t *uids, void *cons
     CUDNN_CHECK(cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &workspace));
     CUDNN_CHECK(cudnnBackendFinalize(pack));
     CUDNN_CHECK(cudnnSetStream(g_state.handle, stream));
+    if (e.n_candidates > 0) tune(e, pack, stream);
     CUDNN_CHECK(cudnnBackendExecute(g_state.handle, e.plan, pack));
     CUDNN_CHECK(cudnnBackendDestroyDescriptor(pack));
 }
@@ -639,7 +971,7 @@ extern "C" void attention_cudnn_cross_fwd(const gpu_bf16 *q, const gpu_bf16 *k, 
     const void *tensors[] = {q, k, v, out, stats};
     const char *names[] = {"q", "k", "v", "out", "stats"};
     check_call("attention_cudnn_cross_fwd", seq_len_q, seq_len_kv, num_heads, head_dim, tensors, names, 5);
-    const plan_entry *e = need_plan(kForward, seq_len_q, seq_len_kv, num_heads, head_dim);
+    plan_entry *e = need_plan(kForward, seq_len_q, seq_len_kv, num_heads, head_dim);
     void *workspace = e->workspace_bytes > 0 ? ensure_buffer(static_cast<size_t>(e->workspace_bytes)) : nullptr;
     float scale = 1.0f / sqrtf(static_cast<float>(head_dim));
     const int64_t uids[] = {kUidQ, kUidK, kUidV, kUidO, kUidStats, kUidScale};
@@ -657,7 +989,7 @@ extern "C" void attention_cudnn_cross_bwd(const gpu_bf16 *q, const gpu_bf16 *k, 
     const char *names[] = {"q", "k", "v", "out", "dout", "stats", "dq", "dk", "dv"};
     check_call("attention_cudnn_cross_bwd", seq_len_q, seq_len_kv, num_heads, head_dim, tensors, names, 9);
     const int batches = g_whole_queries ? 1 : query_batches_for(seq_len_q, seq_len_kv);
-    const plan_entry *e = need_plan(kBackward, seq_len_q, seq_len_kv, num_heads, head_dim, batches);
+    plan_entry *e = need_plan(kBackward, seq_len_q, seq_len_kv, num_heads, head_dim, batches);
     // the buffer: workspace, softmax sum, dQ accumulator; with query batches, K and V copies and dK, dV pieces
     const size_t key_values = static_cast<size_t>(seq_len_kv) * num_heads * head_dim;
     const size_t workspace_bytes = align_up(static_cast<size_t>(e->workspace_bytes));
@@ -792,8 +1124,36 @@ extern "C" void attention_cudnn_bwd_padded(const gpu_bf16 *q, const gpu_bf16 *k,
 extern "C" void attention_cudnn_release(void)
 {
     if (g_state.handle) CUDA_CHECK(cudaDeviceSynchronize());
-    for (plan_entry &e : g_state.plans) destroy_all(e.owned);
+    for (plan_entry &e : g_state.plans) destroy_entry(e);
+    if (g_state.have_marks)
+        for (cudaEvent_t mark : g_state.tune_marks) CUDA_CHECK(cudaEventDestroy(mark));
     if (g_state.buffer) CUDA_CHECK(cudaFree(g_state.buffer));
     if (g_state.handle) CUDNN_CHECK(cudnnDestroy(g_state.handle));
     memset(&g_state, 0, sizeof g_state);
+    memset(g_classes, 0, sizeof g_classes);
+    g_n_classes = 0;
+}
+
+extern "C" void attention_cudnn_set_autotune(int autotune, int64_t least_rows)
+{
+    g_autotune = autotune != 0;
+    g_tune_least_rows = least_rows > 0 ? least_rows : ATTENTION_CUDNN_TUNE_LEAST_ROWS;
+}
+
+extern "C" void attention_cudnn_tuning_report(FILE *out)
+{
+    auto print_choice = [out](const engine_choice &choice) {
+        fprintf(out, "engine %lld", (long long)choice.engine);
+        for (int k = 0; k < choice.n_knobs; ++k)
+            fprintf(out, "%s%d=%lld", k ? "," : " knobs ", (int)choice.knobs[k].type, (long long)choice.knobs[k].value);
+    };
+    for (int i = 0; i < g_n_tune_records; ++i) {
+        const tune_record &r = g_tune_records[i];
+        fprintf(out, "cuDNN %s %lld x %lld: %d candidates; heuristics' first %.3f ms (", direction_name(r.direction),
+                (long long)r.seq_len_q, (long long)r.seq_len_kv, r.n_candidates, r.first_ms);
+        print_choice(r.first);
+        fprintf(out, "), kept %.3f ms (", r.best_ms);
+        print_choice(r.best);
+        fprintf(out, ")\n");
+    }
 }

@@ -171,9 +171,9 @@ static const deck_key deck_keys[] = {
      .help = "a NaN/Inf loss or gradient: error (stop) or skip the step"},
     {KEY("train", "attention", KEY_ENUM, train.attention), .choices = attention_names, .default_text = "auto",
      .help = "CUDA attention: cudnn (fused SDPA), own kernel, or auto (cudnn when built with it)"},
-    {KEY("train", "gemm_autotune", KEY_BOOL, train.gemm_autotune), .default_text = "on",
-     .help = "CUDA: time cuBLASLt's candidate algorithms of each GEMM shape on first use and keep the fastest "
-             "(off: the heuristic's first choice, the same in every run)"},
+    {KEY("train", "autotune", KEY_BOOL, train.autotune), .default_text = "on",
+     .help = "CUDA: time the candidate configurations of cuBLASLt (each GEMM shape) and cuDNN attention (each size "
+             "class) on first use and keep the fastest (off: the heuristics' first choices, the same in every run)"},
     {KEY("train", "allreduce_bucket", KEY_BYTES, train.allreduce_bucket), .min = 0, .max = 1125899906842624.0,
      .default_text = "64MiB",
      .help = "CUDA: gradient all-reduce in buckets of this size overlapping the backward (0 = one after it)"},

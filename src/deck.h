@@ -79,7 +79,7 @@ typedef struct {
         deck_recompute recompute;      /* activation recomputation: none | block */
         deck_nonfinite nonfinite;      /* a NaN/Inf loss: error | skip the step */
         deck_attention attention;      /* CUDA attention kernel: auto | cudnn | own */
-        int gemm_autotune;             /* CUDA: time cuBLASLt's candidate algorithms per GEMM shape (1) */
+        int autotune;                  /* CUDA: time cuBLASLt's and cuDNN's candidate configurations (1) */
         double allreduce_bucket;       /* CUDA: bytes per overlapped gradient all-reduce; 0 = one after the backward */
     } train;
     struct {

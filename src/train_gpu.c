@@ -279,7 +279,10 @@ train_gpu *train_gpu_create(const deck *config, const comm_info *info, const mod
                                               [ATTENTION_OWN] = GPU_ATTENTION_OWN};
     if (gpu_model_set_attention(gpu->net, attention[config->train.attention], GPU_ATTENTION_CUDNN_MIN_TOKENS))
         gpu->plan.cudnn_min_tokens = GPU_ATTENTION_CUDNN_MIN_TOKENS;
-    gemm_set_autotune(config->train.gemm_autotune);
+    gemm_set_autotune(config->train.autotune);
+#ifdef HAVE_CUDNN
+    attention_cudnn_set_autotune(config->train.autotune, 0);
+#endif
     gpu->buffers = gpu_model_get_buffers(gpu->net);
     const size_t n_bytes = (size_t)host->n_weights * sizeof(float);
     CUDA_CHECK(cudaMalloc((void **)&gpu->adam_m, n_bytes));

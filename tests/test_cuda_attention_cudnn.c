@@ -442,6 +442,32 @@ static void run_speed(int64_t q_rows, int64_t kv_rows)
     free_device_buffers(device_buffers, sizeof device_buffers / sizeof device_buffers[0]);
 }
 
+/* Autotuning from 256 rows on (its default starts at 4096): the tuned and the class winner's plans against the
+   CPU; 300 x 300 tunes its size class (256-511), 400 x 400 then takes the winner, 1024 x 1024 tunes its own;
+   the report has a line per tuned class and direction. */
+static void test_autotune(void **state)
+{
+    (void)state;
+    attention_cudnn_release();
+    attention_cudnn_set_autotune(1, 256);
+    check_shape(300, 300, 4, 128);
+    check_shape(400, 400, 3, 128);
+    check_shape(1024, 1024, 2, 64);
+    char *report = NULL;
+    size_t size = 0;
+    FILE *out = open_memstream(&report, &size);
+    assert_non_null(out);
+    attention_cudnn_tuning_report(out);
+    fclose(out);
+    printf("# %s", report);
+    int lines = 0;
+    for (const char *line = strstr(report, "cuDNN "); line; line = strstr(line + 1, "cuDNN ")) ++lines;
+    assert_true(lines >= 2); /* some class may have had no candidate that builds: then it has no line */
+    free(report);
+    attention_cudnn_set_autotune(ATTENTION_CUDNN_AUTOTUNE_DEFAULT, 0);
+    attention_cudnn_release();
+}
+
 /* Self-attention at 16384 and 32760 tokens; cross-attention of 16384 and 75600 tokens to 512 text rows. */
 static void test_speed(void **state)
 {
@@ -464,6 +490,7 @@ int main(void)
         cmocka_unit_test(test_cross_head_dim_64),
         cmocka_unit_test(test_cross_head_dim_128),
         cmocka_unit_test(test_model_dispatch),
+        cmocka_unit_test(test_autotune),
         cmocka_unit_test(test_speed),
         cmocka_unit_test(test_cross_short_text),
     };

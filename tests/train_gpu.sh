@@ -3,8 +3,8 @@
 # with exit 1. On a GPU: 1 GPU rank against the CPU (bf16 against fp32: the first steps within 2e-2),
 # 2 GPU ranks against 1 with a fixed global batch (within 1e-2; needs two GPUs), the all-reduce overlapped in
 # buckets against one call after the backward and one call per range (2 ranks: the same sums, so the losses
-# equal to the bit; calibration and GEMM autotuning off so that measured times steer neither the packing nor
-# the GEMM algorithms), and a GPU checkpoint
+# equal to the bit; calibration and autotuning off so that measured times steer neither the packing nor the
+# GEMM and attention configurations), and a GPU checkpoint
 # resumed on the GPU (the steps after it within 1e-3 of an uninterrupted run), and the start-up calibration
 # timed on the GPU, kept in the run folder and read back by the next run there. The checks a machine
 # cannot run are reported as skipped.
@@ -94,7 +94,7 @@ if [ "$n_gpus" -ge 2 ]; then
     same=0
     for bucket in 64MiB 0 1; do
         run_aldit 2 "bucket$bucket" run.device=cuda run.steps=$HALF $SCHEDULE balance.calibrate=off \
-            train.allreduce_bucket=$bucket train.gemm_autotune=off || same=1
+            train.allreduce_bucket=$bucket train.autotune=off || same=1
         losses "$WORK/bucket$bucket/metrics.jsonl" > "$WORK/bucket$bucket.losses"
     done
     [ -s "$WORK/bucket64MiB.losses" ] || same=1
