@@ -204,7 +204,7 @@ static bench_options parse_options(int argc, char **argv)
         else if (!strcmp(arg, "--fwd-stages")) {
             char extra;
             if (sscanf(value, "%d,%d%c", &o.tuning.fwd_stages, &o.tuning.residual_fwd_stages, &extra) != 2 ||
-                o.tuning.fwd_stages < LNMOD_FWD_REGISTER_KERNEL || o.tuning.fwd_stages > LNMOD_FWD_MAX_STAGES ||
+                o.tuning.fwd_stages < LNMOD_FWD_BULK_KERNEL || o.tuning.fwd_stages > LNMOD_FWD_MAX_STAGES ||
                 o.tuning.residual_fwd_stages < LNMOD_FWD_REGISTER_KERNEL ||
                 o.tuning.residual_fwd_stages > LNMOD_FWD_MAX_STAGES) {
                 fprintf(stderr,
