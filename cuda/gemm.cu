@@ -1,9 +1,10 @@
 // gemm.cu — linear layers on cuBLASLt with bias / GELU epilogues and fp32 weight gradients, and the kernels that stand in for an epilogue.
 //
 // The layouts (row-major tensors as column-major cuBLASLt matrices) are worked out in gemm.h. Each
-// call builds or finds a plan (matmul descriptor, A/B/D layouts, the heuristic's first algorithm),
-// sets the per-call pointer attributes (bias / bias gradient, GELU aux) on the cached descriptor and
-// calls cublasLtMatmul with the device's 32 MiB workspace.
+// call builds or finds a plan (matmul descriptor, A/B/D layouts, the heuristic's algorithms: with autotuning the
+// fastest of them timed on the plan's first call, else the first), sets the per-call pointer attributes (bias /
+// bias gradient, GELU aux) on the cached descriptor and calls cublasLtMatmul with its stream's 32 MiB workspace
+// (a lane per stream, so that calls on different streams can run at once).
 #include "gemm.h"
 
 #include <cuda_bf16.h>
@@ -17,6 +18,7 @@ namespace {
 
 constexpr size_t kWorkspaceBytes = size_t(32) << 20;  // cuBLASLt's recommended workspace on Hopper
 constexpr int kMaxDevices = 64;
+constexpr int kLanes = 4;        // streams with a workspace of their own
 constexpr int kPlanSlots = 512;  // per device: a few dozen layer shapes times the row counts in use
 constexpr int kPlanProbe = 8;    // slots looked at from a key's hash before the least recently used goes
 constexpr int kTuneCandidates = 8;  // algorithms the heuristic is asked for when autotuning
@@ -57,17 +59,25 @@ struct Plan {
     bool tuned;  // the candidates were timed (or there was nothing to choose)
 };
 
+// A stream's workspace and scratch: calls on different streams can run at once. A stream beyond the kLanes
+// most recently used ones takes over the least recently used lane, after that lane's last call.
+struct Lane {
+    cudaStream_t stream;
+    void *workspace;  // NULL: the lane is not in use yet
+    float *scratch;   // bias-gradient staging and column-sum partials
+    size_t scratch_floats;
+    cudaEvent_t done;  // recorded after each call on the lane
+    bool has_done;
+    uint64_t last_use;
+};
+
 struct Device {
     bool ready;
     cublasLtHandle_t handle;
-    void *workspace;
-    float *scratch;  // bias-gradient staging and column-sum partials
-    size_t scratch_floats;
+    Lane lanes[kLanes];
+    Lane *lane;  // the current call's (begin_call .. end_call)
     int sm_count;
-    cudaEvent_t last_done;  // recorded after each call, for a call that comes on another stream
     cudaEvent_t tune_marks[kTuneCandidates + 1];  // a tuning round: before the first candidate, after each
-    cudaStream_t last_stream;
-    bool has_last;
     Plan *plans;
     uint64_t clock;
     gemm_stats stats;
@@ -138,8 +148,6 @@ Device &current_device()
     Device &dev = g_devices[id];
     if (!dev.ready) {
         CUBLAS_CHECK(cublasLtCreate(&dev.handle));
-        CUDA_CHECK(cudaMalloc(&dev.workspace, kWorkspaceBytes));
-        CUDA_CHECK(cudaEventCreateWithFlags(&dev.last_done, cudaEventDisableTiming));
         for (cudaEvent_t &mark : dev.tune_marks) CUDA_CHECK(cudaEventCreate(&mark));
         dev.plans = (Plan *)xcalloc(kPlanSlots, sizeof *dev.plans);
         CUDA_CHECK(cudaDeviceGetAttribute(&dev.sm_count, cudaDevAttrMultiProcessorCount, id));
@@ -148,32 +156,53 @@ Device &current_device()
     return dev;
 }
 
-// The workspace and scratch are shared by every call on the device: work queued on a new stream waits
-// for the previous call's work on the old one.
+// The lane of `stream` (a new one, or the least recently used one, when the stream has none): a stream that takes
+// a lane over waits for the lane's last call on its previous stream.
 void begin_call(Device &dev, cudaStream_t stream)
 {
-    if (dev.has_last && dev.last_stream != stream) CUDA_CHECK(cudaStreamWaitEvent(stream, dev.last_done, 0));
+    Lane *lane = NULL, *oldest = &dev.lanes[0];
+    for (Lane &candidate : dev.lanes) {
+        if (candidate.workspace && candidate.stream == stream) {
+            lane = &candidate;
+            break;
+        }
+        if (candidate.last_use < oldest->last_use) oldest = &candidate;
+    }
+    if (!lane) {
+        lane = oldest;
+        if (!lane->workspace) {
+            CUDA_CHECK(cudaMalloc(&lane->workspace, kWorkspaceBytes));
+            CUDA_CHECK(cudaEventCreateWithFlags(&lane->done, cudaEventDisableTiming));
+        } else if (lane->has_done) {
+            CUDA_CHECK(cudaStreamWaitEvent(stream, lane->done, 0));
+        }
+        lane->stream = stream;
+    }
+    lane->last_use = ++dev.clock;
+    dev.lane = lane;
 }
 
-void end_call(Device &dev, cudaStream_t stream)
+void end_call(Device &dev)
 {
-    CUDA_CHECK(cudaEventRecord(dev.last_done, stream));
-    dev.last_stream = stream;
-    dev.has_last = true;
+    CUDA_CHECK(cudaEventRecord(dev.lane->done, dev.lane->stream));
+    dev.lane->has_done = true;
+    dev.lane = NULL;
 }
 
+// The current lane's scratch, at least n_floats long.
 float *scratch_floats(Device &dev, size_t n_floats)
 {
-    if (dev.scratch_floats < n_floats) {
-        if (dev.scratch) {
+    Lane &lane = *dev.lane;
+    if (lane.scratch_floats < n_floats) {
+        if (lane.scratch) {
             CUDA_CHECK(cudaDeviceSynchronize());  // rare: only when a wider layer or more rows come along
-            CUDA_CHECK(cudaFree(dev.scratch));
+            CUDA_CHECK(cudaFree(lane.scratch));
         }
-        const size_t grown = n_floats > 2 * dev.scratch_floats ? n_floats : 2 * dev.scratch_floats;
-        CUDA_CHECK(cudaMalloc(&dev.scratch, grown * sizeof(float)));
-        dev.scratch_floats = grown;
+        const size_t grown = n_floats > 2 * lane.scratch_floats ? n_floats : 2 * lane.scratch_floats;
+        CUDA_CHECK(cudaMalloc(&lane.scratch, grown * sizeof(float)));
+        lane.scratch_floats = grown;
     }
-    return dev.scratch;
+    return lane.scratch;
 }
 
 void destroy_plan(Plan &plan)
@@ -285,7 +314,7 @@ void tune_plan(Device &dev, Plan &plan, const void *a, const void *b, float beta
         for (int c = 0; c < plan.n_candidates; ++c) {
             if (!refused[c])
                 refused[c] = cublasLtMatmul(dev.handle, plan.desc, &alpha, a, plan.a, b, plan.b, &beta, target, plan.d,
-                                            target, plan.d, &plan.candidates[c], dev.workspace, kWorkspaceBytes,
+                                            target, plan.d, &plan.candidates[c], dev.lane->workspace, kWorkspaceBytes,
                                             stream) != CUBLAS_STATUS_SUCCESS;
             CUDA_CHECK(cudaEventRecord(dev.tune_marks[c + 1], stream));
         }
@@ -362,7 +391,7 @@ void run_plan(Device &dev, Plan &plan, const void *a, const void *b, float beta,
     if (!plan.tuned) tune_plan(dev, plan, a, b, beta, d, stream);
     const float alpha = 1.0f;
     CUBLAS_CHECK(cublasLtMatmul(dev.handle, plan.desc, &alpha, a, plan.a, b, plan.b, &beta, d, plan.d, d, plan.d,
-                                &plan.algo, dev.workspace, kWorkspaceBytes, stream));
+                                &plan.algo, dev.lane->workspace, kWorkspaceBytes, stream));
     dev.stats.flops += 2.0 * (double)plan.key.m * (double)plan.key.n * (double)plan.key.k;
     dev.stats.gemms += 1;
 }
@@ -567,7 +596,7 @@ extern "C" void gemm_linear_fwd(const gpu_bf16 *x, int64_t n_rows, int in_dim, i
             CUDA_CHECK_LAUNCH();
         }
     }
-    end_call(dev, stream);
+    end_call(dev);
 }
 
 extern "C" void gemm_linear_bwd_data(const gpu_bf16 *dy, int64_t n_rows, int in_dim, int out_dim,
@@ -602,7 +631,7 @@ extern "C" void gemm_linear_bwd_data(const gpu_bf16 *dy, int64_t n_rows, int in_
             CUDA_CHECK_LAUNCH();
         }
     }
-    end_call(dev, stream);
+    end_call(dev);
 }
 
 extern "C" void gemm_linear_bwd_weight(const gpu_bf16 *x, const gpu_bf16 *dy, int64_t n_rows, int in_dim, int out_dim,
@@ -620,7 +649,7 @@ extern "C" void gemm_linear_bwd_weight(const gpu_bf16 *x, const gpu_bf16 *dy, in
             CUDA_CHECK(cudaMemsetAsync(dweight, 0, (size_t)out_dim * (size_t)in_dim * sizeof *dweight, stream));
             if (dbias) CUDA_CHECK(cudaMemsetAsync(dbias, 0, (size_t)out_dim * sizeof *dbias, stream));
         }
-        end_call(dev, stream);
+        end_call(dev);
         return;
     }
     const int64_t m = in_dim, n = out_dim, k = n_rows;
@@ -645,7 +674,7 @@ extern "C" void gemm_linear_bwd_weight(const gpu_bf16 *x, const gpu_bf16 *dy, in
         run_plan(dev, *plan, x, dy, beta, dweight, NULL, NULL, stream);
         if (dbias) column_sums(dev, dy, n_rows, out_dim, dbias, accumulate, stream);
     }
-    end_call(dev, stream);
+    end_call(dev);
 }
 
 extern "C" void gemm_get_stats(gemm_stats *stats)
@@ -682,9 +711,12 @@ extern "C" void gemm_release(void)
         CUDA_CHECK(cudaDeviceSynchronize());
         for (int slot = 0; slot < kPlanSlots; ++slot) destroy_plan(dev.plans[slot]);
         free(dev.plans);
-        CUDA_CHECK(cudaFree(dev.workspace));
-        if (dev.scratch) CUDA_CHECK(cudaFree(dev.scratch));
-        CUDA_CHECK(cudaEventDestroy(dev.last_done));
+        for (Lane &lane : dev.lanes) {
+            if (!lane.workspace) continue;
+            CUDA_CHECK(cudaFree(lane.workspace));
+            if (lane.scratch) CUDA_CHECK(cudaFree(lane.scratch));
+            CUDA_CHECK(cudaEventDestroy(lane.done));
+        }
         for (cudaEvent_t mark : dev.tune_marks) CUDA_CHECK(cudaEventDestroy(mark));
         CUBLAS_CHECK(cublasLtDestroy(dev.handle));
         memset(&dev, 0, sizeof dev);

@@ -59,12 +59,12 @@ extern "C" {
                gemm_linear_bwd_weight(x, dpre, rows, D, F, dw_up, db_up, 1, s);
                gemm_linear_bwd_data(dpre, rows, D, F, w_up, NULL, dx, 0, s);
 
-   State: one cuBLASLt handle, one 32 MiB workspace and one plan cache per device, made on the first
-   call on that device. A plan (matmul descriptor, layouts and the heuristic's first algorithm) is
-   cached per (GEMM kind, m, n, k, epilogue, pointer alignments); a bounded table, least recently used
-   entries replaced. The workspace is shared by all calls on a device: when calls arrive on a different
-   stream than the previous call, the new stream first waits (an event, no host sync) for the previous
-   call's work. Not thread-safe: one host thread per device. */
+   State: one cuBLASLt handle and one plan cache per device, made on the first call on that device, and a 32 MiB
+   workspace (plus scratch for the bias gradients) per stream, for up to 4 streams, so that GEMMs queued on
+   different streams can run at once. A fifth stream takes over the least recently used stream's workspace and
+   first waits (an event, no host sync) for that stream's last call. A plan (matmul descriptor, layouts and the
+   algorithm, see gemm_set_autotune) is cached per (GEMM kind, m, n, k, epilogue, pointer alignments); a bounded
+   table, least recently used entries replaced. Not thread-safe: one host thread per device. */
 
 typedef enum {
     GEMM_EPILOGUE_NONE = 0,      /* y = x W^T                                                          */

@@ -19,7 +19,7 @@
 #include "attention_cudnn.h"
 #endif
 
-/* Device memory kept back besides the plan: cuBLASLt's workspace and the GEMM scratch, kernels loaded
+/* Device memory kept back besides the plan: cuBLASLt's workspaces (one per stream) and the GEMM scratch, kernels loaded
    lazily at their first launch, and NCCL's buffers for connections made at the first all-reduce. */
 #define RUNTIME_RESERVE_BYTES (1024.0 * 1024.0 * 1024.0)
 
