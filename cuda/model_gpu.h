@@ -77,6 +77,13 @@ int gpu_model_set_attention(gpu_model *gm, gpu_attention_choice choice, int64_t 
    ATTENTION_CUDNN_TILE rows, zero-padded (attention_cudnn_fwd_padded: faster where its length is not a
    multiple of the tile; the default, 1), or over exactly its rows (0; for comparisons). */
 void gpu_model_set_cudnn_whole_tiles(gpu_model *gm, int whole_tiles);
+/* Whether the backward runs the blocks' weight gradients (their GEMMs and bias sums) on a stream of the least
+   priority beside the rest, which runs on one of the greatest (the default, 1): they are off the path from one
+   block's input gradient to the next, so they fill what the rest leaves idle (attention's and the GEMMs' last
+   waves, the memory-bound kernels); 0 runs everything in order on the caller's stream (for comparisons). Either
+   way gpu_model_forward_backward returns with all its work ordered before what comes next on its stream, and the
+   gradient ranges are reported ready (gpu_model_set_grads_ready) on a stream that has all their writes. */
+void gpu_model_set_overlap(gpu_model *gm, int overlap);
 /* Host seconds the last gpu_model_forward_backward call spent queuing its work (staging the batch, every
    launch), before it waited for the GPU: where this approaches the GPU's time the step is launch-bound. */
 double gpu_model_enqueue_seconds(const gpu_model *gm);

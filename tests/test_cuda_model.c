@@ -229,53 +229,60 @@ static void four_layer_case(uint64_t seed, model *m, batch_spec *spec, host_batc
     make_batch(m, spec, seed + 1, hb);
 }
 
-/* recompute = block against none on the same weights and the 3-sample batch: the same kernels run on the
-   same inputs, so the losses and every gradient must be equal to the bit, and block mode's workspace is
-   smaller. 4 layers, so that middle blocks are re-run from their kept input. */
-static void test_recompute_block_matches_none(void **state)
+/* recompute = block against none, and the backward without its second stream (gpu_model_set_overlap 0) against
+   with it, on the same weights and the 3-sample batch: the same kernels run on the same inputs, so the losses and
+   every gradient must be equal to the bit, and block mode's workspace is smaller. 4 layers, so that middle blocks
+   are re-run from their kept input. */
+static void test_recompute_and_overlap_match(void **state)
 {
     (void)state;
     model m;
     host_batch hb;
     batch_spec spec;
     four_layer_case(0x5eed0005ull, &m, &spec, &hb);
-    const gpu_recompute modes[2] = {GPU_RECOMPUTE_NONE, GPU_RECOMPUTE_BLOCK};
-    double loss[2], sample_loss[2][4];
-    float *grads[2];
-    size_t workspace[2];
+    enum { kRuns = 3 };
+    const gpu_recompute modes[kRuns] = {GPU_RECOMPUTE_NONE, GPU_RECOMPUTE_BLOCK, GPU_RECOMPUTE_NONE};
+    const int overlap[kRuns] = {1, 1, 0};
+    const char *const names[kRuns] = {"recompute none", "recompute block", "recompute none, no overlap"};
+    double loss[kRuns], sample_loss[kRuns][4];
+    float *grads[kRuns];
+    size_t workspace[kRuns];
     gpu_select(0);
-    for (int i = 0; i < 2; ++i) {
+    for (int i = 0; i < kRuns; ++i) {
         workspace[i] = gpu_model_workspace_bytes_with_recompute(&m, 256, 4, 0, modes[i]);
         gpu_model *gm = gpu_model_create_with_recompute(&m, 256, 4, 0, modes[i]);
+        gpu_model_set_overlap(gm, overlap[i]);
         gpu_model_upload_weights(gm, m.weights);
         loss[i] = gpu_model_forward_backward(gm, &hb.batch, 1.0f / (float)spec.n_samples, sample_loss[i], 0);
         grads[i] = xmalloc((size_t)m.n_weights * sizeof(float));
         gpu_model_download_grads(gm, grads[i]);
         gpu_model_free(gm);
     }
-    int64_t differing = 0, nonfinite = 0;
-    double largest = 0.0;
-    for (int64_t j = 0; j < m.n_weights; ++j) {
-        if (!isfinite(grads[1][j])) ++nonfinite;
-        if (memcmp(&grads[0][j], &grads[1][j], sizeof(float)) != 0) {
-            ++differing;
-            largest = fmax(largest, fabs((double)grads[1][j] - (double)grads[0][j]));
+    for (int i = 1; i < kRuns; ++i) {
+        int64_t differing = 0, nonfinite = 0;
+        double largest = 0.0;
+        for (int64_t j = 0; j < m.n_weights; ++j) {
+            if (!isfinite(grads[i][j])) ++nonfinite;
+            if (memcmp(&grads[0][j], &grads[i][j], sizeof(float)) != 0) {
+                ++differing;
+                largest = fmax(largest, fabs((double)grads[i][j] - (double)grads[0][j]));
+            }
         }
+        printf("# %s vs %s: loss %.9g vs %.9g; %lld of %lld gradient values differ (largest by %.3e), %lld not "
+               "finite; workspace %zu vs %zu bytes\n", names[i], names[0], loss[i], loss[0], (long long)differing,
+               (long long)m.n_weights, largest, (long long)nonfinite, workspace[i], workspace[0]);
+        if (loss[i] != loss[0]) fail_msg("%s: loss %.9g, %s: %.9g", names[i], loss[i], names[0], loss[0]);
+        for (int b = 0; b < spec.n_samples; ++b)
+            if (sample_loss[i][b] != sample_loss[0][b])
+                fail_msg("%s: sample %d loss %.9g, %s: %.9g", names[i], b, sample_loss[i][b], names[0],
+                         sample_loss[0][b]);
+        if (differing > 0 || nonfinite > 0)
+            fail_msg("%s: %lld gradient values differ from %s, %lld not finite", names[i], (long long)differing,
+                     names[0], (long long)nonfinite);
     }
-    printf("# recompute block vs none: loss %.9g vs %.9g; %lld of %lld gradient values differ (largest by %.3e), "
-           "%lld not finite; workspace %zu vs %zu bytes\n", loss[1], loss[0], (long long)differing,
-           (long long)m.n_weights, largest, (long long)nonfinite, workspace[1], workspace[0]);
-    if (loss[1] != loss[0]) fail_msg("recompute block: loss %.9g, none: %.9g", loss[1], loss[0]);
-    for (int b = 0; b < spec.n_samples; ++b)
-        if (sample_loss[1][b] != sample_loss[0][b])
-            fail_msg("recompute block: sample %d loss %.9g, none: %.9g", b, sample_loss[1][b], sample_loss[0][b]);
-    if (differing > 0 || nonfinite > 0)
-        fail_msg("recompute block: %lld gradient values differ from none, %lld not finite", (long long)differing,
-                 (long long)nonfinite);
     if (!(workspace[1] < workspace[0]))
         fail_msg("recompute block: workspace %zu bytes, not less than none's %zu", workspace[1], workspace[0]);
-    free(grads[0]);
-    free(grads[1]);
+    for (int i = 0; i < kRuns; ++i) free(grads[i]);
     free_batch(&hb);
     model_free(&m);
 }
@@ -436,7 +443,7 @@ int main(void)
         cmocka_unit_test(test_packed_batch),
         cmocka_unit_test(test_sample_without_text),
         cmocka_unit_test(test_cudnn_attention),
-        cmocka_unit_test(test_recompute_block_matches_none),
+        cmocka_unit_test(test_recompute_and_overlap_match),
         cmocka_unit_test(test_grads_ready_ranges),
         cmocka_unit_test(test_wan13b_block_timing),
     };

@@ -46,6 +46,7 @@ typedef struct {
     int query_batches;     /* cuDNN's backward splits the query rows of few-key shapes (attention_cudnn_set_query_batches) */
     int gemm_autotune;     /* cuBLASLt's candidates timed on each plan's first call (gemm_set_autotune) */
     int attention_autotune; /* cuDNN's engine configurations timed once per size class (attention_cudnn_set_autotune) */
+    int overlap;           /* block: weight gradients on a stream beside the rest (gpu_model_set_overlap) */
     const char *json_path;
 } bench_options;
 
@@ -56,7 +57,7 @@ static void usage(FILE *out)
             "                   [--repeats N] [--max-vpt F,B,R] [--fwd-order chunk|interleave] [--fwd-streaming 0|1]\n"
             "                   [--fwd-stages P,R] [--fwd-bulk SLOTS,STORES]\n"
             "                   [--seq S1,S2,...] [--text-rows T] [--gemm-fused 0|1|2] [--profile-step 0|1]\n"
-            "                   [--backends own,cudnn,cudnn-tiles] [--whole-tiles 0|1]\n"
+            "                   [--backends own,cudnn,cudnn-tiles] [--whole-tiles 0|1] [--overlap 0|1]\n"
             "                   [--query-batches 0|1] [--gemm-autotune 0|1] [--attention-autotune 0|1] [--json FILE]\n"
             "  Device copy bandwidth, then the sections (default lnmod,gemm):\n"
             "  lnmod: LayerNorm-Modulate (forward, backward, gated-residual variants) on B packed samples of S rows\n"
@@ -85,7 +86,7 @@ static void usage(FILE *out)
             "    --attention-autotune 0 keeps cuDNN's heuristic engine configuration instead of the fastest of its\n"
             "    candidates timed once per size class (attention_cudnn_set_autotune; the tuned ones are listed).\n"
             "  block: one Wan-1.3B block forward+backward (GPU model, recompute none; --whole-tiles 0 turns cuDNN's\n"
-            "    zero-padded whole tiles off) on one sample of S tokens\n"
+            "    zero-padded whole tiles off, --overlap 0 the weight gradients' own stream) on one sample of S tokens\n"
             "    and T text tokens: (2-layer model step) - (1-layer model step), against the floor of its GEMMs and\n"
             "    attentions at the rates of the gemm and attention sections (which it runs too). --profile-step 1\n"
             "    then runs one more 2-layer step per S between cudaProfilerStart and cudaProfilerStop, e.g. for\n"
@@ -109,7 +110,7 @@ static bench_options parse_options(int argc, char **argv)
 {
     bench_options o = {1, 1, 0, 0, 2, 32760, 3, {1536, 3072, 5120}, 21, 10, {0, 0, 0, 0, 0, 0, 0, 0, 0},
                        4, {4096, 16384, 32760, 75600}, 512, GEMM_FUSION_DEFAULT, 0, "own,cudnn,cudnn-tiles", 1, 1,
-                       GEMM_AUTOTUNE_DEFAULT, 1, NULL};
+                       GEMM_AUTOTUNE_DEFAULT, 1, 1, NULL};
     for (int i = 1; i < argc; ++i) {
         const char *arg = argv[i];
         if (!strcmp(arg, "--help") || !strcmp(arg, "-h")) {
@@ -145,6 +146,7 @@ static bench_options parse_options(int argc, char **argv)
             o.attention_backends = value;
         }
         else if (!strcmp(arg, "--whole-tiles")) o.whole_tiles = (int)parse_long(value, arg, 0, 1);
+        else if (!strcmp(arg, "--overlap")) o.overlap = (int)parse_long(value, arg, 0, 1);
         else if (!strcmp(arg, "--query-batches")) o.query_batches = (int)parse_long(value, arg, 0, 1);
         else if (!strcmp(arg, "--gemm-autotune")) o.gemm_autotune = (int)parse_long(value, arg, 0, 1);
         else if (!strcmp(arg, "--attention-autotune")) o.attention_autotune = (int)parse_long(value, arg, 0, 1);
@@ -980,6 +982,7 @@ static void run_block_section(const bench_options *o, const gemm_results *gemm, 
         for (int l = 0; l < 2; ++l) {
             step_context step = {gpu_model_create(&layers[l], S, 1, 0), &batch, 0.0};
             gpu_model_set_cudnn_whole_tiles(step.gm, o->whole_tiles);
+            gpu_model_set_overlap(step.gm, o->overlap);
             gpu_model_upload_weights(step.gm, layers[l].weights);
             r->step_ms[si][l] = time_long_op(run_model_step, &step, o, kStepBudgetSeconds, stream);
             r->enqueue_ms[si][l] = step.enqueue_ms;
