@@ -326,7 +326,7 @@ bool add_reshape(graph_builder &g, cudnnBackendDescriptor_t x, cudnnBackendDescr
 // they build, else with the heuristics' first.
 
 constexpr int kMaxCandidates = 48;
-constexpr int64_t kMaxKnobValues = 64;  // a knob whose range has more values than this is not swept
+constexpr int64_t kMaxKnobValues = 128;  // a knob whose range has more values than this is not swept
 constexpr int kTuneRounds = 3;
 constexpr float kTuneKeep = 1.15f;
 constexpr float kTuneMargin = 0.02f;
@@ -337,12 +337,14 @@ struct tune_class {
     int direction, num_heads, head_dim, few_keys, size_log2;
     int state;  // 0: not tuned, 1: candidates built and waiting for the first call, 2: tuned
     engine_choice winner;
+    char knob_ranges[256];  // the first engine's knobs: type[lowest..highest/stride] (+ swept or - not), for the report
 };
 
 tune_class g_classes[kMaxClasses];
 int g_n_classes;
 
 struct tune_record {
+    char knob_ranges[256];  // its class's
     int direction;
     int64_t seq_len_q, seq_len_kv;
     int n_candidates;
@@ -457,8 +459,10 @@ void add_candidate(plan_entry &e, cudnnBackendDescriptor_t graph, const engine_c
 // The candidates of e (whose plan, the heuristics' first, is built): the heuristics' other configurations and
 // e's engine with each knob swept.
 void build_candidates(plan_entry &e, cudnnBackendDescriptor_t graph, const cudnnBackendDescriptor_t *configs,
-                      int64_t n_configs)
+                      int64_t n_configs, char *knob_ranges, size_t ranges_capacity)
 {
+    size_t ranges_used = 0;
+    knob_ranges[0] = '\0';
     e.candidates = static_cast<candidate *>(xcalloc(kMaxCandidates, sizeof(candidate)));
     descriptor_list scratch = {};
     for (int64_t i = 1; i < n_configs; ++i) {
@@ -483,7 +487,13 @@ void build_candidates(plan_entry &e, cudnnBackendDescriptor_t graph, const cudnn
             cudnnBackendGetAttribute(infos[i], CUDNN_ATTR_KNOB_INFO_STRIDE, CUDNN_TYPE_INT64, 1, &n, &stride))
             continue;
         if (stride < 1) stride = 1;
-        if (highest < lowest || (highest - lowest) / stride + 1 > kMaxKnobValues) continue;
+        const bool swept = highest >= lowest && (highest - lowest) / stride + 1 <= kMaxKnobValues;
+        if (ranges_used < ranges_capacity)
+            ranges_used += (size_t)snprintf(knob_ranges + ranges_used, ranges_capacity - ranges_used,
+                                            "%s%d[%lld..%lld/%lld]%c", ranges_used ? " " : "", (int)type,
+                                            (long long)lowest, (long long)highest, (long long)stride,
+                                            swept ? '+' : '-');
+        if (!swept) continue;
         for (int64_t value = lowest; value <= highest; value += stride) {
             engine_choice choice = e.choice;
             int k = 0;
@@ -549,9 +559,12 @@ void tune(plan_entry &e, cudnnBackendDescriptor_t pack, cudaStream_t stream)
     for (int c = 1; c < n; ++c)
         if (!refused[c] && (refused[best] || least_ms[c] < least_ms[best])) best = c;
     if (!refused[0] && best != 0 && least_ms[best] > (1.0f - kTuneMargin) * least_ms[0]) best = 0;
-    if (g_n_tune_records < kMaxTuneRecords)
-        g_tune_records[g_n_tune_records++] = {e.direction, e.seq_len_q, e.seq_len_kv, e.n_candidates, least_ms[0],
-                                              least_ms[best], e.choice, best > 0 ? e.candidates[best - 1].choice : e.choice};
+    if (g_n_tune_records < kMaxTuneRecords) {
+        tune_record &record = g_tune_records[g_n_tune_records++];
+        record = {{}, e.direction, e.seq_len_q, e.seq_len_kv, e.n_candidates, least_ms[0], least_ms[best], e.choice,
+                  best > 0 ? e.candidates[best - 1].choice : e.choice};
+        memcpy(record.knob_ranges, g_classes[e.tune_class].knob_ranges, sizeof record.knob_ranges);
+    }
     // e.workspace_bytes stays: the candidates need no more, and this call's buffer layout was made with it
     if (best > 0) {
         e.chosen = static_cast<candidate *>(xmalloc(sizeof(candidate)));
@@ -582,7 +595,7 @@ int tune_class_of(const plan_entry &e)
             return i;
     }
     if (g_n_classes == kMaxClasses) return -1;
-    g_classes[g_n_classes] = {e.direction, e.num_heads, e.head_dim, few_keys, size_log2, 0, {}};
+    g_classes[g_n_classes] = {e.direction, e.num_heads, e.head_dim, few_keys, size_log2, 0, {}, {}};
     return g_n_classes++;
 }
 
@@ -596,7 +609,7 @@ void apply_tuning(plan_entry &e, cudnnBackendDescriptor_t graph, const cudnnBack
     if (index < 0) return;
     tune_class &c = g_classes[index];
     if (c.state == 0) {
-        build_candidates(e, graph, configs, n_configs);
+        build_candidates(e, graph, configs, n_configs, c.knob_ranges, sizeof c.knob_ranges);
         if (e.n_candidates == 0) {
             c.state = 2;
             c.winner = e.choice;
@@ -1132,6 +1145,7 @@ extern "C" void attention_cudnn_release(void)
     memset(&g_state, 0, sizeof g_state);
     memset(g_classes, 0, sizeof g_classes);
     g_n_classes = 0;
+    g_n_tune_records = 0;
 }
 
 extern "C" void attention_cudnn_set_autotune(int autotune, int64_t least_rows)
@@ -1154,6 +1168,6 @@ extern "C" void attention_cudnn_tuning_report(FILE *out)
         print_choice(r.first);
         fprintf(out, "), kept %.3f ms (", r.best_ms);
         print_choice(r.best);
-        fprintf(out, ")\n");
+        fprintf(out, "); knobs [range/stride], + swept: %s\n", r.knob_ranges);
     }
 }
