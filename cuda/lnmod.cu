@@ -8,12 +8,10 @@
 // interleaved steps of rows, the other kernels one contiguous chunk per block). The forwards (by default, see
 // lnmod_tune) stage their rows: each row group's next row travels to shared memory by cp.async while the current
 // one is reduced, and the block keeps its sample's modulation vectors in shared memory (the staged section below
-// says why); the register forward, which loads rows straight into registers, stays selectable, and so does a bulk
-// plain forward for Hopper (sm_90+), whose rows travel whole into a ring of shared-memory slots by TMA bulk copies,
-// one per row, and may leave the same way (its section says why). The backward keeps the per-sample column sums
-// (dshift, dscale, dgate) in registers while the chunk stays inside one sample, adds the row groups up in shared
-// memory when it leaves the sample, and writes one partial per (chunk, sample) to the workspace; a last pass adds the
-// partials of each sample in chunk order.
+// says why); the register forward, which loads rows straight into registers, stays selectable. The backward keeps
+// the per-sample column sums (dshift, dscale, dgate) in registers while the chunk stays inside one sample, adds the
+// row groups up in shared memory when it leaves the sample, and writes one partial per (chunk, sample) to the
+// workspace; a last pass adds the partials of each sample in chunk order.
 #include "lnmod.h"
 
 #include <cuda_bf16.h>
@@ -134,8 +132,7 @@ struct FwdArgs {
     float eps;
     bool interleaved;                    // rows in steps interleaved across blocks, not one chunk per block
     bool streaming;                      // evict-first loads of x and stores of y
-    int stages;                          // staged kernel: rows in flight per row group (0: the register kernel);
-                                         // bulk kernel: row slots per row group
+    int stages;                          // staged kernel: rows in flight per row group (0: the register kernel)
     uint4 *x_new, *y;                    // x_new: residual variant only
     float *mean, *rstd;
 };
@@ -152,19 +149,18 @@ __device__ __forceinline__ void load_row(const uint4 *base, int64_t row, bool va
     }
 }
 
-// The end of the forward kernels for a valid row: its statistics (the group's first thread) and
-// y = (x - mean) * rstd * (1 + scale) + shift from this thread's vectors xv, where modulation(v, sc, sh) gives the
-// sample's scale (with SCALE_PLUS_ONE 1 + scale, as the staged and bulk kernels keep it) and shift of vector v, and
-// store(v, f) packs y's vector v (8 floats) and puts it where the kernel sends it (global memory, or the bulk
-// kernel's row slot). Each kernel keeps the arithmetic it had before they shared this loop (the register and staged
-// kernels compile to the same code), which matters: ptxas's register allocation is sensitive to its shape (a
-// variant that computed row * nvec here took the 6-vector register kernel from 99 registers to 80 with spills; one
-// that packed y before the register kernel's choice of store changed its code too), and an add of 1 per element
-// cost the staged kernel 3 points of copy bandwidth at D = 5120 (H200).
-template <int TPR, int VPT, bool SCALE_PLUS_ONE, class Modulation, class Store>
-__device__ __forceinline__ void store_normalized(const FwdArgs &a, int64_t row, int nvec, const uint4 (&xv)[VPT],
-                                                 float mean, float rstd, const Modulation &modulation,
-                                                 const Store &store)
+// The end of both forward kernels for a valid row (row_vec = row * nvec): its statistics (the group's first
+// thread) and y = (x - mean) * rstd * (1 + scale) + shift from this thread's vectors xv, where
+// modulation(v, sc, sh) gives the sample's scale (with SCALE_PLUS_ONE 1 + scale, as the staged kernel keeps it) and
+// shift of vector v; streaming: evict-first stores. Each kernel keeps the arithmetic it had before they shared this
+// loop (the register kernel compiles to the same machine code), which matters: ptxas's register allocation is
+// sensitive to its shape (a variant that computed row * nvec here took the 6-vector register kernel from 99
+// registers to 80 with spills), and an add of 1 per element cost the staged kernel 3 points of copy bandwidth at
+// D = 5120 (H200).
+template <int TPR, int VPT, bool SCALE_PLUS_ONE, class Modulation>
+__device__ __forceinline__ void store_normalized(const FwdArgs &a, int64_t row, int64_t row_vec, int nvec,
+                                                 const uint4 (&xv)[VPT], float mean, float rstd,
+                                                 const Modulation &modulation, bool streaming)
 {
     if (threadIdx.x == 0) {
         a.mean[row] = mean;
@@ -180,7 +176,8 @@ __device__ __forceinline__ void store_normalized(const FwdArgs &a, int64_t row, 
 #pragma unroll
             for (int j = 0; j < kVecElems; ++j)
                 f[j] = (f[j] - mean) * rstd * (SCALE_PLUS_ONE ? sc[j] : 1.0f + sc[j]) + sh[j];
-            store(v, f);
+            if (streaming) __stcs(a.y + row_vec + v, pack8(f));
+            else a.y[row_vec + v] = pack8(f);
         }
     }
 }
@@ -274,12 +271,8 @@ __global__ void __launch_bounds__(kBlockThreads) lnmod_fwd_kernel(const FwdArgs 
             const auto modulation = [&](int v, float (&sc)[kVecElems], float (&sh)[kVecElems]) {
                 load_modulation(a, mod_offset, v, sc, sh);
             };
-            const auto store = [&, streaming = a.streaming](int v, const float (&yf)[kVecElems]) {
-                if (streaming) __stcs(a.y + row_vec + v, pack8(yf));
-                else a.y[row_vec + v] = pack8(yf);
-            };
-            store_normalized<TPR, VPT, false>(a, row, nvec, xv, m.mean, rsqrtf(m.m2 / (float)a.dim + a.eps),
-                                              modulation, store);
+            store_normalized<TPR, VPT, false>(a, row, row_vec, nvec, xv, m.mean,
+                                              rsqrtf(m.m2 / (float)a.dim + a.eps), modulation, a.streaming);
         }
         if constexpr (kPrefetch)
 #pragma unroll
@@ -378,22 +371,6 @@ __device__ __forceinline__ void staged8(const float4 *staged, int which, int nve
     const float4 lo = staged[(2 * which) * nvec + v], hi = staged[(2 * which + 1) * nvec + v];
     f[0] = lo.x; f[1] = lo.y; f[2] = lo.z; f[3] = lo.w;
     f[4] = hi.x; f[5] = hi.y; f[6] = hi.z; f[7] = hi.w;
-}
-
-// (1 + scale) and shift of vector `v` of a row's sample: staged (from_staged), or (a row past the end of the staged
-// sample) from global memory at mod_offset.
-__device__ __forceinline__ void staged_or_global_modulation(const FwdArgs &a, const float4 *staged, bool from_staged,
-                                                            int nvec, int64_t mod_offset, int v,
-                                                            float (&scale1)[kVecElems], float (&sh)[kVecElems])
-{
-    if (from_staged) {
-        staged8(staged, 0, nvec, v, scale1);
-        staged8(staged, 1, nvec, v, sh);
-    } else {
-        load_modulation(a, mod_offset, v, scale1, sh);
-#pragma unroll
-        for (int j = 0; j < kVecElems; ++j) scale1[j] += 1.0f;
-    }
 }
 
 // Stage sample `sample`'s modulation vectors (every thread of the block takes part).
@@ -511,240 +488,18 @@ __global__ void __launch_bounds__(kBlockThreads, RESIDUAL ? 3 : 4) lnmod_fwd_sta
         const float rstd = rsqrtf(group_sum<TPR>(m2, warp_sums + kBlockThreads / 32) / (float)a.dim + a.eps);
         if (valid) {
             const auto modulation = [&](int v, float (&scale1)[kVecElems], float (&sh)[kVecElems]) {
-                staged_or_global_modulation(a, staged, from_staged, nvec, mod_offset, v, scale1, sh);
+                if (from_staged) {
+                    staged8(staged, 0, nvec, v, scale1);
+                    staged8(staged, 1, nvec, v, sh);
+                } else {
+                    load_modulation(a, mod_offset, v, scale1, sh);
+#pragma unroll
+                    for (int j = 0; j < kVecElems; ++j) scale1[j] += 1.0f;
+                }
             };
-            const auto store = [&](int v, const float (&yf)[kVecElems]) { a.y[row_vec + v] = pack8(yf); };
-            store_normalized<TPR, VPT, true>(a, row, nvec, xv, mean, rstd, modulation, store);
+            store_normalized<TPR, VPT, true>(a, row, row_vec, nvec, xv, mean, rstd, modulation, false);
         }
     }
-}
-
-// ---- forward, bulk (lnmod_tune's fwd_stages = LNMOD_FWD_BULK_KERNEL; plain forward, sm_90 and later) --------
-// Hopper's bulk copy engine (TMA, 1-D) brings whole rows into shared memory. Each row group owns a ring of `slots`
-// row slots (a.stages), each with an mbarrier; the group's first thread issues one cp.async.bulk per row (dim * 2
-// bytes, completing on the slot's barrier) `slots` rows ahead, and the group's threads wait on the barrier's phase
-// parity. Against the staged kernel's one cp.async of 16 bytes per thread and vector this issues one instruction
-// per row instead of nvec, holds several rows per group in flight without a register or a load queue entry per
-// vector, and the first rows are on their way before the block looks up its sample and stages the modulation.
-// The rest is the staged kernel's: (1 + scale) and shift of the block's sample in shared memory, x in registers,
-// the statistics in two group_sum butterflies. y leaves either by 16-byte stores from registers or (BULK_STORE)
-// written over its row's slot and sent by one bulk copy per row from shared memory; a slot then stays busy until
-// that store has read it, so one row fewer is in flight. Rows are dealt as in the staged kernel: by default in
-// interleaved steps, which give every row group the floor or the ceiling of an equal share (as fine as whole rows
-// allow), or in chunks. A global row counter would need a reset per call (a memset launch, and the gaps between
-// launches are part of the fixed cost this kernel is after) and would break the block-uniform steps that the
-// modulation staging relies on.
-
-constexpr int kMaxBulkSlots = LNMOD_FWD_MAX_BULK_SLOTS, kDefaultBulkSlots = 2;
-
-// The bulk copies and their mbarriers exist from sm_90 on; device code for older GPUs gets neither, and its bulk
-// kernel only traps (it is never launched: bulk_slots_that_fit sees the architecture, and the staged kernel runs).
-#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
-#define LNMOD_BULK_COPIES 1
-
-__device__ __forceinline__ unsigned shared_address(const void *p)
-{
-    return (unsigned)__cvta_generic_to_shared(p);
-}
-
-// An mbarrier expecting one arrival per phase: the thread that issues the slot's copy (its bytes complete it).
-__device__ __forceinline__ void slot_barrier_init(uint64_t *barrier)
-{
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(shared_address(barrier)) : "memory");
-}
-
-// Makes this thread's mbarrier initialisations visible to the bulk copies (the async proxy).
-__device__ __forceinline__ void slot_barrier_init_fence()
-{
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-}
-
-// Copy `bytes` (a multiple of 16, both addresses 16-byte aligned) from global `src` to shared `dst`; the current
-// phase of `barrier` completes when they have landed.
-__device__ __forceinline__ void bulk_load(void *dst, const void *src, unsigned bytes, uint64_t *barrier)
-{
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(shared_address(barrier)), "r"(bytes)
-                 : "memory");
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
-                 ::"r"(shared_address(dst)), "l"(__cvta_generic_to_global(src)), "r"(bytes), "r"(shared_address(barrier))
-                 : "memory");
-}
-
-// Wait until the phase of `barrier` with this parity has completed.
-__device__ __forceinline__ void slot_barrier_wait(uint64_t *barrier, unsigned parity)
-{
-    unsigned done;
-    do {
-        asm volatile("{\n.reg .pred complete;\nmbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
-                     "selp.u32 %0, 1, 0, complete;\n}\n"
-                     : "=r"(done)
-                     : "r"(shared_address(barrier)), "r"(parity)
-                     : "memory");
-    } while (!done);
-}
-
-// Makes this thread's writes to shared memory visible to bulk copies issued after a barrier.
-__device__ __forceinline__ void shared_writes_to_async_proxy()
-{
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
-
-// Copy `bytes` from shared `src` to global `dst` as one bulk group of this thread.
-__device__ __forceinline__ void bulk_store(void *dst, const void *src, unsigned bytes)
-{
-    asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(__cvta_generic_to_global(dst)),
-                 "r"(shared_address(src)), "r"(bytes)
-                 : "memory");
-    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
-}
-
-// Wait until all but this thread's newest bulk store have read their shared memory.
-__device__ __forceinline__ void bulk_store_wait_read_all_but_newest()
-{
-    asm volatile("cp.async.bulk.wait_group.read 1;\n" ::: "memory");
-}
-
-// Wait until this thread's bulk stores have completed.
-__device__ __forceinline__ void bulk_store_wait_all()
-{
-    asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
-}
-#endif
-
-// Every thread of this thread's row group has arrived (a warp, or the group's named barrier).
-template <int TPR>
-__device__ __forceinline__ void group_sync()
-{
-    if constexpr (TPR > 32) group_barrier<TPR>();
-    else __syncwarp();
-}
-
-// Dynamic shared memory of the bulk kernel: the row groups' rings [kBlockThreads / tpr][slots][dim] bf16, the staged
-// modulation and warp sums (as in the staged kernel), one mbarrier (8 bytes) per slot.
-constexpr size_t bulk_shared_bytes(int tpr, int dim, int slots)
-{
-    return (size_t)(kBlockThreads / tpr) * slots * ((size_t)dim / kVecElems * sizeof(uint4) + sizeof(uint64_t)) +
-           staged_fixed_bytes(false, dim);
-}
-
-template <int TPR, int VPT, bool BULK_STORE>
-__global__ void __launch_bounds__(kBlockThreads, 4) lnmod_fwd_bulk_kernel(const FwdArgs a)
-{
-#ifndef LNMOD_BULK_COPIES
-    __trap();
-#else
-    constexpr int kRows = kBlockThreads / TPR, kWarps = TPR / 32;
-    extern __shared__ uint4 bulk_shared[];
-    const int nvec = a.dim / kVecElems, slots = a.stages;
-    const unsigned row_bytes = (unsigned)(nvec * sizeof(uint4));
-    uint4 *const my_ring = bulk_shared + threadIdx.y * slots * nvec;  // [slots][nvec]
-    float4 *const staged = reinterpret_cast<float4 *>(bulk_shared + kRows * slots * nvec);
-    float *const all_warp_sums = reinterpret_cast<float *>(staged + 2 * 2 * nvec);
-    float *const warp_sums = all_warp_sums + threadIdx.y * kWarps;
-    uint64_t *const my_barriers =
-        reinterpret_cast<uint64_t *>(all_warp_sums + 2 * (kBlockThreads / 32)) + threadIdx.y * slots;
-    const int64_t stride = a.interleaved ? (int64_t)gridDim.x * kRows : kRows;
-    const int64_t begin = a.interleaved ? (int64_t)blockIdx.x * kRows : (int64_t)blockIdx.x * a.rows_per_block;
-    const int64_t end = a.interleaved ? a.n_rows : min(begin + a.rows_per_block, a.n_rows);
-    if (begin >= end) return;
-
-    // The row of step k of this group goes to slot k % slots, whose barrier completes its phase k / slots then.
-    // Rows in flight ahead of the current one: one per slot, one fewer where a slot holds its row's y until the
-    // bulk store has read it.
-    const int ahead = BULK_STORE ? slots - 1 : slots;
-    const bool issuer = threadIdx.x == 0;  // the thread of the row group that issues its bulk copies
-    if (issuer) {
-        for (int s = 0; s < slots; ++s) slot_barrier_init(my_barriers + s);
-        slot_barrier_init_fence();
-        for (int k = 0; k < ahead; ++k) {
-            const int64_t row = begin + k * stride + threadIdx.y;
-            if (row < end) bulk_load(my_ring + k * nvec, a.x + row * nvec, row_bytes, my_barriers + k);
-        }
-    }
-    // The first step stages the modulation between two __syncthreads, which also publish the barriers'
-    // initialisation to the group before any of its threads waits on them.
-    int block_sample = sample_of_row(a.row_start, a.n_samples, begin), staged_sample = -1, slot = 0;
-    unsigned parity = 0;  // of the ring's current pass
-    for (int64_t base = begin; base < end; base += stride) {
-        advance_sample(a.row_start, a.n_samples, base, block_sample);
-        if (block_sample != staged_sample) {  // block-uniform
-            __syncthreads();  // every row of the block is done with the vectors staged before
-            stage_modulation<false>(a, block_sample, nvec, staged);
-            __syncthreads();
-            staged_sample = block_sample;
-        }
-        const int64_t row = base + threadIdx.y;
-        const bool valid = row < end;  // uniform in the group; once false, false for the group's later steps
-        int sample = block_sample;
-        if (valid) advance_sample(a.row_start, a.n_samples, row, sample);
-        const bool from_staged = sample == staged_sample;  // else (a row past a sample end) read global memory
-        const int64_t row_vec = row * nvec, mod_offset = (int64_t)sample * a.dim;
-        uint4 *const row_slot = my_ring + slot * nvec;
-        // The row `ahead` steps on goes to the slot the ring reaches then: this one (the default, once every thread
-        // has read it), or with bulk stores the previous one (once its store has read it).
-        const auto load_ahead = [&] {
-            const int64_t next = row + ahead * stride;
-            const int next_slot = slot + ahead < slots ? slot + ahead : slot + ahead - slots;
-            if (issuer && next < end) {
-                if constexpr (BULK_STORE) bulk_store_wait_read_all_but_newest();
-                bulk_load(my_ring + next_slot * nvec, a.x + next * nvec, row_bytes, my_barriers + next_slot);
-            }
-        };
-
-        if (valid) slot_barrier_wait(my_barriers + slot, parity);
-        uint4 xv[VPT];
-        float sum = 0.0f;
-#pragma unroll
-        for (int i = 0; i < VPT; ++i) {
-            const int v = threadIdx.x + i * TPR;
-            if (valid && v < nvec) {
-                xv[i] = row_slot[v];
-                float xf[kVecElems];
-                unpack8(xv[i], xf);
-#pragma unroll
-                for (int j = 0; j < kVecElems; ++j) sum += xf[j];
-            }
-        }
-        const float mean = group_sum<TPR>(sum, warp_sums) / (float)a.dim;
-        if constexpr (!BULK_STORE) {
-            // The mean holds every thread's sum of what it read from the slot (and, wider than a warp, the group
-            // met at its barrier): the slot is free.
-            computed_before_next_asm(mean);
-            load_ahead();
-        }
-        float m2 = 0.0f;
-#pragma unroll
-        for (int i = 0; i < VPT; ++i) {
-            const int v = threadIdx.x + i * TPR;
-            if (valid && v < nvec) {
-                float f[kVecElems];
-                unpack8(xv[i], f);
-#pragma unroll
-                for (int j = 0; j < kVecElems; ++j) m2 += (f[j] - mean) * (f[j] - mean);
-            }
-        }
-        const float rstd = rsqrtf(group_sum<TPR>(m2, warp_sums + kBlockThreads / 32) / (float)a.dim + a.eps);
-        if (valid) {
-            const auto modulation = [&](int v, float (&scale1)[kVecElems], float (&sh)[kVecElems]) {
-                staged_or_global_modulation(a, staged, from_staged, nvec, mod_offset, v, scale1, sh);
-            };
-            if constexpr (BULK_STORE) {
-                // Each thread writes y over the vectors of x it read; the group's writes then leave in one copy.
-                const auto store = [&](int v, const float (&yf)[kVecElems]) { row_slot[v] = pack8(yf); };
-                store_normalized<TPR, VPT, true>(a, row, nvec, xv, mean, rstd, modulation, store);
-                shared_writes_to_async_proxy();
-                group_sync<TPR>();
-                if (issuer) bulk_store(a.y + row_vec, row_slot, row_bytes);
-            } else {
-                const auto store = [&](int v, const float (&yf)[kVecElems]) { a.y[row_vec + v] = pack8(yf); };
-                store_normalized<TPR, VPT, true>(a, row, nvec, xv, mean, rstd, modulation, store);
-            }
-        }
-        if constexpr (BULK_STORE) load_ahead();
-        if (++slot == slots) slot = 0, parity ^= 1u;
-    }
-    if (BULK_STORE && issuer) bulk_store_wait_all();  // the ring stays until the last store has read it
-#endif
 }
 
 // ---- backward ------------------------------------------------------------------------------------
@@ -988,10 +743,6 @@ int g_fwd_stages[2] = {kDefaultFwdStages, kDefaultFwdStages};
 int g_fwd_vpt_limit[2] = {kStagedFwdVpt, kFwdMaxVpt};
 int g_bwd_vpt_limit[2] = {kBwdMaxVpt, kResidualBwdMaxVpt};
 bool g_fwd_interleaved = true, g_fwd_streaming = false;
-// The plain forward's bulk kernel: the row slots requested per row group (0: not that kernel; the plain forward then
-// runs what g_fwd_stages[0] says, which is also the fallback) and whether y leaves by bulk stores.
-int g_fwd_bulk_slots = 0;
-bool g_fwd_bulk_stores = false;
 
 // Row-group width and vectors per thread for a row of `dim`: the narrowest group (a warp first) whose
 // threads hold at most `limit` vectors each, else the widest group (256 threads, at most 4 vectors).
@@ -1064,52 +815,15 @@ int staged_stages_that_fit(bool residual, int vpt, int dim, int requested)
     return stages;
 }
 
-// The least row slots of the bulk kernel: one, two with bulk stores (a slot holds its row's y while it is stored).
-int bulk_least_slots(bool bulk_stores)
-{
-    return bulk_stores ? 2 : 1;
-}
-
-// How many of the `requested` row slots of the bulk kernel fit in a block's shared memory on the current device,
-// from `least` down (H100/H200's 227 KiB hold the default 2 slots at any dim, and 8 slots at 256-thread row groups
-// up to LNMOD_MAX_DIM); 0 where not even `least` fit, or where this build's bulk kernel lacks the bulk copies (its
-// device code was compiled for an architecture before sm_90).
-int bulk_slots_that_fit(int tpr, int dim, int requested, int least)
-{
-    static int compiled_arch = 0;  // the virtual architecture of the bulk kernel's device code, as 10 * major + minor
-    if (compiled_arch == 0) {
-        cudaFuncAttributes attributes;
-        CUDA_CHECK(cudaFuncGetAttributes(&attributes, lnmod_fwd_bulk_kernel<32, 1, false>));
-        compiled_arch = attributes.ptxVersion;
-    }
-    if (compiled_arch < 90) return 0;
-    const int shared_max = gpu_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin);
-    int slots = requested;
-    while (slots >= least && bulk_shared_bytes(tpr, dim, slots) > (size_t)shared_max) --slots;
-    return slots >= least ? slots : 0;
-}
-
 template <bool RESIDUAL>
 struct FwdOp {
     FwdArgs args;
     cudaStream_t stream;
-    int bulk_slots;    // the plain forward: row slots per row group asked of the bulk kernel (0: not that kernel)
-    bool bulk_stores;  // and whether y leaves it by bulk stores
-    // The bulk kernel where asked for, with as many of the requested slots as fit; else (or where none fit) the
-    // staged kernel with as many of the requested stages as fit; else the register kernel (lnmod_fwd_plan_for
-    // says the same).
+    // The staged kernel with as many of the requested stages as fit (lnmod_fwd_plan_for says the same), else
+    // the register kernel.
     template <int TPR, int VPT>
     void run()
     {
-        if constexpr (!RESIDUAL) {
-            const int slots =
-                bulk_slots > 0 ? bulk_slots_that_fit(TPR, args.dim, bulk_slots, bulk_least_slots(bulk_stores)) : 0;
-            if (slots > 0) {
-                if (bulk_stores) run_bulk<TPR, VPT, true>(slots);
-                else run_bulk<TPR, VPT, false>(slots);
-                return;
-            }
-        }
         if (args.stages > 0) args.stages = staged_stages_that_fit(RESIDUAL, VPT, args.dim, args.stages);
         if (args.stages > 0) run_staged<TPR, VPT>();
         else run_registers<TPR, VPT>();
@@ -1132,27 +846,9 @@ struct FwdOp {
     void run_staged()
     {
         static int occupancy = 0;
-        static size_t occupancy_bytes = 0;
+        static size_t occupancy_bytes = 0;  // the dynamic shared memory `occupancy` was found for
+        auto kernel = lnmod_fwd_staged_kernel<TPR, VPT, RESIDUAL>;
         const size_t bytes = staged_fixed_bytes(RESIDUAL, args.dim) + args.stages * staged_slot_bytes(RESIDUAL, VPT);
-        launch_with_shared<TPR>(lnmod_fwd_staged_kernel<TPR, VPT, RESIDUAL>, bytes, occupancy, occupancy_bytes);
-    }
-
-    // The bulk kernel with `slots` row slots per row group, which fit (bulk_slots_that_fit).
-    template <int TPR, int VPT, bool BULK_STORE>
-    void run_bulk(int slots)
-    {
-        static int occupancy = 0;
-        static size_t occupancy_bytes = 0;
-        args.stages = slots;
-        launch_with_shared<TPR>(lnmod_fwd_bulk_kernel<TPR, VPT, BULK_STORE>, bulk_shared_bytes(TPR, args.dim, slots),
-                                occupancy, occupancy_bytes);
-    }
-
-    // Launch `kernel` on a persistent grid with `bytes` of dynamic shared memory; occupancy, occupancy_bytes: the
-    // kernel's blocks per SM as last found, and the dynamic shared memory they were found for.
-    template <int TPR, class Kernel>
-    void launch_with_shared(Kernel kernel, size_t bytes, int &occupancy, size_t &occupancy_bytes)
-    {
         if (bytes != occupancy_bytes) {
             CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
             CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
@@ -1238,16 +934,9 @@ size_t bwd_workspace_bytes(int64_t n_rows, int dim, int n_samples, bool residual
 
 extern "C" void lnmod_tune(const lnmod_tuning *tuning)
 {
-    const lnmod_tuning defaults = {0, 0, 0, 0, 0, 0, 0, 0, 0};
+    const lnmod_tuning defaults = {0, 0, 0, 0, 0, 0, 0};
     const lnmod_tuning *t = tuning ? tuning : &defaults;
-    ALDIT_CHECK(t->residual_fwd_stages != LNMOD_FWD_BULK_KERNEL,
-                "lnmod_tune: residual_fwd_stages = LNMOD_FWD_BULK_KERNEL (%d): the bulk kernel is plain-forward only",
-                LNMOD_FWD_BULK_KERNEL);
-    const bool bulk = t->fwd_stages == LNMOD_FWD_BULK_KERNEL;
-    g_fwd_bulk_stores = bulk && t->fwd_bulk_stores != 0;
-    const int bulk_slots = t->fwd_bulk_slots <= 0 ? kDefaultBulkSlots : min(t->fwd_bulk_slots, kMaxBulkSlots);
-    g_fwd_bulk_slots = bulk ? max(bulk_slots, bulk_least_slots(g_fwd_bulk_stores)) : 0;
-    const int stages[2] = {bulk ? 0 : t->fwd_stages, t->residual_fwd_stages};  // the bulk kernel's fallback: the default
+    const int stages[2] = {t->fwd_stages, t->residual_fwd_stages};
     for (int k = 0; k < 2; ++k)
         g_fwd_stages[k] = stages[k] < 0 ? 0 : stages[k] == 0 ? kDefaultFwdStages : min(stages[k], kMaxFwdStages);
     // A requested limit of 0 (or less) is the default, one above the compiled maximum that maximum.
@@ -1266,12 +955,8 @@ extern "C" lnmod_fwd_plan lnmod_fwd_plan_for(int dim, int residual)
 {
     const int k = residual ? 1 : 0;
     const RowShape shape = row_shape(dim, g_fwd_vpt_limit[k], "lnmod_fwd_plan_for");
-    if (k == 0 && g_fwd_bulk_slots > 0) {
-        const int slots = bulk_slots_that_fit(shape.tpr, dim, g_fwd_bulk_slots, bulk_least_slots(g_fwd_bulk_stores));
-        if (slots > 0) return {LNMOD_FWD_BULK_KERNEL, shape.tpr, shape.vpt, slots};
-    }
     const int stages = g_fwd_stages[k] > 0 ? staged_stages_that_fit(k == 1, shape.vpt, dim, g_fwd_stages[k]) : 0;
-    return {stages > 0 ? stages : LNMOD_FWD_REGISTER_KERNEL, shape.tpr, shape.vpt, 0};
+    return {stages > 0 ? stages : LNMOD_FWD_REGISTER_KERNEL, shape.tpr, shape.vpt};
 }
 
 extern "C" void lnmod_fwd(const gpu_bf16 *x, int64_t n_rows, int dim, const int64_t *row_start, int n_samples,
@@ -1291,7 +976,7 @@ extern "C" void lnmod_fwd(const gpu_bf16 *x, int64_t n_rows, int dim, const int6
     args.n_samples = n_samples, args.dim = dim, args.n_rows = n_rows, args.eps = eps;
     args.y = reinterpret_cast<uint4 *>(y), args.mean = mean, args.rstd = rstd;
     args.interleaved = g_fwd_interleaved, args.streaming = g_fwd_streaming, args.stages = g_fwd_stages[0];
-    FwdOp<false> op = {args, stream, g_fwd_bulk_slots, g_fwd_bulk_stores};
+    FwdOp<false> op = {args, stream};
     dispatch<kFwdMaxVpt>(shape, op);
 }
 
@@ -1314,7 +999,7 @@ extern "C" void lnmod_residual_fwd(const gpu_bf16 *x, const gpu_bf16 *y_prev, in
     args.n_samples = n_samples, args.dim = dim, args.n_rows = n_rows, args.eps = eps;
     args.x_new = reinterpret_cast<uint4 *>(x_new), args.y = reinterpret_cast<uint4 *>(y);
     args.mean = mean, args.rstd = rstd, args.stages = g_fwd_stages[1];
-    FwdOp<true> op = {args, stream, 0, false};
+    FwdOp<true> op = {args, stream};
     dispatch<kFwdMaxVpt>(shape, op);
 }
 

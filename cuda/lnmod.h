@@ -58,56 +58,40 @@ void lnmod_residual_bwd(const gpu_bf16 *x_new, const gpu_bf16 *y_prev, const gpu
                         float *dgate, void *workspace, cudaStream_t stream);
 
 /* Tuning knobs (aldit-bench --max-vpt, --fwd-order, --fwd-streaming, --fwd-stages); zeros are the defaults.
-   The plain forward runs one of three kernels, the residual forward one of the first two:
+   The plain and the residual forward each run one of two kernels:
    - the staged kernel (the default of both, 1 stage): each row group's next rows travel to shared memory by
      cp.async while the current row is reduced from registers, and the block keeps its current sample's
      modulation vectors in shared memory. fwd_stages, residual_fwd_stages: 0 = the default, 1 stage; 1 to
      LNMOD_FWD_MAX_STAGES = that many rows in flight per row group (larger values mean the maximum; fewer where a
      block's shared memory is short, and the register kernel where not even one stage fits);
    - the register kernel: rows are loaded into registers (the plain one with the next row in flight);
-     fwd_stages / residual_fwd_stages = LNMOD_FWD_REGISTER_KERNEL selects it (so does any negative value other
-     than LNMOD_FWD_BULK_KERNEL);
-   - the bulk kernel (plain forward only, Hopper and later): fwd_stages = LNMOD_FWD_BULK_KERNEL. Whole rows travel
-     to shared memory by bulk copies (TMA), one per row issued by one thread of the row group, into a ring of
-     fwd_bulk_slots row slots per row group (0 = the default, 2; at most LNMOD_FWD_MAX_BULK_SLOTS; fewer where a
-     block's shared memory is short, the staged kernel's default where not even the least fits or where the
-     library was compiled for an older GPU). fwd_bulk_stores: 0 = y leaves by 16-byte stores from registers, with
-     `slots` rows in flight per row group; 1 = y is written over its row's slot and leaves by one bulk copy per
-     row, with slots - 1 rows in flight (at least 2 slots: a request of 1 means 2). The residual forward has no
-     bulk kernel: residual_fwd_stages = LNMOD_FWD_BULK_KERNEL is an error. fwd_bulk_slots and fwd_bulk_stores
-     mean nothing to the other kernels.
+     fwd_stages / residual_fwd_stages = LNMOD_FWD_REGISTER_KERNEL (any negative value) selects it.
    max_vpt_*: the most 16-byte vectors of a row one thread holds in the forward kernels (plain and residual
    alike), the plain backward and the residual backward; lower limits spread a row over wider thread groups (32,
-   64, 128, 256 threads). 0 = the default: 4 for the plain forward's staged and bulk kernels (measured fastest on
-   an H200 for the staged one, docs/PERFORMANCE.md table 3b; more vectors spill under its 64-register bound), 8
-   for the register kernels and the residual forward's staged kernel, 5 for the backward, 4 for the residual
-   backward; these are also the maxima (8 for the forward), larger values mean the maximum.
+   64, 128, 256 threads). 0 = the default: 4 for the plain forward's staged kernel (measured fastest on an H200,
+   docs/PERFORMANCE.md table 3b; more vectors spill under its 64-register bound), 8 for the register kernels and
+   the residual forward's staged kernel, 5 for the backward, 4 for the residual backward; these are also the
+   maxima (8 for the forward), larger values mean the maximum.
    fwd_chunked: the plain forward's blocks each take one contiguous chunk of rows instead of interleaved steps of
    rows (the default; the residual forward and the backward always use chunks).
    fwd_streaming: the plain register kernel loads x and stores y with evict-first cache hints (measured no faster
-   on an H200; docs/PERFORMANCE.md); the staged and bulk kernels ignore it.
+   on an H200; docs/PERFORMANCE.md); the staged kernel ignores it.
    Set before launching, from one thread. */
 #define LNMOD_FWD_REGISTER_KERNEL (-1)
-#define LNMOD_FWD_BULK_KERNEL (-2)
 #define LNMOD_FWD_MAX_STAGES 3
-#define LNMOD_FWD_MAX_BULK_SLOTS 8
 typedef struct {
     int max_vpt_fwd, max_vpt_bwd, max_vpt_residual_bwd;
     int fwd_chunked, fwd_streaming;
     int fwd_stages, residual_fwd_stages;
-    int fwd_bulk_slots, fwd_bulk_stores;
 } lnmod_tuning;
 void lnmod_tune(const lnmod_tuning *tuning); /* NULL restores the defaults */
 
 /* The kernel that lnmod_fwd (residual = 0) or lnmod_residual_fwd (residual = 1) runs on rows of `dim` under the
-   current tuning on the current device: stages is LNMOD_FWD_REGISTER_KERNEL for the register kernel,
-   LNMOD_FWD_BULK_KERNEL for the bulk kernel (bulk_slots: its row slots per row group, after the shared-memory
-   fallback; 0 for the other kernels), else the staged kernel's rows in flight (after the shared-memory fallback);
-   the row-group width (threads) and the 16-byte vectors each of its threads holds. For logs, aldit-bench and
-   tests. */
+   current tuning on the current device: stages is LNMOD_FWD_REGISTER_KERNEL for the register kernel, else the
+   staged kernel's rows in flight (after the shared-memory fallback); the row-group width (threads) and the
+   16-byte vectors each of its threads holds. For logs, aldit-bench and tests. */
 typedef struct {
     int stages, threads_per_row, vectors_per_thread;
-    int bulk_slots;
 } lnmod_fwd_plan;
 lnmod_fwd_plan lnmod_fwd_plan_for(int dim, int residual);
 

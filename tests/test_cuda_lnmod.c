@@ -258,46 +258,23 @@ static void test_many_samples(void **state)
     }
 }
 
-/* Whether the current GPU runs the bulk forward kernel (sm_90 and later; the library is built for sm_90). */
-static int gpu_has_bulk_copies(void)
-{
-    return gpu_attribute(cudaDevAttrComputeCapabilityMajor) >= 9;
-}
-
 /* What lnmod_fwd_plan_for reports under `tuning` for rows of `dim`: the register kernel exactly where the tuning
-   asks for it; the bulk kernel where the plain forward asks for it (on an older GPU the staged kernel's default, 1
-   stage), with 1 (2 with bulk stores) to the requested slots (2 for the default, 0), and no slots for the other
-   kernels; else the staged kernel with 1 to the requested stages (1 for the default, 0); a row group of 32 to 256
-   threads that covers the row, each thread holding at most the tuning's limit of vectors (4 in the plain staged
-   and bulk forwards and 8 elsewhere by default; up to 4 in 256-thread groups, which take any row), and no narrower
+   asks for it, else the staged kernel with 1 to the requested stages (1 for the default, 0); a row group of 32 to
+   256 threads that covers the row, each thread holding at most the tuning's limit of vectors (4 in the plain
+   staged forward and 8 elsewhere by default; up to 4 in 256-thread groups, which take any row), and no narrower
    group would do. */
 static void check_plan(const lnmod_tuning *tuning, int dim, int residual)
 {
     const lnmod_fwd_plan plan = lnmod_fwd_plan_for(dim, residual);
     const int requested = residual ? tuning->residual_fwd_stages : tuning->fwd_stages;
     const char *what = residual ? "residual_fwd" : "fwd";
-    const int bulk = requested == LNMOD_FWD_BULK_KERNEL;
-    if (bulk && gpu_has_bulk_copies()) {
-        const int least = tuning->fwd_bulk_stores ? 2 : 1;
-        int asked = tuning->fwd_bulk_slots <= 0 ? 2 : tuning->fwd_bulk_slots;
-        if (asked > LNMOD_FWD_MAX_BULK_SLOTS) asked = LNMOD_FWD_MAX_BULK_SLOTS;
-        if (asked < least) asked = least;
-        if (plan.stages != LNMOD_FWD_BULK_KERNEL || plan.bulk_slots < least || plan.bulk_slots > asked)
-            fail_msg("%s plan (D=%d): %d stages, %d bulk slots; the bulk kernel with %d to %d slots was asked for",
-                     what, dim, plan.stages, plan.bulk_slots, least, asked);
-    } else if (bulk) {
-        if (plan.stages != 1 || plan.bulk_slots != 0)
-            fail_msg("%s plan (D=%d): %d stages, %d bulk slots; the staged default on a GPU without bulk copies", what,
-                     dim, plan.stages, plan.bulk_slots);
-    } else if (plan.bulk_slots != 0) {
-        fail_msg("%s plan (D=%d): %d bulk slots, the bulk kernel was not asked for", what, dim, plan.bulk_slots);
-    } else if (requested < 0) {
+    if (requested < 0) {
         if (plan.stages != LNMOD_FWD_REGISTER_KERNEL)
             fail_msg("%s plan (D=%d): %d stages, the register kernel was asked for", what, dim, plan.stages);
     } else if (plan.stages < 1 || plan.stages > (requested == 0 ? 1 : requested)) {
         fail_msg("%s plan (D=%d): %d stages for %d asked", what, dim, plan.stages, requested);
     }
-    const int default_limit = !residual && (requested >= 0 || bulk) ? 4 : 8;
+    const int default_limit = !residual && requested >= 0 ? 4 : 8;
     const int limit = tuning->max_vpt_fwd <= 0 ? default_limit : tuning->max_vpt_fwd < 8 ? tuning->max_vpt_fwd : 8;
     const int tpr = plan.threads_per_row, vpt = plan.vectors_per_thread, nvec = dim / 8;
     /* (the last test: half as many threads would hold at most `limit` vectors each) */
@@ -308,8 +285,7 @@ static void check_plan(const lnmod_tuning *tuning, int dim, int residual)
 }
 
 /* The defaults: the staged kernel with 1 stage for both forwards, the plain one at most 4 vectors a thread, the
-   residual one 8 (lnmod.h); also what lnmod_tune(NULL) restores after other settings (the register kernel, the bulk
-   kernel). */
+   residual one 8 (lnmod.h); also what lnmod_tune(NULL) restores after another setting. */
 static void test_default_plans(void **state)
 {
     (void)state;
@@ -317,11 +293,10 @@ static void test_default_plans(void **state)
         int dim, residual;
         lnmod_fwd_plan plan;
     } expected[] = {
-        {1536, 0, {1, 64, 3, 0}}, {3072, 0, {1, 128, 3, 0}}, {5120, 0, {1, 256, 3, 0}},
-        {1536, 1, {1, 32, 6, 0}}, {3072, 1, {1, 64, 6, 0}},  {5120, 1, {1, 128, 5, 0}},
+        {1536, 0, {1, 64, 3}}, {3072, 0, {1, 128, 3}}, {5120, 0, {1, 256, 3}},
+        {1536, 1, {1, 32, 6}}, {3072, 1, {1, 64, 6}},  {5120, 1, {1, 128, 5}},
     };
-    const lnmod_tuning registers = {0, 0, 0, 0, 0, LNMOD_FWD_REGISTER_KERNEL, LNMOD_FWD_REGISTER_KERNEL, 0, 0};
-    const lnmod_tuning bulk = {0, 0, 0, 0, 0, LNMOD_FWD_BULK_KERNEL, 0, 0, 0};
+    const lnmod_tuning registers = {0, 0, 0, 0, 0, LNMOD_FWD_REGISTER_KERNEL, LNMOD_FWD_REGISTER_KERNEL};
     for (int round = 0; round < 2; ++round) {
         for (size_t k = 0; k < sizeof expected / sizeof expected[0]; ++k) {
             const lnmod_fwd_plan got = lnmod_fwd_plan_for(expected[k].dim, expected[k].residual);
@@ -339,17 +314,6 @@ static void test_default_plans(void **state)
         assert_int_equal(residual.stages, LNMOD_FWD_REGISTER_KERNEL);
         assert_int_equal(plain.threads_per_row, 32);
         assert_int_equal(plain.vectors_per_thread, 6);
-        /* The bulk kernel at its defaults: 2 slots, the staged kernel's row groups; the residual forward unchanged. */
-        lnmod_tune(&bulk);
-        const lnmod_fwd_plan bulk_plain = lnmod_fwd_plan_for(1536, 0), bulk_residual = lnmod_fwd_plan_for(1536, 1);
-        if (gpu_has_bulk_copies()) {
-            assert_int_equal(bulk_plain.stages, LNMOD_FWD_BULK_KERNEL);
-            assert_int_equal(bulk_plain.bulk_slots, 2);
-        }
-        assert_int_equal(bulk_plain.threads_per_row, 64);
-        assert_int_equal(bulk_plain.vectors_per_thread, 3);
-        assert_int_equal(bulk_residual.stages, 1);
-        assert_int_equal(bulk_residual.threads_per_row, 32);
         lnmod_tune(NULL);
     }
 }
@@ -358,24 +322,17 @@ static void test_default_plans(void **state)
    at its default and lower vectors-per-thread limits (the other row-group shapes: 64 and 256 threads, fewer
    vectors), with the chunked row order and streaming cache hints; the staged forwards at the defaults (zeros),
    at 8 and at 1 vector a thread and with 1 to 3 stages (3 stages of the residual one at D = 8192 and 8 vectors do
-   not fit in shared memory: it falls back to fewer); the plain forward's bulk kernel (LNMOD_FWD_BULK_KERNEL) with
-   16-byte and bulk stores, 1 to 8 slots (8 slots at D = 8192 and 8 vectors do not fit: it falls back to 5; a
-   request of 1 slot with bulk stores means 2), at 1, 2, 4 and 8 vectors a thread, in both row orders; one
-   forward on each kernel. */
+   not fit in shared memory: it falls back to fewer); one forward on each kernel. */
 static void test_tuning(void **state)
 {
     (void)state;
-    enum { R = LNMOD_FWD_REGISTER_KERNEL, B = LNMOD_FWD_BULK_KERNEL };
+    enum { R = LNMOD_FWD_REGISTER_KERNEL };
     static const lnmod_tuning tunings[] = {
-        {0, 0, 0, 0, 0, R, R, 0, 0}, {4, 4, 3, 1, 0, R, R, 0, 0}, {2, 2, 2, 0, 1, R, R, 0, 0},
-        {1, 1, 1, 1, 1, R, R, 0, 0}, {0, 0, 0, 0, 0, 0, 0, 0, 0}, {8, 0, 0, 0, 0, 1, 1, 0, 0},
-        {0, 0, 0, 0, 0, 2, 3, 0, 0}, {0, 0, 0, 1, 0, 3, 2, 0, 0}, {4, 4, 3, 0, 0, 2, 1, 0, 0},
-        {1, 1, 1, 1, 0, 1, 2, 0, 0}, {0, 0, 0, 0, 1, R, 0, 0, 0}, {0, 0, 0, 1, 0, 0, R, 0, 0},
-        {0, 0, 0, 0, 0, B, 0, 0, 0}, {0, 0, 0, 0, 0, B, 1, 1, 0}, {0, 0, 0, 0, 0, B, 0, 0, 1},
-        {0, 0, 0, 1, 0, B, R, 4, 1}, {8, 0, 0, 0, 0, B, 2, 8, 0}, {1, 0, 0, 0, 1, B, 0, 1, 1},
-        {2, 0, 0, 1, 0, B, 0, 3, 0},
+        {0, 0, 0, 0, 0, R, R}, {4, 4, 3, 1, 0, R, R}, {2, 2, 2, 0, 1, R, R}, {1, 1, 1, 1, 1, R, R},
+        {0, 0, 0, 0, 0, 0, 0}, {8, 0, 0, 0, 0, 1, 1}, {0, 0, 0, 0, 0, 2, 3}, {0, 0, 0, 1, 0, 3, 2},
+        {4, 4, 3, 0, 0, 2, 1}, {1, 1, 1, 1, 0, 1, 2}, {0, 0, 0, 0, 1, R, 0}, {0, 0, 0, 1, 0, 0, R},
     };
-    static const int dims[] = {64, 136, 1536, 3072, 5120, 8192};
+    static const int dims[] = {136, 1536, 3072, 5120, 8192};
     for (size_t k = 0; k < sizeof tunings / sizeof tunings[0]; ++k) {
         lnmod_tune(&tunings[k]);
         for (size_t d = 0; d < sizeof dims / sizeof dims[0]; ++d) {

@@ -55,7 +55,7 @@ static void usage(FILE *out)
     fprintf(out,
             "usage: aldit-bench [--sections lnmod,gemm,attention,block] [--samples B] [--rows S] [--dims D1,D2,...]\n"
             "                   [--repeats N] [--max-vpt F,B,R] [--fwd-order chunk|interleave] [--fwd-streaming 0|1]\n"
-            "                   [--fwd-stages P,R] [--fwd-bulk SLOTS,STORES]\n"
+            "                   [--fwd-stages P,R]\n"
             "                   [--seq S1,S2,...] [--text-rows T] [--gemm-fused 0|1|2] [--profile-step 0|1]\n"
             "                   [--backends own,cudnn,cudnn-tiles] [--whole-tiles 0|1] [--overlap 0|1]\n"
             "                   [--query-batches 0|1] [--gemm-autotune 0|1] [--attention-autotune 0|1] [--json FILE]\n"
@@ -64,9 +64,7 @@ static void usage(FILE *out)
             "    each (default B=2, S=32760, D=1536,3072,5120). --max-vpt, --fwd-order, --fwd-streaming and\n"
             "    --fwd-stages set the kernels' tuning knobs (lnmod_tune in cuda/lnmod.h; 0 is each one's default).\n"
             "    --fwd-stages P,R picks the plain / residual forward kernel: -1 the register kernel, 0 the default\n"
-            "    (the staged kernel, 1 stage), 1-3 the staged kernel with that many rows in flight, P = -2 the bulk\n"
-            "    kernel (whole rows by TMA bulk copies; --fwd-bulk SLOTS,STORES: row slots per row group, 0 = 2, and\n"
-            "    y by register (0) or bulk (1) stores). --max-vpt F,B,R:\n"
+            "    (the staged kernel, 1 stage), 1-3 the staged kernel with that many rows in flight. --max-vpt F,B,R:\n"
             "    the most 16-byte vectors a thread holds in the forwards, the backward, the residual backward (0: 4\n"
             "    in the plain staged forward, else 8; 5; 4). The kernel and row-group shape of each forward are\n"
             "    printed per D.\n"
@@ -108,7 +106,7 @@ static long parse_long(const char *text, const char *option, long low, long high
 
 static bench_options parse_options(int argc, char **argv)
 {
-    bench_options o = {1, 1, 0, 0, 2, 32760, 3, {1536, 3072, 5120}, 21, 10, {0, 0, 0, 0, 0, 0, 0, 0, 0},
+    bench_options o = {1, 1, 0, 0, 2, 32760, 3, {1536, 3072, 5120}, 21, 10, {0, 0, 0, 0, 0, 0, 0},
                        4, {4096, 16384, 32760, 75600}, 512, GEMM_FUSION_DEFAULT, 0, "own,cudnn,cudnn-tiles", 1, 1,
                        GEMM_AUTOTUNE_DEFAULT, 1, 1, NULL};
     for (int i = 1; i < argc; ++i) {
@@ -193,27 +191,16 @@ static bench_options parse_options(int argc, char **argv)
             }
             o.tuning.fwd_chunked = !strcmp(value, "chunk");
         } else if (!strcmp(arg, "--fwd-streaming")) o.tuning.fwd_streaming = (int)parse_long(value, arg, 0, 1);
-        else if (!strcmp(arg, "--fwd-bulk")) {
-            char extra;
-            if (sscanf(value, "%d,%d%c", &o.tuning.fwd_bulk_slots, &o.tuning.fwd_bulk_stores, &extra) != 2 ||
-                o.tuning.fwd_bulk_slots < 0 || o.tuning.fwd_bulk_slots > LNMOD_FWD_MAX_BULK_SLOTS ||
-                o.tuning.fwd_bulk_stores < 0 || o.tuning.fwd_bulk_stores > 1) {
-                fprintf(stderr, "aldit-bench: --fwd-bulk %s: expected SLOTS,STORES: slots from 0 (default) to %d, "
-                        "stores 0 (registers) or 1 (bulk copies)\n", value, LNMOD_FWD_MAX_BULK_SLOTS);
-                exit(ALDIT_EXIT_USAGE);
-            }
-        }
         else if (!strcmp(arg, "--fwd-stages")) {
             char extra;
             if (sscanf(value, "%d,%d%c", &o.tuning.fwd_stages, &o.tuning.residual_fwd_stages, &extra) != 2 ||
-                o.tuning.fwd_stages < LNMOD_FWD_BULK_KERNEL || o.tuning.fwd_stages > LNMOD_FWD_MAX_STAGES ||
+                o.tuning.fwd_stages < LNMOD_FWD_REGISTER_KERNEL || o.tuning.fwd_stages > LNMOD_FWD_MAX_STAGES ||
                 o.tuning.residual_fwd_stages < LNMOD_FWD_REGISTER_KERNEL ||
                 o.tuning.residual_fwd_stages > LNMOD_FWD_MAX_STAGES) {
                 fprintf(stderr,
-                        "aldit-bench: --fwd-stages %s: expected two integers P,R from %d to %d (P %d: the bulk "
-                        "kernel, %d: the register kernel, 0: the default; R from %d)\n",
-                        value, LNMOD_FWD_BULK_KERNEL, LNMOD_FWD_MAX_STAGES, LNMOD_FWD_BULK_KERNEL,
-                        LNMOD_FWD_REGISTER_KERNEL, LNMOD_FWD_REGISTER_KERNEL);
+                        "aldit-bench: --fwd-stages %s: expected two integers P,R from %d to %d (%d: the register "
+                        "kernel, 0: the default)\n",
+                        value, LNMOD_FWD_REGISTER_KERNEL, LNMOD_FWD_MAX_STAGES, LNMOD_FWD_REGISTER_KERNEL);
                 exit(ALDIT_EXIT_USAGE);
             }
         }
@@ -410,12 +397,11 @@ static void run_lnmod_section(const bench_options *o, double copy_gbs, cudaStrea
                               double results[kMaxDims][kLnmodOps][2])
 {
     printf("LayerNorm-Modulate, B=%d samples x S=%lld rows (%lld rows), bf16 rows, fp32 statistics and modulation;"
-           "\n  tuning: --max-vpt %d,%d,%d --fwd-order %s --fwd-streaming %d --fwd-stages %d,%d --fwd-bulk %d,%d "
-           "(0 = default)\n",
+           "\n  tuning: --max-vpt %d,%d,%d --fwd-order %s --fwd-streaming %d --fwd-stages %d,%d (0 = default)\n",
            o->n_samples, (long long)o->rows_per_sample, (long long)(o->n_samples * o->rows_per_sample),
            o->tuning.max_vpt_fwd, o->tuning.max_vpt_bwd, o->tuning.max_vpt_residual_bwd,
            o->tuning.fwd_chunked ? "chunk" : "interleave", o->tuning.fwd_streaming, o->tuning.fwd_stages,
-           o->tuning.residual_fwd_stages, o->tuning.fwd_bulk_slots, o->tuning.fwd_bulk_stores);
+           o->tuning.residual_fwd_stages);
     for (int d = 0; d < o->n_dims; ++d) {
         char kernels[2][96];
         for (int residual = 0; residual < 2; ++residual) {
@@ -423,11 +409,6 @@ static void run_lnmod_section(const bench_options *o, double copy_gbs, cudaStrea
             if (plan.stages == LNMOD_FWD_REGISTER_KERNEL)
                 snprintf(kernels[residual], sizeof kernels[residual], "register kernel, %d threads x %d vectors",
                          plan.threads_per_row, plan.vectors_per_thread);
-            else if (plan.stages == LNMOD_FWD_BULK_KERNEL)
-                snprintf(kernels[residual], sizeof kernels[residual],
-                         "bulk kernel, %d slots, %s stores, %d threads x %d vectors", plan.bulk_slots,
-                         o->tuning.fwd_bulk_stores ? "bulk" : "register", plan.threads_per_row,
-                         plan.vectors_per_thread);
             else
                 snprintf(kernels[residual], sizeof kernels[residual],
                          "staged kernel, %d stage%s, %d threads x %d vectors", plan.stages, plan.stages > 1 ? "s" : "",
