@@ -1099,7 +1099,7 @@ gpu_model *gpu_model_create_with_recompute(const model *host_model, int64_t max_
     CUDA_CHECK(cudaEventCreateWithFlags(&gm->crit_mark, cudaEventDisableTiming));
     CUDA_CHECK(cudaEventCreateWithFlags(&gm->side_mark, cudaEventDisableTiming));
     for (cudaEvent_t &event : gm->read_done) CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
-    gm->overlap = 1;
+    gm->overlap = 0;  // see gpu_model_set_overlap
     return gm;
 }
 

@@ -78,11 +78,14 @@ int gpu_model_set_attention(gpu_model *gm, gpu_attention_choice choice, int64_t 
    multiple of the tile; the default, 1), or over exactly its rows (0; for comparisons). */
 void gpu_model_set_cudnn_whole_tiles(gpu_model *gm, int whole_tiles);
 /* Whether the backward runs the blocks' weight gradients (their GEMMs and bias sums) on a stream of the least
-   priority beside the rest, which runs on one of the greatest (the default, 1): they are off the path from one
-   block's input gradient to the next, so they fill what the rest leaves idle (attention's and the GEMMs' last
-   waves, the memory-bound kernels); 0 runs everything in order on the caller's stream (for comparisons). Either
-   way gpu_model_forward_backward returns with all its work ordered before what comes next on its stream, and the
-   gradient ranges are reported ready (gpu_model_set_grads_ready) on a stream that has all their writes. */
+   priority beside the rest, which then runs on one of the greatest (1): they are off the path from one block's
+   input gradient to the next, so they can fill what the rest leaves idle (attention's and the GEMMs' last waves,
+   the memory-bound kernels). 0 (the default) runs everything in order on the caller's stream. Measured on an
+   H200 (docs/PERFORMANCE.md, session 6): a Wan-1.3B block at 4096 tokens 0.06-0.5 ms faster with it, at 16,384
+   within the noise, at 75,600 with GEMM autotuning 10 ms (4%) slower — hence off by default. Either way
+   gpu_model_forward_backward returns with all its work ordered before what comes next on its stream, the
+   results are the same to the bit, and the gradient ranges are reported ready (gpu_model_set_grads_ready) on a
+   stream that has all their writes. */
 void gpu_model_set_overlap(gpu_model *gm, int overlap);
 /* Host seconds the last gpu_model_forward_backward call spent queuing its work (staging the batch, every
    launch), before it waited for the GPU: where this approaches the GPU's time the step is launch-bound. */

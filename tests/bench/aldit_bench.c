@@ -84,7 +84,8 @@ static void usage(FILE *out)
             "    --attention-autotune 0 keeps cuDNN's heuristic engine configuration instead of the fastest of its\n"
             "    candidates timed once per size class (attention_cudnn_set_autotune; the tuned ones are listed).\n"
             "  block: one Wan-1.3B block forward+backward (GPU model, recompute none; --whole-tiles 0 turns cuDNN's\n"
-            "    zero-padded whole tiles off, --overlap 0 the weight gradients' own stream) on one sample of S tokens\n"
+            "    zero-padded whole tiles off, --overlap 1 puts the weight gradients on a stream of their own) on one\n"
+            "    sample of S tokens\n"
             "    and T text tokens: (2-layer model step) - (1-layer model step), against the floor of its GEMMs and\n"
             "    attentions at the rates of the gemm and attention sections (which it runs too). --profile-step 1\n"
             "    then runs one more 2-layer step per S between cudaProfilerStart and cudaProfilerStop, e.g. for\n"
@@ -108,7 +109,7 @@ static bench_options parse_options(int argc, char **argv)
 {
     bench_options o = {1, 1, 0, 0, 2, 32760, 3, {1536, 3072, 5120}, 21, 10, {0, 0, 0, 0, 0, 0, 0},
                        4, {4096, 16384, 32760, 75600}, 512, GEMM_FUSION_DEFAULT, 0, "own,cudnn,cudnn-tiles", 1, 1,
-                       GEMM_AUTOTUNE_DEFAULT, 1, 1, NULL};
+                       GEMM_AUTOTUNE_DEFAULT, 1, 0, NULL};
     for (int i = 1; i < argc; ++i) {
         const char *arg = argv[i];
         if (!strcmp(arg, "--help") || !strcmp(arg, "-h")) {
