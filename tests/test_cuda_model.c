@@ -230,9 +230,9 @@ static void four_layer_case(uint64_t seed, model *m, batch_spec *spec, host_batc
 }
 
 /* recompute = block against none, and the backward with its weight gradients on a second stream
-   (gpu_model_set_overlap 1) against without, on the same weights and the 3-sample batch: the same kernels run on the same inputs, so the losses and
-   every gradient must be equal to the bit, and block mode's workspace is smaller. 4 layers, so that middle blocks
-   are re-run from their kept input. */
+   (gpu_model_set_overlap 1) against without, on the same weights and the 3-sample batch: the same kernels run on
+   the same inputs, so the losses and every gradient must be equal to the bit, and block mode's workspace is
+   smaller. 4 layers, so that middle blocks are re-run from their kept input. */
 static void test_recompute_and_overlap_match(void **state)
 {
     (void)state;
