@@ -389,7 +389,8 @@ bool read_choice(cudnnBackendDescriptor_t config, descriptor_list &scratch, engi
 }
 
 // The operation graph's engine `index`, finalized, in `owned`.
-bool make_engine(cudnnBackendDescriptor_t graph, int64_t index, descriptor_list &owned, cudnnBackendDescriptor_t *engine)
+bool make_engine(cudnnBackendDescriptor_t graph, int64_t index, descriptor_list &owned,
+                 cudnnBackendDescriptor_t *engine)
 {
     if (!create(owned, CUDNN_BACKEND_ENGINE_DESCRIPTOR, engine)) return false;
     CUDNN_TRY(cudnnBackendSetAttribute(*engine, CUDNN_ATTR_ENGINE_OPERATION_GRAPH, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1,
