@@ -96,16 +96,18 @@ void attention_cudnn_bwd(const gpu_bf16 *q, const gpu_bf16 *k, const gpu_bf16 *v
 #define ATTENTION_CUDNN_MOST_QUERY_BATCHES 8
 void attention_cudnn_set_query_batches(int split);
 
-/* Autotuning of the engine configuration (on by default, ATTENTION_CUDNN_AUTOTUNE_DEFAULT): cuDNN's heuristics pick
+/* Autotuning of the engine configuration (off by default, ATTENTION_CUDNN_AUTOTUNE_DEFAULT): cuDNN's heuristics pick
    an engine and knob values (tile shapes, ...) by a model. With autotuning, the first plan of each size class —
    direction, heads, head_dim, at most 1024 keys or more, and floor(log2(sqrt(seq_len_q * seq_len_kv))) from
    least_rows (<= 0: ATTENTION_CUDNN_TUNE_LEAST_ROWS) on — also builds the heuristics' other configurations and the
    first one's engine with each knob swept over its range; its first call times them all (a synchronisation of the
    stream; about 2-4 runs each) and keeps the fastest; later plans of the class use the winner's engine and knobs
    where they build. Smaller shapes keep the heuristics' first. Timings decide, so runs may differ in which
-   configuration they use. Applies to plans built afterwards (attention_cudnn_release drops the plans and what
-   was learnt). */
-#define ATTENTION_CUDNN_AUTOTUNE_DEFAULT 1
+   configuration they use. On an H200 with cuDNN 9.19, Wan's self-attention shapes offered one other
+   configuration that builds (the backward with knob STAGES = 1, 2-5% faster at 4096 rows, the same from 16,384
+   on; docs/PERFORMANCE.md, session 6). Applies to plans built afterwards (attention_cudnn_release drops the plans
+   and what was learnt). */
+#define ATTENTION_CUDNN_AUTOTUNE_DEFAULT 0
 #define ATTENTION_CUDNN_TUNE_LEAST_ROWS 4096
 void attention_cudnn_set_autotune(int autotune, int64_t least_rows);
 

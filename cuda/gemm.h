@@ -123,13 +123,14 @@ typedef enum { GEMM_FUSED_NONE = 0, GEMM_FUSED_ALL = 1, GEMM_FUSED_BUT_BIAS_GRAD
 #define GEMM_FUSION_DEFAULT GEMM_FUSED_BUT_BIAS_GRAD
 void gemm_set_fused_epilogues(gemm_fusion fusion);
 
-/* Autotuning (GEMM_AUTOTUNE_DEFAULT: on): a plan, built on the first call of a shape, asks cuBLASLt's heuristic for
+/* Autotuning (GEMM_AUTOTUNE_DEFAULT: off): a plan, built on the first call of a shape, asks cuBLASLt's heuristic for
    up to 8 algorithms and times each on that first call's own operands (a synchronisation of the stream; a
    temporary copy of D where the call adds into it), keeping the fastest for the plan's later calls. Off: the
    heuristic's first algorithm, no timing. Timings decide, so two runs may pick different algorithms (and round
-   differently); turn it off for bitwise-reproducible runs. Takes effect for plans built after the call (set it
-   before the first GEMM; gemm_release drops the plans). */
-#define GEMM_AUTOTUNE_DEFAULT 1
+   differently). On an H200 the Wan-1.3B block's GEMMs measured no faster with it (docs/PERFORMANCE.md, session
+   6), hence off by default. Takes effect for plans built after the call (set it before the first GEMM;
+   gemm_release drops the plans). */
+#define GEMM_AUTOTUNE_DEFAULT 0
 void gemm_set_autotune(int autotune);
 
 /* Free every device's handle, workspace, scratch and cached plans (each device is made current in

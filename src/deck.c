@@ -171,7 +171,7 @@ static const deck_key deck_keys[] = {
      .help = "a NaN/Inf loss or gradient: error (stop) or skip the step"},
     {KEY("train", "attention", KEY_ENUM, train.attention), .choices = attention_names, .default_text = "auto",
      .help = "CUDA attention: cudnn (fused SDPA), own kernel, or auto (cudnn when built with it)"},
-    {KEY("train", "autotune", KEY_BOOL, train.autotune), .default_text = "on",
+    {KEY("train", "autotune", KEY_BOOL, train.autotune), .default_text = "off",
      .help = "CUDA: time the candidate configurations of cuBLASLt (each GEMM shape) and cuDNN attention (each size "
              "class) on first use and keep the fastest (off: the heuristics' first choices, the same in every run)"},
     {KEY("train", "allreduce_bucket", KEY_BYTES, train.allreduce_bucket), .min = 0, .max = 1125899906842624.0,

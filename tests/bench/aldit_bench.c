@@ -73,16 +73,16 @@ static void usage(FILE *out)
             "    backward weight (fp32 dW and db accumulated) in TFLOP/s, the block's GEMM sum, and an 8192^3\n"
             "    reference. --gemm-fused (gemm_fusion in cuda/gemm.h; the block section follows it): 2 (default)\n"
             "    cuBLASLt's epilogues but the bias gradients from aldit's own column sums, 1 all in cuBLASLt, 0 plain\n"
-            "    GEMMs + aldit's own epilogue kernels. --gemm-autotune 0 takes cuBLASLt's first heuristic choice\n"
-            "    instead of the fastest of its candidates timed on first use (gemm_set_autotune), for all sections.\n"
+            "    GEMMs + aldit's own epilogue kernels. --gemm-autotune 1 takes the fastest of cuBLASLt's candidates\n"
+            "    timed on first use instead of its first heuristic choice (gemm_set_autotune), for all sections.\n"
             "  attention: aldit's flash attention (cuda/attention.h) and, where built with it, cuDNN's fused SDPA\n"
             "    (cuda/attention_cudnn.h), forward and backward, 12 heads of 128, on one sample: self-attention\n"
             "    S x S and cross-attention S x T, in TFLOP/s; cudnn-tiles is cuDNN's self-attention over whole tiles of\n"
             "    128 rows, zero-padded (the GPU model's default for a micro-batch's last sample). --backends (default all\n"
             "    three) names the ones timed. --query-batches 0 turns off the split of the query rows in cuDNN's\n"
             "    backward of few keys (cross-attention; attention_cudnn_set_query_batches), for all sections.\n"
-            "    --attention-autotune 0 keeps cuDNN's heuristic engine configuration instead of the fastest of its\n"
-            "    candidates timed once per size class (attention_cudnn_set_autotune; the tuned ones are listed).\n"
+            "    --attention-autotune 1 takes the fastest of cuDNN's candidate engine configurations, timed once per\n"
+            "    size class, instead of its heuristic first (attention_cudnn_set_autotune; the tuned ones are listed).\n"
             "  block: one Wan-1.3B block forward+backward (GPU model, recompute none; --whole-tiles 0 turns cuDNN's\n"
             "    zero-padded whole tiles off, --overlap 1 puts the weight gradients on a stream of their own) on one\n"
             "    sample of S tokens\n"
@@ -109,7 +109,7 @@ static bench_options parse_options(int argc, char **argv)
 {
     bench_options o = {1, 1, 0, 0, 2, 32760, 3, {1536, 3072, 5120}, 21, 10, {0, 0, 0, 0, 0, 0, 0},
                        4, {4096, 16384, 32760, 75600}, 512, GEMM_FUSION_DEFAULT, 0, "own,cudnn,cudnn-tiles", 1, 1,
-                       GEMM_AUTOTUNE_DEFAULT, 1, 0, NULL};
+                       GEMM_AUTOTUNE_DEFAULT, 0, 0, NULL};
     for (int i = 1; i < argc; ++i) {
         const char *arg = argv[i];
         if (!strcmp(arg, "--help") || !strcmp(arg, "-h")) {
@@ -630,7 +630,7 @@ static void run_gemm_section(const bench_options *o, cudaStream_t stream, gemm_r
         printf("calls whose fused epilogue cuBLASLt had no algorithm for (own kernels ran instead): %lld\n",
                (long long)r->unfused_calls);
     printf("autotuning %s: %lld plans timed, %lld of them faster with another than the heuristic's first choice\n",
-           o->gemm_autotune ? "on" : "off (--gemm-autotune 0)", (long long)(stats_after.tuned - stats_before.tuned),
+           o->gemm_autotune ? "on (--gemm-autotune 1)" : "off", (long long)(stats_after.tuned - stats_before.tuned),
            (long long)(stats_after.tuned_not_first - stats_before.tuned_not_first));
 
     CUDA_CHECK(cudaStreamSynchronize(stream));
