@@ -850,6 +850,7 @@ plan_entry *need_plan(int direction, int64_t seq_len_q, int64_t seq_len_kv, int 
 // pieces, added up in fp32 (add_key_pieces_kernel).
 
 constexpr int kElementwiseThreads = 256;
+constexpr int64_t kElementwiseMaxBlocks = 4096;
 constexpr int64_t kLeastBatchRows = 512;     // query rows per batch at least
 constexpr int kQueryBatchChoices[] = {ATTENTION_CUDNN_MOST_QUERY_BATCHES, 4, 2};
 
@@ -865,8 +866,7 @@ int query_batches_for(int64_t seq_len_q, int64_t seq_len_kv)
 
 unsigned elementwise_blocks(int64_t n_items)
 {
-    const int64_t blocks = (n_items + kElementwiseThreads - 1) / kElementwiseThreads;
-    return static_cast<unsigned>(blocks < 1 ? 1 : blocks > 4096 ? 4096 : blocks);
+    return gpu_grid_blocks(n_items, kElementwiseThreads, kElementwiseMaxBlocks);
 }
 
 // `batches` copies of k and v (n_vectors 16-byte vectors each), back to back.

@@ -513,9 +513,7 @@ bool aligned(const void *pointer, uintptr_t bytes)
 // Grid of an element-wise pass over n values: enough blocks to fill the device a few times, no more.
 unsigned elementwise_blocks(int64_t n_values)
 {
-    const int64_t wanted = (n_values + kBlockThreads - 1) / kBlockThreads;
-    const int64_t most = (int64_t)sm_count() * kMaxBlocksPerSm * 4;
-    return (unsigned)(wanted < 1 ? 1 : wanted < most ? wanted : most);
+    return gpu_grid_blocks(n_values, kBlockThreads, (int64_t)sm_count() * kMaxBlocksPerSm * 4);
 }
 
 // ---- rectified flow --------------------------------------------------------------------------------

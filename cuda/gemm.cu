@@ -413,8 +413,7 @@ void check_aligned(const char *call, const char *name, const void *pointer)
 
 unsigned elementwise_blocks(int64_t n_items)
 {
-    const int64_t blocks = (n_items + kElementwiseThreads - 1) / kElementwiseThreads;
-    return (unsigned)(blocks < 1 ? 1 : blocks > kElementwiseMaxBlocks ? kElementwiseMaxBlocks : blocks);
+    return gpu_grid_blocks(n_items, kElementwiseThreads, kElementwiseMaxBlocks);
 }
 
 // ---- kernels standing in for the epilogues --------------------------------------------------------

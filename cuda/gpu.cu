@@ -34,6 +34,12 @@ extern "C" int gpu_select(int local_rank)
     return device;
 }
 
+extern "C" unsigned gpu_grid_blocks(int64_t n_items, int threads_per_block, int64_t most_blocks)
+{
+    const int64_t blocks = (n_items + threads_per_block - 1) / threads_per_block;
+    return (unsigned)(blocks < 1 ? 1 : blocks > most_blocks ? most_blocks : blocks);
+}
+
 extern "C" int gpu_attribute(enum cudaDeviceAttr attribute)
 {
     constexpr int kDevices = 64, kAttributes = 2;

@@ -41,6 +41,10 @@ int gpu_select(int local_rank);
    for launch code that sizes grids by it on every launch (SM count, shared memory per block). */
 int gpu_attribute(enum cudaDeviceAttr attribute);
 
+/* Blocks of `threads_per_block` for a grid-stride pass over n_items items, one item per thread: enough to cover
+   them, at least 1, at most most_blocks (the kernels loop over what a grid that size leaves). */
+unsigned gpu_grid_blocks(int64_t n_items, int threads_per_block, int64_t most_blocks);
+
 /* Free and total bytes of the current GPU's memory. */
 void gpu_memory_info(size_t *free_bytes, size_t *total_bytes);
 

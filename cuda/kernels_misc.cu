@@ -14,8 +14,7 @@ constexpr int kThreads = 256;
 
 unsigned int blocks_for(int64_t n)
 {
-    const int64_t blocks = (n + kThreads - 1) / kThreads;
-    return (unsigned int)(blocks < 1 ? 1 : (blocks > 1048576 ? 1048576 : blocks));
+    return gpu_grid_blocks(n, kThreads, 1048576);
 }
 
 __device__ __forceinline__ float to_float(gpu_bf16 bits) { return __uint_as_float((uint32_t)bits << 16); }
