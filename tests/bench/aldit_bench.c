@@ -876,6 +876,47 @@ static void run_model_step(void *context, cudaStream_t stream)
     if (c->enqueue_ms == 0.0 || enqueue_ms < c->enqueue_ms) c->enqueue_ms = enqueue_ms;
 }
 
+/* The 1-layer and the 2-layer model's steps timed in alternation, one step each per round, so that a drift of the
+   clocks over the measurement weighs on both alike (the block is their difference): medians over the rounds, after
+   two untimed steps of each; as many rounds as fit in twice kStepBudgetSeconds (at least kMinLongRepeats, at
+   most --repeats). */
+static void time_steps_alternating(step_context steps[2], const bench_options *o, cudaStream_t stream, double ms[2])
+{
+    cudaEvent_t start, stop;
+    CUDA_CHECK(cudaEventCreate(&start));
+    CUDA_CHECK(cudaEventCreate(&stop));
+    float probe_ms = 0.0f;
+    for (int warm = 0; warm < 2; ++warm)
+        for (int l = 0; l < 2; ++l) {
+            CUDA_CHECK(cudaEventRecord(start, stream));
+            run_model_step(&steps[l], stream);
+            CUDA_CHECK(cudaEventRecord(stop, stream));
+            CUDA_CHECK(cudaEventSynchronize(stop));
+            float step_ms = 0.0f;
+            CUDA_CHECK(cudaEventElapsedTime(&step_ms, start, stop));
+            if (warm == 1) probe_ms += step_ms;
+        }
+    int rounds = (int)(2.0 * kStepBudgetSeconds / (1e-3 * (probe_ms > 1e-3f ? probe_ms : 1e-3f)));
+    rounds = rounds < kMinLongRepeats ? kMinLongRepeats : rounds > o->repeats ? o->repeats : rounds;
+    float *round_ms[2];
+    for (int l = 0; l < 2; ++l) round_ms[l] = xmalloc((size_t)rounds * sizeof(float));
+    for (int round = 0; round < rounds; ++round)
+        for (int l = 0; l < 2; ++l) {
+            CUDA_CHECK(cudaEventRecord(start, stream));
+            run_model_step(&steps[l], stream);
+            CUDA_CHECK(cudaEventRecord(stop, stream));
+            CUDA_CHECK(cudaEventSynchronize(stop));
+            CUDA_CHECK(cudaEventElapsedTime(&round_ms[l][round], start, stop));
+        }
+    for (int l = 0; l < 2; ++l) {
+        qsort(round_ms[l], (size_t)rounds, sizeof(float), compare_floats);
+        ms[l] = round_ms[l][rounds / 2];
+        free(round_ms[l]);
+    }
+    CUDA_CHECK(cudaEventDestroy(start));
+    CUDA_CHECK(cudaEventDestroy(stop));
+}
+
 typedef struct {
     int64_t grid[kMaxSeq][3];
     int skipped[kMaxSeq];
@@ -913,7 +954,7 @@ static void run_block_section(const bench_options *o, const gemm_results *gemm, 
                     two->ffn_dim, two->num_heads);
 
     printf("Wan-1.3B block forward+backward (dim %d, ffn %d, %d heads; one sample of S tokens, %d text tokens of "
-           "%d;\n  block = 2-layer step - 1-layer step, medians; TFLOP/s over 3x the forward's FLOPs; floor = "
+           "%d;\n  block = 2-layer step - 1-layer step, medians of steps timed in turn; TFLOP/s over 3x the forward's FLOPs; floor = "
            "the block's GEMMs + self + cross attention\n  forward+backward at the rates measured above, each attention by "
            "its fastest backend):\n",
            two->dim, two->ffn_dim, two->num_heads, o->text_rows, two->text_dim);
@@ -934,12 +975,13 @@ static void run_block_section(const bench_options *o, const gemm_results *gemm, 
 
         size_t free_bytes = 0, total_bytes = 0;
         gpu_memory_info(&free_bytes, &total_bytes);
-        const size_t need = gpu_model_workspace_bytes(two, S, 1, 0) + 10 * (size_t)two->n_weights + kBlockMemoryMargin;
+        const size_t need = gpu_model_workspace_bytes(two, S, 1, 0) + gpu_model_workspace_bytes(&layers[0], S, 1, 0) +
+                            10 * (size_t)(two->n_weights + layers[0].n_weights) + kBlockMemoryMargin;
         r->need_bytes[si] = (double)need;
         r->free_bytes[si] = (double)free_bytes;
         r->skipped[si] = need > free_bytes;
         if (r->skipped[si]) {
-            printf("%-6lld %-10s skipped: needs %.1f GiB (2-layer model, recompute none, + %.0f GiB margin), "
+            printf("%-6lld %-10s skipped: needs %.1f GiB (1- and 2-layer models, recompute none, + %.0f GiB margin), "
                    "%.1f GiB free\n", (long long)S, grid_text, need / kGiB, kBlockMemoryMargin / kGiB,
                    free_bytes / kGiB);
             continue;
@@ -961,21 +1003,24 @@ static void run_block_section(const bench_options *o, const gemm_results *gemm, 
         for (size_t i = 0; i < n_text; ++i) text[i] = (float)rng_normal(&rng);
         const model_batch batch = {1, &frames, &height, &width, &text_len, latents, noise, &sigma, text};
 
+        step_context steps[2];
         for (int l = 0; l < 2; ++l) {
-            step_context step = {gpu_model_create(&layers[l], S, 1, 0), &batch, 0.0};
-            gpu_model_set_cudnn_whole_tiles(step.gm, o->whole_tiles);
-            gpu_model_set_overlap(step.gm, o->overlap);
-            gpu_model_upload_weights(step.gm, layers[l].weights);
-            r->step_ms[si][l] = time_long_op(run_model_step, &step, o, kStepBudgetSeconds, stream);
-            r->enqueue_ms[si][l] = step.enqueue_ms;
-            if (l == 1 && o->profile_step) { /* after the timing: a profiler started with capture off sees only this */
-                CUDA_CHECK(cudaDeviceSynchronize());
-                CUDA_CHECK(cudaProfilerStart());
-                run_model_step(&step, stream);
-                CUDA_CHECK(cudaDeviceSynchronize());
-                CUDA_CHECK(cudaProfilerStop());
-            }
-            gpu_model_free(step.gm);
+            steps[l] = (step_context){gpu_model_create(&layers[l], S, 1, 0), &batch, 0.0};
+            gpu_model_set_cudnn_whole_tiles(steps[l].gm, o->whole_tiles);
+            gpu_model_set_overlap(steps[l].gm, o->overlap);
+            gpu_model_upload_weights(steps[l].gm, layers[l].weights);
+        }
+        time_steps_alternating(steps, o, stream, r->step_ms[si]);
+        if (o->profile_step) { /* after the timing: a profiler started with capture off sees only this 2-layer step */
+            CUDA_CHECK(cudaDeviceSynchronize());
+            CUDA_CHECK(cudaProfilerStart());
+            run_model_step(&steps[1], stream);
+            CUDA_CHECK(cudaDeviceSynchronize());
+            CUDA_CHECK(cudaProfilerStop());
+        }
+        for (int l = 0; l < 2; ++l) {
+            r->enqueue_ms[si][l] = steps[l].enqueue_ms;
+            gpu_model_free(steps[l].gm);
         }
         free(latents);
         free(noise);
