@@ -506,13 +506,22 @@ void linear_gelu_fwd(const gpu_model *gm, const gpu_bf16 *x, int64_t n_rows, int
 
 // dW, db added into the fp32 gradients; dx (skipped when NULL) overwritten or, with accumulate_dx, added
 // into; with gelu_input, dx is the gradient of the GELU's input instead (see gemm.h).
-void linear_bwd(gpu_model *gm, const gpu_bf16 *x, const gpu_bf16 *dy, int64_t n_rows, int in_dim, int out_dim,
-                linear_offsets lin, const gpu_bf16 *gelu_input, gpu_bf16 *dx, int accumulate_dx, cudaStream_t stream)
+// dW, db on weight_stream, dx on stream (linear_bwd: both on one).
+void linear_bwd_on(gpu_model *gm, const gpu_bf16 *x, const gpu_bf16 *dy, int64_t n_rows, int in_dim, int out_dim,
+                   linear_offsets lin, const gpu_bf16 *gelu_input, gpu_bf16 *dx, int accumulate_dx,
+                   cudaStream_t stream, cudaStream_t weight_stream)
 {
-    gemm_linear_bwd_weight(x, dy, n_rows, in_dim, out_dim, gm->grads + lin.weight, gm->grads + lin.bias, 1, stream);
+    gemm_linear_bwd_weight(x, dy, n_rows, in_dim, out_dim, gm->grads + lin.weight, gm->grads + lin.bias, 1,
+                           weight_stream);
     if (dx)
         gemm_linear_bwd_data(dy, n_rows, in_dim, out_dim, gm->working + lin.weight, gelu_input, dx, accumulate_dx,
                              stream);
+}
+
+void linear_bwd(gpu_model *gm, const gpu_bf16 *x, const gpu_bf16 *dy, int64_t n_rows, int in_dim, int out_dim,
+                linear_offsets lin, const gpu_bf16 *gelu_input, gpu_bf16 *dx, int accumulate_dx, cudaStream_t stream)
+{
+    linear_bwd_on(gm, x, dy, n_rows, in_dim, out_dim, lin, gelu_input, dx, accumulate_dx, stream, stream);
 }
 
 // ---- the backward's two streams (gpu_model_set_overlap) -------------------------------------------------------
@@ -553,12 +562,9 @@ void block_linear_bwd(gpu_model *gm, const gpu_bf16 *x, const gpu_bf16 *dy, trac
         return;
     }
     side_after(gm, stream);
-    gemm_linear_bwd_weight(x, dy, n_rows, in_dim, out_dim, gm->grads + lin.weight, gm->grads + lin.bias, 1, gm->side);
-    CUDA_CHECK(cudaEventRecord(gm->read_done[dy_buffer], gm->side));
+    linear_bwd_on(gm, x, dy, n_rows, in_dim, out_dim, lin, gelu_input, dx, accumulate_dx, stream, gm->side);
+    CUDA_CHECK(cudaEventRecord(gm->read_done[dy_buffer], gm->side));  // after the dW and db, the side's last work
     gm->read_pending[dy_buffer] = true;
-    if (dx)
-        gemm_linear_bwd_data(dy, n_rows, in_dim, out_dim, gm->working + lin.weight, gelu_input, dx, accumulate_dx,
-                             stream);
 }
 
 float *chunk_of(float *table, int chunk, const batch_dims &d, int dim)

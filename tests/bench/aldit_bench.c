@@ -876,38 +876,38 @@ static void run_model_step(void *context, cudaStream_t stream)
     if (c->enqueue_ms == 0.0 || enqueue_ms < c->enqueue_ms) c->enqueue_ms = enqueue_ms;
 }
 
+/* Milliseconds of one model step, between two events on `stream`. */
+static float timed_step(step_context *step, cudaEvent_t start, cudaEvent_t stop, cudaStream_t stream)
+{
+    CUDA_CHECK(cudaEventRecord(start, stream));
+    run_model_step(step, stream);
+    CUDA_CHECK(cudaEventRecord(stop, stream));
+    CUDA_CHECK(cudaEventSynchronize(stop));
+    float ms = 0.0f;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    return ms;
+}
+
 /* The 1-layer and the 2-layer model's steps timed in alternation, one step each per round, so that a drift of the
    clocks over the measurement weighs on both alike (the block is their difference): medians over the rounds, after
-   two untimed steps of each; as many rounds as fit in twice kStepBudgetSeconds (at least kMinLongRepeats, at
-   most --repeats). */
+   two untimed rounds; as many rounds as fit in twice kStepBudgetSeconds (at least kMinLongRepeats, at most
+   --repeats). */
 static void time_steps_alternating(step_context steps[2], const bench_options *o, cudaStream_t stream, double ms[2])
 {
     cudaEvent_t start, stop;
     CUDA_CHECK(cudaEventCreate(&start));
     CUDA_CHECK(cudaEventCreate(&stop));
-    float probe_ms = 0.0f;
-    for (int warm = 0; warm < 2; ++warm)
-        for (int l = 0; l < 2; ++l) {
-            CUDA_CHECK(cudaEventRecord(start, stream));
-            run_model_step(&steps[l], stream);
-            CUDA_CHECK(cudaEventRecord(stop, stream));
-            CUDA_CHECK(cudaEventSynchronize(stop));
-            float step_ms = 0.0f;
-            CUDA_CHECK(cudaEventElapsedTime(&step_ms, start, stop));
-            if (warm == 1) probe_ms += step_ms;
-        }
-    int rounds = (int)(2.0 * kStepBudgetSeconds / (1e-3 * (probe_ms > 1e-3f ? probe_ms : 1e-3f)));
+    float round_probe_ms = 0.0f;
+    for (int warm = 0; warm < 2; ++warm) {
+        round_probe_ms = 0.0f;
+        for (int l = 0; l < 2; ++l) round_probe_ms += timed_step(&steps[l], start, stop, stream);
+    }
+    int rounds = (int)(2.0 * kStepBudgetSeconds / (1e-3 * (round_probe_ms > 1e-3f ? round_probe_ms : 1e-3f)));
     rounds = rounds < kMinLongRepeats ? kMinLongRepeats : rounds > o->repeats ? o->repeats : rounds;
     float *round_ms[2];
     for (int l = 0; l < 2; ++l) round_ms[l] = xmalloc((size_t)rounds * sizeof(float));
     for (int round = 0; round < rounds; ++round)
-        for (int l = 0; l < 2; ++l) {
-            CUDA_CHECK(cudaEventRecord(start, stream));
-            run_model_step(&steps[l], stream);
-            CUDA_CHECK(cudaEventRecord(stop, stream));
-            CUDA_CHECK(cudaEventSynchronize(stop));
-            CUDA_CHECK(cudaEventElapsedTime(&round_ms[l][round], start, stop));
-        }
+        for (int l = 0; l < 2; ++l) round_ms[l][round] = timed_step(&steps[l], start, stop, stream);
     for (int l = 0; l < 2; ++l) {
         qsort(round_ms[l], (size_t)rounds, sizeof(float), compare_floats);
         ms[l] = round_ms[l][rounds / 2];
