@@ -265,6 +265,18 @@ static double time_groups(bench_op op, void *context, int repeats, int launches,
     return median;
 }
 
+/* Milliseconds of one launch of op, between two events on `stream`. */
+static float timed_launch(bench_op op, void *context, cudaEvent_t start, cudaEvent_t stop, cudaStream_t stream)
+{
+    CUDA_CHECK(cudaEventRecord(start, stream));
+    op(context, stream);
+    CUDA_CHECK(cudaEventRecord(stop, stream));
+    CUDA_CHECK(cudaEventSynchronize(stop));
+    float ms = 0.0f;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    return ms;
+}
+
 /* The short ops' timing: --repeats groups of 10 launches. */
 static double time_op(bench_op op, void *context, const bench_options *o, cudaStream_t stream)
 {
@@ -282,12 +294,7 @@ static double time_long_op(bench_op op, void *context, const bench_options *o, d
     CUDA_CHECK(cudaEventCreate(&start));
     CUDA_CHECK(cudaEventCreate(&stop));
     op(context, stream);
-    CUDA_CHECK(cudaEventRecord(start, stream));
-    op(context, stream);
-    CUDA_CHECK(cudaEventRecord(stop, stream));
-    CUDA_CHECK(cudaEventSynchronize(stop));
-    float probe_ms = 0.0f;
-    CUDA_CHECK(cudaEventElapsedTime(&probe_ms, start, stop));
+    const float probe_ms = timed_launch(op, context, start, stop, stream);
     CUDA_CHECK(cudaEventDestroy(start));
     CUDA_CHECK(cudaEventDestroy(stop));
     const int launches = probe_ms < 1.0f ? o->launches_per_group : 1;
@@ -876,18 +883,6 @@ static void run_model_step(void *context, cudaStream_t stream)
     if (c->enqueue_ms == 0.0 || enqueue_ms < c->enqueue_ms) c->enqueue_ms = enqueue_ms;
 }
 
-/* Milliseconds of one model step, between two events on `stream`. */
-static float timed_step(step_context *step, cudaEvent_t start, cudaEvent_t stop, cudaStream_t stream)
-{
-    CUDA_CHECK(cudaEventRecord(start, stream));
-    run_model_step(step, stream);
-    CUDA_CHECK(cudaEventRecord(stop, stream));
-    CUDA_CHECK(cudaEventSynchronize(stop));
-    float ms = 0.0f;
-    CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-    return ms;
-}
-
 /* The 1-layer and the 2-layer model's steps timed in alternation, one step each per round, so that a drift of the
    clocks over the measurement weighs on both alike (the block is their difference): medians over the rounds, after
    two untimed rounds; as many rounds as fit in twice kStepBudgetSeconds (at least kMinLongRepeats, at most
@@ -900,14 +895,14 @@ static void time_steps_alternating(step_context steps[2], const bench_options *o
     float round_probe_ms = 0.0f;
     for (int warm = 0; warm < 2; ++warm) {
         round_probe_ms = 0.0f;
-        for (int l = 0; l < 2; ++l) round_probe_ms += timed_step(&steps[l], start, stop, stream);
+        for (int l = 0; l < 2; ++l) round_probe_ms += timed_launch(run_model_step, &steps[l], start, stop, stream);
     }
     int rounds = (int)(2.0 * kStepBudgetSeconds / (1e-3 * (round_probe_ms > 1e-3f ? round_probe_ms : 1e-3f)));
     rounds = rounds < kMinLongRepeats ? kMinLongRepeats : rounds > o->repeats ? o->repeats : rounds;
     float *round_ms[2];
     for (int l = 0; l < 2; ++l) round_ms[l] = xmalloc((size_t)rounds * sizeof(float));
     for (int round = 0; round < rounds; ++round)
-        for (int l = 0; l < 2; ++l) round_ms[l][round] = timed_step(&steps[l], start, stop, stream);
+        for (int l = 0; l < 2; ++l) round_ms[l][round] = timed_launch(run_model_step, &steps[l], start, stop, stream);
     for (int l = 0; l < 2; ++l) {
         qsort(round_ms[l], (size_t)rounds, sizeof(float), compare_floats);
         ms[l] = round_ms[l][rounds / 2];
