@@ -40,13 +40,14 @@ typedef struct {
     int64_t seq[kMaxSeq];  /* S: tokens of the one sample of the gemm, attention and block sections */
     int text_rows;         /* its text tokens */
     int gemm_fused;        /* gemm_fusion: cuBLASLt's fused epilogues (1), all but the bias gradient (2), none (0) */
-    int profile_step;      /* block: one more 2-layer step inside cudaProfilerStart/Stop, for a profiler */
+    int profile_step;      /* block: one more (1 + K)-layer step inside cudaProfilerStart/Stop, for a profiler */
     const char *attention_backends; /* --backends: comma-separated names of the attention backends to time */
     int whole_tiles;       /* block: cuDNN runs the last sample's self-attention over whole tiles (gpu_model_set_cudnn_whole_tiles) */
     int query_batches;     /* cuDNN's backward splits the query rows of few-key shapes (attention_cudnn_set_query_batches) */
     int gemm_autotune;     /* cuBLASLt's candidates timed on each plan's first call (gemm_set_autotune) */
     int attention_autotune; /* cuDNN's engine configurations timed once per size class (attention_cudnn_set_autotune) */
     int overlap;           /* block: weight gradients on a stream beside the rest (gpu_model_set_overlap) */
+    int block_layers;      /* block: K, the blocks the deeper model has beyond the 1-layer one */
     const char *json_path;
 } bench_options;
 
@@ -58,6 +59,7 @@ static void usage(FILE *out)
             "                   [--fwd-stages P,R]\n"
             "                   [--seq S1,S2,...] [--text-rows T] [--gemm-fused 0|1|2] [--profile-step 0|1]\n"
             "                   [--backends own,cudnn,cudnn-tiles] [--whole-tiles 0|1] [--overlap 0|1]\n"
+            "                   [--block-layers K]\n"
             "                   [--query-batches 0|1] [--gemm-autotune 0|1] [--attention-autotune 0|1] [--json FILE]\n"
             "  Device copy bandwidth, then the sections (default lnmod,gemm):\n"
             "  lnmod: LayerNorm-Modulate (forward, backward, gated-residual variants) on B packed samples of S rows\n"
@@ -86,9 +88,10 @@ static void usage(FILE *out)
             "  block: one Wan-1.3B block forward+backward (GPU model, recompute none; --whole-tiles 0 turns cuDNN's\n"
             "    zero-padded whole tiles off, --overlap 1 puts the weight gradients on a stream of their own) on one\n"
             "    sample of S tokens\n"
-            "    and T text tokens: (2-layer model step) - (1-layer model step), against the floor of its GEMMs and\n"
-            "    attentions at the rates of the gemm and attention sections (which it runs too). --profile-step 1\n"
-            "    then runs one more 2-layer step per S between cudaProfilerStart and cudaProfilerStop, e.g. for\n"
+            "    and T text tokens: ((1 + K)-layer model step - 1-layer model step) / K, the two steps timed in\n"
+            "    turn (--block-layers K, default 8), against the floor of its GEMMs and attentions at the rates of\n"
+            "    the gemm and attention sections (which it runs too). --profile-step 1 then runs one more\n"
+            "    (1 + K)-layer step per S between cudaProfilerStart and cudaProfilerStop, e.g. for\n"
             "    ncu --profile-from-start off --metrics gpu__time_duration.sum (each kernel's time in that step).\n"
             "  Short ops: N=21 timed groups of 10 launches; long ones (attention, block) fewer groups of 1 launch,\n"
             "  about 3-6 s per figure; medians reported. --json also writes the figures to FILE.\n");
@@ -105,11 +108,15 @@ static long parse_long(const char *text, const char *option, long low, long high
     return value;
 }
 
+/* K, the blocks the block section's deeper model adds: its figure grows with K while the deeper step's share at
+   the sustained (power-capped) clocks grows, and has settled by K = 8 (docs/PERFORMANCE.md, session 7). */
+enum { kDefaultBlockLayers = 8 };
+
 static bench_options parse_options(int argc, char **argv)
 {
     bench_options o = {1, 1, 0, 0, 2, 32760, 3, {1536, 3072, 5120}, 21, 10, {0, 0, 0, 0, 0, 0, 0},
                        4, {4096, 16384, 32760, 75600}, 512, GEMM_FUSION_DEFAULT, 0, "own,cudnn,cudnn-tiles", 1, 1,
-                       GEMM_AUTOTUNE_DEFAULT, 0, 0, NULL};
+                       GEMM_AUTOTUNE_DEFAULT, 0, 0, kDefaultBlockLayers, NULL};
     for (int i = 1; i < argc; ++i) {
         const char *arg = argv[i];
         if (!strcmp(arg, "--help") || !strcmp(arg, "-h")) {
@@ -146,6 +153,7 @@ static bench_options parse_options(int argc, char **argv)
         }
         else if (!strcmp(arg, "--whole-tiles")) o.whole_tiles = (int)parse_long(value, arg, 0, 1);
         else if (!strcmp(arg, "--overlap")) o.overlap = (int)parse_long(value, arg, 0, 1);
+        else if (!strcmp(arg, "--block-layers")) o.block_layers = (int)parse_long(value, arg, 1, 29);
         else if (!strcmp(arg, "--query-batches")) o.query_batches = (int)parse_long(value, arg, 0, 1);
         else if (!strcmp(arg, "--gemm-autotune")) o.gemm_autotune = (int)parse_long(value, arg, 0, 1);
         else if (!strcmp(arg, "--attention-autotune")) o.attention_autotune = (int)parse_long(value, arg, 0, 1);
@@ -883,8 +891,8 @@ static void run_model_step(void *context, cudaStream_t stream)
     if (c->enqueue_ms == 0.0 || enqueue_ms < c->enqueue_ms) c->enqueue_ms = enqueue_ms;
 }
 
-/* The 1-layer and the 2-layer model's steps timed in alternation, one step each per round, so that a drift of the
-   clocks over the measurement weighs on both alike (the block is their difference): medians over the rounds, after
+/* The 1-layer and the (1 + K)-layer model's steps timed in alternation, one step each per round, so that a drift of
+   the clocks over the measurement weighs on both alike (the blocks are their difference): medians over the rounds, after
    two untimed rounds; as many rounds as fit in twice kStepBudgetSeconds (at least kMinLongRepeats, at most
    --repeats). */
 static void time_steps_alternating(step_context steps[2], const bench_options *o, cudaStream_t stream, double ms[2])
@@ -916,7 +924,7 @@ typedef struct {
     int64_t grid[kMaxSeq][3];
     int skipped[kMaxSeq];
     double need_bytes[kMaxSeq], free_bytes[kMaxSeq];
-    double step_ms[kMaxSeq][2]; /* 1-layer, 2-layer model */
+    double step_ms[kMaxSeq][2]; /* 1-layer, (1 + K)-layer model */
     double enqueue_ms[kMaxSeq][2]; /* their host time to queue a step's work */
     double block_ms[kMaxSeq], flops[kMaxSeq];
     double gemm_ms[kMaxSeq], self_ms[kMaxSeq], cross_ms[kMaxSeq], floor_ms[kMaxSeq];
@@ -926,8 +934,10 @@ static const double kGiB = 1073741824.0;
 static const size_t kBlockMemoryMargin = (size_t)2 << 30; /* cuBLASLt, CUDA context, fragmentation */
 
 /* One Wan-1.3B block forward+backward at every S: the GPU model's step (one sample of S tokens and T text
-   tokens, recompute none) with 2 layers minus the same with 1 layer (embeddings, head, loss, the batch's
-   staging and the final synchronisation cancel; the text embedding too: only the block is counted). FLOPs
+   tokens, recompute none) with 1 + K layers minus the same with 1 layer, over K (embeddings, head, loss, the
+   batch's staging and the final synchronisation cancel; the text embedding too: only the blocks are counted).
+   With K > 1 the deeper step runs mostly at the clocks a many-layer training step holds, and whatever the two
+   steps' different loads do to the clocks weighs 1/K on the block. FLOPs
    are 3x the forward's GEMMs + self- and cross-attention (issue 5's convention). The floor: the block's
    GEMMs at the gemm section's times plus both attentions forward and backward at the attention section's
    (the fastest backend of each: a floor, whichever kernel the model calls). */
@@ -937,23 +947,26 @@ static void run_block_section(const bench_options *o, const gemm_results *gemm, 
     deck config;
     deck_defaults(&config); /* Wan-1.3B: dim 1536, ffn 8960, 12 heads, text_dim 4096, 16 channels, patch 1x2x2 */
     config.model.text_len = o->text_rows;
+    const int K = o->block_layers;
     model layers[2];
     for (int l = 0; l < 2; ++l) {
-        config.model.num_layers = l + 1;
+        config.model.num_layers = l ? 1 + K : 1;
         model_create(&layers[l], &config);
         model_init_gaussian(&layers[l], 0xb10c0001ull + (uint64_t)l, 0.02f);
     }
-    const model *two = &layers[1];
-    if (two->dim != kWanDim || two->ffn_dim != kWanFfn || two->num_heads != kWanHeads)
-        ALDIT_FATAL("aldit-bench: the deck defaults are not Wan-1.3B's (dim %d, ffn %d, heads %d)", two->dim,
-                    two->ffn_dim, two->num_heads);
+    const model *deep = &layers[1];
+    if (deep->dim != kWanDim || deep->ffn_dim != kWanFfn || deep->num_heads != kWanHeads)
+        ALDIT_FATAL("aldit-bench: the deck defaults are not Wan-1.3B's (dim %d, ffn %d, heads %d)", deep->dim,
+                    deep->ffn_dim, deep->num_heads);
 
     printf("Wan-1.3B block forward+backward (dim %d, ffn %d, %d heads; one sample of S tokens, %d text tokens of "
-           "%d;\n  block = 2-layer step - 1-layer step, medians of steps timed in turn; TFLOP/s over 3x the forward's FLOPs; floor = "
-           "the block's GEMMs + self + cross attention\n  forward+backward at the rates measured above, each attention by "
-           "its fastest backend):\n",
-           two->dim, two->ffn_dim, two->num_heads, o->text_rows, two->text_dim);
-    printf("%-6s %-10s %9s %9s %9s %8s %8s | %8s %8s %8s %9s %9s\n", "S", "grid", "1-layer", "2-layer", "block ms",
+           "%d;\n  block = (%d-layer step - 1-layer step) / %d, medians of steps timed in turn; TFLOP/s over 3x the forward's "
+           "FLOPs; floor = the block's GEMMs + self + cross attention\n  forward+backward at the rates measured above, "
+           "each attention by its fastest backend):\n",
+           deep->dim, deep->ffn_dim, deep->num_heads, o->text_rows, deep->text_dim, 1 + K, K);
+    char deep_label[24];
+    snprintf(deep_label, sizeof deep_label, "%d-layer", 1 + K);
+    printf("%-6s %-10s %9s %9s %9s %8s %8s | %8s %8s %8s %9s %9s\n", "S", "grid", "1-layer", deep_label, "block ms",
            "GFLOP", "TFLOP/s", "GEMM ms", "self ms", "cross ms", "floor ms", "vs floor");
     for (int si = 0; si < o->n_seq; ++si) {
         const int64_t S = o->seq[si];
@@ -970,14 +983,14 @@ static void run_block_section(const bench_options *o, const gemm_results *gemm, 
 
         size_t free_bytes = 0, total_bytes = 0;
         gpu_memory_info(&free_bytes, &total_bytes);
-        const size_t need = gpu_model_workspace_bytes(two, S, 1, 0) + gpu_model_workspace_bytes(&layers[0], S, 1, 0) +
-                            10 * (size_t)(two->n_weights + layers[0].n_weights) + kBlockMemoryMargin;
+        const size_t need = gpu_model_workspace_bytes(deep, S, 1, 0) + gpu_model_workspace_bytes(&layers[0], S, 1, 0) +
+                            10 * (size_t)(deep->n_weights + layers[0].n_weights) + kBlockMemoryMargin;
         r->need_bytes[si] = (double)need;
         r->free_bytes[si] = (double)free_bytes;
         r->skipped[si] = need > free_bytes;
         if (r->skipped[si]) {
-            printf("%-6lld %-10s skipped: needs %.1f GiB (1- and 2-layer models, recompute none, + %.0f GiB margin), "
-                   "%.1f GiB free\n", (long long)S, grid_text, need / kGiB, kBlockMemoryMargin / kGiB,
+            printf("%-6lld %-10s skipped: needs %.1f GiB (1- and %d-layer models, recompute none, + %.0f GiB margin), "
+                   "%.1f GiB free\n", (long long)S, grid_text, need / kGiB, 1 + K, kBlockMemoryMargin / kGiB,
                    free_bytes / kGiB);
             continue;
         }
@@ -986,8 +999,8 @@ static void run_block_section(const bench_options *o, const gemm_results *gemm, 
         const int32_t frames = (int32_t)r->grid[si][0], height = 2 * (int32_t)r->grid[si][1],
                       width = 2 * (int32_t)r->grid[si][2], text_len = o->text_rows;
         const float sigma = 0.5f;
-        const size_t n_latent = (size_t)two->in_dim * (size_t)frames * (size_t)height * (size_t)width;
-        const size_t n_text = (size_t)text_len * (size_t)two->text_dim;
+        const size_t n_latent = (size_t)deep->in_dim * (size_t)frames * (size_t)height * (size_t)width;
+        const size_t n_text = (size_t)text_len * (size_t)deep->text_dim;
         float *latents = xmalloc(n_latent * sizeof *latents), *noise = xmalloc(n_latent * sizeof *noise);
         float *text = xmalloc(n_text * sizeof *text);
         uint64_t rng = rng_hash(0xb10c0002ull, (uint64_t)S);
@@ -1006,7 +1019,7 @@ static void run_block_section(const bench_options *o, const gemm_results *gemm, 
             gpu_model_upload_weights(steps[l].gm, layers[l].weights);
         }
         time_steps_alternating(steps, o, stream, r->step_ms[si]);
-        if (o->profile_step) { /* after the timing: a profiler started with capture off sees only this 2-layer step */
+        if (o->profile_step) { /* after the timing: a profiler started with capture off sees only this deeper step */
             CUDA_CHECK(cudaDeviceSynchronize());
             CUDA_CHECK(cudaProfilerStart());
             run_model_step(&steps[1], stream);
@@ -1020,7 +1033,7 @@ static void run_block_section(const bench_options *o, const gemm_results *gemm, 
         free(latents);
         free(noise);
         free(text);
-        r->block_ms[si] = r->step_ms[si][1] - r->step_ms[si][0];
+        r->block_ms[si] = (r->step_ms[si][1] - r->step_ms[si][0]) / K;
         printf("%-6lld %-10s %9.3f %9.3f %9.3f %8.1f %8.1f | %8.3f %8.3f %8.3f %9.3f %+8.1f%%\n", (long long)S,
                grid_text, r->step_ms[si][0], r->step_ms[si][1], r->block_ms[si], r->flops[si] / 1e9,
                tflops(r->flops[si], r->block_ms[si]), r->gemm_ms[si], r->self_ms[si], r->cross_ms[si],
@@ -1028,12 +1041,12 @@ static void run_block_section(const bench_options *o, const gemm_results *gemm, 
     }
     printf("  (vs floor: the block's time over the floor's; issue 5's target is at most +8%%.)\n");
     printf("Host time to queue one step's work (least over the timed steps; where the block's share comes near its GPU\n"
-           "time, the step is launch-bound):\n%-6s %12s %12s %14s %14s\n", "S", "1-layer ms", "2-layer ms",
+           "time, the step is launch-bound):\n%-6s %12s %9s ms %14s %14s\n", "S", "1-layer ms", deep_label,
            "block host ms", "block GPU ms");
     for (int si = 0; si < o->n_seq; ++si)
         if (!r->skipped[si])
             printf("%-6lld %12.3f %12.3f %14.3f %14.3f\n", (long long)o->seq[si], r->enqueue_ms[si][0],
-                   r->enqueue_ms[si][1], r->enqueue_ms[si][1] - r->enqueue_ms[si][0], r->block_ms[si]);
+                   r->enqueue_ms[si][1], (r->enqueue_ms[si][1] - r->enqueue_ms[si][0]) / K, r->block_ms[si]);
     model_free(&layers[0]);
     model_free(&layers[1]);
 #ifdef HAVE_CUDNN
@@ -1112,9 +1125,11 @@ static void write_json(FILE *json, const bench_options *o, const char *device, d
             if (block->skipped[si])
                 fprintf(json, ", \"skipped\": true}");
             else
-                fprintf(json, ", \"one_layer_ms\": %.4f, \"two_layer_ms\": %.4f, \"ms\": %.4f, \"tflops\": %.2f, "
+                fprintf(json, ", \"block_layers\": %d, \"one_layer_ms\": %.4f, \"deep_step_ms\": %.4f, \"ms\": %.4f, "
+                        "\"tflops\": %.2f, "
                         "\"gemm_ms\": %.4f, \"self_attention_ms\": %.4f, \"cross_attention_ms\": %.4f, "
-                        "\"floor_ms\": %.4f, \"over_floor_pct\": %.2f}", block->step_ms[si][0], block->step_ms[si][1],
+                        "\"floor_ms\": %.4f, \"over_floor_pct\": %.2f}", o->block_layers, block->step_ms[si][0],
+                        block->step_ms[si][1],
                         block->block_ms[si], tflops(block->flops[si], block->block_ms[si]), block->gemm_ms[si],
                         block->self_ms[si], block->cross_ms[si], block->floor_ms[si],
                         100.0 * (block->block_ms[si] / block->floor_ms[si] - 1.0));
