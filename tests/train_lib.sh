@@ -24,5 +24,17 @@ run_aldit() {
 # losses FILE: one "step loss" line per metrics line, the loss exactly as written (%.17g)
 losses() { sed -n 's/^{"step": \([0-9]*\),.*"loss": \([^,]*\),.*/\1 \2/p' "$1"; }
 
+# run_pids RUN LAUNCHER: the aldit processes (but LAUNCHER) whose command line names run.dir=$WORK/RUN: the
+# ranks. Only processes named aldit are read further (the shell's read: a scan forks for them alone).
+run_pids() {
+    for proc in /proc/[0-9]*; do
+        pid=${proc#/proc/}
+        [ "$pid" = "$2" ] && continue
+        read -r name 2>/dev/null < "$proc/comm" || continue
+        [ "$name" = aldit ] || continue
+        tr '\000' ' ' 2>/dev/null < "$proc/cmdline" | grep -q -- "run.dir=$WORK/$1 " && printf '%s ' "$pid"
+    done
+}
+
 # metrics_lines RUN: lines in $WORK/RUN/metrics.jsonl (0 if absent)
 metrics_lines() { if [ -f "$WORK/$1/metrics.jsonl" ]; then wc -l < "$WORK/$1/metrics.jsonl" | tr -d ' '; else echo 0; fi; }

@@ -18,7 +18,12 @@ while [ "$(metrics_lines stopped)" -lt $STOP_AFTER ] && kill -0 $launcher 2>/dev
     sleep 0.02
     waited=$((waited + 1))
 done
+# The ranks are frozen while the signal travels from the launcher to them (it stays pending), so that a fast
+# machine cannot finish the run before it lands: they resume with it and stop within a step.
+ranks=$(run_pids stopped $launcher)
+[ -n "$ranks" ] && kill -STOP $ranks
 kill -USR1 $launcher
+[ -n "$ranks" ] && { sleep 2; kill -CONT $ranks; }
 wait $launcher; status=$?
 tap_is "the run stopped by SIGUSR1 exits 0" "$status" 0
 stopped_at=$(metrics_lines stopped)
