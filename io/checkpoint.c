@@ -48,24 +48,25 @@ void checkpoint_path(const deck *config, int64_t step, char *path, size_t path_s
 
 /* ---- writing ------------------------------------------------------------------------------------- */
 
-static int write_attr_i64(hid_t loc, const char *name, int64_t value)
+/* A scalar attribute `name` on loc, stored as file_type, from *value in memory_type. */
+static int write_attr(hid_t loc, const char *name, hid_t file_type, hid_t memory_type, const void *value)
 {
     hid_t space = H5Screate(H5S_SCALAR);
-    hid_t attr = H5Acreate2(loc, name, H5T_STD_I64LE, space, H5P_DEFAULT, H5P_DEFAULT);
-    int status = attr < 0 ? -1 : (H5Awrite(attr, H5T_NATIVE_INT64, &value) < 0 ? -1 : 0);
+    hid_t attr = H5Acreate2(loc, name, file_type, space, H5P_DEFAULT, H5P_DEFAULT);
+    int status = attr < 0 ? -1 : (H5Awrite(attr, memory_type, value) < 0 ? -1 : 0);
     if (attr >= 0) H5Aclose(attr);
     H5Sclose(space);
     return status;
 }
 
+static int write_attr_i64(hid_t loc, const char *name, int64_t value)
+{
+    return write_attr(loc, name, H5T_STD_I64LE, H5T_NATIVE_INT64, &value);
+}
+
 static int write_attr_u64(hid_t loc, const char *name, uint64_t value)
 {
-    hid_t space = H5Screate(H5S_SCALAR);
-    hid_t attr = H5Acreate2(loc, name, H5T_STD_U64LE, space, H5P_DEFAULT, H5P_DEFAULT);
-    int status = attr < 0 ? -1 : (H5Awrite(attr, H5T_NATIVE_UINT64, &value) < 0 ? -1 : 0);
-    if (attr >= 0) H5Aclose(attr);
-    H5Sclose(space);
-    return status;
+    return write_attr(loc, name, H5T_STD_U64LE, H5T_NATIVE_UINT64, &value);
 }
 
 static int write_attr_string(hid_t loc, const char *name, const char *text)

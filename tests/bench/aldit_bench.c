@@ -364,6 +364,15 @@ static void run_residual_bwd(void *context, cudaStream_t stream)
                        stream);
 }
 
+/* n bf16 values on the host (xmalloc'd), uniform in [low, high) from the generator seeded with `seed`. */
+static gpu_bf16 *random_bf16(size_t n, uint64_t seed, double low, double high)
+{
+    uint64_t rng = seed;
+    gpu_bf16 *values = xmalloc(n * sizeof *values);
+    for (size_t i = 0; i < n; ++i) values[i] = gpu_bf16_from_float((float)(low + (high - low) * rng_uniform(&rng)));
+    return values;
+}
+
 static void *device_alloc(size_t n_bytes)
 {
     void *p = NULL;
@@ -580,10 +589,7 @@ static void run_gemm_section(const bench_options *o, cudaStream_t stream, gemm_r
     n_act = n_act > n_square ? n_act : n_square;
     n_weight = n_weight > n_square ? n_weight : n_square;
     const size_t n_pattern = (size_t)1 << 22, pattern_extra = 4096;
-    uint64_t rng = 0x6e6d6d6265ull;
-    gpu_bf16 *pattern = xmalloc((n_pattern + pattern_extra) * sizeof *pattern);
-    for (size_t i = 0; i < n_pattern + pattern_extra; ++i)
-        pattern[i] = gpu_bf16_from_float((float)(2.0 * rng_uniform(&rng) - 1.0));
+    gpu_bf16 *pattern = random_bf16(n_pattern + pattern_extra, 0x6e6d6d6265ull, -1.0, 1.0);
     gemm_context c = {0};
     c.x = device_tiled_bf16(n_act, pattern, n_pattern, 0);
     c.dy = device_tiled_bf16(n_act, pattern, n_pattern, 1013);
@@ -780,10 +786,7 @@ static void run_attention_section(const bench_options *o, cudaStream_t stream, a
     const int width = kWanHeads * kWanHeadDim;
     /* a tile of rows to spare: cudnn-tiles runs over whole tiles */
     const size_t n = (size_t)(max_rows + 128) * (size_t)width, n_pattern = (size_t)1 << 22, pattern_extra = 4096;
-    uint64_t rng = 0xa77e47104eull;
-    gpu_bf16 *pattern = xmalloc((n_pattern + pattern_extra) * sizeof *pattern);
-    for (size_t i = 0; i < n_pattern + pattern_extra; ++i)
-        pattern[i] = gpu_bf16_from_float((float)(2.0 * rng_uniform(&rng) - 1.0));
+    gpu_bf16 *pattern = random_bf16(n_pattern + pattern_extra, 0xa77e47104eull, -1.0, 1.0);
     attention_context c = {0};
     c.q = device_tiled_bf16(n, pattern, n_pattern, 0);
     c.k = device_tiled_bf16(n, pattern, n_pattern, 1019);
