@@ -8,9 +8,11 @@
 #include <fcntl.h>
 #include <hdf5.h>
 #include <inttypes.h>
+#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #define CHECKPOINT_SUBDIR "checkpoints"
@@ -224,18 +226,44 @@ static int compare_steps(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
+static int checkpoint_readable(const char *path, int64_t step, FILE *warnings);
+
+/* Keeps the newest `[checkpoint] keep` complete checkpoints and deletes the older complete ones. Files that
+   cannot be read as one (truncated, or another format version) neither count nor go: deleting them could
+   leave fewer usable checkpoints than promised, or lose a newer aldit's. */
 static void prune(const deck *config, const char *dir)
 {
     int n_steps = 0;
     int64_t *steps = list_steps(dir, &n_steps, 1, NULL);
     qsort(steps, (size_t)n_steps, sizeof *steps, compare_steps);
-    int keep = config->checkpoint.keep < 1 ? 1 : config->checkpoint.keep;
-    for (int i = 0; i < n_steps - keep; i++) {
+    const int keep = config->checkpoint.keep < 1 ? 1 : config->checkpoint.keep;
+    h5_auto_print quiet = h5_quiet_begin();
+    for (int i = n_steps - 1, kept = 0; i >= 0; i--) {
         char path[2 * DECK_PATH_MAX];
         checkpoint_path(config, steps[i], path, sizeof path);
-        if (unlink(path) != 0) aldit_warn("could not delete old checkpoint %s: %s", path, strerror(errno));
+        if (!checkpoint_readable(path, steps[i], NULL)) continue;
+        if (kept < keep) ++kept;
+        else if (unlink(path) != 0) aldit_warn("could not delete old checkpoint %s: %s", path, strerror(errno));
     }
+    h5_quiet_end(quiet);
     free(steps);
+}
+
+/* Refuses a checkpoint the disk has no room for, before HDF5 starts: HDF5 (1.10) cannot close a file whose
+   metadata it failed to write, so a write that runs out of space would keep the half-written file (and its
+   space) open for good and crash the library at exit. Counts the weights, both moments, the run state and
+   1 KiB of HDF5 metadata per dataset; a quota is not seen here. */
+static int check_free_space(const char *dir, const model *m, const checkpoint_state *state, FILE *errors)
+{
+    double needed = 3.0 * sizeof(float) * (double)m->n_weights + (double)state->balancer_bytes +
+                    sizeof(double) * (double)state->n_ranks + 1024.0 * (3 * m->n_params + 16);
+    struct statvfs filesystem;
+    if (statvfs(dir, &filesystem) != 0) return 0; /* cannot tell: let the write report any failure */
+    double available = (double)filesystem.f_bavail * (double)filesystem.f_frsize;
+    if (available >= needed) return 0;
+    fprintf(errors, "%s: not enough free space for the checkpoint (%.1f MiB needed, %.1f MiB free)\n", dir,
+            needed / 1048576.0, available / 1048576.0);
+    return 1;
 }
 
 int checkpoint_save(const deck *config, const model *m, const checkpoint_state *state,
@@ -251,6 +279,7 @@ int checkpoint_save(const deck *config, const model *m, const checkpoint_state *
         fprintf(errors, "%s: cannot create the checkpoint folder: %s\n", dir, strerror(errno));
         return 1;
     }
+    if (check_free_space(dir, m, state, errors) != 0) return 1;
     checkpoint_path(config, state->step, path, sizeof path);
     snprintf(tmp_path, sizeof tmp_path, "%s.tmp", path);
     h5_auto_print quiet = h5_quiet_begin();
@@ -288,24 +317,51 @@ static int read_attr(hid_t loc, const char *name, hid_t memory_type, void *value
 static int read_attr_i64(hid_t loc, const char *name, int64_t *value) { return read_attr(loc, name, H5T_NATIVE_INT64, value); }
 static int read_attr_u64(hid_t loc, const char *name, uint64_t *value) { return read_attr(loc, name, H5T_NATIVE_UINT64, value); }
 
-/* The version attribute and the completion mark, checked on an open file. */
+/* fprintf to `out`, or nothing when it is NULL (a check asked for its answer only). */
+static void say(FILE *out, const char *format, ...)
+{
+    if (!out) return;
+    va_list args;
+    va_start(args, format);
+    vfprintf(out, format, args);
+    va_end(args);
+}
+
+/* The version attribute and the completion mark, checked on an open file; `errors` may be NULL. */
 static int check_header(hid_t file, const char *path, FILE *errors)
 {
     int64_t version = 0, complete = 0;
     if (read_attr_i64(file, "aldit_checkpoint_version", &version) != 0) {
-        fprintf(errors, "%s: not an aldit checkpoint (no attribute aldit_checkpoint_version)\n", path);
+        say(errors, "%s: not an aldit checkpoint (no attribute aldit_checkpoint_version)\n", path);
         return 1;
     }
     if (version != CHECKPOINT_FORMAT_VERSION) {
-        fprintf(errors, "%s: checkpoint format version %" PRId64 ", this aldit reads version %d\n", path, version,
-                CHECKPOINT_FORMAT_VERSION);
+        say(errors, "%s: checkpoint format version %" PRId64 ", this aldit reads version %d\n", path, version,
+            CHECKPOINT_FORMAT_VERSION);
         return 1;
     }
     if (read_attr_i64(file, "complete", &complete) != 0 || complete != 1) {
-        fprintf(errors, "%s: incomplete checkpoint (no completion mark)\n", path);
+        say(errors, "%s: incomplete checkpoint (no completion mark)\n", path);
         return 1;
     }
     return 0;
+}
+
+/* 1 when `path` is a complete checkpoint of this format for `step` (HDF5's error printing off around it),
+   else 0 with the reason on `warnings` (may be NULL). */
+static int checkpoint_readable(const char *path, int64_t step, FILE *warnings)
+{
+    hid_t file = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
+    if (file < 0) {
+        say(warnings, "aldit: warning: ignoring unreadable checkpoint %s (not HDF5, or truncated)\n", path);
+        return 0;
+    }
+    int64_t recorded = -1;
+    const int readable =
+        check_header(file, path, warnings) == 0 && read_attr_i64(file, "step", &recorded) == 0 && recorded == step;
+    if (!readable) say(warnings, "aldit: warning: ignoring checkpoint %s (bad header or step)\n", path);
+    H5Fclose(file);
+    return readable;
 }
 
 int checkpoint_find_latest(const deck *config, char *path, size_t path_size, FILE *warnings)
@@ -319,22 +375,19 @@ int checkpoint_find_latest(const deck *config, char *path, size_t path_size, FIL
     for (int i = n_steps - 1; i >= 0 && !found; i--) {
         char candidate[2 * DECK_PATH_MAX];
         checkpoint_path(config, steps[i], candidate, sizeof candidate);
-        hid_t file = H5Fopen(candidate, H5F_ACC_RDONLY, H5P_DEFAULT);
-        int64_t step = -1;
-        if (file < 0) {
-            fprintf(warnings, "aldit: warning: ignoring unreadable checkpoint %s\n", candidate);
-            continue;
-        }
-        if (check_header(file, candidate, warnings) != 0 || read_attr_i64(file, "step", &step) != 0 || step != steps[i])
-            fprintf(warnings, "aldit: warning: ignoring checkpoint %s (bad header or step)\n", candidate);
-        else {
+        if (checkpoint_readable(candidate, steps[i], warnings)) {
             snprintf(path, path_size, "%s", candidate);
             found = 1;
         }
-        H5Fclose(file);
     }
     h5_quiet_end(quiet);
     free(steps);
+    /* starting afresh would overwrite the run's metrics and, through keep, delete its checkpoints */
+    if (n_steps > 0 && !found) {
+        fprintf(warnings, "aldit: error: none of the %d checkpoint(s) in %s can be read (see above); move them away, "
+                "or set [checkpoint] resume = off to start afresh\n", n_steps, dir);
+        return -1;
+    }
     return found;
 }
 
@@ -492,7 +545,8 @@ int checkpoint_load_weights(const char *path, model *m, FILE *errors)
     h5_auto_print quiet = h5_quiet_begin();
     hid_t file = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
     int status = 1;
-    if (file < 0) fprintf(errors, "%s: cannot open as HDF5 ([model] init)\n", path);
+    if (file < 0 && access(path, R_OK) != 0) fprintf(errors, "%s: cannot open ([model] init): %s\n", path, strerror(errno));
+    else if (file < 0) fprintf(errors, "%s: cannot open as HDF5 ([model] init)\n", path);
     else {
         status = read_params(file, "/", path, m, m->weights, errors);
         H5Fclose(file);

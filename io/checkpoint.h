@@ -38,7 +38,8 @@ int checkpoint_save(const deck *config, const model *m, const checkpoint_state *
                     char *path_out, size_t path_size, FILE *errors);
 
 /* Newest complete checkpoint in <run dir>/checkpoints: 1 and its path when found, 0 when there is none.
-   Temporary (.tmp) and unreadable files are skipped with a warning on `warnings`. */
+   Temporary (.tmp) and unreadable files are skipped with a warning on `warnings`; -1 (and an error on
+   `warnings`) when there are checkpoints but none can be read. */
 int checkpoint_find_latest(const deck *config, char *path, size_t path_size, FILE *warnings);
 
 /* Read a full checkpoint: weights into m->weights, moments into state->adam_m/adam_v (caller-owned,

@@ -668,17 +668,33 @@ static int read_sample(const store *s, int64_t id, float *latent, float *text, u
     return failed;
 }
 
-int store_read_sample(const store *s, int64_t id, float *latent, float *text, FILE *errors)
-{
-    return read_sample(s, id, latent, text, NULL, errors);
-}
-
 /* Index of the first non-finite value, or -1. */
 static int64_t first_nonfinite(const float *values, int64_t count)
 {
     for (int64_t i = 0; i < count; i++)
         if (!isfinite(values[i])) return i;
     return -1;
+}
+
+/* Reports the first value of a sample just read that is not finite (the format allows none); either part
+   may be NULL (not read). */
+static int check_finite(const store *s, int64_t id, const float *latent, const float *text, FILE *errors)
+{
+    const store_sample *sample = &s->samples[id];
+    int64_t bad = latent ? first_nonfinite(latent, store_sample_latent_elements(sample)) : -1;
+    if (bad >= 0)
+        return report(errors, s->path, "sample %lld: latent element %lld is not finite (corrupt data)", (long long)id,
+                      (long long)bad);
+    bad = text ? first_nonfinite(text, store_sample_text_elements(s, sample)) : -1;
+    if (bad >= 0)
+        return report(errors, s->path, "sample %lld: text element %lld is not finite (corrupt data)", (long long)id,
+                      (long long)bad);
+    return 0;
+}
+
+int store_read_sample(const store *s, int64_t id, float *latent, float *text, FILE *errors)
+{
+    return read_sample(s, id, latent, text, NULL, errors) || check_finite(s, id, latent, text, errors);
 }
 
 int store_verify_sample(const store *s, int64_t id, float *latent, float *text, FILE *errors)
@@ -689,11 +705,7 @@ int store_verify_sample(const store *s, int64_t id, float *latent, float *text, 
     if (crc != sample->checksum)
         return report(errors, s->path, "sample %lld: checksum mismatch (index says 0x%08x, stored bytes give 0x%08x): "
                                        "corrupt data", (long long)id, (unsigned)sample->checksum, (unsigned)crc);
-    int64_t bad = first_nonfinite(latent, store_sample_latent_elements(sample));
-    if (bad >= 0) return report(errors, s->path, "sample %lld: latent element %lld is not finite", (long long)id, (long long)bad);
-    bad = first_nonfinite(text, store_sample_text_elements(s, sample));
-    if (bad >= 0) return report(errors, s->path, "sample %lld: text element %lld is not finite", (long long)id, (long long)bad);
-    return 0;
+    return check_finite(s, id, latent, text, errors);
 }
 
 /* ---- writer ------------------------------------------------------------------------------------- */

@@ -49,12 +49,13 @@ int store_open(store *s, const char *path, FILE *errors);
 void store_open_bcast(store *s, const char *path);
 
 /* Read sample `id` as fp32: latent (C*F*H*W values) and text (text_len*text_dim values); either
-   pointer may be NULL to skip that part. 0 on success; an out-of-range id or a read error (truncated
-   or corrupt file) prints a message naming the sample and the file to `errors` and returns non-zero. */
+   pointer may be NULL to skip that part. 0 on success; an out-of-range id, a read error (truncated
+   or corrupt file) or a value that is not finite prints a message naming the sample and the file to
+   `errors` and returns non-zero. */
 int store_read_sample(const store *s, int64_t id, float *latent, float *text, FILE *errors);
 
-/* Like store_read_sample (both buffers required), and also checks the stored checksum and that every
-   value is finite. 0 when the sample is sound. */
+/* Like store_read_sample (both buffers required), and also checks the stored checksum. 0 when the
+   sample is sound. */
 int store_verify_sample(const store *s, int64_t id, float *latent, float *text, FILE *errors);
 
 /* Close the HDF5 handles and free the index; `s` may be closed twice. */

@@ -34,7 +34,8 @@ prefetcher *prefetch_create(const store *source, int background, prefetch_noise 
 /* Size the slot for these ids (offsets from the store index) and copy them in. */
 static void layout_slot(const store *source, sample_batch *slot, const int64_t *ids, int n_ids)
 {
-    if (n_ids > slot->samples_capacity) {
+    /* the starts need n_ids + 1 entries: a rank's first batch may be empty (fewer samples than ranks) */
+    if (n_ids > slot->samples_capacity || !slot->latent_start) {
         slot->samples_capacity = n_ids;
         slot->ids = xrealloc(slot->ids, (size_t)n_ids * sizeof *slot->ids);
         slot->latent_start = xrealloc(slot->latent_start, (size_t)(n_ids + 1) * sizeof *slot->latent_start);

@@ -84,8 +84,11 @@ static void make_dirs(const char *path)
         mkdir(partial, 0777);
         *slash = '/';
     }
-    if (mkdir(partial, 0777) != 0 && errno != EEXIST)
-        ALDIT_FATAL_CODE(ALDIT_EXIT_USAGE, "cannot create the run folder %s ([run] dir): %s", path, strerror(errno));
+    int failure = mkdir(partial, 0777) == 0 ? 0 : errno;
+    struct stat existing;
+    if (failure == EEXIST) failure = stat(partial, &existing) == 0 && S_ISDIR(existing.st_mode) ? 0 : ENOTDIR;
+    if (failure != 0)
+        ALDIT_FATAL_CODE(ALDIT_EXIT_USAGE, "cannot create the run folder %s ([run] dir): %s", path, strerror(failure));
 }
 
 /* Collective: [run] device resolved. cpu stays cpu; auto is cuda when this build has CUDA and every rank
@@ -634,6 +637,7 @@ static void initial_state(trainer *t, char *resumed_from, size_t resumed_size)
     resumed_from[0] = '\0';
     if (rank == 0 && config->checkpoint.resume) found = checkpoint_find_latest(config, resumed_from, resumed_size, stderr);
     comm_bcast_bytes(&found, sizeof found);
+    if (found < 0) exit_all(ALDIT_EXIT_USAGE);
     int64_t resumed_step = 0, resumed_plan = 0; /* steps per epoch of the run resumed, 0 = none */
     if (found) {
         if (rank == 0) {

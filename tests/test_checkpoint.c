@@ -193,6 +193,16 @@ static void test_atomic_and_resume_selection(void **unused)
     assert_int_equal(state.step, 1);
     free(state.balancer_state);
     free(state.rank_seconds);
+
+    /* once step 1 is truncated too, no checkpoint is readable: an error, not a fresh start */
+    assert_int_equal(truncate(found, 4096), 0);
+    warnings = tmpfile();
+    assert_int_equal(checkpoint_find_latest(&config, found, sizeof found, warnings), -1);
+    message = captured(warnings);
+    assert_non_null(strstr(message, "none of the 2 checkpoint(s) in"));
+    assert_non_null(strstr(message, "can be read"));
+    free(message);
+    fclose(warnings);
     rmdir(blocked);
     free_state(&first);
     remove_tree(dir);
@@ -220,6 +230,18 @@ static void test_keep_newest(void **unused)
     assert_int_equal(access(path, R_OK), 0);
     checkpoint_path(&config, 20, path, sizeof path);
     assert_int_not_equal(access(path, R_OK), 0);
+
+    /* a truncated checkpoint neither counts towards keep nor goes: after step 50, steps 30 and 50 (the two
+       newest complete ones) and the broken 40 remain */
+    checkpoint_path(&config, 40, path, sizeof path);
+    assert_int_equal(truncate(path, 4096), 0);
+    r.state.step = 50;
+    assert_int_equal(checkpoint_save(&config, &r.net, &r.state, NULL, 0, stderr), 0);
+    assert_int_equal(count_files(checkpoints, ".h5"), 3);
+    for (int64_t step = 30; step <= 50; step += 10) {
+        checkpoint_path(&config, step, path, sizeof path);
+        assert_int_equal(access(path, R_OK), 0);
+    }
     free_state(&r);
     remove_tree(dir);
     free(dir);
@@ -272,7 +294,7 @@ static void test_rejects_other_model(void **unused)
     errors = tmpfile();
     assert_int_not_equal(checkpoint_load_weights("/nonexistent/weights.h5", &other.net, errors), 0);
     message = captured(errors);
-    assert_non_null(strstr(message, "/nonexistent/weights.h5: cannot open"));
+    assert_non_null(strstr(message, "/nonexistent/weights.h5: cannot open ([model] init): No such file or directory"));
     free(message);
     fclose(errors);
     free_state(&saved);

@@ -587,6 +587,14 @@ static void test_nonfinite_value(void **state)
     fclose(errors);
     assert_non_null(strstr(messages, "sample 2: latent element 1 is not finite"));
     free(messages);
+    /* a plain read (what training does) refuses it too, naming the file and the sample */
+    errors = open_memstream(&messages, &size);
+    assert_int_not_equal(store_read_sample(&s, 2, latent, NULL, errors), 0);
+    assert_int_equal(store_read_sample(&s, 2, NULL, text, errors), 0);
+    fclose(errors);
+    assert_non_null(strstr(messages, folder->path));
+    assert_non_null(strstr(messages, "sample 2: latent element 1 is not finite (corrupt data)"));
+    free(messages);
     free(raw_latent);
     free(raw_text);
     free(latent);

@@ -1,10 +1,10 @@
 #!/bin/sh
 # train_quickstart.sh — end to end on 2 CPU ranks: --check, a short run (metrics, falling loss, final
-# checkpoint), [model] init from it, and the errors a user meets first (init shape, option, store);
-# device = cuda without a GPU is in train_gpu.sh.
+# checkpoint), [model] init from it, and the errors a user meets first (init shape, unreadable checkpoint,
+# run dir, option, store); device = cuda without a GPU is in train_gpu.sh.
 . "${top_srcdir:-.}/tests/train_lib.sh"
 STEPS=60
-tap_plan 14
+tap_plan 16
 
 tap_ok "aldit-store synth makes the test store" make_store
 
@@ -44,6 +44,18 @@ tap_result $? "it starts from the trained weights (first loss $warm < $fresh fro
 run_aldit 2 badinit model.init="$final" model.ffn_dim=48 run.steps=1; status=$?
 case $status:$(cat "$WORK/badinit.log") in 2:*"ffn.0.weight has shape [64, 32] in the file, the model expects [48, 32]"*) found=0 ;; *) found=1 ;; esac
 tap_result $found "init weights of another shape: exit 2 naming the parameter and both shapes" "$(cat "$WORK/badinit.log")"
+
+mkdir -p "$WORK/cut/checkpoints"
+head -c 4096 "$final" > "$WORK/cut/checkpoints/step_$(printf %08d $STEPS).h5"
+run_aldit 2 cut run.steps=$((STEPS + 1)); status=$?
+case $status:$(cat "$WORK/cut.log") in 2:*"none of the 1 checkpoint(s) in $WORK/cut/checkpoints can be read"*) found=0 ;; *) found=1 ;; esac
+tap_result $found "only a truncated checkpoint to resume from: exit 2 naming the folder, no fresh start" "$(cat "$WORK/cut.log")"
+
+: > "$WORK/plainfile"
+$MPIEXEC -np 2 --oversubscribe "$ALDIT" "$TRAIN_DECK" data.store="$WORK/store.h5" run.dir="$WORK/plainfile" \
+    > "$WORK/plainfile.log" 2>&1; status=$?
+case $status:$(cat "$WORK/plainfile.log") in 2:*"cannot create the run folder $WORK/plainfile ([run] dir): Not a directory"*) found=0 ;; *) found=1 ;; esac
+tap_result $found "[run] dir naming a file: exit 2 naming it" "$(cat "$WORK/plainfile.log")"
 
 run_aldit 2 nostore data.store="$WORK/missing.h5"; status=$?
 tap_is "a missing store exits 2" "$status" 2

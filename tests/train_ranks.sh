@@ -1,9 +1,10 @@
 #!/bin/sh
 # train_ranks.sh — with a fixed global batch, 1 rank and 2 ranks see the same samples, noise and timesteps
-# each step, so their per-step losses agree to 1e-5 relative (only the order of float sums differs).
+# each step, so their per-step losses agree to 1e-5 relative (only the order of float sums differs); a global
+# batch smaller than the rank count (a rank without samples) runs.
 . "${top_srcdir:-.}/tests/train_lib.sh"
 STEPS=40
-tap_plan 6
+tap_plan 8
 
 tap_ok "aldit-store synth makes the test store" make_store
 run_aldit 1 one run.steps=$STEPS balance.global_batch=6; status=$?
@@ -30,4 +31,9 @@ awk '{ n = split($0, f, /"rank_samples": \[/); if (n < 2) { print "no rank_sampl
            print "line " NR ": per-rank seconds missing"; bad = 1 } }
      END { exit bad || NR == 0 }' "$WORK/two/metrics.jsonl" > "$WORK/rank_arrays"
 tap_result $? "2-rank metrics carry per-rank samples (summing to the step's) and seconds" "$(head -3 "$WORK/rank_arrays")"
+
+# a global batch smaller than the rank count leaves a rank without samples in a step
+run_aldit 2 sparse run.steps=3 balance.global_batch=1; status=$?
+tap_is "global batch 1 on 2 ranks exits 0" "$status" 0
+tap_is "it ran every step" "$(metrics_lines sparse)" 3
 tap_done
