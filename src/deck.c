@@ -102,6 +102,8 @@ static const deck_key deck_keys[] = {
      .help = "HDF5 latent store (made by aldit-store); required to train"},
     {KEY("data", "prefetch", KEY_BOOL, data.prefetch), .default_text = "on",
      .help = "read the next step's samples in a background thread"},
+    {KEY("data", "verify", KEY_BOOL, data.verify), .default_text = "on",
+     .help = "check each sample's CRC-32 (the store's index) as it is read: a corrupt sample stops the run, named"},
     /* [balance] */
     {KEY("balance", "strategy", KEY_ENUM, balance.strategy), .choices = strategy_names, .default_text = "global",
      .help = "global: pack samples across ranks by predicted cost; dual: the paper's memory+compute "

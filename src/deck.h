@@ -47,6 +47,7 @@ typedef struct {
     struct {
         char store[DECK_PATH_MAX];     /* HDF5 latent store */
         int prefetch;                  /* read the next step's samples in a background thread (1) */
+        int verify;                    /* check each sample's CRC-32 against the index as it is read (1) */
     } data;
     struct {
         deck_strategy strategy;        /* global (default) | dual | equal_tokens */

@@ -11,6 +11,7 @@
 struct prefetcher {
     const store *source;
     int background;
+    int verify;           /* check each sample's CRC-32 (store_verify_sample) */
     prefetch_noise noise;
     int64_t epoch;        /* of the samples being read */
     sample_batch slots[2];
@@ -21,11 +22,12 @@ struct prefetcher {
     int64_t failed_id;    /* first sample whose read failed, -1 when none */
 };
 
-prefetcher *prefetch_create(const store *source, int background, prefetch_noise noise)
+prefetcher *prefetch_create(const store *source, int background, int verify, prefetch_noise noise)
 {
     prefetcher *p = xcalloc(1, sizeof *p);
     p->source = source;
     p->background = background;
+    p->verify = verify;
     p->noise = noise;
     p->failed_id = -1;
     return p;
@@ -97,9 +99,11 @@ static void *read_slot(void *arg)
     prefetcher *p = arg;
     sample_batch *slot = &p->slots[p->filling];
     /* HDF5 reads one after another (the library is not thread-safe), then the noise */
+    int (*const read)(const store *, int64_t, float *, float *, FILE *) =
+        p->verify ? store_verify_sample : store_read_sample;
     for (int i = 0; i < slot->n_samples && p->failed_id < 0; i++)
-        if (store_read_sample(p->source, slot->ids[i], slot->latents + slot->latent_start[i],
-                              slot->text + slot->text_start[i], stderr) != 0)
+        if (read(p->source, slot->ids[i], slot->latents + slot->latent_start[i], slot->text + slot->text_start[i],
+                 stderr) != 0)
             p->failed_id = slot->ids[i];
     for (int i = 0; i < slot->n_samples; i++) draw_noise(p, slot, i);
     return NULL;

@@ -1104,7 +1104,7 @@ static void trainer_setup(trainer *t, const deck *config, const comm_info *info,
                             .timestep_shift = config->train.timestep_shift,
                             /* on the CPU the rank's threads are busy with the model: one draws the noise */
                             .threads = device == DEVICE_CUDA ? threads_per_rank(config, info) : 1};
-    t->reader = prefetch_create(&t->data, config->data.prefetch, noise);
+    t->reader = prefetch_create(&t->data, config->data.prefetch, config->data.verify, noise);
     if (info->rank == 0) t->metrics = open_metrics(config, t->step);
 }
 

@@ -1,10 +1,10 @@
 #!/bin/sh
 # train_quickstart.sh — end to end on 2 CPU ranks: --check, a short run (metrics, falling loss, final
 # checkpoint), [model] init from it, and the errors a user meets first (init shape, unreadable checkpoint,
-# run dir, option, store); device = cuda without a GPU is in train_gpu.sh.
+# run dir, option, store, a corrupt sample); device = cuda without a GPU is in train_gpu.sh.
 . "${top_srcdir:-.}/tests/train_lib.sh"
 STEPS=60
-tap_plan 16
+tap_plan 18
 
 tap_ok "aldit-store synth makes the test store" make_store
 
@@ -59,6 +59,21 @@ tap_result $found "[run] dir naming a file: exit 2 naming it" "$(cat "$WORK/plai
 
 run_aldit 2 nostore data.store="$WORK/missing.h5"; status=$?
 tap_is "a missing store exits 2" "$status" 2
+
+# one stored latent bit flipped (still finite): [data] verify (on by default) stops the run at that sample
+cp "$WORK/store.h5" "$WORK/damaged.h5"
+"$top_builddir/tests/store_damage" "$WORK/damaged.h5" 5
+# run_damaged RUN [section.key=value ...]: one epoch over the damaged store into $WORK/RUN (log $WORK/RUN.log)
+run_damaged() {
+    run=$1; shift
+    $MPIEXEC -np 2 --oversubscribe "$ALDIT" "$TRAIN_DECK" data.store="$WORK/damaged.h5" run.dir="$WORK/$run" \
+        run.epochs=1 run.steps=0 "$@" > "$WORK/$run.log" 2>&1
+}
+run_damaged damaged; status=$?
+case $status:$(cat "$WORK/damaged.log") in 2:*"damaged.h5: sample 5: checksum mismatch"*) found=0 ;; *) found=1 ;; esac
+tap_result $found "a store sample whose bytes changed: exit 2 naming the store and the sample" "$(tail -5 "$WORK/damaged.log")"
+run_damaged unverified data.verify=off; status=$?
+tap_is "with [data] verify = off the same run completes" "$status" 0
 $MPIEXEC -np 2 --oversubscribe "$ALDIT" --bogus "$TRAIN_DECK" > "$WORK/usage.log" 2>&1; status=$?
 case $status:$(cat "$WORK/usage.log") in 2:*"unknown option '--bogus'"*) found=0 ;; *) found=1 ;; esac
 tap_result $found "an unknown option exits 2 naming it" "$(cat "$WORK/usage.log")"
