@@ -70,7 +70,7 @@ static double parse_number(const char *option, const char *text, double min, dou
     double value = text ? strtod(text, &end) : NAN;
     if (!text || end == text || *end != '\0' || !(value >= min && value <= max)) {
         char message[256];
-        snprintf(message, sizeof(message), "%s needs a number in [%g, %g], got '%%s'", option, min, max);
+        snprintf(message, sizeof(message), "%s needs a number in [%.15g, %.15g], got '%%s'", option, min, max);
         usage_error(message, text ? text : "(nothing)");
     }
     return value;
