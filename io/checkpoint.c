@@ -392,6 +392,7 @@ int checkpoint_find_latest(const deck *config, char *path, size_t path_size, FIL
 }
 
 /* Read dataset `name` of `loc` into `values` after checking it is a float array of the parameter's shape. */
+/* One parameter's dataset: its name, float type and shape checked, then read into `values` (NULL: checked only). */
 static int read_param(hid_t loc, const char *where, const char *path, const param_info *param, float *values,
                       FILE *errors)
 {
@@ -423,7 +424,7 @@ static int read_param(hid_t loc, const char *where, const char *path, const para
         fprintf(errors, "%s: parameter %s has shape [%s] in the file, the model expects [%s]\n", path, param->name,
                 found, expected);
         status = 1;
-    } else if (H5Dread(set, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, values) < 0) {
+    } else if (values && H5Dread(set, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, values) < 0) {
         fprintf(errors, "%s: reading dataset %s%s failed\n", path, where, param->name);
         status = 1;
     }
@@ -436,7 +437,8 @@ static int read_param(hid_t loc, const char *where, const char *path, const para
 static int read_params(hid_t loc, const char *where, const char *path, const model *m, float *values, FILE *errors)
 {
     for (int p = 0; p < m->n_params; p++)
-        if (read_param(loc, where, path, &m->params[p], values + m->params[p].offset, errors) != 0) return 1;
+        if (read_param(loc, where, path, &m->params[p], values ? values + m->params[p].offset : NULL, errors) != 0)
+            return 1;
     return 0;
 }
 
@@ -540,7 +542,8 @@ int checkpoint_load(const char *path, const deck *config, model *m, checkpoint_s
     return status;
 }
 
-int checkpoint_load_weights(const char *path, model *m, FILE *errors)
+/* [model] init's parameters into `weights`, or only checked when it is NULL. */
+static int init_weights(const char *path, const model *m, float *weights, FILE *errors)
 {
     h5_auto_print quiet = h5_quiet_begin();
     hid_t file = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
@@ -548,9 +551,19 @@ int checkpoint_load_weights(const char *path, model *m, FILE *errors)
     if (file < 0 && access(path, R_OK) != 0) fprintf(errors, "%s: cannot open ([model] init): %s\n", path, strerror(errno));
     else if (file < 0) fprintf(errors, "%s: cannot open as HDF5 ([model] init)\n", path);
     else {
-        status = read_params(file, "/", path, m, m->weights, errors);
+        status = read_params(file, "/", path, m, weights, errors);
         H5Fclose(file);
     }
     h5_quiet_end(quiet);
     return status;
+}
+
+int checkpoint_load_weights(const char *path, model *m, FILE *errors)
+{
+    return init_weights(path, m, m->weights, errors);
+}
+
+int checkpoint_check_weights(const char *path, const model *m, FILE *errors)
+{
+    return init_weights(path, m, NULL, errors);
 }

@@ -53,4 +53,7 @@ int checkpoint_load(const char *path, const deck *config, model *m, checkpoint_s
    missing or mis-shaped parameter is named in the message to `errors` (non-zero return). */
 int checkpoint_load_weights(const char *path, model *m, FILE *errors);
 
+/* The same checks without reading the values (m may be a table from model_create_table): for --check. */
+int checkpoint_check_weights(const char *path, const model *m, FILE *errors);
+
 #endif

@@ -350,6 +350,18 @@ int train_check(const deck *config, const comm_info *info)
     int device = resolve_device(config, info);
     if (device < 0) return ALDIT_EXIT_ERROR;
     if (!recompute_supported(config, device, info)) return ALDIT_EXIT_USAGE;
+    if (config->model.init[0]) { /* the names and shapes of [model] init's weights, as a run would load them */
+        int status = 0;
+        if (info->rank == 0) {
+            model table;
+            model_create_table(&table, config);
+            status = checkpoint_check_weights(config->model.init, &table, stderr);
+            model_free(&table);
+            if (status != 0) fprintf(stderr, "aldit: error: cannot start from [model] init = %s\n", config->model.init);
+        }
+        comm_bcast_bytes(&status, sizeof status);
+        if (status != 0) return ALDIT_EXIT_USAGE;
+    }
     store data;
     store_open_bcast(&data, config->data.store);
     check_store_fits_model(&data, config, info->rank);

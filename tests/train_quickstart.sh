@@ -4,11 +4,11 @@
 # run dir, option, store, a corrupt sample); device = cuda without a GPU is in train_gpu.sh.
 . "${top_srcdir:-.}/tests/train_lib.sh"
 STEPS=60
-tap_plan 18
+tap_plan 20
 
 tap_ok "aldit-store synth makes the test store" make_store
 
-run_check() { $MPIEXEC -np 2 --oversubscribe "$ALDIT" --check "$TRAIN_DECK" data.store="$WORK/store.h5" run.dir="$WORK/check"; }
+run_check() { $MPIEXEC -np 2 --oversubscribe "$ALDIT" --check "$TRAIN_DECK" data.store="$WORK/store.h5" run.dir="$WORK/check" "$@"; }
 out=$(run_check 2>&1); status=$?
 tap_is "--check exits 0" "$status" 0
 case $out in *"activation budget"*"steps per epoch"*) found=0 ;; *) found=1 ;; esac
@@ -44,6 +44,12 @@ tap_result $? "it starts from the trained weights (first loss $warm < $fresh fro
 run_aldit 2 badinit model.init="$final" model.ffn_dim=48 run.steps=1; status=$?
 case $status:$(cat "$WORK/badinit.log") in 2:*"ffn.0.weight has shape [64, 32] in the file, the model expects [48, 32]"*) found=0 ;; *) found=1 ;; esac
 tap_result $found "init weights of another shape: exit 2 naming the parameter and both shapes" "$(cat "$WORK/badinit.log")"
+out=$(run_check model.init="$final" model.ffn_dim=48 2>&1); status=$?
+case $status:$out in 2:*"ffn.0.weight has shape [64, 32] in the file, the model expects [48, 32]"*) found=0 ;; *) found=1 ;; esac
+tap_result $found "--check finds the same before any step" "$out"
+out=$(run_check model.init="$WORK/nosuch.h5" 2>&1); status=$?
+case $status:$out in 2:*"nosuch.h5: cannot open ([model] init): No such file or directory"*) found=0 ;; *) found=1 ;; esac
+tap_result $found "--check with a missing [model] init: exit 2 naming it" "$out"
 
 mkdir -p "$WORK/cut/checkpoints"
 head -c 4096 "$final" > "$WORK/cut/checkpoints/step_$(printf %08d $STEPS).h5"
