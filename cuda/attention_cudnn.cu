@@ -556,10 +556,7 @@ void tune(plan_entry &e, cudnnBackendDescriptor_t pack, cudaStream_t stream)
         }
         for (int c = 0; c < n && best >= 0; ++c) dropped[c] = dropped[c] || least_ms[c] > kTuneKeep * least_ms[best];
     }
-    int best = 0;
-    for (int c = 1; c < n; ++c)
-        if (!refused[c] && (refused[best] || least_ms[c] < least_ms[best])) best = c;
-    if (!refused[0] && best != 0 && least_ms[best] > (1.0f - kTuneMargin) * least_ms[0]) best = 0;
+    const int best = gpu_fastest_candidate(least_ms, refused, n, kTuneMargin);
     if (g_n_tune_records < kMaxTuneRecords) {
         tune_record &record = g_tune_records[g_n_tune_records++];
         record = {{}, e.direction, e.seq_len_q, e.seq_len_kv, e.n_candidates, least_ms[0], least_ms[best], e.choice,

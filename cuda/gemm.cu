@@ -76,7 +76,6 @@ struct Device {
     cublasLtHandle_t handle;
     Lane lanes[kLanes];
     Lane *lane;  // the current call's (begin_call .. end_call)
-    int sm_count;
     cudaEvent_t tune_marks[kTuneCandidates + 1];  // a tuning round: before the first candidate, after each
     Plan *plans;
     uint64_t clock;
@@ -150,7 +149,6 @@ Device &current_device()
         CUBLAS_CHECK(cublasLtCreate(&dev.handle));
         for (cudaEvent_t &mark : dev.tune_marks) CUDA_CHECK(cudaEventCreate(&mark));
         dev.plans = (Plan *)xcalloc(kPlanSlots, sizeof *dev.plans);
-        CUDA_CHECK(cudaDeviceGetAttribute(&dev.sm_count, cudaDevAttrMultiProcessorCount, id));
         dev.ready = true;
     }
     return dev;
@@ -325,10 +323,7 @@ void tune_plan(Device &dev, Plan &plan, const void *a, const void *b, float beta
             least_ms[c] = round == 1 || ms < least_ms[c] ? ms : least_ms[c];
         }
     }
-    int best = 0;
-    for (int c = 1; c < plan.n_candidates; ++c)
-        if (!refused[c] && (refused[best] || least_ms[c] < least_ms[best])) best = c;
-    if (!refused[0] && best != 0 && least_ms[best] > (1.0f - kTuneMargin) * least_ms[0]) best = 0;
+    const int best = gpu_fastest_candidate(least_ms, refused, plan.n_candidates, kTuneMargin);
     plan.algo = plan.candidates[best];
     dev.stats.tuned += 1;
     dev.stats.tuned_not_first += best != 0;
@@ -530,7 +525,8 @@ void column_sums(Device &dev, const gpu_bf16 *dy, int64_t n_rows, int cols, floa
 {
     const int nvec = cols / kVecElems;
     const int64_t column_blocks = (nvec + kColsumVecs - 1) / kColsumVecs;
-    const int64_t wanted = ((int64_t)dev.sm_count * kColsumBlocksPerSm + column_blocks - 1) / column_blocks;
+    const int64_t wanted =
+        ((int64_t)gpu_attribute(cudaDevAttrMultiProcessorCount) * kColsumBlocksPerSm + column_blocks - 1) / column_blocks;
     const int64_t most = (n_rows + kColsumMinChunkRows - 1) / kColsumMinChunkRows;
     int64_t n_chunks = wanted < most ? wanted : most;
     if (n_chunks < 1) n_chunks = 1;

@@ -40,6 +40,14 @@ extern "C" unsigned gpu_grid_blocks(int64_t n_items, int threads_per_block, int6
     return (unsigned)(blocks < 1 ? 1 : blocks > most_blocks ? most_blocks : blocks);
 }
 
+extern "C" int gpu_fastest_candidate(const float *least_ms, const bool *refused, int n, float margin)
+{
+    int best = 0;
+    for (int c = 1; c < n; ++c)
+        if (!refused[c] && (refused[best] || least_ms[c] < least_ms[best])) best = c;
+    return !refused[0] && best != 0 && least_ms[best] > (1.0f - margin) * least_ms[0] ? 0 : best;
+}
+
 extern "C" int gpu_attribute(enum cudaDeviceAttr attribute)
 {
     constexpr int kDevices = 64, kAttributes = 2;

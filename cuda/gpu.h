@@ -2,6 +2,7 @@
 #ifndef ALDIT_GPU_H
 #define ALDIT_GPU_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -44,6 +45,10 @@ int gpu_attribute(enum cudaDeviceAttr attribute);
 /* Blocks of `threads_per_block` for a grid-stride pass over n_items items, one item per thread: enough to cover
    them, at least 1, at most most_blocks (the kernels loop over what a grid that size leaves). */
 unsigned gpu_grid_blocks(int64_t n_items, int threads_per_block, int64_t most_blocks);
+
+/* Autotuning's choice among n timed candidates, 0 being the heuristic's first: the one of least least_ms[c] among
+   those not refused[c], but 0 unless it is faster than candidate 0 by the fraction `margin` (0 when all refused). */
+int gpu_fastest_candidate(const float *least_ms, const bool *refused, int n, float margin);
 
 /* Free and total bytes of the current GPU's memory. */
 void gpu_memory_info(size_t *free_bytes, size_t *total_bytes);

@@ -175,7 +175,7 @@ struct gpu_model {
     // the backward's overlap (gpu_model_set_overlap): block weight gradients on `side`, the rest on `crit`
     int overlap;
     cudaStream_t crit, side;          // the greatest and the least priority
-    cudaEvent_t crit_mark, side_mark;  // orderings crit -> side and side -> crit
+    cudaEvent_t crit_mark, side_mark;  // one stream after another (stream_after); crit after side (join_side)
     cudaEvent_t read_done[kTrackedGrads];  // on side after the last weight gradient that reads the buffer
     bool read_pending[kTrackedGrads];
     // host seconds the last forward_backward call took to queue its work (gpu_model_enqueue_seconds)
@@ -527,11 +527,12 @@ void linear_bwd(gpu_model *gm, const gpu_bf16 *x, const gpu_bf16 *dy, int64_t n_
 // ---- the backward's two streams (gpu_model_set_overlap) -------------------------------------------------------
 // Without overlap every call below falls back to ordering nothing (one stream).
 
-// The side stream sees everything queued on `stream` (crit) so far.
-void side_after(gpu_model *gm, cudaStream_t stream)
+// `waiter` sees everything queued on `stream` so far (through crit_mark; the side stream's own work is joined
+// with join_side).
+void stream_after(gpu_model *gm, cudaStream_t waiter, cudaStream_t stream)
 {
     CUDA_CHECK(cudaEventRecord(gm->crit_mark, stream));
-    CUDA_CHECK(cudaStreamWaitEvent(gm->side, gm->crit_mark, 0));
+    CUDA_CHECK(cudaStreamWaitEvent(waiter, gm->crit_mark, 0));
 }
 
 // `stream` waits for everything queued on the side stream so far.
@@ -561,7 +562,7 @@ void block_linear_bwd(gpu_model *gm, const gpu_bf16 *x, const gpu_bf16 *dy, trac
         linear_bwd(gm, x, dy, n_rows, in_dim, out_dim, lin, gelu_input, dx, accumulate_dx, stream);
         return;
     }
-    side_after(gm, stream);
+    stream_after(gm, gm->side, stream);
     linear_bwd_on(gm, x, dy, n_rows, in_dim, out_dim, lin, gelu_input, dx, accumulate_dx, stream, gm->side);
     CUDA_CHECK(cudaEventRecord(gm->read_done[dy_buffer], gm->side));  // after the dW and db, the side's last work
     gm->read_pending[dy_buffer] = true;
@@ -955,7 +956,7 @@ void backward(gpu_model *gm, const batch_dims &d, cudaStream_t stream)
         // it every gradient of the block's parameters
         misc_block_modulation_bwd(s.d_modulation, B, D, grads + bo.modulation, gm->d_e0, stream);
         if (gm->overlap) {  // the side stream has the block's weight gradients; with this, all of its gradients
-            side_after(gm, stream);
+            stream_after(gm, gm->side, stream);
             grads_ready(gm, bo.first, bo.end - bo.first, gm->side);
         } else {
             grads_ready(gm, bo.first, bo.end - bo.first, stream);
@@ -1237,12 +1238,10 @@ double gpu_model_forward_backward(gpu_model *gm, const model_batch *batch, float
     const batch_dims dims = stage_batch(gm, batch, stream);
     forward(gm, dims, grad_scale, stream);
     if (gm->overlap) {  // the backward on crit (and side), then `stream` after both
-        CUDA_CHECK(cudaEventRecord(gm->crit_mark, stream));
-        CUDA_CHECK(cudaStreamWaitEvent(gm->crit, gm->crit_mark, 0));
+        stream_after(gm, gm->crit, stream);
         backward(gm, dims, gm->crit);
         join_side(gm, gm->crit);
-        CUDA_CHECK(cudaEventRecord(gm->crit_mark, gm->crit));
-        CUDA_CHECK(cudaStreamWaitEvent(stream, gm->crit_mark, 0));
+        stream_after(gm, stream, gm->crit);
     } else {
         backward(gm, dims, stream);
     }

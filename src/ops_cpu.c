@@ -419,25 +419,6 @@ static float dot(const float *a, const float *b, int n)
     return sum;
 }
 
-/* What both attention passes derive from the shape: the row width, the softmax scale, the longest sample's
-   key rows (each task's score buffer), one task per (sample, head), and the work that decides threading. */
-typedef struct {
-    int64_t width, max_kv, n_tasks, work;
-    float softmax_scale;
-} attention_tasks;
-
-static attention_tasks attention_tasks_of(int num_heads, int head_dim, const int64_t *q_row_start,
-                                          const int64_t *kv_row_start, int n_samples)
-{
-    attention_tasks t;
-    t.width = (int64_t)num_heads * head_dim;
-    t.softmax_scale = 1.0f / sqrtf((float)head_dim);
-    t.max_kv = longest_sample(kv_row_start, n_samples);
-    t.n_tasks = (int64_t)n_samples * num_heads;
-    t.work = (q_row_start[n_samples] - q_row_start[0]) * t.max_kv * t.width;
-    return t;
-}
-
 /* One query row of one head: scores[j] = scale * q·k_j for the sample's key rows. */
 static void attention_scores(const float *q_head, const float *k, int64_t kv_begin, int64_t n_kv, int64_t width,
                              int head_dim, float softmax_scale, float *scores)
@@ -449,9 +430,11 @@ void cpu_attention_fwd(const float *q, const float *k, const float *v, int num_h
                        const int64_t *q_row_start, const int64_t *kv_row_start, int n_samples, float *out,
                        float *lse)
 {
-    const attention_tasks t = attention_tasks_of(num_heads, head_dim, q_row_start, kv_row_start, n_samples);
-    const int64_t width = t.width, max_kv = t.max_kv, n_tasks = t.n_tasks, work = t.work;
-    const float softmax_scale = t.softmax_scale;
+    int64_t width = (int64_t)num_heads * head_dim;
+    float softmax_scale = 1.0f / sqrtf((float)head_dim);
+    int64_t max_kv = longest_sample(kv_row_start, n_samples);
+    int64_t n_tasks = (int64_t)n_samples * num_heads;
+    int64_t work = (q_row_start[n_samples] - q_row_start[0]) * max_kv * width;
 #pragma omp parallel if (work > PARALLEL_MIN_VALUES)
     {
         float *scores = xmalloc((size_t)max_kv * sizeof(float));
@@ -492,9 +475,11 @@ void cpu_attention_bwd(const float *q, const float *k, const float *v, const flo
                        const float *lse, int num_heads, int head_dim, const int64_t *q_row_start,
                        const int64_t *kv_row_start, int n_samples, float *dq, float *dk, float *dv)
 {
-    const attention_tasks t = attention_tasks_of(num_heads, head_dim, q_row_start, kv_row_start, n_samples);
-    const int64_t width = t.width, max_kv = t.max_kv, n_tasks = t.n_tasks, work = t.work;
-    const float softmax_scale = t.softmax_scale;
+    int64_t width = (int64_t)num_heads * head_dim;
+    float softmax_scale = 1.0f / sqrtf((float)head_dim);
+    int64_t max_kv = longest_sample(kv_row_start, n_samples);
+    int64_t n_tasks = (int64_t)n_samples * num_heads;
+    int64_t work = (q_row_start[n_samples] - q_row_start[0]) * max_kv * width;
     /* One task per (sample, head): it alone writes that head's slice of the sample's dk and dv rows. */
 #pragma omp parallel if (work > PARALLEL_MIN_VALUES)
     {
