@@ -14,7 +14,7 @@
 //   over the sample's queries (32 at a time, double-buffered), and one kernel per 64 query rows
 //   accumulates dQ over the sample's keys (64 at a time, double-buffered). Every output value is
 //   written by one thread once: no atomics, reproducible bits.
-#include "attention.h"
+#include "cuda/attention.h"
 
 #include <cuda_bf16.h>
 #include <math.h>

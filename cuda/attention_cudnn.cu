@@ -9,7 +9,7 @@
 //   P   = exp(scale · Q Kᵀ − stats);       dV = Pᵀ dO          (Pᵀ [S_kv, S_q]: a bf16 reshape)
 //   dS  = P · (dO Vᵀ − softmax_sum) · scale;  dK = dSᵀ Q       (dSᵀ: a bf16 reshape)
 //   dQ_accum = dS K (fp32, non-virtual, ours);  dQ = identity(dQ_accum)
-#include "attention_cudnn.h"
+#include "cuda/attention_cudnn.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -17,7 +17,7 @@
 
 #include <cudnn.h>
 
-#include "bf16vec.cuh"
+#include "cuda/bf16vec.cuh"
 
 #if CUDNN_VERSION < 91301
 #error "attention_cudnn.cu needs cuDNN 9.13.1 or newer (the unified SDPA forward operation)"

@@ -6,7 +6,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "gpu.h"
+#include "cuda/gpu.h"
 
 #ifdef __cplusplus
 extern "C" {

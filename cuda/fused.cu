@@ -8,14 +8,14 @@
 // heads and share the same 4 rotation angles, computed once per row. The backward keeps dweight's
 // column sums in registers, adds the row groups in shared memory at the end, writes one partial per
 // block, and a last pass adds the blocks' partials in a fixed order.
-#include "fused.h"
+#include "cuda/fused.h"
 
 #include <cuda_bf16.h>
 #include <math.h>
 #include <stdint.h>
 
-#include "bf16vec.cuh"
-#include "colsum.cuh"
+#include "cuda/bf16vec.cuh"
+#include "cuda/colsum.cuh"
 
 #include <type_traits>
 

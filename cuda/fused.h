@@ -5,8 +5,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "gpu.h"
-#include "optim.h" /* adamw_step (a plain struct: no C linkage needed in CUDA sources) */
+#include "cuda/gpu.h"
+#include "model/optim.h" /* adamw_step (a plain struct: no C linkage needed in CUDA sources) */
 
 #ifdef __cplusplus
 extern "C" {

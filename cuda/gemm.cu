@@ -5,14 +5,14 @@
 // fastest of them timed on the plan's first call, else the first), sets the per-call pointer attributes (bias /
 // bias gradient, GELU aux) on the cached descriptor and calls cublasLtMatmul with its stream's 32 MiB workspace
 // (a lane per stream, so that calls on different streams can run at once).
-#include "gemm.h"
+#include "cuda/gemm.h"
 
 #include <cuda_bf16.h>
 #include <stdio.h>
 #include <string.h>
 
-#include "bf16vec.cuh"
-#include "colsum.cuh"
+#include "cuda/bf16vec.cuh"
+#include "cuda/colsum.cuh"
 
 namespace {
 

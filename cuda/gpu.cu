@@ -1,5 +1,5 @@
 // gpu.cu — CUDA device helpers: error reporting, GPU discovery and selection by node-local rank, memory info.
-#include "gpu.h"
+#include "cuda/gpu.h"
 
 #include <stdio.h>
 

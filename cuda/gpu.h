@@ -10,7 +10,7 @@
 #include <cublasLt.h>
 #include <cuda_runtime_api.h>
 
-#include "check.h"
+#include "core/check.h"
 
 #ifdef __cplusplus
 extern "C" {

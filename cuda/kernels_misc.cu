@@ -3,7 +3,7 @@
 // None of these is on the hot path of a block (they touch per-sample vectors, the 64 values of a token's
 // patch, or are element-wise passes the big fused ops could not absorb), so they favour plain, exact code:
 // fp32 math, sums over samples and rows in a fixed order, no atomics.
-#include "kernels_misc.h"
+#include "cuda/kernels_misc.h"
 
 #include <cuda_bf16.h>
 #include <math.h>

@@ -12,12 +12,12 @@
 // the per-sample column sums (dshift, dscale, dgate) in registers while the chunk stays inside one sample, adds the
 // row groups up in shared memory when it leaves the sample, and writes one partial per (chunk, sample) to the
 // workspace; a last pass adds the partials of each sample in chunk order.
-#include "lnmod.h"
+#include "cuda/lnmod.h"
 
 #include <cuda_bf16.h>
 #include <stdint.h>
 
-#include "bf16vec.cuh"
+#include "cuda/bf16vec.cuh"
 
 namespace {
 

@@ -5,7 +5,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "gpu.h"
+#include "cuda/gpu.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -20,7 +20,7 @@
 // opens with lnmod_fwd on the kept x_in where the forward ran lnmod_residual_fwd: the same LayerNorm of
 // the same stored bf16 rows (lnmod.h), so every activation, the loss and the gradients are those of
 // GPU_RECOMPUTE_NONE, bit for bit.
-#include "model_gpu.h"
+#include "cuda/model_gpu.h"
 
 #include "config.h"
 
@@ -29,17 +29,17 @@
 #include <string.h>
 #include <time.h>
 
-#include "attention.h"
+#include "cuda/attention.h"
 #ifdef HAVE_CUDNN
-#include "attention_cudnn.h"
+#include "cuda/attention_cudnn.h"
 #endif
-#include "fused.h"
-#include "gemm.h"
-#include "kernels_misc.h"
-#include "lnmod.h"
+#include "cuda/fused.h"
+#include "cuda/gemm.h"
+#include "cuda/kernels_misc.h"
+#include "cuda/lnmod.h"
 
 extern "C" {
-#include "ops_cpu.h"
+#include "model/ops_cpu.h"
 }
 
 namespace {

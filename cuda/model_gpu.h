@@ -5,13 +5,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "gpu.h"
+#include "cuda/gpu.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-#include "model.h" /* plain C without its own linkage block */
+#include "model/model.h" /* plain C without its own linkage block */
 
 /* The GPU twin of a CPU `model` (src/model.h), which stays the source of the dims and of the parameter
    table: every flat device buffer below has the host table's offsets (param_info.offset), so a gradient

@@ -5,7 +5,7 @@
 
 #include <hdf5.h>
 
-#include "check.h"
+#include "core/check.h"
 
 typedef struct { H5E_auto2_t function; void *data; } h5_auto_print;
 

@@ -1,7 +1,7 @@
 /* lengths.c — length spec parser (FILE:LINE errors), weighted seeded shape draws. */
-#include "lengths.h"
-#include "check.h"
-#include "rng.h"
+#include "io/lengths.h"
+#include "core/check.h"
+#include "core/rng.h"
 
 #include <errno.h>
 #include <math.h>

@@ -1,8 +1,8 @@
 /* store.c — the HDF5 latent store: format checks, index read and broadcast, fp32 sample reads, checksummed writer. */
-#include "store.h"
-#include "check.h"
-#include "comm.h"
-#include "h5util.h"
+#include "io/store.h"
+#include "core/check.h"
+#include "core/comm.h"
+#include "io/h5util.h"
 
 #include <hdf5.h>
 

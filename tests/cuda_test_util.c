@@ -25,8 +25,8 @@ int skip_test_program(const char *reason)
 
 #include <math.h>
 
-#include "check.h"
-#include "rng.h"
+#include "core/check.h"
+#include "core/rng.h"
 
 void *device_upload(const void *host, size_t n_bytes)
 {

@@ -12,7 +12,7 @@ int skip_test_program(const char *reason);
 
 #ifdef HAVE_CUDA
 
-#include "gpu.h"
+#include "cuda/gpu.h"
 
 /* A device copy of n_bytes of host memory (at least 16 bytes allocated, so empty tensors get a valid pointer). */
 void *device_upload(const void *host, size_t n_bytes);

@@ -4,8 +4,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "check.h"
-#include "store.h"
+#include "core/check.h"
+#include "io/store.h"
 
 int main(int argc, char **argv)
 {

@@ -11,10 +11,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "balance.h"
-#include "costmodel.h"
-#include "deck.h"
-#include "rng.h"
+#include "balance/balance.h"
+#include "balance/costmodel.h"
+#include "deck/deck.h"
+#include "core/rng.h"
 
 static const deck_strategy all_strategies[3] = {STRATEGY_GLOBAL, STRATEGY_DUAL, STRATEGY_EQUAL_TOKENS};
 

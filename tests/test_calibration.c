@@ -10,8 +10,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "calibration.h"
-#include "deck.h"
+#include "balance/calibration.h"
+#include "deck/deck.h"
 
 enum { N_SHAPES = 3 };
 

@@ -4,11 +4,11 @@
 #include <stddef.h>
 #include <cmocka.h>
 
-#include "checkpoint.h"
-#include "check.h"
-#include "deck.h"
-#include "model.h"
-#include "rng.h"
+#include "train/checkpoint.h"
+#include "core/check.h"
+#include "deck/deck.h"
+#include "model/model.h"
+#include "core/rng.h"
 
 #include <dirent.h>
 #include <stdio.h>

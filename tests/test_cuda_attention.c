@@ -16,11 +16,11 @@
 
 #ifdef HAVE_CUDA
 
-#include "attention.h"
-#include "check.h"
-#include "gpu.h"
-#include "ops_cpu.h"
-#include "rng.h"
+#include "cuda/attention.h"
+#include "core/check.h"
+#include "cuda/gpu.h"
+#include "model/ops_cpu.h"
+#include "core/rng.h"
 
 static const double kTolerance = 1e-2; /* relative error ||gpu - cpu|| / ||cpu|| of bf16 paths */
 /* Where the reference is ~0 (dq of a sample with one key: the softmax gradient cancels exactly) the bound is

@@ -17,15 +17,15 @@
 
 #include <math.h>
 
-#include "attention.h"
-#include "attention_cudnn.h"
-#include "check.h"
-#include "deck.h"
-#include "gpu.h"
-#include "model.h"
-#include "model_gpu.h"
-#include "ops_cpu.h"
-#include "rng.h"
+#include "cuda/attention.h"
+#include "cuda/attention_cudnn.h"
+#include "core/check.h"
+#include "deck/deck.h"
+#include "cuda/gpu.h"
+#include "model/model.h"
+#include "cuda/model_gpu.h"
+#include "model/ops_cpu.h"
+#include "core/rng.h"
 
 static const double kTolerance = 1e-2; /* relative error ||gpu - cpu|| / ||cpu|| of bf16 paths */
 static const double kNearZeroBound = 1e-6; /* the error's bound where the reference is ~0 */

@@ -18,11 +18,11 @@
 
 #include <math.h>
 
-#include "check.h"
-#include "fused.h"
-#include "gpu.h"
-#include "ops_cpu.h"
-#include "rng.h"
+#include "core/check.h"
+#include "cuda/fused.h"
+#include "cuda/gpu.h"
+#include "model/ops_cpu.h"
+#include "core/rng.h"
 
 static const float kEps = 1e-6f;
 static const double kBf16Tolerance = 1e-2;  /* relative error ||gpu - cpu|| / ||cpu|| of bf16 outputs */

@@ -20,11 +20,11 @@
 
 #include <math.h>
 
-#include "check.h"
-#include "gemm.h"
-#include "gpu.h"
-#include "ops_cpu.h"
-#include "rng.h"
+#include "core/check.h"
+#include "cuda/gemm.h"
+#include "cuda/gpu.h"
+#include "model/ops_cpu.h"
+#include "core/rng.h"
 
 static const double kBf16Tolerance = 1e-2; /* relative error ||gpu - cpu|| / ||cpu|| of bf16 outputs */
 static const double kFp32Tolerance = 1e-4; /* dW, db: exact bf16 products summed in fp32 (a bf16 output: ~2e-3) */

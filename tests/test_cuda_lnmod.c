@@ -16,11 +16,11 @@
 
 #ifdef HAVE_CUDA
 
-#include "check.h"
-#include "gpu.h"
-#include "lnmod.h"
-#include "ops_cpu.h"
-#include "rng.h"
+#include "core/check.h"
+#include "cuda/gpu.h"
+#include "cuda/lnmod.h"
+#include "model/ops_cpu.h"
+#include "core/rng.h"
 
 static const float kEps = 1e-6f;
 static const double kTolerance = 1e-2; /* relative error ||gpu - cpu|| / ||cpu|| of bf16 paths */

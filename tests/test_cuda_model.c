@@ -21,12 +21,12 @@
 #include <math.h>
 #include <time.h>
 
-#include "check.h"
-#include "deck.h"
-#include "gpu.h"
-#include "model.h"
-#include "model_gpu.h"
-#include "rng.h"
+#include "core/check.h"
+#include "deck/deck.h"
+#include "cuda/gpu.h"
+#include "model/model.h"
+#include "cuda/model_gpu.h"
+#include "core/rng.h"
 
 static const double kLossTolerance = 2e-2;     /* relative, bf16 activations */
 static const double kGradientTolerance = 5e-2; /* relative, whole vector and each parameter */

@@ -1,7 +1,7 @@
 /* test_deck.c — cmocka tests of the input deck (values, every error kind with its line, overrides,
    printing that re-parses, the shipped decks and docs) and of the command line. */
-#include "cli.h"
-#include "deck.h"
+#include "deck/cli.h"
+#include "deck/deck.h"
 
 #include <setjmp.h>
 #include <stdarg.h>

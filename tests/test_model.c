@@ -11,7 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "model.h"
+#include "model/model.h"
 #include "gradient_check.h"
 
 /* Finite-difference step, larger than the ops tests' 1e-2: the loss sums many fp32 terms and some

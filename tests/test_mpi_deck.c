@@ -2,8 +2,8 @@
    usage: test_mpi_deck DECK [section.key=value ...]; prints "deck agrees on N ranks" (rank 0) and exits 0 when
    every rank holds the same bytes and the values of tests/decks/good.ini (plus overrides); a bad deck makes
    deck_load_bcast end every rank with status 2. */
-#include "comm.h"
-#include "deck.h"
+#include "core/comm.h"
+#include "deck/deck.h"
 
 #include <stdint.h>
 #include <stdio.h>

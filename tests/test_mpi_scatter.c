@@ -1,10 +1,10 @@
 /* test_mpi_scatter.c — run under mpirun by mpi_scatter.sh: rank 0 assigns steps with each strategy and
    scatters them; every rank rebuilds the same balancer (it is deterministic) to know what it must
    receive, and checks its ids, micro-batches, step, epoch and the global count. Rank 0 prints TAP. */
-#include "balance.h"
-#include "comm.h"
-#include "deck.h"
-#include "rng.h"
+#include "balance/balance.h"
+#include "core/comm.h"
+#include "deck/deck.h"
+#include "core/rng.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -2,8 +2,8 @@
    every sample through its own file handle. usage: test_mpi_store STORE; rank 0 prints "store agrees on N
    ranks" and every rank exits 0 when all ranks hold the same index and read the same sample bytes; a bad
    store makes store_open_bcast end every rank with status 2. */
-#include "comm.h"
-#include "store.h"
+#include "core/comm.h"
+#include "io/store.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ops_cpu.h"
+#include "model/ops_cpu.h"
 #include "gradient_check.h"
 
 #define STEP 1e-2f        /* finite-difference step */

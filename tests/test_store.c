@@ -1,8 +1,8 @@
 /* test_store.c — cmocka tests of the latent store (conversions, round trips in every precision, the index,
    every error a reader can meet) and of length specs (parser errors with line numbers, seeded draws). */
-#include "lengths.h"
-#include "rng.h"
-#include "store.h"
+#include "io/lengths.h"
+#include "core/rng.h"
+#include "io/store.h"
 
 #include <hdf5.h>
 

@@ -1,0 +1,58 @@
+/* gradsync.h — the gradient all-reduce of the CUDA path: NCCL on the device buffer when built with NCCL, else through host memory and MPI. */
+#ifndef ALDIT_GRADSYNC_H
+#define ALDIT_GRADSYNC_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cuda_runtime_api.h>
+
+#include "core/comm.h"
+
+typedef struct gradsync gradsync;
+
+/* Collective, after the rank's GPU is selected: ready to sum fp32 device buffers of up to n_values
+   values over all ranks. With NCCL and more than one rank: rank 0 makes the unique id, comm_bcast_bytes
+   sends it, every rank joins with ncclCommInitRank and gets its own NCCL stream. Without NCCL: a pinned
+   host buffer of n_values floats for MPI. With one rank nothing is made. */
+gradsync *gradsync_create(const comm_info *info, int64_t n_values);
+/* Collective: with NCCL and more than one rank, one all-reduce of up to 64 MiB (zeros, on a temporary
+   buffer; min(n_values, 16 Mi) floats) makes NCCL connect the ranks now rather than in the first sum,
+   which would otherwise pay for it (about 2 s on two H200s); waits for it. Otherwise nothing. */
+void gradsync_connect(gradsync *sync, int64_t n_values);
+void gradsync_free(gradsync *sync);
+
+/* What sums the gradients, for the start-up summary: "NCCL 2.28.9 (2 ranks)", "MPI through host memory
+   (2 ranks; this build has no NCCL)" or "none (1 rank)". */
+const char *gradsync_method(const gradsync *sync);
+
+/* Collective: sum values[0 .. n_values) (device memory, fp32) over all ranks, in place. The sum includes
+   all work queued on `stream` before the call; work queued on `stream` after the call sees the sum.
+   NCCL: queued on the NCCL stream behind an event, no host synchronisation. MPI: the buffer goes to the
+   host, through comm_allreduce_sum_f32 and back before the call returns. It is gradsync_begin, one
+   gradsync_ready of the whole buffer and gradsync_finish. */
+void gradsync_allreduce(gradsync *sync, float *values, int64_t n_values, cudaStream_t stream);
+
+/* The same sum in buckets that overlap the work producing the values (the backward; gpu_model_set_grads_ready
+   reports its ranges), every rank making the same calls in the same order:
+   - gradsync_begin: a sum of values[0 .. n_values) starts; bucket_bytes is the size from which a bucket is
+     launched (0: nothing is launched before gradsync_finish, one all-reduce in all).
+   - gradsync_ready: values [first, first + count) are final once the work queued on `stream` so far is
+     done. Adjacent ranges join the pending bucket; a bucket of at least bucket_bytes, or a range not
+     adjacent to the pending one, launches the pending bucket on the NCCL stream behind an event on `stream`
+     (no host synchronisation). Ranges must not overlap.
+   - gradsync_finish: launches what is pending, checks that the ranges covered all n_values values (fatal
+     otherwise), and makes work queued on `stream` after it see the whole sum.
+   Without NCCL the ranges are only counted and the whole buffer goes through MPI in gradsync_finish. */
+void gradsync_begin(gradsync *sync, float *values, int64_t n_values, double bucket_bytes);
+void gradsync_ready(gradsync *sync, int64_t first, int64_t count, cudaStream_t stream);
+void gradsync_finish(gradsync *sync, cudaStream_t stream);
+
+/* Of the last sum, valid once `stream` of its gradsync_finish has been synchronised (0 for one rank):
+   the seconds from the end of the work before gradsync_finish on `stream` to the end of the last bucket
+   on the NCCL stream, the all-reduce time the step could not hide (MPI: 0, the caller times it on the
+   host), and the number of all-reduce calls it took. */
+double gradsync_device_seconds(const gradsync *sync);
+int gradsync_buckets(const gradsync *sync);
+
+#endif

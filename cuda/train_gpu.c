@@ -1,0 +1,529 @@
+/* train_gpu.c — the CUDA side of training: GPU choice, memory budget and GPU-model capacity, device state, a step's all-reduce, clip and AdamW. */
+#include "config.h"
+#include "cuda/train_gpu.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/check.h"
+#include "core/comm.h"
+#include "balance/costmodel.h"
+#include "cuda/fused.h"
+#include "cuda/gemm.h"
+#include "cuda/gpu.h"
+#include "cuda/gradsync.h"
+#include "cuda/model_gpu.h"
+#ifdef HAVE_CUDNN
+#include "cuda/attention_cudnn.h"
+#endif
+
+/* Device memory kept back besides the plan: cuBLASLt's workspaces (one per stream) and the GEMM scratch, kernels loaded
+   lazily at their first launch, and NCCL's buffers for connections made at the first all-reduce. */
+#define RUNTIME_RESERVE_BYTES (1024.0 * 1024.0 * 1024.0)
+
+/* The GPU model takes at most this many samples per micro-batch (gpu_model_create). */
+#define GPU_MAX_SAMPLES 65535
+
+/* A run of consecutive parameters with the same weight decay: one AdamW launch. */
+typedef struct { int64_t offset, n_values; int decays; } adamw_run;
+
+struct train_gpu {
+    const deck *config;
+    const model *host;
+    gpu_plan plan;
+    cost_model cm;                /* the balancer's memory model, fitted to the GPU model's (fit_memory_to_gpu) */
+    gradsync *sync;
+    gpu_model *net;
+    gpu_model_buffers buffers;
+    float *adam_m, *adam_v;       /* device, n_weights each */
+    double *sumsq, *grad_norm;    /* device scalars */
+    float *clip_scale;            /* device: the clip factor AdamW reads */
+    void *sumsq_workspace;
+    double *grad_norm_host;       /* pinned */
+    adamw_run *runs;
+    int n_runs;
+    cudaStream_t stream;
+    cudaEvent_t optimizer_started, optimizer_done;
+    /* the step's largest micro-batch by the memory model: its sizes, for mem_peak */
+    double step_mem_estimate;
+    int64_t step_tokens, step_text;
+    int step_samples;
+    int grads_reported;           /* the step's last micro-batch reported its gradient ranges to the sync */
+};
+
+/* ---- planning -------------------------------------------------------------------------------------- */
+
+/* Sizes of the largest micro-batch, each on its own (samples before the GPU model's limit), and the
+   tokens of the longest sample. */
+typedef struct { int64_t tokens, text, samples, longest; } capacity;
+
+/* The balancer cuts each rank's samples into micro-batches whose summed cost_model_mem stays within the
+   budget, and leaves out (or refuses) a sample over it on its own. So any sum of x_i over a micro-batch
+   is at most budget * max_i(x_i / mem_i) over the samples that fit, and at most the store's total. */
+static capacity capacity_for_budget(const cost_model *cm, const balance_sample *samples, int64_t n_samples,
+                                    double budget)
+{
+    double tokens_per_byte = 0.0, text_per_byte = 0.0, samples_per_byte = 0.0;
+    int64_t total_tokens = 0, total_text = 0, count = 0, longest = 1;
+    for (int64_t i = 0; i < n_samples; i++) {
+        double bytes = cost_model_mem(cm, samples[i].tokens, samples[i].text_len);
+        if (bytes > budget) continue;
+        if (samples[i].tokens > longest) longest = samples[i].tokens;
+        tokens_per_byte = fmax(tokens_per_byte, samples[i].tokens / bytes);
+        text_per_byte = fmax(text_per_byte, samples[i].text_len / bytes);
+        samples_per_byte = fmax(samples_per_byte, 1.0 / bytes);
+        total_tokens += samples[i].tokens;
+        total_text += samples[i].text_len;
+        count++;
+    }
+    const double slack = 1.0 + 1e-9; /* rounding in the balancer's running sums */
+    capacity c = {
+        .tokens = (int64_t)fmin(floor(budget * tokens_per_byte * slack), (double)total_tokens),
+        .text = (int64_t)fmin(floor(budget * text_per_byte * slack), (double)total_text),
+        .samples = (int64_t)fmin(floor(budget * samples_per_byte * slack), (double)count),
+        .longest = longest,
+    };
+    /* the GPU model needs positive sizes (0 text rows would mean samples x text_len) */
+    if (c.tokens < 1) c.tokens = 1;
+    if (c.text < 1) c.text = 1;
+    if (c.samples < 1) c.samples = 1;
+    return c;
+}
+
+/* [train] recompute as the GPU model takes it. The balancer's memory model assumes [balance] recompute,
+   which the deck requires to be the same, so capacity and workspace are planned for one mode. */
+static gpu_recompute recompute_of(const deck *config)
+{
+    return config->train.recompute == RECOMPUTE_BLOCK ? GPU_RECOMPUTE_BLOCK : GPU_RECOMPUTE_NONE;
+}
+
+static double workspace_for(const deck *config, const model *table, capacity c)
+{
+    int samples = (int)(c.samples < GPU_MAX_SAMPLES ? c.samples : GPU_MAX_SAMPLES);
+    return (double)gpu_model_workspace_bytes_with_recompute(table, c.tokens, samples, c.text, recompute_of(config));
+}
+
+/* cm's activation bytes per sample, token and text token become the GPU model's own (train_gpu_memory_model).
+   After select_device: the workspace sizes depend on the device's occupancy. */
+static void fit_memory_to_gpu(cost_model *cm, const deck *config, const model *table)
+{
+    const gpu_recompute recompute = recompute_of(config);
+    const int64_t tokens = (int64_t)1 << 20, text = (int64_t)1 << 16;
+    const int samples = 1024;
+    const double base = (double)gpu_model_workspace_bytes_with_recompute(table, tokens, samples, text, recompute);
+    cm->mem_per_token =
+        ((double)gpu_model_workspace_bytes_with_recompute(table, 2 * tokens, samples, text, recompute) - base) / tokens;
+    cm->mem_per_text_token =
+        ((double)gpu_model_workspace_bytes_with_recompute(table, tokens, samples, 2 * text, recompute) - base) / text;
+    cm->mem_per_sample =
+        ((double)gpu_model_workspace_bytes_with_recompute(table, tokens, 2 * samples, text, recompute) - base) / samples;
+}
+
+/* cuDNN's attention keeps a buffer of its own outside the workspace, grown to the longest sample it
+   serves: about 4 * num_heads * S * (head_dim + 1) bytes (attention_cudnn.h), S counting the rows up to the
+   whole tile a last sample runs on, plus, for the cross-attention backward's query batches, 8 bytes per
+   value of 8 copies of the text rows' keys. 0 where it cannot run. */
+static double attention_buffer_for(const deck *config, const model *table, capacity c)
+{
+#ifdef HAVE_CUDNN
+    if (config->train.attention != ATTENTION_OWN)
+        return 4.0 * table->num_heads * (double)attention_cudnn_padded_rows(c.longest) * (table->head_dim + 1) +
+               8.0 * ATTENTION_CUDNN_MOST_QUERY_BATCHES * (double)table->text_len * table->dim;
+#else
+    (void)config;
+    (void)table;
+    (void)c;
+#endif
+    return 0.0;
+}
+
+/* 1 when the GPU model for the largest micro-batch under `budget` fits `available` bytes. */
+static int budget_fits(const deck *config, const cost_model *cm, const model *table, const balance_sample *samples,
+                       int64_t n_samples, double budget, double available)
+{
+    capacity c = capacity_for_budget(cm, samples, n_samples, budget);
+    return c.samples <= GPU_MAX_SAMPLES
+           && workspace_for(config, table, c) + attention_buffer_for(config, table, c) <= available;
+}
+
+/* Ranks of this node whose node-local rank maps to `device` (as gpu_select maps them). */
+static int ranks_on_device(const comm_info *info, int device)
+{
+    int n_gpus = gpu_count(), sharing = 0;
+    for (int local = 0; local < info->n_local_ranks; local++)
+        if (local % n_gpus == device) sharing++;
+    return sharing > 0 ? sharing : 1;
+}
+
+static void select_device(const comm_info *info, gpu_plan *plan)
+{
+    memset(plan, 0, sizeof *plan);
+    plan->device = gpu_select(info->local_rank);
+    gpu_describe(plan->description, sizeof plan->description);
+    plan->ranks_per_gpu = ranks_on_device(info, plan->device);
+}
+
+/* Collective, after select_device: the budget and capacity, the same on every rank. Returns 0 or
+   ALDIT_EXIT_USAGE (rank 0 printed why). */
+static int plan_memory(const deck *config, const comm_info *info, const cost_model *cm, const model *table,
+                       const balance_sample *samples, int64_t n_samples, gpu_plan *plan)
+{
+    const double gib = 1024.0 * 1024.0 * 1024.0;
+    size_t free_bytes = 0, total_bytes = 0;
+    gpu_memory_info(&free_bytes, &total_bytes);
+    plan->free_bytes = (double)free_bytes / plan->ranks_per_gpu;
+    comm_allreduce_min_f64(&plan->free_bytes, 1);
+    plan->state_bytes = (double)table->n_weights * (2.0 * sizeof(float) + sizeof(gpu_bf16) + 2.0 * sizeof(float));
+    plan->reserve_bytes = RUNTIME_RESERVE_BYTES;
+    plan->budget_measured = config->balance.mem_budget <= 0.0;
+    const double usable = plan->budget_measured ? plan->free_bytes * (1.0 - config->balance.mem_margin)
+                                                : plan->free_bytes;
+    const double available = usable - plan->state_bytes - plan->reserve_bytes;
+    if (plan->budget_measured) {
+        /* the largest budget whose GPU model fits: the workspace grows with the budget, so bisect */
+        double budget = 0.0;
+        if (available > 0.0) {
+            if (budget_fits(config, cm, table, samples, n_samples, available, available)) budget = available;
+            else {
+                double low = 0.0, high = available;
+                for (int i = 0; i < 64 && high - low > 1.0; i++) {
+                    double middle = 0.5 * (low + high);
+                    if (budget_fits(config, cm, table, samples, n_samples, middle, available)) low = middle;
+                    else high = middle;
+                }
+                budget = low;
+            }
+        }
+        plan->mem_budget = floor(budget);
+        comm_allreduce_min_f64(&plan->mem_budget, 1);
+        if (!(plan->mem_budget > 0.0)) {
+            if (info->rank == 0)
+                fprintf(stderr, "aldit: error: no GPU memory left for activations: %.2f GiB free per rank on %s, less "
+                        "[balance] mem_margin = %g, less %.2f GiB of weights, gradients and AdamW moments (%lld "
+                        "parameters), less %.2f GiB reserved for the CUDA libraries; use a smaller model or fewer "
+                        "ranks per GPU\n", plan->free_bytes / gib, plan->description, config->balance.mem_margin,
+                        plan->state_bytes / gib, (long long)table->n_weights, plan->reserve_bytes / gib);
+            return ALDIT_EXIT_USAGE;
+        }
+    } else plan->mem_budget = config->balance.mem_budget;
+
+    capacity c = capacity_for_budget(cm, samples, n_samples, plan->mem_budget);
+    plan->max_tokens = c.tokens;
+    plan->max_text = c.text;
+    plan->max_samples = (int)(c.samples < GPU_MAX_SAMPLES ? c.samples : GPU_MAX_SAMPLES);
+    plan->workspace_bytes = workspace_for(config, table, c);
+    plan->attention_buffer_bytes = attention_buffer_for(config, table, c);
+    if (c.samples > GPU_MAX_SAMPLES || plan->workspace_bytes + plan->attention_buffer_bytes > available) {
+        if (info->rank == 0)
+            fprintf(stderr, "aldit: error: [balance] mem_budget = %.3f GiB does not fit the GPU: its largest "
+                    "micro-batch (%lld tokens, %lld samples, %lld text rows) needs %.2f GiB of activation workspace "
+                    "in the GPU model (and cuDNN attention's buffer)%s, but %.2f GiB are free per rank on %s, of "
+                    "which %.2f GiB hold weights, gradients and AdamW moments and %.2f GiB are reserved for the CUDA "
+                    "libraries; lower mem_budget or set it to auto\n",
+                    plan->mem_budget / gib, (long long)c.tokens, (long long)c.samples, (long long)c.text,
+                    (plan->workspace_bytes + plan->attention_buffer_bytes) / gib,
+                    c.samples > GPU_MAX_SAMPLES ? " (and more samples than the 65535 it takes)" : "",
+                    plan->free_bytes / gib, plan->description, plan->state_bytes / gib, plan->reserve_bytes / gib);
+        return ALDIT_EXIT_USAGE;
+    }
+    return 0;
+}
+
+int train_gpu_plan(const deck *config, const comm_info *info, const model *table, cost_model *memory,
+                   const balance_sample *samples, int64_t n_samples, gpu_plan *plan)
+{
+    select_device(info, plan);
+    fit_memory_to_gpu(memory, config, table);
+    return plan_memory(config, info, memory, table, samples, n_samples, plan);
+}
+
+/* ---- the device state ------------------------------------------------------------------------------ */
+
+static void make_adamw_runs(train_gpu *gpu)
+{
+    const model *host = gpu->host;
+    gpu->runs = xmalloc((size_t)(host->n_params > 0 ? host->n_params : 1) * sizeof *gpu->runs);
+    gpu->n_runs = 0;
+    for (int p = 0; p < host->n_params; p++) {
+        const param_info *param = &host->params[p];
+        int decays = optim_param_decays(param->name, param->ndim);
+        adamw_run *last = gpu->n_runs > 0 ? &gpu->runs[gpu->n_runs - 1] : NULL;
+        if (last && last->decays == decays && last->offset + last->n_values == param->offset)
+            last->n_values += param->n_elements;
+        else gpu->runs[gpu->n_runs++] = (adamw_run){param->offset, param->n_elements, decays};
+    }
+}
+
+train_gpu *train_gpu_create(const deck *config, const comm_info *info, const model *host, const balance_sample *samples,
+                            int64_t n_samples)
+{
+    train_gpu *gpu = xcalloc(1, sizeof *gpu);
+    gpu->config = config;
+    gpu->host = host;
+    select_device(info, &gpu->plan);
+    gpu->sync = gradsync_create(info, host->n_weights);
+    cost_model_init(&gpu->cm, config);
+    fit_memory_to_gpu(&gpu->cm, config, host);
+    if (plan_memory(config, info, &gpu->cm, host, samples, n_samples, &gpu->plan) != 0) {
+        gradsync_free(gpu->sync);
+        cost_model_free(&gpu->cm);
+        free(gpu);
+        return NULL;
+    }
+    gpu->net = gpu_model_create_with_recompute(host, gpu->plan.max_tokens, gpu->plan.max_samples, gpu->plan.max_text,
+                                               recompute_of(config));
+    const gpu_attention_choice attention[] = {[ATTENTION_AUTO] = GPU_ATTENTION_AUTO,
+                                              [ATTENTION_CUDNN] = GPU_ATTENTION_CUDNN,
+                                              [ATTENTION_OWN] = GPU_ATTENTION_OWN};
+    if (gpu_model_set_attention(gpu->net, attention[config->train.attention], GPU_ATTENTION_CUDNN_MIN_TOKENS))
+        gpu->plan.cudnn_min_tokens = GPU_ATTENTION_CUDNN_MIN_TOKENS;
+    gemm_set_autotune(config->train.autotune);
+#ifdef HAVE_CUDNN
+    attention_cudnn_set_autotune(config->train.autotune, 0);
+#endif
+    gpu->buffers = gpu_model_get_buffers(gpu->net);
+    const size_t n_bytes = (size_t)host->n_weights * sizeof(float);
+    CUDA_CHECK(cudaMalloc((void **)&gpu->adam_m, n_bytes));
+    CUDA_CHECK(cudaMalloc((void **)&gpu->adam_v, n_bytes));
+    CUDA_CHECK(cudaMemset(gpu->adam_m, 0, n_bytes));
+    CUDA_CHECK(cudaMemset(gpu->adam_v, 0, n_bytes));
+    CUDA_CHECK(cudaMalloc((void **)&gpu->sumsq, 2 * sizeof(double)));
+    gpu->grad_norm = gpu->sumsq + 1;
+    CUDA_CHECK(cudaMalloc((void **)&gpu->clip_scale, sizeof(float)));
+    CUDA_CHECK(cudaMalloc(&gpu->sumsq_workspace, fused_sumsq_workspace_bytes()));
+    CUDA_CHECK(cudaMallocHost((void **)&gpu->grad_norm_host, sizeof(double)));
+    CUDA_CHECK(cudaStreamCreate(&gpu->stream));
+    CUDA_CHECK(cudaEventCreate(&gpu->optimizer_started));
+    CUDA_CHECK(cudaEventCreate(&gpu->optimizer_done));
+    make_adamw_runs(gpu);
+    return gpu;
+}
+
+void train_gpu_free(train_gpu *gpu)
+{
+    if (!gpu) return;
+    CUDA_CHECK(cudaStreamSynchronize(gpu->stream));
+    gpu_model_free(gpu->net);
+    CUDA_CHECK(cudaFree(gpu->adam_m));
+    CUDA_CHECK(cudaFree(gpu->adam_v));
+    CUDA_CHECK(cudaFree(gpu->sumsq));
+    CUDA_CHECK(cudaFree(gpu->clip_scale));
+    CUDA_CHECK(cudaFree(gpu->sumsq_workspace));
+    CUDA_CHECK(cudaFreeHost(gpu->grad_norm_host));
+    CUDA_CHECK(cudaEventDestroy(gpu->optimizer_started));
+    CUDA_CHECK(cudaEventDestroy(gpu->optimizer_done));
+    CUDA_CHECK(cudaStreamDestroy(gpu->stream));
+    gradsync_free(gpu->sync);
+    cost_model_free(&gpu->cm);
+    free(gpu->runs);
+    free(gpu);
+}
+
+const gpu_plan *train_gpu_get_plan(const train_gpu *gpu) { return &gpu->plan; }
+
+const cost_model *train_gpu_memory_model(const train_gpu *gpu) { return &gpu->cm; }
+
+const char *train_gpu_sync_method(const train_gpu *gpu) { return gradsync_method(gpu->sync); }
+
+void train_gpu_upload(train_gpu *gpu, const float *weights, const float *adam_m, const float *adam_v)
+{
+    const size_t n_bytes = (size_t)gpu->host->n_weights * sizeof(float);
+    gpu_model_upload_weights(gpu->net, weights);
+    CUDA_CHECK(cudaMemcpy(gpu->adam_m, adam_m, n_bytes, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(gpu->adam_v, adam_v, n_bytes, cudaMemcpyHostToDevice));
+}
+
+void train_gpu_start(train_gpu *gpu, const float *weights, const float *adam_m, const float *adam_v)
+{
+    train_gpu_upload(gpu, weights, adam_m, adam_v);
+    gradsync_connect(gpu->sync, gpu->host->n_weights);
+}
+
+void train_gpu_download(const train_gpu *gpu, float *weights, float *adam_m, float *adam_v)
+{
+    const size_t n_bytes = (size_t)gpu->host->n_weights * sizeof(float);
+    CUDA_CHECK(cudaStreamSynchronize(gpu->stream));
+    gpu_model_download_weights(gpu->net, weights);
+    CUDA_CHECK(cudaMemcpy(adam_m, gpu->adam_m, n_bytes, cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(adam_v, gpu->adam_v, n_bytes, cudaMemcpyDeviceToHost));
+}
+
+/* ---- a step ------------------------------------------------------------------------------------------ */
+
+void train_gpu_begin_step(train_gpu *gpu)
+{
+    gpu_model_zero_grads(gpu->net, gpu->stream);
+    gradsync_begin(gpu->sync, gpu->buffers.grads, gpu->buffers.n_weights, gpu->config->train.allreduce_bucket);
+    gpu->grads_reported = 0;
+    gpu->step_mem_estimate = 0.0;
+    gpu->step_tokens = gpu->step_text = 0;
+    gpu->step_samples = 0;
+}
+
+/* gpu_grads_ready_fn of the step's last micro-batch: each final gradient range joins the all-reduce. */
+static void gradient_range_ready(void *context, int64_t first, int64_t count, cudaStream_t stream)
+{
+    gradsync_ready(((train_gpu *)context)->sync, first, count, stream);
+}
+
+double train_gpu_micro_batch(train_gpu *gpu, const model_batch *batch, float grad_scale, int last)
+{
+    const model *host = gpu->host;
+    int64_t tokens = 0, text = 0;
+    double mem_estimate = 0.0;
+    for (int i = 0; i < batch->n_samples; i++) {
+        int64_t sample_tokens = (int64_t)(batch->frames[i] / host->patch_t) * (batch->height[i] / host->patch_h)
+                                * (batch->width[i] / host->patch_w);
+        tokens += sample_tokens;
+        text += batch->text_len[i];
+        mem_estimate += cost_model_mem(&gpu->cm, sample_tokens, batch->text_len[i]);
+    }
+    const gpu_plan *plan = &gpu->plan;
+    if (tokens > plan->max_tokens || text > plan->max_text || batch->n_samples > plan->max_samples)
+        ALDIT_FATAL("a micro-batch of %lld tokens, %d samples and %lld text rows (%.0f bytes by the memory model) "
+                    "exceeds the GPU model's capacity of %lld tokens, %d samples and %lld text rows planned for the "
+                    "memory budget of %.0f bytes: the balancer and the GPU plan disagree", (long long)tokens,
+                    batch->n_samples, (long long)text, mem_estimate, (long long)plan->max_tokens, plan->max_samples,
+                    (long long)plan->max_text, plan->mem_budget);
+    if (mem_estimate > gpu->step_mem_estimate) {
+        gpu->step_mem_estimate = mem_estimate;
+        gpu->step_tokens = tokens;
+        gpu->step_text = text;
+        gpu->step_samples = batch->n_samples;
+    }
+    if (!last) return gpu_model_forward_backward(gpu->net, batch, grad_scale, NULL, gpu->stream);
+    gpu_model_set_grads_ready(gpu->net, gradient_range_ready, gpu);
+    double loss_sum = gpu_model_forward_backward(gpu->net, batch, grad_scale, NULL, gpu->stream);
+    gpu_model_set_grads_ready(gpu->net, NULL, NULL);
+    gpu->grads_reported = 1;
+    return loss_sum;
+}
+
+void train_gpu_allreduce(train_gpu *gpu)
+{
+    if (!gpu->grads_reported) { /* no micro-batch here this step: the same bucket calls as the other ranks */
+        gpu_model_set_grads_ready(gpu->net, gradient_range_ready, gpu);
+        gpu_model_grads_ready_all(gpu->net, gpu->stream);
+        gpu_model_set_grads_ready(gpu->net, NULL, NULL);
+    }
+    gradsync_finish(gpu->sync, gpu->stream);
+}
+
+void train_gpu_finish_step(train_gpu *gpu, const adamw_step *hyper, int update, gpu_step_result *result)
+{
+    const deck *config = gpu->config;
+    const gpu_model_buffers *b = &gpu->buffers;
+    CUDA_CHECK(cudaEventRecord(gpu->optimizer_started, gpu->stream));
+    fused_sumsq(b->grads, b->n_weights, gpu->sumsq, gpu->sumsq_workspace, gpu->stream);
+    /* the gradients already carry 1 / global samples (grad_scale of the micro-batches), as on the CPU */
+    fused_clip_scale(gpu->sumsq, 1.0, config->train.grad_clip, gpu->clip_scale, gpu->grad_norm, gpu->stream);
+    if (update)
+        for (int r = 0; r < gpu->n_runs; r++) {
+            const adamw_run *run = &gpu->runs[r];
+            fused_adamw(hyper, run->decays ? config->train.weight_decay : 0.0, b->master + run->offset,
+                        b->working + run->offset, b->grads + run->offset, gpu->adam_m + run->offset,
+                        gpu->adam_v + run->offset, run->n_values, 1.0f, gpu->clip_scale, gpu->stream);
+        }
+    CUDA_CHECK(cudaEventRecord(gpu->optimizer_done, gpu->stream));
+    CUDA_CHECK(cudaMemcpyAsync(gpu->grad_norm_host, gpu->grad_norm, sizeof(double), cudaMemcpyDeviceToHost,
+                               gpu->stream));
+    /* while the GPU runs the optimizer: the workspace the step's largest micro-batch occupied */
+    result->mem_peak = gpu->step_samples > 0
+        ? (double)gpu_model_workspace_bytes_with_recompute(gpu->host, gpu->step_tokens, gpu->step_samples,
+                                                           gpu->step_text > 0 ? gpu->step_text : 1,
+                                                           recompute_of(config))
+        : 0.0;
+    CUDA_CHECK(cudaStreamSynchronize(gpu->stream));
+    float milliseconds = 0.0f;
+    CUDA_CHECK(cudaEventElapsedTime(&milliseconds, gpu->optimizer_started, gpu->optimizer_done));
+    result->grad_norm = *gpu->grad_norm_host;
+    result->optimizer_s = milliseconds * 1e-3;
+    result->comm_device_s = gradsync_device_seconds(gpu->sync);
+}
+
+/* ---- start-up calibration -------------------------------------------------------------------------- */
+
+/* Host arrays of a calibration micro-batch: room for the most copies and the largest shape (zero data). */
+typedef struct {
+    int32_t *frames, *height, *width, *text_len;
+    float *sigma, *latents, *noise, *text;
+} calibration_batch;
+
+/* Tokens of one sample of this shape after the patchify. */
+static int64_t shape_tokens(const model *host, const gpu_shape *shape)
+{
+    return (int64_t)(shape->frames / host->patch_t) * (shape->height / host->patch_h) * (shape->width / host->patch_w);
+}
+
+/* Seconds of one forward + backward of a micro-batch of `copies` samples of this shape (only the time
+   counts), after a warm-up call of the same micro-batch. */
+static double time_micro_batch(train_gpu *gpu, const gpu_shape *shape, int copies, const calibration_batch *room)
+{
+    for (int i = 0; i < copies; i++) {
+        room->frames[i] = shape->frames;
+        room->height[i] = shape->height;
+        room->width[i] = shape->width;
+        room->text_len[i] = shape->text_len;
+        room->sigma[i] = 0.5f;
+    }
+    model_batch batch = {.n_samples = copies, .frames = room->frames, .height = room->height, .width = room->width,
+                         .text_len = room->text_len, .latents = room->latents, .noise = room->noise,
+                         .sigma = room->sigma, .text = room->text};
+    gpu_model_forward_backward(gpu->net, &batch, 1.0f, NULL, gpu->stream); /* warm-up: plans, caches */
+    double started = comm_time();
+    gpu_model_forward_backward(gpu->net, &batch, 1.0f, NULL, gpu->stream); /* returns after the GPU is done */
+    return comm_time() - started;
+}
+
+void train_gpu_calibration_copies(const train_gpu *gpu, const gpu_shape *shapes, int n_shapes, int max_copies,
+                                  int *copies)
+{
+    /* a training micro-batch fills at most [balance] mem_fill of the budget (the step's target) */
+    const double fill = gpu->config->balance.mem_fill > 0.0 ? gpu->config->balance.mem_fill : 0.9;
+    for (int i = 0; i < n_shapes; i++)
+        /* within the capacity, and not an oversize sample (cuDNN's buffer was planned for the longest sample
+           the balancer may schedule) */
+        copies[i] = cost_model_calibration_copies(&gpu->cm, shape_tokens(gpu->host, &shapes[i]), shapes[i].text_len,
+                                                  gpu->plan.max_tokens, gpu->plan.max_text, gpu->plan.max_samples,
+                                                  gpu->plan.mem_budget, fill * gpu->plan.mem_budget, max_copies);
+}
+
+double train_gpu_time_shapes(train_gpu *gpu, int n_ranks, const gpu_shape *shapes, int n_shapes, const int *copies,
+                             double *seconds)
+{
+    const model *host = gpu->host;
+    const double started = comm_time();
+    int most_copies = 1;
+    int64_t max_latent = 0, max_text = 0;
+    for (int i = 0; i < n_shapes; i++) {
+        int64_t latent = (int64_t)copies[i] * host->in_dim * shapes[i].frames * shapes[i].height * shapes[i].width;
+        int64_t text = (int64_t)copies[i] * shapes[i].text_len;
+        if (copies[i] > most_copies) most_copies = copies[i];
+        if (latent > max_latent) max_latent = latent;
+        if (text > max_text) max_text = text;
+    }
+    calibration_batch room = {
+        .frames = xmalloc((size_t)most_copies * sizeof *room.frames),
+        .height = xmalloc((size_t)most_copies * sizeof *room.height),
+        .width = xmalloc((size_t)most_copies * sizeof *room.width),
+        .text_len = xmalloc((size_t)most_copies * sizeof *room.text_len),
+        .sigma = xmalloc((size_t)most_copies * sizeof *room.sigma),
+        .latents = xcalloc((size_t)(max_latent > 0 ? max_latent : 1), sizeof *room.latents),
+        .noise = xcalloc((size_t)(max_latent > 0 ? max_latent : 1), sizeof *room.noise),
+        .text = xcalloc((size_t)(max_text > 0 ? max_text * host->text_dim : 1), sizeof *room.text)};
+    for (int i = 0; i < n_shapes; i++)
+        seconds[i] = copies[i] > 0 ? time_micro_batch(gpu, &shapes[i], copies[i], &room) : -1.0;
+    comm_allreduce_sum_f64(seconds, (size_t)n_shapes); /* every rank times the same micro-batches */
+    for (int i = 0; i < n_shapes; i++) seconds[i] /= n_ranks;
+    free(room.frames);
+    free(room.height);
+    free(room.width);
+    free(room.text_len);
+    free(room.sigma);
+    free(room.latents);
+    free(room.noise);
+    free(room.text);
+    return comm_time() - started;
+}

@@ -1,0 +1,400 @@
+/* costmodel.c — FLOP and activation-byte accounting of a Wan block stack, and the NNLS online refit. */
+#include "balance/costmodel.h"
+#include "core/check.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { BF16_BYTES = 2, FP32_BYTES = 4 };
+
+/* Forward FLOPs of one sample, split into the parts that scale with S, S^2, S*L, L and per sample. */
+typedef struct {
+    double block_gemm_per_token, block_gemm_per_text_token;  /* all layers */
+    double outside_gemm_per_token, outside_gemm_per_text_token, outside_gemm_per_sample;
+    double self_attention_per_token2, cross_attention_per_token_text;  /* all layers */
+} forward_flops;
+
+static forward_flops count_forward_flops(const deck *config)
+{
+    const double dim = config->model.dim, ffn = config->model.ffn_dim, layers = config->model.num_layers;
+    const double patch = (double)config->model.patch_t * config->model.patch_h * config->model.patch_w;
+    forward_flops f;
+    /* per layer and token: self q,k,v,o (8 D^2), cross q,o (4 D^2), FFN up and down (4 D F) */
+    f.block_gemm_per_token = layers * (12.0 * dim * dim + 4.0 * dim * ffn);
+    /* per layer and text token: cross-attention k, v projections of the text (4 D^2) */
+    f.block_gemm_per_text_token = layers * 4.0 * dim * dim;
+    /* patch embedding (in_dim*patch -> D) and head (D -> out_dim*patch) */
+    f.outside_gemm_per_token = 2.0 * patch * dim * (config->model.in_dim + config->model.out_dim);
+    /* text embedding: text_dim -> D, D -> D */
+    f.outside_gemm_per_text_token = 2.0 * dim * (config->model.text_dim + dim);
+    /* time embedding (freq -> D, D -> D) and projection (D -> 6D) */
+    f.outside_gemm_per_sample = 2.0 * dim * (config->model.freq_dim + dim + 6.0 * dim);
+    /* QK^T and PV: 2 S^2 D each; cross-attention the same with L keys */
+    f.self_attention_per_token2 = layers * 4.0 * dim;
+    f.cross_attention_per_token_text = layers * 4.0 * dim;
+    return f;
+}
+
+/* Forward + backward (2x forward); with block recomputation the blocks run their forward twice. */
+static double block_pass_factor(const deck *config) { return config->balance.recompute == RECOMPUTE_BLOCK ? 4.0 : 3.0; }
+static const double outside_pass_factor = 3.0;
+
+/* FLOPs of one sample with the blocks' passes counted `block` times their forward. */
+static void count_flops(const deck *config, int64_t tokens, int64_t text_len, double block, double *gemm_flops,
+                        double *attention_flops)
+{
+    const forward_flops f = count_forward_flops(config);
+    const double s = (double)tokens, l = (double)text_len;
+    if (gemm_flops)
+        *gemm_flops = block * (f.block_gemm_per_token * s + f.block_gemm_per_text_token * l)
+                    + outside_pass_factor * (f.outside_gemm_per_token * s + f.outside_gemm_per_text_token * l
+                                             + f.outside_gemm_per_sample);
+    if (attention_flops)
+        *attention_flops = block * (f.self_attention_per_token2 * s * s + f.cross_attention_per_token_text * s * l);
+}
+
+void cost_model_flops(const deck *config, int64_t tokens, int64_t text_len, double *gemm_flops, double *attention_flops)
+{
+    count_flops(config, tokens, text_len, block_pass_factor(config), gemm_flops, attention_flops);
+}
+
+double cost_model_model_flops(const deck *config, int64_t tokens, int64_t text_len)
+{
+    double gemm_flops = 0.0, attention_flops = 0.0;
+    count_flops(config, tokens, text_len, 3.0, &gemm_flops, &attention_flops);
+    return gemm_flops + attention_flops;
+}
+
+int64_t cost_model_param_count(const deck *config)
+{
+    const int64_t dim = config->model.dim, ffn = config->model.ffn_dim;
+    const int64_t patch = (int64_t)config->model.patch_t * config->model.patch_h * config->model.patch_w;
+    const int64_t attention = 4 * (dim * dim + dim) + (config->model.qk_norm ? 2 * dim : 0);
+    const int64_t per_block = 2 * attention                        /* self + cross */
+                            + (config->model.cross_attn_norm ? 2 * dim : 0)
+                            + dim * ffn + ffn + ffn * dim + dim        /* FFN */
+                            + 6 * dim;                                 /* modulation */
+    const int64_t outside = config->model.in_dim * patch * dim + dim                        /* patch embedding */
+                          + config->model.text_dim * dim + dim + dim * dim + dim            /* text embedding */
+                          + config->model.freq_dim * dim + dim + dim * dim + dim            /* time embedding */
+                          + dim * 6 * dim + 6 * dim                                        /* time projection */
+                          + dim * config->model.out_dim * patch + config->model.out_dim * patch + 2 * dim; /* head */
+    return per_block * config->model.num_layers + outside;
+}
+
+double cost_model_state_bytes(const deck *config)
+{
+    /* bf16 weights + fp32 master weights + fp32 gradients + two fp32 AdamW moments */
+    return (double)cost_model_param_count(config) * (BF16_BYTES + 4.0 * FP32_BYTES);
+}
+
+/* Activation bytes per token, text token and sample; see docs/balancer.md "Memory model". */
+static void count_activation_bytes(cost_model *cm, const deck *config)
+{
+    const double dim = config->model.dim, ffn = config->model.ffn_dim, layers = config->model.num_layers;
+    const double heads = config->model.num_heads;
+    const double patch = (double)config->model.patch_t * config->model.patch_h * config->model.patch_w;
+    /* saved for backward in one block, per token (bf16 tensors, fp32 statistics):
+       self-attention: input, LN-modulated input, q k v before the norm, q k after norm+RoPE, attention
+       output, projection output (for the gate) = 9 D; cross-attention: input, LN output, q before and
+       after the norm, attention output = 5 D; FFN: input, LN-modulated input, hidden before and after
+       GELU, output (for the gate) = 3 D + 2 F; statistics: 3 LN (mean, rstd), 3 RMS rstd, 2 LSE rows. */
+    const double block_per_token = BF16_BYTES * (17.0 * dim + 2.0 * ffn) + FP32_BYTES * (6.0 + 3.0 + 2.0 * heads);
+    /* per text token and block: k before the norm, k after, v; the RMS rstd */
+    const double block_per_text_token = BF16_BYTES * 3.0 * dim + FP32_BYTES;
+    /* backward scratch of the block in flight: gradient of the FFN hidden, twice */
+    const double scratch_per_token = BF16_BYTES * 2.0 * ffn;
+    /* outside the blocks: patch-embedding input and output, head LN statistics, modulated input, output */
+    const double outside_per_token = BF16_BYTES * (2.0 * patch * config->model.in_dim + 2.0 * dim) + FP32_BYTES * 2.0;
+    /* text embedding: input, hidden before and after GELU, output */
+    const double outside_per_text_token = BF16_BYTES * (config->model.text_dim + 3.0 * dim);
+    if (cm->recompute_block) {
+        /* only each block's input is kept (bf16 residual); one block's activations exist at a time */
+        cm->mem_per_token = layers * BF16_BYTES * dim + block_per_token + scratch_per_token + outside_per_token;
+        cm->mem_per_text_token = block_per_text_token + outside_per_text_token;
+    } else {
+        cm->mem_per_token = layers * block_per_token + scratch_per_token + outside_per_token;
+        cm->mem_per_text_token = layers * block_per_text_token + outside_per_text_token;
+    }
+    /* time embedding and the 6 modulation vectors (fp32) */
+    cm->mem_per_sample = FP32_BYTES * (config->model.freq_dim + 8.0 * dim);
+}
+
+int cost_model_calibration_copies(const cost_model *cm, int64_t tokens, int64_t text_len, int64_t max_tokens,
+                                  int64_t max_text, int max_samples, double mem_budget, double fill_bytes,
+                                  int max_copies)
+{
+    const double bytes = cost_model_mem(cm, tokens, text_len);
+    if (tokens > max_tokens || text_len > max_text || max_samples < 1 || bytes > mem_budget) return 0;
+    int copies = 1;
+    while (copies < max_copies && copies < max_samples && (copies + 1) * tokens <= max_tokens &&
+           (copies + 1) * text_len <= max_text && (copies + 1) * bytes <= fill_bytes)
+        copies++;
+    return copies;
+}
+
+void cost_model_copy_memory(cost_model *cm, const cost_model *from)
+{
+    cm->mem_per_sample = from->mem_per_sample;
+    cm->mem_per_token = from->mem_per_token;
+    cm->mem_per_text_token = from->mem_per_text_token;
+}
+
+void cost_model_init(cost_model *cm, const deck *config)
+{
+    memset(cm, 0, sizeof(*cm));
+    ALDIT_CHECK(config->balance.device_tflops > 0 && config->balance.attention_tflops > 0,
+                "cost model: device_tflops and attention_tflops must be positive");
+    const forward_flops f = count_forward_flops(config);
+    const double block = block_pass_factor(config);
+    const double gemm_rate = config->balance.device_tflops * 1e12;
+    const double attention_rate = config->balance.attention_tflops * 1e12;
+    cm->seed_coef[0] = outside_pass_factor * f.outside_gemm_per_sample / gemm_rate;
+    cm->seed_coef[1] = (block * f.block_gemm_per_token + outside_pass_factor * f.outside_gemm_per_token) / gemm_rate;
+    cm->seed_coef[2] = block * f.self_attention_per_token2 / attention_rate;
+    cm->seed_coef[3] = block * f.cross_attention_per_token_text / attention_rate;
+    cm->seed_coef[4] = (block * f.block_gemm_per_text_token + outside_pass_factor * f.outside_gemm_per_text_token) / gemm_rate;
+    memcpy(cm->coef, cm->seed_coef, sizeof(cm->coef));
+    cm->recompute_block = config->balance.recompute == RECOMPUTE_BLOCK;
+    count_activation_bytes(cm, config);
+    cm->window_steps = config->balance.calibrate_window > 0 ? config->balance.calibrate_window : 1;
+    cm->step_normal = xcalloc((size_t)cm->window_steps * COST_NORMAL_SIZE, sizeof(double));
+}
+
+void cost_model_free(cost_model *cm)
+{
+    free(cm->step_normal);
+    memset(cm, 0, sizeof(*cm));
+}
+
+/* The external definitions of the inline functions of costmodel.h. */
+extern inline void cost_features_add(cost_features *features, int64_t tokens, int64_t text_len);
+extern inline double cost_model_predict_features(const cost_model *cm, const cost_features *features);
+extern inline double cost_model_predict(const cost_model *cm, int64_t tokens, int64_t text_len);
+extern inline double cost_model_mem(const cost_model *cm, int64_t tokens, int64_t text_len);
+
+/* Seed-relative units: x_j = coef_j / seed_j makes the features comparable in size. */
+static void seed_units(const cost_model *cm, double *unit)
+{
+    for (int j = 0; j < COST_N_FEATURES; j++) unit[j] = cm->seed_coef[j] > 0 ? cm->seed_coef[j] : 1e-30;
+}
+
+/* Move the values of [lo, hi] that are below `pivot` (or, with or_equal, not above it) to the front of
+   the range, without branches on the data (an unpredictable branch per value would cost more than the
+   moves); returns where the others start. */
+static int partition_values(double *values, int lo, int hi, double pivot, int or_equal)
+{
+    int store = lo;
+    for (int i = lo; i <= hi; i++) {
+        const double value = values[i];
+        values[i] = values[store];
+        values[store] = value;
+        store += or_equal ? value <= pivot : value < pivot;
+    }
+    return store;
+}
+
+/* The k-th smallest of values[0..n_values) (quickselect, median-of-three pivots): values are reordered
+   so that values[k] holds it, smaller ones before, larger ones after. Expected O(n). */
+static double select_kth(double *values, int n_values, int k)
+{
+    int lo = 0, hi = n_values - 1;
+    while (hi > lo) {
+        const double a = values[lo], b = values[lo + (hi - lo) / 2], c = values[hi];
+        const double pivot = a < b ? (b < c ? b : (a < c ? c : a)) : (a < c ? a : (b < c ? c : b));
+        const int first_not_below = partition_values(values, lo, hi, pivot, 0);
+        if (k < first_not_below) { hi = first_not_below - 1; continue; }
+        const int first_above = partition_values(values, first_not_below, hi, pivot, 1);   /* between: == pivot */
+        if (k < first_above) return pivot;
+        lo = first_above;
+    }
+    return values[k];
+}
+
+double cost_median_in_place(double *values, int n_values)
+{
+    const int upper = n_values / 2;
+    const double upper_value = select_kth(values, n_values, upper);
+    if (n_values % 2) return upper_value;
+    double lower_value = values[0];      /* the largest of values[0 .. upper), all <= upper_value */
+    for (int i = 1; i < upper; i++) if (values[i] > lower_value) lower_value = values[i];
+    return 0.5 * (lower_value + upper_value);
+}
+
+void cost_model_observe_step(cost_model *cm, int n_ranks, const cost_features *features, const double *seconds)
+{
+    enum { n = COST_N_FEATURES };
+    double unit[COST_N_FEATURES];
+    seed_units(cm, unit);
+    /* each row, divided by its measured time, predicts 1: the residual is the relative error */
+    double *residual = xmalloc((size_t)(n_ranks > 0 ? n_ranks : 1) * 2 * sizeof(double)), *spread = residual + n_ranks;
+    int n_rows = 0;
+    for (int r = 0; r < n_ranks; r++) {
+        residual[r] = NAN;
+        if (!(seconds[r] > 0) || !isfinite(seconds[r]) || features[r].value[0] <= 0) continue;
+        double predicted = 0;
+        for (int j = 0; j < n; j++) predicted += cm->coef[j] * features[r].value[j];
+        residual[r] = predicted / seconds[r] - 1.0;
+        spread[n_rows++] = residual[r];
+    }
+    if (n_rows == 0) { free(residual); return; }
+    /* robust weights: distance from the step's median residual (a model off by a common factor moves
+       every rank alike) in units of the median absolute deviation; full weight within 2.5, Huber
+       down-weighting to 6, and none beyond (stragglers, a stalled rank) */
+    const double center = cost_median_in_place(spread, n_rows);
+    for (int k = 0, r = 0; r < n_ranks; r++) if (!isnan(residual[r])) spread[k++] = fabs(residual[r] - center);
+    const double sigma = fmax(1.4826 * cost_median_in_place(spread, n_rows), 1e-3);
+    double *normal = &cm->step_normal[(size_t)cm->next_step * COST_NORMAL_SIZE];
+    memset(normal, 0, COST_NORMAL_SIZE * sizeof(double));
+    double *a_matrix = normal, *b_vector = normal + n * n;
+    for (int r = 0; r < n_ranks; r++) {
+        if (isnan(residual[r])) continue;
+        const double distance = fabs(residual[r] - center) / sigma;
+        const double weight = distance <= 2.5 ? 1.0 : distance <= 6.0 ? 2.5 / distance : 0.0;
+        if (weight == 0) continue;
+        double row[COST_N_FEATURES];
+        for (int j = 0; j < n; j++) row[j] = unit[j] * features[r].value[j] / seconds[r];
+        for (int i = 0; i < n; i++) {
+            b_vector[i] += weight * row[i];
+            for (int j = i; j < n; j++) a_matrix[i * n + j] += weight * row[i] * row[j];
+        }
+        normal[n * n + n] += 1;
+    }
+    for (int i = 1; i < n; i++)   /* the lower triangle: A is symmetric */
+        for (int j = 0; j < i; j++) a_matrix[i * n + j] = a_matrix[j * n + i];
+    free(residual);
+    cm->next_step = (cm->next_step + 1) % cm->window_steps;
+    if (cm->n_steps_observed < cm->window_steps) cm->n_steps_observed++;
+}
+
+size_t cost_model_window_doubles(const cost_model *cm) { return 1 + (size_t)cm->n_steps_observed * COST_NORMAL_SIZE; }
+
+void cost_model_window_save(const cost_model *cm, double *values)
+{
+    values[0] = cm->n_steps_observed;
+    for (int k = 0; k < cm->n_steps_observed; k++) {   /* oldest first */
+        int slot = (cm->next_step - cm->n_steps_observed + k + cm->window_steps) % cm->window_steps;
+        memcpy(values + 1 + (size_t)k * COST_NORMAL_SIZE, &cm->step_normal[(size_t)slot * COST_NORMAL_SIZE],
+               COST_NORMAL_SIZE * sizeof(double));
+    }
+}
+
+int cost_model_window_load(cost_model *cm, const double *values, size_t n_values)
+{
+    if (n_values < 1 || !(values[0] >= 0) || values[0] > cm->window_steps
+        || n_values != 1 + (size_t)values[0] * COST_NORMAL_SIZE) return 1;
+    cm->n_steps_observed = (int)values[0];
+    memcpy(cm->step_normal, values + 1, (size_t)cm->n_steps_observed * COST_NORMAL_SIZE * sizeof(double));
+    cm->next_step = cm->n_steps_observed % cm->window_steps;
+    return 0;
+}
+
+/* Solve the n x n system (row stride `stride`) restricted to the indices in `set` (n_set of them) by
+   Gaussian elimination with partial pivoting. Returns 0 when singular. */
+static int solve_subset(const double *a_matrix, const double *b_vector, int stride, const int *set, int n_set, double *z)
+{
+    double m[COST_N_FEATURES][COST_N_FEATURES + 1];
+    for (int i = 0; i < n_set; i++) {
+        for (int j = 0; j < n_set; j++) m[i][j] = a_matrix[set[i] * stride + set[j]];
+        m[i][n_set] = b_vector[set[i]];
+    }
+    for (int col = 0; col < n_set; col++) {
+        int pivot = col;
+        for (int i = col + 1; i < n_set; i++) if (fabs(m[i][col]) > fabs(m[pivot][col])) pivot = i;
+        if (fabs(m[pivot][col]) < 1e-300) return 0;
+        if (pivot != col)
+            for (int j = 0; j <= n_set; j++) { double t = m[col][j]; m[col][j] = m[pivot][j]; m[pivot][j] = t; }
+        for (int i = col + 1; i < n_set; i++) {
+            double factor = m[i][col] / m[col][col];
+            for (int j = col; j <= n_set; j++) m[i][j] -= factor * m[col][j];
+        }
+    }
+    for (int i = n_set - 1; i >= 0; i--) {
+        double sum = m[i][n_set];
+        for (int j = i + 1; j < n_set; j++) sum -= m[i][j] * z[j];
+        z[i] = sum / m[i][i];
+    }
+    return 1;
+}
+
+void cost_nnls_normal(int n, const double *a_matrix, const double *b_vector, double *x)
+{
+    ALDIT_CHECK(n >= 1 && n <= COST_N_FEATURES, "nnls: %d unknowns (at most %d)", n, COST_N_FEATURES);
+    int passive[COST_N_FEATURES] = {0};
+    double scale = 0;
+    for (int i = 0; i < n; i++) { x[i] = 0; scale = fmax(scale, fabs(a_matrix[i * n + i])); }
+    const double tolerance = 1e-12 * (scale > 0 ? scale : 1.0);
+    for (int outer = 0; outer < 6 * n; outer++) {
+        /* gradient of the objective's negative half: w = b - A x */
+        double w[COST_N_FEATURES];
+        int best = -1;
+        for (int i = 0; i < n; i++) {
+            w[i] = b_vector[i];
+            for (int j = 0; j < n; j++) w[i] -= a_matrix[i * n + j] * x[j];
+            if (!passive[i] && w[i] > tolerance * (1.0 + fabs(b_vector[i])) && (best < 0 || w[i] > w[best])) best = i;
+        }
+        if (best < 0) return;
+        passive[best] = 1;
+        for (int inner = 0; inner < 3 * n; inner++) {
+            int set[COST_N_FEATURES], n_set = 0;
+            for (int i = 0; i < n; i++) if (passive[i]) set[n_set++] = i;
+            double z_set[COST_N_FEATURES], z[COST_N_FEATURES] = {0};
+            if (!solve_subset(a_matrix, b_vector, n, set, n_set, z_set)) { passive[best] = 0; return; }
+            for (int k = 0; k < n_set; k++) z[set[k]] = z_set[k];
+            double alpha = 1.0;
+            int feasible = 1;
+            for (int k = 0; k < n_set; k++) {
+                int i = set[k];
+                if (z[i] <= 0) {
+                    feasible = 0;
+                    double step = x[i] / (x[i] - z[i]);
+                    if (step < alpha) alpha = step;
+                }
+            }
+            if (feasible) { memcpy(x, z, (size_t)n * sizeof(double)); break; }
+            for (int i = 0; i < n; i++) {
+                x[i] += alpha * (z[i] - x[i]);
+                if (passive[i] && x[i] <= 1e-15 * (1.0 + fabs(z[i]))) { passive[i] = 0; x[i] = 0; }
+            }
+        }
+    }
+}
+
+int cost_model_refit(cost_model *cm)
+{
+    enum { n = COST_N_FEATURES };
+    double a_matrix[COST_N_FEATURES * COST_N_FEATURES] = {0}, b_vector[COST_N_FEATURES] = {0}, n_rows = 0;
+    for (int k = 0; k < cm->n_steps_observed; k++) {
+        const double *normal = &cm->step_normal[(size_t)k * COST_NORMAL_SIZE];
+        for (int i = 0; i < n * n; i++) a_matrix[i] += normal[i];
+        for (int i = 0; i < n; i++) b_vector[i] += normal[n * n + i];
+        n_rows += normal[n * n + n];
+    }
+    if (n_rows < 2 * n) return 0;
+    /* Jacobi scaling (unit diagonal) so that features of any size weigh alike, then a small ridge
+       towards the seed (x = 1 in seed units), which only matters for directions the data leaves open */
+    double scale[COST_N_FEATURES];
+    for (int i = 0; i < n; i++) {
+        if (!isfinite(a_matrix[i * n + i])) return 0;
+        scale[i] = a_matrix[i * n + i] > 0 ? sqrt(a_matrix[i * n + i]) : 1.0;
+    }
+    const double ridge = 1e-6;
+    for (int i = 0; i < n; i++) {
+        for (int j = 0; j < n; j++) a_matrix[i * n + j] /= scale[i] * scale[j];
+        b_vector[i] = b_vector[i] / scale[i] + ridge * scale[i];
+        a_matrix[i * n + i] += ridge;
+    }
+    double x[COST_N_FEATURES], unit[COST_N_FEATURES];
+    cost_nnls_normal(n, a_matrix, b_vector, x);
+    for (int j = 0; j < n; j++) x[j] /= scale[j];
+    seed_units(cm, unit);
+    int changed = 0;
+    for (int j = 0; j < n; j++) if (!isfinite(x[j])) return 0;
+    for (int j = 0; j < n; j++) {
+        double coef = x[j] * unit[j];
+        if (coef != cm->coef[j]) changed = 1;
+        cm->coef[j] = coef;
+    }
+    return changed;
+}

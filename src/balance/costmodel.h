@@ -1,0 +1,117 @@
+/* costmodel.h — per-sample cost and memory models of the balancer: FLOP-seeded, refit online by NNLS. */
+#ifndef ALDIT_COSTMODEL_H
+#define ALDIT_COSTMODEL_H
+
+#include <stdint.h>
+
+#include "deck/deck.h"
+
+/* Features of a set of samples: count, sum S, sum S^2, sum S*L, sum L (S tokens, L text tokens). The
+   predicted seconds of the set are the dot product of its features with the coefficients (a, b, c, d, e). */
+enum { COST_N_FEATURES = 5 };
+enum { COST_NORMAL_SIZE = COST_N_FEATURES * COST_N_FEATURES + COST_N_FEATURES + 1 };
+typedef struct { double value[COST_N_FEATURES]; } cost_features;
+
+typedef struct {
+    double coef[COST_N_FEATURES];       /* current a, b, c, d, e: seconds = a + b S + c S^2 + d S L + e L */
+    double seed_coef[COST_N_FEATURES];  /* from FLOP counts and device rates */
+    double mem_per_token;               /* activation bytes per sample token */
+    double mem_per_text_token;          /* activation bytes per text token */
+    double mem_per_sample;              /* activation bytes per sample, independent of its length */
+    int recompute_block;                /* 1: mem assumes block recomputation (and cost adds a forward) */
+    /* online refit: a ring of the last `window_steps` steps, each reduced to its (Huber-weighted)
+       normal equations in seed-relative units */
+    int window_steps;
+    int n_steps_observed;               /* steps in the ring */
+    int next_step;                      /* ring position of the next write */
+    double *step_normal;                /* window_steps x COST_NORMAL_SIZE: A (n x n), b (n), rows */
+} cost_model;
+
+/* Seed from the deck: [model] dims, [balance] device_tflops / attention_tflops / recompute /
+   calibrate_window (the refit window in steps). */
+void cost_model_init(cost_model *cm, const deck *config);
+void cost_model_free(cost_model *cm);
+
+/* FLOPs of one sample's forward + backward (with recompute: one more forward), split into GEMM and
+   attention FLOPs (either pointer may be NULL). */
+void cost_model_flops(const deck *config, int64_t tokens, int64_t text_len, double *gemm_flops, double *attention_flops);
+/* Model FLOPs of one sample for utilisation (MFU): 3x its forward's GEMM and attention FLOPs, whatever the
+   recomputation (the work the model needs, not the work done). */
+double cost_model_model_flops(const deck *config, int64_t tokens, int64_t text_len);
+
+/* The per-sample functions below are inline (the balancer calls them for every sample of every step);
+   costmodel.c holds their external definitions. */
+
+/* Predicted seconds of one sample's forward + backward. */
+inline double cost_model_predict(const cost_model *cm, int64_t tokens, int64_t text_len)
+{
+    const double s = (double)tokens, l = (double)text_len;
+    return cm->coef[0] + s * (cm->coef[1] + cm->coef[2] * s + cm->coef[3] * l) + cm->coef[4] * l;
+}
+
+/* Predicted seconds of a set of samples given its features. */
+inline double cost_model_predict_features(const cost_model *cm, const cost_features *features)
+{
+    double seconds = 0;
+    for (int j = 0; j < COST_N_FEATURES; j++) seconds += cm->coef[j] * features->value[j];
+    return seconds;
+}
+
+/* Activation bytes of one sample (see docs/balancer.md for the accounting). */
+inline double cost_model_mem(const cost_model *cm, int64_t tokens, int64_t text_len)
+{
+    return cm->mem_per_sample + cm->mem_per_token * (double)tokens + cm->mem_per_text_token * (double)text_len;
+}
+
+/* Copies of one sample (tokens, text_len) that one micro-batch of the GPU start-up calibration holds: the
+   most that fit a micro-batch of at most max_tokens tokens, max_text text tokens and max_samples samples
+   and whose summed activation bytes (cost_model_mem) stay within fill_bytes; at most max_copies, at least
+   1; 0 when one copy alone is beyond that capacity or over mem_budget (an oversize sample). */
+int cost_model_calibration_copies(const cost_model *cm, int64_t tokens, int64_t text_len, int64_t max_tokens,
+                                  int64_t max_text, int max_samples, double mem_budget, double fill_bytes,
+                                  int max_copies);
+
+/* Take the activation bytes per sample, token and text token of `from` (the rest of `cm` stays). */
+void cost_model_copy_memory(cost_model *cm, const cost_model *from);
+
+/* Bytes of weights, gradients and AdamW state of the configured model (bf16 weights + fp32 master,
+   fp32 gradients, two fp32 moments), for deriving a memory budget from device memory. */
+double cost_model_state_bytes(const deck *config);
+int64_t cost_model_param_count(const deck *config);
+
+/* Add the features of one sample to `features`. */
+inline void cost_features_add(cost_features *features, int64_t tokens, int64_t text_len)
+{
+    const double s = (double)tokens, l = (double)text_len;
+    features->value[0] += 1.0;
+    features->value[1] += s;
+    features->value[2] += s * s;
+    features->value[3] += s * l;
+    features->value[4] += l;
+}
+
+/* Record one step's observations: per rank, the features of its samples and its measured seconds
+   (ranks with no samples or no valid time are left out). Ranks whose relative error is far from the
+   step's median error (in median absolute deviations) are down-weighted or dropped, so stragglers do
+   not drag the fit. */
+void cost_model_observe_step(cost_model *cm, int n_ranks, const cost_features *features, const double *seconds);
+/* Refit the coefficients from the window by non-negative least squares on relative errors. Keeps the
+   current coefficients (returns 0) when the window holds fewer than 2 * COST_N_FEATURES observations
+   or the system is degenerate; returns 1 when they changed. A small ridge towards the seed keeps
+   directions the window does not excite (e.g. no long samples seen yet) at their seeded values. */
+int cost_model_refit(cost_model *cm);
+
+/* The refit window as plain doubles (for checkpoints): cost_model_window_doubles() values. */
+size_t cost_model_window_doubles(const cost_model *cm);
+void cost_model_window_save(const cost_model *cm, double *values);
+/* Returns 0 on success, non-zero when the values do not fit this model's window. */
+int cost_model_window_load(cost_model *cm, const double *values, size_t n_values);
+
+/* Median of n_values >= 1 values (reorders them; expected linear time). */
+double cost_median_in_place(double *values, int n_values);
+
+/* Non-negative least squares on a small normal system: minimise x'Ax - 2 b'x subject to x >= 0, for
+   symmetric positive semi-definite A (n <= COST_N_FEATURES). Active-set method (Lawson-Hanson). */
+void cost_nnls_normal(int n, const double *a_matrix, const double *b_vector, double *x);
+
+#endif

@@ -1,0 +1,94 @@
+/* comm.c — the only file that calls MPI directly (besides check.c's abort path): thin checked wrappers. */
+#include "core/comm.h"
+#include "core/check.h"
+
+#include <limits.h>
+#include <mpi.h>
+
+comm_info comm_init(int *argc, char ***argv)
+{
+    comm_info info = {0};
+    int provided = 0;
+    MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided));
+    MPI_CHECK(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
+    MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &info.rank));
+    MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &info.n_ranks));
+    MPI_Comm node;
+    MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, info.rank, MPI_INFO_NULL, &node));
+    MPI_CHECK(MPI_Comm_rank(node, &info.local_rank));
+    MPI_CHECK(MPI_Comm_size(node, &info.n_local_ranks));
+    MPI_CHECK(MPI_Comm_free(&node));
+    return info;
+}
+
+void comm_finalize(void) { MPI_CHECK(MPI_Finalize()); }
+
+int comm_rank(void)
+{
+    int rank = 0;
+    MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
+    return rank;
+}
+
+void comm_bcast_bytes(void *buffer, size_t n_bytes)
+{
+    char *bytes = buffer;
+    while (n_bytes > 0) {
+        int piece = n_bytes > (size_t)INT_MAX ? INT_MAX : (int)n_bytes;
+        MPI_CHECK(MPI_Bcast(bytes, piece, MPI_BYTE, 0, MPI_COMM_WORLD));
+        bytes += piece;
+        n_bytes -= (size_t)piece;
+    }
+}
+
+int comm_scatter_int(const int *send)
+{
+    int mine = 0;
+    MPI_CHECK(MPI_Scatter(send, 1, MPI_INT, &mine, 1, MPI_INT, 0, MPI_COMM_WORLD));
+    return mine;
+}
+
+int comm_scatterv_i64(const int64_t *send, const int *counts, const int *displs,
+                      int64_t *recv, int recv_capacity)
+{
+    int my_count = comm_scatter_int(counts);
+    ALDIT_CHECK(my_count <= recv_capacity, "scatter: %d values do not fit a buffer of %d", my_count, recv_capacity);
+    MPI_CHECK(MPI_Scatterv(send, counts, displs, MPI_INT64_T, recv, my_count, MPI_INT64_T, 0, MPI_COMM_WORLD));
+    return my_count;
+}
+
+static void allreduce(void *values, size_t n_values, MPI_Datatype type, MPI_Op op)
+{
+    int type_bytes = 0;
+    MPI_CHECK(MPI_Type_size(type, &type_bytes));
+    char *bytes = values;
+    while (n_values > 0) {
+        int piece = n_values > (size_t)INT_MAX ? INT_MAX : (int)n_values;
+        MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, bytes, piece, type, op, MPI_COMM_WORLD));
+        bytes += (size_t)piece * (size_t)type_bytes;
+        n_values -= (size_t)piece;
+    }
+}
+
+void comm_allreduce_sum_f32(float *values, size_t n_values) { allreduce(values, n_values, MPI_FLOAT, MPI_SUM); }
+void comm_allreduce_sum_f64(double *values, size_t n_values) { allreduce(values, n_values, MPI_DOUBLE, MPI_SUM); }
+void comm_allreduce_max_f64(double *values, size_t n_values) { allreduce(values, n_values, MPI_DOUBLE, MPI_MAX); }
+void comm_allreduce_min_f64(double *values, size_t n_values) { allreduce(values, n_values, MPI_DOUBLE, MPI_MIN); }
+
+int comm_allreduce_or_int(int flag)
+{
+    allreduce(&flag, 1, MPI_INT, MPI_LOR);
+    return flag;
+}
+
+void comm_gather_f64(double value, double *all)
+{
+    MPI_CHECK(MPI_Gather(&value, 1, MPI_DOUBLE, all, 1, MPI_DOUBLE, 0, MPI_COMM_WORLD));
+}
+
+void comm_gather_f64_n(const double *values, int n, double *all)
+{
+    MPI_CHECK(MPI_Gather(values, n, MPI_DOUBLE, all, n, MPI_DOUBLE, 0, MPI_COMM_WORLD));
+}
+
+double comm_time(void) { return MPI_Wtime(); }

@@ -1,0 +1,913 @@
+/* deck.c — the input deck: one table of keys drives defaults, INI parsing (inih), overrides, checks, printing. */
+#include "deck/deck.h"
+#include "core/check.h"
+#include "core/comm.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <ini.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+typedef enum { KEY_INT, KEY_INT64, KEY_UINT64, KEY_DOUBLE, KEY_BYTES, KEY_BOOL, KEY_STRING, KEY_ENUM } key_type;
+
+/* One row per deck key. Defaults are text parsed by the same code as a deck, so --help, the docs and
+   deck_print show exactly what a user would write. */
+typedef struct {
+    const char *section;
+    const char *name;
+    key_type type;
+    size_t offset;                  /* of the field in `deck` */
+    size_t size;                    /* of the field: string capacity; checked against the type otherwise */
+    double min, max;                /* numeric range, inclusive unless min_open / max_open */
+    int min_open, max_open;
+    const char *zero_word;          /* a word that means 0 ("auto", "budget"), accepted outside the range */
+    int nonempty;                   /* strings: "" is an error */
+    const char *const *choices;     /* enums: value i is choices[i]; NULL-terminated */
+    const char *default_text;
+    const char *help;
+} deck_key;
+
+static const char *const section_names[] = {"run", "model", "data", "balance", "train", "checkpoint", "log"};
+enum { N_SECTIONS = sizeof section_names / sizeof section_names[0] };
+
+static const char *const device_names[] = {"auto", "cpu", "cuda", NULL};
+static const char *const strategy_names[] = {"global", "dual", "equal_tokens", NULL};
+static const char *const oversize_names[] = {"error", "skip", NULL};
+static const char *const recompute_names[] = {"none", "block", NULL};
+static const char *const nonfinite_names[] = {"error", "skip", NULL};
+static const char *const lr_schedule_names[] = {"cosine", "constant", NULL};
+static const char *const attention_names[] = {"auto", "cudnn", "own", NULL};
+
+#define FIELD(member) .offset = offsetof(deck, member), .size = sizeof(((deck *)0)->member)
+#define KEY(sec, key, kind, member) .section = sec, .name = key, .type = kind, FIELD(member)
+
+static const deck_key deck_keys[] = {
+    /* [run] */
+    {KEY("run", "dir", KEY_STRING, run.dir), .nonempty = 1, .default_text = "run",
+     .help = "run folder: metrics and checkpoints (created if missing)"},
+    {KEY("run", "device", KEY_ENUM, run.device), .choices = device_names, .default_text = "auto",
+     .help = "backend: cuda where a GPU is present (one GPU per rank of a node), else cpu"},
+    {KEY("run", "seed", KEY_UINT64, run.seed), .default_text = "1234",
+     .help = "seeds the initial weights, the epoch order, the noise and the timesteps"},
+    {KEY("run", "steps", KEY_INT64, run.steps), .min = 0, .max = 1e15, .default_text = "0",
+     .help = "stop after this many optimizer steps (0 = run `epochs` epochs)"},
+    {KEY("run", "epochs", KEY_INT64, run.epochs), .min = 1, .max = 1e9, .default_text = "1",
+     .help = "epochs over the store when steps = 0"},
+    {KEY("run", "threads", KEY_INT, run.threads), .min = 1, .max = 4096, .zero_word = "auto",
+     .default_text = "auto", .help = "CPU threads per rank, OpenMP and OpenBLAS (auto = OMP_NUM_THREADS, else the node's cores shared by its ranks)"},
+    /* [model] */
+    {KEY("model", "name", KEY_STRING, model.name), .nonempty = 1, .default_text = "wan1.3b",
+     .help = "label in logs and checkpoints"},
+    {KEY("model", "dim", KEY_INT, model.dim), .min = 1, .max = 65536, .default_text = "1536",
+     .help = "hidden size D"},
+    {KEY("model", "ffn_dim", KEY_INT, model.ffn_dim), .min = 1, .max = 1 << 20, .default_text = "8960",
+     .help = "hidden size of the feed-forward network"},
+    {KEY("model", "num_heads", KEY_INT, model.num_heads), .min = 1, .max = 1024, .default_text = "12",
+     .help = "attention heads; the head dim dim/num_heads must be even and at least 6 (3D RoPE)"},
+    {KEY("model", "num_layers", KEY_INT, model.num_layers), .min = 1, .max = 1024, .default_text = "30",
+     .help = "transformer blocks"},
+    {KEY("model", "in_dim", KEY_INT, model.in_dim), .min = 1, .max = 1024, .default_text = "16",
+     .help = "latent channels in"},
+    {KEY("model", "out_dim", KEY_INT, model.out_dim), .min = 1, .max = 1024, .default_text = "16",
+     .help = "latent channels out (must equal in_dim: the target lives in the latent)"},
+    {KEY("model", "patch_t", KEY_INT, model.patch_t), .min = 1, .max = 64, .default_text = "1",
+     .help = "patch size in latent frames"},
+    {KEY("model", "patch_h", KEY_INT, model.patch_h), .min = 1, .max = 64, .default_text = "2",
+     .help = "patch size in latent rows"},
+    {KEY("model", "patch_w", KEY_INT, model.patch_w), .min = 1, .max = 64, .default_text = "2",
+     .help = "patch size in latent columns"},
+    {KEY("model", "text_len", KEY_INT, model.text_len), .min = 1, .max = 1 << 20, .default_text = "512",
+     .help = "text tokens per sample the model accepts"},
+    {KEY("model", "text_dim", KEY_INT, model.text_dim), .min = 1, .max = 1 << 20, .default_text = "4096",
+     .help = "text embedding width (umT5: 4096); must match the store"},
+    {KEY("model", "freq_dim", KEY_INT, model.freq_dim), .min = 2, .max = 65536, .default_text = "256",
+     .help = "width of the sinusoidal timestep embedding (even)"},
+    {KEY("model", "eps", KEY_DOUBLE, model.eps), .min = 0, .min_open = 1, .max = 0.1, .default_text = "1e-6",
+     .help = "epsilon of LayerNorm and RMSNorm"},
+    {KEY("model", "qk_norm", KEY_BOOL, model.qk_norm), .default_text = "on",
+     .help = "RMSNorm on queries and keys"},
+    {KEY("model", "cross_attn_norm", KEY_BOOL, model.cross_attn_norm), .default_text = "on",
+     .help = "affine LayerNorm before cross-attention"},
+    {KEY("model", "init_std", KEY_DOUBLE, model.init_std), .min = 0, .min_open = 1, .max = 10,
+     .default_text = "0.02", .help = "standard deviation of the random initial weights"},
+    {KEY("model", "init", KEY_STRING, model.init), .default_text = "",
+     .help = "start from these weights (HDF5 with Wan parameter names); empty = random"},
+    /* [data] */
+    {KEY("data", "store", KEY_STRING, data.store), .default_text = "",
+     .help = "HDF5 latent store (made by aldit-store); required to train"},
+    {KEY("data", "prefetch", KEY_BOOL, data.prefetch), .default_text = "on",
+     .help = "read the next step's samples in a background thread"},
+    {KEY("data", "verify", KEY_BOOL, data.verify), .default_text = "on",
+     .help = "check each sample's CRC-32 (the store's index) as it is read: a corrupt sample stops the run, named"},
+    /* [balance] */
+    {KEY("balance", "strategy", KEY_ENUM, balance.strategy), .choices = strategy_names, .default_text = "global",
+     .help = "global: pack samples across ranks by predicted cost; dual: the paper's memory+compute "
+             "buckets; equal_tokens: the bucket baseline"},
+    {KEY("balance", "global_batch", KEY_INT64, balance.global_batch), .min = 1, .max = 1e12,
+     .zero_word = "budget", .default_text = "budget",
+     .help = "samples per step over all ranks (global); budget = fill every rank up to its budgets"},
+    {KEY("balance", "max_tokens", KEY_INT64, balance.max_tokens), .min = 1, .max = 1e12, .default_text = "76032",
+     .help = "token budget T_max of a rank's step: equal_tokens takes B = floor(T_max / S); the default "
+             "fits one 129-frame 768x768 video (33x48x48 tokens)"},
+    {KEY("balance", "compute_budget", KEY_DOUBLE, balance.compute_budget), .min = 0, .min_open = 1, .max = 1e6,
+     .zero_word = "auto", .default_text = "auto",
+     .help = "predicted seconds of work per rank per step (auto = the mean predicted cost of an equal_tokens batch, at least the costliest sample and, for global, what mem_fill asks)"},
+    {KEY("balance", "mem_budget", KEY_BYTES, balance.mem_budget), .min = 1 << 20, .max = 1125899906842624.0,
+     .zero_word = "auto", .default_text = "auto",
+     .help = "activation bytes per rank (auto = measured free device memory less mem_margin)"},
+    {KEY("balance", "mem_margin", KEY_DOUBLE, balance.mem_margin), .min = 0, .max = 0.9, .default_text = "0.1",
+     .help = "fraction of the free device memory kept back when mem_budget = auto"},
+    {KEY("balance", "mem_fill", KEY_DOUBLE, balance.mem_fill), .min = 0, .max = 1, .default_text = "0.9",
+     .help = "global with compute_budget = auto: plan each rank's step at least as long as a micro-batch of "
+             "the store's average sample mix filling this fraction of mem_budget (0 = off)"},
+    {KEY("balance", "device_mem", KEY_BYTES, balance.device_mem), .min = 1 << 20, .max = 1125899906842624.0,
+     .default_text = "80GiB", .help = "device memory assumed where none can be measured (the simulator)"},
+    {KEY("balance", "device_tflops", KEY_DOUBLE, balance.device_tflops), .min = 0, .min_open = 1, .max = 1e6,
+     .default_text = "600", .help = "GEMM rate seeding the cost model, TFLOP/s"},
+    {KEY("balance", "attention_tflops", KEY_DOUBLE, balance.attention_tflops), .min = 0, .min_open = 1,
+     .max = 1e6, .default_text = "500", .help = "attention rate seeding the cost model, TFLOP/s"},
+    {KEY("balance", "dual_p", KEY_DOUBLE, balance.dual_p), .min = 1, .max = 3, .zero_word = "auto",
+     .default_text = "auto", .help = "exponent p of the dual constraint B*S^p <= M_comp (auto = fit from the cost model)"},
+    {KEY("balance", "pool", KEY_INT64, balance.pool), .min = 1, .max = 1e9, .default_text = "4096",
+     .help = "upcoming samples the global packer may choose from"},
+    {KEY("balance", "oversize", KEY_ENUM, balance.oversize), .choices = oversize_names, .default_text = "error",
+     .help = "a sample that alone exceeds the memory budget: error (stop) or skip (warn and count)"},
+    {KEY("balance", "calibrate", KEY_BOOL, balance.calibrate), .default_text = "on",
+     .help = "refit the cost model online from the measured per-rank times"},
+    {KEY("balance", "calibrate_window", KEY_INT, balance.calibrate_window), .min = 2, .max = 1000000,
+     .default_text = "50", .help = "steps of (assignment, measured time) pairs kept for the refit"},
+    {KEY("balance", "calibrate_packed", KEY_BOOL, balance.calibrate_packed), .default_text = "on",
+     .help = "GPU start-up calibration times each sample shape packed into a micro-batch as training runs it "
+             "(as many copies as mem_fill of mem_budget takes, at most 32); off = one sample per call"},
+    {KEY("balance", "recompute", KEY_ENUM, balance.recompute), .choices = recompute_names, .default_text = "none",
+     .help = "activation recomputation the memory model assumes; must equal train.recompute"},
+    /* [train] */
+    {KEY("train", "lr", KEY_DOUBLE, train.lr), .min = 0, .min_open = 1, .max = 10, .default_text = "1e-4",
+     .help = "peak learning rate"},
+    {KEY("train", "min_lr", KEY_DOUBLE, train.min_lr), .min = 0, .max = 10, .default_text = "0",
+     .help = "floor of the cosine schedule (at most lr)"},
+    {KEY("train", "warmup_steps", KEY_INT64, train.warmup_steps), .min = 0, .max = 1e12, .default_text = "100",
+     .help = "steps of linear warmup from 0 to lr"},
+    {KEY("train", "lr_schedule", KEY_ENUM, train.lr_schedule), .choices = lr_schedule_names,
+     .default_text = "cosine", .help = "after warmup: cosine decay to min_lr at the last step, or constant"},
+    {KEY("train", "weight_decay", KEY_DOUBLE, train.weight_decay), .min = 0, .max = 10, .default_text = "0.01",
+     .help = "AdamW decoupled weight decay"},
+    {KEY("train", "beta1", KEY_DOUBLE, train.beta1), .min = 0, .max = 1, .max_open = 1, .default_text = "0.9",
+     .help = "AdamW first-moment decay"},
+    {KEY("train", "beta2", KEY_DOUBLE, train.beta2), .min = 0, .max = 1, .max_open = 1, .default_text = "0.999",
+     .help = "AdamW second-moment decay"},
+    {KEY("train", "adam_eps", KEY_DOUBLE, train.adam_eps), .min = 0, .min_open = 1, .max = 1,
+     .default_text = "1e-8", .help = "AdamW epsilon"},
+    {KEY("train", "grad_clip", KEY_DOUBLE, train.grad_clip), .min = 0, .max = 1e6, .default_text = "1",
+     .help = "clip the global gradient norm to this (0 = off)"},
+    {KEY("train", "timestep_shift", KEY_DOUBLE, train.timestep_shift), .min = 0, .min_open = 1, .max = 100,
+     .default_text = "5", .help = "shift of the flow-matching timestep distribution (Wan: 5)"},
+    {KEY("train", "recompute", KEY_ENUM, train.recompute), .choices = recompute_names, .default_text = "none",
+     .help = "activation recomputation: none, or block (keep only block inputs, recompute in backward)"},
+    {KEY("train", "nonfinite", KEY_ENUM, train.nonfinite), .choices = nonfinite_names, .default_text = "error",
+     .help = "a NaN/Inf loss or gradient: error (stop) or skip the step"},
+    {KEY("train", "attention", KEY_ENUM, train.attention), .choices = attention_names, .default_text = "auto",
+     .help = "CUDA attention: cudnn (fused SDPA), own kernel, or auto (cudnn when built with it)"},
+    {KEY("train", "autotune", KEY_BOOL, train.autotune), .default_text = "off",
+     .help = "CUDA: time the candidate configurations of cuBLASLt (each GEMM shape) and cuDNN attention (each size "
+             "class) on first use and keep the fastest (off: the heuristics' first choices, the same in every run)"},
+    {KEY("train", "allreduce_bucket", KEY_BYTES, train.allreduce_bucket), .min = 0, .max = 1125899906842624.0,
+     .default_text = "64MiB",
+     .help = "CUDA: gradient all-reduce in buckets of this size overlapping the backward (0 = one after it)"},
+    /* [checkpoint] */
+    {KEY("checkpoint", "every", KEY_INT64, checkpoint.every), .min = 0, .max = 1e12, .default_text = "0",
+     .help = "checkpoint every N steps (0 = only at the end and on SIGUSR1/SIGTERM)"},
+    {KEY("checkpoint", "keep", KEY_INT, checkpoint.keep), .min = 1, .max = 100000, .default_text = "3",
+     .help = "newest checkpoints kept in the run folder"},
+    {KEY("checkpoint", "resume", KEY_BOOL, checkpoint.resume), .default_text = "on",
+     .help = "resume from the newest complete checkpoint in the run folder"},
+    /* [log] */
+    {KEY("log", "every", KEY_INT64, log.every), .min = 1, .max = 1e12, .default_text = "1",
+     .help = "progress line every N steps"},
+    {KEY("log", "metrics", KEY_STRING, log.metrics), .nonempty = 1, .default_text = "metrics.jsonl",
+     .help = "JSON-lines metrics file, one line per step; a relative path is inside run.dir"},
+};
+enum { N_KEYS = sizeof deck_keys / sizeof deck_keys[0] };
+
+/* Where a key got its value: the deck line, the command line, or the default. */
+enum { ORIGIN_DEFAULT = 0, ORIGIN_COMMAND_LINE = -1 };
+
+typedef enum { SECTION_NONE, SECTION_BAD, SECTION_OK } section_state;
+
+typedef struct {
+    deck *config;
+    const char *file;               /* named in messages */
+    FILE *errors;
+    int n_errors;
+    int origin[N_KEYS];             /* ORIGIN_* or the line that set the key */
+    FILE *stream;                   /* the deck being read, line by line */
+    int line;                       /* line number of the line inih is handling */
+    char *line_buffer;
+    size_t line_capacity;
+    section_state section;
+} load_context;
+
+/* ---- messages --------------------------------------------------------------------------------- */
+
+/* Errors printed before the rest are only counted (a binary file given as the deck has thousands). */
+enum { MAX_PRINTED_ERRORS = 100 };
+
+/* "FILE:LINE: ", "command line: " or "FILE: " (line 0: no line to name), then the message. */
+static void report(load_context *ctx, int line, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void report(load_context *ctx, int line, const char *fmt, ...)
+{
+    if (ctx->n_errors++ >= MAX_PRINTED_ERRORS) return;
+    if (line == ORIGIN_COMMAND_LINE) fputs("command line: ", ctx->errors);
+    else if (line > 0) fprintf(ctx->errors, "%s:%d: ", ctx->file, line);
+    else fprintf(ctx->errors, "%s: ", ctx->file);
+    va_list args;
+    va_start(args, fmt);
+    vfprintf(ctx->errors, fmt, args);
+    va_end(args);
+    fputc('\n', ctx->errors);
+}
+
+/* ---- table lookups ---------------------------------------------------------------------------- */
+
+static int is_section(const char *name)
+{
+    for (int i = 0; i < N_SECTIONS; i++)
+        if (strcmp(section_names[i], name) == 0) return 1;
+    return 0;
+}
+
+static int find_key(const char *section, const char *name)
+{
+    for (int i = 0; i < N_KEYS; i++)
+        if (strcmp(deck_keys[i].section, section) == 0 && strcmp(deck_keys[i].name, name) == 0) return i;
+    return -1;
+}
+
+static int key_index(const char *section, const char *name)
+{
+    int index = find_key(section, name);
+    ALDIT_CHECK(index >= 0, "deck: no key %s.%s in the table", section, name);
+    return index;
+}
+
+static size_t edit_distance(const char *a, const char *b)
+{
+    size_t len_a = strlen(a), len_b = strlen(b);
+    if (len_a > 64 || len_b > 64) return (size_t)-1;
+    size_t row[65];
+    for (size_t j = 0; j <= len_b; j++) row[j] = j;
+    for (size_t i = 1; i <= len_a; i++) {
+        size_t diagonal = row[0];
+        row[0] = i;
+        for (size_t j = 1; j <= len_b; j++) {
+            size_t above = row[j];
+            size_t best = diagonal + (tolower((unsigned char)a[i - 1]) != tolower((unsigned char)b[j - 1]));
+            if (above + 1 < best) best = above + 1;
+            if (row[j - 1] + 1 < best) best = row[j - 1] + 1;
+            row[j] = best;
+            diagonal = above;
+        }
+    }
+    return row[len_b];
+}
+
+/* " (did you mean ...?)" for an unknown key: the same name in another section, else a near name. */
+static void suggest_key(const char *section, const char *name, char *hint, size_t hint_size)
+{
+    hint[0] = '\0';
+    for (int i = 0; i < N_KEYS; i++)
+        if (strcmp(deck_keys[i].name, name) == 0) {
+            snprintf(hint, hint_size, " (did you mean %s.%s?)", deck_keys[i].section, name);
+            return;
+        }
+    size_t best = 3;
+    for (int i = 0; i < N_KEYS; i++) {
+        if (strcmp(deck_keys[i].section, section) != 0) continue;
+        size_t distance = edit_distance(name, deck_keys[i].name);
+        if (distance < best) {
+            best = distance;
+            snprintf(hint, hint_size, " (did you mean %s?)", deck_keys[i].name);
+        }
+    }
+}
+
+/* ---- values ----------------------------------------------------------------------------------- */
+
+static int parse_integer(const char *text, long long *value)
+{
+    char *end = NULL;
+    errno = 0;
+    long long parsed = strtoll(text, &end, 10);
+    if (end != text && *end == '\0' && errno == 0) {
+        *value = parsed;
+        return 1;
+    }
+    /* 1e6 and the like, when the value is a whole number that a double holds exactly */
+    errno = 0;
+    double real = strtod(text, &end);
+    if (end == text || *end != '\0' || errno != 0 || !isfinite(real) || real != floor(real) || fabs(real) > 9007199254740992.0)
+        return 0;
+    *value = (long long)real;
+    return 1;
+}
+
+static int parse_real(const char *text, double *value)
+{
+    char *end = NULL;
+    errno = 0;
+    *value = strtod(text, &end);
+    return end != text && *end == '\0' && errno == 0 && isfinite(*value);
+}
+
+static int parse_bytes(const char *text, double *value)
+{
+    static const struct { const char *suffix; double factor; } units[] = {
+        {"", 1}, {"b", 1},
+        {"k", 1024.0}, {"kib", 1024.0}, {"kb", 1e3},
+        {"m", 1048576.0}, {"mib", 1048576.0}, {"mb", 1e6},
+        {"g", 1073741824.0}, {"gib", 1073741824.0}, {"gb", 1e9},
+        {"t", 1099511627776.0}, {"tib", 1099511627776.0}, {"tb", 1e12},
+    };
+    char *end = NULL;
+    errno = 0;
+    double number = strtod(text, &end);
+    if (end == text || errno != 0 || !isfinite(number)) return 0;
+    while (*end == ' ' || *end == '\t') end++;
+    for (size_t i = 0; i < sizeof units / sizeof units[0]; i++)
+        if (strcasecmp(end, units[i].suffix) == 0) {
+            *value = number * units[i].factor;
+            return 1;
+        }
+    return 0;
+}
+
+static int parse_bool(const char *text, int *value)
+{
+    static const char *const true_words[] = {"true", "on", "yes", "1"};
+    static const char *const false_words[] = {"false", "off", "no", "0"};
+    for (int i = 0; i < 4; i++) {
+        if (strcasecmp(text, true_words[i]) == 0) { *value = 1; return 1; }
+        if (strcasecmp(text, false_words[i]) == 0) { *value = 0; return 1; }
+    }
+    return 0;
+}
+
+/* The shortest of %.15g..%.17g that reads back to the same double. */
+static void format_real(double value, char *text, size_t text_size)
+{
+    for (int digits = 15; digits <= 17; digits++) {
+        snprintf(text, text_size, "%.*g", digits, value);
+        if (strtod(text, NULL) == value) return;
+    }
+}
+
+/* Whole TiB/GiB/MiB/KiB where exact ("80GiB"), else plain bytes. */
+static void format_bytes(double value, char *text, size_t text_size)
+{
+    static const struct { const char *suffix; double factor; } units[] = {
+        {"TiB", 1099511627776.0}, {"GiB", 1073741824.0}, {"MiB", 1048576.0}, {"KiB", 1024.0}};
+    for (size_t i = 0; i < sizeof units / sizeof units[0]; i++) {
+        double count = value / units[i].factor;
+        if (count >= 1 && count == floor(count) && count < 1e15) {
+            snprintf(text, text_size, "%.0f%s", count, units[i].suffix);
+            return;
+        }
+    }
+    format_real(value, text, text_size);
+}
+
+static void describe_range(const deck_key *key, char *text, size_t text_size)
+{
+    char low[48], high[48];
+    if (key->type == KEY_BYTES) {
+        format_bytes(key->min, low, sizeof low);
+        format_bytes(key->max, high, sizeof high);
+    } else {
+        format_real(key->min, low, sizeof low);
+        format_real(key->max, high, sizeof high);
+    }
+    snprintf(text, text_size, "%s%s, %s%s", key->min_open ? "(" : "[", low, high, key->max_open ? ")" : "]");
+}
+
+static void describe_choices(const deck_key *key, char *text, size_t text_size)
+{
+    text[0] = '\0';
+    for (int i = 0; key->choices[i]; i++) {
+        size_t used = strlen(text);
+        snprintf(text + used, text_size - used, "%s%s", i ? ", " : "", key->choices[i]);
+    }
+}
+
+static int in_range(const deck_key *key, double value)
+{
+    int above_min = key->min_open ? value > key->min : value >= key->min;
+    int below_max = key->max_open ? value < key->max : value <= key->max;
+    return above_min && below_max;
+}
+
+static int has_control_characters(const char *text)
+{
+    for (; *text; text++)
+        if (iscntrl((unsigned char)*text)) return 1;
+    return 0;
+}
+
+/* Parse `text` into the key's field of ctx->config; on failure report at `line` and leave the field. */
+static int set_key(load_context *ctx, int index, const char *text, int line)
+{
+    const deck_key *key = &deck_keys[index];
+    char *field = (char *)ctx->config + key->offset;
+    char range[96];
+    describe_range(key, range, sizeof range);
+    char zero_hint[48] = "";
+    if (key->zero_word) snprintf(zero_hint, sizeof zero_hint, " or %s", key->zero_word);
+
+    if (key->zero_word && strcasecmp(text, key->zero_word) == 0) { /* numeric keys only */
+        if (key->type == KEY_INT) *(int *)field = 0;
+        else if (key->type == KEY_INT64) *(int64_t *)field = 0;
+        else *(double *)field = 0;
+        ctx->origin[index] = line;
+        return 1;
+    }
+    switch (key->type) {
+    case KEY_INT:
+    case KEY_INT64: {
+        long long value = 0;
+        if (!parse_integer(text, &value)) {
+            report(ctx, line, "%s.%s: '%s' is not an integer%s", key->section, key->name, text, zero_hint);
+            return 0;
+        }
+        if (!in_range(key, (double)value)) {
+            report(ctx, line, "%s.%s: %lld is out of range %s%s", key->section, key->name, value, range, zero_hint);
+            return 0;
+        }
+        if (key->type == KEY_INT) *(int *)field = (int)value;
+        else *(int64_t *)field = value;
+        break;
+    }
+    case KEY_UINT64: {
+        char *end = NULL;
+        errno = 0;
+        unsigned long long value = strtoull(text, &end, 10);
+        if (end == text || *end != '\0' || errno != 0 || strchr(text, '-')) {
+            report(ctx, line, "%s.%s: '%s' is not an integer in [0, 2^64)", key->section, key->name, text);
+            return 0;
+        }
+        *(uint64_t *)field = value;
+        break;
+    }
+    case KEY_DOUBLE:
+    case KEY_BYTES: {
+        double value = 0;
+        int parsed = key->type == KEY_DOUBLE ? parse_real(text, &value) : parse_bytes(text, &value);
+        if (!parsed) {
+            report(ctx, line, "%s.%s: '%s' is not %s%s", key->section, key->name, text,
+                   key->type == KEY_DOUBLE ? "a finite number" : "a byte size (e.g. 80GiB, 512MiB, 1e9)", zero_hint);
+            return 0;
+        }
+        if (!in_range(key, value)) {
+            report(ctx, line, "%s.%s: %s is out of range %s%s", key->section, key->name, text, range, zero_hint);
+            return 0;
+        }
+        *(double *)field = value;
+        break;
+    }
+    case KEY_BOOL: {
+        int value = 0;
+        if (!parse_bool(text, &value)) {
+            report(ctx, line, "%s.%s: '%s' is not a boolean (true/false, on/off, yes/no, 1/0)", key->section,
+                   key->name, text);
+            return 0;
+        }
+        *(int *)field = value;
+        break;
+    }
+    case KEY_STRING:
+        if (strlen(text) >= key->size) {
+            report(ctx, line, "%s.%s: value is %zu characters long; at most %zu fit", key->section, key->name,
+                   strlen(text), key->size - 1);
+            return 0;
+        }
+        if (has_control_characters(text)) {
+            report(ctx, line, "%s.%s: value holds control characters", key->section, key->name);
+            return 0;
+        }
+        if (key->nonempty && text[0] == '\0') {
+            report(ctx, line, "%s.%s: must not be empty", key->section, key->name);
+            return 0;
+        }
+        memcpy(field, text, strlen(text) + 1);
+        break;
+    case KEY_ENUM: {
+        int choice = 0;
+        while (key->choices[choice] && strcasecmp(key->choices[choice], text) != 0) choice++;
+        if (!key->choices[choice]) {
+            char choices[128];
+            describe_choices(key, choices, sizeof choices);
+            report(ctx, line, "%s.%s: '%s' is not one of: %s", key->section, key->name, text, choices);
+            return 0;
+        }
+        *(int *)field = choice;
+        break;
+    }
+    }
+    ctx->origin[index] = line;
+    return 1;
+}
+
+/* The value as a deck would spell it (re-parses to the same bits). */
+static void format_value(const deck *config, const deck_key *key, char *text, size_t text_size)
+{
+    const char *field = (const char *)config + key->offset;
+    switch (key->type) {
+    case KEY_INT:
+    case KEY_INT64: {
+        long long value = key->type == KEY_INT ? *(const int *)field : (long long)*(const int64_t *)field;
+        if (value == 0 && key->zero_word) snprintf(text, text_size, "%s", key->zero_word);
+        else snprintf(text, text_size, "%lld", value);
+        break;
+    }
+    case KEY_UINT64:
+        snprintf(text, text_size, "%llu", (unsigned long long)*(const uint64_t *)field);
+        break;
+    case KEY_DOUBLE:
+    case KEY_BYTES: {
+        double value = *(const double *)field;
+        if (value == 0 && key->zero_word) snprintf(text, text_size, "%s", key->zero_word);
+        else if (key->type == KEY_BYTES) format_bytes(value, text, text_size);
+        else format_real(value, text, text_size);
+        break;
+    }
+    case KEY_BOOL:
+        snprintf(text, text_size, "%s", *(const int *)field ? "on" : "off");
+        break;
+    case KEY_STRING:
+        snprintf(text, text_size, "%s", field);
+        break;
+    case KEY_ENUM:
+        snprintf(text, text_size, "%s", key->choices[*(const int *)field]);
+        break;
+    }
+}
+
+/* ---- reading a deck through inih ------------------------------------------------------------------ */
+
+/* inih's reader: hands inih one line at a time so that the line number is known in the handler, and
+   screens what inih would reject or misread (section headers, lines that are not key = value, lines
+   too long for inih's buffer, indented lines that inih would join to the previous value, comments
+   after a value), so that every such line is reported and parsing goes on. */
+static char *read_line(char *buffer, int buffer_size, void *user)
+{
+    load_context *ctx = user;
+    if (getline(&ctx->line_buffer, &ctx->line_capacity, ctx->stream) < 0) return NULL;
+    ctx->line++;
+    char *text = ctx->line_buffer;
+    if (ctx->line == 1 && strncmp(text, "\xEF\xBB\xBF", 3) == 0) text += 3;
+    while (isspace((unsigned char)*text)) text++;
+
+    int usable = 1;
+    if (text[0] == ';' || text[0] == '#') {
+        text[0] = '\0'; /* a comment line: inih need not see it, whatever its length */
+    } else if (text[0] == '[') {
+        char *close = strchr(text, ']');
+        if (!close) {
+            report(ctx, ctx->line, "section header without ']'");
+            ctx->section = SECTION_BAD;
+            usable = 0;
+        } else {
+            char *start = text + 1;
+            while (isspace((unsigned char)*start)) start++;
+            int name_length = (int)(close - start);
+            while (name_length > 0 && isspace((unsigned char)start[name_length - 1])) name_length--;
+            char name[64];
+            snprintf(name, sizeof name, "%.*s", name_length, start);
+            if (is_section(name)) {
+                ctx->section = SECTION_OK;
+            } else {
+                report(ctx, ctx->line, "unknown section [%s] (sections: run, model, data, balance, train, checkpoint, log)",
+                       name);
+                ctx->section = SECTION_BAD;
+            }
+            sprintf(text, "[%s]", name); /* "[ data ]  ; x" -> "[data]": inih keeps spaces in names */
+        }
+    } else if (text[0] != '\0') {
+        size_t separator = strcspn(text, "=:;#");
+        if (text[separator] != '=' && text[separator] != ':') {
+            report(ctx, ctx->line, "expected 'key = value', '[section]' or a comment");
+            usable = 0;
+        } else {
+            /* a ';' or '#' that opens the value or follows a space starts a comment (inih alone would
+               take "init = ; none" as the value "; none") */
+            for (size_t i = separator + 1; text[i]; i++)
+                if ((text[i] == ';' || text[i] == '#') && (i == separator + 1 || isspace((unsigned char)text[i - 1]))) {
+                    text[i] = '\0';
+                    break;
+                }
+        }
+    }
+    size_t length = strlen(text);
+    while (length > 0 && isspace((unsigned char)text[length - 1])) text[--length] = '\0';
+    if (usable && length + 2 > (size_t)buffer_size) {
+        report(ctx, ctx->line, "line is longer than %d characters (put long values on the command line)",
+               buffer_size - 2);
+        usable = 0;
+    }
+    if (!usable) text[0] = '\0';
+    snprintf(buffer, (size_t)buffer_size, "%s\n", text);
+    return buffer;
+}
+
+static int handle_key(void *user, const char *section, const char *name, const char *value)
+{
+    load_context *ctx = user;
+    if (ctx->section == SECTION_BAD) return 1; /* the header was reported */
+    if (ctx->section == SECTION_NONE) {
+        report(ctx, ctx->line, "'%s' is outside any [section]", name);
+        return 1;
+    }
+    if (name[0] == '\0') {
+        report(ctx, ctx->line, "missing key name before '='");
+        return 1;
+    }
+    int index = find_key(section, name);
+    if (index < 0) {
+        char hint[96];
+        suggest_key(section, name, hint, sizeof hint);
+        report(ctx, ctx->line, "unknown key '%s' in [%s]%s", name, section, hint);
+        return 1;
+    }
+    if (ctx->origin[index] > 0) {
+        report(ctx, ctx->line, "duplicate key %s.%s (first set on line %d)", section, name, ctx->origin[index]);
+        return 1;
+    }
+    set_key(ctx, index, value, ctx->line);
+    return 1;
+}
+
+static void load_file(load_context *ctx, const char *path)
+{
+    ctx->stream = fopen(path, "r");
+    if (!ctx->stream) {
+        report(ctx, 0, "cannot open the deck: %s", strerror(errno));
+        return;
+    }
+    int errors_before = ctx->n_errors;
+    int status = ini_parse_stream(read_line, ctx, handle_key, ctx);
+    if (ferror(ctx->stream)) report(ctx, ctx->line, "read error: %s", strerror(errno));
+    else if (status > 0 && ctx->n_errors == errors_before) report(ctx, status, "syntax error");
+    else if (status < 0) report(ctx, 0, "inih could not parse the deck (status %d)", status);
+    fclose(ctx->stream);
+    ctx->stream = NULL;
+    free(ctx->line_buffer);
+    ctx->line_buffer = NULL;
+    ctx->line_capacity = 0;
+}
+
+static void trim(char *text)
+{
+    size_t start = 0, length = strlen(text);
+    while (start < length && isspace((unsigned char)text[start])) start++;
+    while (length > start && isspace((unsigned char)text[length - 1])) length--;
+    memmove(text, text + start, length - start);
+    text[length - start] = '\0';
+}
+
+static void apply_override(load_context *ctx, const char *argument)
+{
+    char copy[DECK_PATH_MAX + 128];
+    if (strlen(argument) >= sizeof copy) {
+        report(ctx, ORIGIN_COMMAND_LINE, "override of %zu characters is too long", strlen(argument));
+        return;
+    }
+    strcpy(copy, argument);
+    char *equals = strchr(copy, '=');
+    char *dot = strchr(copy, '.');
+    if (!equals || !dot || dot > equals) {
+        report(ctx, ORIGIN_COMMAND_LINE, "'%s' is not section.key=value", argument);
+        return;
+    }
+    *equals = '\0';
+    *dot = '\0';
+    char *section = copy, *name = dot + 1, *value = equals + 1;
+    trim(section);
+    trim(name);
+    trim(value);
+    if (!is_section(section)) {
+        report(ctx, ORIGIN_COMMAND_LINE, "unknown section '%s' in '%s'", section, argument);
+        return;
+    }
+    int index = find_key(section, name);
+    if (index < 0) {
+        char hint[96];
+        suggest_key(section, name, hint, sizeof hint);
+        report(ctx, ORIGIN_COMMAND_LINE, "unknown key %s.%s%s", section, name, hint);
+        return;
+    }
+    if (ctx->origin[index] == ORIGIN_COMMAND_LINE) {
+        report(ctx, ORIGIN_COMMAND_LINE, "%s.%s is given more than once", section, name);
+        return;
+    }
+    set_key(ctx, index, value, ORIGIN_COMMAND_LINE);
+}
+
+/* ---- cross-key checks ------------------------------------------------------------------------------ */
+
+/* Report at the most recent setting among the keys involved: the command line, else the latest deck
+   line, else the file (all defaults). */
+static int latest_origin(const load_context *ctx, const int *indices, int n_indices)
+{
+    int latest = ORIGIN_DEFAULT;
+    for (int i = 0; i < n_indices; i++) {
+        int origin = ctx->origin[indices[i]];
+        if (origin == ORIGIN_COMMAND_LINE) return ORIGIN_COMMAND_LINE;
+        if (origin > latest) latest = origin;
+    }
+    return latest;
+}
+
+static void check_cross_keys(load_context *ctx)
+{
+    const deck *config = ctx->config;
+    const int dim = key_index("model", "dim"), heads = key_index("model", "num_heads");
+    const int model_keys[] = {dim, heads};
+    if (config->model.dim % config->model.num_heads != 0) {
+        report(ctx, latest_origin(ctx, model_keys, 2), "model.dim (%d) is not divisible by model.num_heads (%d)",
+               config->model.dim, config->model.num_heads);
+    } else {
+        /* Wan's 3D RoPE splits the head dim d into d - 4*(d/6) time and 2*(d/6) height and width
+           channels, in complex pairs */
+        int head_dim = config->model.dim / config->model.num_heads;
+        if (head_dim % 2 != 0 || head_dim < 6)
+            report(ctx, latest_origin(ctx, model_keys, 2),
+                   "head dim model.dim / model.num_heads = %d must be even and at least 6 for 3D RoPE", head_dim);
+    }
+    const int freq[] = {key_index("model", "freq_dim")};
+    if (config->model.freq_dim % 2 != 0)
+        report(ctx, latest_origin(ctx, freq, 1), "model.freq_dim (%d) must be even (sin and cos halves)",
+               config->model.freq_dim);
+    const int channels[] = {key_index("model", "in_dim"), key_index("model", "out_dim")};
+    if (config->model.in_dim != config->model.out_dim)
+        report(ctx, latest_origin(ctx, channels, 2),
+               "model.in_dim (%d) differs from model.out_dim (%d): the flow target lives in the input latent",
+               config->model.in_dim, config->model.out_dim);
+    const int rates[] = {key_index("train", "lr"), key_index("train", "min_lr")};
+    if (config->train.min_lr > config->train.lr)
+        report(ctx, latest_origin(ctx, rates, 2), "train.min_lr (%g) is larger than train.lr (%g)",
+               config->train.min_lr, config->train.lr);
+    const int recompute[] = {key_index("balance", "recompute"), key_index("train", "recompute")};
+    if (config->balance.recompute != config->train.recompute)
+        report(ctx, latest_origin(ctx, recompute, 2),
+               "balance.recompute (%s) differs from train.recompute (%s): the memory model must assume what "
+               "training does", recompute_names[config->balance.recompute], recompute_names[config->train.recompute]);
+}
+
+/* ---- public API ------------------------------------------------------------------------------------- */
+
+static size_t type_size(key_type type)
+{
+    switch (type) {
+    case KEY_INT: case KEY_BOOL: case KEY_ENUM: return sizeof(int);
+    case KEY_INT64: return sizeof(int64_t);
+    case KEY_UINT64: return sizeof(uint64_t);
+    case KEY_DOUBLE: case KEY_BYTES: return sizeof(double);
+    case KEY_STRING: return 0;
+    }
+    return 0;
+}
+
+void deck_defaults(deck *config)
+{
+    memset(config, 0, sizeof *config); /* padding too: the struct is broadcast and compared as bytes */
+    load_context ctx = {.config = config, .file = "deck defaults", .errors = stderr};
+    for (int i = 0; i < N_KEYS; i++) {
+        const deck_key *key = &deck_keys[i];
+        ALDIT_CHECK(key->type == KEY_STRING || key->size == type_size(key->type),
+                    "deck table: %s.%s has the wrong type for its field", key->section, key->name);
+        set_key(&ctx, i, key->default_text, ORIGIN_DEFAULT);
+    }
+    ALDIT_CHECK(ctx.n_errors == 0, "deck table: %d defaults do not parse", ctx.n_errors);
+}
+
+int deck_load(deck *config, const char *path, int n_overrides, char *const overrides[], FILE *errors)
+{
+    load_context ctx = {.config = config, .file = path ? path : "deck", .errors = errors};
+    if (path) {
+        if (strlen(path) >= sizeof config->source) {
+            report(&ctx, 0, "deck path is too long");
+            return ctx.n_errors;
+        }
+        strcpy(config->source, path);
+        load_file(&ctx, path);
+    }
+    for (int i = 0; i < n_overrides; i++) apply_override(&ctx, overrides[i]);
+    if (ctx.n_errors == 0) check_cross_keys(&ctx);
+    if (ctx.n_errors > MAX_PRINTED_ERRORS)
+        fprintf(errors, "%s: %d more errors not shown\n", ctx.file, ctx.n_errors - MAX_PRINTED_ERRORS);
+    return ctx.n_errors;
+}
+
+void deck_load_bcast(deck *config, const char *path, int n_overrides, char *const overrides[])
+{
+    int rank = comm_rank();
+    int n_errors = 0;
+    deck_defaults(config);
+    if (rank == 0) {
+        n_errors = deck_load(config, path, n_overrides, overrides, stderr);
+        if (n_errors > 0)
+            fprintf(stderr, "aldit: %d error%s in the deck %s\n", n_errors, n_errors == 1 ? "" : "s",
+                    path ? path : "(none)");
+        fflush(stderr);
+    }
+    comm_bcast_bytes(&n_errors, sizeof n_errors);
+    if (n_errors > 0) {
+        comm_finalize();
+        exit(ALDIT_EXIT_USAGE);
+    }
+    comm_bcast_bytes(config, sizeof *config);
+}
+
+void deck_print(const deck *config, FILE *out)
+{
+    fprintf(out, "; aldit deck: resolved configuration%s%s\n", config->source[0] ? " of " : "", config->source);
+    const char *section = NULL;
+    for (int i = 0; i < N_KEYS; i++) {
+        const deck_key *key = &deck_keys[i];
+        if (!section || strcmp(section, key->section) != 0) {
+            section = key->section;
+            fprintf(out, "\n[%s]\n", section);
+        }
+        char value[DECK_PATH_MAX + 32];
+        format_value(config, key, value, sizeof value);
+        fprintf(out, "%-16s =%s%s\n", key->name, value[0] ? " " : "", value);
+    }
+}
+
+/* "integer in [1, 65536] or auto", "one of: a, b", ... */
+static void describe_type(const deck_key *key, char *text, size_t text_size)
+{
+    static const char *const type_names[] = {
+        [KEY_INT] = "integer", [KEY_INT64] = "integer", [KEY_UINT64] = "integer", [KEY_DOUBLE] = "number",
+        [KEY_BYTES] = "bytes", [KEY_BOOL] = "boolean", [KEY_STRING] = "string", [KEY_ENUM] = "one of"};
+    char detail[128];
+    switch (key->type) {
+    case KEY_INT: case KEY_INT64: case KEY_DOUBLE: case KEY_BYTES:
+        describe_range(key, detail, sizeof detail);
+        snprintf(text, text_size, "%s in %s%s%s", type_names[key->type], detail, key->zero_word ? " or " : "",
+                 key->zero_word ? key->zero_word : "");
+        break;
+    case KEY_UINT64:
+        snprintf(text, text_size, "integer in [0, 2^64)");
+        break;
+    case KEY_ENUM:
+        describe_choices(key, detail, sizeof detail);
+        snprintf(text, text_size, "one of: %s", detail);
+        break;
+    case KEY_STRING:
+        snprintf(text, text_size, "%s", key->nonempty ? "string, not empty" : "string");
+        break;
+    case KEY_BOOL:
+        snprintf(text, text_size, "%s", type_names[key->type]);
+        break;
+    }
+}
+
+void deck_print_help(FILE *out)
+{
+    const char *section = NULL;
+    for (int i = 0; i < N_KEYS; i++) {
+        const deck_key *key = &deck_keys[i];
+        if (!section || strcmp(section, key->section) != 0) {
+            section = key->section;
+            fprintf(out, "\n[%s]\n", section);
+        }
+        char type[192];
+        describe_type(key, type, sizeof type);
+        fprintf(out, "  %s.%s = %s\n      %s; %s\n", key->section, key->name, key->default_text, key->help, type);
+    }
+}
+
+void deck_print_reference(FILE *out)
+{
+    const char *section = NULL;
+    for (int i = 0; i < N_KEYS; i++) {
+        const deck_key *key = &deck_keys[i];
+        if (!section || strcmp(section, key->section) != 0) {
+            section = key->section;
+            fprintf(out, "%s| key | default | type | meaning |\n|---|---|---|---|\n", i ? "\n" : "");
+        }
+        char type[192];
+        describe_type(key, type, sizeof type);
+        fprintf(out, "| `%s.%s` | %s%s%s | %s | %s |\n", key->section, key->name, key->default_text[0] ? "`" : "",
+                key->default_text[0] ? key->default_text : "(empty)", key->default_text[0] ? "`" : "", type, key->help);
+    }
+}
+
+const char *deck_strategy_name(deck_strategy strategy) { return strategy_names[strategy]; }
+const char *deck_device_name(deck_device device) { return device_names[device]; }
+const char *deck_recompute_name(deck_recompute recompute) { return recompute_names[recompute]; }
+const char *deck_attention_name(deck_attention attention) { return attention_names[attention]; }

@@ -1,0 +1,742 @@
+/* model.c — the Wan 2.1 DiT on the CPU: parameter table, init, packed forward/backward of the rectified-flow loss. */
+#include "model/model.h"
+#include "core/check.h"
+#include "model/ops_cpu.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- parameter table -------------------------------------------------------------------------- */
+
+typedef enum { INIT_XAVIER, INIT_NORMAL_STD, INIT_MODULATION, INIT_ZERO, INIT_ONE } init_kind;
+
+typedef struct { int64_t weight, bias; } linear_offsets;   /* offsets into weights/grads; -1 = absent */
+
+typedef struct {
+    int64_t modulation;
+    linear_offsets self_q, self_k, self_v, self_o;
+    int64_t self_norm_q, self_norm_k;
+    int64_t norm3_weight, norm3_bias;
+    linear_offsets cross_q, cross_k, cross_v, cross_o;
+    int64_t cross_norm_q, cross_norm_k;
+    linear_offsets ffn_in, ffn_out;
+} block_offsets;
+
+/* What one block keeps from its forward for its backward (rows: N tokens, L text rows, B samples). */
+typedef struct {
+    float *x_in;                              /* [N, D] block input */
+    float *modulation;                        /* [6][B][D]: shift, scale, gate (attention), shift, scale, gate (FFN) */
+    float *ln1_mean, *ln1_rstd, *h1;          /* modulated LN before self-attention */
+    float *q_pre, *k_pre, *q_rstd, *k_rstd;   /* projections before RMSNorm */
+    float *q, *k, *v, *attn, *attn_lse;       /* after RMSNorm and RoPE; attention output */
+    float *y_attn, *x1;                       /* o projection; x after the gated residual */
+    float *n3, *n3_mean, *n3_rstd;            /* norm3(x1) (x1 itself without cross_attn_norm) */
+    float *cq_pre, *cq_rstd, *cq;             /* cross-attention queries */
+    const float *context;                     /* [L, D] the caller's text context (kept, not copied) */
+    float *ck_pre, *ck_rstd, *ck, *cv;        /* [L, D] keys and values from the text */
+    float *cattn, *cattn_lse, *x2;            /* cross-attention output (before o); x after it */
+    float *ln2_mean, *ln2_rstd, *h2;          /* modulated LN before the FFN */
+    float *ffn_pre, *ffn_act, *y_ffn;         /* [N, F] before/after GELU; [N, D] FFN output */
+} block_saved;
+
+struct model_workspace {
+    init_kind *init;                          /* per parameter */
+    linear_offsets patch, text_in, text_out, time_in, time_out, time_projection, head;
+    int64_t head_modulation;
+    block_offsets *blocks;
+    /* packing of the current micro-batch */
+    int n_samples, samples_capacity;
+    int64_t n_tokens, n_text, tokens_capacity;
+    int64_t *token_start, *text_start;        /* [B+1] */
+    int32_t *grid_f, *grid_h, *grid_w;        /* tokens per axis of each sample */
+    int32_t *positions;                       /* [N, 3] */
+    /* activations and scratch, carved from one arena */
+    float *arena;
+    int64_t arena_capacity;
+    block_saved *saved;
+    float *tokens_in, *target, *x_final;                        /* [N, patch_in] [N, patch_out] [N, D] */
+    float *text_pre, *text_act, *context;                       /* [L, D] */
+    float *timesteps, *sinusoid, *time_pre, *time_act, *time_emb, *time_silu, *e0;
+    float *head_shift, *head_scale, *head_mean, *head_rstd, *head_h, *pred;
+    float *d_pred, *d_head_h, *d_x_a, *d_x_b, *d_x, *d_tmp1, *d_tmp2, *d_q, *d_k, *d_v, *d_ffn;
+    float *d_context, *d_ctx1, *d_ctx2, *d_text_act, *d_mod, *d_e0, *d_time_emb, *d_time_b, *d_head_mod;
+    float *video;                                               /* one sample's latent, for patchify */
+};
+
+static int64_t add_param(model *m, init_kind init, int ndim, const int64_t *shape, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+
+static int64_t add_param(model *m, init_kind init, int ndim, const int64_t *shape, const char *fmt, ...)
+{
+    m->params = xrealloc(m->params, (size_t)(m->n_params + 1) * sizeof(param_info));
+    m->workspace->init = xrealloc(m->workspace->init, (size_t)(m->n_params + 1) * sizeof(init_kind));
+    param_info *p = &m->params[m->n_params];
+    memset(p, 0, sizeof(*p));
+    va_list args;
+    va_start(args, fmt);
+    vsnprintf(p->name, sizeof(p->name), fmt, args);
+    va_end(args);
+    p->ndim = ndim;
+    p->n_elements = 1;
+    for (int i = 0; i < ndim; i++) {
+        p->shape[i] = shape[i];
+        p->n_elements *= shape[i];
+    }
+    p->offset = m->n_weights;
+    m->n_weights += p->n_elements;
+    m->workspace->init[m->n_params++] = init;
+    return p->offset;
+}
+
+static linear_offsets add_linear(model *m, init_kind weight_init, int in_dim, int out_dim, const char *prefix)
+{
+    linear_offsets lin;
+    lin.weight = add_param(m, weight_init, 2, (int64_t[]){out_dim, in_dim}, "%s.weight", prefix);
+    lin.bias = add_param(m, INIT_ZERO, 1, (int64_t[]){out_dim}, "%s.bias", prefix);
+    return lin;
+}
+
+static int64_t add_vector(model *m, init_kind init, int64_t length, const char *fmt, int layer, const char *what)
+{
+    char prefix[64];
+    snprintf(prefix, sizeof(prefix), fmt, layer);
+    return add_param(m, init, 1, (int64_t[]){length}, "%s.%s", prefix, what);
+}
+
+/* Linear layers of one attention (q, k, v, o) and its q/k RMSNorm weights, named like Wan's module. */
+static void add_attention(model *m, int layer, const char *module, linear_offsets *q, linear_offsets *k,
+                          linear_offsets *v, linear_offsets *o, int64_t *norm_q, int64_t *norm_k)
+{
+    char name[80];
+    linear_offsets *projections[4] = {q, k, v, o};
+    const char *letters = "qkvo";
+    for (int i = 0; i < 4; i++) {
+        snprintf(name, sizeof(name), "blocks.%d.%s.%c", layer, module, letters[i]);
+        *projections[i] = add_linear(m, INIT_XAVIER, m->dim, m->dim, name);
+    }
+    *norm_q = *norm_k = -1;
+    if (!m->qk_norm) return;
+    snprintf(name, sizeof(name), "blocks.%%d.%s", module);
+    *norm_q = add_vector(m, INIT_ONE, m->dim, name, layer, "norm_q.weight");
+    *norm_k = add_vector(m, INIT_ONE, m->dim, name, layer, "norm_k.weight");
+}
+
+void model_create_table(model *m, const deck *config)
+{
+    memset(m, 0, sizeof(*m));
+    m->dim = config->model.dim;
+    m->ffn_dim = config->model.ffn_dim;
+    m->num_heads = config->model.num_heads;
+    m->num_layers = config->model.num_layers;
+    m->in_dim = config->model.in_dim;
+    m->out_dim = config->model.out_dim;
+    m->patch_t = config->model.patch_t;
+    m->patch_h = config->model.patch_h;
+    m->patch_w = config->model.patch_w;
+    m->text_len = config->model.text_len;
+    m->text_dim = config->model.text_dim;
+    m->freq_dim = config->model.freq_dim;
+    m->eps = (float)config->model.eps;
+    m->qk_norm = config->model.qk_norm;
+    m->cross_attn_norm = config->model.cross_attn_norm;
+    m->init_std = config->model.init_std;
+    ALDIT_CHECK(m->dim > 0 && m->num_heads > 0 && m->dim % m->num_heads == 0,
+                "model: dim %d is not a positive multiple of num_heads %d", m->dim, m->num_heads);
+    m->head_dim = m->dim / m->num_heads;
+    ALDIT_CHECK(m->head_dim % 2 == 0, "model: head dim %d (dim/num_heads) must be even for RoPE", m->head_dim);
+    ALDIT_CHECK(m->freq_dim > 0 && m->freq_dim % 2 == 0, "model: freq_dim %d must be even", m->freq_dim);
+    ALDIT_CHECK(m->ffn_dim > 0 && m->num_layers >= 0 && m->in_dim > 0 && m->out_dim > 0 && m->text_dim > 0 &&
+                    m->patch_t > 0 && m->patch_h > 0 && m->patch_w > 0,
+                "model: dims must be positive");
+    int patch_volume = m->patch_t * m->patch_h * m->patch_w;
+    m->patch_in = m->in_dim * patch_volume;
+    m->patch_out = m->out_dim * patch_volume;
+
+    model_workspace *ws = xcalloc(1, sizeof(model_workspace));
+    m->workspace = ws;
+    int D = m->dim;
+    /* Wan's state_dict order: a module's own parameters first, then its children in order. */
+    ws->patch.weight = add_param(m, INIT_XAVIER, 5, (int64_t[]){D, m->in_dim, m->patch_t, m->patch_h, m->patch_w},
+                                 "patch_embedding.weight");
+    ws->patch.bias = add_param(m, INIT_ZERO, 1, (int64_t[]){D}, "patch_embedding.bias");
+    ws->text_in = add_linear(m, INIT_NORMAL_STD, m->text_dim, D, "text_embedding.0");
+    ws->text_out = add_linear(m, INIT_NORMAL_STD, D, D, "text_embedding.2");
+    ws->time_in = add_linear(m, INIT_NORMAL_STD, m->freq_dim, D, "time_embedding.0");
+    ws->time_out = add_linear(m, INIT_NORMAL_STD, D, D, "time_embedding.2");
+    ws->time_projection = add_linear(m, INIT_XAVIER, D, 6 * D, "time_projection.1");
+    ws->blocks = xcalloc((size_t)(m->num_layers > 0 ? m->num_layers : 1), sizeof(block_offsets));
+    for (int l = 0; l < m->num_layers; l++) {
+        block_offsets *bo = &ws->blocks[l];
+        char name[64];
+        bo->modulation = add_param(m, INIT_MODULATION, 3, (int64_t[]){1, 6, D}, "blocks.%d.modulation", l);
+        add_attention(m, l, "self_attn", &bo->self_q, &bo->self_k, &bo->self_v, &bo->self_o, &bo->self_norm_q,
+                      &bo->self_norm_k);
+        bo->norm3_weight = bo->norm3_bias = -1;
+        if (m->cross_attn_norm) {
+            bo->norm3_weight = add_vector(m, INIT_ONE, D, "blocks.%d.norm3", l, "weight");
+            bo->norm3_bias = add_vector(m, INIT_ZERO, D, "blocks.%d.norm3", l, "bias");
+        }
+        add_attention(m, l, "cross_attn", &bo->cross_q, &bo->cross_k, &bo->cross_v, &bo->cross_o,
+                      &bo->cross_norm_q, &bo->cross_norm_k);
+        snprintf(name, sizeof(name), "blocks.%d.ffn.0", l);
+        bo->ffn_in = add_linear(m, INIT_XAVIER, D, m->ffn_dim, name);
+        snprintf(name, sizeof(name), "blocks.%d.ffn.2", l);
+        bo->ffn_out = add_linear(m, INIT_XAVIER, m->ffn_dim, D, name);
+    }
+    ws->head_modulation = add_param(m, INIT_MODULATION, 3, (int64_t[]){1, 2, D}, "head.modulation");
+    ws->head = add_linear(m, INIT_ZERO, D, m->patch_out, "head.head");
+    ws->saved = xcalloc((size_t)(m->num_layers > 0 ? m->num_layers : 1), sizeof(block_saved));
+}
+
+void model_create(model *m, const deck *config)
+{
+    model_create_table(m, config);
+    m->weights = xcalloc((size_t)m->n_weights, sizeof(float));
+}
+
+void model_free(model *m)
+{
+    model_workspace *ws = m->workspace;
+    if (ws) {
+        free(ws->init);
+        free(ws->blocks);
+        free(ws->token_start);
+        free(ws->text_start);
+        free(ws->grid_f);
+        free(ws->grid_h);
+        free(ws->grid_w);
+        free(ws->positions);
+        free(ws->arena);
+        free(ws->saved);
+        free(ws);
+    }
+    free(m->params);
+    free(m->weights);
+    memset(m, 0, sizeof(*m));
+}
+
+const param_info *model_find_param(const model *m, const char *name)
+{
+    for (int i = 0; i < m->n_params; i++)
+        if (strcmp(m->params[i].name, name) == 0) return &m->params[i];
+    return NULL;
+}
+
+/* ---- deterministic random init ----------------------------------------------------------------- */
+
+static uint64_t splitmix64(uint64_t *state)
+{
+    uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+static double uniform_open(uint64_t *state)   /* in (0, 1) */
+{
+    return ((double)(splitmix64(state) >> 11) + 0.5) / 9007199254740992.0;
+}
+
+static double normal(uint64_t *state)
+{
+    double u1 = uniform_open(state), u2 = uniform_open(state);
+    return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+}
+
+/* Each parameter draws from its own stream, so its values depend only on (seed, its index). */
+static uint64_t param_stream(uint64_t seed, int index)
+{
+    uint64_t state = seed ^ (0xD1B54A32D192ED03ull * (uint64_t)(index + 1));
+    splitmix64(&state);
+    return state;
+}
+
+void model_init_random(model *m, uint64_t seed)
+{
+    for (int i = 0; i < m->n_params; i++) {
+        const param_info *p = &m->params[i];
+        float *values = m->weights + p->offset;
+        uint64_t state = param_stream(seed, i);
+        /* Linear weights are [out, in]; the 5-D patch embedding counts as [dim, in_dim * patch]. */
+        double fan_out = (double)p->shape[0], fan_in = (double)p->n_elements / p->shape[0];
+        double bound = sqrt(6.0 / (fan_in + fan_out));
+        for (int64_t j = 0; j < p->n_elements; j++) {
+            switch (m->workspace->init[i]) {
+            case INIT_XAVIER: values[j] = (float)((2.0 * uniform_open(&state) - 1.0) * bound); break;
+            case INIT_NORMAL_STD: values[j] = (float)(normal(&state) * m->init_std); break;
+            case INIT_MODULATION: values[j] = (float)(normal(&state) / sqrt((double)m->dim)); break;
+            case INIT_ZERO: values[j] = 0.0f; break;
+            case INIT_ONE: values[j] = 1.0f; break;
+            }
+        }
+    }
+}
+
+void model_init_gaussian(model *m, uint64_t seed, float std)
+{
+    for (int i = 0; i < m->n_params; i++) {
+        const param_info *p = &m->params[i];
+        uint64_t state = param_stream(seed, i);
+        float base = m->workspace->init[i] == INIT_ONE ? 1.0f : 0.0f;
+        for (int64_t j = 0; j < p->n_elements; j++)
+            m->weights[p->offset + j] = base + (float)(normal(&state) * std);
+    }
+}
+
+/* ---- packing and workspace --------------------------------------------------------------------- */
+
+/* Hand out the next n floats of the arena (64-byte aligned); with base NULL only count. */
+static float *take(float *base, int64_t *used, int64_t n)
+{
+    float *p = base ? base + *used : NULL;
+    *used += (n + 15) / 16 * 16;
+    return p;
+}
+
+static int64_t layout_workspace(model *m, float *base)
+{
+    model_workspace *ws = m->workspace;
+    int64_t N = ws->n_tokens, L = ws->n_text, B = ws->n_samples, D = m->dim, F = m->ffn_dim, H = m->num_heads;
+    int64_t used = 0;
+    for (int l = 0; l < m->num_layers; l++) {
+        block_saved *s = &ws->saved[l];
+        s->x_in = take(base, &used, N * D);
+        s->modulation = take(base, &used, 6 * B * D);
+        s->ln1_mean = take(base, &used, N);
+        s->ln1_rstd = take(base, &used, N);
+        s->h1 = take(base, &used, N * D);
+        s->q_pre = take(base, &used, N * D);
+        s->k_pre = take(base, &used, N * D);
+        s->q_rstd = take(base, &used, N);
+        s->k_rstd = take(base, &used, N);
+        s->q = take(base, &used, N * D);
+        s->k = take(base, &used, N * D);
+        s->v = take(base, &used, N * D);
+        s->attn = take(base, &used, N * D);
+        s->attn_lse = take(base, &used, N * H);
+        s->y_attn = take(base, &used, N * D);
+        s->x1 = take(base, &used, N * D);
+        s->n3 = take(base, &used, N * D);
+        s->n3_mean = take(base, &used, N);
+        s->n3_rstd = take(base, &used, N);
+        s->cq_pre = take(base, &used, N * D);
+        s->cq_rstd = take(base, &used, N);
+        s->cq = take(base, &used, N * D);
+        s->ck_pre = take(base, &used, L * D);
+        s->ck_rstd = take(base, &used, L);
+        s->ck = take(base, &used, L * D);
+        s->cv = take(base, &used, L * D);
+        s->cattn = take(base, &used, N * D);
+        s->cattn_lse = take(base, &used, N * H);
+        s->x2 = take(base, &used, N * D);
+        s->ln2_mean = take(base, &used, N);
+        s->ln2_rstd = take(base, &used, N);
+        s->h2 = take(base, &used, N * D);
+        s->ffn_pre = take(base, &used, N * F);
+        s->ffn_act = take(base, &used, N * F);
+        s->y_ffn = take(base, &used, N * D);
+    }
+    ws->tokens_in = take(base, &used, N * m->patch_in);
+    ws->target = take(base, &used, N * m->patch_out);
+    ws->x_final = take(base, &used, N * D);
+    ws->text_pre = take(base, &used, L * D);
+    ws->text_act = take(base, &used, L * D);
+    ws->context = take(base, &used, L * D);
+    ws->timesteps = take(base, &used, B);
+    ws->sinusoid = take(base, &used, B * m->freq_dim);
+    ws->time_pre = take(base, &used, B * D);
+    ws->time_act = take(base, &used, B * D);
+    ws->time_emb = take(base, &used, B * D);
+    ws->time_silu = take(base, &used, B * D);
+    ws->e0 = take(base, &used, B * 6 * D);
+    ws->head_shift = take(base, &used, B * D);
+    ws->head_scale = take(base, &used, B * D);
+    ws->head_mean = take(base, &used, N);
+    ws->head_rstd = take(base, &used, N);
+    ws->head_h = take(base, &used, N * D);
+    ws->pred = take(base, &used, N * m->patch_out);
+    ws->d_pred = take(base, &used, N * m->patch_out);
+    ws->d_head_h = take(base, &used, N * D);
+    ws->d_x_a = take(base, &used, N * D);
+    ws->d_x_b = take(base, &used, N * D);
+    ws->d_x = take(base, &used, N * D);
+    ws->d_tmp1 = take(base, &used, N * D);
+    ws->d_tmp2 = take(base, &used, N * D);
+    ws->d_q = take(base, &used, N * D);
+    ws->d_k = take(base, &used, N * D);
+    ws->d_v = take(base, &used, N * D);
+    ws->d_ffn = take(base, &used, N * F);
+    ws->d_context = take(base, &used, L * D);
+    ws->d_ctx1 = take(base, &used, L * D);
+    ws->d_ctx2 = take(base, &used, L * D);
+    ws->d_text_act = take(base, &used, L * D);
+    ws->d_mod = take(base, &used, 6 * B * D);
+    ws->d_e0 = take(base, &used, B * 6 * D);
+    ws->d_time_emb = take(base, &used, B * D);
+    ws->d_time_b = take(base, &used, B * D);
+    ws->d_head_mod = take(base, &used, 2 * B * D);
+    ws->video = take(base, &used, N * m->patch_in);   /* one sample's latent is at most the batch's */
+    return used;
+}
+
+int64_t model_pack(model *m, int n_samples, const int32_t *frames, const int32_t *height, const int32_t *width,
+                   const int32_t *text_len, int64_t *n_text)
+{
+    model_workspace *ws = m->workspace;
+    ALDIT_CHECK(n_samples > 0, "model: a micro-batch needs at least one sample (got %d)", n_samples);
+    if (n_samples > ws->samples_capacity) {
+        ws->samples_capacity = n_samples;
+        ws->token_start = xrealloc(ws->token_start, (size_t)(n_samples + 1) * sizeof(int64_t));
+        ws->text_start = xrealloc(ws->text_start, (size_t)(n_samples + 1) * sizeof(int64_t));
+        ws->grid_f = xrealloc(ws->grid_f, (size_t)n_samples * sizeof(int32_t));
+        ws->grid_h = xrealloc(ws->grid_h, (size_t)n_samples * sizeof(int32_t));
+        ws->grid_w = xrealloc(ws->grid_w, (size_t)n_samples * sizeof(int32_t));
+    }
+    ws->n_samples = n_samples;
+    ws->token_start[0] = ws->text_start[0] = 0;
+    for (int b = 0; b < n_samples; b++) {
+        if (frames[b] <= 0 || height[b] <= 0 || width[b] <= 0 || frames[b] % m->patch_t || height[b] % m->patch_h ||
+            width[b] % m->patch_w)
+            ALDIT_FATAL_CODE(ALDIT_EXIT_USAGE,
+                             "model: sample %d of the micro-batch has latent %dx%dx%d, not a positive multiple of "
+                             "the patch %dx%dx%d",
+                             b, frames[b], height[b], width[b], m->patch_t, m->patch_h, m->patch_w);
+        if (text_len[b] < 0 || text_len[b] > m->text_len)
+            ALDIT_FATAL_CODE(ALDIT_EXIT_USAGE, "model: sample %d of the micro-batch has %d text tokens (0..%d allowed)",
+                             b, text_len[b], m->text_len);
+        ws->grid_f[b] = frames[b] / m->patch_t;
+        ws->grid_h[b] = height[b] / m->patch_h;
+        ws->grid_w[b] = width[b] / m->patch_w;
+        ws->token_start[b + 1] = ws->token_start[b] + (int64_t)ws->grid_f[b] * ws->grid_h[b] * ws->grid_w[b];
+        ws->text_start[b + 1] = ws->text_start[b] + text_len[b];
+    }
+    ws->n_tokens = ws->token_start[n_samples];
+    ws->n_text = ws->text_start[n_samples];
+    if (ws->n_tokens > ws->tokens_capacity) {
+        ws->tokens_capacity = ws->n_tokens;
+        ws->positions = xrealloc(ws->positions, (size_t)ws->n_tokens * 3 * sizeof(int32_t));
+    }
+    cpu_rope_positions(n_samples, ws->grid_f, ws->grid_h, ws->grid_w, ws->positions);
+    int64_t needed = layout_workspace(m, NULL);
+    if (needed > ws->arena_capacity) {
+        free(ws->arena);
+        ws->arena_capacity = needed + needed / 4;   /* slack, so that slowly growing batches rarely reallocate */
+        ws->arena = xmalloc((size_t)ws->arena_capacity * sizeof(float));
+    }
+    layout_workspace(m, ws->arena);
+    *n_text = ws->n_text;
+    return ws->n_tokens;
+}
+
+/* ---- one block ------------------------------------------------------------------------------------ */
+
+static const float *param(const model *m, int64_t offset) { return offset < 0 ? NULL : m->weights + offset; }
+static float *grad(float *grads, int64_t offset) { return offset < 0 ? NULL : grads + offset; }
+
+/* Wan's e = block.modulation + e0, stored chunk-major [6][B][D] so each chunk is a [B, D] table. */
+static void block_modulation(const model *m, const float *modulation_param, const float *e0, float *modulation)
+{
+    int64_t B = m->workspace->n_samples, D = m->dim;
+    for (int chunk = 0; chunk < 6; chunk++)
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t c = 0; c < D; c++)
+                modulation[(chunk * B + b) * D + c] = modulation_param[chunk * D + c] + e0[b * 6 * D + chunk * D + c];
+}
+
+/* q/k RMSNorm over the full dim when qk_norm, else a copy. */
+static void qk_norm_fwd(const model *m, const float *x, int64_t n_rows, int64_t weight_offset, float *y, float *rstd)
+{
+    if (weight_offset >= 0)
+        cpu_rmsnorm_fwd(x, n_rows, m->dim, param(m, weight_offset), m->eps, y, rstd);
+    else
+        memcpy(y, x, (size_t)(n_rows * m->dim) * sizeof(float));
+}
+
+static void qk_norm_bwd(const model *m, const float *x, float *dy_to_dx, int64_t n_rows, int64_t weight_offset,
+                        const float *rstd, float *grads)
+{
+    if (weight_offset >= 0)   /* in place: the RMSNorm backward reads each row's dy before writing its dx */
+        cpu_rmsnorm_bwd(x, dy_to_dx, n_rows, m->dim, param(m, weight_offset), rstd, dy_to_dx,
+                        grad(grads, weight_offset));
+}
+
+void model_block_forward(model *m, int layer, const float *x_in, const float *e0, const float *context, float *x_out)
+{
+    model_workspace *ws = m->workspace;
+    const block_offsets *bo = &ws->blocks[layer];
+    block_saved *s = &ws->saved[layer];
+    int64_t N = ws->n_tokens, L = ws->n_text, B = ws->n_samples, D = m->dim;
+    const int64_t *rows = ws->token_start;
+    if (s->x_in != x_in) memcpy(s->x_in, x_in, (size_t)(N * D) * sizeof(float));
+    s->context = context;
+    block_modulation(m, param(m, bo->modulation), e0, s->modulation);
+    const float *mod[6];
+    for (int chunk = 0; chunk < 6; chunk++) mod[chunk] = s->modulation + chunk * B * D;
+
+    /* x1 = x + SelfAttn(LN(x) (1 + e1) + e0) e2 */
+    cpu_ln_modulate_fwd(s->x_in, N, (int)D, rows, (int)B, mod[0], mod[1], m->eps, s->h1, s->ln1_mean, s->ln1_rstd);
+    cpu_linear_fwd(s->h1, N, (int)D, (int)D, param(m, bo->self_q.weight), param(m, bo->self_q.bias), s->q_pre);
+    cpu_linear_fwd(s->h1, N, (int)D, (int)D, param(m, bo->self_k.weight), param(m, bo->self_k.bias), s->k_pre);
+    cpu_linear_fwd(s->h1, N, (int)D, (int)D, param(m, bo->self_v.weight), param(m, bo->self_v.bias), s->v);
+    qk_norm_fwd(m, s->q_pre, N, bo->self_norm_q, s->q, s->q_rstd);
+    qk_norm_fwd(m, s->k_pre, N, bo->self_norm_k, s->k, s->k_rstd);
+    cpu_rope_fwd(s->q, N, m->num_heads, m->head_dim, ws->positions, s->q);
+    cpu_rope_fwd(s->k, N, m->num_heads, m->head_dim, ws->positions, s->k);
+    cpu_attention_fwd(s->q, s->k, s->v, m->num_heads, m->head_dim, rows, rows, (int)B, s->attn, s->attn_lse);
+    cpu_linear_fwd(s->attn, N, (int)D, (int)D, param(m, bo->self_o.weight), param(m, bo->self_o.bias), s->y_attn);
+    memcpy(s->x1, s->x_in, (size_t)(N * D) * sizeof(float));
+    cpu_gated_residual_fwd(s->x1, s->y_attn, (int)D, rows, (int)B, mod[2]);
+
+    /* x2 = x1 + CrossAttn(norm3(x1), context): each sample's queries see only its own text rows */
+    if (m->cross_attn_norm)
+        cpu_layernorm_fwd(s->x1, N, (int)D, param(m, bo->norm3_weight), param(m, bo->norm3_bias), m->eps, s->n3,
+                          s->n3_mean, s->n3_rstd);
+    else
+        memcpy(s->n3, s->x1, (size_t)(N * D) * sizeof(float));
+    cpu_linear_fwd(s->n3, N, (int)D, (int)D, param(m, bo->cross_q.weight), param(m, bo->cross_q.bias), s->cq_pre);
+    qk_norm_fwd(m, s->cq_pre, N, bo->cross_norm_q, s->cq, s->cq_rstd);
+    cpu_linear_fwd(context, L, (int)D, (int)D, param(m, bo->cross_k.weight), param(m, bo->cross_k.bias), s->ck_pre);
+    qk_norm_fwd(m, s->ck_pre, L, bo->cross_norm_k, s->ck, s->ck_rstd);
+    cpu_linear_fwd(context, L, (int)D, (int)D, param(m, bo->cross_v.weight), param(m, bo->cross_v.bias), s->cv);
+    cpu_attention_fwd(s->cq, s->ck, s->cv, m->num_heads, m->head_dim, rows, ws->text_start, (int)B, s->cattn,
+                      s->cattn_lse);
+    cpu_linear_fwd(s->cattn, N, (int)D, (int)D, param(m, bo->cross_o.weight), param(m, bo->cross_o.bias), s->x2);
+    for (int64_t i = 0; i < N * D; i++) s->x2[i] += s->x1[i];
+
+    /* x_out = x2 + FFN(LN(x2) (1 + e4) + e3) e5 */
+    cpu_ln_modulate_fwd(s->x2, N, (int)D, rows, (int)B, mod[3], mod[4], m->eps, s->h2, s->ln2_mean, s->ln2_rstd);
+    cpu_linear_fwd(s->h2, N, (int)D, m->ffn_dim, param(m, bo->ffn_in.weight), param(m, bo->ffn_in.bias), s->ffn_pre);
+    cpu_gelu_tanh_fwd(s->ffn_pre, N * m->ffn_dim, s->ffn_act);
+    cpu_linear_fwd(s->ffn_act, N, m->ffn_dim, (int)D, param(m, bo->ffn_out.weight), param(m, bo->ffn_out.bias),
+                   s->y_ffn);
+    memcpy(x_out, s->x2, (size_t)(N * D) * sizeof(float));
+    cpu_gated_residual_fwd(x_out, s->y_ffn, (int)D, rows, (int)B, mod[5]);
+}
+
+void model_block_backward(model *m, int layer, const float *dx_out, float *dx_in, float *de0, float *dcontext,
+                          float *grads)
+{
+    model_workspace *ws = m->workspace;
+    const block_offsets *bo = &ws->blocks[layer];
+    const block_saved *s = &ws->saved[layer];
+    int64_t N = ws->n_tokens, L = ws->n_text, B = ws->n_samples, D = m->dim, F = m->ffn_dim;
+    const int64_t *rows = ws->token_start;
+    const float *mod[6];
+    float *d_mod[6];
+    for (int chunk = 0; chunk < 6; chunk++) {
+        mod[chunk] = s->modulation + chunk * B * D;
+        d_mod[chunk] = ws->d_mod + chunk * B * D;
+    }
+    float *d_x = ws->d_x, *t1 = ws->d_tmp1, *t2 = ws->d_tmp2;
+
+    /* FFN branch */
+    cpu_gated_residual_bwd(dx_out, s->y_ffn, (int)D, rows, (int)B, mod[5], t1, d_mod[5]);
+    cpu_linear_bwd(s->ffn_act, t1, N, (int)F, (int)D, param(m, bo->ffn_out.weight), ws->d_ffn, 0,
+                   grad(grads, bo->ffn_out.weight), grad(grads, bo->ffn_out.bias));
+    cpu_gelu_tanh_bwd(s->ffn_pre, ws->d_ffn, N * F, ws->d_ffn);
+    cpu_linear_bwd(s->h2, ws->d_ffn, N, (int)D, (int)F, param(m, bo->ffn_in.weight), t2, 0,
+                   grad(grads, bo->ffn_in.weight), grad(grads, bo->ffn_in.bias));
+    cpu_ln_modulate_bwd(s->x2, t2, N, (int)D, rows, (int)B, mod[4], s->ln2_mean, s->ln2_rstd, d_x, d_mod[3],
+                        d_mod[4]);
+    for (int64_t i = 0; i < N * D; i++) d_x[i] += dx_out[i];   /* d_x = dL/dx2 */
+
+    /* cross-attention branch */
+    cpu_linear_bwd(s->cattn, d_x, N, (int)D, (int)D, param(m, bo->cross_o.weight), t1, 0,
+                   grad(grads, bo->cross_o.weight), grad(grads, bo->cross_o.bias));
+    cpu_attention_bwd(s->cq, s->ck, s->cv, s->cattn, t1, s->cattn_lse, m->num_heads, m->head_dim, rows,
+                      ws->text_start, (int)B, t2, ws->d_ctx1, ws->d_ctx2);
+    cpu_linear_bwd(s->context, ws->d_ctx2, L, (int)D, (int)D, param(m, bo->cross_v.weight), dcontext, 1,
+                   grad(grads, bo->cross_v.weight), grad(grads, bo->cross_v.bias));
+    qk_norm_bwd(m, s->ck_pre, ws->d_ctx1, L, bo->cross_norm_k, s->ck_rstd, grads);
+    cpu_linear_bwd(s->context, ws->d_ctx1, L, (int)D, (int)D, param(m, bo->cross_k.weight), dcontext, 1,
+                   grad(grads, bo->cross_k.weight), grad(grads, bo->cross_k.bias));
+    qk_norm_bwd(m, s->cq_pre, t2, N, bo->cross_norm_q, s->cq_rstd, grads);
+    cpu_linear_bwd(s->n3, t2, N, (int)D, (int)D, param(m, bo->cross_q.weight), t1, 0,
+                   grad(grads, bo->cross_q.weight), grad(grads, bo->cross_q.bias));
+    if (m->cross_attn_norm) {
+        cpu_layernorm_bwd(s->x1, t1, N, (int)D, param(m, bo->norm3_weight), s->n3_mean, s->n3_rstd, t2,
+                          grad(grads, bo->norm3_weight), grad(grads, bo->norm3_bias));
+        for (int64_t i = 0; i < N * D; i++) d_x[i] += t2[i];
+    } else {
+        for (int64_t i = 0; i < N * D; i++) d_x[i] += t1[i];
+    }   /* d_x = dL/dx1 */
+
+    /* self-attention branch */
+    cpu_gated_residual_bwd(d_x, s->y_attn, (int)D, rows, (int)B, mod[2], t1, d_mod[2]);
+    cpu_linear_bwd(s->attn, t1, N, (int)D, (int)D, param(m, bo->self_o.weight), t2, 0,
+                   grad(grads, bo->self_o.weight), grad(grads, bo->self_o.bias));
+    cpu_attention_bwd(s->q, s->k, s->v, s->attn, t2, s->attn_lse, m->num_heads, m->head_dim, rows, rows, (int)B,
+                      ws->d_q, ws->d_k, ws->d_v);
+    cpu_rope_bwd(ws->d_q, N, m->num_heads, m->head_dim, ws->positions, ws->d_q);
+    cpu_rope_bwd(ws->d_k, N, m->num_heads, m->head_dim, ws->positions, ws->d_k);
+    qk_norm_bwd(m, s->q_pre, ws->d_q, N, bo->self_norm_q, s->q_rstd, grads);
+    qk_norm_bwd(m, s->k_pre, ws->d_k, N, bo->self_norm_k, s->k_rstd, grads);
+    cpu_linear_bwd(s->h1, ws->d_q, N, (int)D, (int)D, param(m, bo->self_q.weight), t1, 0,
+                   grad(grads, bo->self_q.weight), grad(grads, bo->self_q.bias));
+    cpu_linear_bwd(s->h1, ws->d_k, N, (int)D, (int)D, param(m, bo->self_k.weight), t1, 1,
+                   grad(grads, bo->self_k.weight), grad(grads, bo->self_k.bias));
+    cpu_linear_bwd(s->h1, ws->d_v, N, (int)D, (int)D, param(m, bo->self_v.weight), t1, 1,
+                   grad(grads, bo->self_v.weight), grad(grads, bo->self_v.bias));
+    cpu_ln_modulate_bwd(s->x_in, t1, N, (int)D, rows, (int)B, mod[1], s->ln1_mean, s->ln1_rstd, t2, d_mod[0],
+                        d_mod[1]);
+    for (int64_t i = 0; i < N * D; i++) dx_in[i] = d_x[i] + t2[i];
+
+    /* e = modulation + e0: both receive the per-sample chunk gradients */
+    float *d_modulation = grads + bo->modulation;
+    for (int chunk = 0; chunk < 6; chunk++)
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t c = 0; c < D; c++) {
+                float g = d_mod[chunk][b * D + c];
+                d_modulation[chunk * D + c] += g;
+                de0[b * 6 * D + chunk * D + c] += g;
+            }
+}
+
+/* ---- whole model ---------------------------------------------------------------------------------- */
+
+/* Pack the batch, build the patchified inputs x_t and targets eps - x0 (in the head's output order). */
+static void prepare_batch(model *m, const model_batch *batch)
+{
+    ALDIT_CHECK(m->in_dim == m->out_dim, "model: the flow-matching loss needs in_dim (%d) == out_dim (%d)",
+                m->in_dim, m->out_dim);
+    int64_t n_text;
+    model_pack(m, batch->n_samples, batch->frames, batch->height, batch->width, batch->text_len, &n_text);
+    model_workspace *ws = m->workspace;
+    int64_t latent_offset = 0;
+    for (int b = 0; b < batch->n_samples; b++) {
+        float sigma = batch->sigma[b];
+        if (!(sigma >= 0.0f && sigma <= 1.0f))
+            ALDIT_FATAL("model: sample %d of the micro-batch has sigma %g outside [0, 1]", b, sigma);
+        int64_t n_values = (int64_t)m->in_dim * batch->frames[b] * batch->height[b] * batch->width[b];
+        const float *x0 = batch->latents + latent_offset, *noise = batch->noise + latent_offset;
+        int64_t row = ws->token_start[b];
+        for (int64_t i = 0; i < n_values; i++) ws->video[i] = (1.0f - sigma) * x0[i] + sigma * noise[i];
+        cpu_patchify(ws->video, m->in_dim, batch->frames[b], batch->height[b], batch->width[b], m->patch_t,
+                     m->patch_h, m->patch_w, 0, ws->tokens_in + row * m->patch_in);
+        for (int64_t i = 0; i < n_values; i++) ws->video[i] = noise[i] - x0[i];
+        cpu_patchify(ws->video, m->out_dim, batch->frames[b], batch->height[b], batch->width[b], m->patch_t,
+                     m->patch_h, m->patch_w, 1, ws->target + row * m->patch_out);
+        ws->timesteps[b] = 1000.0f * sigma;
+        latent_offset += n_values;
+    }
+}
+
+/* Forward of the whole model; returns the summed per-sample MSE. */
+static double model_forward(model *m, const model_batch *batch, double *sample_loss)
+{
+    model_workspace *ws = m->workspace;
+    prepare_batch(m, batch);
+    int64_t N = ws->n_tokens, L = ws->n_text, B = ws->n_samples, D = m->dim;
+
+    /* embeddings: patches, text (Linear, GELU-tanh, Linear), time (sinusoid, Linear, SiLU, Linear), projection */
+    float *x = m->num_layers > 0 ? ws->saved[0].x_in : ws->x_final;
+    cpu_linear_fwd(ws->tokens_in, N, m->patch_in, (int)D, param(m, ws->patch.weight), param(m, ws->patch.bias), x);
+    cpu_linear_fwd(batch->text, L, m->text_dim, (int)D, param(m, ws->text_in.weight), param(m, ws->text_in.bias),
+                   ws->text_pre);
+    cpu_gelu_tanh_fwd(ws->text_pre, L * D, ws->text_act);
+    cpu_linear_fwd(ws->text_act, L, (int)D, (int)D, param(m, ws->text_out.weight), param(m, ws->text_out.bias),
+                   ws->context);
+    cpu_sinusoidal_embedding(ws->timesteps, (int)B, m->freq_dim, ws->sinusoid);
+    cpu_linear_fwd(ws->sinusoid, B, m->freq_dim, (int)D, param(m, ws->time_in.weight), param(m, ws->time_in.bias),
+                   ws->time_pre);
+    cpu_silu_fwd(ws->time_pre, B * D, ws->time_act);
+    cpu_linear_fwd(ws->time_act, B, (int)D, (int)D, param(m, ws->time_out.weight), param(m, ws->time_out.bias),
+                   ws->time_emb);
+    cpu_silu_fwd(ws->time_emb, B * D, ws->time_silu);
+    cpu_linear_fwd(ws->time_silu, B, (int)D, 6 * (int)D, param(m, ws->time_projection.weight),
+                   param(m, ws->time_projection.bias), ws->e0);
+
+    for (int l = 0; l < m->num_layers; l++)
+        model_block_forward(m, l, ws->saved[l].x_in, ws->e0, ws->context,
+                            l + 1 < m->num_layers ? ws->saved[l + 1].x_in : ws->x_final);
+
+    /* head: LN modulated by head.modulation + e (the time embedding, no SiLU), then Linear */
+    const float *head_mod = param(m, ws->head_modulation);
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t c = 0; c < D; c++) {
+            ws->head_shift[b * D + c] = head_mod[c] + ws->time_emb[b * D + c];
+            ws->head_scale[b * D + c] = head_mod[D + c] + ws->time_emb[b * D + c];
+        }
+    cpu_ln_modulate_fwd(ws->x_final, N, (int)D, ws->token_start, (int)B, ws->head_shift, ws->head_scale, m->eps,
+                        ws->head_h, ws->head_mean, ws->head_rstd);
+    cpu_linear_fwd(ws->head_h, N, (int)D, m->patch_out, param(m, ws->head.weight), param(m, ws->head.bias), ws->pred);
+
+    double total = 0.0;
+    for (int64_t b = 0; b < B; b++) {
+        double sum_sq = 0.0;
+        for (int64_t i = ws->token_start[b] * m->patch_out; i < ws->token_start[b + 1] * m->patch_out; i++) {
+            double diff = (double)ws->pred[i] - ws->target[i];
+            sum_sq += diff * diff;
+        }
+        double loss = sum_sq / (double)((ws->token_start[b + 1] - ws->token_start[b]) * m->patch_out);
+        if (sample_loss) sample_loss[b] = loss;
+        total += loss;
+    }
+    return total;
+}
+
+double model_forward_loss(model *m, const model_batch *batch, double *sample_loss)
+{
+    return model_forward(m, batch, sample_loss);
+}
+
+double model_forward_backward(model *m, const model_batch *batch, float *grads, float grad_scale, double *sample_loss)
+{
+    double total = model_forward(m, batch, sample_loss);
+    model_workspace *ws = m->workspace;
+    int64_t N = ws->n_tokens, L = ws->n_text, B = ws->n_samples, D = m->dim;
+
+    /* d(sum of per-sample means)/d(pred) = 2 (pred - target) / n_b, scaled once here for every gradient */
+    for (int64_t b = 0; b < B; b++) {
+        int64_t begin = ws->token_start[b] * m->patch_out, end = ws->token_start[b + 1] * m->patch_out;
+        float coef = grad_scale * 2.0f / (float)(end - begin);
+        for (int64_t i = begin; i < end; i++) ws->d_pred[i] = coef * (ws->pred[i] - ws->target[i]);
+    }
+
+    /* head */
+    cpu_linear_bwd(ws->head_h, ws->d_pred, N, (int)D, m->patch_out, param(m, ws->head.weight), ws->d_head_h, 0,
+                   grad(grads, ws->head.weight), grad(grads, ws->head.bias));
+    float *d_head_shift = ws->d_head_mod, *d_head_scale = ws->d_head_mod + B * D;
+    cpu_ln_modulate_bwd(ws->x_final, ws->d_head_h, N, (int)D, ws->token_start, (int)B, ws->head_scale, ws->head_mean,
+                        ws->head_rstd, ws->d_x_a, d_head_shift, d_head_scale);
+    float *d_head_modulation = grads + ws->head_modulation;
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t c = 0; c < D; c++) {
+            d_head_modulation[c] += d_head_shift[b * D + c];
+            d_head_modulation[D + c] += d_head_scale[b * D + c];
+            ws->d_time_emb[b * D + c] = d_head_shift[b * D + c] + d_head_scale[b * D + c];
+        }
+
+    /* blocks, last to first */
+    memset(ws->d_e0, 0, (size_t)(B * 6 * D) * sizeof(float));
+    memset(ws->d_context, 0, (size_t)(L * D) * sizeof(float));
+    float *d_out = ws->d_x_a, *d_in = ws->d_x_b;
+    for (int l = m->num_layers - 1; l >= 0; l--) {
+        model_block_backward(m, l, d_out, d_in, ws->d_e0, ws->d_context, grads);
+        float *swap = d_out;
+        d_out = d_in;
+        d_in = swap;
+    }
+
+    /* embeddings */
+    cpu_linear_bwd(ws->tokens_in, d_out, N, m->patch_in, (int)D, param(m, ws->patch.weight), NULL, 0,
+                   grad(grads, ws->patch.weight), grad(grads, ws->patch.bias));
+    cpu_linear_bwd(ws->text_act, ws->d_context, L, (int)D, (int)D, param(m, ws->text_out.weight), ws->d_text_act, 0,
+                   grad(grads, ws->text_out.weight), grad(grads, ws->text_out.bias));
+    cpu_gelu_tanh_bwd(ws->text_pre, ws->d_text_act, L * D, ws->d_text_act);
+    cpu_linear_bwd(batch->text, ws->d_text_act, L, m->text_dim, (int)D, param(m, ws->text_in.weight), NULL, 0,
+                   grad(grads, ws->text_in.weight), grad(grads, ws->text_in.bias));
+    cpu_linear_bwd(ws->time_silu, ws->d_e0, B, (int)D, 6 * (int)D, param(m, ws->time_projection.weight), ws->d_time_b,
+                   0, grad(grads, ws->time_projection.weight), grad(grads, ws->time_projection.bias));
+    cpu_silu_bwd(ws->time_emb, ws->d_time_b, B * D, ws->d_time_b);
+    for (int64_t i = 0; i < B * D; i++) ws->d_time_emb[i] += ws->d_time_b[i];
+    cpu_linear_bwd(ws->time_act, ws->d_time_emb, B, (int)D, (int)D, param(m, ws->time_out.weight), ws->d_time_b, 0,
+                   grad(grads, ws->time_out.weight), grad(grads, ws->time_out.bias));
+    cpu_silu_bwd(ws->time_pre, ws->d_time_b, B * D, ws->d_time_b);
+    cpu_linear_bwd(ws->sinusoid, ws->d_time_b, B, m->freq_dim, (int)D, param(m, ws->time_in.weight), NULL, 0,
+                   grad(grads, ws->time_in.weight), grad(grads, ws->time_in.bias));
+    return total;
+}

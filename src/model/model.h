@@ -1,0 +1,87 @@
+/* model.h — the Wan 2.1 DiT on the CPU: parameter table with Wan's state_dict names, init, forward/backward of the rectified-flow loss. */
+#ifndef ALDIT_MODEL_H
+#define ALDIT_MODEL_H
+
+#include <stdint.h>
+
+#include "deck/deck.h"
+
+/* patch_embedding.weight is the one 5-D parameter: [dim, in_dim, patch_t, patch_h, patch_w]. */
+#define MODEL_MAX_NDIM 5
+
+typedef struct {
+    char name[96];                   /* Wan state_dict name, e.g. "blocks.0.self_attn.q.weight" */
+    int ndim;
+    int64_t shape[MODEL_MAX_NDIM];   /* PyTorch shape; entries past ndim are 0 */
+    int64_t offset;                  /* first value in model.weights (and in a gradient of n_weights) */
+    int64_t n_elements;
+} param_info;
+
+typedef struct model_workspace model_workspace;   /* saved activations and scratch, private to model.c */
+
+typedef struct {
+    /* dims from the deck's [model] section */
+    int dim, ffn_dim, num_heads, head_dim, num_layers;
+    int in_dim, out_dim, patch_t, patch_h, patch_w;
+    int text_len, text_dim, freq_dim;
+    float eps;
+    int qk_norm, cross_attn_norm;
+    double init_std;
+    int patch_in;                    /* in_dim * patch volume: values per input token */
+    int patch_out;                   /* out_dim * patch volume: values per output token */
+    /* parameters, in Wan's state_dict order, all in one allocation */
+    int n_params;
+    param_info *params;
+    int64_t n_weights;
+    float *weights;
+    model_workspace *workspace;      /* grown to the largest micro-batch seen, reused across calls */
+} model;
+
+void model_create(model *m, const deck *config);    /* param table + one allocation for all weights */
+/* The parameter table alone (weights stay NULL): names, shapes and counts without the memory, e.g. to
+   plan a 14B run or check a checkpoint's names. model_free releases it. */
+void model_create_table(model *m, const deck *config);
+/* Wan's init, deterministic in seed: xavier-uniform Linear weights (patch embedding as its flattened
+   [dim, in_dim*patch] matrix), zero biases, text/time embedding weights normal(0, init_std), modulations
+   normal(0, 1/dim), RMSNorm and norm3 weights one, head.head.weight zero. */
+void model_init_random(model *m, uint64_t seed);
+/* Every value random (for gradient checks, so that nothing starts at zero): normal(0, std), plus 1 for
+   the weights of norms. Deterministic in seed. */
+void model_init_gaussian(model *m, uint64_t seed, float std);
+void model_free(model *m);
+/* The parameter with this Wan name, or NULL. */
+const param_info *model_find_param(const model *m, const char *name);
+
+typedef struct {   /* one packed micro-batch: samples back to back, no padding */
+    int n_samples;
+    const int32_t *frames, *height, *width;  /* latent units per sample (before patchify) */
+    const int32_t *text_len;                 /* text tokens per sample */
+    const float *latents;                    /* clean x0, concatenated [C,F,H,W] per sample */
+    const float *noise;                      /* epsilon, same layout as latents */
+    const float *sigma;                      /* per sample, in (0,1); timestep t = 1000*sigma */
+    const float *text;                       /* concatenated [text_len, text_dim] per sample */
+} model_batch;
+
+/* Forward + backward of the rectified-flow loss: x_t = (1-sigma)*x0 + sigma*eps, target eps - x0,
+   per-sample loss = mean squared error over that sample's elements. Returns the SUM of the per-sample
+   losses; ADDS grad_scale * d(sum of losses)/d(weights) into `grads` (n_weights floats). Writes each
+   sample's loss into sample_loss (may be NULL). A batch that does not fit the model (a latent not a
+   multiple of the patch, a text longer than text_len, ...) is a fatal error naming the sample. */
+double model_forward_backward(model *m, const model_batch *batch, float *grads, float grad_scale, double *sample_loss);
+/* The same loss, forward only (validation, finite-difference checks). */
+double model_forward_loss(model *m, const model_batch *batch, double *sample_loss);
+
+/* ---- one block on its own: the oracle for a GPU block, and its gradient check ----------------------
+   model_pack lays out a micro-batch (sample grids in latent units, text lengths) in the workspace; then
+   model_block_forward runs block `layer` on packed rows x_in [n_tokens, dim] with the per-sample time
+   projection e0 [n_samples, 6*dim] and the embedded text context [n_text, dim], saving what its backward
+   needs. model_block_backward (after the forward of the same layer and packing) overwrites dx_in and ADDS
+   into de0, dcontext and the block's parameter gradients in grads (n_weights floats). Returns of
+   model_pack: the number of tokens; *n_text receives the number of text rows. */
+int64_t model_pack(model *m, int n_samples, const int32_t *frames, const int32_t *height, const int32_t *width,
+                   const int32_t *text_len, int64_t *n_text);
+void model_block_forward(model *m, int layer, const float *x_in, const float *e0, const float *context, float *x_out);
+void model_block_backward(model *m, int layer, const float *dx_out, float *dx_in, float *de0, float *dcontext,
+                          float *grads);
+
+#endif

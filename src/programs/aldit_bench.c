@@ -1,0 +1,1193 @@
+/* aldit_bench.c — aldit-bench: GPU microbenchmarks (device copy bandwidth; LayerNorm-Modulate forward and backward,
+   plain and gated-residual, in GB/s against their byte floors and as % of the copy bandwidth of the same run;
+   the cuBLASLt linear layers of a Wan-1.3B block, forward and both backward GEMMs, in TFLOP/s; self- and
+   cross-attention forward and backward in TFLOP/s; one whole Wan-1.3B block forward+backward against the floor
+   of its GEMMs and attentions measured in the same run). */
+#include "config.h"
+
+#include <cuda_profiler_api.h>
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda/attention.h"
+#ifdef HAVE_CUDNN
+#include "cuda/attention_cudnn.h"
+#endif
+#include "core/check.h"
+#include "deck/deck.h"
+#include "cuda/gemm.h"
+#include "cuda/gpu.h"
+#include "cuda/lnmod.h"
+#include "model/model.h"
+#include "cuda/model_gpu.h"
+#include "core/rng.h"
+
+enum { kMaxDims = 8, kMaxSeq = 8 };
+
+typedef struct {
+    int run_lnmod, run_gemm, run_attention, run_block; /* --sections (block also runs gemm and attention) */
+    int n_samples;
+    int64_t rows_per_sample;
+    int n_dims;
+    int dims[kMaxDims];
+    int repeats;           /* timed groups; the median group is reported */
+    int launches_per_group;
+    lnmod_tuning tuning;   /* zeros: the defaults */
+    int n_seq;
+    int64_t seq[kMaxSeq];  /* S: tokens of the one sample of the gemm, attention and block sections */
+    int text_rows;         /* its text tokens */
+    int gemm_fused;        /* gemm_fusion: cuBLASLt's fused epilogues (1), all but the bias gradient (2), none (0) */
+    int profile_step;      /* block: one more (1 + K)-layer step inside cudaProfilerStart/Stop, for a profiler */
+    const char *attention_backends; /* --backends: comma-separated names of the attention backends to time */
+    int whole_tiles;       /* block: cuDNN runs the last sample's self-attention over whole tiles (gpu_model_set_cudnn_whole_tiles) */
+    int query_batches;     /* cuDNN's backward splits the query rows of few-key shapes (attention_cudnn_set_query_batches) */
+    int gemm_autotune;     /* cuBLASLt's candidates timed on each plan's first call (gemm_set_autotune) */
+    int attention_autotune; /* cuDNN's engine configurations timed once per size class (attention_cudnn_set_autotune) */
+    int overlap;           /* block: weight gradients on a stream beside the rest (gpu_model_set_overlap) */
+    int block_layers;      /* block: K, the blocks the deeper model has beyond the 1-layer one */
+    const char *json_path;
+} bench_options;
+
+static void usage(FILE *out)
+{
+    fprintf(out,
+            "usage: aldit-bench [--sections lnmod,gemm,attention,block] [--samples B] [--rows S] [--dims D1,D2,...]\n"
+            "                   [--repeats N] [--max-vpt F,B,R] [--fwd-order chunk|interleave] [--fwd-streaming 0|1]\n"
+            "                   [--fwd-stages P,R]\n"
+            "                   [--seq S1,S2,...] [--text-rows T] [--gemm-fused 0|1|2] [--profile-step 0|1]\n"
+            "                   [--backends own,cudnn,cudnn-tiles] [--whole-tiles 0|1] [--overlap 0|1]\n"
+            "                   [--block-layers K]\n"
+            "                   [--query-batches 0|1] [--gemm-autotune 0|1] [--attention-autotune 0|1] [--json FILE]\n"
+            "  Device copy bandwidth, then the sections (default lnmod,gemm):\n"
+            "  lnmod: LayerNorm-Modulate (forward, backward, gated-residual variants) on B packed samples of S rows\n"
+            "    each (default B=2, S=32760, D=1536,3072,5120). --max-vpt, --fwd-order, --fwd-streaming and\n"
+            "    --fwd-stages set the kernels' tuning knobs (lnmod_tune in cuda/lnmod.h; 0 is each one's default).\n"
+            "    --fwd-stages P,R picks the plain / residual forward kernel: -1 the register kernel, 0 the default\n"
+            "    (the staged kernel, 1 stage), 1-3 the staged kernel with that many rows in flight. --max-vpt F,B,R:\n"
+            "    the most 16-byte vectors a thread holds in the forwards, the backward, the residual backward (0: 4\n"
+            "    in the plain staged forward, else 8; 5; 4). The kernel and row-group shape of each forward are\n"
+            "    printed per D.\n"
+            "  gemm: the cuBLASLt linear layers of one Wan-1.3B block (D=1536, FFN 8960) on one sample of S rows\n"
+            "    (--seq, default S=4096,16384,32760,75600) and T text rows (default 512): forward, backward data and\n"
+            "    backward weight (fp32 dW and db accumulated) in TFLOP/s, the block's GEMM sum, and an 8192^3\n"
+            "    reference. --gemm-fused (gemm_fusion in cuda/gemm.h; the block section follows it): 2 (default)\n"
+            "    cuBLASLt's epilogues but the bias gradients from aldit's own column sums, 1 all in cuBLASLt, 0 plain\n"
+            "    GEMMs + aldit's own epilogue kernels. --gemm-autotune 1 takes the fastest of cuBLASLt's candidates\n"
+            "    timed on first use instead of its first heuristic choice (gemm_set_autotune), for all sections.\n"
+            "  attention: aldit's flash attention (cuda/attention.h) and, where built with it, cuDNN's fused SDPA\n"
+            "    (cuda/attention_cudnn.h), forward and backward, 12 heads of 128, on one sample: self-attention\n"
+            "    S x S and cross-attention S x T, in TFLOP/s; cudnn-tiles is cuDNN's self-attention over whole tiles of\n"
+            "    128 rows, zero-padded (the GPU model's default for a micro-batch's last sample). --backends (default all\n"
+            "    three) names the ones timed. --query-batches 0 turns off the split of the query rows in cuDNN's\n"
+            "    backward of few keys (cross-attention; attention_cudnn_set_query_batches), for all sections.\n"
+            "    --attention-autotune 1 takes the fastest of cuDNN's candidate engine configurations, timed once per\n"
+            "    size class, instead of its heuristic first (attention_cudnn_set_autotune; the tuned ones are listed).\n"
+            "  block: one Wan-1.3B block forward+backward (GPU model, recompute none; --whole-tiles 0 turns cuDNN's\n"
+            "    zero-padded whole tiles off, --overlap 1 puts the weight gradients on a stream of their own) on one\n"
+            "    sample of S tokens\n"
+            "    and T text tokens: ((1 + K)-layer model step - 1-layer model step) / K, the two steps timed in\n"
+            "    turn (--block-layers K, default 8), against the floor of its GEMMs and attentions at the rates of\n"
+            "    the gemm and attention sections (which it runs too). --profile-step 1 then runs one more\n"
+            "    (1 + K)-layer step per S between cudaProfilerStart and cudaProfilerStop, e.g. for\n"
+            "    ncu --profile-from-start off --metrics gpu__time_duration.sum (each kernel's time in that step).\n"
+            "  Short ops: N=21 timed groups of 10 launches; long ones (attention, block) fewer groups of 1 launch,\n"
+            "  about 3-6 s per figure; medians reported. --json also writes the figures to FILE.\n");
+}
+
+static long parse_long(const char *text, const char *option, long low, long high)
+{
+    char *end = NULL;
+    long value = strtol(text, &end, 10);
+    if (!text[0] || *end || value < low || value > high) {
+        fprintf(stderr, "aldit-bench: %s %s: expected an integer from %ld to %ld\n", option, text, low, high);
+        exit(ALDIT_EXIT_USAGE);
+    }
+    return value;
+}
+
+/* K, the blocks the block section's deeper model adds: its figure grows with K while the deeper step's share at
+   the sustained (power-capped) clocks grows, and has settled by K = 8 (docs/PERFORMANCE.md, session 7). */
+enum { kDefaultBlockLayers = 8 };
+
+static bench_options parse_options(int argc, char **argv)
+{
+    bench_options o = {1, 1, 0, 0, 2, 32760, 3, {1536, 3072, 5120}, 21, 10, {0, 0, 0, 0, 0, 0, 0},
+                       4, {4096, 16384, 32760, 75600}, 512, GEMM_FUSION_DEFAULT, 0, "own,cudnn,cudnn-tiles", 1, 1,
+                       GEMM_AUTOTUNE_DEFAULT, 0, 0, kDefaultBlockLayers, NULL};
+    for (int i = 1; i < argc; ++i) {
+        const char *arg = argv[i];
+        if (!strcmp(arg, "--help") || !strcmp(arg, "-h")) {
+            usage(stdout);
+            exit(0);
+        }
+        if (i + 1 >= argc) {
+            fprintf(stderr, "aldit-bench: %s: missing value or unknown option\n", arg);
+            usage(stderr);
+            exit(ALDIT_EXIT_USAGE);
+        }
+        const char *value = argv[++i];
+        if (!strcmp(arg, "--samples")) o.n_samples = (int)parse_long(value, arg, 1, 4096);
+        else if (!strcmp(arg, "--rows")) o.rows_per_sample = parse_long(value, arg, 1, 1L << 22);
+        else if (!strcmp(arg, "--repeats")) o.repeats = (int)parse_long(value, arg, 1, 1000);
+        else if (!strcmp(arg, "--json")) o.json_path = value;
+        else if (!strcmp(arg, "--text-rows")) o.text_rows = (int)parse_long(value, arg, 1, 1L << 20);
+        else if (!strcmp(arg, "--gemm-fused")) o.gemm_fused = (int)parse_long(value, arg, 0, 2);
+        else if (!strcmp(arg, "--profile-step")) o.profile_step = (int)parse_long(value, arg, 0, 1);
+        else if (!strcmp(arg, "--backends")) {
+            static const char *const known[] = {"own", "cudnn", "cudnn-tiles"};
+            char *copy = strdup(value), *save = NULL;
+            for (char *item = strtok_r(copy, ",", &save); item; item = strtok_r(NULL, ",", &save)) {
+                size_t k = 0;
+                while (k < sizeof known / sizeof known[0] && strcmp(item, known[k])) ++k;
+                if (k == sizeof known / sizeof known[0]) {
+                    fprintf(stderr, "aldit-bench: --backends %s: unknown backend %s (own, cudnn, cudnn-tiles)\n",
+                            value, item);
+                    exit(ALDIT_EXIT_USAGE);
+                }
+            }
+            free(copy);
+            o.attention_backends = value;
+        }
+        else if (!strcmp(arg, "--whole-tiles")) o.whole_tiles = (int)parse_long(value, arg, 0, 1);
+        else if (!strcmp(arg, "--overlap")) o.overlap = (int)parse_long(value, arg, 0, 1);
+        else if (!strcmp(arg, "--block-layers")) o.block_layers = (int)parse_long(value, arg, 1, 29);
+        else if (!strcmp(arg, "--query-batches")) o.query_batches = (int)parse_long(value, arg, 0, 1);
+        else if (!strcmp(arg, "--gemm-autotune")) o.gemm_autotune = (int)parse_long(value, arg, 0, 1);
+        else if (!strcmp(arg, "--attention-autotune")) o.attention_autotune = (int)parse_long(value, arg, 0, 1);
+        else if (!strcmp(arg, "--sections")) {
+            char *copy = strdup(value), *save = NULL;
+            o.run_lnmod = o.run_gemm = o.run_attention = o.run_block = 0;
+            for (char *item = strtok_r(copy, ",", &save); item; item = strtok_r(NULL, ",", &save)) {
+                if (!strcmp(item, "lnmod")) o.run_lnmod = 1;
+                else if (!strcmp(item, "gemm")) o.run_gemm = 1;
+                else if (!strcmp(item, "attention")) o.run_attention = 1;
+                else if (!strcmp(item, "block")) o.run_block = 1;
+                else {
+                    fprintf(stderr, "aldit-bench: --sections %s: unknown section %s (lnmod, gemm, attention, block)\n",
+                            value, item);
+                    exit(ALDIT_EXIT_USAGE);
+                }
+            }
+            free(copy);
+        } else if (!strcmp(arg, "--seq")) {
+            char *copy = strdup(value), *save = NULL;
+            o.n_seq = 0;
+            for (char *item = strtok_r(copy, ",", &save); item; item = strtok_r(NULL, ",", &save)) {
+                if (o.n_seq == kMaxSeq) {
+                    fprintf(stderr, "aldit-bench: --seq %s: at most %d values\n", value, kMaxSeq);
+                    exit(ALDIT_EXIT_USAGE);
+                }
+                o.seq[o.n_seq++] = parse_long(item, "--seq", 1, 1L << 20);
+            }
+            free(copy);
+        }
+        else if (!strcmp(arg, "--max-vpt")) {
+            char extra;
+            if (sscanf(value, "%d,%d,%d%c", &o.tuning.max_vpt_fwd, &o.tuning.max_vpt_bwd,
+                       &o.tuning.max_vpt_residual_bwd, &extra) != 3 ||
+                o.tuning.max_vpt_fwd < 0 || o.tuning.max_vpt_bwd < 0 || o.tuning.max_vpt_residual_bwd < 0) {
+                fprintf(stderr, "aldit-bench: --max-vpt %s: expected three integers F,B,R of at least 0 (0: default)\n",
+                        value);
+                exit(ALDIT_EXIT_USAGE);
+            }
+        } else if (!strcmp(arg, "--fwd-order")) {
+            if (strcmp(value, "chunk") && strcmp(value, "interleave")) {
+                fprintf(stderr, "aldit-bench: --fwd-order %s: expected chunk or interleave\n", value);
+                exit(ALDIT_EXIT_USAGE);
+            }
+            o.tuning.fwd_chunked = !strcmp(value, "chunk");
+        } else if (!strcmp(arg, "--fwd-streaming")) o.tuning.fwd_streaming = (int)parse_long(value, arg, 0, 1);
+        else if (!strcmp(arg, "--fwd-stages")) {
+            char extra;
+            if (sscanf(value, "%d,%d%c", &o.tuning.fwd_stages, &o.tuning.residual_fwd_stages, &extra) != 2 ||
+                o.tuning.fwd_stages < LNMOD_FWD_REGISTER_KERNEL || o.tuning.fwd_stages > LNMOD_FWD_MAX_STAGES ||
+                o.tuning.residual_fwd_stages < LNMOD_FWD_REGISTER_KERNEL ||
+                o.tuning.residual_fwd_stages > LNMOD_FWD_MAX_STAGES) {
+                fprintf(stderr,
+                        "aldit-bench: --fwd-stages %s: expected two integers P,R from %d to %d (%d: the register "
+                        "kernel, 0: the default)\n",
+                        value, LNMOD_FWD_REGISTER_KERNEL, LNMOD_FWD_MAX_STAGES, LNMOD_FWD_REGISTER_KERNEL);
+                exit(ALDIT_EXIT_USAGE);
+            }
+        }
+        else if (!strcmp(arg, "--dims")) {
+            char *copy = strdup(value), *save = NULL;
+            o.n_dims = 0;
+            for (char *item = strtok_r(copy, ",", &save); item; item = strtok_r(NULL, ",", &save)) {
+                if (o.n_dims == kMaxDims) {
+                    fprintf(stderr, "aldit-bench: --dims %s: at most %d dims\n", value, kMaxDims);
+                    exit(ALDIT_EXIT_USAGE);
+                }
+                long dim = parse_long(item, "--dims", 8, LNMOD_MAX_DIM);
+                if (dim % 8) {
+                    fprintf(stderr, "aldit-bench: --dims %s: %ld is not a multiple of 8\n", value, dim);
+                    exit(ALDIT_EXIT_USAGE);
+                }
+                o.dims[o.n_dims++] = (int)dim;
+            }
+            free(copy);
+        } else {
+            fprintf(stderr, "aldit-bench: unknown option %s\n", arg);
+            usage(stderr);
+            exit(ALDIT_EXIT_USAGE);
+        }
+    }
+    if (o.run_block) o.run_gemm = o.run_attention = 1; /* the block's floor comes from their rates */
+    return o;
+}
+
+static int compare_floats(const void *a, const void *b)
+{
+    const float x = *(const float *)a, y = *(const float *)b;
+    return (x > y) - (x < y);
+}
+
+/* What one timed operation launches; `context` carries its buffers. */
+typedef void (*bench_op)(void *context, cudaStream_t stream);
+
+/* Median over `repeats` groups of milliseconds per launch, after 3 warm-up launches; each group queues `launches`
+   launches between two events, so host-side launch work overlaps the device work as it does in a training step. */
+static double time_groups(bench_op op, void *context, int repeats, int launches, cudaStream_t stream)
+{
+    cudaEvent_t start, stop;
+    CUDA_CHECK(cudaEventCreate(&start));
+    CUDA_CHECK(cudaEventCreate(&stop));
+    for (int i = 0; i < 3; ++i) op(context, stream);
+    float *ms = xmalloc((size_t)repeats * sizeof *ms);
+    for (int r = 0; r < repeats; ++r) {
+        CUDA_CHECK(cudaEventRecord(start, stream));
+        for (int i = 0; i < launches; ++i) op(context, stream);
+        CUDA_CHECK(cudaEventRecord(stop, stream));
+        CUDA_CHECK(cudaEventSynchronize(stop));
+        CUDA_CHECK(cudaEventElapsedTime(&ms[r], start, stop));
+        ms[r] /= (float)launches;
+    }
+    qsort(ms, (size_t)repeats, sizeof *ms, compare_floats);
+    const double median = ms[repeats / 2];
+    free(ms);
+    CUDA_CHECK(cudaEventDestroy(start));
+    CUDA_CHECK(cudaEventDestroy(stop));
+    return median;
+}
+
+/* Milliseconds of one launch of op, between two events on `stream`. */
+static float timed_launch(bench_op op, void *context, cudaEvent_t start, cudaEvent_t stop, cudaStream_t stream)
+{
+    CUDA_CHECK(cudaEventRecord(start, stream));
+    op(context, stream);
+    CUDA_CHECK(cudaEventRecord(stop, stream));
+    CUDA_CHECK(cudaEventSynchronize(stop));
+    float ms = 0.0f;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    return ms;
+}
+
+/* The short ops' timing: --repeats groups of 10 launches. */
+static double time_op(bench_op op, void *context, const bench_options *o, cudaStream_t stream)
+{
+    return time_groups(op, context, o->repeats, o->launches_per_group, stream);
+}
+
+enum { kMinLongRepeats = 5 };
+
+/* The long ops' timing (attention, model steps): one launch (which also builds plans), then one timed launch
+   picks the group size (10 launches under 1 ms, else 1) and the number of groups, from kMinLongRepeats to
+   --repeats, so that the timed groups take about budget_s seconds. */
+static double time_long_op(bench_op op, void *context, const bench_options *o, double budget_s, cudaStream_t stream)
+{
+    cudaEvent_t start, stop;
+    CUDA_CHECK(cudaEventCreate(&start));
+    CUDA_CHECK(cudaEventCreate(&stop));
+    op(context, stream);
+    const float probe_ms = timed_launch(op, context, start, stop, stream);
+    CUDA_CHECK(cudaEventDestroy(start));
+    CUDA_CHECK(cudaEventDestroy(stop));
+    const int launches = probe_ms < 1.0f ? o->launches_per_group : 1;
+    const double group_s = 1e-3 * (probe_ms > 1e-3f ? probe_ms : 1e-3f) * launches;
+    int repeats = (int)(budget_s / group_s);
+    repeats = repeats < kMinLongRepeats ? kMinLongRepeats : repeats;
+    repeats = repeats > o->repeats ? o->repeats : repeats;
+    return time_groups(op, context, repeats, launches, stream);
+}
+
+typedef struct {
+    void *dst;
+    const void *src;
+    size_t n_bytes;
+} copy_context;
+
+static void run_copy(void *context, cudaStream_t stream)
+{
+    copy_context *c = context;
+    CUDA_CHECK(cudaMemcpyAsync(c->dst, c->src, c->n_bytes, cudaMemcpyDeviceToDevice, stream));
+}
+
+/* Device tensors of one LN-modulate shape. */
+typedef struct {
+    int64_t n_rows;
+    int dim, n_samples;
+    int64_t *row_start;
+    gpu_bf16 *x, *y_prev, *dy, *d_res, *x_new, *y, *dx, *dy_prev;
+    float *shift, *scale, *gate, *mean, *rstd, *dshift, *dscale, *dgate;
+    void *workspace;
+} lnmod_context;
+
+static void run_fwd(void *context, cudaStream_t stream)
+{
+    lnmod_context *c = context;
+    lnmod_fwd(c->x, c->n_rows, c->dim, c->row_start, c->n_samples, c->shift, c->scale, 1e-6f, c->y, c->mean, c->rstd,
+              stream);
+}
+
+static void run_bwd(void *context, cudaStream_t stream)
+{
+    lnmod_context *c = context;
+    lnmod_bwd(c->x, c->dy, c->n_rows, c->dim, c->row_start, c->n_samples, c->scale, c->mean, c->rstd, c->dx, c->dshift,
+              c->dscale, c->workspace, stream);
+}
+
+static void run_residual_fwd(void *context, cudaStream_t stream)
+{
+    lnmod_context *c = context;
+    lnmod_residual_fwd(c->x, c->y_prev, c->n_rows, c->dim, c->row_start, c->n_samples, c->gate, c->shift, c->scale,
+                       1e-6f, c->x_new, c->y, c->mean, c->rstd, stream);
+}
+
+static void run_residual_bwd(void *context, cudaStream_t stream)
+{
+    lnmod_context *c = context;
+    lnmod_residual_bwd(c->x_new, c->y_prev, c->dy, c->d_res, c->n_rows, c->dim, c->row_start, c->n_samples, c->gate,
+                       c->scale, c->mean, c->rstd, c->dx, c->dy_prev, c->dshift, c->dscale, c->dgate, c->workspace,
+                       stream);
+}
+
+/* n bf16 values on the host (xmalloc'd), uniform in [low, high) from the generator seeded with `seed`. */
+static gpu_bf16 *random_bf16(size_t n, uint64_t seed, double low, double high)
+{
+    uint64_t rng = seed;
+    gpu_bf16 *values = xmalloc(n * sizeof *values);
+    for (size_t i = 0; i < n; ++i) values[i] = gpu_bf16_from_float((float)(low + (high - low) * rng_uniform(&rng)));
+    return values;
+}
+
+static void *device_alloc(size_t n_bytes)
+{
+    void *p = NULL;
+    CUDA_CHECK(cudaMalloc(&p, n_bytes));
+    return p;
+}
+
+/* A device bf16 tensor of n random values: the host pattern `random_bits` (n + shift values) read from `shift`
+   on, so that tensors differ without drawing new numbers for each. */
+static gpu_bf16 *device_random_bf16(const gpu_bf16 *random_bits, size_t n, size_t shift)
+{
+    gpu_bf16 *p = device_alloc(n * sizeof *p);
+    CUDA_CHECK(cudaMemcpy(p, random_bits + shift, n * sizeof *p, cudaMemcpyHostToDevice));
+    return p;
+}
+
+static float *device_random_f32(size_t n, uint64_t *rng, double spread)
+{
+    float *host = xmalloc(n * sizeof *host);
+    for (size_t i = 0; i < n; ++i) host[i] = (float)(spread * (2.0 * rng_uniform(rng) - 1.0));
+    float *p = device_alloc(n * sizeof *p);
+    CUDA_CHECK(cudaMemcpy(p, host, n * sizeof *p, cudaMemcpyHostToDevice));
+    free(host);
+    return p;
+}
+
+/* ---- LayerNorm-Modulate section ------------------------------------------------------------------ */
+
+typedef struct {
+    const char *name;
+    bench_op op;
+    double bytes_per_row_elem; /* bf16 row tensors moved: bytes per (row, column) */
+    double bytes_per_row;      /* mean, rstd */
+    double bytes_per_sample_elem; /* modulation vectors read and per-sample gradients written */
+} op_spec;
+
+enum { kLnmodOps = 4 };
+static const op_spec kLnmodSpecs[kLnmodOps] = {
+    {"fwd", run_fwd, 4.0, 8.0, 8.0},                   /* x, y; mean, rstd; shift, scale */
+    {"bwd", run_bwd, 6.0, 8.0, 12.0},                  /* x, dy, dx; mean, rstd; scale, dshift, dscale */
+    {"residual_fwd", run_residual_fwd, 8.0, 8.0, 12.0}, /* x, y_prev, x_new, y; gate, shift, scale */
+    {"residual_bwd", run_residual_bwd, 12.0, 8.0, 20.0}, /* x_new, y_prev, dy, d_x_new, dx, dy_prev */
+};
+
+/* Times every LN-modulate op at every D; results[d][op] = {ms, GB/s}. */
+static void run_lnmod_section(const bench_options *o, double copy_gbs, cudaStream_t stream,
+                              double results[kMaxDims][kLnmodOps][2])
+{
+    printf("LayerNorm-Modulate, B=%d samples x S=%lld rows (%lld rows), bf16 rows, fp32 statistics and modulation;"
+           "\n  tuning: --max-vpt %d,%d,%d --fwd-order %s --fwd-streaming %d --fwd-stages %d,%d (0 = default)\n",
+           o->n_samples, (long long)o->rows_per_sample, (long long)(o->n_samples * o->rows_per_sample),
+           o->tuning.max_vpt_fwd, o->tuning.max_vpt_bwd, o->tuning.max_vpt_residual_bwd,
+           o->tuning.fwd_chunked ? "chunk" : "interleave", o->tuning.fwd_streaming, o->tuning.fwd_stages,
+           o->tuning.residual_fwd_stages);
+    for (int d = 0; d < o->n_dims; ++d) {
+        char kernels[2][96];
+        for (int residual = 0; residual < 2; ++residual) {
+            const lnmod_fwd_plan plan = lnmod_fwd_plan_for(o->dims[d], residual);
+            if (plan.stages == LNMOD_FWD_REGISTER_KERNEL)
+                snprintf(kernels[residual], sizeof kernels[residual], "register kernel, %d threads x %d vectors",
+                         plan.threads_per_row, plan.vectors_per_thread);
+            else
+                snprintf(kernels[residual], sizeof kernels[residual],
+                         "staged kernel, %d stage%s, %d threads x %d vectors", plan.stages, plan.stages > 1 ? "s" : "",
+                         plan.threads_per_row, plan.vectors_per_thread);
+        }
+        printf("  D=%d: fwd %s; residual_fwd %s\n", o->dims[d], kernels[0], kernels[1]);
+    }
+    printf("%-6s %-14s %10s %12s %10s %9s\n", "D", "op", "ms", "floor MB", "GB/s", "% copy");
+
+    const int64_t n_rows = o->n_samples * o->rows_per_sample;
+    int max_dim = 0;
+    for (int d = 0; d < o->n_dims; ++d) max_dim = o->dims[d] > max_dim ? o->dims[d] : max_dim;
+    const size_t max_n = (size_t)n_rows * (size_t)max_dim, pattern_extra = 4096;
+    uint64_t rng = 0xbe4c4a1d17ull;
+    gpu_bf16 *pattern = xmalloc((max_n + pattern_extra) * sizeof *pattern);
+    for (size_t i = 0; i < max_n + pattern_extra; ++i)
+        pattern[i] = gpu_bf16_from_float((float)(4.0 * rng_uniform(&rng) - 1.5));
+    int64_t *row_start_host = xmalloc((size_t)(o->n_samples + 1) * sizeof *row_start_host);
+    for (int b = 0; b <= o->n_samples; ++b) row_start_host[b] = b * o->rows_per_sample;
+
+    for (int d = 0; d < o->n_dims; ++d) {
+        lnmod_context c = {0};
+        c.n_rows = n_rows, c.dim = o->dims[d], c.n_samples = o->n_samples;
+        const size_t n = (size_t)n_rows * (size_t)c.dim, n_mod = (size_t)c.n_samples * (size_t)c.dim;
+        c.row_start = device_alloc((size_t)(c.n_samples + 1) * sizeof *c.row_start);
+        CUDA_CHECK(cudaMemcpy(c.row_start, row_start_host, (size_t)(c.n_samples + 1) * sizeof *c.row_start,
+                              cudaMemcpyHostToDevice));
+        c.x = device_random_bf16(pattern, n, 0);
+        c.y_prev = device_random_bf16(pattern, n, 1011);
+        c.dy = device_random_bf16(pattern, n, 2029);
+        c.d_res = device_random_bf16(pattern, n, 3037);
+        c.x_new = device_alloc(n * sizeof *c.x_new), c.y = device_alloc(n * sizeof *c.y);
+        c.dx = device_alloc(n * sizeof *c.dx), c.dy_prev = device_alloc(n * sizeof *c.dy_prev);
+        c.shift = device_random_f32(n_mod, &rng, 0.5), c.scale = device_random_f32(n_mod, &rng, 0.5);
+        c.gate = device_random_f32(n_mod, &rng, 0.5);
+        c.mean = device_alloc((size_t)n_rows * sizeof *c.mean), c.rstd = device_alloc((size_t)n_rows * sizeof *c.rstd);
+        c.dshift = device_alloc(n_mod * sizeof *c.dshift), c.dscale = device_alloc(n_mod * sizeof *c.dscale);
+        c.dgate = device_alloc(n_mod * sizeof *c.dgate);
+        size_t workspace_bytes = lnmod_bwd_workspace_bytes(n_rows, c.dim, c.n_samples);
+        const size_t residual_bytes = lnmod_residual_bwd_workspace_bytes(n_rows, c.dim, c.n_samples);
+        c.workspace = device_alloc(residual_bytes > workspace_bytes ? residual_bytes : workspace_bytes);
+        run_fwd(&c, stream);           /* mean and rstd for the plain backward */
+        run_residual_fwd(&c, stream);  /* x_new for the residual backward (mean, rstd now of x_new: same cost) */
+        CUDA_CHECK(cudaStreamSynchronize(stream));
+
+        for (int s = 0; s < kLnmodOps; ++s) {
+            const double ms = time_op(kLnmodSpecs[s].op, &c, o, stream);
+            const double bytes = kLnmodSpecs[s].bytes_per_row_elem * (double)n +
+                                 kLnmodSpecs[s].bytes_per_row * (double)n_rows +
+                                 kLnmodSpecs[s].bytes_per_sample_elem * (double)n_mod;
+            const double gbs = bytes / (ms * 1e6);
+            results[d][s][0] = ms;
+            results[d][s][1] = gbs;
+            printf("%-6d %-14s %10.4f %12.1f %10.0f %8.1f%%\n", c.dim, kLnmodSpecs[s].name, ms, bytes / 1e6, gbs,
+                   100.0 * gbs / copy_gbs);
+        }
+        void *buffers[] = {c.row_start, c.x, c.y_prev, c.dy, c.d_res, c.x_new, c.y, c.dx, c.dy_prev, c.shift, c.scale,
+                           c.gate, c.mean, c.rstd, c.dshift, c.dscale, c.dgate, c.workspace};
+        for (size_t i = 0; i < sizeof buffers / sizeof buffers[0]; ++i) CUDA_CHECK(cudaFree(buffers[i]));
+    }
+    free(pattern);
+    free(row_start_host);
+}
+
+/* ---- GEMM section ----------------------------------------------------------------------------------- */
+
+enum { kGemmOps = 3, kWanDim = 1536, kWanFfn = 8960, kSquare = 8192 };
+
+/* A linear layer of a Wan-1.3B block, and how many of that shape the block has. */
+typedef struct {
+    const char *name;
+    int in_dim, out_dim;
+    int on_text;           /* rows are the text tokens (cross-attention k, v), not the S video tokens */
+    gemm_epilogue epilogue;
+    int gelu_before;       /* its input is gelu(pre): the backward data GEMM takes the GELU gradient */
+    int per_block;
+} wan_linear;
+
+enum { kWanLinears = 4 };
+static const wan_linear kWanLinearSpecs[kWanLinears] = {
+    {"self q,k,v,o; cross q,o", kWanDim, kWanDim, 0, GEMM_EPILOGUE_BIAS, 0, 6},
+    {"cross k,v (text rows)", kWanDim, kWanDim, 1, GEMM_EPILOGUE_BIAS, 0, 2},
+    {"ffn up (+bias+GELU)", kWanDim, kWanFfn, 0, GEMM_EPILOGUE_GELU_AUX_BIAS, 0, 1},
+    {"ffn down (dx with dGELU)", kWanFfn, kWanDim, 0, GEMM_EPILOGUE_BIAS, 1, 1},
+};
+static const char *const kGemmOpNames[kGemmOps] = {"fwd", "bwd_data", "bwd_weight"};
+
+/* Device tensors of one GEMM shape (views of the section's buffers). */
+typedef struct {
+    int64_t rows;
+    int in_dim, out_dim;
+    gemm_epilogue epilogue;
+    int gelu_before;
+    gpu_bf16 *x, *weight, *bias, *y, *pre_gelu, *dy, *dx;
+    float *dweight, *dbias;
+} gemm_context;
+
+static void run_gemm_fwd(void *context, cudaStream_t stream)
+{
+    gemm_context *c = context;
+    gemm_linear_fwd(c->x, c->rows, c->in_dim, c->out_dim, c->weight,
+                    c->epilogue == GEMM_EPILOGUE_NONE ? NULL : c->bias, c->epilogue, c->y,
+                    c->epilogue == GEMM_EPILOGUE_GELU_AUX_BIAS ? c->pre_gelu : NULL, stream);
+}
+
+static void run_gemm_bwd_data(void *context, cudaStream_t stream)
+{
+    gemm_context *c = context;
+    gemm_linear_bwd_data(c->dy, c->rows, c->in_dim, c->out_dim, c->weight, c->gelu_before ? c->pre_gelu : NULL, c->dx,
+                         0, stream);
+}
+
+static void run_gemm_bwd_weight(void *context, cudaStream_t stream)
+{
+    gemm_context *c = context;
+    gemm_linear_bwd_weight(c->x, c->dy, c->rows, c->in_dim, c->out_dim, c->dweight, c->dbias, 1, stream);
+}
+
+static const bench_op kGemmRunners[kGemmOps] = {run_gemm_fwd, run_gemm_bwd_data, run_gemm_bwd_weight};
+
+typedef struct {
+    double ms[kMaxSeq][kWanLinears][kGemmOps];
+    double block_ms[kMaxSeq][2];    /* the block's GEMMs summed: forward, backward (both GEMMs) */
+    double block_flops[kMaxSeq][2];
+    double square_ms;
+    int64_t unfused_calls;
+} gemm_results;
+
+/* n bf16 values on the device: the host pattern from `shift` on, tiled by doubling device-to-device copies. */
+static gpu_bf16 *device_tiled_bf16(size_t n, const gpu_bf16 *pattern, size_t n_pattern, size_t shift)
+{
+    gpu_bf16 *p = device_alloc(n * sizeof *p);
+    const size_t first = n < n_pattern - shift ? n : n_pattern - shift;
+    CUDA_CHECK(cudaMemcpy(p, pattern + shift, first * sizeof *p, cudaMemcpyHostToDevice));
+    for (size_t done = first; done < n;) {
+        const size_t length = done < n - done ? done : n - done;
+        CUDA_CHECK(cudaMemcpy(p + done, p, length * sizeof *p, cudaMemcpyDeviceToDevice));
+        done += length;
+    }
+    return p;
+}
+
+static double tflops(double flops, double ms) { return flops / (ms * 1e9); }
+
+/* Times the three GEMMs of every linear of a Wan-1.3B block at every S, and the 8192^3 reference. */
+static void run_gemm_section(const bench_options *o, cudaStream_t stream, gemm_results *r)
+{
+    gemm_set_fused_epilogues((gemm_fusion)o->gemm_fused);
+    int64_t max_rows = o->text_rows;
+    for (int i = 0; i < o->n_seq; ++i) max_rows = o->seq[i] > max_rows ? o->seq[i] : max_rows;
+    size_t n_act = (size_t)max_rows * kWanFfn, n_weight = (size_t)kWanFfn * kWanDim;
+    const size_t n_square = (size_t)kSquare * kSquare;
+    n_act = n_act > n_square ? n_act : n_square;
+    n_weight = n_weight > n_square ? n_weight : n_square;
+    const size_t n_pattern = (size_t)1 << 22, pattern_extra = 4096;
+    gpu_bf16 *pattern = random_bf16(n_pattern + pattern_extra, 0x6e6d6d6265ull, -1.0, 1.0);
+    gemm_context c = {0};
+    c.x = device_tiled_bf16(n_act, pattern, n_pattern, 0);
+    c.dy = device_tiled_bf16(n_act, pattern, n_pattern, 1013);
+    c.pre_gelu = device_tiled_bf16(n_act, pattern, n_pattern, 2027);
+    c.weight = device_tiled_bf16(n_weight, pattern, n_pattern, 3041);
+    c.bias = device_tiled_bf16(kWanFfn, pattern, n_pattern, 4093);
+    c.y = device_alloc(n_act * sizeof *c.y), c.dx = device_alloc(n_act * sizeof *c.dx);
+    c.dweight = device_alloc((size_t)kWanFfn * kWanDim * sizeof *c.dweight);
+    c.dbias = device_alloc((size_t)kWanFfn * sizeof *c.dbias);
+    CUDA_CHECK(cudaMemset(c.dweight, 0, (size_t)kWanFfn * kWanDim * sizeof *c.dweight));
+    CUDA_CHECK(cudaMemset(c.dbias, 0, (size_t)kWanFfn * sizeof *c.dbias));
+    free(pattern);
+    gemm_stats stats_before;
+    gemm_get_stats(&stats_before);
+
+    printf("GEMMs of a Wan-1.3B block (cuBLASLt, bf16 in and out, fp32 accumulation; dW, db fp32 accumulated; "
+           "epilogues: %s),\n  one sample of S rows and %d text rows:\n",
+           o->gemm_fused == GEMM_FUSED_ALL             ? "fused in cuBLASLt"
+           : o->gemm_fused == GEMM_FUSED_BUT_BIAS_GRAD ? "fused in cuBLASLt but the bias gradient (own column sums)"
+                                                       : "plain GEMMs + own kernels",
+           o->text_rows);
+    printf("%-6s %-25s %6s %5s %5s %-11s %9s %8s\n", "S", "layer", "rows", "in", "out", "op", "ms", "TFLOP/s");
+    for (int si = 0; si < o->n_seq; ++si) {
+        r->block_ms[si][0] = r->block_ms[si][1] = r->block_flops[si][0] = r->block_flops[si][1] = 0.0;
+        for (int l = 0; l < kWanLinears; ++l) {
+            const wan_linear *spec = &kWanLinearSpecs[l];
+            c.rows = spec->on_text ? o->text_rows : o->seq[si];
+            c.in_dim = spec->in_dim, c.out_dim = spec->out_dim, c.epilogue = spec->epilogue;
+            c.gelu_before = spec->gelu_before;
+            const double flops = gemm_linear_flops(c.rows, c.in_dim, c.out_dim);
+            for (int op = 0; op < kGemmOps; ++op) {
+                const double ms = time_op(kGemmRunners[op], &c, o, stream);
+                r->ms[si][l][op] = ms;
+                r->block_ms[si][op == 0 ? 0 : 1] += spec->per_block * ms;
+                r->block_flops[si][op == 0 ? 0 : 1] += spec->per_block * flops;
+                printf("%-6lld %-25s %6lld %5d %5d %-11s %9.4f %8.1f\n", (long long)o->seq[si], spec->name,
+                       (long long)c.rows, c.in_dim, c.out_dim, kGemmOpNames[op], ms, tflops(flops, ms));
+            }
+        }
+    }
+    if (o->n_seq > 0) {
+        printf("The block's GEMMs summed (each layer times its count: 6 + 2 text projections 1536x1536, FFN up, down):"
+               "\n%-6s %10s %10s %12s %9s %8s\n", "S", "fwd ms", "bwd ms", "fwd+bwd ms", "TFLOP", "TFLOP/s");
+        for (int si = 0; si < o->n_seq; ++si) {
+            const double ms = r->block_ms[si][0] + r->block_ms[si][1];
+            const double flops = r->block_flops[si][0] + r->block_flops[si][1];
+            printf("%-6lld %10.3f %10.3f %12.3f %9.3f %8.1f\n", (long long)o->seq[si], r->block_ms[si][0],
+                   r->block_ms[si][1], ms, flops / 1e12, tflops(flops, ms));
+        }
+    }
+    c.rows = kSquare, c.in_dim = kSquare, c.out_dim = kSquare, c.epilogue = GEMM_EPILOGUE_NONE;
+    r->square_ms = time_op(run_gemm_fwd, &c, o, stream);
+    printf("reference: %d x %d x %d forward GEMM, no epilogue: %.4f ms, %.1f TFLOP/s\n", kSquare, kSquare, kSquare,
+           r->square_ms, tflops(gemm_linear_flops(kSquare, kSquare, kSquare), r->square_ms));
+    gemm_stats stats_after;
+    gemm_get_stats(&stats_after);
+    r->unfused_calls = stats_after.unfused - stats_before.unfused;
+    if (o->gemm_fused != GEMM_FUSED_NONE)
+        printf("calls whose fused epilogue cuBLASLt had no algorithm for (own kernels ran instead): %lld\n",
+               (long long)r->unfused_calls);
+    printf("autotuning %s: %lld plans timed, %lld of them faster with another than the heuristic's first choice\n",
+           o->gemm_autotune ? "on (--gemm-autotune 1)" : "off", (long long)(stats_after.tuned - stats_before.tuned),
+           (long long)(stats_after.tuned_not_first - stats_before.tuned_not_first));
+
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    void *buffers[] = {c.x, c.dy, c.pre_gelu, c.weight, c.bias, c.y, c.dx, c.dweight, c.dbias};
+    for (size_t i = 0; i < sizeof buffers / sizeof buffers[0]; ++i) CUDA_CHECK(cudaFree(buffers[i]));
+    gemm_release();
+}
+
+/* ---- attention section --------------------------------------------------------------------------------- */
+
+enum { kWanHeads = 12, kWanHeadDim = 128, kAttentionKinds = 2, kAttentionOps = 2 };
+static const char *const kAttentionKindNames[kAttentionKinds] = {"self", "cross"};
+static const double kLongOpBudgetSeconds = 3.0;  /* timed groups per attention figure */
+static const double kStepBudgetSeconds = 6.0;    /* timed groups per model step */
+
+/* Device tensors of one attention shape: the n_q query rows of one sample attend to its n_kv key rows. */
+typedef struct {
+    int64_t n_q, n_kv;
+    int64_t *q_start, *kv_start; /* device offsets {0, n_q}, {0, n_kv} */
+    gpu_bf16 *q, *k, *v, *out, *dout, *dq, *dk, *dv;
+    float *lse;
+    void *workspace;
+} attention_context;
+
+static void run_attention_fwd(void *context, cudaStream_t stream)
+{
+    attention_context *c = context;
+    attention_fwd(c->q, c->k, c->v, kWanHeads, kWanHeadDim, c->q_start, c->kv_start, 1, c->n_q, c->n_kv, c->out,
+                  c->lse, stream);
+}
+
+static void run_attention_bwd(void *context, cudaStream_t stream)
+{
+    attention_context *c = context;
+    attention_bwd(c->q, c->k, c->v, c->out, c->dout, c->lse, kWanHeads, kWanHeadDim, c->q_start, c->kv_start, 1,
+                  c->n_q, c->n_kv, c->dq, c->dk, c->dv, c->workspace, stream);
+}
+
+static int own_attention_available(void) { return attention_head_dim_supported(kWanHeadDim); }
+
+#ifdef HAVE_CUDNN
+static int cudnn_attention_available(void) { return attention_cudnn_available(kWanHeads, kWanHeadDim); }
+
+/* cuDNN's fused SDPA on the one sample (self: n_kv == n_q); its stats fill the lse buffer (same size). */
+static void run_cudnn_attention_fwd(void *context, cudaStream_t stream)
+{
+    attention_context *c = context;
+    attention_cudnn_cross_fwd(c->q, c->k, c->v, c->n_q, c->n_kv, kWanHeads, kWanHeadDim, c->out, c->lse, stream);
+}
+
+static void run_cudnn_attention_bwd(void *context, cudaStream_t stream)
+{
+    attention_context *c = context;
+    attention_cudnn_cross_bwd(c->q, c->k, c->v, c->out, c->dout, c->lse, c->n_q, c->n_kv, kWanHeads, kWanHeadDim, c->dq,
+                              c->dk, c->dv, stream);
+}
+
+/* Self-attention over whole tiles, zero-padded (the model's default for a micro-batch's last sample): the
+   buffers have the rows to spare; zeroing the pad rows is part of the op, as in the model. Cross-attention
+   (512 keys: whole tiles already) runs as cudnn. */
+static void zero_rows_past(gpu_bf16 *buffer, int64_t rows, int64_t padded, cudaStream_t stream)
+{
+    const size_t width = (size_t)kWanHeads * kWanHeadDim;
+    CUDA_CHECK(cudaMemsetAsync(buffer + (size_t)rows * width, 0, (size_t)(padded - rows) * width * sizeof *buffer,
+                               stream));
+}
+
+static void run_cudnn_tiles_attention_fwd(void *context, cudaStream_t stream)
+{
+    attention_context *c = context;
+    if (c->n_q != c->n_kv) {
+        run_cudnn_attention_fwd(context, stream);
+        return;
+    }
+    const int64_t padded = attention_cudnn_padded_rows(c->n_q);
+    gpu_bf16 *const inputs[] = {c->q, c->k, c->v};
+    for (int i = 0; i < 3; ++i) zero_rows_past(inputs[i], c->n_q, padded, stream);
+    attention_cudnn_fwd_padded(c->q, c->k, c->v, c->n_q, padded, kWanHeads, kWanHeadDim, c->out, c->lse, stream);
+}
+
+static void run_cudnn_tiles_attention_bwd(void *context, cudaStream_t stream)
+{
+    attention_context *c = context;
+    if (c->n_q != c->n_kv) {
+        run_cudnn_attention_bwd(context, stream);
+        return;
+    }
+    const int64_t padded = attention_cudnn_padded_rows(c->n_q);
+    zero_rows_past(c->dout, c->n_q, padded, stream);
+    attention_cudnn_bwd_padded(c->q, c->k, c->v, c->out, c->dout, c->lse, c->n_q, padded, kWanHeads, kWanHeadDim,
+                               c->dq, c->dk, c->dv, stream);
+}
+#endif
+
+/* The attention implementations the section times, each for self- and cross-attention: our own kernel and
+   cuDNN's fused SDPA (cuda/attention_cudnn.h, where configure found cuDNN), which the GPU model calls for
+   samples of GPU_ATTENTION_CUDNN_MIN_TOKENS tokens or more; the block's floor uses the faster one's rates. */
+typedef struct {
+    const char *name;
+    int (*available)(void);
+    bench_op fwd, bwd; /* bwd runs after fwd on the same context: it reads out and lse */
+} attention_backend;
+static const attention_backend kAttentionBackends[] = {
+    {"own", own_attention_available, run_attention_fwd, run_attention_bwd},
+#ifdef HAVE_CUDNN
+    {"cudnn", cudnn_attention_available, run_cudnn_attention_fwd, run_cudnn_attention_bwd},
+    {"cudnn-tiles", cudnn_attention_available, run_cudnn_tiles_attention_fwd, run_cudnn_tiles_attention_bwd},
+#endif
+};
+#define ATTENTION_BACKENDS (sizeof kAttentionBackends / sizeof kAttentionBackends[0])
+
+typedef struct {
+    int measured[kMaxSeq][ATTENTION_BACKENDS][kAttentionKinds];
+    double ms[kMaxSeq][ATTENTION_BACKENDS][kAttentionKinds][kAttentionOps]; /* op 0 forward, 1 backward */
+    double flops[kMaxSeq][kAttentionKinds][kAttentionOps];
+} attention_results;
+
+/* Whether `name` is one of the comma-separated items of `list`. */
+static int name_listed(const char *name, const char *list)
+{
+    const size_t length = strlen(name);
+    for (const char *item = list; item && *item; item = strchr(item, ',') ? strchr(item, ',') + 1 : NULL)
+        if (!strncmp(item, name, length) && (item[length] == ',' || item[length] == '\0')) return 1;
+    return 0;
+}
+
+/* Times self-attention (S x S) and cross-attention (S x T) forward and backward at every S. */
+static void run_attention_section(const bench_options *o, cudaStream_t stream, attention_results *r)
+{
+    int64_t max_rows = o->text_rows;
+    for (int i = 0; i < o->n_seq; ++i) max_rows = o->seq[i] > max_rows ? o->seq[i] : max_rows;
+    const int width = kWanHeads * kWanHeadDim;
+    /* a tile of rows to spare: cudnn-tiles runs over whole tiles */
+    const size_t n = (size_t)(max_rows + 128) * (size_t)width, n_pattern = (size_t)1 << 22, pattern_extra = 4096;
+    gpu_bf16 *pattern = random_bf16(n_pattern + pattern_extra, 0xa77e47104eull, -1.0, 1.0);
+    attention_context c = {0};
+    c.q = device_tiled_bf16(n, pattern, n_pattern, 0);
+    c.k = device_tiled_bf16(n, pattern, n_pattern, 1019);
+    c.v = device_tiled_bf16(n, pattern, n_pattern, 2039);
+    c.dout = device_tiled_bf16(n, pattern, n_pattern, 3067);
+    free(pattern);
+    gpu_bf16 **outputs[] = {&c.out, &c.dq, &c.dk, &c.dv};
+    for (size_t i = 0; i < sizeof outputs / sizeof outputs[0]; ++i) *outputs[i] = device_alloc(n * sizeof(gpu_bf16));
+    c.lse = device_alloc((size_t)(max_rows + 128) * kWanHeads * sizeof *c.lse);
+    c.workspace = device_alloc(attention_bwd_workspace_bytes(max_rows, kWanHeads));
+    c.q_start = device_alloc(2 * sizeof *c.q_start);
+    c.kv_start = device_alloc(2 * sizeof *c.kv_start);
+
+    int available[ATTENTION_BACKENDS];
+    for (size_t b = 0; b < ATTENTION_BACKENDS; ++b)
+        if (!name_listed(kAttentionBackends[b].name, o->attention_backends)) {
+            available[b] = 0;
+            printf("attention backend %s: not in --backends %s, not timed\n", kAttentionBackends[b].name,
+                   o->attention_backends);
+        } else if (!(available[b] = kAttentionBackends[b].available()))
+            printf("attention backend %s: not available for %d heads of %d, not timed\n", kAttentionBackends[b].name,
+                   kWanHeads, kWanHeadDim);
+    printf("Attention (%d heads x %d, bf16, fp32 accumulation), one sample: self S x S and cross S x %d text rows;\n"
+           "  FLOPs: forward 4*Sq*Skv*%d, backward 2.5x that:\n", kWanHeads, kWanHeadDim, o->text_rows, width);
+    printf("%-6s %-6s %-11s %8s %10s %10s %10s %10s %10s\n", "S", "kind", "backend", "kv rows", "fwd ms", "fwd TF/s",
+           "bwd ms", "bwd TF/s", "f+b TF/s");
+    for (int si = 0; si < o->n_seq; ++si)
+        for (int kind = 0; kind < kAttentionKinds; ++kind) {
+            c.n_q = o->seq[si];
+            c.n_kv = kind == 0 ? o->seq[si] : o->text_rows;
+            const int64_t q_start[2] = {0, c.n_q}, kv_start[2] = {0, c.n_kv};
+            CUDA_CHECK(cudaMemcpy(c.q_start, q_start, sizeof q_start, cudaMemcpyHostToDevice));
+            CUDA_CHECK(cudaMemcpy(c.kv_start, kv_start, sizeof kv_start, cudaMemcpyHostToDevice));
+            const double fwd_flops = attention_fwd_flops(q_start, kv_start, 1, kWanHeads, kWanHeadDim);
+            const double bwd_flops = attention_bwd_flops(q_start, kv_start, 1, kWanHeads, kWanHeadDim);
+            r->flops[si][kind][0] = fwd_flops;
+            r->flops[si][kind][1] = bwd_flops;
+            for (size_t b = 0; b < ATTENTION_BACKENDS; ++b) {
+                if (!available[b]) continue;
+                r->measured[si][b][kind] = 1;
+                const double fwd_ms = time_long_op(kAttentionBackends[b].fwd, &c, o, kLongOpBudgetSeconds, stream);
+                const double bwd_ms = time_long_op(kAttentionBackends[b].bwd, &c, o, kLongOpBudgetSeconds, stream);
+                r->ms[si][b][kind][0] = fwd_ms;
+                r->ms[si][b][kind][1] = bwd_ms;
+                printf("%-6lld %-6s %-11s %8lld %10.3f %10.1f %10.3f %10.1f %10.1f\n", (long long)o->seq[si],
+                       kAttentionKindNames[kind], kAttentionBackends[b].name, (long long)c.n_kv, fwd_ms,
+                       tflops(fwd_flops, fwd_ms), bwd_ms, tflops(bwd_flops, bwd_ms),
+                       tflops(fwd_flops + bwd_flops, fwd_ms + bwd_ms));
+            }
+        }
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    void *buffers[] = {c.q, c.k, c.v, c.dout, c.out, c.dq, c.dk, c.dv, c.lse, c.workspace, c.q_start, c.kv_start};
+    for (size_t i = 0; i < sizeof buffers / sizeof buffers[0]; ++i) CUDA_CHECK(cudaFree(buffers[i]));
+#ifdef HAVE_CUDNN
+    attention_cudnn_tuning_report(stdout);
+    attention_cudnn_release();
+#endif
+}
+
+/* ---- block section ------------------------------------------------------------------------------------- */
+
+/* A token grid (frames, rows, columns after the 1x2x2 patch) of exactly S tokens: Wan 2.1's shapes where S is
+   one of them (32760 = 21x30x52: 81 frames of 480x832; 75600 = 21x45x80: 81 frames of 720x1280), else the most
+   frames up to 21 that divide S, then the squarest rows x columns. tests/bench/peer_torch.py picks the same. */
+static void block_grid(int64_t S, int64_t grid[3])
+{
+    static const int64_t known[][3] = {{4, 32, 32}, {16, 32, 32}, {21, 30, 52}, {21, 45, 80}};
+    for (size_t i = 0; i < sizeof known / sizeof known[0]; ++i)
+        if (known[i][0] * known[i][1] * known[i][2] == S) {
+            memcpy(grid, known[i], sizeof known[i]);
+            return;
+        }
+    int64_t frames = 1;
+    for (int64_t f = 21; f > 1 && frames == 1; --f)
+        if (S % f == 0) frames = f;
+    const int64_t plane = S / frames;
+    int64_t rows = 1;
+    for (int64_t h = 1; h * h <= plane; ++h)
+        if (plane % h == 0) rows = h;
+    grid[0] = frames, grid[1] = rows, grid[2] = plane / rows;
+}
+
+/* Forward + backward milliseconds of the fastest backend measured for this S and kind (the floor's attention). */
+static double fastest_attention_ms(const attention_results *attn, int si, int kind)
+{
+    double best = 0.0;
+    for (size_t b = 0; b < ATTENTION_BACKENDS; ++b) {
+        const double ms = attn->ms[si][b][kind][0] + attn->ms[si][b][kind][1];
+        if (attn->measured[si][b][kind] && (best == 0.0 || ms < best)) best = ms;
+    }
+    return best;
+}
+
+typedef struct {
+    gpu_model *gm;
+    const model_batch *batch;
+    double enqueue_ms; /* the least host time a step took to queue its work (gpu_model_enqueue_seconds) */
+} step_context;
+
+static void run_model_step(void *context, cudaStream_t stream)
+{
+    step_context *c = context;
+    gpu_model_forward_backward(c->gm, c->batch, 1.0f, NULL, stream);
+    const double enqueue_ms = 1e3 * gpu_model_enqueue_seconds(c->gm);
+    if (c->enqueue_ms == 0.0 || enqueue_ms < c->enqueue_ms) c->enqueue_ms = enqueue_ms;
+}
+
+/* The 1-layer and the (1 + K)-layer model's steps timed in alternation, one step each per round, so that a drift of
+   the clocks over the measurement weighs on both alike (the blocks are their difference): medians over the rounds, after
+   two untimed rounds; as many rounds as fit in twice kStepBudgetSeconds (at least kMinLongRepeats, at most
+   --repeats). */
+static void time_steps_alternating(step_context steps[2], const bench_options *o, cudaStream_t stream, double ms[2])
+{
+    cudaEvent_t start, stop;
+    CUDA_CHECK(cudaEventCreate(&start));
+    CUDA_CHECK(cudaEventCreate(&stop));
+    float round_probe_ms = 0.0f;
+    for (int warm = 0; warm < 2; ++warm) {
+        round_probe_ms = 0.0f;
+        for (int l = 0; l < 2; ++l) round_probe_ms += timed_launch(run_model_step, &steps[l], start, stop, stream);
+    }
+    int rounds = (int)(2.0 * kStepBudgetSeconds / (1e-3 * (round_probe_ms > 1e-3f ? round_probe_ms : 1e-3f)));
+    rounds = rounds < kMinLongRepeats ? kMinLongRepeats : rounds > o->repeats ? o->repeats : rounds;
+    float *round_ms[2];
+    for (int l = 0; l < 2; ++l) round_ms[l] = xmalloc((size_t)rounds * sizeof(float));
+    for (int round = 0; round < rounds; ++round)
+        for (int l = 0; l < 2; ++l) round_ms[l][round] = timed_launch(run_model_step, &steps[l], start, stop, stream);
+    for (int l = 0; l < 2; ++l) {
+        qsort(round_ms[l], (size_t)rounds, sizeof(float), compare_floats);
+        ms[l] = round_ms[l][rounds / 2];
+        free(round_ms[l]);
+    }
+    CUDA_CHECK(cudaEventDestroy(start));
+    CUDA_CHECK(cudaEventDestroy(stop));
+}
+
+typedef struct {
+    int64_t grid[kMaxSeq][3];
+    int skipped[kMaxSeq];
+    double need_bytes[kMaxSeq], free_bytes[kMaxSeq];
+    double step_ms[kMaxSeq][2]; /* 1-layer, (1 + K)-layer model */
+    double enqueue_ms[kMaxSeq][2]; /* their host time to queue a step's work */
+    double block_ms[kMaxSeq], flops[kMaxSeq];
+    double gemm_ms[kMaxSeq], self_ms[kMaxSeq], cross_ms[kMaxSeq], floor_ms[kMaxSeq];
+} block_results;
+
+static const double kGiB = 1073741824.0;
+static const size_t kBlockMemoryMargin = (size_t)2 << 30; /* cuBLASLt, CUDA context, fragmentation */
+
+/* One Wan-1.3B block forward+backward at every S: the GPU model's step (one sample of S tokens and T text
+   tokens, recompute none) with 1 + K layers minus the same with 1 layer, over K (embeddings, head, loss, the
+   batch's staging and the final synchronisation cancel; the text embedding too: only the blocks are counted).
+   With K > 1 the deeper step runs mostly at the clocks a many-layer training step holds, and whatever the two
+   steps' different loads do to the clocks weighs 1/K on the block. FLOPs
+   are 3x the forward's GEMMs + self- and cross-attention (issue 5's convention). The floor: the block's
+   GEMMs at the gemm section's times plus both attentions forward and backward at the attention section's
+   (the fastest backend of each: a floor, whichever kernel the model calls). */
+static void run_block_section(const bench_options *o, const gemm_results *gemm, const attention_results *attn,
+                              cudaStream_t stream, block_results *r)
+{
+    deck config;
+    deck_defaults(&config); /* Wan-1.3B: dim 1536, ffn 8960, 12 heads, text_dim 4096, 16 channels, patch 1x2x2 */
+    config.model.text_len = o->text_rows;
+    const int K = o->block_layers;
+    model layers[2];
+    for (int l = 0; l < 2; ++l) {
+        config.model.num_layers = l ? 1 + K : 1;
+        model_create(&layers[l], &config);
+        model_init_gaussian(&layers[l], 0xb10c0001ull + (uint64_t)l, 0.02f);
+    }
+    const model *deep = &layers[1];
+    if (deep->dim != kWanDim || deep->ffn_dim != kWanFfn || deep->num_heads != kWanHeads)
+        ALDIT_FATAL("aldit-bench: the deck defaults are not Wan-1.3B's (dim %d, ffn %d, heads %d)", deep->dim,
+                    deep->ffn_dim, deep->num_heads);
+
+    printf("Wan-1.3B block forward+backward (dim %d, ffn %d, %d heads; one sample of S tokens, %d text tokens of "
+           "%d;\n  block = (%d-layer step - 1-layer step) / %d, medians of steps timed in turn; TFLOP/s over 3x the forward's "
+           "FLOPs; floor = the block's GEMMs + self + cross attention\n  forward+backward at the rates measured above, "
+           "each attention by its fastest backend):\n",
+           deep->dim, deep->ffn_dim, deep->num_heads, o->text_rows, deep->text_dim, 1 + K, K);
+    char deep_label[24];
+    snprintf(deep_label, sizeof deep_label, "%d-layer", 1 + K);
+    printf("%-6s %-10s %9s %9s %9s %8s %8s | %8s %8s %8s %9s %9s\n", "S", "grid", "1-layer", deep_label, "block ms",
+           "GFLOP", "TFLOP/s", "GEMM ms", "self ms", "cross ms", "floor ms", "vs floor");
+    for (int si = 0; si < o->n_seq; ++si) {
+        const int64_t S = o->seq[si];
+        block_grid(S, r->grid[si]);
+        char grid_text[72];
+        snprintf(grid_text, sizeof grid_text, "%lldx%lldx%lld", (long long)r->grid[si][0], (long long)r->grid[si][1],
+                 (long long)r->grid[si][2]);
+        const double gemm_flops = gemm->block_flops[si][0] + gemm->block_flops[si][1];
+        r->flops[si] = gemm_flops + 3.0 * (attn->flops[si][0][0] + attn->flops[si][1][0]);
+        r->gemm_ms[si] = gemm->block_ms[si][0] + gemm->block_ms[si][1];
+        r->self_ms[si] = fastest_attention_ms(attn, si, 0);
+        r->cross_ms[si] = fastest_attention_ms(attn, si, 1);
+        r->floor_ms[si] = r->gemm_ms[si] + r->self_ms[si] + r->cross_ms[si];
+
+        size_t free_bytes = 0, total_bytes = 0;
+        gpu_memory_info(&free_bytes, &total_bytes);
+        const size_t need = gpu_model_workspace_bytes(deep, S, 1, 0) + gpu_model_workspace_bytes(&layers[0], S, 1, 0) +
+                            10 * (size_t)(deep->n_weights + layers[0].n_weights) + kBlockMemoryMargin;
+        r->need_bytes[si] = (double)need;
+        r->free_bytes[si] = (double)free_bytes;
+        r->skipped[si] = need > free_bytes;
+        if (r->skipped[si]) {
+            printf("%-6lld %-10s skipped: needs %.1f GiB (1- and %d-layer models, recompute none, + %.0f GiB margin), "
+                   "%.1f GiB free\n", (long long)S, grid_text, need / kGiB, 1 + K, kBlockMemoryMargin / kGiB,
+                   free_bytes / kGiB);
+            continue;
+        }
+
+        /* One sample: latent 16 x F x 2H x 2W, its noise and T text tokens, all random. */
+        const int32_t frames = (int32_t)r->grid[si][0], height = 2 * (int32_t)r->grid[si][1],
+                      width = 2 * (int32_t)r->grid[si][2], text_len = o->text_rows;
+        const float sigma = 0.5f;
+        const size_t n_latent = (size_t)deep->in_dim * (size_t)frames * (size_t)height * (size_t)width;
+        const size_t n_text = (size_t)text_len * (size_t)deep->text_dim;
+        float *latents = xmalloc(n_latent * sizeof *latents), *noise = xmalloc(n_latent * sizeof *noise);
+        float *text = xmalloc(n_text * sizeof *text);
+        uint64_t rng = rng_hash(0xb10c0002ull, (uint64_t)S);
+        for (size_t i = 0; i < n_latent; ++i) {
+            latents[i] = (float)rng_normal(&rng);
+            noise[i] = (float)rng_normal(&rng);
+        }
+        for (size_t i = 0; i < n_text; ++i) text[i] = (float)rng_normal(&rng);
+        const model_batch batch = {1, &frames, &height, &width, &text_len, latents, noise, &sigma, text};
+
+        step_context steps[2];
+        for (int l = 0; l < 2; ++l) {
+            steps[l] = (step_context){gpu_model_create(&layers[l], S, 1, 0), &batch, 0.0};
+            gpu_model_set_cudnn_whole_tiles(steps[l].gm, o->whole_tiles);
+            gpu_model_set_overlap(steps[l].gm, o->overlap);
+            gpu_model_upload_weights(steps[l].gm, layers[l].weights);
+        }
+        time_steps_alternating(steps, o, stream, r->step_ms[si]);
+        if (o->profile_step) { /* after the timing: a profiler started with capture off sees only this deeper step */
+            CUDA_CHECK(cudaDeviceSynchronize());
+            CUDA_CHECK(cudaProfilerStart());
+            run_model_step(&steps[1], stream);
+            CUDA_CHECK(cudaDeviceSynchronize());
+            CUDA_CHECK(cudaProfilerStop());
+        }
+        for (int l = 0; l < 2; ++l) {
+            r->enqueue_ms[si][l] = steps[l].enqueue_ms;
+            gpu_model_free(steps[l].gm);
+        }
+        free(latents);
+        free(noise);
+        free(text);
+        r->block_ms[si] = (r->step_ms[si][1] - r->step_ms[si][0]) / K;
+        printf("%-6lld %-10s %9.3f %9.3f %9.3f %8.1f %8.1f | %8.3f %8.3f %8.3f %9.3f %+8.1f%%\n", (long long)S,
+               grid_text, r->step_ms[si][0], r->step_ms[si][1], r->block_ms[si], r->flops[si] / 1e9,
+               tflops(r->flops[si], r->block_ms[si]), r->gemm_ms[si], r->self_ms[si], r->cross_ms[si],
+               r->floor_ms[si], 100.0 * (r->block_ms[si] / r->floor_ms[si] - 1.0));
+    }
+    printf("  (vs floor: the block's time over the floor's; issue 5's target is at most +8%%.)\n");
+    printf("Host time to queue one step's work (least over the timed steps; where the block's share comes near its GPU\n"
+           "time, the step is launch-bound):\n%-6s %12s %9s ms %14s %14s\n", "S", "1-layer ms", deep_label,
+           "block host ms", "block GPU ms");
+    for (int si = 0; si < o->n_seq; ++si)
+        if (!r->skipped[si])
+            printf("%-6lld %12.3f %12.3f %14.3f %14.3f\n", (long long)o->seq[si], r->enqueue_ms[si][0],
+                   r->enqueue_ms[si][1], (r->enqueue_ms[si][1] - r->enqueue_ms[si][0]) / K, r->block_ms[si]);
+    model_free(&layers[0]);
+    model_free(&layers[1]);
+#ifdef HAVE_CUDNN
+    attention_cudnn_tuning_report(stdout);
+#endif
+}
+
+/* Writes the figures to `json` (opened at the start, so that a bad path fails before the measurements) and closes it. */
+static void write_json(FILE *json, const bench_options *o, const char *device, double copy_gbs,
+                       double lnmod[kMaxDims][kLnmodOps][2], const gemm_results *gemm, const attention_results *attn,
+                       const block_results *block)
+{
+    fprintf(json, "{\"device\": \"%s\", \"copy_gbs\": %.1f", device, copy_gbs);
+    if (o->run_lnmod) {
+        fprintf(json, ", \"samples\": %d, \"rows_per_sample\": %lld, \"lnmod\": [", o->n_samples,
+                (long long)o->rows_per_sample);
+        for (int d = 0; d < o->n_dims; ++d)
+            for (int s = 0; s < kLnmodOps; ++s)
+                fprintf(json, "%s\n  {\"dim\": %d, \"op\": \"%s\", \"ms\": %.5f, \"gbs\": %.1f, \"pct_copy\": %.1f}",
+                        d || s ? "," : "", o->dims[d], kLnmodSpecs[s].name, lnmod[d][s][0], lnmod[d][s][1],
+                        100.0 * lnmod[d][s][1] / copy_gbs);
+        fprintf(json, "\n]");
+    }
+    if (o->run_gemm) {
+        fprintf(json, ", \"gemm_fused_epilogues\": %d, \"gemm_autotune\": %d, \"gemm_unfused_calls\": %lld, "
+                "\"text_rows\": %d, \"gemm\": [", o->gemm_fused, o->gemm_autotune, (long long)gemm->unfused_calls,
+                o->text_rows);
+        int first = 1;
+        for (int si = 0; si < o->n_seq; ++si)
+            for (int l = 0; l < kWanLinears; ++l) {
+                const wan_linear *spec = &kWanLinearSpecs[l];
+                const int64_t rows = spec->on_text ? o->text_rows : o->seq[si];
+                const double flops = gemm_linear_flops(rows, spec->in_dim, spec->out_dim);
+                for (int op = 0; op < kGemmOps; ++op, first = 0)
+                    fprintf(json, "%s\n  {\"S\": %lld, \"layer\": \"%s\", \"per_block\": %d, \"rows\": %lld, \"in\": %d, "
+                            "\"out\": %d, \"op\": \"%s\", \"ms\": %.5f, \"tflops\": %.2f}", first ? "" : ",",
+                            (long long)o->seq[si], spec->name, spec->per_block, (long long)rows, spec->in_dim,
+                            spec->out_dim, kGemmOpNames[op], gemm->ms[si][l][op], tflops(flops, gemm->ms[si][l][op]));
+            }
+        fprintf(json, "\n], \"gemm_block\": [");
+        for (int si = 0; si < o->n_seq; ++si) {
+            const double ms = gemm->block_ms[si][0] + gemm->block_ms[si][1];
+            const double flops = gemm->block_flops[si][0] + gemm->block_flops[si][1];
+            fprintf(json, "%s\n  {\"S\": %lld, \"fwd_ms\": %.4f, \"bwd_ms\": %.4f, \"ms\": %.4f, \"tflop\": %.4f, "
+                    "\"tflops\": %.2f}", si ? "," : "", (long long)o->seq[si], gemm->block_ms[si][0],
+                    gemm->block_ms[si][1], ms, flops / 1e12, tflops(flops, ms));
+        }
+        fprintf(json, "\n], \"gemm_square\": {\"n\": %d, \"ms\": %.5f, \"tflops\": %.2f}", kSquare, gemm->square_ms,
+                tflops(gemm_linear_flops(kSquare, kSquare, kSquare), gemm->square_ms));
+    }
+    if (o->run_attention) {
+        fprintf(json, ", \"attention_heads\": %d, \"attention_head_dim\": %d, \"attention\": [", kWanHeads, kWanHeadDim);
+        int first = 1;
+        for (int si = 0; si < o->n_seq; ++si)
+            for (int kind = 0; kind < kAttentionKinds; ++kind)
+                for (size_t b = 0; b < ATTENTION_BACKENDS; ++b) {
+                    if (!attn->measured[si][b][kind]) continue;
+                    const double *ms = attn->ms[si][b][kind], *flops = attn->flops[si][kind];
+                    fprintf(json, "%s\n  {\"S\": %lld, \"kind\": \"%s\", \"backend\": \"%s\", \"kv_rows\": %lld, "
+                            "\"fwd_ms\": %.4f, \"fwd_tflops\": %.2f, \"bwd_ms\": %.4f, \"bwd_tflops\": %.2f, "
+                            "\"fwd_bwd_tflops\": %.2f}", first ? "" : ",", (long long)o->seq[si], kAttentionKindNames[kind],
+                            kAttentionBackends[b].name, (long long)(kind == 0 ? o->seq[si] : o->text_rows), ms[0],
+                            tflops(flops[0], ms[0]), ms[1], tflops(flops[1], ms[1]),
+                            tflops(flops[0] + flops[1], ms[0] + ms[1]));
+                    first = 0;
+                }
+        fprintf(json, "\n]");
+    }
+    if (o->run_block) {
+        fprintf(json, ", \"block\": [");
+        for (int si = 0; si < o->n_seq; ++si) {
+            fprintf(json, "%s\n  {\"S\": %lld, \"grid\": [%lld, %lld, %lld], \"gflop\": %.2f, \"need_gib\": %.2f, "
+                    "\"free_gib\": %.2f", si ? "," : "", (long long)o->seq[si], (long long)block->grid[si][0],
+                    (long long)block->grid[si][1], (long long)block->grid[si][2], block->flops[si] / 1e9,
+                    block->need_bytes[si] / kGiB, block->free_bytes[si] / kGiB);
+            if (block->skipped[si])
+                fprintf(json, ", \"skipped\": true}");
+            else
+                fprintf(json, ", \"block_layers\": %d, \"one_layer_ms\": %.4f, \"deep_step_ms\": %.4f, \"ms\": %.4f, "
+                        "\"tflops\": %.2f, "
+                        "\"gemm_ms\": %.4f, \"self_attention_ms\": %.4f, \"cross_attention_ms\": %.4f, "
+                        "\"floor_ms\": %.4f, \"over_floor_pct\": %.2f}", o->block_layers, block->step_ms[si][0],
+                        block->step_ms[si][1],
+                        block->block_ms[si], tflops(block->flops[si], block->block_ms[si]), block->gemm_ms[si],
+                        block->self_ms[si], block->cross_ms[si], block->floor_ms[si],
+                        100.0 * (block->block_ms[si] / block->floor_ms[si] - 1.0));
+        }
+        fprintf(json, "\n]");
+    }
+    fprintf(json, "}\n");
+    if (fclose(json)) ALDIT_FATAL("--json %s: writing failed", o->json_path);
+}
+
+int main(int argc, char **argv)
+{
+    const bench_options o = parse_options(argc, argv);
+    setvbuf(stdout, NULL, _IOLBF, 0); /* rows show up as they are measured, also through a pipe */
+    FILE *json = NULL;
+    if (o.json_path && !(json = fopen(o.json_path, "w")))
+        ALDIT_FATAL_CODE(ALDIT_EXIT_USAGE, "--json %s: cannot open for writing", o.json_path);
+    if (gpu_count() == 0) {
+        fprintf(stderr, "aldit-bench: no GPU visible (cudaGetDeviceCount found none)\n");
+        return ALDIT_EXIT_ERROR;
+    }
+    gpu_select(0);
+    lnmod_tune(&o.tuning);
+    gemm_set_autotune(o.gemm_autotune);
+#ifdef HAVE_CUDNN
+    attention_cudnn_set_query_batches(o.query_batches);
+    attention_cudnn_set_autotune(o.attention_autotune, 0);
+#endif
+    char device[256];
+    gpu_describe(device, sizeof device);
+    cudaStream_t stream;
+    CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+
+    /* Copy bandwidth: 2 GiB read + 2 GiB written per copy. */
+    copy_context copy = {NULL, NULL, (size_t)2 << 30};
+    copy.dst = device_alloc(copy.n_bytes);
+    void *copy_src = device_alloc(copy.n_bytes);
+    CUDA_CHECK(cudaMemset(copy_src, 0x5a, copy.n_bytes));
+    copy.src = copy_src;
+    const double copy_ms = time_op(run_copy, &copy, &o, stream);
+    const double copy_gbs = 2.0 * (double)copy.n_bytes / (copy_ms * 1e6);
+    CUDA_CHECK(cudaFree(copy.dst));
+    CUDA_CHECK(cudaFree(copy_src));
+
+    printf("aldit-bench on %s\n", device);
+    printf("device copy (cudaMemcpy D2D, 2 GiB, read + write): %.3f ms, %.0f GB/s\n", copy_ms, copy_gbs);
+    static double lnmod_results[kMaxDims][kLnmodOps][2];
+    static gemm_results gemm;
+    static attention_results attention;
+    static block_results block;
+    if (o.run_lnmod) run_lnmod_section(&o, copy_gbs, stream, lnmod_results);
+    if (o.run_gemm) run_gemm_section(&o, stream, &gemm);
+    if (o.run_attention) run_attention_section(&o, stream, &attention);
+    if (o.run_block) run_block_section(&o, &gemm, &attention, stream, &block);
+    CUDA_CHECK(cudaStreamDestroy(stream));
+    if (json) write_json(json, &o, device, copy_gbs, lnmod_results, &gemm, &attention, &block);
+    return 0;
+}

@@ -1,0 +1,296 @@
+/* aldit_sim.c — aldit-sim: runs the balancer for R virtual ranks over a length spec or a store's index and
+   reports per strategy the imbalance, epoch time against its lower bound, memory use and balancer time. */
+#include "config.h"
+#include "balance/balance.h"
+#include "core/check.h"
+#include "balance/costmodel.h"
+#include "deck/deck.h"
+#include "io/lengths.h"
+#include "core/rng.h"
+#include "core/rng.h"
+#include "io/store.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+typedef struct {
+    const char *spec_path, *store_path, *deck_path, *strategy;
+    int n_ranks;
+    int64_t n_samples;
+    double noise;
+    uint64_t seed;
+    int json;
+    int n_overrides;
+    char **overrides;
+} sim_args;
+
+typedef struct {
+    int64_t steps, samples;
+    double imbalance_sum, predicted_imbalance_sum;
+    double epoch_time, total_cost;
+    double mem_util_sum, mem_peak;
+    double micro_per_rank_sum;
+    int micro_max;
+    double balancer_seconds;      /* next + observe */
+    double observe_seconds;       /* observe (the online refit) alone */
+} sim_result;
+
+static void print_usage(FILE *out)
+{
+    fprintf(out,
+            "usage: aldit-sim (--spec FILE | --store FILE) --model DECK --ranks R [--strategy NAME|all]\n"
+            "                 [--samples N] [--noise F] [--seed S] [--json] [section.key=value ...]\n"
+            "Runs aldit's balancer for R virtual ranks over one epoch, without training, and reports per strategy\n"
+            "the predicted imbalance, the epoch time against its lower bound, memory use and balancer time.\n"
+            "  --spec FILE       length spec (weight frames height width per line); N samples are drawn from it\n"
+            "  --store FILE      an aldit latent store: its index gives the samples\n"
+            "  --model DECK      input deck; its [model] and [balance] sections are used (overrides may follow)\n"
+            "  --ranks R         virtual ranks\n"
+            "  --strategy NAME   global, dual, equal_tokens or all (default: all)\n"
+            "  --samples N       samples drawn from the spec (default 100000)\n"
+            "  --noise F         true cost of each sample = predicted x (1 + u), u uniform in [-F, F] (default 0)\n"
+            "  --seed S          seeds the draw, the noise and the epoch order (default: the deck's run.seed)\n"
+            "  --json            one JSON object per strategy per line\n"
+            "Exit status: 0 ok, 2 bad input.\n");
+}
+
+static _Noreturn void usage_error(const char *fmt, const char *value)
+{
+    fprintf(stderr, "aldit-sim: ");
+    fprintf(stderr, fmt, value);
+    fprintf(stderr, "\n(run aldit-sim --help for usage)\n");
+    exit(ALDIT_EXIT_USAGE);
+}
+
+static double parse_number(const char *option, const char *text, double min, double max)
+{
+    char *end = NULL;
+    double value = text ? strtod(text, &end) : NAN;
+    if (!text || end == text || *end != '\0' || !(value >= min && value <= max)) {
+        char message[256];
+        snprintf(message, sizeof(message), "%s needs a number in [%.15g, %.15g], got '%%s'", option, min, max);
+        usage_error(message, text ? text : "(nothing)");
+    }
+    return value;
+}
+
+static sim_args parse_args(int argc, char **argv)
+{
+    sim_args args = {.strategy = "all", .n_samples = 100000, .seed = UINT64_MAX};
+    args.overrides = xcalloc((size_t)argc, sizeof(char *));
+    for (int i = 1; i < argc; i++) {
+        const char *arg = argv[i], *value = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(arg, "--help") || !strcmp(arg, "-h")) { print_usage(stdout); exit(0); }
+        else if (!strcmp(arg, "--json")) args.json = 1;
+        else if (!strcmp(arg, "--spec")) { args.spec_path = value; i++; }
+        else if (!strcmp(arg, "--store")) { args.store_path = value; i++; }
+        else if (!strcmp(arg, "--model")) { args.deck_path = value; i++; }
+        else if (!strcmp(arg, "--strategy")) { args.strategy = value; i++; }
+        else if (!strcmp(arg, "--ranks")) { args.n_ranks = (int)parse_number(arg, value, 1, 1 << 20); i++; }
+        else if (!strcmp(arg, "--samples")) { args.n_samples = (int64_t)parse_number(arg, value, 1, 1e9); i++; }
+        else if (!strcmp(arg, "--noise")) { args.noise = parse_number(arg, value, 0, 0.99); i++; }
+        else if (!strcmp(arg, "--seed")) { args.seed = (uint64_t)parse_number(arg, value, 0, 9007199254740992.0); i++; }
+        else if (arg[0] != '-' && strchr(arg, '=')) args.overrides[args.n_overrides++] = argv[i];
+        else usage_error("unknown argument '%s'", arg);
+        if (i >= argc) usage_error("%s needs a value", arg);
+    }
+    if (!args.spec_path == !args.store_path) usage_error("give exactly one of --spec FILE and --store FILE%s", "");
+    if (!args.deck_path) usage_error("--model DECK is required%s", "");
+    if (args.n_ranks <= 0) usage_error("--ranks R is required%s", "");
+    if (!args.strategy) usage_error("--strategy needs a value%s", "");
+    return args;
+}
+
+/* The samples: drawn from a spec (text_len of the deck's model) or read from a store's index. */
+static balance_sample *load_samples(const sim_args *args, const deck *config, int64_t *n_samples)
+{
+    balance_sample *samples = NULL;
+    if (args->spec_path) {
+        length_bucket *buckets = NULL;
+        int n_buckets = 0;
+        if (lengths_load(args->spec_path, &buckets, &n_buckets, stderr) != 0) exit(ALDIT_EXIT_USAGE);
+        int64_t n = args->n_samples;
+        int32_t *frames = xmalloc((size_t)n * sizeof(int32_t)), *height = xmalloc((size_t)n * sizeof(int32_t));
+        int32_t *width = xmalloc((size_t)n * sizeof(int32_t));
+        lengths_draw(buckets, n_buckets, n, config->run.seed, frames, height, width);
+        samples = xmalloc((size_t)n * sizeof(balance_sample));
+        for (int64_t i = 0; i < n; i++) {
+            store_sample shape = {.frames = frames[i], .height = height[i], .width = width[i]};
+            int64_t tokens = store_sample_tokens(&shape, config->model.patch_t, config->model.patch_h, config->model.patch_w);
+            if (tokens < 1 || tokens > INT32_MAX) {
+                fprintf(stderr, "aldit-sim: %s: a %dx%dx%d bucket gives %lld tokens with patch %dx%dx%d\n", args->spec_path,
+                        frames[i], height[i], width[i], (long long)tokens, config->model.patch_t,
+                        config->model.patch_h, config->model.patch_w);
+                exit(ALDIT_EXIT_USAGE);
+            }
+            samples[i] = (balance_sample){.id = i, .tokens = (int32_t)tokens, .text_len = config->model.text_len};
+        }
+        *n_samples = n;
+        free(frames); free(height); free(width); free(buckets);
+    } else {
+        store data;
+        if (store_open(&data, args->store_path, stderr) != 0) exit(ALDIT_EXIT_USAGE);
+        samples = xmalloc((size_t)data.n_samples * sizeof(balance_sample));
+        for (int64_t i = 0; i < data.n_samples; i++) {
+            int64_t tokens = store_sample_tokens(&data.samples[i], config->model.patch_t, config->model.patch_h,
+                                                 config->model.patch_w);
+            if (tokens < 1 || tokens > INT32_MAX) {
+                fprintf(stderr, "aldit-sim: %s: sample %lld gives %lld tokens with patch %dx%dx%d\n", args->store_path,
+                        (long long)i, (long long)tokens, config->model.patch_t, config->model.patch_h, config->model.patch_w);
+                exit(ALDIT_EXIT_USAGE);
+            }
+            samples[i] = (balance_sample){.id = i, .tokens = (int32_t)tokens, .text_len = data.samples[i].text_len};
+        }
+        *n_samples = data.n_samples;
+        store_close(&data);
+    }
+    return samples;
+}
+
+/* CPU time of this thread: the balancer's own cost, unaffected by other processes on a shared machine. */
+static double cpu_seconds(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* One epoch of one strategy. true_cost[i] is sample i's (noisy) true seconds. */
+static sim_result simulate(const deck *config, const balance_sample *samples, int64_t n_samples, int n_ranks,
+                           double mem_budget, const double *true_cost, double *compute_budget, double *dual_p)
+{
+    sim_result result = {0};
+    balancer *b = balancer_create(config, samples, n_samples, n_ranks, mem_budget, NULL);
+    *compute_budget = balancer_compute_budget(b);
+    *dual_p = balancer_dual_p(b);
+    const int64_t epoch_samples = balancer_epoch_samples(b);
+    balance_assignment step = {0};
+    double *rank_seconds = xmalloc((size_t)n_ranks * sizeof(double));
+    while (result.samples < epoch_samples) {
+        double start = cpu_seconds();
+        balancer_next(b, &step);
+        result.balancer_seconds += cpu_seconds() - start;
+        ALDIT_CHECK(step.epoch == 0, "aldit-sim: the epoch ended after %lld of %lld samples",
+                    (long long)result.samples, (long long)epoch_samples);
+        double max_true = 0, sum_true = 0, max_predicted = 0, sum_predicted = 0, max_mem = 0;
+        for (int r = 0; r < n_ranks; r++) {
+            rank_seconds[r] = 0;
+            for (int64_t k = step.rank_start[r]; k < step.rank_start[r + 1]; k++) rank_seconds[r] += true_cost[step.indices[k]];
+            max_true = fmax(max_true, rank_seconds[r]);
+            sum_true += rank_seconds[r];
+            max_predicted = fmax(max_predicted, step.predicted_seconds[r]);
+            sum_predicted += step.predicted_seconds[r];
+            max_mem = fmax(max_mem, step.peak_mem_bytes[r]);
+            int n_micro = step.rank_micro_start[r + 1] - step.rank_micro_start[r];
+            if (n_micro > result.micro_max) result.micro_max = n_micro;
+            result.micro_per_rank_sum += (double)n_micro / n_ranks;
+        }
+        start = cpu_seconds();
+        balancer_observe(b, rank_seconds);
+        double observe_seconds = cpu_seconds() - start;
+        result.observe_seconds += observe_seconds;
+        result.balancer_seconds += observe_seconds;
+        result.steps++;
+        result.samples += step.global_samples;
+        result.imbalance_sum += max_true > 0 ? 1.0 - sum_true / n_ranks / max_true : 0;
+        result.predicted_imbalance_sum += max_predicted > 0 ? 1.0 - sum_predicted / n_ranks / max_predicted : 0;
+        result.epoch_time += max_true;
+        result.total_cost += sum_true;
+        result.mem_util_sum += max_mem / mem_budget;
+        result.mem_peak = fmax(result.mem_peak, max_mem / mem_budget);
+    }
+    free(rank_seconds);
+    balance_assignment_free(&step);
+    balancer_free(b);
+    return result;
+}
+
+int main(int argc, char **argv)
+{
+    sim_args args = parse_args(argc, argv);
+    deck config;
+    deck_defaults(&config);
+    if (deck_load(&config, args.deck_path, args.n_overrides, args.overrides, stderr) != 0) return ALDIT_EXIT_USAGE;
+    if (args.seed != UINT64_MAX) config.run.seed = args.seed;
+    deck_strategy strategies[3];
+    int n_strategies = 0;
+    if (!strcmp(args.strategy, "all")) {
+        strategies[n_strategies++] = STRATEGY_EQUAL_TOKENS;
+        strategies[n_strategies++] = STRATEGY_DUAL;
+        strategies[n_strategies++] = STRATEGY_GLOBAL;
+    } else {
+        for (int s = STRATEGY_GLOBAL; s <= STRATEGY_EQUAL_TOKENS; s++)
+            if (!strcmp(args.strategy, deck_strategy_name((deck_strategy)s))) strategies[n_strategies++] = (deck_strategy)s;
+        if (n_strategies == 0) usage_error("unknown strategy '%s' (global, dual, equal_tokens or all)", args.strategy);
+    }
+
+    int64_t n_samples = 0;
+    balance_sample *samples = load_samples(&args, &config, &n_samples);
+
+    /* memory budget: the deck's, or the assumed device memory less the margin and the training state */
+    double mem_budget = config.balance.mem_budget;
+    if (!(mem_budget > 0)) {
+        mem_budget = config.balance.device_mem * (1.0 - config.balance.mem_margin) - cost_model_state_bytes(&config);
+        if (!(mem_budget > 0)) {
+            fprintf(stderr, "aldit-sim: %s: the model's weights, gradients and optimizer state (%.1f GiB) leave no room in "
+                    "balance.device_mem; set balance.device_mem or balance.mem_budget\n", args.deck_path,
+                    cost_model_state_bytes(&config) / 1073741824.0);
+            return ALDIT_EXIT_USAGE;
+        }
+    }
+
+    /* true cost: the seed model's prediction with a fixed per-sample relative error */
+    cost_model truth;
+    cost_model_init(&truth, &config);
+    double *true_cost = xmalloc((size_t)n_samples * sizeof(double));
+    uint64_t noise_state = rng_hash(config.run.seed, 0x6e6f697365ull);
+    for (int64_t i = 0; i < n_samples; i++) {
+        double u = args.noise > 0 ? args.noise * (2.0 * rng_uniform(&noise_state) - 1.0) : 0.0;
+        true_cost[i] = cost_model_predict(&truth, samples[i].tokens, samples[i].text_len) * (1.0 + u);
+    }
+
+    if (!args.json) {
+        printf("aldit-sim: %lld samples from %s, model %s (%.2fB parameters, recompute %s), %d ranks, noise %g, seed %llu\n",
+               (long long)n_samples, args.spec_path ? args.spec_path : args.store_path, config.model.name,
+               cost_model_param_count(&config) / 1e9, truth.recompute_block ? "block" : "none", args.n_ranks, args.noise,
+               (unsigned long long)config.run.seed);
+        printf("memory budget %.2f GiB per rank (%lld tokens per micro-batch at %d text tokens); global_batch %s\n",
+               mem_budget / 1073741824.0,
+               (long long)balancer_max_tokens_in_budget(&truth, mem_budget, config.model.text_len),
+               config.model.text_len, config.balance.global_batch > 0 ? "fixed" : "budget");
+        printf("%-13s %6s %9s %9s %9s %11s %11s %8s %8s %8s %9s %11s\n", "strategy", "steps", "samples/", "imbalance",
+               "(predict)", "epoch_time", "lower_bound", "vs_bound", "mem_util", "mem_peak", "micro/rk", "balancer");
+        printf("%-13s %6s %9s %9s %9s %11s %11s %8s %8s %8s %9s %11s\n", "", "", "step", "", "", "s", "s", "", "", "",
+               "mean/max", "ms/step");
+    }
+    for (int s = 0; s < n_strategies; s++) {
+        config.balance.strategy = strategies[s];
+        double compute_budget = 0, dual_p = 0;
+        sim_result r = simulate(&config, samples, n_samples, args.n_ranks, mem_budget, true_cost, &compute_budget, &dual_p);
+        const double steps = (double)r.steps, lower_bound = r.total_cost / args.n_ranks;
+        const char *name = deck_strategy_name(strategies[s]);
+        if (args.json) {
+            printf("{\"strategy\":\"%s\",\"ranks\":%d,\"steps\":%lld,\"imbalance\":%.6f,\"epoch_time\":%.6g,"
+                   "\"lower_bound\":%.6g,\"mem_util\":%.4f,\"balancer_ms_per_step\":%.4f,\"predicted_imbalance\":%.6f,"
+                   "\"mem_peak\":%.4f,\"micro_per_rank\":%.3f,\"micro_max\":%d,\"samples\":%lld,\"noise\":%g,"
+                   "\"compute_budget\":%.6g,\"dual_p\":%.4f,\"observe_ms_per_step\":%.4f}\n",
+                   name, args.n_ranks, (long long)r.steps, r.imbalance_sum / steps, r.epoch_time, lower_bound,
+                   r.mem_util_sum / steps, 1e3 * r.balancer_seconds / steps, r.predicted_imbalance_sum / steps, r.mem_peak,
+                   r.micro_per_rank_sum / steps, r.micro_max, (long long)r.samples, args.noise, compute_budget, dual_p,
+                   1e3 * r.observe_seconds / steps);
+        } else {
+            printf("%-13s %6lld %9.1f %8.2f%% %8.2f%% %11.1f %11.1f %7.2f%% %7.1f%% %7.1f%% %4.2f/%-4d %11.3f\n", name,
+                   (long long)r.steps, r.samples / steps, 100 * r.imbalance_sum / steps, 100 * r.predicted_imbalance_sum / steps,
+                   r.epoch_time, lower_bound, 100 * (r.epoch_time / lower_bound - 1), 100 * r.mem_util_sum / steps,
+                   100 * r.mem_peak, r.micro_per_rank_sum / steps, r.micro_max, 1e3 * r.balancer_seconds / steps);
+        }
+        fflush(stdout);
+    }
+    cost_model_free(&truth);
+    free(true_cost);
+    free(samples);
+    free(args.overrides);
+    return 0;
+}

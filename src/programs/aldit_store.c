@@ -1,0 +1,698 @@
+/* aldit_store.c — the aldit-store tool: make (synth, pack), inspect (info) and check (verify) latent stores. */
+#include "config.h"
+#include "core/check.h"
+#include "io/lengths.h"
+#include "core/rng.h"
+#include "io/store.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+/* Exit status: 0 success, 1 a bad store, bad input data or an I/O error, 2 a bad command line or length spec. */
+enum { EXIT_BAD_DATA = ALDIT_EXIT_ERROR, EXIT_BAD_USAGE = ALDIT_EXIT_USAGE };
+
+/* Patch used for token counts in `info` (Wan 2.1: 1 x 2 x 2). */
+enum { PATCH_T = 1, PATCH_H = 2, PATCH_W = 2 };
+
+static const char usage_text[] =
+    "usage: aldit-store COMMAND [OPTIONS]\n"
+    "\n"
+    "Make, inspect and check aldit latent stores (HDF5; format in docs/store.md).\n"
+    "\n"
+    "commands:\n"
+    "  synth --spec FILE --samples N --out FILE [--seed S] [--text-len L] [--text-dim D]\n"
+    "        [--precision bf16|f16|f32] [--channels C]\n"
+    "      a synthetic mixed-mode store: shapes drawn from the length spec FILE; each sample's latent is a\n"
+    "      smooth pattern set by a class that its text embedding encodes, so a model can learn it.\n"
+    "      Defaults: --seed 0 --text-len 32 (lengths vary in [L/2, L]) --text-dim 4096 --precision bf16\n"
+    "      --channels 16.\n"
+    "  pack --out FILE [--precision bf16|f16|f32] DIR\n"
+    "      a store from DIR/NAME.npy latents [C, F, H, W] and DIR/NAME.text.npy text embeddings [L, D]\n"
+    "      (float16/32/64, little-endian, C order); samples in byte order of NAME.\n"
+    "  info FILE\n"
+    "      counts, images vs videos, shape and token histograms (patch 1x2x2), bytes, precision.\n"
+    "  verify FILE\n"
+    "      reads every sample: index ranges and shapes, finite values, stored checksums.\n"
+    "\n"
+    "  --help, --version\n"
+    "\n"
+    "exit status: 0 ok; 1 bad store, bad input data or I/O error; 2 bad command line or length spec.\n";
+
+__attribute__((format(printf, 1, 2)))
+static int usage_error(const char *format, ...)
+{
+    va_list args;
+    fputs("aldit-store: ", stderr);
+    va_start(args, format);
+    vfprintf(stderr, format, args);
+    va_end(args);
+    fputs("\n(aldit-store --help shows the usage)\n", stderr);
+    return EXIT_BAD_USAGE;
+}
+
+/* ---- command-line options: `--name value` or `--name=value` ------------------------------------ */
+
+typedef struct { const char *name; const char **value; } option_slot;
+
+/* Fills the slots from argv; leftover words go to `positional` (at most max_positional). Returns 0 or exit code. */
+static int parse_options(int argc, char **argv, option_slot *slots, int n_slots, const char **positional,
+                         int max_positional, int *n_positional)
+{
+    *n_positional = 0;
+    for (int i = 0; i < argc; i++) {
+        const char *word = argv[i];
+        if (strncmp(word, "--", 2) != 0) {
+            if (*n_positional == max_positional) return usage_error("unexpected argument '%s'", word);
+            positional[(*n_positional)++] = word;
+            continue;
+        }
+        const char *equals = strchr(word, '=');
+        size_t name_length = equals ? (size_t)(equals - word - 2) : strlen(word) - 2;
+        option_slot *slot = NULL;
+        for (int s = 0; s < n_slots; s++)
+            if (strlen(slots[s].name) == name_length && strncmp(slots[s].name, word + 2, name_length) == 0) slot = &slots[s];
+        if (!slot) return usage_error("unknown option '%.*s'", (int)(name_length + 2), word);
+        if (equals) {
+            *slot->value = equals + 1;
+        } else {
+            if (i + 1 >= argc) return usage_error("option --%s needs a value", slot->name);
+            *slot->value = argv[++i];
+        }
+    }
+    return 0;
+}
+
+/* Integer option in [low, high]; 0 or exit code. */
+static int parse_integer(const char *name, const char *text, int64_t low, int64_t high, int64_t *value)
+{
+    char *end = NULL;
+    errno = 0;
+    long long parsed = strtoll(text, &end, 10);
+    if (errno != 0 || end == text || *end != '\0' || parsed < low || parsed > high)
+        return usage_error("--%s '%s' is not an integer in [%lld, %lld]", name, text, (long long)low, (long long)high);
+    *value = parsed;
+    return 0;
+}
+
+static int parse_precision(const char *text, store_precision *precision)
+{
+    if (text && store_precision_parse(text, precision)) return usage_error("--precision '%s': use bf16, f16 or f32", text);
+    return 0;
+}
+
+/* ---- synth ------------------------------------------------------------------------------------- */
+
+/* Classes of the synthetic data: the text embedding says which one, the latent pattern follows from it. */
+enum { SYNTH_CLASSES = 8, SYNTH_WAVES = 2 };
+
+typedef struct {
+    double amplitude[SYNTH_WAVES], cycles_f[SYNTH_WAVES], cycles_h[SYNTH_WAVES], cycles_w[SYNTH_WAVES], phase[SYNTH_WAVES];
+} synth_wave; /* per class and channel: a sum of low-frequency sinusoids over normalised (f, h, w) */
+
+typedef struct {
+    int32_t channels, text_len_max, text_dim;
+    synth_wave *waves;       /* [SYNTH_CLASSES][channels] */
+    float *text_patterns;    /* [SYNTH_CLASSES][text_len_max][text_dim] */
+} synth_model;
+
+static void synth_model_create(synth_model *m, uint64_t seed, int32_t channels, int32_t text_len_max, int32_t text_dim)
+{
+    static const double cycle_choices[4] = {0.5, 1.0, 1.5, 2.0};
+    m->channels = channels;
+    m->text_len_max = text_len_max;
+    m->text_dim = text_dim;
+    m->waves = xmalloc((size_t)SYNTH_CLASSES * (size_t)channels * sizeof *m->waves);
+    size_t pattern_values = (size_t)text_len_max * (size_t)text_dim;
+    m->text_patterns = xmalloc((size_t)SYNTH_CLASSES * pattern_values * sizeof *m->text_patterns);
+    for (int k = 0; k < SYNTH_CLASSES; k++) {
+        uint64_t state = rng_hash(seed, 100 + (uint64_t)k);
+        for (int c = 0; c < channels; c++) {
+            synth_wave *wave = &m->waves[k * channels + c];
+            for (int j = 0; j < SYNTH_WAVES; j++) {
+                wave->amplitude[j] = (0.4 + 0.5 * rng_uniform(&state)) / (1 + j);
+                wave->cycles_f[j] = cycle_choices[rng_next_u64(&state) % 4];
+                wave->cycles_h[j] = cycle_choices[rng_next_u64(&state) % 4];
+                wave->cycles_w[j] = cycle_choices[rng_next_u64(&state) % 4] * (j % 2 ? -1.0 : 1.0);
+                wave->phase[j] = 6.283185307179586 * rng_uniform(&state);
+            }
+        }
+        float *pattern = m->text_patterns + (size_t)k * pattern_values;
+        for (size_t i = 0; i < pattern_values; i++) pattern[i] = (float)rng_normal(&state);
+    }
+}
+
+static void synth_model_free(synth_model *m)
+{
+    free(m->waves);
+    free(m->text_patterns);
+}
+
+/* One sample of class `k`: latent [C, F, H, W] and text [text_len, D], plus small noise from `state`. */
+static void synth_sample(const synth_model *m, int k, int32_t frames, int32_t height, int32_t width, int32_t text_len,
+                         uint64_t *state, float *latent, float *text)
+{
+    const double two_pi = 6.283185307179586, noise = 0.05;
+    float *value = latent;
+    for (int c = 0; c < m->channels; c++) {
+        const synth_wave *wave = &m->waves[k * m->channels + c];
+        for (int32_t f = 0; f < frames; f++)
+            for (int32_t h = 0; h < height; h++) {
+                double base[SYNTH_WAVES];
+                for (int j = 0; j < SYNTH_WAVES; j++)
+                    base[j] = wave->phase[j] + two_pi * (wave->cycles_f[j] * f / frames + wave->cycles_h[j] * h / height);
+                for (int32_t w = 0; w < width; w++) {
+                    double sum = 0.0;
+                    for (int j = 0; j < SYNTH_WAVES; j++)
+                        sum += wave->amplitude[j] * sin(base[j] + two_pi * wave->cycles_w[j] * w / width);
+                    *value++ = (float)(sum + noise * (2.0 * rng_uniform(state) - 1.0));
+                }
+            }
+    }
+    const float *pattern = m->text_patterns + (size_t)k * (size_t)m->text_len_max * (size_t)m->text_dim;
+    for (int64_t i = 0; i < (int64_t)text_len * m->text_dim; i++)
+        text[i] = pattern[i] + (float)(0.1 * rng_normal(state));
+}
+
+static int command_synth(int argc, char **argv)
+{
+    const char *spec = NULL, *samples_text = NULL, *out = NULL, *seed_text = "0", *text_len_text = "32",
+               *text_dim_text = "4096", *precision_text = "bf16", *channels_text = "16";
+    option_slot slots[] = {{"spec", &spec}, {"samples", &samples_text}, {"out", &out}, {"seed", &seed_text},
+                           {"text-len", &text_len_text}, {"text-dim", &text_dim_text},
+                           {"precision", &precision_text}, {"channels", &channels_text}};
+    const char *positional[1];
+    int n_positional = 0, status = parse_options(argc, argv, slots, 8, positional, 0, &n_positional);
+    if (status) return status;
+    if (!spec || !samples_text || !out) return usage_error("synth needs --spec FILE, --samples N and --out FILE");
+    int64_t n_samples = 0, text_len = 0, text_dim = 0, channels = 0, seed = 0;
+    store_precision precision = STORE_BF16;
+    if ((status = parse_integer("samples", samples_text, 1, INT64_C(1) << 40, &n_samples)) ||
+        (status = parse_integer("seed", seed_text, 0, INT64_MAX, &seed)) ||
+        (status = parse_integer("text-len", text_len_text, 1, 1 << 16, &text_len)) ||
+        (status = parse_integer("text-dim", text_dim_text, 1, 1 << 16, &text_dim)) ||
+        (status = parse_integer("channels", channels_text, 1, 4096, &channels)) ||
+        (status = parse_precision(precision_text, &precision)))
+        return status;
+
+    length_bucket *buckets = NULL;
+    int n_buckets = 0;
+    if (lengths_load(spec, &buckets, &n_buckets, stderr)) return EXIT_BAD_USAGE;
+    int32_t *frames = xmalloc((size_t)n_samples * sizeof *frames), *height = xmalloc((size_t)n_samples * sizeof *height),
+            *width = xmalloc((size_t)n_samples * sizeof *width);
+    lengths_draw(buckets, n_buckets, n_samples, (uint64_t)seed, frames, height, width);
+    int64_t max_latent = 0, n_images = 0;
+    for (int64_t i = 0; i < n_samples; i++) {
+        int64_t elements = channels * frames[i] * height[i] * width[i];
+        if (elements > max_latent) max_latent = elements;
+        n_images += frames[i] == 1;
+    }
+
+    synth_model model;
+    synth_model_create(&model, (uint64_t)seed, (int32_t)channels, (int32_t)text_len, (int32_t)text_dim);
+    float *latent = xmalloc((size_t)max_latent * sizeof *latent), *text = xmalloc((size_t)(text_len * text_dim) * sizeof *text);
+    store_writer *writer = store_writer_create(out, (int32_t)text_dim, precision, stderr);
+    status = writer ? 0 : EXIT_BAD_DATA;
+    uint64_t state = rng_hash((uint64_t)seed, 7);
+    int32_t text_len_min = (int32_t)((text_len + 1) / 2);
+    for (int64_t i = 0; writer && i < n_samples; i++) {
+        int k = (int)(rng_next_u64(&state) % SYNTH_CLASSES);
+        int32_t sample_text_len = text_len_min + (int32_t)(rng_next_u64(&state) % (uint64_t)(text_len - text_len_min + 1));
+        synth_sample(&model, k, frames[i], height[i], width[i], sample_text_len, &state, latent, text);
+        if (store_writer_add(writer, (int32_t)channels, frames[i], height[i], width[i], latent, sample_text_len, text)) {
+            store_writer_discard(writer);
+            writer = NULL;
+            status = EXIT_BAD_DATA;
+        }
+    }
+    if (writer && store_writer_close(writer)) status = EXIT_BAD_DATA;
+    if (status == 0)
+        printf("aldit-store: wrote %s: %" PRId64 " samples (%" PRId64 " images, %" PRId64 " videos), %s, text_dim %" PRId64
+               ", %d classes\n", out, n_samples, n_images, n_samples - n_images, store_precision_name(precision), text_dim,
+               SYNTH_CLASSES);
+    free(latent);
+    free(text);
+    synth_model_free(&model);
+    free(frames);
+    free(height);
+    free(width);
+    free(buckets);
+    return status;
+}
+
+/* ---- pack: .npy files (format: numpy.lib.format, versions 1-3) ---------------------------------- */
+
+typedef struct {
+    int ndim;
+    int64_t shape[8];
+    int64_t n_values;
+    int value_bytes;      /* 2, 4 or 8: little-endian IEEE float */
+    long data_offset;
+} npy_header;
+
+/* Finds `'key':` (or "key":) in a header dict and returns the text after it, or NULL. */
+static const char *npy_find_key(const char *dict, const char *key)
+{
+    char quoted[2][64];
+    snprintf(quoted[0], sizeof quoted[0], "'%s'", key);
+    snprintf(quoted[1], sizeof quoted[1], "\"%s\"", key);
+    for (int q = 0; q < 2; q++) {
+        const char *at = strstr(dict, quoted[q]);
+        if (!at) continue;
+        at += strlen(quoted[q]);
+        while (*at == ' ') at++;
+        if (*at != ':') return NULL;
+        at++;
+        while (*at == ' ') at++;
+        return at;
+    }
+    return NULL;
+}
+
+/* Parses the header of an open .npy file; 0 ok, else prints "PATH: why" to stderr. */
+static int npy_read_header(FILE *file, const char *path, npy_header *header)
+{
+    unsigned char prefix[12];
+    if (fread(prefix, 1, 10, file) != 10 || memcmp(prefix, "\x93NUMPY", 6) != 0) {
+        fprintf(stderr, "%s: not a .npy file (no \\x93NUMPY magic)\n", path);
+        return 1;
+    }
+    int major = prefix[6];
+    uint32_t header_length;
+    long dict_offset;
+    if (major == 1) {
+        header_length = (uint32_t)prefix[8] | (uint32_t)prefix[9] << 8;
+        dict_offset = 10;
+    } else if (major == 2 || major == 3) {
+        if (fread(prefix + 10, 1, 2, file) != 2) { fprintf(stderr, "%s: truncated .npy header\n", path); return 1; }
+        header_length = (uint32_t)prefix[8] | (uint32_t)prefix[9] << 8 | (uint32_t)prefix[10] << 16 | (uint32_t)prefix[11] << 24;
+        dict_offset = 12;
+    } else {
+        fprintf(stderr, "%s: .npy format version %d is not supported (1, 2 or 3)\n", path, major);
+        return 1;
+    }
+    if (header_length > 1u << 20) { fprintf(stderr, "%s: .npy header of %u bytes is implausible\n", path, header_length); return 1; }
+    char *dict = xmalloc(header_length + 1);
+    int failed = fread(dict, 1, header_length, file) != header_length;
+    dict[failed ? 0 : header_length] = '\0';
+    const char *descr = failed ? NULL : npy_find_key(dict, "descr");
+    const char *fortran = failed ? NULL : npy_find_key(dict, "fortran_order");
+    const char *shape = failed ? NULL : npy_find_key(dict, "shape");
+    if (failed) {
+        fprintf(stderr, "%s: truncated .npy header\n", path);
+    } else if (!descr || !fortran || !shape) {
+        failed = fprintf(stderr, "%s: .npy header lacks descr, fortran_order or shape: %s\n", path, dict) > 0;
+    } else if (strncmp(fortran, "False", 5) != 0) {
+        failed = fprintf(stderr, "%s: Fortran-order arrays are not supported (save with C order)\n", path) > 0;
+    } else {
+        char type[8] = "";
+        if (sscanf(descr + 1, "%7[^'\"]", type) != 1 || (strcmp(type, "<f2") && strcmp(type, "<f4") && strcmp(type, "<f8"))) {
+            failed = fprintf(stderr, "%s: dtype %s is not supported (little-endian float16, float32 or float64)\n", path,
+                             type[0] ? type : "?") > 0;
+        } else {
+            header->value_bytes = type[2] - '0';
+        }
+    }
+    if (!failed) {
+        const char *at = shape;
+        header->ndim = 0;
+        header->n_values = 1;
+        if (*at++ != '(') failed = 1;
+        while (!failed) {
+            while (*at == ' ' || *at == ',') at++;
+            if (*at == ')') break;
+            char *end = NULL;
+            long long extent = strtoll(at, &end, 10);
+            if (end == at || extent < 0 || extent > (1LL << 40) || header->ndim == 8) { failed = 1; break; }
+            header->shape[header->ndim++] = extent;
+            header->n_values *= extent;
+            if (header->n_values > (INT64_C(1) << 40)) { failed = 1; break; }
+            at = end;
+        }
+        if (failed) fprintf(stderr, "%s: cannot read the shape in the .npy header: %s\n", path, dict);
+    }
+    free(dict);
+    header->data_offset = dict_offset + (long)header_length;
+    return failed;
+}
+
+/* Reads a whole .npy file as fp32 with the expected number of dimensions; 0 ok. *values is malloc'ed. */
+static int npy_load(const char *path, int expected_ndim, npy_header *header, float **values)
+{
+    *values = NULL;
+    FILE *file = fopen(path, "rb");
+    if (!file) { fprintf(stderr, "%s: cannot open: %s\n", path, strerror(errno)); return 1; }
+    int failed = npy_read_header(file, path, header);
+    if (!failed && header->ndim != expected_ndim) {
+        fprintf(stderr, "%s: array has %d dimensions, expected %d (%s)\n", path, header->ndim, expected_ndim,
+                expected_ndim == 4 ? "latent [C, F, H, W]" : "text [L, D]");
+        failed = 1;
+    }
+    if (!failed && header->n_values == 0) { fprintf(stderr, "%s: array is empty\n", path); failed = 1; }
+    struct stat info;
+    if (!failed && fstat(fileno(file), &info) == 0 &&
+        info.st_size < header->data_offset + header->n_values * header->value_bytes) {
+        fprintf(stderr, "%s: truncated: the header promises %" PRId64 " bytes of data, the file holds %lld\n", path,
+                header->n_values * header->value_bytes, (long long)(info.st_size - header->data_offset));
+        failed = 1;
+    }
+    if (!failed) {
+        size_t n = (size_t)header->n_values, width = (size_t)header->value_bytes;
+        unsigned char *raw = xmalloc(n * width);
+        float *out = xmalloc(n * sizeof *out);
+        if (fread(raw, width, n, file) != n) {
+            fprintf(stderr, "%s: read error\n", path);
+            failed = 1;
+        }
+        for (size_t i = 0; !failed && i < n; i++) {
+            if (width == 2) {
+                out[i] = store_f16_to_f32((uint16_t)(raw[2 * i] | raw[2 * i + 1] << 8));
+            } else if (width == 4) {
+                memcpy(&out[i], raw + 4 * i, 4);
+            } else {
+                double wide;
+                memcpy(&wide, raw + 8 * i, 8);
+                out[i] = (float)wide;
+            }
+        }
+        free(raw);
+        if (failed) free(out); else *values = out;
+    }
+    fclose(file);
+    return failed;
+}
+
+static int compare_names(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+static int ends_with(const char *text, const char *suffix)
+{
+    size_t n = strlen(text), m = strlen(suffix);
+    return n > m && strcmp(text + n - m, suffix) == 0;
+}
+
+/* Sample names in DIR: NAME for NAME.npy (not NAME.text.npy), sorted; checks every partner exists. */
+static int pack_list(const char *directory, char ***names_out, int64_t *n_names_out)
+{
+    DIR *folder = opendir(directory);
+    if (!folder) { fprintf(stderr, "%s: cannot open folder: %s\n", directory, strerror(errno)); return 1; }
+    char **latents = NULL, **texts = NULL;
+    int64_t n_latents = 0, n_texts = 0, capacity_latents = 0, capacity_texts = 0;
+    for (struct dirent *entry = readdir(folder); entry; entry = readdir(folder)) {
+        const char *name = entry->d_name;
+        if (!ends_with(name, ".npy")) continue;
+        int is_text = ends_with(name, ".text.npy");
+        size_t stem = strlen(name) - (is_text ? 9 : 4);
+        char ***list = is_text ? &texts : &latents;
+        int64_t *count = is_text ? &n_texts : &n_latents, *capacity = is_text ? &capacity_texts : &capacity_latents;
+        if (*count == *capacity) {
+            *capacity = *capacity ? 2 * *capacity : 64;
+            *list = xrealloc(*list, (size_t)*capacity * sizeof **list);
+        }
+        char *copy = xmalloc(stem + 1);
+        memcpy(copy, name, stem);
+        copy[stem] = '\0';
+        (*list)[(*count)++] = copy;
+    }
+    closedir(folder);
+    if (n_latents) qsort(latents, (size_t)n_latents, sizeof *latents, compare_names);
+    if (n_texts) qsort(texts, (size_t)n_texts, sizeof *texts, compare_names);
+    int64_t n_problems = 0;
+    for (int64_t i = 0, j = 0; i < n_latents || j < n_texts;) {
+        int order = i == n_latents ? 1 : j == n_texts ? -1 : strcmp(latents[i], texts[j]);
+        if (order == 0) { i++; j++; continue; }
+        if (n_problems++ < 20) {
+            if (order < 0) fprintf(stderr, "%s/%s.npy: no text partner %s.text.npy\n", directory, latents[i], latents[i]);
+            else fprintf(stderr, "%s/%s.text.npy: no latent partner %s.npy\n", directory, texts[j], texts[j]);
+        }
+        if (order < 0) i++; else j++;
+    }
+    if (n_latents == 0 && n_texts == 0) fprintf(stderr, "%s: no .npy files (expected NAME.npy and NAME.text.npy)\n", directory);
+    for (int64_t j = 0; j < n_texts; j++) free(texts[j]);
+    free(texts);
+    if (n_problems || n_latents == 0) {
+        if (n_problems > 20) fprintf(stderr, "%s: %" PRId64 " unmatched files in all\n", directory, n_problems);
+        for (int64_t i = 0; i < n_latents; i++) free(latents[i]);
+        free(latents);
+        return 1;
+    }
+    *names_out = latents;
+    *n_names_out = n_latents;
+    return 0;
+}
+
+static int command_pack(int argc, char **argv)
+{
+    const char *out = NULL, *precision_text = "bf16";
+    option_slot slots[] = {{"out", &out}, {"precision", &precision_text}};
+    const char *positional[1];
+    int n_positional = 0, status = parse_options(argc, argv, slots, 2, positional, 1, &n_positional);
+    if (status) return status;
+    if (!out || n_positional != 1) return usage_error("pack needs --out FILE and one folder DIR");
+    store_precision precision = STORE_BF16;
+    if ((status = parse_precision(precision_text, &precision))) return status;
+    const char *directory = positional[0];
+    char **names = NULL;
+    int64_t n_names = 0;
+    if (pack_list(directory, &names, &n_names)) return EXIT_BAD_DATA;
+
+    store_writer *writer = NULL;
+    int32_t text_dim = 0;
+    size_t path_size = strlen(directory) + 1024;
+    char *latent_path = xmalloc(path_size), *text_path = xmalloc(path_size);
+    for (int64_t i = 0; i < n_names && status == 0; i++) {
+        snprintf(latent_path, path_size, "%s/%s.npy", directory, names[i]);
+        snprintf(text_path, path_size, "%s/%s.text.npy", directory, names[i]);
+        npy_header latent_header, text_header;
+        float *latent = NULL, *text = NULL;
+        if (npy_load(latent_path, 4, &latent_header, &latent) || npy_load(text_path, 2, &text_header, &text)) {
+            status = EXIT_BAD_DATA;
+        } else if (latent_header.shape[0] > 4096 || latent_header.shape[1] > 65536 || latent_header.shape[2] > 65536 ||
+                   latent_header.shape[3] > 65536 || text_header.shape[0] > (1 << 20) || text_header.shape[1] > (1 << 20)) {
+            fprintf(stderr, "%s: shape too large for a store\n", latent_path);
+            status = EXIT_BAD_DATA;
+        } else if (writer && text_header.shape[1] != text_dim) {
+            fprintf(stderr, "%s: text width %" PRId64 " differs from %d of the first sample (%s/%s.text.npy)\n", text_path,
+                    text_header.shape[1], text_dim, directory, names[0]);
+            status = EXIT_BAD_DATA;
+        } else {
+            if (!writer) {
+                text_dim = (int32_t)text_header.shape[1];
+                writer = store_writer_create(out, text_dim, precision, stderr);
+                if (!writer) status = EXIT_BAD_DATA;
+            }
+            if (writer && store_writer_add(writer, (int32_t)latent_header.shape[0], (int32_t)latent_header.shape[1],
+                                           (int32_t)latent_header.shape[2], (int32_t)latent_header.shape[3], latent,
+                                           (int32_t)text_header.shape[0], text)) {
+                fprintf(stderr, "%s: cannot add this sample (see above)\n", latent_path);
+                status = EXIT_BAD_DATA;
+            }
+        }
+        free(latent);
+        free(text);
+    }
+    if (writer) {
+        if (status) store_writer_discard(writer);
+        else if (store_writer_close(writer)) status = EXIT_BAD_DATA;
+    }
+    if (status == 0)
+        printf("aldit-store: wrote %s: %" PRId64 " samples from %s, %s, text_dim %d\n", out, n_names, directory,
+               store_precision_name(precision), text_dim);
+    for (int64_t i = 0; i < n_names; i++) free(names[i]);
+    free(names);
+    free(latent_path);
+    free(text_path);
+    return status;
+}
+
+/* ---- info ------------------------------------------------------------------------------------ */
+
+typedef struct { int32_t frames, height, width; int64_t count, tokens; } shape_count;
+
+static int compare_shapes(const void *a, const void *b)
+{
+    const shape_count *x = a, *y = b;
+    if (x->tokens != y->tokens) return x->tokens < y->tokens ? -1 : 1;
+    if (x->frames != y->frames) return x->frames - y->frames;
+    if (x->height != y->height) return x->height - y->height;
+    return x->width - y->width;
+}
+
+static int compare_counts_descending(const void *a, const void *b)
+{
+    const shape_count *x = a, *y = b;
+    return x->count != y->count ? (x->count > y->count ? -1 : 1) : compare_shapes(a, b);
+}
+
+static void print_bar(int64_t count, int64_t largest)
+{
+    int length = largest ? (int)((40 * count + largest - 1) / largest) : 0;
+    for (int i = 0; i < length; i++) putchar('#');
+    putchar('\n');
+}
+
+/* Power-of-two bin of a token count: 0 holds S = 0, b >= 1 holds [2^(b-1), 2^b). */
+static int token_bin(int64_t tokens)
+{
+    int bin = 0;
+    while (tokens > 0) { bin++; tokens >>= 1; }
+    return bin;
+}
+
+static int command_info(int argc, char **argv)
+{
+    const char *positional[1];
+    int n_positional = 0, status = parse_options(argc, argv, NULL, 0, positional, 1, &n_positional);
+    if (status) return status;
+    if (n_positional != 1) return usage_error("info needs one store FILE");
+    store s;
+    if (store_open(&s, positional[0], stderr)) return EXIT_BAD_DATA;
+
+    enum { MAX_SHAPES_SHOWN = 40 };
+    shape_count *shapes = xmalloc((size_t)s.n_samples * sizeof *shapes);
+    int64_t n_shapes = 0, n_images = 0, total_tokens = 0, min_tokens = INT64_MAX, max_tokens = 0, n_odd = 0;
+    int64_t min_text = INT64_MAX, max_text = 0, total_text = 0, bins[64] = {0};
+    double image_tokens = 0, image_square = 0, total_square = 0;
+    for (int64_t id = 0; id < s.n_samples; id++) {
+        const store_sample *sample = &s.samples[id];
+        int64_t tokens = store_sample_tokens(sample, PATCH_T, PATCH_H, PATCH_W);
+        n_images += sample->frames == 1;
+        n_odd += sample->height % PATCH_H != 0 || sample->width % PATCH_W != 0;
+        total_tokens += tokens;
+        total_square += (double)tokens * (double)tokens;
+        if (sample->frames == 1) { image_tokens += (double)tokens; image_square += (double)tokens * (double)tokens; }
+        if (tokens < min_tokens) min_tokens = tokens;
+        if (tokens > max_tokens) max_tokens = tokens;
+        if (sample->text_len < min_text) min_text = sample->text_len;
+        if (sample->text_len > max_text) max_text = sample->text_len;
+        total_text += sample->text_len;
+        bins[token_bin(tokens)]++;
+        shapes[n_shapes] = (shape_count){sample->frames, sample->height, sample->width, 1, tokens};
+        n_shapes++;
+    }
+    /* Collapse equal shapes. */
+    qsort(shapes, (size_t)n_shapes, sizeof *shapes, compare_shapes);
+    int64_t n_unique = 0;
+    for (int64_t i = 0; i < n_shapes; i++) {
+        if (n_unique && compare_shapes(&shapes[n_unique - 1], &shapes[i]) == 0) shapes[n_unique - 1].count++;
+        else shapes[n_unique++] = shapes[i];
+    }
+    struct stat file_info;
+    long long file_bytes = stat(s.path, &file_info) == 0 ? (long long)file_info.st_size : -1;
+
+    printf("store        %s\n", s.path);
+    printf("format       version %d; latents %s, text %s; %d channels; text_dim %d\n", STORE_FORMAT_VERSION,
+           store_precision_name(s.latent_precision), store_precision_name(s.text_precision), s.latent_channels, s.text_dim);
+    printf("samples      %" PRId64 " (%" PRId64 " images, %" PRId64 " videos)\n", s.n_samples, n_images, s.n_samples - n_images);
+    printf("tokens       total %" PRId64 ", min %" PRId64 ", mean %.1f, max %" PRId64 " (patch %dx%dx%d)\n", total_tokens,
+           min_tokens, (double)total_tokens / (double)s.n_samples, max_tokens, PATCH_T, PATCH_H, PATCH_W);
+    printf("images share %.1f%% of samples, %.1f%% of tokens, %.1f%% of sum(S^2) (attention cost)\n",
+           100.0 * (double)n_images / (double)s.n_samples, total_tokens ? 100.0 * image_tokens / (double)total_tokens : 0.0,
+           total_square > 0 ? 100.0 * image_square / total_square : 0.0);
+    printf("text_len     min %" PRId64 ", mean %.1f, max %" PRId64 "\n", min_text, (double)total_text / (double)s.n_samples,
+           max_text);
+    printf("bytes        %lld on disk; values: latents %lld, text %lld\n", file_bytes,
+           (long long)s.latents_length * store_precision_bytes(s.latent_precision),
+           (long long)s.text_length * store_precision_bytes(s.text_precision));
+    if (n_odd)
+        printf("warning      %" PRId64 " samples have a height or width not divisible by the patch (%d x %d)\n", n_odd,
+               PATCH_H, PATCH_W);
+
+    printf("\nshapes (latent frames x height x width): %" PRId64 " distinct\n", n_unique);
+    int64_t n_shown = n_unique < MAX_SHAPES_SHOWN ? n_unique : MAX_SHAPES_SHOWN;
+    if (n_unique > MAX_SHAPES_SHOWN) { /* keep the most frequent, shown in token order */
+        qsort(shapes, (size_t)n_unique, sizeof *shapes, compare_counts_descending);
+        qsort(shapes, (size_t)n_shown, sizeof *shapes, compare_shapes);
+    }
+    int64_t largest_count = 0;
+    for (int64_t i = 0; i < n_shown; i++) if (shapes[i].count > largest_count) largest_count = shapes[i].count;
+    printf("  %5s %5s %5s %9s %9s\n", "F", "H", "W", "tokens", "samples");
+    for (int64_t i = 0; i < n_shown; i++) {
+        printf("  %5d %5d %5d %9" PRId64 " %9" PRId64 " ", shapes[i].frames, shapes[i].height, shapes[i].width,
+               shapes[i].tokens, shapes[i].count);
+        print_bar(shapes[i].count, largest_count);
+    }
+    if (n_unique > n_shown) printf("  ... %" PRId64 " rarer shapes not shown\n", n_unique - n_shown);
+
+    printf("\ntokens per sample (power-of-two bins)\n");
+    int64_t largest_bin = 0;
+    int first_bin = 64, last_bin = 0;
+    for (int b = 0; b < 64; b++) {
+        if (!bins[b]) continue;
+        if (bins[b] > largest_bin) largest_bin = bins[b];
+        if (b < first_bin) first_bin = b;
+        last_bin = b;
+    }
+    for (int b = first_bin; b <= last_bin; b++) {
+        if (b == 0) printf("  %21s %9" PRId64 " ", "0", bins[b]);
+        else printf("  [%8" PRId64 ", %8" PRId64 ") %9" PRId64 " ", INT64_C(1) << (b - 1), INT64_C(1) << b, bins[b]);
+        print_bar(bins[b], largest_bin);
+    }
+    free(shapes);
+    store_close(&s);
+    return 0;
+}
+
+/* ---- verify ---------------------------------------------------------------------------------- */
+
+static int command_verify(int argc, char **argv)
+{
+    const char *positional[1];
+    int n_positional = 0, status = parse_options(argc, argv, NULL, 0, positional, 1, &n_positional);
+    if (status) return status;
+    if (n_positional != 1) return usage_error("verify needs one store FILE");
+    const char *path = positional[0];
+    store s;
+    if (store_open(&s, path, stderr)) {
+        fprintf(stderr, "aldit-store: verify: %s: FAILED (cannot open the store)\n", path);
+        return EXIT_BAD_DATA;
+    }
+    enum { MAX_REPORTED = 20 };
+    float *latent = xmalloc((size_t)s.max_latent_elements * sizeof *latent);
+    float *text = xmalloc((size_t)s.max_text_elements * sizeof *text);
+    FILE *quiet = fopen("/dev/null", "w"); /* messages after the first MAX_REPORTED bad samples are only counted */
+    int64_t n_bad = 0;
+    for (int64_t id = 0; id < s.n_samples; id++)
+        n_bad += store_verify_sample(&s, id, latent, text, n_bad < MAX_REPORTED || !quiet ? stderr : quiet);
+    if (quiet) fclose(quiet);
+    if (n_bad) {
+        fprintf(stderr, "aldit-store: verify: %s: FAILED: %" PRId64 " of %" PRId64 " samples are bad\n", path, n_bad, s.n_samples);
+        status = EXIT_BAD_DATA;
+    } else {
+        printf("aldit-store: verify: %s: OK (%" PRId64 " samples, shapes, finite values and checksums checked)\n", path,
+               s.n_samples);
+    }
+    free(latent);
+    free(text);
+    store_close(&s);
+    return status;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) return usage_error("no command given");
+    const char *command = argv[1];
+    if (strcmp(command, "--help") == 0 || strcmp(command, "-h") == 0 || strcmp(command, "help") == 0) {
+        fputs(usage_text, stdout);
+        return 0;
+    }
+    if (strcmp(command, "--version") == 0) {
+        printf("aldit-store (%s) %s, store format version %d\n", PACKAGE_NAME, PACKAGE_VERSION, STORE_FORMAT_VERSION);
+        return 0;
+    }
+    for (int i = 2; i < argc; i++) {
+        if (strcmp(argv[i], "--help") == 0) {
+            fputs(usage_text, stdout);
+            return 0;
+        }
+    }
+    if (strcmp(command, "synth") == 0) return command_synth(argc - 2, argv + 2);
+    if (strcmp(command, "pack") == 0) return command_pack(argc - 2, argv + 2);
+    if (strcmp(command, "info") == 0) return command_info(argc - 2, argv + 2);
+    if (strcmp(command, "verify") == 0) return command_verify(argc - 2, argv + 2);
+    return usage_error("unknown command '%s'", command);
+}

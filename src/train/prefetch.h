@@ -1,0 +1,56 @@
+/* prefetch.h — the background reader: reads the next step's samples from the store, and draws their noise and
+   timesteps, while this step computes. */
+#ifndef ALDIT_PREFETCH_H
+#define ALDIT_PREFETCH_H
+
+#include <stdint.h>
+
+#include "io/store.h"
+
+/* One rank's samples of one step, fp32, back to back in the order of `ids`. */
+typedef struct {
+    int n_samples;
+    int64_t *ids;          /* store sample ids */
+    int64_t *latent_start; /* n_samples + 1 offsets (elements) into latents */
+    int64_t *text_start;   /* n_samples + 1 offsets (elements) into text */
+    float *latents;        /* [C, F, H, W] per sample */
+    float *text;           /* [text_len, text_dim] per sample */
+    float *noise;          /* epsilon of the flow objective, the layout of latents */
+    float *sigma;          /* per sample, in (0, 1) */
+    int samples_capacity;
+    int64_t latents_capacity, text_capacity;
+} sample_batch;
+
+typedef struct prefetcher prefetcher;
+
+/* How each sample's noise and timestep are drawn: from streams keyed by (noise_seed, epoch, sample id) (and
+   the noise's chunk of PREFETCH_NOISE_CHUNK values, drawn in parallel), so they do not depend on which rank
+   reads the sample; sigma = shift u / (1 + (shift - 1) u), u ~ U(0, 1). */
+enum { PREFETCH_NOISE_CHUNK = 1 << 16 };
+typedef struct {
+    uint64_t noise_seed;
+    double timestep_shift;
+    int threads;           /* OpenMP threads drawing noise */
+} prefetch_noise;
+
+/* A reader over an open store. With background = 0 every read happens inside prefetch_finish (no thread).
+   With verify = 1 each sample's stored bytes are checked against its CRC-32 in the index as well
+   (store_verify_sample; else store_read_sample, which checks only that the values are finite). */
+prefetcher *prefetch_create(const store *source, int background, int verify, prefetch_noise noise);
+
+/* Begin reading these samples of `epoch` (the ids are copied) into the buffer not handed out by the last
+   prefetch_finish, and drawing their noise and timesteps. Only one read may be in flight. */
+void prefetch_start(prefetcher *p, const int64_t *ids, int n_ids, int64_t epoch);
+
+/* Wait for the read begun by the last prefetch_start and return its samples; the seconds spent waiting go
+   to *wait_seconds. The batch stays valid until the next prefetch_start after the next prefetch_finish
+   (two buffers). A failed read ends the job with a message naming the sample and the store. */
+const sample_batch *prefetch_finish(prefetcher *p, double *wait_seconds);
+
+/* Block until no read is in flight (the store's HDF5 library is not thread-safe: call this before other
+   HDF5 work such as writing a checkpoint). The finished read is still returned by prefetch_finish. */
+void prefetch_drain(prefetcher *p);
+
+void prefetch_destroy(prefetcher *p);
+
+#endif

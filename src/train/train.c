@@ -1,0 +1,1224 @@
+/* train.c — the training loop: device choice, assignment, prefetch, noise, forward/backward, all-reduce, AdamW, checkpoints, logs. */
+#include "config.h"
+#include "train/train.h"
+#include "balance/balance.h"
+#include "balance/calibration.h"
+#include "core/check.h"
+#include "train/checkpoint.h"
+#include "balance/costmodel.h"
+#include "model/model.h"
+#include "model/ops_cpu.h"
+#include "model/optim.h"
+#include "train/prefetch.h"
+#include "core/rng.h"
+#include "io/store.h"
+#include "cuda/train_gpu.h"
+#ifdef HAVE_CUDA
+#include "cuda/gpu.h"
+#endif
+
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+/* Domain tag mixed into the seed for noise and timesteps, so they never share a stream with other uses
+   of [run] seed (weights, epoch order). */
+#define NOISE_STREAM_TAG 0x6E6F697365ull /* "noise" */
+
+/* [run] threads, else OMP_NUM_THREADS, else the node's cores shared evenly by the ranks on it. */
+static int threads_per_rank(const deck *config, const comm_info *info)
+{
+    if (config->run.threads > 0) return config->run.threads;
+#ifdef _OPENMP
+    if (getenv("OMP_NUM_THREADS")) return omp_get_max_threads();
+#endif
+    long n_cores = sysconf(_SC_NPROCESSORS_ONLN);
+    long per_rank = n_cores / (info->n_local_ranks > 0 ? info->n_local_ranks : 1);
+    return per_rank > 1 ? (int)per_rank : 1;
+}
+
+/* ---- signals ------------------------------------------------------------------------------------- */
+
+static volatile sig_atomic_t stop_signal = 0;
+
+static void on_stop_signal(int signal_number) { stop_signal = signal_number; }
+
+void train_install_signal_handlers(void)
+{
+    struct sigaction action;
+    memset(&action, 0, sizeof action);
+    action.sa_handler = on_stop_signal;
+    sigemptyset(&action.sa_mask);
+    action.sa_flags = SA_RESTART;
+    ALDIT_CHECK(sigaction(SIGUSR1, &action, NULL) == 0 && sigaction(SIGTERM, &action, NULL) == 0,
+                "cannot install the SIGUSR1/SIGTERM handlers");
+}
+
+/* ---- small helpers ------------------------------------------------------------------------------- */
+
+/* End every rank with `code` after rank 0 printed why: for conditions all ranks detect together. */
+_Noreturn static void exit_all(int code)
+{
+    fflush(stdout);
+    fflush(stderr);
+    comm_finalize();
+    exit(code);
+}
+
+static void make_dirs(const char *path)
+{
+    char partial[DECK_PATH_MAX];
+    snprintf(partial, sizeof partial, "%s", path);
+    for (char *slash = partial + 1; *slash; slash++) {
+        if (*slash != '/') continue;
+        *slash = '\0';
+        mkdir(partial, 0777);
+        *slash = '/';
+    }
+    int failure = mkdir(partial, 0777) == 0 ? 0 : errno;
+    struct stat existing;
+    if (failure == EEXIST) failure = stat(partial, &existing) == 0 && S_ISDIR(existing.st_mode) ? 0 : ENOTDIR;
+    if (failure != 0)
+        ALDIT_FATAL_CODE(ALDIT_EXIT_USAGE, "cannot create the run folder %s ([run] dir): %s", path, strerror(failure));
+}
+
+/* Collective: [run] device resolved. cpu stays cpu; auto is cuda when this build has CUDA and every rank
+   sees a GPU, else cpu; cuda without CUDA in the build or without a GPU on some rank is an error: rank 0
+   says why and every rank gets -1 (exit status 1 for the caller). */
+static int resolve_device(const deck *config, const comm_info *info)
+{
+    if (config->run.device == DEVICE_CPU) return DEVICE_CPU;
+#ifdef HAVE_CUDA
+    int some_rank_without_gpu = comm_allreduce_or_int(gpu_count() == 0);
+    if (!some_rank_without_gpu) return DEVICE_CUDA;
+    if (config->run.device == DEVICE_AUTO) return DEVICE_CPU;
+    const char *visible = getenv("CUDA_VISIBLE_DEVICES");
+    if (info->rank == 0)
+        fprintf(stderr, "aldit: error: [run] device = cuda, but %s sees no GPU (cudaGetDeviceCount found none%s%s%s); "
+                "run on a GPU node, or set device = cpu or auto\n",
+                info->n_ranks > 1 ? "at least one rank" : "this process", visible ? ", CUDA_VISIBLE_DEVICES = '" : "",
+                visible ? visible : "", visible ? "'" : "");
+#else
+    if (config->run.device == DEVICE_AUTO) return DEVICE_CPU;
+    if (info->rank == 0)
+        fprintf(stderr, "aldit: error: [run] device = cuda, but this build of aldit has no CUDA backend (configure "
+                "--with-cuda); set device = cpu or auto\n");
+#endif
+    return -1;
+}
+
+/* The CPU backend keeps every activation: a deck asking for block recomputation there would let the
+   balancer plan micro-batches (its memory model assumes recomputation) that overrun host memory. */
+static int recompute_supported(const deck *config, int device, const comm_info *info)
+{
+    if (device != DEVICE_CPU || config->train.recompute != RECOMPUTE_BLOCK) return 1;
+    if (info->rank == 0)
+        fprintf(stderr, "aldit: error: [train] recompute = block is not available on the CPU backend, which keeps every "
+                "block's activations; set train.recompute = none and balance.recompute = none (or train on GPUs)\n");
+    return 0;
+}
+
+/* MemAvailable of /proc/meminfo in bytes, or -1 where it cannot be read. */
+static double host_available_bytes(void)
+{
+    FILE *meminfo = fopen("/proc/meminfo", "r");
+    if (!meminfo) return -1.0;
+    char line[256];
+    double kib = -1.0;
+    while (fgets(line, sizeof line, meminfo))
+        if (sscanf(line, "MemAvailable: %lf kB", &kib) == 1) break;
+    fclose(meminfo);
+    return kib < 0 ? -1.0 : kib * 1024.0;
+}
+
+/* Resident set now and its peak so far, in bytes. */
+static double resident_bytes(void)
+{
+    FILE *statm = fopen("/proc/self/statm", "r");
+    long long pages_total = 0, pages_resident = 0;
+    if (!statm) return 0.0;
+    if (fscanf(statm, "%lld %lld", &pages_total, &pages_resident) != 2) pages_resident = 0;
+    fclose(statm);
+    return (double)pages_resident * (double)sysconf(_SC_PAGESIZE);
+}
+
+static double peak_resident_bytes(void)
+{
+    struct rusage usage;
+    getrusage(RUSAGE_SELF, &usage);
+    return (double)usage.ru_maxrss * 1024.0; /* Linux reports KiB */
+}
+
+static void format_bytes(double n_bytes, char *text, size_t text_size)
+{
+    const char *units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    int unit = 0;
+    while (n_bytes >= 1024.0 && unit < 4) { n_bytes /= 1024.0; unit++; }
+    snprintf(text, text_size, "%.1f %s", n_bytes, units[unit]);
+}
+
+static void format_duration(double seconds, char *text, size_t text_size)
+{
+    long long whole = seconds > 0 ? (long long)(seconds + 0.5) : 0;
+    if (whole >= 3600) snprintf(text, text_size, "%lldh%02lldm", whole / 3600, whole / 60 % 60);
+    else snprintf(text, text_size, "%lldm%02llds", whole / 60, whole % 60);
+}
+
+/* ---- set-up shared by --check and training ------------------------------------------------------- */
+
+/* Every sample must fit the model: latent channels, patch multiples, text width and length. All ranks
+   hold the index, so all detect the same problem; rank 0 names it and every rank exits with status 2. */
+static void check_store_fits_model(const store *data, const deck *config, int rank)
+{
+    char problem[512] = "";
+    if (data->latent_channels != config->model.in_dim || config->model.out_dim != config->model.in_dim)
+        snprintf(problem, sizeof problem, "the store's latents have %d channels; [model] in_dim = %d and out_dim = %d "
+                 "must both equal it", data->latent_channels, config->model.in_dim, config->model.out_dim);
+    else if (data->text_dim != config->model.text_dim)
+        snprintf(problem, sizeof problem, "the store's text embeddings are %d wide, [model] text_dim = %d",
+                 data->text_dim, config->model.text_dim);
+    for (int64_t id = 0; id < data->n_samples && !problem[0]; id++) {
+        const store_sample *sample = &data->samples[id];
+        if (sample->frames % config->model.patch_t || sample->height % config->model.patch_h
+            || sample->width % config->model.patch_w)
+            snprintf(problem, sizeof problem, "sample %lld has latent frames x height x width %d x %d x %d, not a "
+                     "multiple of the patch %d x %d x %d", (long long)id, sample->frames, sample->height, sample->width,
+                     config->model.patch_t, config->model.patch_h, config->model.patch_w);
+        else if (sample->text_len > config->model.text_len)
+            snprintf(problem, sizeof problem, "sample %lld has %d text tokens, more than [model] text_len = %d",
+                     (long long)id, sample->text_len, config->model.text_len);
+    }
+    if (!problem[0]) return;
+    if (rank == 0) fprintf(stderr, "aldit: error: store %s does not fit the model: %s\n", data->path, problem);
+    exit_all(ALDIT_EXIT_USAGE);
+}
+
+/* Activation bytes each rank may use: the deck's, or (CPU) available host memory shared by the ranks of
+   the node, less the margin, less weights, gradients and the two AdamW moments (fp32). Same on all ranks. */
+static double memory_budget(const deck *config, const comm_info *info, int64_t n_weights, int *measured)
+{
+    *measured = config->balance.mem_budget <= 0.0;
+    if (!*measured) return config->balance.mem_budget;
+    double available = host_available_bytes();
+    if (available < 0.0) available = config->balance.device_mem * info->n_local_ranks;
+    double budget = available / info->n_local_ranks * (1.0 - config->balance.mem_margin)
+                    - 4.0 * sizeof(float) * (double)n_weights;
+    comm_allreduce_min_f64(&budget, 1);
+    if (budget <= 0.0) {
+        if (info->rank == 0)
+            fprintf(stderr, "aldit: error: no memory left for activations after the model state (%lld parameters); "
+                    "set [balance] mem_budget or use fewer ranks per node\n", (long long)n_weights);
+        exit_all(ALDIT_EXIT_USAGE);
+    }
+    return budget;
+}
+
+static balance_sample *balance_samples(const store *data, const deck *config)
+{
+    balance_sample *samples = xmalloc((size_t)data->n_samples * sizeof *samples);
+    for (int64_t id = 0; id < data->n_samples; id++) {
+        samples[id].id = id;
+        samples[id].tokens = (int32_t)store_sample_tokens(&data->samples[id], config->model.patch_t,
+                                                          config->model.patch_h, config->model.patch_w);
+        samples[id].text_len = data->samples[id].text_len;
+    }
+    return samples;
+}
+
+/* balancer_create for this run's device: with the GPU plan's memory model (`memory`, NULL on the CPU), and
+   [balance] mem_fill on GPUs only (host memory does not limit a CPU rank's step, its compute does). */
+static balancer *create_balancer(const deck *config, const balance_sample *samples, int64_t n_samples, int n_ranks,
+                                 double mem_budget, int device, const cost_model *memory)
+{
+    balancer *b = balancer_create(config, samples, n_samples, n_ranks, mem_budget, memory);
+    if (b && device == DEVICE_CPU) balancer_set_mem_fill(b, 0.0);
+    return b;
+}
+
+/* What one epoch looks like under the balancer: steps, predicted seconds (sum of each step's slowest
+   rank) and the lower bound (all predicted work spread evenly). Runs a scratch balancer (rank 0). */
+typedef struct { int64_t steps; double predicted_s, lower_bound_s, imbalance_pred; } epoch_plan;
+
+static epoch_plan plan_epoch(const deck *config, const balance_sample *samples, int64_t n_samples, int n_ranks,
+                             double mem_budget, int device, const cost_model *memory, int n_calibration,
+                             const cost_features *calibration_features, const double *calibration_seconds)
+{
+    epoch_plan plan = {0};
+    balancer *scratch = create_balancer(config, samples, n_samples, n_ranks, mem_budget, device, memory);
+    if (n_calibration > 0) balancer_calibrate(scratch, n_calibration, calibration_features, calibration_seconds);
+    balance_assignment step = {0};
+    double sum_mean = 0.0;
+    for (;;) {
+        balancer_next(scratch, &step);
+        if (step.epoch != 0) break;
+        double slowest = 0.0, total = 0.0;
+        for (int r = 0; r < step.n_ranks; r++) {
+            total += step.predicted_seconds[r];
+            if (step.predicted_seconds[r] > slowest) slowest = step.predicted_seconds[r];
+        }
+        plan.steps++;
+        plan.predicted_s += slowest;
+        plan.lower_bound_s += total / n_ranks;
+        sum_mean += total / n_ranks;
+    }
+    plan.imbalance_pred = plan.predicted_s > 0.0 ? 1.0 - sum_mean / plan.predicted_s : 0.0;
+    balance_assignment_free(&step);
+    balancer_free(scratch);
+    return plan;
+}
+
+static void print_store_line(const store *data, const deck *config)
+{
+    int64_t total = 0, shortest = INT64_MAX, longest = 0;
+    for (int64_t id = 0; id < data->n_samples; id++) {
+        int64_t tokens = store_sample_tokens(&data->samples[id], config->model.patch_t, config->model.patch_h,
+                                             config->model.patch_w);
+        total += tokens;
+        if (tokens < shortest) shortest = tokens;
+        if (tokens > longest) longest = tokens;
+    }
+    printf("  store      %s: %lld samples, %lld tokens (%lld to %lld per sample), text_dim %d\n", data->path,
+           (long long)data->n_samples, (long long)total, (long long)shortest, (long long)longest, data->text_dim);
+}
+
+/* The device line of the summaries. On a GPU: rank 0's GPU and (in a run) what sums the gradients. */
+static void print_device_line(const deck *config, const gpu_plan *gpu, const char *gradient_sum, int n_ranks)
+{
+    const char *chosen = config->run.device == DEVICE_AUTO ? " (auto)" : "";
+    if (gpu) {
+        char buckets[96] = "";
+        if (gradient_sum && n_ranks > 1 && config->train.allreduce_bucket > 0) {
+            char bucket_text[32];
+            format_bytes(config->train.allreduce_bucket, bucket_text, sizeof bucket_text);
+            snprintf(buckets, sizeof buckets, ", buckets of %s overlapping the backward", bucket_text);
+        } else if (gradient_sum && n_ranks > 1) snprintf(buckets, sizeof buckets, ", one call after the backward");
+        printf("  device     cuda%s: GPU %d, %s; %d rank(s) per GPU%s%s%s\n", chosen, gpu->device, gpu->description,
+               gpu->ranks_per_gpu, gradient_sum ? "; gradient all-reduce: " : "", gradient_sum ? gradient_sum : "",
+               buckets);
+        if (gradient_sum && gpu->cudnn_min_tokens > 0) /* a run: the attention kernels are chosen */
+            printf("  attention  cuDNN's fused attention (self and cross) for samples of %lld tokens or more, our flash "
+                   "attention below\n", (long long)gpu->cudnn_min_tokens);
+        else if (gradient_sum) printf("  attention  our flash attention\n");
+        return;
+    }
+    int threads = 1;
+#ifdef _OPENMP
+    threads = omp_get_max_threads();
+#endif
+    printf("  device     cpu%s, %d OpenMP thread(s) per rank\n", chosen, threads);
+}
+
+/* The memory lines of the summaries: the activation budget per rank and where it comes from; on a GPU
+   also the device memory and the capacity of the GPU model. */
+static void print_memory_lines(double budget, int budget_measured, const gpu_plan *gpu)
+{
+    char budget_text[32], free_text[32], state_text[32], workspace_text[32];
+    format_bytes(budget, budget_text, sizeof budget_text);
+    if (!gpu) {
+        printf("  memory     activation budget %s per rank (%s)\n", budget_text,
+               budget_measured ? "measured: available host memory" : "[balance] mem_budget");
+        return;
+    }
+    format_bytes(gpu->free_bytes, free_text, sizeof free_text);
+    format_bytes(gpu->state_bytes, state_text, sizeof state_text);
+    format_bytes(gpu->workspace_bytes, workspace_text, sizeof workspace_text);
+    printf("  memory     activation budget %s per rank (%s); %s of GPU memory free per rank, %s of it for "
+           "weights, gradients and AdamW moments\n", budget_text,
+           budget_measured ? "measured: the largest whose GPU model fits the free memory less mem_margin"
+                           : "[balance] mem_budget", free_text, state_text);
+    printf("  capacity   GPU model for micro-batches of up to %lld tokens, %d samples and %lld text rows: %s of "
+           "activation workspace\n", (long long)gpu->max_tokens, gpu->max_samples, (long long)gpu->max_text,
+           workspace_text);
+    if (gpu->attention_buffer_bytes > 0.0) {
+        char buffer_text[32];
+        format_bytes(gpu->attention_buffer_bytes, buffer_text, sizeof buffer_text);
+        printf("             and %s kept for cuDNN attention's buffer (the longest sample)\n", buffer_text);
+    }
+}
+
+int train_check(const deck *config, const comm_info *info)
+{
+    int device = resolve_device(config, info);
+    if (device < 0) return ALDIT_EXIT_ERROR;
+    if (!recompute_supported(config, device, info)) return ALDIT_EXIT_USAGE;
+    if (config->model.init[0]) { /* the names and shapes of [model] init's weights, as a run would load them */
+        int status = 0;
+        if (info->rank == 0) {
+            model table;
+            model_create_table(&table, config);
+            status = checkpoint_check_weights(config->model.init, &table, stderr);
+            model_free(&table);
+            if (status != 0) fprintf(stderr, "aldit: error: cannot start from [model] init = %s\n", config->model.init);
+        }
+        comm_bcast_bytes(&status, sizeof status);
+        if (status != 0) return ALDIT_EXIT_USAGE;
+    }
+    store data;
+    store_open_bcast(&data, config->data.store);
+    check_store_fits_model(&data, config, info->rank);
+    int64_t n_params = cost_model_param_count(config);
+    int budget_measured = 0;
+    double budget = 0.0;
+    const gpu_plan *gpu = NULL;
+    cost_model gpu_memory, *memory = NULL; /* the GPU plan's memory model (train_gpu_plan) */
+    if (device == DEVICE_CPU) budget = memory_budget(config, info, n_params, &budget_measured);
+#ifdef HAVE_CUDA
+    gpu_plan plan_of_gpu;
+    if (device == DEVICE_CUDA) {
+        model table;
+        model_create_table(&table, config);
+        cost_model_init(&gpu_memory, config);
+        memory = &gpu_memory;
+        balance_sample *all = balance_samples(&data, config);
+        int status = train_gpu_plan(config, info, &table, memory, all, data.n_samples, &plan_of_gpu);
+        free(all);
+        model_free(&table);
+        if (status != 0) {
+            cost_model_free(&gpu_memory);
+            store_close(&data);
+            return status;
+        }
+        gpu = &plan_of_gpu;
+        budget = gpu->mem_budget;
+        budget_measured = gpu->budget_measured;
+    }
+#endif
+    if (info->rank == 0) {
+        deck_print(config, stdout);
+        balance_sample *samples = balance_samples(&data, config);
+        epoch_plan plan = plan_epoch(config, samples, data.n_samples, info->n_ranks, budget, device, memory, 0,
+                                     NULL, NULL);
+        printf("\n# plan for %d rank(s)\n", info->n_ranks);
+        print_store_line(&data, config);
+        printf("  model      %s: %lld parameters\n", config->model.name, (long long)n_params);
+        print_device_line(config, gpu, NULL, 1);
+        print_memory_lines(budget, budget_measured, gpu);
+        printf("  balancer   %s: %lld steps per epoch, predicted epoch %.3g s vs lower bound %.3g s "
+               "(predicted imbalance %.1f%%)\n", deck_strategy_name(config->balance.strategy), (long long)plan.steps,
+               plan.predicted_s, plan.lower_bound_s, 100.0 * plan.imbalance_pred);
+        if (config->run.steps > 0) printf("  run        %lld steps\n", (long long)config->run.steps);
+        else printf("  run        %lld epochs = %lld steps\n", (long long)config->run.epochs,
+                    (long long)(config->run.epochs * plan.steps));
+        free(samples);
+    }
+    if (memory) cost_model_free(memory);
+    store_close(&data);
+    return 0;
+}
+
+/* ---- training state ------------------------------------------------------------------------------ */
+
+typedef enum { PHASE_COMPUTE, PHASE_DATA_WAIT, PHASE_COMM, PHASE_BALANCER, PHASE_OPTIMIZER,
+               PHASE_CHECKPOINT, PHASE_LOG, N_PHASES } phase;
+static const char *const phase_names[N_PHASES] = {
+    "compute (forward + backward)", "data wait (prefetch + noise)", "communication (all-reduce)",
+    "balancer (assign + scatter)", "optimizer (clip + AdamW)", "checkpoint", "logging"};
+
+typedef struct {
+    const deck *config;
+    const comm_info *info;
+    /* start-up calibration: features and measured seconds of timed sample shapes (rank 0; 0 = none) */
+    int n_calibration;
+    cost_features *calibration_features;
+    double *calibration_seconds;
+    store data;
+    model net;                      /* the CPU model; on a GPU its weights are the host copy for checkpoints */
+    train_gpu *gpu;                 /* the CUDA side, or NULL on the CPU */
+    float *grads;                   /* CPU only: the gradients */
+    float *adam_m, *adam_v;         /* CPU: the moments; GPU: their host copy for checkpoints (rank 0) */
+    balancer *packer;               /* rank 0 */
+    balance_sample *samples;        /* rank 0 (every rank on a GPU: it plans the GPU model's capacity) */
+    unsigned char *snapshot;        /* rank 0: balancer state before the lookahead draw (what a checkpoint holds) */
+    size_t snapshot_bytes, snapshot_capacity;
+    double *rank_seconds;           /* rank 0: measured compute seconds per rank of the last step */
+    double *rank_measures;          /* rank 0: the gathered (compute s, data wait s, memory peak) per rank */
+    double *resumed_seconds;        /* rank 0: those of the checkpoint resumed from, observed after the first draw */
+    prefetcher *reader;
+    rank_assignment current, upcoming;
+    balance_assignment drawn;       /* rank 0: the last assignment drawn */
+    double upcoming_pred_max, upcoming_pred_mean, upcoming_mem;
+    double current_pred_max, current_pred_mean, current_mem;
+    /* rank 0, per rank of the upcoming / current step: predicted seconds and samples (for the metrics) */
+    double *upcoming_rank_pred, *current_rank_pred;
+    int64_t *upcoming_rank_samples, *current_rank_samples;
+    /* per-sample shapes of the current step */
+    int32_t *frames, *height, *width, *text_len;
+    int sample_capacity;
+    double mem_budget, rss_base;
+    int64_t step;                   /* optimizer steps done */
+    int64_t total_steps;            /* for the LR schedule */
+    int64_t steps_per_epoch;
+    int64_t skipped_steps;
+    double phase_s[N_PHASES];
+    double started_s, loop_started_s;
+    int64_t first_step;
+    FILE *metrics;                  /* rank 0 */
+    int metrics_failed;             /* a write to it failed (warned once; training goes on) */
+} trainer;
+
+static double seconds_since(double start) { return comm_time() - start; }
+
+/* Rank 0: keep the balancer state as it is now, before any lookahead draw: the state a checkpoint of
+   the step in progress must hold (its next draw is the step after). */
+static void snapshot_balancer(trainer *t)
+{
+    t->snapshot_bytes = balancer_state_bytes(t->packer);
+    if (t->snapshot_bytes > t->snapshot_capacity) {
+        t->snapshot_capacity = t->snapshot_bytes;
+        t->snapshot = xrealloc(t->snapshot, t->snapshot_capacity);
+    }
+    balancer_save_state(t->packer, t->snapshot);
+}
+
+/* Rank 0 draws the next assignment (snapshotting the balancer state first) and scatters it; every rank
+   receives its part into `upcoming`. */
+static void draw_upcoming(trainer *t)
+{
+    double started = comm_time();
+    if (t->info->rank == 0) {
+        snapshot_balancer(t);
+        balancer_next(t->packer, &t->drawn);
+        double slowest = 0.0, total = 0.0, mem = 0.0;
+        for (int r = 0; r < t->drawn.n_ranks; r++) {
+            total += t->drawn.predicted_seconds[r];
+            if (t->drawn.predicted_seconds[r] > slowest) slowest = t->drawn.predicted_seconds[r];
+            if (t->drawn.peak_mem_bytes[r] > mem) mem = t->drawn.peak_mem_bytes[r];
+        }
+        t->upcoming_pred_max = slowest;
+        t->upcoming_pred_mean = total / t->drawn.n_ranks;
+        t->upcoming_mem = mem;
+        for (int r = 0; r < t->drawn.n_ranks; r++) {
+            t->upcoming_rank_pred[r] = t->drawn.predicted_seconds[r];
+            t->upcoming_rank_samples[r] = t->drawn.rank_start[r + 1] - t->drawn.rank_start[r];
+        }
+    }
+    balance_scatter(t->info->rank == 0 ? &t->drawn : NULL, &t->upcoming);
+    t->phase_s[PHASE_BALANCER] += seconds_since(started);
+}
+
+static void swap_assignments(trainer *t)
+{
+    rank_assignment held = t->current;
+    t->current = t->upcoming;
+    t->upcoming = held;
+    t->current_pred_max = t->upcoming_pred_max;
+    t->current_pred_mean = t->upcoming_pred_mean;
+    t->current_mem = t->upcoming_mem;
+    double *pred = t->current_rank_pred;
+    t->current_rank_pred = t->upcoming_rank_pred;
+    t->upcoming_rank_pred = pred;
+    int64_t *samples = t->current_rank_samples;
+    t->current_rank_samples = t->upcoming_rank_samples;
+    t->upcoming_rank_samples = samples;
+}
+
+/* The shapes of this step's samples as the model takes them (noise and timesteps come with the batch). */
+static void prepare_samples(trainer *t, const sample_batch *batch)
+{
+    int n_samples = batch->n_samples;
+    if (n_samples > t->sample_capacity) {
+        t->sample_capacity = n_samples;
+        t->frames = xrealloc(t->frames, (size_t)n_samples * sizeof *t->frames);
+        t->height = xrealloc(t->height, (size_t)n_samples * sizeof *t->height);
+        t->width = xrealloc(t->width, (size_t)n_samples * sizeof *t->width);
+        t->text_len = xrealloc(t->text_len, (size_t)n_samples * sizeof *t->text_len);
+    }
+    for (int i = 0; i < n_samples; i++) {
+        const store_sample *sample = &t->data.samples[batch->ids[i]];
+        t->frames[i] = sample->frames;
+        t->height[i] = sample->height;
+        t->width[i] = sample->width;
+        t->text_len[i] = sample->text_len;
+    }
+}
+
+/* Forward + backward of every micro-batch of this rank; gradients (already divided by the step's global
+   sample count) go into t->grads, or the GPU model's gradients. Returns this rank's sum of per-sample losses. */
+static double compute_gradients(trainer *t, const sample_batch *batch)
+{
+#ifdef HAVE_CUDA
+    if (t->gpu) train_gpu_begin_step(t->gpu);
+#endif
+    if (!t->gpu) memset(t->grads, 0, (size_t)t->net.n_weights * sizeof *t->grads);
+    const float grad_scale = (float)(1.0 / (double)t->current.global_samples);
+    double loss_sum = 0.0;
+    for (int micro = 0; micro < t->current.n_micro; micro++) {
+        int first = t->current.micro_start[micro], end = t->current.micro_start[micro + 1];
+        model_batch mb = {
+            .n_samples = end - first,
+            .frames = t->frames + first, .height = t->height + first, .width = t->width + first,
+            .text_len = t->text_len + first,
+            .latents = batch->latents + batch->latent_start[first],
+            .noise = batch->noise + batch->latent_start[first],
+            .sigma = batch->sigma + first,
+            .text = batch->text + batch->text_start[first],
+        };
+#ifdef HAVE_CUDA
+        if (t->gpu) loss_sum += train_gpu_micro_batch(t->gpu, &mb, grad_scale, micro == t->current.n_micro - 1);
+#endif
+        if (!t->gpu) loss_sum += model_forward_backward(&t->net, &mb, t->grads, grad_scale, NULL);
+    }
+    return loss_sum;
+}
+
+/* ---- metrics file -------------------------------------------------------------------------------- */
+
+static void metrics_path(const deck *config, char *path, size_t path_size)
+{
+    if (config->log.metrics[0] == '/') snprintf(path, path_size, "%s", config->log.metrics);
+    else snprintf(path, path_size, "%s/%s", config->run.dir, config->log.metrics);
+}
+
+/* Rank 0: a fresh run starts a new metrics file; a resumed run keeps the lines of steps up to the
+   checkpoint's and drops later ones (they are about to be recomputed), so no step appears twice. */
+static FILE *open_metrics(const deck *config, int64_t resumed_step)
+{
+    char path[2 * DECK_PATH_MAX], tmp_path[2 * DECK_PATH_MAX + 8];
+    metrics_path(config, path, sizeof path);
+    FILE *old = resumed_step > 0 ? fopen(path, "r") : NULL;
+    if (old) {
+        snprintf(tmp_path, sizeof tmp_path, "%s.tmp", path);
+        FILE *kept = fopen(tmp_path, "w");
+        ALDIT_CHECK(kept, "cannot write %s: %s", tmp_path, strerror(errno));
+        char *line = NULL;
+        size_t line_capacity = 0;
+        while (getline(&line, &line_capacity, old) > 0) {
+            const char *field = strstr(line, "\"step\":");
+            if (field && strtoll(field + 7, NULL, 10) <= resumed_step && strchr(line, '\n')) fputs(line, kept);
+        }
+        free(line);
+        fclose(old);
+        ALDIT_CHECK(fclose(kept) == 0 && rename(tmp_path, path) == 0, "cannot rewrite %s: %s", path, strerror(errno));
+    }
+    FILE *metrics = fopen(path, resumed_step > 0 ? "a" : "w");
+    ALDIT_CHECK(metrics, "cannot open the metrics file %s ([log] metrics): %s", path, strerror(errno));
+    return metrics;
+}
+
+/* ---- checkpoints --------------------------------------------------------------------------------- */
+
+/* Collective: rank 0 writes (after the prefetch thread has left the HDF5 library), everyone learns the
+   outcome. A failed write is fatal when `must_succeed` (the final checkpoint), else a warning. */
+static void save_checkpoint(trainer *t, int must_succeed)
+{
+    double started = comm_time();
+    int status = 0;
+    char path[2 * DECK_PATH_MAX] = "";
+    if (t->info->rank == 0) {
+        prefetch_drain(t->reader);
+#ifdef HAVE_CUDA
+        if (t->gpu) train_gpu_download(t->gpu, t->net.weights, t->adam_m, t->adam_v);
+#endif
+        checkpoint_state state = {
+            .step = t->step, .epoch = t->current.epoch, .seed = t->config->run.seed,
+            .steps_per_epoch = t->steps_per_epoch,
+            .adam_m = t->adam_m, .adam_v = t->adam_v,
+            .balancer_state = t->snapshot, .balancer_bytes = t->snapshot_bytes,
+            .rank_seconds = t->rank_seconds, .n_ranks = t->info->n_ranks,
+        };
+        status = checkpoint_save(t->config, &t->net, &state, path, sizeof path, stderr);
+    }
+    comm_bcast_bytes(&status, sizeof status);
+    t->phase_s[PHASE_CHECKPOINT] += seconds_since(started);
+    if (status != 0 && must_succeed) {
+        if (t->info->rank == 0) fprintf(stderr, "aldit: error: the checkpoint of step %lld could not be written\n",
+                                        (long long)t->step);
+        exit_all(ALDIT_EXIT_ERROR);
+    }
+    if (t->info->rank == 0) {
+        if (status != 0) aldit_warn("checkpoint of step %lld failed; training goes on", (long long)t->step);
+        else printf("aldit: checkpoint %s (%.2f s)\n", path, seconds_since(started));
+        fflush(stdout);
+    }
+}
+
+/* Weights from [model] init, a checkpoint to resume from, or the random init; the same on every rank. */
+static void initial_state(trainer *t, char *resumed_from, size_t resumed_size)
+{
+    const deck *config = t->config;
+    int rank = t->info->rank, found = 0, status = 0;
+    resumed_from[0] = '\0';
+    if (rank == 0 && config->checkpoint.resume) found = checkpoint_find_latest(config, resumed_from, resumed_size, stderr);
+    comm_bcast_bytes(&found, sizeof found);
+    if (found < 0) exit_all(ALDIT_EXIT_USAGE);
+    int64_t resumed_step = 0, resumed_plan = 0; /* steps per epoch of the run resumed, 0 = none */
+    if (found) {
+        if (rank == 0) {
+            checkpoint_state state = {.adam_m = t->adam_m, .adam_v = t->adam_v};
+            status = checkpoint_load(resumed_from, config, &t->net, &state, stderr);
+            if (status == 0 && state.seed != config->run.seed) {
+                fprintf(stderr, "aldit: error: %s was written with [run] seed = %" PRIu64 ", the deck says %" PRIu64
+                        "; set that seed to resume, or [checkpoint] resume = off\n", resumed_from, state.seed,
+                        config->run.seed);
+                status = 1;
+            }
+            if (status == 0 && balancer_load_state(t->packer, state.balancer_state, state.balancer_bytes) != 0) {
+                fprintf(stderr, "aldit: error: %s: the balancer state does not match this deck and store\n",
+                        resumed_from);
+                status = 1;
+            }
+            if (status != 0)
+                fprintf(stderr, "aldit: error: cannot resume from %s; move it away or set [checkpoint] resume = off\n",
+                        resumed_from);
+            resumed_step = state.step;
+            /* keep the schedule the run started with (a new plan would rest on other measured times) */
+            if (state.steps_per_epoch > 0) resumed_plan = state.steps_per_epoch;
+            /* the balancer drops unobserved steps of another rank count on load; then so do we */
+            if (state.n_ranks == t->info->n_ranks) t->resumed_seconds = state.rank_seconds;
+            else free(state.rank_seconds);
+            free(state.balancer_state);
+        }
+    } else {
+        model_init_random(&t->net, config->run.seed);
+        if (rank == 0 && config->model.init[0]) {
+            status = checkpoint_load_weights(config->model.init, &t->net, stderr);
+            if (status != 0) fprintf(stderr, "aldit: error: cannot start from [model] init = %s\n", config->model.init);
+        }
+    }
+    comm_bcast_bytes(&status, sizeof status);
+    if (status != 0) exit_all(ALDIT_EXIT_USAGE);
+    comm_bcast_bytes(&resumed_step, sizeof resumed_step);
+    comm_bcast_bytes(&resumed_plan, sizeof resumed_plan);
+    if (resumed_plan > 0 && config->run.steps <= 0) {
+        t->steps_per_epoch = resumed_plan;
+        t->total_steps = config->run.epochs * resumed_plan;
+    }
+    comm_bcast_bytes(t->net.weights, (size_t)t->net.n_weights * sizeof(float));
+    comm_bcast_bytes(t->adam_m, (size_t)t->net.n_weights * sizeof(float));
+    comm_bcast_bytes(t->adam_v, (size_t)t->net.n_weights * sizeof(float));
+    t->step = resumed_step;
+}
+
+/* ---- output -------------------------------------------------------------------------------------- */
+
+static void print_summary(const trainer *t, const char *resumed_from, int budget_measured)
+{
+    const deck *config = t->config;
+    char weights_text[32];
+    format_bytes(4.0 * (double)t->net.n_weights, weights_text, sizeof weights_text);
+    const gpu_plan *gpu = NULL;
+    const char *gradient_sum = NULL;
+#ifdef HAVE_CUDA
+    if (t->gpu) {
+        gpu = train_gpu_get_plan(t->gpu);
+        gradient_sum = train_gpu_sync_method(t->gpu);
+    }
+#endif
+    printf("aldit %s: training\n", PACKAGE_VERSION);
+    printf("  deck       %s\n", config->source[0] ? config->source : "(defaults)");
+    printf("  run dir    %s (%s)\n", config->run.dir, resumed_from[0] ? "resuming" : "fresh start");
+    if (resumed_from[0]) printf("  resumed    %s at step %lld\n", resumed_from, (long long)t->step);
+    else if (config->model.init[0]) printf("  init       weights from %s\n", config->model.init);
+    print_device_line(config, gpu, gradient_sum, t->info->n_ranks);
+    printf("  model      %s: dim %d, ffn %d, %d heads, %d layers; %lld parameters (%s fp32)\n", config->model.name,
+           config->model.dim, config->model.ffn_dim, config->model.num_heads, config->model.num_layers,
+           (long long)t->net.n_weights, weights_text);
+    printf("  ranks      %d (%d on this node)\n", t->info->n_ranks, t->info->n_local_ranks);
+    print_store_line(&t->data, config);
+    if (config->balance.global_batch > 0)
+        printf("  strategy   %s, global batch %lld samples\n", deck_strategy_name(config->balance.strategy),
+               (long long)config->balance.global_batch);
+    else printf("  strategy   %s, budget-filled steps\n", deck_strategy_name(config->balance.strategy));
+    print_memory_lines(t->mem_budget, budget_measured, gpu);
+    printf("  schedule   %lld steps (%lld per epoch), lr %g, warmup %lld, %s to %g, weight decay %g, clip %g\n",
+           (long long)t->total_steps, (long long)t->steps_per_epoch, config->train.lr,
+           (long long)config->train.warmup_steps, config->train.lr_schedule == LR_COSINE ? "cosine" : "constant",
+           config->train.min_lr, config->train.weight_decay, config->train.grad_clip);
+    char path[2 * DECK_PATH_MAX];
+    metrics_path(config, path, sizeof path);
+    printf("  metrics    %s\n", path);
+    fflush(stdout);
+}
+
+/* Runs of up to this many ranks also log each rank's measured and predicted seconds and samples per step. */
+#define METRICS_MAX_RANK_ARRAYS 64
+
+typedef struct {
+    double loss, lr, grad_norm, tokens, model_flops, step_s, compute_max, compute_mean, wait_max, comm_s, balancer_s, mem_peak;
+    int skipped;
+} step_record;
+
+/* A double as JSON: shortest exact form (%.17g), or null when not finite (a skipped step). */
+static const char *json_number(double value, char *text, size_t text_size)
+{
+    if (isfinite(value)) snprintf(text, text_size, "%.17g", value);
+    else snprintf(text, text_size, "null");
+    return text;
+}
+
+static void write_metrics_line(trainer *t, const step_record *r)
+{
+    char loss[32], grad_norm[32];
+    double imbalance = r->compute_max > 0.0 ? 1.0 - r->compute_mean / r->compute_max : 0.0;
+    double imbalance_pred = t->current_pred_max > 0.0 ? 1.0 - t->current_pred_mean / t->current_pred_max : 0.0;
+    fprintf(t->metrics,
+            "{\"step\": %lld, \"epoch\": %lld, \"loss\": %s, \"lr\": %.17g, \"grad_norm\": %s, "
+            "\"samples\": %lld, \"tokens\": %.0f, \"micro_batches\": %d, \"step_s\": %.6f, \"compute_s_max\": %.6f, "
+            "\"compute_s_mean\": %.6f, \"imbalance\": %.6f, \"imbalance_pred\": %.6f, \"compute_s_pred\": %.6g, "
+            "\"data_wait_s\": %.6f, \"comm_s\": %.6f, \"balancer_s\": %.6f, \"mem_peak\": %.0f, \"mem_pred\": %.0f, "
+            "\"mem_budget\": %.0f, \"model_flops\": %.6g, \"ranks\": %d, \"skipped\": %d",
+            (long long)t->step, (long long)t->current.epoch, json_number(r->loss, loss, sizeof loss), r->lr,
+            json_number(r->grad_norm, grad_norm, sizeof grad_norm),
+            (long long)t->current.global_samples, r->tokens, t->current.n_micro, r->step_s, r->compute_max,
+            r->compute_mean, imbalance, imbalance_pred, t->current_pred_max, r->wait_max, r->comm_s, r->balancer_s,
+            r->mem_peak, t->current_mem, t->mem_budget, r->model_flops, t->info->n_ranks, r->skipped);
+    const int n_ranks = t->info->n_ranks;
+    if (n_ranks <= METRICS_MAX_RANK_ARRAYS) {
+        fputs(", \"rank_compute_s\": [", t->metrics);
+        for (int rank = 0; rank < n_ranks; rank++)
+            fprintf(t->metrics, "%s%.6f", rank ? ", " : "", t->rank_seconds[rank]);
+        fputs("], \"rank_pred_s\": [", t->metrics);
+        for (int rank = 0; rank < n_ranks; rank++)
+            fprintf(t->metrics, "%s%.6g", rank ? ", " : "", t->current_rank_pred[rank]);
+        fputs("], \"rank_samples\": [", t->metrics);
+        for (int rank = 0; rank < n_ranks; rank++)
+            fprintf(t->metrics, "%s%lld", rank ? ", " : "", (long long)t->current_rank_samples[rank]);
+        fputc(']', t->metrics);
+    }
+    fputs("}\n", t->metrics);
+    if (fflush(t->metrics) != 0 && !t->metrics_failed) {
+        t->metrics_failed = 1;
+        aldit_warn("writing the metrics file of %s failed at step %lld (disk full?): later lines may be missing",
+                   t->config->run.dir, (long long)t->step);
+    }
+}
+
+static void print_progress(const trainer *t, const step_record *r)
+{
+    double imbalance = r->compute_max > 0.0 ? 1.0 - r->compute_mean / r->compute_max : 0.0;
+    double imbalance_pred = t->current_pred_max > 0.0 ? 1.0 - t->current_pred_mean / t->current_pred_max : 0.0;
+    double elapsed = seconds_since(t->loop_started_s);
+    int64_t done = t->step - t->first_step, left = t->total_steps - t->step;
+    char eta[32];
+    format_duration(done > 0 ? elapsed / (double)done * (double)(left > 0 ? left : 0) : 0.0, eta, sizeof eta);
+    printf("step %lld/%lld epoch %lld loss %.5f lr %.3e tok/s %.0f imbalance %.1f%% (pred %.1f%%) wait %.3fs ETA %s%s\n",
+           (long long)t->step, (long long)t->total_steps, (long long)t->current.epoch, r->loss, r->lr,
+           r->step_s > 0.0 ? r->tokens / r->step_s : 0.0, 100.0 * imbalance, 100.0 * imbalance_pred, r->wait_max,
+           eta, r->skipped ? " (skipped: non-finite)" : "");
+    fflush(stdout);
+}
+
+static void print_timing_table(const trainer *t)
+{
+    double wall = seconds_since(t->started_s);
+    double max_s[N_PHASES + 1], mean_s[N_PHASES + 1];
+    memcpy(max_s, t->phase_s, sizeof t->phase_s);
+    max_s[N_PHASES] = wall;
+    memcpy(mean_s, max_s, sizeof max_s);
+    comm_allreduce_max_f64(max_s, N_PHASES + 1);
+    comm_allreduce_sum_f64(mean_s, N_PHASES + 1);
+    if (t->info->rank != 0) return;
+    printf("\ntiming over %lld step(s) of this run (seconds)     max rank  mean rank  share of wall\n",
+           (long long)(t->step - t->first_step));
+    double accounted = 0.0;
+    for (int p = 0; p < N_PHASES; p++) {
+        printf("  %-44s %9.3f  %9.3f  %6.1f%%\n", phase_names[p], max_s[p], mean_s[p] / t->info->n_ranks,
+               max_s[N_PHASES] > 0 ? 100.0 * max_s[p] / max_s[N_PHASES] : 0.0);
+        accounted += mean_s[p] / t->info->n_ranks;
+    }
+    printf("  %-44s %9s  %9.3f\n", "set-up and other", "", mean_s[N_PHASES] / t->info->n_ranks - accounted);
+    printf("  %-44s %9.3f\n", "wall", max_s[N_PHASES]);
+    if (t->skipped_steps > 0) printf("  %lld step(s) skipped for a non-finite loss or gradient\n",
+                                     (long long)t->skipped_steps);
+    fflush(stdout);
+}
+
+/* ---- the loop ------------------------------------------------------------------------------------ */
+
+/* One optimizer step on the current assignment. Returns 0, or 1 when the loss is not finite and the deck
+   says error (every rank sees the same reduced values, so all return 1 together). */
+static int train_step(trainer *t, step_record *r)
+{
+    const deck *config = t->config;
+    double step_started = comm_time(), wait_s = 0.0, phase_started;
+    double balancer_before = t->phase_s[PHASE_BALANCER], comm_before = t->phase_s[PHASE_COMM];
+    const sample_batch *batch = prefetch_finish(t->reader, &wait_s);
+    t->phase_s[PHASE_DATA_WAIT] += wait_s;
+
+    int64_t next_step = t->step + 2; /* 1-based number of the step after this one */
+    int draw_next = config->run.steps <= 0 || next_step <= config->run.steps;
+    if (draw_next) {
+        draw_upcoming(t);
+        prefetch_start(t->reader, t->upcoming.ids, t->upcoming.n_samples, t->upcoming.epoch);
+    } else if (t->info->rank == 0) snapshot_balancer(t);
+
+    prepare_samples(t, batch);
+    phase_started = comm_time();
+    double sums[3] = {compute_gradients(t, batch), 0.0, 0.0}; /* loss sum, tokens, model FLOPs */
+    double compute_s = seconds_since(phase_started);
+    t->phase_s[PHASE_COMPUTE] += compute_s;
+    for (int i = 0; i < batch->n_samples; i++) {
+        int64_t tokens = store_sample_tokens(&t->data.samples[batch->ids[i]], config->model.patch_t,
+                                             config->model.patch_h, config->model.patch_w);
+        sums[1] += (double)tokens;
+        sums[2] += cost_model_model_flops(config, tokens, t->text_len[i]);
+    }
+
+    phase_started = comm_time();
+#ifdef HAVE_CUDA
+    if (t->gpu) train_gpu_allreduce(t->gpu); /* queued: with NCCL it runs while the sums below go through MPI */
+#endif
+    if (!t->gpu) comm_allreduce_sum_f32(t->grads, (size_t)t->net.n_weights);
+    comm_allreduce_sum_f64(sums, 3);
+    const double host_comm_s = seconds_since(phase_started); /* includes waiting for the slowest rank */
+    t->phase_s[PHASE_COMM] += host_comm_s;
+
+    t->step++;
+    phase_started = comm_time();
+    r->loss = sums[0] / (double)t->current.global_samples;
+    r->tokens = sums[1];
+    r->model_flops = sums[2];
+    r->lr = optim_lr(config, t->step, t->total_steps);
+    adamw_step hyper = {.lr = r->lr, .beta1 = config->train.beta1, .beta2 = config->train.beta2,
+                        .eps = config->train.adam_eps, .step = t->step};
+    double mem_peak = 0.0;
+#ifdef HAVE_CUDA
+    if (t->gpu) {
+        /* norm, clip and AdamW queued at once (AdamW leaves everything as it is when the norm is not
+           finite; a non-finite loss is known here and not updated from); one wait for the whole step */
+        gpu_step_result device;
+        train_gpu_finish_step(t->gpu, &hyper, isfinite(r->loss), &device);
+        r->grad_norm = device.grad_norm;
+        mem_peak = device.mem_peak;
+        /* NCCL's time past the backward starts with the host's wait above (both when this rank's compute
+           ends) and also waits for the slowest rank: only what outlasts the host's wait is more */
+        t->phase_s[PHASE_COMM] += fmax(0.0, device.comm_device_s - host_comm_s);
+        t->phase_s[PHASE_OPTIMIZER] += device.optimizer_s;
+    }
+#endif
+    if (!t->gpu) r->grad_norm = optim_global_norm(t->grads, t->net.n_weights);
+    r->skipped = !isfinite(r->loss) || !isfinite(r->grad_norm);
+    if (r->skipped && config->train.nonfinite == NONFINITE_ERROR) {
+        if (t->info->rank == 0)
+            fprintf(stderr, "aldit: error: step %lld (epoch %lld): the loss is %g and the gradient norm %g (not finite); "
+                    "lower [train] lr, or set [train] nonfinite = skip to skip such steps\n", (long long)t->step,
+                    (long long)t->current.epoch, r->loss, r->grad_norm);
+        return 1;
+    }
+    if (r->skipped) t->skipped_steps++;
+    else if (!t->gpu) {
+        optim_clip(t->grads, t->net.n_weights, r->grad_norm, config->train.grad_clip);
+        for (int p = 0; p < t->net.n_params; p++) {
+            const param_info *param = &t->net.params[p];
+            double weight_decay = optim_param_decays(param->name, param->ndim) ? config->train.weight_decay : 0.0;
+            optim_adamw(&hyper, weight_decay, t->net.weights + param->offset, t->grads + param->offset,
+                        t->adam_m + param->offset, t->adam_v + param->offset, param->n_elements);
+        }
+    }
+    if (!t->gpu) {
+        t->phase_s[PHASE_OPTIMIZER] += seconds_since(phase_started);
+        mem_peak = peak_resident_bytes() - t->rss_base;
+    }
+
+    /* per-rank measurements to rank 0: compute seconds, data wait, peak memory (CPU: growth of the peak
+       resident set since the loop started; GPU: workspace of the largest micro-batch) */
+    phase_started = comm_time();
+    double mine[3] = {compute_s, wait_s, mem_peak};
+    double *all = t->rank_measures; /* NULL on the other ranks */
+    comm_gather_f64_n(mine, 3, all);
+    t->phase_s[PHASE_COMM] += seconds_since(phase_started);
+    if (t->info->rank == 0) {
+        double *rank_compute = t->rank_seconds;
+        r->compute_max = r->compute_mean = r->wait_max = r->mem_peak = 0.0;
+        for (int rank = 0; rank < t->info->n_ranks; rank++) {
+            rank_compute[rank] = all[3 * rank];
+            r->compute_mean += all[3 * rank] / t->info->n_ranks;
+            if (all[3 * rank] > r->compute_max) r->compute_max = all[3 * rank];
+            if (all[3 * rank + 1] > r->wait_max) r->wait_max = all[3 * rank + 1];
+            if (all[3 * rank + 2] > r->mem_peak) r->mem_peak = all[3 * rank + 2];
+        }
+        phase_started = comm_time();
+        balancer_observe(t->packer, rank_compute);
+        t->phase_s[PHASE_BALANCER] += seconds_since(phase_started);
+    }
+    r->balancer_s = t->phase_s[PHASE_BALANCER] - balancer_before;
+    r->comm_s = t->phase_s[PHASE_COMM] - comm_before;
+    r->step_s = seconds_since(step_started);
+    return 0;
+}
+
+/* Rank 0: fit the balancer's cost model to the start-up timings and say how well it now predicts them. */
+static void report_calibration(trainer *t)
+{
+    balancer_calibrate(t->packer, t->n_calibration, t->calibration_features, t->calibration_seconds);
+    const cost_model *cm = balancer_cost_model(t->packer);
+    double worst = 0.0;
+    for (int i = 0; i < t->n_calibration; i++) {
+        double error = fabs(cost_model_predict_features(cm, &t->calibration_features[i]) / t->calibration_seconds[i] - 1.0);
+        if (error > worst) worst = error;
+    }
+    printf("             cost model fitted: seconds = %.3g + %.3g S + %.3g S^2 + %.3g S L + %.3g L "
+           "(worst misfit of a timed shape %.1f%%)\n", cm->coef[0], cm->coef[1], cm->coef[2], cm->coef[3], cm->coef[4],
+           100.0 * worst);
+    fflush(stdout);
+}
+
+#ifdef HAVE_CUDA
+/* shapes timed at start-up; copies of a shape packed into one timed micro-batch ([balance] calibrate_packed) */
+enum { CALIBRATION_MAX_SHAPES = 24, CALIBRATION_MAX_COPIES = 32 };
+
+/* Order of sample shapes: by tokens, then frames, height, width (text length ignored). */
+static int compare_shapes(const void *a, const void *b)
+{
+    const gpu_shape *x = a, *y = b;
+    int64_t tx = (int64_t)x->frames * x->height * x->width, ty = (int64_t)y->frames * y->height * y->width;
+    if (tx != ty) return (tx > ty) - (tx < ty);
+    if (x->frames != y->frames) return (x->frames > y->frames) - (x->frames < y->frames);
+    if (x->height != y->height) return (x->height > y->height) - (x->height < y->height);
+    return (x->width > y->width) - (x->width < y->width);
+}
+
+/* Time the store's distinct sample shapes (at most CALIBRATION_MAX_SHAPES, spread over the length range;
+   each with its mean text length) on the GPU, each packed into a micro-batch of as many copies as training
+   would pack (train_gpu_time_shapes; one copy with [balance] calibrate_packed off), so that the timings
+   carry the per-micro-batch fixed cost as training does; rank 0 keeps them for the balancer's cost model,
+   and in the run folder (calibration.h), from where a restarted run on the same device and model reads them. */
+static void calibrate_on_gpu(trainer *t)
+{
+    /* every sample's shape, sorted (by tokens, then frames, height, width), then one entry per distinct
+       shape with its mean text length: O(n log n) for stores of millions of samples */
+    const int64_t n_samples = t->data.n_samples;
+    gpu_shape *all = xmalloc((size_t)(n_samples > 0 ? n_samples : 1) * sizeof *all);
+    for (int64_t id = 0; id < n_samples; id++) {
+        const store_sample *sample = &t->data.samples[id];
+        all[id] = (gpu_shape){sample->frames, sample->height, sample->width, sample->text_len};
+    }
+    qsort(all, (size_t)n_samples, sizeof *all, compare_shapes);
+    gpu_shape *distinct = xmalloc((size_t)(n_samples > 0 ? n_samples : 1) * sizeof *distinct);
+    int64_t n_distinct = 0;
+    for (int64_t first = 0, end; first < n_samples; first = end) {
+        double text_sum = 0.0;
+        for (end = first; end < n_samples && compare_shapes(&all[end], &all[first]) == 0; end++) text_sum += all[end].text_len;
+        int32_t mean_text = (int32_t)lround(text_sum / (double)(end - first));
+        distinct[n_distinct++] = (gpu_shape){all[first].frames, all[first].height, all[first].width,
+                                             mean_text > 0 ? mean_text : 1};
+    }
+    free(all);
+
+    int n_shapes = n_distinct < CALIBRATION_MAX_SHAPES ? (int)n_distinct : CALIBRATION_MAX_SHAPES;
+    gpu_shape shapes[CALIBRATION_MAX_SHAPES];
+    for (int i = 0; i < n_shapes; i++) /* evenly spaced over the sorted shapes, both ends included */
+        shapes[i] = distinct[n_shapes > 1 ? (int64_t)i * (n_distinct - 1) / (n_shapes - 1) : 0];
+    int copies[CALIBRATION_MAX_SHAPES];
+    const int max_copies = t->config->balance.calibrate_packed ? CALIBRATION_MAX_COPIES : 1;
+    train_gpu_calibration_copies(t->gpu, shapes, n_shapes, max_copies, copies);
+    calibration_entry entries[CALIBRATION_MAX_SHAPES];
+    for (int i = 0; i < n_shapes; i++)
+        entries[i] = (calibration_entry){shapes[i].frames, shapes[i].height, shapes[i].width, shapes[i].text_len,
+                                         copies[i], -1.0};
+
+    /* a run restarted on the same device and model reads the timings from the run folder; rank 0 decides */
+    char path[DECK_PATH_MAX + 32], key[CALIBRATION_KEY_MAX] = "";
+    snprintf(path, sizeof path, "%s/%s", t->config->run.dir, CALIBRATION_FILE);
+    int cached = 0;
+    if (t->info->rank == 0) {
+        const gpu_plan *plan = train_gpu_get_plan(t->gpu);
+        calibration_key(t->config, plan->description, plan->ranks_per_gpu, key, sizeof key);
+        cached = calibration_load(path, key, entries, n_shapes) == CALIBRATION_CACHE_HIT;
+    }
+    comm_bcast_bytes(&cached, sizeof cached);
+    double spent = 0.0;
+    int saved = 0;
+    if (!cached) {
+        double seconds[CALIBRATION_MAX_SHAPES];
+        spent = train_gpu_time_shapes(t->gpu, t->info->n_ranks, shapes, n_shapes, copies, seconds);
+        for (int i = 0; i < n_shapes; i++) entries[i].seconds = seconds[i];
+        if (t->info->rank == 0) saved = calibration_save(path, key, entries, n_shapes) == 0;
+    }
+    if (t->info->rank == 0) {
+        t->calibration_features = xcalloc((size_t)n_shapes, sizeof *t->calibration_features);
+        t->calibration_seconds = xmalloc((size_t)n_shapes * sizeof *t->calibration_seconds);
+        int most_copies = 0;
+        for (int i = 0; i < n_shapes; i++) {
+            if (entries[i].copies < 1 || entries[i].seconds <= 0) continue; /* beyond the GPU model's capacity */
+            int64_t tokens = (int64_t)(shapes[i].frames / t->config->model.patch_t) *
+                             (shapes[i].height / t->config->model.patch_h) * (shapes[i].width / t->config->model.patch_w);
+            for (int copy = 0; copy < entries[i].copies; copy++) /* the micro-batch's features: copies x one sample's */
+                cost_features_add(&t->calibration_features[t->n_calibration], tokens, shapes[i].text_len);
+            t->calibration_seconds[t->n_calibration++] = entries[i].seconds;
+            if (entries[i].copies > most_copies) most_copies = entries[i].copies;
+        }
+        char packing[48];
+        if (most_copies > 1) snprintf(packing, sizeof packing, "packed up to %d per micro-batch", most_copies);
+        else snprintf(packing, sizeof packing, "one per micro-batch");
+        if (cached)
+            printf("  calibrate  %d of %d sample shapes (%s): timings read from %s (same device and model; delete "
+                   "it to time them again)\n", t->n_calibration, n_shapes, packing, path);
+        else printf("  calibrate  %d of %d sample shapes timed on the GPU (%s) in %.1f s%s%s\n", t->n_calibration,
+                    n_shapes, packing, spent, saved ? ", kept in " : "", saved ? path : "");
+        fflush(stdout);
+    }
+    free(distinct);
+}
+#endif
+
+static void trainer_setup(trainer *t, const deck *config, const comm_info *info, int device, char *resumed_from,
+                          size_t resumed_size, int *budget_measured)
+{
+    memset(t, 0, sizeof *t);
+    t->config = config;
+    t->info = info;
+    t->started_s = comm_time();
+    if (info->rank == 0) make_dirs(config->run.dir);
+    store_open_bcast(&t->data, config->data.store);
+    check_store_fits_model(&t->data, config, info->rank);
+    model_create(&t->net, config);
+    if (device == DEVICE_CPU) t->grads = xcalloc((size_t)t->net.n_weights, sizeof *t->grads);
+    t->adam_m = xcalloc((size_t)t->net.n_weights, sizeof *t->adam_m);
+    t->adam_v = xcalloc((size_t)t->net.n_weights, sizeof *t->adam_v);
+    if (info->rank == 0 || device == DEVICE_CUDA) t->samples = balance_samples(&t->data, config);
+    const cost_model *gpu_memory = NULL; /* the GPU plan's memory model; NULL: the deck's (CPU) */
+    if (device == DEVICE_CPU) t->mem_budget = memory_budget(config, info, t->net.n_weights, budget_measured);
+#ifdef HAVE_CUDA
+    if (device == DEVICE_CUDA) {
+        t->gpu = train_gpu_create(config, info, &t->net, t->samples, t->data.n_samples);
+        if (!t->gpu) exit_all(ALDIT_EXIT_USAGE);
+        gpu_memory = train_gpu_memory_model(t->gpu);
+        t->mem_budget = train_gpu_get_plan(t->gpu)->mem_budget;
+        *budget_measured = train_gpu_get_plan(t->gpu)->budget_measured;
+    }
+#endif
+#ifdef HAVE_CUDA
+    if (t->gpu && config->balance.calibrate) calibrate_on_gpu(t);
+#endif
+    int64_t plan[2] = {0, 0}; /* steps per epoch, total steps */
+    if (info->rank == 0) {
+        t->rank_seconds = xcalloc((size_t)info->n_ranks, sizeof *t->rank_seconds);
+        t->upcoming_rank_pred = xcalloc((size_t)info->n_ranks, sizeof *t->upcoming_rank_pred);
+        t->current_rank_pred = xcalloc((size_t)info->n_ranks, sizeof *t->current_rank_pred);
+        t->upcoming_rank_samples = xcalloc((size_t)info->n_ranks, sizeof *t->upcoming_rank_samples);
+        t->current_rank_samples = xcalloc((size_t)info->n_ranks, sizeof *t->current_rank_samples);
+        t->rank_measures = xcalloc(3 * (size_t)info->n_ranks, sizeof *t->rank_measures);
+        t->packer = create_balancer(config, t->samples, t->data.n_samples, info->n_ranks, t->mem_budget, device,
+                                    gpu_memory);
+        if (t->n_calibration > 0) report_calibration(t);
+        if (config->run.steps > 0 && config->balance.strategy == STRATEGY_GLOBAL && config->balance.global_batch > 0)
+            plan[0] = (balancer_epoch_samples(t->packer) + config->balance.global_batch - 1) / config->balance.global_batch;
+        else plan[0] = plan_epoch(config, t->samples, t->data.n_samples, info->n_ranks, t->mem_budget, device,
+                                  gpu_memory, t->n_calibration, t->calibration_features, t->calibration_seconds).steps;
+        plan[1] = config->run.steps > 0 ? config->run.steps : config->run.epochs * plan[0];
+    }
+    comm_bcast_bytes(plan, sizeof plan);
+    t->steps_per_epoch = plan[0];
+    t->total_steps = plan[1];
+    initial_state(t, resumed_from, resumed_size);
+    t->first_step = t->step;
+    prefetch_noise noise = {.noise_seed = rng_hash(config->run.seed, NOISE_STREAM_TAG),
+                            .timestep_shift = config->train.timestep_shift,
+                            /* on the CPU the rank's threads are busy with the model: one draws the noise */
+                            .threads = device == DEVICE_CUDA ? threads_per_rank(config, info) : 1};
+    t->reader = prefetch_create(&t->data, config->data.prefetch, config->data.verify, noise);
+    if (info->rank == 0) t->metrics = open_metrics(config, t->step);
+}
+
+/* Collective, while the first step's samples are read: the initial state goes to the GPU and NCCL
+   connects the ranks (train_gpu_start); nothing on the CPU. */
+static void start_device(trainer *t)
+{
+#ifdef HAVE_CUDA
+    if (!t->gpu) return;
+    train_gpu_start(t->gpu, t->net.weights, t->adam_m, t->adam_v);
+    if (t->info->rank != 0) { /* only rank 0 writes checkpoints: the others need no host moments */
+        free(t->adam_m);
+        free(t->adam_v);
+        t->adam_m = t->adam_v = NULL;
+    }
+#else
+    (void)t;
+#endif
+}
+
+static void trainer_free(trainer *t)
+{
+    free(t->calibration_features);
+    free(t->calibration_seconds);
+    prefetch_destroy(t->reader);
+    rank_assignment_free(&t->current);
+    rank_assignment_free(&t->upcoming);
+    if (t->info->rank == 0) {
+        balance_assignment_free(&t->drawn);
+        balancer_free(t->packer);
+        if (fclose(t->metrics) != 0 && !t->metrics_failed)
+            aldit_warn("closing the metrics file of %s failed: its last lines may be missing", t->config->run.dir);
+    }
+    free(t->samples);
+    free(t->snapshot);
+    free(t->rank_seconds);
+    free(t->upcoming_rank_pred);
+    free(t->current_rank_pred);
+    free(t->upcoming_rank_samples);
+    free(t->current_rank_samples);
+    free(t->rank_measures);
+    free(t->resumed_seconds);
+    free(t->frames);
+    free(t->height);
+    free(t->width);
+    free(t->text_len);
+    free(t->grads);
+    free(t->adam_m);
+    free(t->adam_v);
+#ifdef HAVE_CUDA
+    train_gpu_free(t->gpu);
+#endif
+    model_free(&t->net);
+    store_close(&t->data);
+}
+
+int train_run(const deck *config, const comm_info *info)
+{
+    int device = resolve_device(config, info);
+    if (device < 0) return ALDIT_EXIT_ERROR;
+    if (!recompute_supported(config, device, info)) return ALDIT_EXIT_USAGE;
+    cpu_set_threads(threads_per_rank(config, info));
+    trainer t;
+    char resumed_from[2 * DECK_PATH_MAX];
+    int budget_measured = 0;
+    trainer_setup(&t, config, info, device, resumed_from, sizeof resumed_from, &budget_measured);
+    if (info->rank == 0) print_summary(&t, resumed_from, budget_measured);
+    int status = 0, finished = config->run.steps > 0 && t.step >= config->run.steps;
+    if (!finished) {
+        draw_upcoming(&t);
+        /* the uninterrupted run drew this step before observing the last one: the same order here */
+        if (t.resumed_seconds) balancer_observe(t.packer, t.resumed_seconds);
+        finished = config->run.steps <= 0 && t.upcoming.epoch >= config->run.epochs;
+    }
+    if (finished && info->rank == 0) printf("aldit: nothing to do: the run is already complete at step %lld\n",
+                                            (long long)t.step);
+    if (!finished) {
+        prefetch_start(t.reader, t.upcoming.ids, t.upcoming.n_samples, t.upcoming.epoch);
+        start_device(&t);
+    }
+    t.rss_base = resident_bytes();
+    t.loop_started_s = comm_time();
+    while (!finished) {
+        swap_assignments(&t);
+        step_record record = {0};
+        if (train_step(&t, &record) != 0) { status = ALDIT_EXIT_ERROR; break; }
+        double log_started = comm_time();
+        if (info->rank == 0) {
+            write_metrics_line(&t, &record);
+            if (t.step % config->log.every == 0 || t.step == t.total_steps) print_progress(&t, &record);
+        }
+        t.phase_s[PHASE_LOG] += seconds_since(log_started);
+        int signalled = comm_allreduce_or_int(stop_signal != 0);
+        int budget_done = config->run.steps > 0 ? t.step >= config->run.steps : t.upcoming.epoch >= config->run.epochs;
+        finished = signalled || budget_done;
+        if (signalled && info->rank == 0)
+            printf("aldit: stop requested by a signal: checkpointing step %lld and exiting\n", (long long)t.step);
+        if (finished || (config->checkpoint.every > 0 && t.step % config->checkpoint.every == 0))
+            save_checkpoint(&t, finished);
+    }
+    prefetch_drain(t.reader);
+    print_timing_table(&t);
+    trainer_free(&t);
+    return status;
+}

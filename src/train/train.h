@@ -1,0 +1,21 @@
+/* train.h — the training run on every rank, the --check plan and the stop signals. */
+#ifndef ALDIT_TRAIN_H
+#define ALDIT_TRAIN_H
+
+#include "core/comm.h"
+#include "deck/deck.h"
+
+/* Collective: train as the deck says (resuming from the newest checkpoint when [checkpoint] resume is on)
+   until [run] steps / epochs are done or SIGUSR1/SIGTERM asks to stop; the last state is checkpointed.
+   Returns the process exit status (0 done, 1 runtime error such as a non-finite loss); bad input (store,
+   checkpoint, init weights) ends the job with status 2. */
+int train_run(const deck *config, const comm_info *info);
+
+/* Collective (--check): open the store, check that it fits the model, print the resolved deck and the plan
+   (samples, tokens, steps per epoch predicted by the balancer, memory budget) on rank 0. Returns 0. */
+int train_check(const deck *config, const comm_info *info);
+
+/* SIGUSR1 and SIGTERM set a flag that the loop reads at the next step boundary (all ranks agree there). */
+void train_install_signal_handlers(void);
+
+#endif
