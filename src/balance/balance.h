@@ -47,7 +47,7 @@ typedef struct balancer balancer;
 /* Rank 0: build a balancer over `samples` (copied) for `n_ranks` ranks with an activation-memory
    budget per rank of `mem_budget_bytes`. Its memory model is the deck's analytic one (cost_model_init)
    or, when `memory` is not NULL, that cost model's activation bytes per sample, token and text token
-   (the GPU trainer passes the GPU model's own: train_gpu_memory_model). A sample whose memory alone
+   (the CUDA backend passes the GPU model's own: its backend_plan's memory model). A sample whose memory alone
    exceeds the budget ends the job (exit 2) naming it, or with [balance] oversize = skip is left out with
    a warning. */
 balancer *balancer_create(const deck *config, const balance_sample *samples, int64_t n_samples, int n_ranks,

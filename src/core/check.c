@@ -70,3 +70,11 @@ void *aldit_realloc_at(void *ptr, size_t n_bytes, const char *file, int line)
     if (!grown) aldit_fatal_at(file, line, ALDIT_EXIT_ERROR, "out of host memory reallocating %zu bytes", n_bytes);
     return grown;
 }
+
+void format_size(double n_bytes, char *text, size_t text_size)
+{
+    const char *units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    int unit = 0;
+    while (n_bytes >= 1024.0 && unit < 4) { n_bytes /= 1024.0; unit++; }
+    snprintf(text, text_size, "%.1f %s", n_bytes, units[unit]);
+}

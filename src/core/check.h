@@ -26,6 +26,9 @@ ALDIT_NORETURN void aldit_fatal_at(const char *file, int line, int code, const c
 /* Warnings and informational lines go to stderr / stdout, prefixed "aldit: ". */
 void aldit_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
+/* A byte count for people: "1.5 GiB" (B, KiB, MiB, GiB, TiB; one decimal). */
+void format_size(double n_bytes, char *text, size_t text_size);
+
 /* Check a condition that must hold (stays on in release builds). */
 #define ALDIT_CHECK(cond, ...) do { if (!(cond)) ALDIT_FATAL(__VA_ARGS__); } while (0)
 

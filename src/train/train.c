@@ -12,10 +12,8 @@
 #include "train/prefetch.h"
 #include "core/rng.h"
 #include "io/store.h"
-#include "cuda/train_gpu.h"
-#ifdef HAVE_CUDA
-#include "cuda/gpu.h"
-#endif
+#include "backend/backend.h"
+#include "train/device.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -23,7 +21,6 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #ifdef _OPENMP
@@ -91,81 +88,6 @@ static void make_dirs(const char *path)
         ALDIT_FATAL_CODE(ALDIT_EXIT_USAGE, "cannot create the run folder %s ([run] dir): %s", path, strerror(failure));
 }
 
-/* Collective: [run] device resolved. cpu stays cpu; auto is cuda when this build has CUDA and every rank
-   sees a GPU, else cpu; cuda without CUDA in the build or without a GPU on some rank is an error: rank 0
-   says why and every rank gets -1 (exit status 1 for the caller). */
-static int resolve_device(const deck *config, const comm_info *info)
-{
-    if (config->run.device == DEVICE_CPU) return DEVICE_CPU;
-#ifdef HAVE_CUDA
-    int some_rank_without_gpu = comm_allreduce_or_int(gpu_count() == 0);
-    if (!some_rank_without_gpu) return DEVICE_CUDA;
-    if (config->run.device == DEVICE_AUTO) return DEVICE_CPU;
-    const char *visible = getenv("CUDA_VISIBLE_DEVICES");
-    if (info->rank == 0)
-        fprintf(stderr, "aldit: error: [run] device = cuda, but %s sees no GPU (cudaGetDeviceCount found none%s%s%s); "
-                "run on a GPU node, or set device = cpu or auto\n",
-                info->n_ranks > 1 ? "at least one rank" : "this process", visible ? ", CUDA_VISIBLE_DEVICES = '" : "",
-                visible ? visible : "", visible ? "'" : "");
-#else
-    if (config->run.device == DEVICE_AUTO) return DEVICE_CPU;
-    if (info->rank == 0)
-        fprintf(stderr, "aldit: error: [run] device = cuda, but this build of aldit has no CUDA backend (configure "
-                "--with-cuda); set device = cpu or auto\n");
-#endif
-    return -1;
-}
-
-/* The CPU backend keeps every activation: a deck asking for block recomputation there would let the
-   balancer plan micro-batches (its memory model assumes recomputation) that overrun host memory. */
-static int recompute_supported(const deck *config, int device, const comm_info *info)
-{
-    if (device != DEVICE_CPU || config->train.recompute != RECOMPUTE_BLOCK) return 1;
-    if (info->rank == 0)
-        fprintf(stderr, "aldit: error: [train] recompute = block is not available on the CPU backend, which keeps every "
-                "block's activations; set train.recompute = none and balance.recompute = none (or train on GPUs)\n");
-    return 0;
-}
-
-/* MemAvailable of /proc/meminfo in bytes, or -1 where it cannot be read. */
-static double host_available_bytes(void)
-{
-    FILE *meminfo = fopen("/proc/meminfo", "r");
-    if (!meminfo) return -1.0;
-    char line[256];
-    double kib = -1.0;
-    while (fgets(line, sizeof line, meminfo))
-        if (sscanf(line, "MemAvailable: %lf kB", &kib) == 1) break;
-    fclose(meminfo);
-    return kib < 0 ? -1.0 : kib * 1024.0;
-}
-
-/* Resident set now and its peak so far, in bytes. */
-static double resident_bytes(void)
-{
-    FILE *statm = fopen("/proc/self/statm", "r");
-    long long pages_total = 0, pages_resident = 0;
-    if (!statm) return 0.0;
-    if (fscanf(statm, "%lld %lld", &pages_total, &pages_resident) != 2) pages_resident = 0;
-    fclose(statm);
-    return (double)pages_resident * (double)sysconf(_SC_PAGESIZE);
-}
-
-static double peak_resident_bytes(void)
-{
-    struct rusage usage;
-    getrusage(RUSAGE_SELF, &usage);
-    return (double)usage.ru_maxrss * 1024.0; /* Linux reports KiB */
-}
-
-static void format_bytes(double n_bytes, char *text, size_t text_size)
-{
-    const char *units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-    int unit = 0;
-    while (n_bytes >= 1024.0 && unit < 4) { n_bytes /= 1024.0; unit++; }
-    snprintf(text, text_size, "%.1f %s", n_bytes, units[unit]);
-}
-
 static void format_duration(double seconds, char *text, size_t text_size)
 {
     long long whole = seconds > 0 ? (long long)(seconds + 0.5) : 0;
@@ -202,26 +124,6 @@ static void check_store_fits_model(const store *data, const deck *config, int ra
     exit_all(ALDIT_EXIT_USAGE);
 }
 
-/* Activation bytes each rank may use: the deck's, or (CPU) available host memory shared by the ranks of
-   the node, less the margin, less weights, gradients and the two AdamW moments (fp32). Same on all ranks. */
-static double memory_budget(const deck *config, const comm_info *info, int64_t n_weights, int *measured)
-{
-    *measured = config->balance.mem_budget <= 0.0;
-    if (!*measured) return config->balance.mem_budget;
-    double available = host_available_bytes();
-    if (available < 0.0) available = config->balance.device_mem * info->n_local_ranks;
-    double budget = available / info->n_local_ranks * (1.0 - config->balance.mem_margin)
-                    - 4.0 * sizeof(float) * (double)n_weights;
-    comm_allreduce_min_f64(&budget, 1);
-    if (budget <= 0.0) {
-        if (info->rank == 0)
-            fprintf(stderr, "aldit: error: no memory left for activations after the model state (%lld parameters); "
-                    "set [balance] mem_budget or use fewer ranks per node\n", (long long)n_weights);
-        exit_all(ALDIT_EXIT_USAGE);
-    }
-    return budget;
-}
-
 static balance_sample *balance_samples(const store *data, const deck *config)
 {
     balance_sample *samples = xmalloc((size_t)data->n_samples * sizeof *samples);
@@ -234,13 +136,14 @@ static balance_sample *balance_samples(const store *data, const deck *config)
     return samples;
 }
 
-/* balancer_create for this run's device: with the GPU plan's memory model (`memory`, NULL on the CPU), and
-   [balance] mem_fill on GPUs only (host memory does not limit a CPU rank's step, its compute does). */
+/* balancer_create for this run's backend plan: its budget, its memory model (or the deck's), and [balance]
+   mem_fill only where the backend's step is limited by its memory (a GPU's; a CPU rank's is by its compute). */
 static balancer *create_balancer(const deck *config, const balance_sample *samples, int64_t n_samples, int n_ranks,
-                                 double mem_budget, int device, const cost_model *memory)
+                                 const backend_plan *memory)
 {
-    balancer *b = balancer_create(config, samples, n_samples, n_ranks, mem_budget, memory);
-    if (b && device == DEVICE_CPU) balancer_set_mem_fill(b, 0.0);
+    balancer *b = balancer_create(config, samples, n_samples, n_ranks, memory->mem_budget,
+                                  memory->has_memory_model ? &memory->memory_model : NULL);
+    if (b && !memory->fills_memory) balancer_set_mem_fill(b, 0.0);
     return b;
 }
 
@@ -249,11 +152,11 @@ static balancer *create_balancer(const deck *config, const balance_sample *sampl
 typedef struct { int64_t steps; double predicted_s, lower_bound_s, imbalance_pred; } epoch_plan;
 
 static epoch_plan plan_epoch(const deck *config, const balance_sample *samples, int64_t n_samples, int n_ranks,
-                             double mem_budget, int device, const cost_model *memory, int n_calibration,
-                             const cost_features *calibration_features, const double *calibration_seconds)
+                             const backend_plan *memory, int n_calibration, const cost_features *calibration_features,
+                             const double *calibration_seconds)
 {
     epoch_plan plan = {0};
-    balancer *scratch = create_balancer(config, samples, n_samples, n_ranks, mem_budget, device, memory);
+    balancer *scratch = create_balancer(config, samples, n_samples, n_ranks, memory);
     if (n_calibration > 0) balancer_calibrate(scratch, n_calibration, calibration_features, calibration_seconds);
     balance_assignment step = {0};
     double sum_mean = 0.0;
@@ -290,66 +193,10 @@ static void print_store_line(const store *data, const deck *config)
            (long long)data->n_samples, (long long)total, (long long)shortest, (long long)longest, data->text_dim);
 }
 
-/* The device line of the summaries. On a GPU: rank 0's GPU and (in a run) what sums the gradients. */
-static void print_device_line(const deck *config, const gpu_plan *gpu, const char *gradient_sum, int n_ranks)
-{
-    const char *chosen = config->run.device == DEVICE_AUTO ? " (auto)" : "";
-    if (gpu) {
-        char buckets[96] = "";
-        if (gradient_sum && n_ranks > 1 && config->train.allreduce_bucket > 0) {
-            char bucket_text[32];
-            format_bytes(config->train.allreduce_bucket, bucket_text, sizeof bucket_text);
-            snprintf(buckets, sizeof buckets, ", buckets of %s overlapping the backward", bucket_text);
-        } else if (gradient_sum && n_ranks > 1) snprintf(buckets, sizeof buckets, ", one call after the backward");
-        printf("  device     cuda%s: GPU %d, %s; %d rank(s) per GPU%s%s%s\n", chosen, gpu->device, gpu->description,
-               gpu->ranks_per_gpu, gradient_sum ? "; gradient all-reduce: " : "", gradient_sum ? gradient_sum : "",
-               buckets);
-        if (gradient_sum && gpu->cudnn_min_tokens > 0) /* a run: the attention kernels are chosen */
-            printf("  attention  cuDNN's fused attention (self and cross) for samples of %lld tokens or more, our flash "
-                   "attention below\n", (long long)gpu->cudnn_min_tokens);
-        else if (gradient_sum) printf("  attention  our flash attention\n");
-        return;
-    }
-    int threads = 1;
-#ifdef _OPENMP
-    threads = omp_get_max_threads();
-#endif
-    printf("  device     cpu%s, %d OpenMP thread(s) per rank\n", chosen, threads);
-}
-
-/* The memory lines of the summaries: the activation budget per rank and where it comes from; on a GPU
-   also the device memory and the capacity of the GPU model. */
-static void print_memory_lines(double budget, int budget_measured, const gpu_plan *gpu)
-{
-    char budget_text[32], free_text[32], state_text[32], workspace_text[32];
-    format_bytes(budget, budget_text, sizeof budget_text);
-    if (!gpu) {
-        printf("  memory     activation budget %s per rank (%s)\n", budget_text,
-               budget_measured ? "measured: available host memory" : "[balance] mem_budget");
-        return;
-    }
-    format_bytes(gpu->free_bytes, free_text, sizeof free_text);
-    format_bytes(gpu->state_bytes, state_text, sizeof state_text);
-    format_bytes(gpu->workspace_bytes, workspace_text, sizeof workspace_text);
-    printf("  memory     activation budget %s per rank (%s); %s of GPU memory free per rank, %s of it for "
-           "weights, gradients and AdamW moments\n", budget_text,
-           budget_measured ? "measured: the largest whose GPU model fits the free memory less mem_margin"
-                           : "[balance] mem_budget", free_text, state_text);
-    printf("  capacity   GPU model for micro-batches of up to %lld tokens, %d samples and %lld text rows: %s of "
-           "activation workspace\n", (long long)gpu->max_tokens, gpu->max_samples, (long long)gpu->max_text,
-           workspace_text);
-    if (gpu->attention_buffer_bytes > 0.0) {
-        char buffer_text[32];
-        format_bytes(gpu->attention_buffer_bytes, buffer_text, sizeof buffer_text);
-        printf("             and %s kept for cuDNN attention's buffer (the longest sample)\n", buffer_text);
-    }
-}
-
 int train_check(const deck *config, const comm_info *info)
 {
-    int device = resolve_device(config, info);
-    if (device < 0) return ALDIT_EXIT_ERROR;
-    if (!recompute_supported(config, device, info)) return ALDIT_EXIT_USAGE;
+    int device = device_resolve(config, info);
+    if (device < 0) return device == -1 ? ALDIT_EXIT_ERROR : ALDIT_EXIT_USAGE;
     if (config->model.init[0]) { /* the names and shapes of [model] init's weights, as a run would load them */
         int status = 0;
         if (info->rank == 0) {
@@ -365,54 +212,31 @@ int train_check(const deck *config, const comm_info *info)
     store data;
     store_open_bcast(&data, config->data.store);
     check_store_fits_model(&data, config, info->rank);
-    int64_t n_params = cost_model_param_count(config);
-    int budget_measured = 0;
-    double budget = 0.0;
-    const gpu_plan *gpu = NULL;
-    cost_model gpu_memory, *memory = NULL; /* the GPU plan's memory model (train_gpu_plan) */
-    if (device == DEVICE_CPU) budget = memory_budget(config, info, n_params, &budget_measured);
-#ifdef HAVE_CUDA
-    gpu_plan plan_of_gpu;
-    if (device == DEVICE_CUDA) {
-        model table;
-        model_create_table(&table, config);
-        cost_model_init(&gpu_memory, config);
-        memory = &gpu_memory;
-        balance_sample *all = balance_samples(&data, config);
-        int status = train_gpu_plan(config, info, &table, memory, all, data.n_samples, &plan_of_gpu);
-        free(all);
-        model_free(&table);
-        if (status != 0) {
-            cost_model_free(&gpu_memory);
-            store_close(&data);
-            return status;
-        }
-        gpu = &plan_of_gpu;
-        budget = gpu->mem_budget;
-        budget_measured = gpu->budget_measured;
-    }
-#endif
-    if (info->rank == 0) {
+    model table;
+    model_create_table(&table, config);
+    balance_sample *samples = balance_samples(&data, config);
+    backend_plan plan;
+    int status = device_plan_fn(device)(config, info, &table, samples, data.n_samples, &plan);
+    if (status == 0 && info->rank == 0) {
         deck_print(config, stdout);
-        balance_sample *samples = balance_samples(&data, config);
-        epoch_plan plan = plan_epoch(config, samples, data.n_samples, info->n_ranks, budget, device, memory, 0,
-                                     NULL, NULL);
+        epoch_plan epoch = plan_epoch(config, samples, data.n_samples, info->n_ranks, &plan, 0, NULL, NULL);
         printf("\n# plan for %d rank(s)\n", info->n_ranks);
         print_store_line(&data, config);
-        printf("  model      %s: %lld parameters\n", config->model.name, (long long)n_params);
-        print_device_line(config, gpu, NULL, 1);
-        print_memory_lines(budget, budget_measured, gpu);
+        printf("  model      %s: %lld parameters\n", config->model.name, (long long)table.n_weights);
+        fputs(plan.device_text, stdout);
+        fputs(plan.memory_text, stdout);
         printf("  balancer   %s: %lld steps per epoch, predicted epoch %.3g s vs lower bound %.3g s "
-               "(predicted imbalance %.1f%%)\n", deck_strategy_name(config->balance.strategy), (long long)plan.steps,
-               plan.predicted_s, plan.lower_bound_s, 100.0 * plan.imbalance_pred);
+               "(predicted imbalance %.1f%%)\n", deck_strategy_name(config->balance.strategy), (long long)epoch.steps,
+               epoch.predicted_s, epoch.lower_bound_s, 100.0 * epoch.imbalance_pred);
         if (config->run.steps > 0) printf("  run        %lld steps\n", (long long)config->run.steps);
         else printf("  run        %lld epochs = %lld steps\n", (long long)config->run.epochs,
-                    (long long)(config->run.epochs * plan.steps));
-        free(samples);
+                    (long long)(config->run.epochs * epoch.steps));
     }
-    if (memory) cost_model_free(memory);
+    if (plan.has_memory_model) cost_model_free(&plan.memory_model);
+    free(samples);
+    model_free(&table);
     store_close(&data);
-    return 0;
+    return status;
 }
 
 /* ---- training state ------------------------------------------------------------------------------ */
@@ -431,12 +255,11 @@ typedef struct {
     cost_features *calibration_features;
     double *calibration_seconds;
     store data;
-    model net;                      /* the CPU model; on a GPU its weights are the host copy for checkpoints */
-    train_gpu *gpu;                 /* the CUDA side, or NULL on the CPU */
-    float *grads;                   /* CPU only: the gradients */
-    float *adam_m, *adam_v;         /* CPU: the moments; GPU: their host copy for checkpoints (rank 0) */
+    model net;                      /* parameter table and the host copy of the weights (the CPU backend's own) */
+    backend *dev;                   /* the device's backend: it holds the training state */
+    float *adam_m, *adam_v;         /* host copies of the moments: the initial state, then checkpoints (rank 0) */
     balancer *packer;               /* rank 0 */
-    balance_sample *samples;        /* rank 0 (every rank on a GPU: it plans the GPU model's capacity) */
+    balance_sample *samples;        /* every sample as the balancer sees it (backends plan their capacity with it) */
     unsigned char *snapshot;        /* rank 0: balancer state before the lookahead draw (what a checkpoint holds) */
     size_t snapshot_bytes, snapshot_capacity;
     double *rank_seconds;           /* rank 0: measured compute seconds per rank of the last step */
@@ -453,7 +276,7 @@ typedef struct {
     /* per-sample shapes of the current step */
     int32_t *frames, *height, *width, *text_len;
     int sample_capacity;
-    double mem_budget, rss_base;
+    double mem_budget;
     int64_t step;                   /* optimizer steps done */
     int64_t total_steps;            /* for the LR schedule */
     int64_t steps_per_epoch;
@@ -541,14 +364,11 @@ static void prepare_samples(trainer *t, const sample_batch *batch)
     }
 }
 
-/* Forward + backward of every micro-batch of this rank; gradients (already divided by the step's global
-   sample count) go into t->grads, or the GPU model's gradients. Returns this rank's sum of per-sample losses. */
+/* Forward + backward of every micro-batch of this rank; the backend's gradients are already divided by the step's
+   global sample count. Returns this rank's sum of per-sample losses. */
 static double compute_gradients(trainer *t, const sample_batch *batch)
 {
-#ifdef HAVE_CUDA
-    if (t->gpu) train_gpu_begin_step(t->gpu);
-#endif
-    if (!t->gpu) memset(t->grads, 0, (size_t)t->net.n_weights * sizeof *t->grads);
+    t->dev->ops->begin_step(t->dev);
     const float grad_scale = (float)(1.0 / (double)t->current.global_samples);
     double loss_sum = 0.0;
     for (int micro = 0; micro < t->current.n_micro; micro++) {
@@ -562,10 +382,7 @@ static double compute_gradients(trainer *t, const sample_batch *batch)
             .sigma = batch->sigma + first,
             .text = batch->text + batch->text_start[first],
         };
-#ifdef HAVE_CUDA
-        if (t->gpu) loss_sum += train_gpu_micro_batch(t->gpu, &mb, grad_scale, micro == t->current.n_micro - 1);
-#endif
-        if (!t->gpu) loss_sum += model_forward_backward(&t->net, &mb, t->grads, grad_scale, NULL);
+        loss_sum += t->dev->ops->micro_batch(t->dev, &mb, grad_scale, micro == t->current.n_micro - 1);
     }
     return loss_sum;
 }
@@ -615,9 +432,7 @@ static void save_checkpoint(trainer *t, int must_succeed)
     char path[2 * DECK_PATH_MAX] = "";
     if (t->info->rank == 0) {
         prefetch_drain(t->reader);
-#ifdef HAVE_CUDA
-        if (t->gpu) train_gpu_download(t->gpu, t->net.weights, t->adam_m, t->adam_v);
-#endif
+        t->dev->ops->read_state(t->dev, t->net.weights, t->adam_m, t->adam_v);
         checkpoint_state state = {
             .step = t->step, .epoch = t->current.epoch, .seed = t->config->run.seed,
             .steps_per_epoch = t->steps_per_epoch,
@@ -700,25 +515,18 @@ static void initial_state(trainer *t, char *resumed_from, size_t resumed_size)
 
 /* ---- output -------------------------------------------------------------------------------------- */
 
-static void print_summary(const trainer *t, const char *resumed_from, int budget_measured)
+static void print_summary(const trainer *t, const char *resumed_from)
 {
     const deck *config = t->config;
+    const backend_plan *plan = t->dev->ops->plan(t->dev);
     char weights_text[32];
-    format_bytes(4.0 * (double)t->net.n_weights, weights_text, sizeof weights_text);
-    const gpu_plan *gpu = NULL;
-    const char *gradient_sum = NULL;
-#ifdef HAVE_CUDA
-    if (t->gpu) {
-        gpu = train_gpu_get_plan(t->gpu);
-        gradient_sum = train_gpu_sync_method(t->gpu);
-    }
-#endif
+    format_size(4.0 * (double)t->net.n_weights, weights_text, sizeof weights_text);
     printf("aldit %s: training\n", PACKAGE_VERSION);
     printf("  deck       %s\n", config->source[0] ? config->source : "(defaults)");
     printf("  run dir    %s (%s)\n", config->run.dir, resumed_from[0] ? "resuming" : "fresh start");
     if (resumed_from[0]) printf("  resumed    %s at step %lld\n", resumed_from, (long long)t->step);
     else if (config->model.init[0]) printf("  init       weights from %s\n", config->model.init);
-    print_device_line(config, gpu, gradient_sum, t->info->n_ranks);
+    fputs(plan->device_text, stdout);
     printf("  model      %s: dim %d, ffn %d, %d heads, %d layers; %lld parameters (%s fp32)\n", config->model.name,
            config->model.dim, config->model.ffn_dim, config->model.num_heads, config->model.num_layers,
            (long long)t->net.n_weights, weights_text);
@@ -728,7 +536,7 @@ static void print_summary(const trainer *t, const char *resumed_from, int budget
         printf("  strategy   %s, global batch %lld samples\n", deck_strategy_name(config->balance.strategy),
                (long long)config->balance.global_batch);
     else printf("  strategy   %s, budget-filled steps\n", deck_strategy_name(config->balance.strategy));
-    print_memory_lines(t->mem_budget, budget_measured, gpu);
+    fputs(plan->memory_text, stdout);
     printf("  schedule   %lld steps (%lld per epoch), lr %g, warmup %lld, %s to %g, weight decay %g, clip %g\n",
            (long long)t->total_steps, (long long)t->steps_per_epoch, config->train.lr,
            (long long)config->train.warmup_steps, config->train.lr_schedule == LR_COSINE ? "cosine" : "constant",
@@ -864,38 +672,27 @@ static int train_step(trainer *t, step_record *r)
     }
 
     phase_started = comm_time();
-#ifdef HAVE_CUDA
-    if (t->gpu) train_gpu_allreduce(t->gpu); /* queued: with NCCL it runs while the sums below go through MPI */
-#endif
-    if (!t->gpu) comm_allreduce_sum_f32(t->grads, (size_t)t->net.n_weights);
+    t->dev->ops->sum_gradients(t->dev); /* a GPU's is queued: with NCCL it runs while the sums below go through MPI */
     comm_allreduce_sum_f64(sums, 3);
     const double host_comm_s = seconds_since(phase_started); /* includes waiting for the slowest rank */
     t->phase_s[PHASE_COMM] += host_comm_s;
 
     t->step++;
-    phase_started = comm_time();
     r->loss = sums[0] / (double)t->current.global_samples;
     r->tokens = sums[1];
     r->model_flops = sums[2];
     r->lr = optim_lr(config, t->step, t->total_steps);
     adamw_step hyper = {.lr = r->lr, .beta1 = config->train.beta1, .beta2 = config->train.beta2,
                         .eps = config->train.adam_eps, .step = t->step};
-    double mem_peak = 0.0;
-#ifdef HAVE_CUDA
-    if (t->gpu) {
-        /* norm, clip and AdamW queued at once (AdamW leaves everything as it is when the norm is not
-           finite; a non-finite loss is known here and not updated from); one wait for the whole step */
-        gpu_step_result device;
-        train_gpu_finish_step(t->gpu, &hyper, isfinite(r->loss), &device);
-        r->grad_norm = device.grad_norm;
-        mem_peak = device.mem_peak;
-        /* NCCL's time past the backward starts with the host's wait above (both when this rank's compute
-           ends) and also waits for the slowest rank: only what outlasts the host's wait is more */
-        t->phase_s[PHASE_COMM] += fmax(0.0, device.comm_device_s - host_comm_s);
-        t->phase_s[PHASE_OPTIMIZER] += device.optimizer_s;
-    }
-#endif
-    if (!t->gpu) r->grad_norm = optim_global_norm(t->grads, t->net.n_weights);
+    /* norm, clip and AdamW (nothing is updated from a non-finite loss or norm); one wait for the whole step */
+    backend_step_result device;
+    t->dev->ops->finish_step(t->dev, &hyper, isfinite(r->loss), &device);
+    r->grad_norm = device.grad_norm;
+    const double mem_peak = device.mem_peak;
+    /* a device's gradient sum starts with the host's wait above (both when this rank's compute ends) and also
+       waits for the slowest rank: only what outlasts the host's wait is more */
+    t->phase_s[PHASE_COMM] += fmax(0.0, device.comm_device_s - host_comm_s);
+    t->phase_s[PHASE_OPTIMIZER] += device.optimizer_s;
     r->skipped = !isfinite(r->loss) || !isfinite(r->grad_norm);
     if (r->skipped && config->train.nonfinite == NONFINITE_ERROR) {
         if (t->info->rank == 0)
@@ -905,19 +702,6 @@ static int train_step(trainer *t, step_record *r)
         return 1;
     }
     if (r->skipped) t->skipped_steps++;
-    else if (!t->gpu) {
-        optim_clip(t->grads, t->net.n_weights, r->grad_norm, config->train.grad_clip);
-        for (int p = 0; p < t->net.n_params; p++) {
-            const param_info *param = &t->net.params[p];
-            double weight_decay = optim_param_decays(param->name, param->ndim) ? config->train.weight_decay : 0.0;
-            optim_adamw(&hyper, weight_decay, t->net.weights + param->offset, t->grads + param->offset,
-                        t->adam_m + param->offset, t->adam_v + param->offset, param->n_elements);
-        }
-    }
-    if (!t->gpu) {
-        t->phase_s[PHASE_OPTIMIZER] += seconds_since(phase_started);
-        mem_peak = peak_resident_bytes() - t->rss_base;
-    }
 
     /* per-rank measurements to rank 0: compute seconds, data wait, peak memory (CPU: growth of the peak
        resident set since the loop started; GPU: workspace of the largest micro-batch) */
@@ -962,14 +746,13 @@ static void report_calibration(trainer *t)
     fflush(stdout);
 }
 
-#ifdef HAVE_CUDA
 /* shapes timed at start-up; copies of a shape packed into one timed micro-batch ([balance] calibrate_packed) */
 enum { CALIBRATION_MAX_SHAPES = 24, CALIBRATION_MAX_COPIES = 32 };
 
 /* Order of sample shapes: by tokens, then frames, height, width (text length ignored). */
 static int compare_shapes(const void *a, const void *b)
 {
-    const gpu_shape *x = a, *y = b;
+    const backend_shape *x = a, *y = b;
     int64_t tx = (int64_t)x->frames * x->height * x->width, ty = (int64_t)y->frames * y->height * y->width;
     if (tx != ty) return (tx > ty) - (tx < ty);
     if (x->frames != y->frames) return (x->frames > y->frames) - (x->frames < y->frames);
@@ -978,39 +761,39 @@ static int compare_shapes(const void *a, const void *b)
 }
 
 /* Time the store's distinct sample shapes (at most CALIBRATION_MAX_SHAPES, spread over the length range;
-   each with its mean text length) on the GPU, each packed into a micro-batch of as many copies as training
-   would pack (train_gpu_time_shapes; one copy with [balance] calibrate_packed off), so that the timings
+   each with its mean text length) on the backend's device, each packed into a micro-batch of as many copies as
+   training would pack (backend_ops.time_shapes; one copy with [balance] calibrate_packed off), so that the timings
    carry the per-micro-batch fixed cost as training does; rank 0 keeps them for the balancer's cost model,
    and in the run folder (calibration.h), from where a restarted run on the same device and model reads them. */
-static void calibrate_on_gpu(trainer *t)
+static void calibrate(trainer *t)
 {
     /* every sample's shape, sorted (by tokens, then frames, height, width), then one entry per distinct
        shape with its mean text length: O(n log n) for stores of millions of samples */
     const int64_t n_samples = t->data.n_samples;
-    gpu_shape *all = xmalloc((size_t)(n_samples > 0 ? n_samples : 1) * sizeof *all);
+    backend_shape *all = xmalloc((size_t)(n_samples > 0 ? n_samples : 1) * sizeof *all);
     for (int64_t id = 0; id < n_samples; id++) {
         const store_sample *sample = &t->data.samples[id];
-        all[id] = (gpu_shape){sample->frames, sample->height, sample->width, sample->text_len};
+        all[id] = (backend_shape){sample->frames, sample->height, sample->width, sample->text_len};
     }
     qsort(all, (size_t)n_samples, sizeof *all, compare_shapes);
-    gpu_shape *distinct = xmalloc((size_t)(n_samples > 0 ? n_samples : 1) * sizeof *distinct);
+    backend_shape *distinct = xmalloc((size_t)(n_samples > 0 ? n_samples : 1) * sizeof *distinct);
     int64_t n_distinct = 0;
     for (int64_t first = 0, end; first < n_samples; first = end) {
         double text_sum = 0.0;
         for (end = first; end < n_samples && compare_shapes(&all[end], &all[first]) == 0; end++) text_sum += all[end].text_len;
         int32_t mean_text = (int32_t)lround(text_sum / (double)(end - first));
-        distinct[n_distinct++] = (gpu_shape){all[first].frames, all[first].height, all[first].width,
+        distinct[n_distinct++] = (backend_shape){all[first].frames, all[first].height, all[first].width,
                                              mean_text > 0 ? mean_text : 1};
     }
     free(all);
 
     int n_shapes = n_distinct < CALIBRATION_MAX_SHAPES ? (int)n_distinct : CALIBRATION_MAX_SHAPES;
-    gpu_shape shapes[CALIBRATION_MAX_SHAPES];
+    backend_shape shapes[CALIBRATION_MAX_SHAPES];
     for (int i = 0; i < n_shapes; i++) /* evenly spaced over the sorted shapes, both ends included */
         shapes[i] = distinct[n_shapes > 1 ? (int64_t)i * (n_distinct - 1) / (n_shapes - 1) : 0];
     int copies[CALIBRATION_MAX_SHAPES];
     const int max_copies = t->config->balance.calibrate_packed ? CALIBRATION_MAX_COPIES : 1;
-    train_gpu_calibration_copies(t->gpu, shapes, n_shapes, max_copies, copies);
+    t->dev->ops->calibration_copies(t->dev, shapes, n_shapes, max_copies, copies);
     calibration_entry entries[CALIBRATION_MAX_SHAPES];
     for (int i = 0; i < n_shapes; i++)
         entries[i] = (calibration_entry){shapes[i].frames, shapes[i].height, shapes[i].width, shapes[i].text_len,
@@ -1021,8 +804,9 @@ static void calibrate_on_gpu(trainer *t)
     snprintf(path, sizeof path, "%s/%s", t->config->run.dir, CALIBRATION_FILE);
     int cached = 0;
     if (t->info->rank == 0) {
-        const gpu_plan *plan = train_gpu_get_plan(t->gpu);
-        calibration_key(t->config, plan->description, plan->ranks_per_gpu, key, sizeof key);
+        int ranks_per_device = 1;
+        const char *device = t->dev->ops->device_key(t->dev, &ranks_per_device);
+        calibration_key(t->config, device, ranks_per_device, key, sizeof key);
         cached = calibration_load(path, key, entries, n_shapes) == CALIBRATION_CACHE_HIT;
     }
     comm_bcast_bytes(&cached, sizeof cached);
@@ -1030,7 +814,7 @@ static void calibrate_on_gpu(trainer *t)
     int saved = 0;
     if (!cached) {
         double seconds[CALIBRATION_MAX_SHAPES];
-        spent = train_gpu_time_shapes(t->gpu, t->info->n_ranks, shapes, n_shapes, copies, seconds);
+        spent = t->dev->ops->time_shapes(t->dev, shapes, n_shapes, copies, seconds);
         for (int i = 0; i < n_shapes; i++) entries[i].seconds = seconds[i];
         if (t->info->rank == 0) saved = calibration_save(path, key, entries, n_shapes) == 0;
     }
@@ -1059,10 +843,9 @@ static void calibrate_on_gpu(trainer *t)
     }
     free(distinct);
 }
-#endif
 
 static void trainer_setup(trainer *t, const deck *config, const comm_info *info, int device, char *resumed_from,
-                          size_t resumed_size, int *budget_measured)
+                          size_t resumed_size)
 {
     memset(t, 0, sizeof *t);
     t->config = config;
@@ -1072,24 +855,14 @@ static void trainer_setup(trainer *t, const deck *config, const comm_info *info,
     store_open_bcast(&t->data, config->data.store);
     check_store_fits_model(&t->data, config, info->rank);
     model_create(&t->net, config);
-    if (device == DEVICE_CPU) t->grads = xcalloc((size_t)t->net.n_weights, sizeof *t->grads);
     t->adam_m = xcalloc((size_t)t->net.n_weights, sizeof *t->adam_m);
     t->adam_v = xcalloc((size_t)t->net.n_weights, sizeof *t->adam_v);
-    if (info->rank == 0 || device == DEVICE_CUDA) t->samples = balance_samples(&t->data, config);
-    const cost_model *gpu_memory = NULL; /* the GPU plan's memory model; NULL: the deck's (CPU) */
-    if (device == DEVICE_CPU) t->mem_budget = memory_budget(config, info, t->net.n_weights, budget_measured);
-#ifdef HAVE_CUDA
-    if (device == DEVICE_CUDA) {
-        t->gpu = train_gpu_create(config, info, &t->net, t->samples, t->data.n_samples);
-        if (!t->gpu) exit_all(ALDIT_EXIT_USAGE);
-        gpu_memory = train_gpu_memory_model(t->gpu);
-        t->mem_budget = train_gpu_get_plan(t->gpu)->mem_budget;
-        *budget_measured = train_gpu_get_plan(t->gpu)->budget_measured;
-    }
-#endif
-#ifdef HAVE_CUDA
-    if (t->gpu && config->balance.calibrate) calibrate_on_gpu(t);
-#endif
+    t->samples = balance_samples(&t->data, config);
+    t->dev = device_create_fn(device)(config, info, &t->net, t->samples, t->data.n_samples);
+    if (!t->dev) exit_all(ALDIT_EXIT_USAGE);
+    const backend_plan *memory = t->dev->ops->plan(t->dev);
+    t->mem_budget = memory->mem_budget;
+    if (config->balance.calibrate && t->dev->ops->time_shapes) calibrate(t);
     int64_t plan[2] = {0, 0}; /* steps per epoch, total steps */
     if (info->rank == 0) {
         t->rank_seconds = xcalloc((size_t)info->n_ranks, sizeof *t->rank_seconds);
@@ -1098,13 +871,12 @@ static void trainer_setup(trainer *t, const deck *config, const comm_info *info,
         t->upcoming_rank_samples = xcalloc((size_t)info->n_ranks, sizeof *t->upcoming_rank_samples);
         t->current_rank_samples = xcalloc((size_t)info->n_ranks, sizeof *t->current_rank_samples);
         t->rank_measures = xcalloc(3 * (size_t)info->n_ranks, sizeof *t->rank_measures);
-        t->packer = create_balancer(config, t->samples, t->data.n_samples, info->n_ranks, t->mem_budget, device,
-                                    gpu_memory);
+        t->packer = create_balancer(config, t->samples, t->data.n_samples, info->n_ranks, memory);
         if (t->n_calibration > 0) report_calibration(t);
         if (config->run.steps > 0 && config->balance.strategy == STRATEGY_GLOBAL && config->balance.global_batch > 0)
             plan[0] = (balancer_epoch_samples(t->packer) + config->balance.global_batch - 1) / config->balance.global_batch;
-        else plan[0] = plan_epoch(config, t->samples, t->data.n_samples, info->n_ranks, t->mem_budget, device,
-                                  gpu_memory, t->n_calibration, t->calibration_features, t->calibration_seconds).steps;
+        else plan[0] = plan_epoch(config, t->samples, t->data.n_samples, info->n_ranks, memory, t->n_calibration,
+                                  t->calibration_features, t->calibration_seconds).steps;
         plan[1] = config->run.steps > 0 ? config->run.steps : config->run.epochs * plan[0];
     }
     comm_bcast_bytes(plan, sizeof plan);
@@ -1114,27 +886,22 @@ static void trainer_setup(trainer *t, const deck *config, const comm_info *info,
     t->first_step = t->step;
     prefetch_noise noise = {.noise_seed = rng_hash(config->run.seed, NOISE_STREAM_TAG),
                             .timestep_shift = config->train.timestep_shift,
-                            /* on the CPU the rank's threads are busy with the model: one draws the noise */
-                            .threads = device == DEVICE_CUDA ? threads_per_rank(config, info) : 1};
+                            /* where the model runs on the rank's threads (the CPU), one draws the noise */
+                            .threads = t->dev->ops->uses_host_threads ? 1 : threads_per_rank(config, info)};
     t->reader = prefetch_create(&t->data, config->data.prefetch, config->data.verify, noise);
     if (info->rank == 0) t->metrics = open_metrics(config, t->step);
 }
 
-/* Collective, while the first step's samples are read: the initial state goes to the GPU and NCCL
-   connects the ranks (train_gpu_start); nothing on the CPU. */
+/* Collective, while the first step's samples are read: the initial state becomes the backend's (a GPU's: uploaded,
+   and NCCL connects the ranks). Only rank 0 writes checkpoints: the others need no host moments after it. */
 static void start_device(trainer *t)
 {
-#ifdef HAVE_CUDA
-    if (!t->gpu) return;
-    train_gpu_start(t->gpu, t->net.weights, t->adam_m, t->adam_v);
-    if (t->info->rank != 0) { /* only rank 0 writes checkpoints: the others need no host moments */
+    t->dev->ops->start(t->dev, t->net.weights, t->adam_m, t->adam_v);
+    if (t->info->rank != 0) {
         free(t->adam_m);
         free(t->adam_v);
         t->adam_m = t->adam_v = NULL;
     }
-#else
-    (void)t;
-#endif
 }
 
 static void trainer_free(trainer *t)
@@ -1163,27 +930,22 @@ static void trainer_free(trainer *t)
     free(t->height);
     free(t->width);
     free(t->text_len);
-    free(t->grads);
     free(t->adam_m);
     free(t->adam_v);
-#ifdef HAVE_CUDA
-    train_gpu_free(t->gpu);
-#endif
+    if (t->dev) t->dev->ops->free(t->dev);
     model_free(&t->net);
     store_close(&t->data);
 }
 
 int train_run(const deck *config, const comm_info *info)
 {
-    int device = resolve_device(config, info);
-    if (device < 0) return ALDIT_EXIT_ERROR;
-    if (!recompute_supported(config, device, info)) return ALDIT_EXIT_USAGE;
+    int device = device_resolve(config, info);
+    if (device < 0) return device == -1 ? ALDIT_EXIT_ERROR : ALDIT_EXIT_USAGE;
     cpu_set_threads(threads_per_rank(config, info));
     trainer t;
     char resumed_from[2 * DECK_PATH_MAX];
-    int budget_measured = 0;
-    trainer_setup(&t, config, info, device, resumed_from, sizeof resumed_from, &budget_measured);
-    if (info->rank == 0) print_summary(&t, resumed_from, budget_measured);
+    trainer_setup(&t, config, info, device, resumed_from, sizeof resumed_from);
+    if (info->rank == 0) print_summary(&t, resumed_from);
     int status = 0, finished = config->run.steps > 0 && t.step >= config->run.steps;
     if (!finished) {
         draw_upcoming(&t);
@@ -1197,7 +959,6 @@ int train_run(const deck *config, const comm_info *info)
         prefetch_start(t.reader, t.upcoming.ids, t.upcoming.n_samples, t.upcoming.epoch);
         start_device(&t);
     }
-    t.rss_base = resident_bytes();
     t.loop_started_s = comm_time();
     while (!finished) {
         swap_assignments(&t);

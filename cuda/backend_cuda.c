@@ -1,6 +1,6 @@
-/* train_gpu.c — the CUDA side of training: GPU choice, memory budget and GPU-model capacity, device state, a step's all-reduce, clip and AdamW. */
+/* backend_cuda.c — the CUDA backend: GPU choice, memory budget and GPU-model capacity, device state, a step's forward/backward, all-reduce, clip and AdamW, start-up timings. */
 #include "config.h"
-#include "cuda/train_gpu.h"
+#include "cuda/backend_cuda.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -26,13 +26,32 @@
 /* The GPU model takes at most this many samples per micro-batch (gpu_model_create). */
 #define GPU_MAX_SAMPLES 65535
 
+/* How a rank's GPU memory is used. mem_budget and the capacity are the same on every rank. */
+typedef struct {
+    int device;                   /* GPU index of this rank: node-local rank mod the GPUs visible */
+    char description[160];        /* gpu_describe() of that GPU */
+    int ranks_per_gpu;            /* ranks of this node on that GPU (they share its memory evenly) */
+    double free_bytes;            /* free device memory per rank when planned, smallest over ranks */
+    double state_bytes;           /* fp32 master weights, bf16 copies, fp32 gradients, fp32 AdamW m and v */
+    double reserve_bytes;         /* kept for cuBLASLt, lazily loaded kernels and NCCL's buffers */
+    double mem_budget;            /* activation bytes per rank the balancer plans with (its cost model's bytes) */
+    int budget_measured;          /* 1: derived from free memory less [balance] mem_margin; 0: [balance] mem_budget */
+    /* Capacity of the GPU model: every micro-batch the balancer can form under mem_budget fits it. */
+    int64_t max_tokens, max_text;
+    int max_samples;
+    double workspace_bytes;       /* the GPU model's activation workspace at that capacity ([train] recompute) */
+    double attention_buffer_bytes; /* cuDNN attention's own buffer for the longest sample (0 without cuDNN) */
+    int64_t cudnn_min_tokens;     /* self-attention of samples this long runs on cuDNN; 0: never (a run sets it) */
+} gpu_plan;
+
 /* A run of consecutive parameters with the same weight decay: one AdamW launch. */
 typedef struct { int64_t offset, n_values; int decays; } adamw_run;
 
-struct train_gpu {
+typedef struct {
     const deck *config;
     const model *host;
     gpu_plan plan;
+    backend_plan summary;         /* what backend_ops.plan reports; its memory model is the balancer's */
     cost_model cm;                /* the balancer's memory model, fitted to the GPU model's (fit_memory_to_gpu) */
     gradsync *sync;
     gpu_model *net;
@@ -51,7 +70,9 @@ struct train_gpu {
     int64_t step_tokens, step_text;
     int step_samples;
     int grads_reported;           /* the step's last micro-batch reported its gradient ranges to the sync */
-};
+    int n_ranks;
+    char key[192];                /* device_key: the GPU's description */
+} train_gpu;
 
 /* ---- planning -------------------------------------------------------------------------------------- */
 
@@ -105,7 +126,7 @@ static double workspace_for(const deck *config, const model *table, capacity c)
     return (double)gpu_model_workspace_bytes_with_recompute(table, c.tokens, samples, c.text, recompute_of(config));
 }
 
-/* cm's activation bytes per sample, token and text token become the GPU model's own (train_gpu_memory_model).
+/* cm's activation bytes per sample, token and text token become the GPU model's own (the plan's memory model).
    After select_device: the workspace sizes depend on the device's occupancy. */
 static void fit_memory_to_gpu(cost_model *cm, const deck *config, const model *table)
 {
@@ -231,12 +252,59 @@ static int plan_memory(const deck *config, const comm_info *info, const cost_mod
     return 0;
 }
 
-int train_gpu_plan(const deck *config, const comm_info *info, const model *table, cost_model *memory,
-                   const balance_sample *samples, int64_t n_samples, gpu_plan *plan)
+/* The summary's device and memory lines of this plan; gradient_sum (a run: what sums the gradients) may be NULL. */
+static void describe(const deck *config, const gpu_plan *gpu, const char *gradient_sum, int n_ranks,
+                     backend_plan *out)
 {
-    select_device(info, plan);
-    fit_memory_to_gpu(memory, config, table);
-    return plan_memory(config, info, memory, table, samples, n_samples, plan);
+    const char *chosen = config->run.device == DEVICE_AUTO ? " (auto)" : "";
+    char buckets[96] = "", attention[160] = "";
+    if (gradient_sum && n_ranks > 1 && config->train.allreduce_bucket > 0) {
+        char bucket_text[32];
+        format_size(config->train.allreduce_bucket, bucket_text, sizeof bucket_text);
+        snprintf(buckets, sizeof buckets, ", buckets of %s overlapping the backward", bucket_text);
+    } else if (gradient_sum && n_ranks > 1) snprintf(buckets, sizeof buckets, ", one call after the backward");
+    if (gradient_sum && gpu->cudnn_min_tokens > 0) /* a run: the attention kernels are chosen */
+        snprintf(attention, sizeof attention, "  attention  cuDNN's fused attention (self and cross) for samples of "
+                 "%lld tokens or more, our flash attention below\n", (long long)gpu->cudnn_min_tokens);
+    else if (gradient_sum) snprintf(attention, sizeof attention, "  attention  our flash attention\n");
+    snprintf(out->device_text, sizeof out->device_text, "  device     cuda%s: GPU %d, %s; %d rank(s) per GPU%s%s%s\n%s",
+             chosen, gpu->device, gpu->description, gpu->ranks_per_gpu, gradient_sum ? "; gradient all-reduce: " : "",
+             gradient_sum ? gradient_sum : "", buckets, attention);
+
+    char budget_text[32], free_text[32], state_text[32], workspace_text[32], buffer_text[32];
+    format_size(gpu->mem_budget, budget_text, sizeof budget_text);
+    format_size(gpu->free_bytes, free_text, sizeof free_text);
+    format_size(gpu->state_bytes, state_text, sizeof state_text);
+    format_size(gpu->workspace_bytes, workspace_text, sizeof workspace_text);
+    format_size(gpu->attention_buffer_bytes, buffer_text, sizeof buffer_text);
+    int used = snprintf(out->memory_text, sizeof out->memory_text,
+        "  memory     activation budget %s per rank (%s); %s of GPU memory free per rank, %s of it for weights, "
+        "gradients and AdamW moments\n"
+        "  capacity   GPU model for micro-batches of up to %lld tokens, %d samples and %lld text rows: %s of "
+        "activation workspace\n", budget_text,
+        gpu->budget_measured ? "measured: the largest whose GPU model fits the free memory less mem_margin"
+                             : "[balance] mem_budget", free_text, state_text, (long long)gpu->max_tokens,
+        gpu->max_samples, (long long)gpu->max_text, workspace_text);
+    if (gpu->attention_buffer_bytes > 0.0 && used > 0 && (size_t)used < sizeof out->memory_text)
+        snprintf(out->memory_text + used, sizeof out->memory_text - (size_t)used,
+                 "             and %s kept for cuDNN attention's buffer (the longest sample)\n", buffer_text);
+    out->mem_budget = gpu->mem_budget;
+    out->budget_measured = gpu->budget_measured;
+    out->fills_memory = 1;
+}
+
+int backend_cuda_plan(const deck *config, const comm_info *info, const model *table, const balance_sample *samples,
+                      int64_t n_samples, backend_plan *plan)
+{
+    gpu_plan gpu;
+    memset(plan, 0, sizeof *plan);
+    select_device(info, &gpu);
+    cost_model_init(&plan->memory_model, config);
+    plan->has_memory_model = 1;
+    fit_memory_to_gpu(&plan->memory_model, config, table);
+    int status = plan_memory(config, info, &plan->memory_model, table, samples, n_samples, &gpu);
+    if (status == 0) describe(config, &gpu, NULL, info->n_ranks, plan);
+    return status;
 }
 
 /* ---- the device state ------------------------------------------------------------------------------ */
@@ -256,10 +324,13 @@ static void make_adamw_runs(train_gpu *gpu)
     }
 }
 
-train_gpu *train_gpu_create(const deck *config, const comm_info *info, const model *host, const balance_sample *samples,
-                            int64_t n_samples)
+static const backend_ops cuda_ops;
+
+backend *backend_cuda_create(const deck *config, const comm_info *info, model *host, const balance_sample *samples,
+                             int64_t n_samples)
 {
     train_gpu *gpu = xcalloc(1, sizeof *gpu);
+    gpu->n_ranks = info->n_ranks;
     gpu->config = config;
     gpu->host = host;
     select_device(info, &gpu->plan);
@@ -298,12 +369,20 @@ train_gpu *train_gpu_create(const deck *config, const comm_info *info, const mod
     CUDA_CHECK(cudaEventCreate(&gpu->optimizer_started));
     CUDA_CHECK(cudaEventCreate(&gpu->optimizer_done));
     make_adamw_runs(gpu);
-    return gpu;
+    describe(config, &gpu->plan, gradsync_method(gpu->sync), info->n_ranks, &gpu->summary);
+    gpu->summary.has_memory_model = 1;
+    gpu->summary.memory_model = gpu->cm; /* a copy of the plain struct; gpu->cm owns what it points to */
+    snprintf(gpu->key, sizeof gpu->key, "%s", gpu->plan.description);
+    backend *b = xcalloc(1, sizeof *b);
+    b->ops = &cuda_ops;
+    b->state = gpu;
+    return b;
 }
 
-void train_gpu_free(train_gpu *gpu)
+static void cuda_free(backend *b)
 {
-    if (!gpu) return;
+    if (!b) return;
+    train_gpu *gpu = b->state;
     CUDA_CHECK(cudaStreamSynchronize(gpu->stream));
     gpu_model_free(gpu->net);
     CUDA_CHECK(cudaFree(gpu->adam_m));
@@ -319,15 +398,19 @@ void train_gpu_free(train_gpu *gpu)
     cost_model_free(&gpu->cm);
     free(gpu->runs);
     free(gpu);
+    free(b);
 }
 
-const gpu_plan *train_gpu_get_plan(const train_gpu *gpu) { return &gpu->plan; }
+static const backend_plan *cuda_plan(const backend *b) { return &((const train_gpu *)b->state)->summary; }
 
-const cost_model *train_gpu_memory_model(const train_gpu *gpu) { return &gpu->cm; }
+static const char *cuda_device_key(const backend *b, int *ranks_per_device)
+{
+    const train_gpu *gpu = b->state;
+    *ranks_per_device = gpu->plan.ranks_per_gpu;
+    return gpu->key;
+}
 
-const char *train_gpu_sync_method(const train_gpu *gpu) { return gradsync_method(gpu->sync); }
-
-void train_gpu_upload(train_gpu *gpu, const float *weights, const float *adam_m, const float *adam_v)
+static void upload(train_gpu *gpu, const float *weights, const float *adam_m, const float *adam_v)
 {
     const size_t n_bytes = (size_t)gpu->host->n_weights * sizeof(float);
     gpu_model_upload_weights(gpu->net, weights);
@@ -335,14 +418,16 @@ void train_gpu_upload(train_gpu *gpu, const float *weights, const float *adam_m,
     CUDA_CHECK(cudaMemcpy(gpu->adam_v, adam_v, n_bytes, cudaMemcpyHostToDevice));
 }
 
-void train_gpu_start(train_gpu *gpu, const float *weights, const float *adam_m, const float *adam_v)
+static void cuda_start(backend *b, const float *weights, const float *adam_m, const float *adam_v)
 {
-    train_gpu_upload(gpu, weights, adam_m, adam_v);
+    train_gpu *gpu = b->state;
+    upload(gpu, weights, adam_m, adam_v);
     gradsync_connect(gpu->sync, gpu->host->n_weights);
 }
 
-void train_gpu_download(const train_gpu *gpu, float *weights, float *adam_m, float *adam_v)
+static void cuda_read_state(const backend *b, float *weights, float *adam_m, float *adam_v)
 {
+    const train_gpu *gpu = b->state;
     const size_t n_bytes = (size_t)gpu->host->n_weights * sizeof(float);
     CUDA_CHECK(cudaStreamSynchronize(gpu->stream));
     gpu_model_download_weights(gpu->net, weights);
@@ -352,8 +437,9 @@ void train_gpu_download(const train_gpu *gpu, float *weights, float *adam_m, flo
 
 /* ---- a step ------------------------------------------------------------------------------------------ */
 
-void train_gpu_begin_step(train_gpu *gpu)
+static void cuda_begin_step(backend *b)
 {
+    train_gpu *gpu = b->state;
     gpu_model_zero_grads(gpu->net, gpu->stream);
     gradsync_begin(gpu->sync, gpu->buffers.grads, gpu->buffers.n_weights, gpu->config->train.allreduce_bucket);
     gpu->grads_reported = 0;
@@ -368,8 +454,9 @@ static void gradient_range_ready(void *context, int64_t first, int64_t count, cu
     gradsync_ready(((train_gpu *)context)->sync, first, count, stream);
 }
 
-double train_gpu_micro_batch(train_gpu *gpu, const model_batch *batch, float grad_scale, int last)
+static double cuda_micro_batch(backend *b, const model_batch *batch, float grad_scale, int last)
 {
+    train_gpu *gpu = b->state;
     const model *host = gpu->host;
     int64_t tokens = 0, text = 0;
     double mem_estimate = 0.0;
@@ -401,8 +488,9 @@ double train_gpu_micro_batch(train_gpu *gpu, const model_batch *batch, float gra
     return loss_sum;
 }
 
-void train_gpu_allreduce(train_gpu *gpu)
+static void cuda_sum_gradients(backend *b)
 {
+    train_gpu *gpu = b->state;
     if (!gpu->grads_reported) { /* no micro-batch here this step: the same bucket calls as the other ranks */
         gpu_model_set_grads_ready(gpu->net, gradient_range_ready, gpu);
         gpu_model_grads_ready_all(gpu->net, gpu->stream);
@@ -411,19 +499,20 @@ void train_gpu_allreduce(train_gpu *gpu)
     gradsync_finish(gpu->sync, gpu->stream);
 }
 
-void train_gpu_finish_step(train_gpu *gpu, const adamw_step *hyper, int update, gpu_step_result *result)
+static void cuda_finish_step(backend *b, const adamw_step *hyper, int update, backend_step_result *result)
 {
+    train_gpu *gpu = b->state;
     const deck *config = gpu->config;
-    const gpu_model_buffers *b = &gpu->buffers;
+    const gpu_model_buffers *buffers = &gpu->buffers;
     CUDA_CHECK(cudaEventRecord(gpu->optimizer_started, gpu->stream));
-    fused_sumsq(b->grads, b->n_weights, gpu->sumsq, gpu->sumsq_workspace, gpu->stream);
+    fused_sumsq(buffers->grads, buffers->n_weights, gpu->sumsq, gpu->sumsq_workspace, gpu->stream);
     /* the gradients already carry 1 / global samples (grad_scale of the micro-batches), as on the CPU */
     fused_clip_scale(gpu->sumsq, 1.0, config->train.grad_clip, gpu->clip_scale, gpu->grad_norm, gpu->stream);
     if (update)
         for (int r = 0; r < gpu->n_runs; r++) {
             const adamw_run *run = &gpu->runs[r];
-            fused_adamw(hyper, run->decays ? config->train.weight_decay : 0.0, b->master + run->offset,
-                        b->working + run->offset, b->grads + run->offset, gpu->adam_m + run->offset,
+            fused_adamw(hyper, run->decays ? config->train.weight_decay : 0.0, buffers->master + run->offset,
+                        buffers->working + run->offset, buffers->grads + run->offset, gpu->adam_m + run->offset,
                         gpu->adam_v + run->offset, run->n_values, 1.0f, gpu->clip_scale, gpu->stream);
         }
     CUDA_CHECK(cudaEventRecord(gpu->optimizer_done, gpu->stream));
@@ -452,14 +541,14 @@ typedef struct {
 } calibration_batch;
 
 /* Tokens of one sample of this shape after the patchify. */
-static int64_t shape_tokens(const model *host, const gpu_shape *shape)
+static int64_t shape_tokens(const model *host, const backend_shape *shape)
 {
     return (int64_t)(shape->frames / host->patch_t) * (shape->height / host->patch_h) * (shape->width / host->patch_w);
 }
 
 /* Seconds of one forward + backward of a micro-batch of `copies` samples of this shape (only the time
    counts), after a warm-up call of the same micro-batch. */
-static double time_micro_batch(train_gpu *gpu, const gpu_shape *shape, int copies, const calibration_batch *room)
+static double time_micro_batch(train_gpu *gpu, const backend_shape *shape, int copies, const calibration_batch *room)
 {
     for (int i = 0; i < copies; i++) {
         room->frames[i] = shape->frames;
@@ -477,9 +566,10 @@ static double time_micro_batch(train_gpu *gpu, const gpu_shape *shape, int copie
     return comm_time() - started;
 }
 
-void train_gpu_calibration_copies(const train_gpu *gpu, const gpu_shape *shapes, int n_shapes, int max_copies,
-                                  int *copies)
+static void cuda_calibration_copies(const backend *b, const backend_shape *shapes, int n_shapes, int max_copies,
+                                    int *copies)
 {
+    const train_gpu *gpu = b->state;
     /* a training micro-batch fills at most [balance] mem_fill of the budget (the step's target) */
     const double fill = gpu->config->balance.mem_fill > 0.0 ? gpu->config->balance.mem_fill : 0.9;
     for (int i = 0; i < n_shapes; i++)
@@ -490,9 +580,11 @@ void train_gpu_calibration_copies(const train_gpu *gpu, const gpu_shape *shapes,
                                                   gpu->plan.mem_budget, fill * gpu->plan.mem_budget, max_copies);
 }
 
-double train_gpu_time_shapes(train_gpu *gpu, int n_ranks, const gpu_shape *shapes, int n_shapes, const int *copies,
-                             double *seconds)
+static double cuda_time_shapes(backend *b, const backend_shape *shapes, int n_shapes, const int *copies,
+                               double *seconds)
 {
+    train_gpu *gpu = b->state;
+    const int n_ranks = gpu->n_ranks;
     const model *host = gpu->host;
     const double started = comm_time();
     int most_copies = 1;
@@ -527,3 +619,18 @@ double train_gpu_time_shapes(train_gpu *gpu, int n_ranks, const gpu_shape *shape
     free(room.text);
     return comm_time() - started;
 }
+
+static const backend_ops cuda_ops = {
+    .name = "cuda",
+    .free = cuda_free,
+    .plan = cuda_plan,
+    .start = cuda_start,
+    .read_state = cuda_read_state,
+    .begin_step = cuda_begin_step,
+    .micro_batch = cuda_micro_batch,
+    .sum_gradients = cuda_sum_gradients,
+    .finish_step = cuda_finish_step,
+    .calibration_copies = cuda_calibration_copies,
+    .time_shapes = cuda_time_shapes,
+    .device_key = cuda_device_key,
+};

@@ -1,0 +1,91 @@
+/* backend.h — what the training loop asks of a device, behind one interface: the memory plan, the training state, a step's forward/backward, the gradient sum over ranks, clip + AdamW, and start-up timings. */
+#ifndef ALDIT_BACKEND_H
+#define ALDIT_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "balance/balance.h"
+#include "balance/costmodel.h"
+#include "core/comm.h"
+#include "deck/deck.h"
+#include "model/model.h"
+#include "model/optim.h"
+
+/* A backend's memory plan, the same on every rank: what the balancer plans each step with. */
+typedef struct {
+    double mem_budget;     /* activation bytes per rank */
+    int budget_measured;   /* 1: derived from the free memory less [balance] mem_margin; 0: [balance] mem_budget */
+    int fills_memory;      /* 1: [balance] mem_fill applies (a GPU's step is limited by its memory); 0: it does not */
+    /* The balancer's memory model (bytes per sample, token and text token): the backend's own, which the
+       balancer must plan with; has_memory_model 0: the deck's analytic model. */
+    int has_memory_model;
+    cost_model memory_model;
+    /* The summary's device and memory lines (rank 0 prints them; a run adds what only a run knows). */
+    char device_text[512];
+    char memory_text[1024];
+} backend_plan;
+
+/* What a step's optimizer part reports. */
+typedef struct {
+    double grad_norm;      /* global norm of the summed gradients before clipping; not finite: nothing was updated */
+    double comm_device_s;  /* seconds the device's gradient sum ran past the host (0 where the host did the sum) */
+    double optimizer_s;    /* seconds of norm, clip and AdamW */
+    double mem_peak;       /* activation bytes of the step's largest micro-batch (CPU: growth of the peak resident set) */
+} backend_step_result;
+
+/* One sample shape to time at start-up: latent frames, height, width (before patchify) and text tokens. */
+typedef struct { int32_t frames, height, width, text_len; } backend_shape;
+
+typedef struct backend backend;
+
+/* The operations of one device. Every function marked collective is called by every rank in the same order. */
+typedef struct {
+    const char *name; /* "cpu", "cuda" */
+    int uses_host_threads; /* 1: the model runs on the rank's host threads (the data reader then keeps to one) */
+    void (*free)(backend *b);
+    /* The plan this backend was created with (budget, memory model, summary lines). */
+    const backend_plan *(*plan)(const backend *b);
+    /* Collective, once before the first step: the initial state (host arrays of n_weights fp32 values, the
+       same on every rank) becomes the backend's, and the gradient sum connects the ranks. */
+    void (*start)(backend *b, const float *weights, const float *adam_m, const float *adam_v);
+    /* The state as host arrays (for checkpoints; valid on rank 0, where it is called): waits for queued work. */
+    void (*read_state)(const backend *b, float *weights, float *adam_m, float *adam_v);
+    /* A step: begin_step, micro_batch for each of the rank's micro-batches (`last` on its last one), then
+       sum_gradients and finish_step on every rank (a rank without micro-batches calls those two as well). */
+    void (*begin_step)(backend *b);
+    /* Forward + backward of one micro-batch, gradients scaled by grad_scale added to the step's; returns the
+       sum of its per-sample losses. */
+    double (*micro_batch)(backend *b, const model_batch *batch, float grad_scale, int last);
+    /* Collective: the step's gradients summed over ranks (a device backend may only queue it). */
+    void (*sum_gradients)(backend *b);
+    /* The global norm, the clip factor ([train] grad_clip) and, when `update` is 1 and the norm is finite,
+       AdamW over every parameter (decay as optim_param_decays); waits for the step's work. */
+    void (*finish_step)(backend *b, const adamw_step *hyper, int update, backend_step_result *result);
+    /* Start-up calibration, NULL where the backend times nothing (the deck's cost model then stands):
+       calibration_copies gives the copies of each shape one timed micro-batch holds (0: beyond the capacity);
+       time_shapes (collective) the seconds of one forward + backward of each, averaged over the ranks (-1 where
+       copies is 0), and returns the seconds spent. The gradients are dirty after it (begin_step clears them). */
+    void (*calibration_copies)(const backend *b, const backend_shape *shapes, int n_shapes, int max_copies, int *copies);
+    double (*time_shapes)(backend *b, const backend_shape *shapes, int n_shapes, const int *copies, double *seconds);
+    /* The key under which start-up timings of this device are cached in the run folder (calibration.h). */
+    const char *(*device_key)(const backend *b, int *ranks_per_device);
+} backend_ops;
+
+struct backend {
+    const backend_ops *ops;
+    void *state; /* the implementation's */
+};
+
+/* The memory plan a backend derives from the deck, the model's parameter table and the store's samples
+   (every sample, as the balancer sees them). Collective. Returns 0, or ALDIT_EXIT_USAGE after rank 0 printed why
+   the model or [balance] mem_budget does not fit. */
+typedef int (*backend_plan_fn)(const deck *config, const comm_info *info, const model *table,
+                               const balance_sample *samples, int64_t n_samples, backend_plan *plan);
+
+/* Collective: a backend for this rank computing with `net` (the trainer's model: its parameter table and, on
+   the CPU, its weights), planned as backend_plan_fn says. NULL after rank 0 printed why the plan fails. */
+typedef backend *(*backend_create_fn)(const deck *config, const comm_info *info, model *net,
+                                      const balance_sample *samples, int64_t n_samples);
+
+#endif

@@ -1,0 +1,64 @@
+/* device.c — [run] device resolved on every rank, and the backend of that device. */
+#include "config.h"
+#include "train/device.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "backend/backend_cpu.h"
+#ifdef HAVE_CUDA
+#include "cuda/backend_cuda.h"
+#include "cuda/gpu.h"
+#endif
+
+/* The device resolved, or -1 (rank 0 said why). */
+static int resolve(const deck *config, const comm_info *info)
+{
+    if (config->run.device == DEVICE_CPU) return DEVICE_CPU;
+#ifdef HAVE_CUDA
+    int some_rank_without_gpu = comm_allreduce_or_int(gpu_count() == 0);
+    if (!some_rank_without_gpu) return DEVICE_CUDA;
+    if (config->run.device == DEVICE_AUTO) return DEVICE_CPU;
+    const char *visible = getenv("CUDA_VISIBLE_DEVICES");
+    if (info->rank == 0)
+        fprintf(stderr, "aldit: error: [run] device = cuda, but %s sees no GPU (cudaGetDeviceCount found none%s%s%s); "
+                "run on a GPU node, or set device = cpu or auto\n",
+                info->n_ranks > 1 ? "at least one rank" : "this process", visible ? ", CUDA_VISIBLE_DEVICES = '" : "",
+                visible ? visible : "", visible ? "'" : "");
+#else
+    if (config->run.device == DEVICE_AUTO) return DEVICE_CPU;
+    if (info->rank == 0)
+        fprintf(stderr, "aldit: error: [run] device = cuda, but this build of aldit has no CUDA backend (configure "
+                "--with-cuda); set device = cpu or auto\n");
+#endif
+    return -1;
+}
+
+int device_resolve(const deck *config, const comm_info *info)
+{
+    int device = resolve(config, info);
+    if (device != DEVICE_CPU || config->train.recompute != RECOMPUTE_BLOCK) return device;
+    /* the balancer's memory model would assume recomputation and plan micro-batches that overrun host memory */
+    if (info->rank == 0)
+        fprintf(stderr, "aldit: error: [train] recompute = block is not available on the CPU backend, which keeps every "
+                "block's activations; set train.recompute = none and balance.recompute = none (or train on GPUs)\n");
+    return -2;
+}
+
+backend_plan_fn device_plan_fn(int device)
+{
+#ifdef HAVE_CUDA
+    if (device == DEVICE_CUDA) return backend_cuda_plan;
+#endif
+    (void)device;
+    return backend_cpu_plan;
+}
+
+backend_create_fn device_create_fn(int device)
+{
+#ifdef HAVE_CUDA
+    if (device == DEVICE_CUDA) return backend_cuda_create;
+#endif
+    (void)device;
+    return backend_cpu_create;
+}

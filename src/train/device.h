@@ -1,0 +1,17 @@
+/* device.h — [run] device resolved on every rank, and the backend of that device (the one place that knows which backends this build has). */
+#ifndef ALDIT_DEVICE_H
+#define ALDIT_DEVICE_H
+
+#include "backend/backend.h"
+
+/* Collective: [run] device resolved. cpu stays cpu; auto is cuda when this build has CUDA and every rank sees a
+   GPU, else cpu; cuda without CUDA in the build or without a GPU on some rank is an error: rank 0 says why and
+   every rank gets -1. A deck asking for [train] recompute = block on the CPU (which keeps every activation) is an
+   error too (-2: bad input). */
+int device_resolve(const deck *config, const comm_info *info);
+
+/* The plan and create functions of the backend of a resolved device. */
+backend_plan_fn device_plan_fn(int device);
+backend_create_fn device_create_fn(int device);
+
+#endif
