@@ -70,7 +70,7 @@ typedef struct {
     int64_t step_tokens, step_text;
     int step_samples;
     int grads_reported;           /* the step's last micro-batch reported its gradient ranges to the sync */
-    int n_ranks;
+    int rank, n_ranks;
     char key[192];                /* device_key: the GPU's description */
 } train_gpu;
 
@@ -288,9 +288,29 @@ static void describe(const deck *config, const gpu_plan *gpu, const char *gradie
     if (gpu->attention_buffer_bytes > 0.0 && used > 0 && (size_t)used < sizeof out->memory_text)
         snprintf(out->memory_text + used, sizeof out->memory_text - (size_t)used,
                  "             and %s kept for cuDNN attention's buffer (the longest sample)\n", buffer_text);
+    used = (int)strlen(out->memory_text);
+    shard_describe(out->shard, n_ranks, &out->state, config->train.shard == SHARD_AUTO, out->memory_text + used,
+                   sizeof out->memory_text - (size_t)used);
     out->mem_budget = gpu->mem_budget;
     out->budget_measured = gpu->budget_measured;
     out->fills_memory = 1;
+}
+
+/* [train] shard on the GPU: every rank holds the whole state (none). The sharded modes run on the CPU backend so
+   far; asking for one here is an error (ALDIT_EXIT_USAGE, rank 0 says why). */
+static int resolve_shard(const deck *config, const comm_info *info, const model *table, backend_plan *plan)
+{
+    if (config->train.shard != SHARD_AUTO && config->train.shard != SHARD_NONE) {
+        if (info->rank == 0)
+            fprintf(stderr, "aldit: error: [train] shard = %s is not available on the CUDA backend yet (the CPU backend "
+                    "has every mode); set train.shard = none or auto\n", shard_mode_name(config->train.shard));
+        return ALDIT_EXIT_USAGE;
+    }
+    const double n = (double)table->n_weights;
+    plan->shard = SHARD_NONE;
+    plan->state = (shard_bytes){.weights = n * sizeof(gpu_bf16), .gradients = 4.0 * n, .master = 4.0 * n,
+                                .moments = 8.0 * n};
+    return 0;
 }
 
 int backend_cuda_plan(const deck *config, const comm_info *info, const model *table, const balance_sample *samples,
@@ -298,6 +318,7 @@ int backend_cuda_plan(const deck *config, const comm_info *info, const model *ta
 {
     gpu_plan gpu;
     memset(plan, 0, sizeof *plan);
+    if (resolve_shard(config, info, table, plan) != 0) return ALDIT_EXIT_USAGE;
     select_device(info, &gpu);
     cost_model_init(&plan->memory_model, config);
     plan->has_memory_model = 1;
@@ -330,7 +351,12 @@ backend *backend_cuda_create(const deck *config, const comm_info *info, model *h
                              int64_t n_samples)
 {
     train_gpu *gpu = xcalloc(1, sizeof *gpu);
+    gpu->rank = info->rank;
     gpu->n_ranks = info->n_ranks;
+    if (resolve_shard(config, info, host, &gpu->summary) != 0) {
+        free(gpu);
+        return NULL;
+    }
     gpu->config = config;
     gpu->host = host;
     select_device(info, &gpu->plan);
@@ -428,6 +454,7 @@ static void cuda_start(backend *b, const float *weights, const float *adam_m, co
 static void cuda_read_state(const backend *b, float *weights, float *adam_m, float *adam_v)
 {
     const train_gpu *gpu = b->state;
+    if (gpu->rank != 0) return; /* every rank holds the whole state: rank 0's copy is the checkpoint's */
     const size_t n_bytes = (size_t)gpu->host->n_weights * sizeof(float);
     CUDA_CHECK(cudaStreamSynchronize(gpu->stream));
     gpu_model_download_weights(gpu->net, weights);

@@ -6,6 +6,7 @@
 #include <stdint.h>
 
 #include "balance/balance.h"
+#include "backend/shard.h"
 #include "balance/costmodel.h"
 #include "core/comm.h"
 #include "deck/deck.h"
@@ -17,6 +18,8 @@ typedef struct {
     double mem_budget;     /* activation bytes per rank */
     int budget_measured;   /* 1: derived from the free memory less [balance] mem_margin; 0: [balance] mem_budget */
     int fills_memory;      /* 1: [balance] mem_fill applies (a GPU's step is limited by its memory); 0: it does not */
+    deck_shard shard;      /* [train] shard resolved (auto: the least sharding that fits) */
+    shard_bytes state;     /* the training state's bytes per rank in that mode */
     /* The balancer's memory model (bytes per sample, token and text token): the backend's own, which the
        balancer must plan with; has_memory_model 0: the deck's analytic model. */
     int has_memory_model;
@@ -49,7 +52,8 @@ typedef struct {
     /* Collective, once before the first step: the initial state (host arrays of n_weights fp32 values, the
        same on every rank) becomes the backend's, and the gradient sum connects the ranks. */
     void (*start)(backend *b, const float *weights, const float *adam_m, const float *adam_v);
-    /* The state as host arrays (for checkpoints; valid on rank 0, where it is called): waits for queued work. */
+    /* Collective: the state as host arrays, for checkpoints (the arrays are rank 0's, which gets every rank's slice
+       of a sharded state; the other ranks may pass NULL); waits for queued work. */
     void (*read_state)(const backend *b, float *weights, float *adam_m, float *adam_v);
     /* A step: begin_step, micro_batch for each of the rank's micro-batches (`last` on its last one), then
        sum_gradients and finish_step on every rank (a rank without micro-batches calls those two as well). */

@@ -12,14 +12,26 @@
 #include <omp.h>
 #endif
 
+#include "backend/shard.h"
 #include "core/check.h"
 #include "core/comm.h"
 
+/* The state by [train] shard (shard.h's cut of the flat array; this rank's slice is [first, first + count)):
+   - none: every rank holds the weights (net's), the gradients and both moments, all n_weights long;
+   - optimizer: the moments are this rank's slice only; the gradients are all-reduced, each rank updates its slice
+     of the weights and the slices are all-gathered;
+   - gradients: also the gradients' sum is reduce-scattered: each rank keeps only its slice of it (grad_shard);
+   - full: also the weights: a rank's slice of net's weights is its own, the rest is gathered before the step's
+     first micro-batch (on the host the whole model at once: the CPU has no per-block memory to save).
+   The norm for clipping is summed from the slices where the gradients are sharded. */
 typedef struct {
     const deck *config;
     model *net;           /* the trainer's: its weights are the state */
     backend_plan plan;
-    float *grads, *adam_m, *adam_v;
+    shard_layout layout;
+    float *grads;         /* n_weights: the step's gradients on this rank */
+    float *grad_shard;    /* gradients, full: this rank's slice of their sum (count values) */
+    float *adam_m, *adam_v; /* none: n_weights; sharded: this rank's slice */
     double rss_base;      /* resident bytes when the state was started (mem_peak: growth of the peak over it) */
 } cpu_state;
 
@@ -55,6 +67,16 @@ static double peak_resident_bytes(void)
     return (double)usage.ru_maxrss * 1024.0; /* Linux reports KiB */
 }
 
+/* The state's bytes on one rank of the CPU backend in this mode (all fp32; see cpu_state). */
+static shard_bytes state_bytes_of(deck_shard mode, int64_t n_weights, int n_ranks)
+{
+    const double n = (double)n_weights, slice = (double)comm_shard_values(n_weights, n_ranks);
+    shard_bytes bytes = {.weights = 4.0 * n, .gradients = 4.0 * n, .moments = 8.0 * n};
+    if (mode != SHARD_NONE) bytes.moments = 8.0 * slice;
+    if (mode == SHARD_GRADIENTS || mode == SHARD_FULL) bytes.gradients += 4.0 * slice;
+    return bytes;
+}
+
 int backend_cpu_plan(const deck *config, const comm_info *info, const model *table, const balance_sample *samples,
                      int64_t n_samples, backend_plan *plan)
 {
@@ -63,16 +85,29 @@ int backend_cpu_plan(const deck *config, const comm_info *info, const model *tab
     memset(plan, 0, sizeof *plan);
     plan->budget_measured = config->balance.mem_budget <= 0.0;
     plan->mem_budget = config->balance.mem_budget;
+    /* auto: the least sharding whose state leaves room for activations (a fixed budget: the least that fits
+       the memory available beside it, or none where nothing can be measured) */
+    double available = host_available_bytes();
+    if (available < 0.0) available = config->balance.device_mem * info->n_local_ranks;
+    double per_rank = available / info->n_local_ranks * (1.0 - config->balance.mem_margin);
+    comm_allreduce_min_f64(&per_rank, 1);
+    const double room = plan->budget_measured ? 0.0 : plan->mem_budget;
+    plan->shard = config->train.shard;
+    if (plan->shard == SHARD_AUTO) {
+        plan->shard = SHARD_FULL;
+        for (deck_shard mode = SHARD_NONE; mode <= SHARD_FULL; mode++) {
+            shard_bytes bytes = state_bytes_of(mode, table->n_weights, info->n_ranks);
+            if (per_rank - shard_bytes_total(&bytes) > room) { plan->shard = mode; break; }
+        }
+    }
+    plan->state = state_bytes_of(plan->shard, table->n_weights, info->n_ranks);
     if (plan->budget_measured) {
-        double available = host_available_bytes();
-        if (available < 0.0) available = config->balance.device_mem * info->n_local_ranks;
-        plan->mem_budget = available / info->n_local_ranks * (1.0 - config->balance.mem_margin)
-                           - 4.0 * sizeof(float) * (double)table->n_weights;
-        comm_allreduce_min_f64(&plan->mem_budget, 1);
+        plan->mem_budget = per_rank - shard_bytes_total(&plan->state);
         if (plan->mem_budget <= 0.0) {
             if (info->rank == 0)
-                fprintf(stderr, "aldit: error: no memory left for activations after the model state (%lld parameters); "
-                        "set [balance] mem_budget or use fewer ranks per node\n", (long long)table->n_weights);
+                fprintf(stderr, "aldit: error: no memory left for activations after the model state (%lld parameters, "
+                        "[train] shard = %s); set [balance] mem_budget, shard more, or use fewer ranks per node\n",
+                        (long long)table->n_weights, shard_mode_name(plan->shard));
             return ALDIT_EXIT_USAGE;
         }
     }
@@ -85,8 +120,11 @@ int backend_cpu_plan(const deck *config, const comm_info *info, const model *tab
              threads);
     char budget_text[32];
     format_size(plan->mem_budget, budget_text, sizeof budget_text);
-    snprintf(plan->memory_text, sizeof plan->memory_text, "  memory     activation budget %s per rank (%s)\n",
-             budget_text, plan->budget_measured ? "measured: available host memory" : "[balance] mem_budget");
+    int used = snprintf(plan->memory_text, sizeof plan->memory_text, "  memory     activation budget %s per rank (%s)\n",
+                        budget_text, plan->budget_measured ? "measured: available host memory" : "[balance] mem_budget");
+    if (used > 0 && (size_t)used < sizeof plan->memory_text)
+        shard_describe(plan->shard, info->n_ranks, &plan->state, config->train.shard == SHARD_AUTO,
+                       plan->memory_text + used, sizeof plan->memory_text - (size_t)used);
     return 0;
 }
 
@@ -95,6 +133,7 @@ static void cpu_free(backend *b)
     if (!b) return;
     cpu_state *s = b->state;
     free(s->grads);
+    free(s->grad_shard);
     free(s->adam_m);
     free(s->adam_v);
     free(s);
@@ -103,29 +142,46 @@ static void cpu_free(backend *b)
 
 static const backend_plan *cpu_plan(const backend *b) { return &((const cpu_state *)b->state)->plan; }
 
-static size_t state_bytes(const cpu_state *s) { return (size_t)s->net->n_weights * sizeof(float); }
+static size_t full_bytes(const cpu_state *s) { return (size_t)s->net->n_weights * sizeof(float); }
+
+static int sharded_moments(const cpu_state *s) { return s->layout.mode != SHARD_NONE; }
+static int sharded_gradients(const cpu_state *s)
+{
+    return s->layout.mode == SHARD_GRADIENTS || s->layout.mode == SHARD_FULL;
+}
 
 static void cpu_start(backend *b, const float *weights, const float *adam_m, const float *adam_v)
 {
     cpu_state *s = b->state;
-    if (weights != s->net->weights) memcpy(s->net->weights, weights, state_bytes(s));
-    memcpy(s->adam_m, adam_m, state_bytes(s));
-    memcpy(s->adam_v, adam_v, state_bytes(s));
+    if (weights != s->net->weights) memcpy(s->net->weights, weights, full_bytes(s));
+    const int64_t first = sharded_moments(s) ? s->layout.first : 0;
+    const size_t n_bytes = sharded_moments(s) ? (size_t)s->layout.count * sizeof(float) : full_bytes(s);
+    memcpy(s->adam_m, adam_m + first, n_bytes);
+    memcpy(s->adam_v, adam_v + first, n_bytes);
     s->rss_base = resident_bytes();
 }
 
 static void cpu_read_state(const backend *b, float *weights, float *adam_m, float *adam_v)
 {
     const cpu_state *s = b->state;
-    if (weights != s->net->weights) memcpy(weights, s->net->weights, state_bytes(s));
-    memcpy(adam_m, s->adam_m, state_bytes(s));
-    memcpy(adam_v, s->adam_v, state_bytes(s));
+    const int64_t n = s->net->n_weights;
+    if (s->layout.mode == SHARD_FULL)
+        comm_gather_shards_f32(s->net->weights + s->layout.first, n, s->layout.rank == 0 ? weights : NULL);
+    else if (s->layout.rank == 0 && weights != s->net->weights) memcpy(weights, s->net->weights, full_bytes(s));
+    if (sharded_moments(s)) {
+        comm_gather_shards_f32(s->adam_m, n, s->layout.rank == 0 ? adam_m : NULL);
+        comm_gather_shards_f32(s->adam_v, n, s->layout.rank == 0 ? adam_v : NULL);
+    } else if (s->layout.rank == 0) {
+        memcpy(adam_m, s->adam_m, full_bytes(s));
+        memcpy(adam_v, s->adam_v, full_bytes(s));
+    }
 }
 
 static void cpu_begin_step(backend *b)
 {
     cpu_state *s = b->state;
-    memset(s->grads, 0, state_bytes(s));
+    memset(s->grads, 0, full_bytes(s));
+    if (s->layout.mode == SHARD_FULL) comm_allgather_f32(s->net->weights, s->net->n_weights);
 }
 
 static double cpu_micro_batch(backend *b, const model_batch *batch, float grad_scale, int last)
@@ -138,24 +194,56 @@ static double cpu_micro_batch(backend *b, const model_batch *batch, float grad_s
 static void cpu_sum_gradients(backend *b)
 {
     cpu_state *s = b->state;
-    comm_allreduce_sum_f32(s->grads, (size_t)s->net->n_weights);
+    if (sharded_gradients(s)) comm_reduce_scatter_sum_f32(s->grads, s->net->n_weights, s->grad_shard);
+    else comm_allreduce_sum_f32(s->grads, (size_t)s->net->n_weights);
+}
+
+/* The norm of the summed gradients: of the whole array where every rank holds it, else of the slices. */
+static double global_norm(const cpu_state *s)
+{
+    if (!sharded_gradients(s)) return optim_global_norm(s->grads, s->net->n_weights);
+    double norm = optim_global_norm(s->grad_shard, s->layout.count), sumsq = norm * norm;
+    comm_allreduce_sum_f64(&sumsq, 1);
+    return sqrt(sumsq);
+}
+
+/* AdamW over the values [first, first + count) of the flat array, parameter by parameter (each with its decay):
+   weights and grads are indexed in the flat array, m and v from `first`. */
+static void adamw_range(const cpu_state *s, const adamw_step *hyper, int64_t first, int64_t count, const float *grads)
+{
+    const model *net = s->net;
+    const int64_t end = first + count;
+    for (int p = 0; p < net->n_params; p++) {
+        const param_info *param = &net->params[p];
+        int64_t lo = param->offset > first ? param->offset : first;
+        int64_t hi = param->offset + param->n_elements < end ? param->offset + param->n_elements : end;
+        if (lo >= hi) continue;
+        double weight_decay = optim_param_decays(param->name, param->ndim) ? s->config->train.weight_decay : 0.0;
+        optim_adamw(hyper, weight_decay, net->weights + lo, grads + (lo - first), s->adam_m + (lo - first),
+                    s->adam_v + (lo - first), hi - lo);
+    }
 }
 
 static void cpu_finish_step(backend *b, const adamw_step *hyper, int update, backend_step_result *result)
 {
     cpu_state *s = b->state;
-    const model *net = s->net;
+    const int64_t n = s->net->n_weights;
     const double started = comm_time();
-    result->grad_norm = optim_global_norm(s->grads, net->n_weights);
+    result->grad_norm = global_norm(s);
     result->comm_device_s = 0.0;
     if (update && isfinite(result->grad_norm)) {
-        optim_clip(s->grads, net->n_weights, result->grad_norm, s->config->train.grad_clip);
-        for (int p = 0; p < net->n_params; p++) {
-            const param_info *param = &net->params[p];
-            double weight_decay = optim_param_decays(param->name, param->ndim) ? s->config->train.weight_decay : 0.0;
-            optim_adamw(hyper, weight_decay, net->weights + param->offset, s->grads + param->offset,
-                        s->adam_m + param->offset, s->adam_v + param->offset, param->n_elements);
+        if (sharded_gradients(s)) {
+            optim_clip(s->grad_shard, s->layout.count, result->grad_norm, s->config->train.grad_clip);
+            adamw_range(s, hyper, s->layout.first, s->layout.count, s->grad_shard);
+        } else if (sharded_moments(s)) {
+            optim_clip(s->grads + s->layout.first, s->layout.count, result->grad_norm, s->config->train.grad_clip);
+            adamw_range(s, hyper, s->layout.first, s->layout.count, s->grads + s->layout.first);
+        } else {
+            optim_clip(s->grads, n, result->grad_norm, s->config->train.grad_clip);
+            adamw_range(s, hyper, 0, n, s->grads);
         }
+        /* full gathers at the next step's start; optimizer and gradients now */
+        if (s->layout.mode == SHARD_OPTIMIZER || s->layout.mode == SHARD_GRADIENTS) comm_allgather_f32(s->net->weights, n);
     }
     result->optimizer_s = comm_time() - started;
     result->mem_peak = peak_resident_bytes() - s->rss_base;
@@ -184,9 +272,12 @@ backend *backend_cpu_create(const deck *config, const comm_info *info, model *ne
         free(s);
         return NULL;
     }
+    s->layout = shard_layout_of(s->plan.shard, net->n_weights, info->rank, info->n_ranks);
+    const int64_t n_moments = sharded_moments(s) ? s->layout.count : net->n_weights;
     s->grads = xcalloc((size_t)net->n_weights, sizeof *s->grads);
-    s->adam_m = xcalloc((size_t)net->n_weights, sizeof *s->adam_m);
-    s->adam_v = xcalloc((size_t)net->n_weights, sizeof *s->adam_v);
+    if (sharded_gradients(s)) s->grad_shard = xcalloc((size_t)(s->layout.count > 0 ? s->layout.count : 1), sizeof(float));
+    s->adam_m = xcalloc((size_t)(n_moments > 0 ? n_moments : 1), sizeof *s->adam_m);
+    s->adam_v = xcalloc((size_t)(n_moments > 0 ? n_moments : 1), sizeof *s->adam_v);
     backend *b = xcalloc(1, sizeof *b);
     b->ops = &cpu_ops;
     b->state = s;

@@ -3,6 +3,7 @@
 #include "core/check.h"
 
 #include <limits.h>
+#include <stdlib.h>
 #include <mpi.h>
 
 comm_info comm_init(int *argc, char ***argv)
@@ -89,6 +90,53 @@ void comm_gather_f64(double value, double *all)
 void comm_gather_f64_n(const double *values, int n, double *all)
 {
     MPI_CHECK(MPI_Gather(values, n, MPI_DOUBLE, all, n, MPI_DOUBLE, 0, MPI_COMM_WORLD));
+}
+
+int64_t comm_shard_values(int64_t n_values, int n_ranks) { return (n_values + n_ranks - 1) / n_ranks; }
+
+/* Counts and displacements of every rank's shard, as MPI takes them (ints: a shard must stay below INT_MAX values;
+   fatal otherwise, naming the sizes). The caller frees *counts (displs is in the same allocation). */
+static void shard_counts(int64_t n_values, int **counts, int **displs)
+{
+    int n_ranks = 0;
+    MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &n_ranks));
+    const int64_t shard = comm_shard_values(n_values, n_ranks);
+    ALDIT_CHECK(shard < INT_MAX && (int64_t)(n_ranks - 1) * shard < INT_MAX,
+                "a shard of %lld values over %d ranks exceeds what one MPI call takes (%d): use more ranks",
+                (long long)shard, n_ranks, INT_MAX);
+    *counts = xmalloc(2 * (size_t)n_ranks * sizeof **counts);
+    *displs = *counts + n_ranks;
+    for (int r = 0; r < n_ranks; r++) {
+        int64_t first = (int64_t)r * shard, count = n_values - first;
+        (*counts)[r] = (int)(count < 0 ? 0 : count > shard ? shard : count);
+        (*displs)[r] = (int)(first < n_values ? first : n_values);
+    }
+}
+
+void comm_reduce_scatter_sum_f32(const float *values, int64_t n_values, float *mine)
+{
+    int *counts, *displs;
+    shard_counts(n_values, &counts, &displs);
+    MPI_CHECK(MPI_Reduce_scatter(values, mine, counts, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD));
+    free(counts);
+}
+
+void comm_allgather_f32(float *values, int64_t n_values)
+{
+    int *counts, *displs;
+    shard_counts(n_values, &counts, &displs);
+    MPI_CHECK(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, values, counts, displs, MPI_FLOAT, MPI_COMM_WORLD));
+    free(counts);
+}
+
+void comm_gather_shards_f32(const float *mine, int64_t n_values, float *all)
+{
+    int *counts, *displs, rank = 0;
+    MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
+    shard_counts(n_values, &counts, &displs);
+    const void *send = rank == 0 && mine == all + displs[0] ? MPI_IN_PLACE : (const void *)mine; /* no aliasing */
+    MPI_CHECK(MPI_Gatherv(send, counts[rank], MPI_FLOAT, all, counts, displs, MPI_FLOAT, 0, MPI_COMM_WORLD));
+    free(counts);
 }
 
 double comm_time(void) { return MPI_Wtime(); }

@@ -37,6 +37,19 @@ int comm_allreduce_or_int(int flag);
 void comm_gather_f64(double value, double *all);
 /* Rank 0 receives n values from every rank into `all` (length n_ranks * n); others may pass NULL. */
 void comm_gather_f64_n(const double *values, int n, double *all);
+/* Sharded flat fp32 arrays of n_values: rank r owns values [r * shard, r * shard + count_r), count_r =
+   min(shard, n_values - r * shard) clamped at 0, with shard = comm_shard_values(n_values, n_ranks) = ceil(n / ranks).
+   Every rank calls each of these with the same n_values. */
+int64_t comm_shard_values(int64_t n_values, int n_ranks);
+/* The sum over ranks of values[0 .. n_values) (every rank's full array, left as it was) restricted to this rank's
+   shard, into mine (count_r values): MPI_Reduce_scatter. */
+void comm_reduce_scatter_sum_f32(const float *values, int64_t n_values, float *mine);
+/* In place: every rank's own shard of values (full length on every rank) reaches every rank: MPI_Allgatherv. */
+void comm_allgather_f32(float *values, int64_t n_values);
+/* Every rank's shard (mine, count_r values) into all[0 .. n_values) on rank 0 (others may pass NULL): MPI_Gatherv.
+   Rank 0's mine may be its own place in all (then it is not copied). */
+void comm_gather_shards_f32(const float *mine, int64_t n_values, float *all);
+
 /* Wall-clock seconds (MPI_Wtime). */
 double comm_time(void);
 

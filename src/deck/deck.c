@@ -39,6 +39,7 @@ static const char *const device_names[] = {"auto", "cpu", "cuda", NULL};
 static const char *const strategy_names[] = {"global", "dual", "equal_tokens", NULL};
 static const char *const oversize_names[] = {"error", "skip", NULL};
 static const char *const recompute_names[] = {"none", "block", NULL};
+static const char *const shard_names[] = {"auto", "none", "optimizer", "gradients", "full", NULL};
 static const char *const nonfinite_names[] = {"error", "skip", NULL};
 static const char *const lr_schedule_names[] = {"cosine", "constant", NULL};
 static const char *const attention_names[] = {"auto", "cudnn", "own", NULL};
@@ -179,6 +180,9 @@ static const deck_key deck_keys[] = {
     {KEY("train", "allreduce_bucket", KEY_BYTES, train.allreduce_bucket), .min = 0, .max = 1125899906842624.0,
      .default_text = "64MiB",
      .help = "CUDA: gradient all-reduce in buckets of this size overlapping the backward (0 = one after it)"},
+    {KEY("train", "shard", KEY_ENUM, train.shard), .choices = shard_names, .default_text = "auto",
+     .help = "training state split across the ranks: none, optimizer (fp32 master weights and AdamW moments), "
+             "gradients (also the summed gradients), full (also the weights), or auto (the least that fits)"},
     /* [checkpoint] */
     {KEY("checkpoint", "every", KEY_INT64, checkpoint.every), .min = 0, .max = 1e12, .default_text = "0",
      .help = "checkpoint every N steps (0 = only at the end and on SIGUSR1/SIGTERM)"},
@@ -910,4 +914,5 @@ void deck_print_reference(FILE *out)
 const char *deck_strategy_name(deck_strategy strategy) { return strategy_names[strategy]; }
 const char *deck_device_name(deck_device device) { return device_names[device]; }
 const char *deck_recompute_name(deck_recompute recompute) { return recompute_names[recompute]; }
+const char *deck_shard_name(deck_shard shard) { return shard_names[shard]; }
 const char *deck_attention_name(deck_attention attention) { return attention_names[attention]; }

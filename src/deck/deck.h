@@ -12,6 +12,8 @@ typedef enum { DEVICE_AUTO, DEVICE_CPU, DEVICE_CUDA } deck_device;
 typedef enum { STRATEGY_GLOBAL, STRATEGY_DUAL, STRATEGY_EQUAL_TOKENS } deck_strategy;
 typedef enum { OVERSIZE_ERROR, OVERSIZE_SKIP } deck_oversize;
 typedef enum { RECOMPUTE_NONE, RECOMPUTE_BLOCK } deck_recompute;
+/* [train] shard: which training state is split across the ranks (auto: the least that fits). */
+typedef enum { SHARD_AUTO, SHARD_NONE, SHARD_OPTIMIZER, SHARD_GRADIENTS, SHARD_FULL } deck_shard;
 typedef enum { NONFINITE_ERROR, NONFINITE_SKIP } deck_nonfinite;
 typedef enum { LR_COSINE, LR_CONSTANT } deck_lr_schedule;
 typedef enum { ATTENTION_AUTO, ATTENTION_CUDNN, ATTENTION_OWN } deck_attention;
@@ -82,6 +84,7 @@ typedef struct {
         deck_attention attention;      /* CUDA attention kernel: auto | cudnn | own */
         int autotune;                  /* CUDA: time cuBLASLt's and cuDNN's candidate configurations (1) */
         double allreduce_bucket;       /* CUDA: bytes per overlapped gradient all-reduce; 0 = one after the backward */
+        deck_shard shard;              /* auto | none | optimizer | gradients | full */
     } train;
     struct {
         int64_t every;                 /* checkpoint every N steps (0 = only at the end / on a signal) */
@@ -122,6 +125,7 @@ void deck_print_reference(FILE *out);
 const char *deck_strategy_name(deck_strategy strategy);
 const char *deck_device_name(deck_device device);
 const char *deck_recompute_name(deck_recompute recompute);
+const char *deck_shard_name(deck_shard shard);
 const char *deck_attention_name(deck_attention attention);
 
 #endif

@@ -430,9 +430,9 @@ static void save_checkpoint(trainer *t, int must_succeed)
     double started = comm_time();
     int status = 0;
     char path[2 * DECK_PATH_MAX] = "";
+    if (t->info->rank == 0) prefetch_drain(t->reader);
+    t->dev->ops->read_state(t->dev, t->net.weights, t->adam_m, t->adam_v); /* collective: a sharded state's slices */
     if (t->info->rank == 0) {
-        prefetch_drain(t->reader);
-        t->dev->ops->read_state(t->dev, t->net.weights, t->adam_m, t->adam_v);
         checkpoint_state state = {
             .step = t->step, .epoch = t->current.epoch, .seed = t->config->run.seed,
             .steps_per_epoch = t->steps_per_epoch,
