@@ -39,6 +39,7 @@ static const char *const device_names[] = {"auto", "cpu", "cuda", NULL};
 static const char *const strategy_names[] = {"global", "dual", "equal_tokens", NULL};
 static const char *const oversize_names[] = {"error", "skip", NULL};
 static const char *const recompute_names[] = {"none", "block", NULL};
+static const char *const text_padding_names[] = {"wan", "trim", NULL};
 static const char *const shard_names[] = {"auto", "none", "optimizer", "gradients", "full", NULL};
 static const char *const nonfinite_names[] = {"error", "skip", NULL};
 static const char *const lr_schedule_names[] = {"cosine", "constant", NULL};
@@ -84,6 +85,9 @@ static const deck_key deck_keys[] = {
      .help = "patch size in latent columns"},
     {KEY("model", "text_len", KEY_INT, model.text_len), .min = 1, .max = 1 << 20, .default_text = "512",
      .help = "text tokens per sample the model accepts"},
+    {KEY("model", "text_padding", KEY_ENUM, model.text_padding), .choices = text_padding_names, .default_text = "wan",
+     .help = "wan: each caption's embedding zero-padded to text_len at read time and attended whole, as Wan 2.1 "
+             "trains; trim: only the caption's stored tokens"},
     {KEY("model", "text_dim", KEY_INT, model.text_dim), .min = 1, .max = 1 << 20, .default_text = "4096",
      .help = "text embedding width (umT5: 4096); must match the store"},
     {KEY("model", "freq_dim", KEY_INT, model.freq_dim), .min = 2, .max = 65536, .default_text = "256",

@@ -12,6 +12,8 @@ typedef enum { DEVICE_AUTO, DEVICE_CPU, DEVICE_CUDA } deck_device;
 typedef enum { STRATEGY_GLOBAL, STRATEGY_DUAL, STRATEGY_EQUAL_TOKENS } deck_strategy;
 typedef enum { OVERSIZE_ERROR, OVERSIZE_SKIP } deck_oversize;
 typedef enum { RECOMPUTE_NONE, RECOMPUTE_BLOCK } deck_recompute;
+/* [model] text_padding: each caption zero-padded to text_len and attended whole (Wan), or as stored. */
+typedef enum { TEXT_PADDING_WAN, TEXT_PADDING_TRIM } deck_text_padding;
 /* [train] shard: which training state is split across the ranks (auto: the least that fits). */
 typedef enum { SHARD_AUTO, SHARD_NONE, SHARD_OPTIMIZER, SHARD_GRADIENTS, SHARD_FULL } deck_shard;
 typedef enum { NONFINITE_ERROR, NONFINITE_SKIP } deck_nonfinite;
@@ -38,6 +40,7 @@ typedef struct {
         int out_dim;                   /* latent channels out (16) */
         int patch_t, patch_h, patch_w; /* patch size (1,2,2) */
         int text_len;                  /* text tokens per sample the model accepts (512) */
+        deck_text_padding text_padding; /* wan: every caption zero-padded to text_len at read time; trim: as stored */
         int text_dim;                  /* text embedding width (4096, umT5) */
         int freq_dim;                  /* sinusoidal time embedding width (256) */
         double eps;                    /* norm epsilon (1e-6) */

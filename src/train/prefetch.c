@@ -7,11 +7,13 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 struct prefetcher {
     const store *source;
     int background;
     int verify;           /* check each sample's CRC-32 (store_verify_sample) */
+    int32_t text_rows;    /* > 0: every sample's text padded with zero rows to this many */
     prefetch_noise noise;
     int64_t epoch;        /* of the samples being read */
     sample_batch slots[2];
@@ -22,10 +24,11 @@ struct prefetcher {
     int64_t failed_id;    /* first sample whose read failed, -1 when none */
 };
 
-prefetcher *prefetch_create(const store *source, int background, int verify, prefetch_noise noise)
+prefetcher *prefetch_create(const store *source, int32_t text_rows, int background, int verify, prefetch_noise noise)
 {
     prefetcher *p = xcalloc(1, sizeof *p);
     p->source = source;
+    p->text_rows = text_rows;
     p->background = background;
     p->verify = verify;
     p->noise = noise;
@@ -34,7 +37,7 @@ prefetcher *prefetch_create(const store *source, int background, int verify, pre
 }
 
 /* Size the slot for these ids (offsets from the store index) and copy them in. */
-static void layout_slot(const store *source, sample_batch *slot, const int64_t *ids, int n_ids)
+static void layout_slot(const store *source, int32_t text_rows, sample_batch *slot, const int64_t *ids, int n_ids)
 {
     /* the starts need n_ids + 1 entries: a rank's first batch may be empty (fewer samples than ranks) */
     if (n_ids > slot->samples_capacity || !slot->latent_start) {
@@ -52,7 +55,10 @@ static void layout_slot(const store *source, sample_batch *slot, const int64_t *
         const store_sample *sample = &source->samples[ids[i]];
         slot->ids[i] = ids[i];
         slot->latent_start[i + 1] = slot->latent_start[i] + store_sample_latent_elements(sample);
-        slot->text_start[i + 1] = slot->text_start[i] + store_sample_text_elements(source, sample);
+        ALDIT_CHECK(sample->text_len <= text_rows || text_rows == 0, "sample %lld of %s has %d text rows, more than "
+                    "the %d it is padded to", (long long)ids[i], source->path, sample->text_len, text_rows);
+        slot->text_start[i + 1] = slot->text_start[i] + (text_rows > 0 ? (int64_t)text_rows * source->text_dim
+                                                                         : store_sample_text_elements(source, sample));
     }
     if (slot->latent_start[n_ids] > slot->latents_capacity) {
         slot->latents_capacity = slot->latent_start[n_ids];
@@ -105,6 +111,11 @@ static void *read_slot(void *arg)
         if (read(p->source, slot->ids[i], slot->latents + slot->latent_start[i], slot->text + slot->text_start[i],
                  stderr) != 0)
             p->failed_id = slot->ids[i];
+    for (int i = 0; i < slot->n_samples && p->text_rows > 0; i++) { /* the zero rows after the stored ones */
+        const int64_t stored = store_sample_text_elements(p->source, &p->source->samples[slot->ids[i]]);
+        float *padding = slot->text + slot->text_start[i] + stored;
+        memset(padding, 0, (size_t)(slot->text_start[i + 1] - slot->text_start[i] - stored) * sizeof *padding);
+    }
     for (int i = 0; i < slot->n_samples; i++) draw_noise(p, slot, i);
     return NULL;
 }
@@ -114,7 +125,7 @@ void prefetch_start(prefetcher *p, const int64_t *ids, int n_ids, int64_t epoch)
     ALDIT_CHECK(!p->pending, "prefetch_start: the previous read was not finished");
     p->filling ^= 1;
     p->epoch = epoch;
-    layout_slot(p->source, &p->slots[p->filling], ids, n_ids);
+    layout_slot(p->source, p->text_rows, &p->slots[p->filling], ids, n_ids);
     p->pending = 1;
     if (p->background) {
         int status = pthread_create(&p->thread, NULL, read_slot, p);

@@ -33,10 +33,12 @@ typedef struct {
     int threads;           /* OpenMP threads drawing noise */
 } prefetch_noise;
 
-/* A reader over an open store. With background = 0 every read happens inside prefetch_finish (no thread).
+/* A reader over an open store. With text_rows > 0 each sample's text is handed out as text_rows rows: its stored
+   rows followed by zero rows (text_start steps by text_rows * text_dim; a store sample may not have more rows);
+   with 0, as stored. With background = 0 every read happens inside prefetch_finish (no thread).
    With verify = 1 each sample's stored bytes are checked against its CRC-32 in the index as well
    (store_verify_sample; else store_read_sample, which checks only that the values are finite). */
-prefetcher *prefetch_create(const store *source, int background, int verify, prefetch_noise noise);
+prefetcher *prefetch_create(const store *source, int32_t text_rows, int background, int verify, prefetch_noise noise);
 
 /* Begin reading these samples of `epoch` (the ids are copied) into the buffer not handed out by the last
    prefetch_finish, and drawing their noise and timesteps. Only one read may be in flight. */

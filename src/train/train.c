@@ -124,6 +124,13 @@ static void check_store_fits_model(const store *data, const deck *config, int ra
     exit_all(ALDIT_EXIT_USAGE);
 }
 
+/* The text rows the model sees of a sample: text_len with [model] text_padding = wan (zero rows after the
+   stored ones, as Wan 2.1 pads every caption), else the stored count. */
+static int32_t text_rows_of(const store_sample *sample, const deck *config)
+{
+    return config->model.text_padding == TEXT_PADDING_WAN ? config->model.text_len : sample->text_len;
+}
+
 static balance_sample *balance_samples(const store *data, const deck *config)
 {
     balance_sample *samples = xmalloc((size_t)data->n_samples * sizeof *samples);
@@ -131,7 +138,7 @@ static balance_sample *balance_samples(const store *data, const deck *config)
         samples[id].id = id;
         samples[id].tokens = (int32_t)store_sample_tokens(&data->samples[id], config->model.patch_t,
                                                           config->model.patch_h, config->model.patch_w);
-        samples[id].text_len = data->samples[id].text_len;
+        samples[id].text_len = text_rows_of(&data->samples[id], config);
     }
     return samples;
 }
@@ -360,7 +367,7 @@ static void prepare_samples(trainer *t, const sample_batch *batch)
         t->frames[i] = sample->frames;
         t->height[i] = sample->height;
         t->width[i] = sample->width;
-        t->text_len[i] = sample->text_len;
+        t->text_len[i] = text_rows_of(sample, t->config);
     }
 }
 
@@ -773,7 +780,7 @@ static void calibrate(trainer *t)
     backend_shape *all = xmalloc((size_t)(n_samples > 0 ? n_samples : 1) * sizeof *all);
     for (int64_t id = 0; id < n_samples; id++) {
         const store_sample *sample = &t->data.samples[id];
-        all[id] = (backend_shape){sample->frames, sample->height, sample->width, sample->text_len};
+        all[id] = (backend_shape){sample->frames, sample->height, sample->width, text_rows_of(sample, t->config)};
     }
     qsort(all, (size_t)n_samples, sizeof *all, compare_shapes);
     backend_shape *distinct = xmalloc((size_t)(n_samples > 0 ? n_samples : 1) * sizeof *distinct);
@@ -888,7 +895,8 @@ static void trainer_setup(trainer *t, const deck *config, const comm_info *info,
                             .timestep_shift = config->train.timestep_shift,
                             /* where the model runs on the rank's threads (the CPU), one draws the noise */
                             .threads = t->dev->ops->uses_host_threads ? 1 : threads_per_rank(config, info)};
-    t->reader = prefetch_create(&t->data, config->data.prefetch, config->data.verify, noise);
+    const int32_t text_rows = config->model.text_padding == TEXT_PADDING_WAN ? config->model.text_len : 0;
+    t->reader = prefetch_create(&t->data, text_rows, config->data.prefetch, config->data.verify, noise);
     if (info->rank == 0) t->metrics = open_metrics(config, t->step);
 }
 
