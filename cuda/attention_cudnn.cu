@@ -674,7 +674,7 @@ bool finish_plan(context &s, graph_builder &g, plan_entry &e)
     int64_t n_returned = 0;
     CUDNN_TRY(*g.owned, cudnnBackendGetAttribute(heuristics, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
                                        n_configs, &n_returned, configs));
-    // Config 0 is the fast one (the second ran ~2x slower on an H200); the others only if it does not build.
+    // Config 0 is the fast one (docs/PERFORMANCE.md); the others only if it does not build.
     for (int64_t i = 0; i < n_returned; ++i) {
         cudnnBackendDescriptor_t plan;
         if (!create(*g.owned, CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, &plan)) return false;

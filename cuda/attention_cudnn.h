@@ -61,15 +61,15 @@ void attention_cudnn_free(attention_cudnn *context);
 int attention_cudnn_available(attention_cudnn *context, int num_heads, int head_dim);
 
 /* out = softmax(q k^T / sqrt(head_dim)) v per head, and stats for the backward. */
-void attention_cudnn_cross_fwd(attention_cudnn *context, const gpu_bf16 *q, const gpu_bf16 *k, const gpu_bf16 *v, int64_t seq_len_q,
-                               int64_t seq_len_kv, int num_heads, int head_dim, gpu_bf16 *out, float *stats,
-                               cudaStream_t stream);
+void attention_cudnn_cross_fwd(attention_cudnn *context, const gpu_bf16 *q, const gpu_bf16 *k, const gpu_bf16 *v,
+                               int64_t seq_len_q, int64_t seq_len_kv, int num_heads, int head_dim, gpu_bf16 *out,
+                               float *stats, cudaStream_t stream);
 
 /* dq, dk, dv (bf16, overwritten) from dout and the forward's out and stats. */
-void attention_cudnn_cross_bwd(attention_cudnn *context, const gpu_bf16 *q, const gpu_bf16 *k, const gpu_bf16 *v, const gpu_bf16 *out,
-                               const gpu_bf16 *dout, const float *stats, int64_t seq_len_q, int64_t seq_len_kv,
-                               int num_heads, int head_dim, gpu_bf16 *dq, gpu_bf16 *dk, gpu_bf16 *dv,
-                               cudaStream_t stream);
+void attention_cudnn_cross_bwd(attention_cudnn *context, const gpu_bf16 *q, const gpu_bf16 *k, const gpu_bf16 *v,
+                               const gpu_bf16 *out, const gpu_bf16 *dout, const float *stats, int64_t seq_len_q,
+                               int64_t seq_len_kv, int num_heads, int head_dim, gpu_bf16 *dq, gpu_bf16 *dk,
+                               gpu_bf16 *dv, cudaStream_t stream);
 
 /* Self-attention over whole tiles. On an H200, cuDNN's kernels run a sequence whose length is not a
    multiple of ATTENTION_CUDNN_TILE slower than the next multiple, though that has more rows
@@ -89,20 +89,20 @@ void attention_cudnn_cross_bwd(attention_cudnn *context, const gpu_bf16 *q, cons
    [num_heads, padded_rows], head-major. */
 #define ATTENTION_CUDNN_TILE 128
 int64_t attention_cudnn_padded_rows(int64_t seq_len);
-void attention_cudnn_fwd_padded(attention_cudnn *context, const gpu_bf16 *q, const gpu_bf16 *k, const gpu_bf16 *v, int64_t seq_len,
-                                int64_t padded_rows, int num_heads, int head_dim, gpu_bf16 *out, float *stats,
-                                cudaStream_t stream);
-void attention_cudnn_bwd_padded(attention_cudnn *context, const gpu_bf16 *q, const gpu_bf16 *k, const gpu_bf16 *v, const gpu_bf16 *out,
-                                const gpu_bf16 *dout, const float *stats, int64_t seq_len, int64_t padded_rows,
-                                int num_heads, int head_dim, gpu_bf16 *dq, gpu_bf16 *dk, gpu_bf16 *dv,
-                                cudaStream_t stream);
+void attention_cudnn_fwd_padded(attention_cudnn *context, const gpu_bf16 *q, const gpu_bf16 *k, const gpu_bf16 *v,
+                                int64_t seq_len, int64_t padded_rows, int num_heads, int head_dim, gpu_bf16 *out,
+                                float *stats, cudaStream_t stream);
+void attention_cudnn_bwd_padded(attention_cudnn *context, const gpu_bf16 *q, const gpu_bf16 *k, const gpu_bf16 *v,
+                                const gpu_bf16 *out, const gpu_bf16 *dout, const float *stats, int64_t seq_len,
+                                int64_t padded_rows, int num_heads, int head_dim, gpu_bf16 *dq, gpu_bf16 *dk,
+                                gpu_bf16 *dv, cudaStream_t stream);
 
 /* Self-attention: the calls above with seq_len_kv = seq_len_q = seq_len. */
-void attention_cudnn_fwd(attention_cudnn *context, const gpu_bf16 *q, const gpu_bf16 *k, const gpu_bf16 *v, int64_t seq_len, int num_heads,
-                         int head_dim, gpu_bf16 *out, float *stats, cudaStream_t stream);
-void attention_cudnn_bwd(attention_cudnn *context, const gpu_bf16 *q, const gpu_bf16 *k, const gpu_bf16 *v, const gpu_bf16 *out,
-                         const gpu_bf16 *dout, const float *stats, int64_t seq_len, int num_heads, int head_dim,
-                         gpu_bf16 *dq, gpu_bf16 *dk, gpu_bf16 *dv, cudaStream_t stream);
+void attention_cudnn_fwd(attention_cudnn *context, const gpu_bf16 *q, const gpu_bf16 *k, const gpu_bf16 *v,
+                         int64_t seq_len, int num_heads, int head_dim, gpu_bf16 *out, float *stats, cudaStream_t stream);
+void attention_cudnn_bwd(attention_cudnn *context, const gpu_bf16 *q, const gpu_bf16 *k, const gpu_bf16 *v,
+                         const gpu_bf16 *out, const gpu_bf16 *dout, const float *stats, int64_t seq_len, int num_heads,
+                         int head_dim, gpu_bf16 *dq, gpu_bf16 *dk, gpu_bf16 *dv, cudaStream_t stream);
 
 /* The backward of a shape with few keys (at most 1024: cross-attention to the text) splits the query rows into
    2, 4 or 8 batches of at least 512 rows against copies of the keys, so that cuDNN's grid, laid over key tiles,

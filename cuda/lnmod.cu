@@ -287,7 +287,7 @@ __global__ void __launch_bounds__(kBlockThreads) lnmod_fwd_kernel(const FwdArgs 
 // deviations from the exact mean) instead of five rounds of moment merges with divisions; row groups wider
 // than a warp meet at their own named barrier, not the whole block's.
 
-constexpr int kFwdStages = 1;  // rows in flight per row group (docs/PERFORMANCE.md, tables 3b and 3c)
+constexpr int kFwdStages = 1;  // rows in flight per row group (fastest: docs/PERFORMANCE.md, tables 3b and 3c)
 
 __device__ __forceinline__ void copy_async16(uint4 *shared_dst, const uint4 *global_src)
 {
@@ -730,7 +730,7 @@ __global__ void __launch_bounds__(kSumCols * kSumLanes)
 
 // Vectors per thread compiled for each kernel (about the most its registers hold without spilling: the
 // forward holds x (and y_prev), the backward also two (three) column sums of 8 floats per vector), and
-// the plain forward's limit (measured fastest, docs/PERFORMANCE.md table 3b; under the staged kernel's
+// the plain forward's limit (fastest: docs/PERFORMANCE.md, table 3b; under the staged kernel's
 // 64-register bound 5 or more vectors spill in groups of 64 and 128 threads).
 constexpr int kResidualFwdMaxVpt = 8, kFwdMaxVpt = 4, kBwdMaxVpt = 5, kResidualBwdMaxVpt = 4, kWidestVpt = 4;
 

@@ -535,7 +535,7 @@ const int64_t *key_start(const batch_tables &t, attention_kind kind)
 // cuDNN wants 16-byte aligned stats: the slice starts token_start[b] * num_heads floats into the lse buffer.
 // Cross-attention goes to cuDNN only with the model's full text_len (Wan pads every caption to it): cuDNN
 // needs a plan per (tokens, keys) pair, and captions of varying lengths would build plans (0.04-1 s each)
-// for most samples (measured on 2 H200s with texts of 32-64 tokens: epochs 2-3x slower).
+// for most samples (much slower epochs with captions of varying length).
 bool sample_on_cudnn(const gpu_model *gm, attention_kind kind, int b)
 {
     const int64_t *start = gm->tables_host.token_start, *keys = key_start(gm->tables_host, kind);
