@@ -1,4 +1,4 @@
-// attention_cudnn.cu — cuDNN fused attention through its C backend API: the unified SDPA forward and the composite (matmul, pointwise, reduction, reshape) backward graph for one sample of S_q query and S_kv key rows, plans cached by shape, their engine configuration autotuned once per size class; self-attention over zero-padded whole tiles; the few-key backward in query batches.
+// attention_cudnn.cu — cuDNN fused attention through its C backend API: the unified SDPA forward and the composite (matmul, pointwise, reduction, reshape) backward graph for one sample of S_q query and S_kv key rows, plans cached by shape in the caller's attention_cudnn context, their engine configuration autotuned once per size class where the context says so; self-attention over zero-padded whole tiles; the few-key backward in query batches.
 //
 // Memory [S, H, D] (a sample's packed rows) is described to cuDNN as dims [1, H, S, D] with strides
 // {S·H·D, D, H·D, 1}; Q, O and their gradients have S = S_q rows, K, V and theirs S = S_kv rows, and the
@@ -25,9 +25,6 @@
 
 namespace {
 
-// The message of the last failed call while building a plan (a failed build is not always fatal).
-char g_build_error[1024];
-
 void describe_failure(cudnnStatus_t status, const char *call, const char *file, int line, char *text, size_t capacity)
 {
     char last[600] = "";
@@ -48,9 +45,10 @@ void describe_failure(cudnnStatus_t status, const char *call, const char *file, 
 // Fatal on failure (execution and bookkeeping).
 #define CUDNN_CHECK(call) do { cudnnStatus_t cudnn_status_ = (call); \
     if (cudnn_status_ != CUDNN_STATUS_SUCCESS) fail_cudnn(cudnn_status_, #call, __FILE__, __LINE__); } while (0)
-// Inside a plan build (functions returning bool): record the failure in g_build_error and return false.
-#define CUDNN_TRY(call) do { cudnnStatus_t cudnn_status_ = (call); if (cudnn_status_ != CUDNN_STATUS_SUCCESS) { \
-    describe_failure(cudnn_status_, #call, __FILE__, __LINE__, g_build_error, sizeof g_build_error); \
+// Inside a plan build (functions returning bool): record the failure in the error text of the descriptor list
+// being built (its context's, see descriptor_list) and return false.
+#define CUDNN_TRY(list, call) do { cudnnStatus_t cudnn_status_ = (call); if (cudnn_status_ != CUDNN_STATUS_SUCCESS) { \
+    describe_failure(cudnn_status_, #call, __FILE__, __LINE__, (list).error, kErrorBytes); \
     return false; } } while (0)
 
 namespace {
@@ -65,16 +63,19 @@ enum tensor_uid : int64_t {
 };
 
 const int kMaxDescriptors = 96;
+const size_t kErrorBytes = 1024;
 const int kMaxOps = 24;
 const int64_t kProbeRows = 256;   // the query length attention_cudnn_available builds its plans at
 const int64_t kProbeKeyRows = 77; // and its cross-attention key length (not a multiple of 64)
 const size_t kAlign = 256;        // the backward's buffer pieces start at multiples of this
 const int64_t kMostSplitKeys = 1024;  // the backward splits the query rows only with at most this many keys
 
-// Descriptors a plan owns (all of them kept alive as long as the plan), destroyed in reverse order.
+// Descriptors a plan owns (all of them kept alive as long as the plan), destroyed in reverse order; a failed build
+// step writes why to `error`, its context's build_error (kErrorBytes).
 struct descriptor_list {
     cudnnBackendDescriptor_t items[kMaxDescriptors];
     int count;
+    char *error;
 };
 
 // An engine configuration: the engine's global index and its knob values.
@@ -109,30 +110,12 @@ struct plan_entry {
     candidate *chosen;       // the tuned configuration's descriptors where it is not the heuristics' first
     candidate *candidates;   // the other configurations to time at the first call (then freed)
     int n_candidates;
-    int tune_class;          // the size class it is tuned for (index in g_classes), -1 none
+    int tune_class;          // the size class it is tuned for (index in the context's classes), -1 none
 };
 
 struct probe_result {
     int num_heads, head_dim, available;
 };
-
-struct cudnn_state {
-    cudnnHandle_t handle;
-    int device;
-    plan_entry plans[ATTENTION_CUDNN_PLAN_SLOTS];
-    uint64_t clock;
-    void *buffer;   // cuDNN's workspace, then (backward) softmax sum, dQ accumulator (and query batches' pieces)
-    size_t buffer_bytes;
-    probe_result probes[8];
-    int n_probes;
-    cudaEvent_t tune_marks[50];  // a tuning round: before the first configuration, after each (kMaxCandidates + 2)
-    bool have_marks;
-};
-
-cudnn_state g_state;
-bool g_whole_queries = false;  // attention_cudnn_set_query_batches(0): the backward never splits the query rows
-bool g_autotune = ATTENTION_CUDNN_AUTOTUNE_DEFAULT;
-int64_t g_tune_least_rows = ATTENTION_CUDNN_TUNE_LEAST_ROWS;
 
 size_t align_up(size_t bytes)
 {
@@ -148,11 +131,11 @@ void destroy_all(descriptor_list &list)
 bool create(descriptor_list &owned, cudnnBackendDescriptorType_t type, cudnnBackendDescriptor_t *descriptor)
 {
     if (owned.count == kMaxDescriptors) {
-        snprintf(g_build_error, sizeof g_build_error, "attention_cudnn: more than %d descriptors in one plan",
+        snprintf(owned.error, kErrorBytes, "attention_cudnn: more than %d descriptors in one plan",
                  kMaxDescriptors);
         return false;
     }
-    CUDNN_TRY(cudnnBackendCreateDescriptor(type, descriptor));
+    CUDNN_TRY(owned, cudnnBackendCreateDescriptor(type, descriptor));
     owned.items[owned.count++] = *descriptor;
     return true;
 }
@@ -220,16 +203,16 @@ bool make_tensor(graph_builder &g, int64_t uid, cudnnDataType_t type, const shap
     if (!create(*g.owned, CUDNN_BACKEND_TENSOR_DESCRIPTOR, tensor)) return false;
     const int64_t alignment = 16;
     const bool virtual_flag = is_virtual, by_value_flag = by_value;
-    CUDNN_TRY(cudnnBackendSetAttribute(*tensor, CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &type));
-    CUDNN_TRY(cudnnBackendSetAttribute(*tensor, CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, 4, shape.dims));
-    CUDNN_TRY(cudnnBackendSetAttribute(*tensor, CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, 4, shape.strides));
-    CUDNN_TRY(cudnnBackendSetAttribute(*tensor, CUDNN_ATTR_TENSOR_UNIQUE_ID, CUDNN_TYPE_INT64, 1, &uid));
-    CUDNN_TRY(cudnnBackendSetAttribute(*tensor, CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, CUDNN_TYPE_INT64, 1, &alignment));
-    CUDNN_TRY(cudnnBackendSetAttribute(*tensor, CUDNN_ATTR_TENSOR_IS_VIRTUAL, CUDNN_TYPE_BOOLEAN, 1, &virtual_flag));
+    CUDNN_TRY(*g.owned, cudnnBackendSetAttribute(*tensor, CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &type));
+    CUDNN_TRY(*g.owned, cudnnBackendSetAttribute(*tensor, CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, 4, shape.dims));
+    CUDNN_TRY(*g.owned, cudnnBackendSetAttribute(*tensor, CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, 4, shape.strides));
+    CUDNN_TRY(*g.owned, cudnnBackendSetAttribute(*tensor, CUDNN_ATTR_TENSOR_UNIQUE_ID, CUDNN_TYPE_INT64, 1, &uid));
+    CUDNN_TRY(*g.owned, cudnnBackendSetAttribute(*tensor, CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, CUDNN_TYPE_INT64, 1, &alignment));
+    CUDNN_TRY(*g.owned, cudnnBackendSetAttribute(*tensor, CUDNN_ATTR_TENSOR_IS_VIRTUAL, CUDNN_TYPE_BOOLEAN, 1, &virtual_flag));
     if (by_value)
-        CUDNN_TRY(cudnnBackendSetAttribute(*tensor, CUDNN_ATTR_TENSOR_IS_BY_VALUE, CUDNN_TYPE_BOOLEAN, 1,
+        CUDNN_TRY(*g.owned, cudnnBackendSetAttribute(*tensor, CUDNN_ATTR_TENSOR_IS_BY_VALUE, CUDNN_TYPE_BOOLEAN, 1,
                                            &by_value_flag));
-    CUDNN_TRY(cudnnBackendFinalize(*tensor));
+    CUDNN_TRY(*g.owned, cudnnBackendFinalize(*tensor));
     return true;
 }
 
@@ -241,9 +224,9 @@ bool make_virtual(graph_builder &g, cudnnDataType_t type, const shape4 &shape, c
 
 bool push_op(graph_builder &g, cudnnBackendDescriptor_t op)
 {
-    CUDNN_TRY(cudnnBackendFinalize(op));
+    CUDNN_TRY(*g.owned, cudnnBackendFinalize(op));
     if (g.n_ops == kMaxOps) {
-        snprintf(g_build_error, sizeof g_build_error, "attention_cudnn: more than %d operations in one graph", kMaxOps);
+        snprintf(g.owned->error, kErrorBytes, "attention_cudnn: more than %d operations in one graph", kMaxOps);
         return false;
     }
     g.ops[g.n_ops++] = op;
@@ -257,17 +240,17 @@ bool add_pointwise(graph_builder &g, cudnnPointwiseMode_t mode, cudnnBackendDesc
     cudnnBackendDescriptor_t pw, op;
     const cudnnDataType_t precision = CUDNN_DATA_FLOAT;
     if (!create(*g.owned, CUDNN_BACKEND_POINTWISE_DESCRIPTOR, &pw)) return false;
-    CUDNN_TRY(cudnnBackendSetAttribute(pw, CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, 1, &mode));
-    CUDNN_TRY(cudnnBackendSetAttribute(pw, CUDNN_ATTR_POINTWISE_MATH_PREC, CUDNN_TYPE_DATA_TYPE, 1, &precision));
-    CUDNN_TRY(cudnnBackendFinalize(pw));
+    CUDNN_TRY(*g.owned, cudnnBackendSetAttribute(pw, CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, 1, &mode));
+    CUDNN_TRY(*g.owned, cudnnBackendSetAttribute(pw, CUDNN_ATTR_POINTWISE_MATH_PREC, CUDNN_TYPE_DATA_TYPE, 1, &precision));
+    CUDNN_TRY(*g.owned, cudnnBackendFinalize(pw));
     if (!create(*g.owned, CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR, &op)) return false;
-    CUDNN_TRY(cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, CUDNN_TYPE_BACKEND_DESCRIPTOR,
+    CUDNN_TRY(*g.owned, cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, CUDNN_TYPE_BACKEND_DESCRIPTOR,
                                        1, &pw));
-    CUDNN_TRY(cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_POINTWISE_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x));
+    CUDNN_TRY(*g.owned, cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_POINTWISE_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x));
     if (b)
-        CUDNN_TRY(cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_POINTWISE_BDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1,
+        CUDNN_TRY(*g.owned, cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_POINTWISE_BDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1,
                                            &b));
-    CUDNN_TRY(cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_POINTWISE_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y));
+    CUDNN_TRY(*g.owned, cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_POINTWISE_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y));
     return push_op(g, op);
 }
 
@@ -277,13 +260,13 @@ bool add_matmul(graph_builder &g, cudnnBackendDescriptor_t a, cudnnBackendDescri
     cudnnBackendDescriptor_t mm, op;
     const cudnnDataType_t precision = CUDNN_DATA_FLOAT;
     if (!create(*g.owned, CUDNN_BACKEND_MATMUL_DESCRIPTOR, &mm)) return false;
-    CUDNN_TRY(cudnnBackendSetAttribute(mm, CUDNN_ATTR_MATMUL_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &precision));
-    CUDNN_TRY(cudnnBackendFinalize(mm));
+    CUDNN_TRY(*g.owned, cudnnBackendSetAttribute(mm, CUDNN_ATTR_MATMUL_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &precision));
+    CUDNN_TRY(*g.owned, cudnnBackendFinalize(mm));
     if (!create(*g.owned, CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR, &op)) return false;
-    CUDNN_TRY(cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_MATMUL_ADESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &a));
-    CUDNN_TRY(cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_MATMUL_BDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &b));
-    CUDNN_TRY(cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_MATMUL_CDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &c));
-    CUDNN_TRY(cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_MATMUL_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &mm));
+    CUDNN_TRY(*g.owned, cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_MATMUL_ADESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &a));
+    CUDNN_TRY(*g.owned, cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_MATMUL_BDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &b));
+    CUDNN_TRY(*g.owned, cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_MATMUL_CDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &c));
+    CUDNN_TRY(*g.owned, cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_MATMUL_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &mm));
     return push_op(g, op);
 }
 
@@ -294,13 +277,13 @@ bool add_sum(graph_builder &g, cudnnBackendDescriptor_t x, cudnnBackendDescripto
     const cudnnDataType_t precision = CUDNN_DATA_FLOAT;
     const cudnnReduceTensorOp_t add = CUDNN_REDUCE_TENSOR_ADD;
     if (!create(*g.owned, CUDNN_BACKEND_REDUCTION_DESCRIPTOR, &red)) return false;
-    CUDNN_TRY(cudnnBackendSetAttribute(red, CUDNN_ATTR_REDUCTION_OPERATOR, CUDNN_TYPE_REDUCTION_OPERATOR_TYPE, 1, &add));
-    CUDNN_TRY(cudnnBackendSetAttribute(red, CUDNN_ATTR_REDUCTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &precision));
-    CUDNN_TRY(cudnnBackendFinalize(red));
+    CUDNN_TRY(*g.owned, cudnnBackendSetAttribute(red, CUDNN_ATTR_REDUCTION_OPERATOR, CUDNN_TYPE_REDUCTION_OPERATOR_TYPE, 1, &add));
+    CUDNN_TRY(*g.owned, cudnnBackendSetAttribute(red, CUDNN_ATTR_REDUCTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &precision));
+    CUDNN_TRY(*g.owned, cudnnBackendFinalize(red));
     if (!create(*g.owned, CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR, &op)) return false;
-    CUDNN_TRY(cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_REDUCTION_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x));
-    CUDNN_TRY(cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_REDUCTION_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y));
-    CUDNN_TRY(cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_REDUCTION_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &red));
+    CUDNN_TRY(*g.owned, cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_REDUCTION_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x));
+    CUDNN_TRY(*g.owned, cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_REDUCTION_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y));
+    CUDNN_TRY(*g.owned, cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_REDUCTION_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &red));
     return push_op(g, op);
 }
 
@@ -309,14 +292,14 @@ bool add_reshape(graph_builder &g, cudnnBackendDescriptor_t x, cudnnBackendDescr
 {
     cudnnBackendDescriptor_t op;
     if (!create(*g.owned, CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR, &op)) return false;
-    CUDNN_TRY(cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_RESHAPE_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x));
-    CUDNN_TRY(cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_RESHAPE_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y));
+    CUDNN_TRY(*g.owned, cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_RESHAPE_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x));
+    CUDNN_TRY(*g.owned, cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_RESHAPE_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y));
     return push_op(g, op);
 }
 
 // ---- autotuning of the engine configuration ------------------------------------------------------------
 // cuDNN's heuristics rank engine configurations (an engine and its knob values: tile shapes, pipelining, ...) by
-// a model, not a measurement. With autotuning on (attention_cudnn_set_autotune), the first plan of a size class
+// a model, not a measurement. With autotuning on (attention_cudnn_create), the first plan of a size class
 // (direction, heads, head_dim, few keys or not, and floor(log2(sqrt(S_q * S_kv))) from the tuning's least rows
 // on) gets candidates: the heuristics' other configurations that build, and the first one's engine with each of
 // its knobs swept over its range (the other knobs kept), those that build within the first one's workspace. Its
@@ -340,8 +323,6 @@ struct tune_class {
     char knob_ranges[256];  // the first engine's knobs: type[lowest..highest/stride] (+ swept or - not), for the report
 };
 
-tune_class g_classes[kMaxClasses];
-int g_n_classes;
 
 struct tune_record {
     char knob_ranges[256];  // its class's
@@ -352,8 +333,41 @@ struct tune_record {
     engine_choice first, best;
 };
 
-tune_record g_tune_records[kMaxTuneRecords];
-int g_n_tune_records;
+}  // namespace
+
+// A context (attention_cudnn.h): the handle, the plans, the buffer, the probes, what autotuning learnt, and the
+// text of the last failed build step (a failed build is not always fatal).
+struct attention_cudnn {
+    cudnnHandle_t handle;  // made at the first call that needs it
+    int device;            // the GPU current at attention_cudnn_create
+    bool autotune;
+    int64_t tune_least_rows;
+    plan_entry plans[ATTENTION_CUDNN_PLAN_SLOTS];
+    uint64_t clock;
+    void *buffer;   // cuDNN's workspace, then (backward) softmax sum, dQ accumulator (and query batches' pieces)
+    size_t buffer_bytes;
+    probe_result probes[8];
+    int n_probes;
+    cudaEvent_t tune_marks[50];  // a tuning round: before the first configuration, after each (kMaxCandidates + 2)
+    bool have_marks;
+    tune_class classes[kMaxClasses];
+    int n_classes;
+    tune_record tune_records[kMaxTuneRecords];
+    int n_tune_records;
+    char build_error[kErrorBytes];
+};
+
+namespace {
+
+using context = attention_cudnn;
+
+// An empty descriptor list that reports to s's build_error.
+descriptor_list new_list(context &s)
+{
+    descriptor_list list = {};
+    list.error = s.build_error;
+    return list;
+}
 
 bool same_choice(const engine_choice &a, const engine_choice &b)
 {
@@ -371,18 +385,18 @@ bool read_choice(cudnnBackendDescriptor_t config, descriptor_list &scratch, engi
     for (cudnnBackendDescriptor_t &knob : knobs)
         if (!create(scratch, CUDNN_BACKEND_KNOB_CHOICE_DESCRIPTOR, &knob)) return false;
     int64_t n = 0;
-    CUDNN_TRY(cudnnBackendGetAttribute(config, CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &n,
+    CUDNN_TRY(scratch, cudnnBackendGetAttribute(config, CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &n,
                                        &engine));
-    CUDNN_TRY(cudnnBackendGetAttribute(engine, CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &n,
+    CUDNN_TRY(scratch, cudnnBackendGetAttribute(engine, CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &n,
                                        &choice.engine));
-    CUDNN_TRY(cudnnBackendGetAttribute(config, CUDNN_ATTR_ENGINECFG_KNOB_CHOICES, CUDNN_TYPE_BACKEND_DESCRIPTOR,
+    CUDNN_TRY(scratch, cudnnBackendGetAttribute(config, CUDNN_ATTR_ENGINECFG_KNOB_CHOICES, CUDNN_TYPE_BACKEND_DESCRIPTOR,
                                        kMaxKnobs, &n, knobs));
     choice.n_knobs = static_cast<int>(n);
     for (int i = 0; i < choice.n_knobs; ++i) {
         int64_t got = 0;
-        CUDNN_TRY(cudnnBackendGetAttribute(knobs[i], CUDNN_ATTR_KNOB_CHOICE_KNOB_TYPE, CUDNN_TYPE_KNOB_TYPE, 1, &got,
+        CUDNN_TRY(scratch, cudnnBackendGetAttribute(knobs[i], CUDNN_ATTR_KNOB_CHOICE_KNOB_TYPE, CUDNN_TYPE_KNOB_TYPE, 1, &got,
                                            &choice.knobs[i].type));
-        CUDNN_TRY(cudnnBackendGetAttribute(knobs[i], CUDNN_ATTR_KNOB_CHOICE_KNOB_VALUE, CUDNN_TYPE_INT64, 1, &got,
+        CUDNN_TRY(scratch, cudnnBackendGetAttribute(knobs[i], CUDNN_ATTR_KNOB_CHOICE_KNOB_VALUE, CUDNN_TYPE_INT64, 1, &got,
                                            &choice.knobs[i].value));
     }
     return true;
@@ -393,39 +407,40 @@ bool make_engine(cudnnBackendDescriptor_t graph, int64_t index, descriptor_list 
                  cudnnBackendDescriptor_t *engine)
 {
     if (!create(owned, CUDNN_BACKEND_ENGINE_DESCRIPTOR, engine)) return false;
-    CUDNN_TRY(cudnnBackendSetAttribute(*engine, CUDNN_ATTR_ENGINE_OPERATION_GRAPH, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1,
+    CUDNN_TRY(owned, cudnnBackendSetAttribute(*engine, CUDNN_ATTR_ENGINE_OPERATION_GRAPH, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1,
                                        &graph));
-    CUDNN_TRY(cudnnBackendSetAttribute(*engine, CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &index));
-    CUDNN_TRY(cudnnBackendFinalize(*engine));
+    CUDNN_TRY(owned, cudnnBackendSetAttribute(*engine, CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &index));
+    CUDNN_TRY(owned, cudnnBackendFinalize(*engine));
     return true;
 }
 
 // An execution plan of the graph with `choice`; false when cuDNN does not build it.
-bool build_choice(cudnnBackendDescriptor_t graph, const engine_choice &choice, candidate &c)
+bool build_choice(context &s, cudnnBackendDescriptor_t graph, const engine_choice &choice, candidate &c)
 {
-    cudnnHandle_t handle = g_state.handle;
+    cudnnHandle_t handle = s.handle;
     cudnnBackendDescriptor_t engine, config, plan, knobs[kMaxKnobs];
+    c.owned.error = s.build_error;
     c.choice = choice;
     if (!make_engine(graph, choice.engine, c.owned, &engine)) return false;
     for (int i = 0; i < choice.n_knobs; ++i) {
         if (!create(c.owned, CUDNN_BACKEND_KNOB_CHOICE_DESCRIPTOR, &knobs[i])) return false;
-        CUDNN_TRY(cudnnBackendSetAttribute(knobs[i], CUDNN_ATTR_KNOB_CHOICE_KNOB_TYPE, CUDNN_TYPE_KNOB_TYPE, 1,
+        CUDNN_TRY(c.owned, cudnnBackendSetAttribute(knobs[i], CUDNN_ATTR_KNOB_CHOICE_KNOB_TYPE, CUDNN_TYPE_KNOB_TYPE, 1,
                                            &choice.knobs[i].type));
-        CUDNN_TRY(cudnnBackendSetAttribute(knobs[i], CUDNN_ATTR_KNOB_CHOICE_KNOB_VALUE, CUDNN_TYPE_INT64, 1,
+        CUDNN_TRY(c.owned, cudnnBackendSetAttribute(knobs[i], CUDNN_ATTR_KNOB_CHOICE_KNOB_VALUE, CUDNN_TYPE_INT64, 1,
                                            &choice.knobs[i].value));
-        CUDNN_TRY(cudnnBackendFinalize(knobs[i]));
+        CUDNN_TRY(c.owned, cudnnBackendFinalize(knobs[i]));
     }
     if (!create(c.owned, CUDNN_BACKEND_ENGINECFG_DESCRIPTOR, &config)) return false;
-    CUDNN_TRY(cudnnBackendSetAttribute(config, CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &engine));
+    CUDNN_TRY(c.owned, cudnnBackendSetAttribute(config, CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &engine));
     if (choice.n_knobs > 0)
-        CUDNN_TRY(cudnnBackendSetAttribute(config, CUDNN_ATTR_ENGINECFG_KNOB_CHOICES, CUDNN_TYPE_BACKEND_DESCRIPTOR,
+        CUDNN_TRY(c.owned, cudnnBackendSetAttribute(config, CUDNN_ATTR_ENGINECFG_KNOB_CHOICES, CUDNN_TYPE_BACKEND_DESCRIPTOR,
                                            choice.n_knobs, knobs));
-    CUDNN_TRY(cudnnBackendFinalize(config));
+    CUDNN_TRY(c.owned, cudnnBackendFinalize(config));
     if (!create(c.owned, CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, &plan)) return false;
-    CUDNN_TRY(cudnnBackendSetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle));
-    CUDNN_TRY(cudnnBackendSetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1,
+    CUDNN_TRY(c.owned, cudnnBackendSetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle));
+    CUDNN_TRY(c.owned, cudnnBackendSetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1,
                                        &config));
-    CUDNN_TRY(cudnnBackendFinalize(plan));
+    CUDNN_TRY(c.owned, cudnnBackendFinalize(plan));
     c.plan = plan;
     return true;
 }
@@ -446,29 +461,29 @@ void free_candidate(candidate *c)
 }
 
 // Adds the plan of `choice` to e's candidates when it builds within e's workspace and is not there yet.
-void add_candidate(plan_entry &e, cudnnBackendDescriptor_t graph, const engine_choice &choice)
+void add_candidate(context &s, plan_entry &e, cudnnBackendDescriptor_t graph, const engine_choice &choice)
 {
     if (e.n_candidates == kMaxCandidates || same_choice(choice, e.choice)) return;
     for (int i = 0; i < e.n_candidates; ++i)
         if (same_choice(choice, e.candidates[i].choice)) return;
     candidate &c = e.candidates[e.n_candidates];
     memset(&c, 0, sizeof c);
-    if (build_choice(graph, choice, c) && plan_workspace_bytes(c.plan) <= e.workspace_bytes) ++e.n_candidates;
+    if (build_choice(s, graph, choice, c) && plan_workspace_bytes(c.plan) <= e.workspace_bytes) ++e.n_candidates;
     else destroy_all(c.owned);
 }
 
 // The candidates of e (whose plan, the heuristics' first, is built): the heuristics' other configurations and
 // e's engine with each knob swept.
-void build_candidates(plan_entry &e, cudnnBackendDescriptor_t graph, const cudnnBackendDescriptor_t *configs,
+void build_candidates(context &s, plan_entry &e, cudnnBackendDescriptor_t graph, const cudnnBackendDescriptor_t *configs,
                       int64_t n_configs, char *knob_ranges, size_t ranges_capacity)
 {
     size_t ranges_used = 0;
     knob_ranges[0] = '\0';
     e.candidates = static_cast<candidate *>(xcalloc(kMaxCandidates, sizeof(candidate)));
-    descriptor_list scratch = {};
+    descriptor_list scratch = new_list(s);
     for (int64_t i = 1; i < n_configs; ++i) {
         engine_choice choice = {};
-        if (read_choice(configs[i], scratch, choice)) add_candidate(e, graph, choice);
+        if (read_choice(configs[i], scratch, choice)) add_candidate(s, e, graph, choice);
         destroy_all(scratch);
     }
     cudnnBackendDescriptor_t engine, infos[CUDNN_KNOB_TYPE_COUNTS];
@@ -504,7 +519,7 @@ void build_candidates(plan_entry &e, cudnnBackendDescriptor_t graph, const cudnn
                 choice.knobs[choice.n_knobs++].type = type;
             }
             choice.knobs[k].value = value;
-            add_candidate(e, graph, choice);
+            add_candidate(s, e, graph, choice);
         }
     }
     destroy_all(scratch);
@@ -515,53 +530,53 @@ void build_candidates(plan_entry &e, cudnnBackendDescriptor_t graph, const cudnn
 }
 
 // Frees everything a plan slot holds (the tuned configuration and the candidates before the graph they use).
-void destroy_entry(plan_entry &e)
+void destroy_entry(context &s, plan_entry &e)
 {
     free_candidate(e.chosen);
     for (int i = 0; i < e.n_candidates; ++i) destroy_all(e.candidates[i].owned);
     free(e.candidates);
-    if (e.tune_class >= 0 && e.n_candidates > 0) g_classes[e.tune_class].state = 0;  // not timed: the next plan tunes
+    if (e.tune_class >= 0 && e.n_candidates > 0) s.classes[e.tune_class].state = 0;  // not timed: the next plan tunes
     destroy_all(e.owned);
     memset(&e, 0, sizeof e);
 }
 
 // Times e's plan (the heuristics' first) and its candidates on the call's variant pack and keeps the fastest.
-void tune(plan_entry &e, cudnnBackendDescriptor_t pack, cudaStream_t stream)
+void tune(context &s, plan_entry &e, cudnnBackendDescriptor_t pack, cudaStream_t stream)
 {
-    static_assert(sizeof g_state.tune_marks / sizeof g_state.tune_marks[0] >= kMaxCandidates + 2, "tuning marks");
-    if (!g_state.have_marks) {
-        for (cudaEvent_t &mark : g_state.tune_marks) CUDA_CHECK(cudaEventCreate(&mark));
-        g_state.have_marks = true;
+    static_assert(sizeof s.tune_marks / sizeof s.tune_marks[0] >= kMaxCandidates + 2, "tuning marks");
+    if (!s.have_marks) {
+        for (cudaEvent_t &mark : s.tune_marks) CUDA_CHECK(cudaEventCreate(&mark));
+        s.have_marks = true;
     }
     const int n = e.n_candidates + 1;  // 0: e.plan, then the candidates
     float least_ms[kMaxCandidates + 1] = {};
     bool refused[kMaxCandidates + 1] = {}, dropped[kMaxCandidates + 1] = {};
     for (int round = 0; round <= kTuneRounds; ++round) {
-        CUDA_CHECK(cudaEventRecord(g_state.tune_marks[0], stream));
+        CUDA_CHECK(cudaEventRecord(s.tune_marks[0], stream));
         for (int c = 0; c < n; ++c) {
             if (!refused[c] && !dropped[c])
-                refused[c] = cudnnBackendExecute(g_state.handle, c == 0 ? e.plan : e.candidates[c - 1].plan, pack) !=
+                refused[c] = cudnnBackendExecute(s.handle, c == 0 ? e.plan : e.candidates[c - 1].plan, pack) !=
                              CUDNN_STATUS_SUCCESS;
-            CUDA_CHECK(cudaEventRecord(g_state.tune_marks[c + 1], stream));
+            CUDA_CHECK(cudaEventRecord(s.tune_marks[c + 1], stream));
         }
-        CUDA_CHECK(cudaEventSynchronize(g_state.tune_marks[n]));
+        CUDA_CHECK(cudaEventSynchronize(s.tune_marks[n]));
         if (round == 0) continue;
         int best = -1;
         for (int c = 0; c < n; ++c) {
             if (refused[c] || dropped[c]) continue;
             float ms = 0.0f;
-            CUDA_CHECK(cudaEventElapsedTime(&ms, g_state.tune_marks[c], g_state.tune_marks[c + 1]));
+            CUDA_CHECK(cudaEventElapsedTime(&ms, s.tune_marks[c], s.tune_marks[c + 1]));
             least_ms[c] = round == 1 || ms < least_ms[c] ? ms : least_ms[c];
             if (best < 0 || least_ms[c] < least_ms[best]) best = c;
         }
         for (int c = 0; c < n && best >= 0; ++c) dropped[c] = dropped[c] || least_ms[c] > kTuneKeep * least_ms[best];
     }
     const int best = gpu_fastest_candidate(least_ms, refused, n, kTuneMargin);
-    if (g_n_tune_records < kMaxTuneRecords) {
-        tune_record &record = g_tune_records[g_n_tune_records++];
+    if (s.n_tune_records < kMaxTuneRecords) {
+        tune_record &record = s.tune_records[s.n_tune_records++];
         record = {{}, e.direction, e.seq_len_q, e.seq_len_kv, e.n_candidates, least_ms[0], least_ms[best], e.choice,
                   best > 0 ? e.candidates[best - 1].choice : e.choice};
-        memcpy(record.knob_ranges, g_classes[e.tune_class].knob_ranges, sizeof record.knob_ranges);
+        memcpy(record.knob_ranges, s.classes[e.tune_class].knob_ranges, sizeof record.knob_ranges);
     }
     // e.workspace_bytes stays: the candidates need no more, and this call's buffer layout was made with it
     if (best > 0) {
@@ -575,39 +590,39 @@ void tune(plan_entry &e, cudnnBackendDescriptor_t pack, cudaStream_t stream)
     free(e.candidates);
     e.candidates = nullptr;
     e.n_candidates = 0;
-    g_classes[e.tune_class].state = 2;
-    g_classes[e.tune_class].winner = e.choice;
+    s.classes[e.tune_class].state = 2;
+    s.classes[e.tune_class].winner = e.choice;
 }
 
 // The size class of a plan (found or added), -1 when its shape is below the tuning's least rows or the table is full.
-int tune_class_of(const plan_entry &e)
+int tune_class_of(context &s, const plan_entry &e)
 {
     const double rows = sqrt(static_cast<double>(e.seq_len_q) * static_cast<double>(e.seq_len_kv));
-    if (rows < static_cast<double>(g_tune_least_rows)) return -1;
+    if (rows < static_cast<double>(s.tune_least_rows)) return -1;
     const int size_log2 = static_cast<int>(floor(log2(rows)));
     const int few_keys = e.seq_len_kv <= kMostSplitKeys;
-    for (int i = 0; i < g_n_classes; ++i) {
-        const tune_class &c = g_classes[i];
+    for (int i = 0; i < s.n_classes; ++i) {
+        const tune_class &c = s.classes[i];
         if (c.direction == e.direction && c.num_heads == e.num_heads && c.head_dim == e.head_dim &&
             c.few_keys == few_keys && c.size_log2 == size_log2)
             return i;
     }
-    if (g_n_classes == kMaxClasses) return -1;
-    g_classes[g_n_classes] = {e.direction, e.num_heads, e.head_dim, few_keys, size_log2, 0, {}, {}};
-    return g_n_classes++;
+    if (s.n_classes == kMaxClasses) return -1;
+    s.classes[s.n_classes] = {e.direction, e.num_heads, e.head_dim, few_keys, size_log2, 0, {}, {}};
+    return s.n_classes++;
 }
 
 // After e's plan (the heuristics' first) is built: its class's winner instead, or candidates for the first call.
-void apply_tuning(plan_entry &e, cudnnBackendDescriptor_t graph, const cudnnBackendDescriptor_t *configs,
+void apply_tuning(context &s, plan_entry &e, cudnnBackendDescriptor_t graph, const cudnnBackendDescriptor_t *configs,
                   int64_t n_configs)
 {
     e.tune_class = -1;
-    if (!g_autotune) return;
-    const int index = tune_class_of(e);
+    if (!s.autotune) return;
+    const int index = tune_class_of(s, e);
     if (index < 0) return;
-    tune_class &c = g_classes[index];
+    tune_class &c = s.classes[index];
     if (c.state == 0) {
-        build_candidates(e, graph, configs, n_configs, c.knob_ranges, sizeof c.knob_ranges);
+        build_candidates(s, e, graph, configs, n_configs, c.knob_ranges, sizeof c.knob_ranges);
         if (e.n_candidates == 0) {
             c.state = 2;
             c.winner = e.choice;
@@ -617,7 +632,7 @@ void apply_tuning(plan_entry &e, cudnnBackendDescriptor_t graph, const cudnnBack
         }
     } else if (c.state == 2 && !same_choice(c.winner, e.choice)) {
         candidate *winner = static_cast<candidate *>(xcalloc(1, sizeof(candidate)));
-        if (build_choice(graph, c.winner, *winner)) {
+        if (build_choice(s, graph, c.winner, *winner)) {
             e.chosen = winner;
             e.plan = winner->plan;
             e.choice = winner->choice;
@@ -629,27 +644,27 @@ void apply_tuning(plan_entry &e, cudnnBackendDescriptor_t graph, const cudnnBack
 }
 
 // Operation graph -> heuristics (mode A) -> the first engine config whose plan finalizes (then apply_tuning).
-bool finish_plan(graph_builder &g, plan_entry &e)
+bool finish_plan(context &s, graph_builder &g, plan_entry &e)
 {
-    cudnnHandle_t handle = g_state.handle;
+    cudnnHandle_t handle = s.handle;
     cudnnBackendDescriptor_t graph, heuristics;
     if (!create(*g.owned, CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR, &graph)) return false;
-    CUDNN_TRY(cudnnBackendSetAttribute(graph, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, g.n_ops,
+    CUDNN_TRY(*g.owned, cudnnBackendSetAttribute(graph, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, g.n_ops,
                                        g.ops));
-    CUDNN_TRY(cudnnBackendSetAttribute(graph, CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle));
-    CUDNN_TRY(cudnnBackendFinalize(graph));
+    CUDNN_TRY(*g.owned, cudnnBackendSetAttribute(graph, CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle));
+    CUDNN_TRY(*g.owned, cudnnBackendFinalize(graph));
 
     const cudnnBackendHeurMode_t mode = CUDNN_HEUR_MODE_A;
     if (!create(*g.owned, CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR, &heuristics)) return false;
-    CUDNN_TRY(cudnnBackendSetAttribute(heuristics, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH,
+    CUDNN_TRY(*g.owned, cudnnBackendSetAttribute(heuristics, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH,
                                        CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &graph));
-    CUDNN_TRY(cudnnBackendSetAttribute(heuristics, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode));
-    CUDNN_TRY(cudnnBackendFinalize(heuristics));
+    CUDNN_TRY(*g.owned, cudnnBackendSetAttribute(heuristics, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode));
+    CUDNN_TRY(*g.owned, cudnnBackendFinalize(heuristics));
     int64_t n_configs = 0;
-    CUDNN_TRY(cudnnBackendGetAttribute(heuristics, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 0,
+    CUDNN_TRY(*g.owned, cudnnBackendGetAttribute(heuristics, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 0,
                                        &n_configs, nullptr));
     if (n_configs <= 0) {
-        snprintf(g_build_error, sizeof g_build_error, "attention_cudnn: heuristics found no engine for the graph");
+        snprintf(s.build_error, kErrorBytes, "attention_cudnn: heuristics found no engine for the graph");
         return false;
     }
     if (n_configs > 4) n_configs = 4;
@@ -657,34 +672,34 @@ bool finish_plan(graph_builder &g, plan_entry &e)
     for (int64_t i = 0; i < n_configs; ++i)
         if (!create(*g.owned, CUDNN_BACKEND_ENGINECFG_DESCRIPTOR, &configs[i])) return false;
     int64_t n_returned = 0;
-    CUDNN_TRY(cudnnBackendGetAttribute(heuristics, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
+    CUDNN_TRY(*g.owned, cudnnBackendGetAttribute(heuristics, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
                                        n_configs, &n_returned, configs));
-    // Config 0 is the fast one (the second ran ~2x slower on an H200); the others only if it does not build.
+    // Config 0 is the fast one (docs/PERFORMANCE.md); the others only if it does not build.
     for (int64_t i = 0; i < n_returned; ++i) {
         cudnnBackendDescriptor_t plan;
         if (!create(*g.owned, CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, &plan)) return false;
-        CUDNN_TRY(cudnnBackendSetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle));
-        CUDNN_TRY(cudnnBackendSetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG,
+        CUDNN_TRY(*g.owned, cudnnBackendSetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle));
+        CUDNN_TRY(*g.owned, cudnnBackendSetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG,
                                            CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &configs[i]));
         const cudnnStatus_t status = cudnnBackendFinalize(plan);
         if (status != CUDNN_STATUS_SUCCESS) {
-            describe_failure(status, "cudnnBackendFinalize(plan)", __FILE__, __LINE__, g_build_error,
-                             sizeof g_build_error);
+            describe_failure(status, "cudnnBackendFinalize(plan)", __FILE__, __LINE__, s.build_error,
+                             kErrorBytes);
             continue;
         }
         e.workspace_bytes = plan_workspace_bytes(plan);
         e.plan = plan;
-        descriptor_list scratch = {};
+        descriptor_list scratch = new_list(s);
         const bool known = read_choice(configs[i], scratch, e.choice);
         destroy_all(scratch);
-        if (known) apply_tuning(e, graph, configs + i, n_returned - i);
+        if (known) apply_tuning(s, e, graph, configs + i, n_returned - i);
         return true;
     }
     return false;
 }
 
 // The unified SDPA forward: O and stats from Q, K, V and the scale (by value).
-bool build_forward(plan_entry &e)
+bool build_forward(context &s, plan_entry &e)
 {
     graph_builder g = {&e.owned, {}, 0, kUidVirtual};
     const int64_t S_q = e.seq_len_q, S_kv = e.seq_len_kv, H = e.num_heads, D = e.head_dim;
@@ -697,22 +712,22 @@ bool build_forward(plan_entry &e)
         !make_tensor(g, kUidScale, CUDNN_DATA_FLOAT, scalar_shape(), false, true, &scale))
         return false;
     if (!create(e.owned, CUDNN_BACKEND_OPERATION_SDPA_FWD_DESCRIPTOR, &op)) return false;
-    CUDNN_TRY(cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_SDPA_FWD_QDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &q));
-    CUDNN_TRY(cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_SDPA_FWD_KDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &k));
-    CUDNN_TRY(cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_SDPA_FWD_VDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &v));
-    CUDNN_TRY(cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_SDPA_FWD_ODESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &o));
-    CUDNN_TRY(cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_SDPA_FWD_STATSDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1,
+    CUDNN_TRY(e.owned, cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_SDPA_FWD_QDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &q));
+    CUDNN_TRY(e.owned, cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_SDPA_FWD_KDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &k));
+    CUDNN_TRY(e.owned, cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_SDPA_FWD_VDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &v));
+    CUDNN_TRY(e.owned, cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_SDPA_FWD_ODESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &o));
+    CUDNN_TRY(e.owned, cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_SDPA_FWD_STATSDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1,
                                        &stats));
-    CUDNN_TRY(cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_SDPA_FWD_SCALEDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1,
+    CUDNN_TRY(e.owned, cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_SDPA_FWD_SCALEDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1,
                                        &scale));
-    return push_op(g, op) && finish_plan(g, e);
+    return push_op(g, op) && finish_plan(s, g, e);
 }
 
 // The composite backward (18 operations; see the comment at the top of the file). With e.query_batches = B > 1
 // the S_q query rows run as B batches of S_q / B rows against the same keys: K and V come as B copies, and dK,
 // dV as B bf16 pieces, added up by add_key_pieces_kernel. (fp32 pieces came out wrong on an H200 with cuDNN
 // 9.19: relative error 1.2 against the reference, NaN from a poisoned buffer.)
-bool build_backward(plan_entry &e)
+bool build_backward(context &s, plan_entry &e)
 {
     graph_builder g = {&e.owned, {}, 0, kUidVirtual};
     const int64_t B = e.query_batches, S_q = e.seq_len_q / B, S_kv = e.seq_len_kv, H = e.num_heads, D = e.head_dim;
@@ -771,25 +786,22 @@ bool build_backward(plan_entry &e)
         !add_matmul(g, ds, k, dq_accum) ||
         !add_pointwise(g, CUDNN_POINTWISE_IDENTITY, dq_accum, nullptr, dq))
         return false;
-    return finish_plan(g, e);
+    return finish_plan(s, g, e);
 }
 
-// The handle, made on the current GPU at the first call; false (g_build_error says why) when cuDNN cannot
+// The handle, made on the context's GPU at the first call; false (s.build_error says why) when cuDNN cannot
 // make one (a library that does not fit the driver, for instance).
-bool ensure_handle(void)
+bool ensure_handle(context &s)
 {
     int device = 0;
     CUDA_CHECK(cudaGetDevice(&device));
-    if (g_state.handle) {
-        ALDIT_CHECK(device == g_state.device,
-                    "attention_cudnn: the cuDNN handle was made on GPU %d, called on GPU %d (one GPU per process)",
-                    g_state.device, device);
-        return true;
-    }
+    ALDIT_CHECK(device == s.device, "attention_cudnn: the context was made on GPU %d, called on GPU %d", s.device,
+                device);
+    if (s.handle) return true;
     cudnnHandle_t handle = nullptr;
-    CUDNN_TRY(cudnnCreate(&handle));
-    g_state.handle = handle;
-    g_state.device = device;
+    descriptor_list report = new_list(s);
+    CUDNN_TRY(report, cudnnCreate(&handle));
+    s.handle = handle;
     return true;
 }
 
@@ -799,44 +811,45 @@ const char *direction_name(int direction)
 }
 
 // The cached plan of this shape, built on a miss into an empty or the least recently used slot. NULL when
-// the build fails (g_build_error says why).
-plan_entry *find_plan(int direction, int64_t seq_len_q, int64_t seq_len_kv, int num_heads, int head_dim,
+// the build fails (s.build_error says why).
+plan_entry *find_plan(context &s, int direction, int64_t seq_len_q, int64_t seq_len_kv, int num_heads, int head_dim,
                       int query_batches = 1)
 {
-    if (!ensure_handle()) return nullptr;
-    plan_entry *victim = &g_state.plans[0];
-    for (plan_entry &e : g_state.plans) {
+    if (!ensure_handle(s)) return nullptr;
+    plan_entry *victim = &s.plans[0];
+    for (plan_entry &e : s.plans) {
         if (e.last_use && e.direction == direction && e.seq_len_q == seq_len_q && e.seq_len_kv == seq_len_kv &&
             e.num_heads == num_heads && e.head_dim == head_dim && e.query_batches == query_batches) {
-            e.last_use = ++g_state.clock;
+            e.last_use = ++s.clock;
             return &e;
         }
         if (e.last_use < victim->last_use) victim = &e;
     }
-    destroy_entry(*victim);
+    destroy_entry(s, *victim);
+    victim->owned.error = s.build_error;
     victim->direction = direction;
     victim->seq_len_q = seq_len_q;
     victim->seq_len_kv = seq_len_kv;
     victim->num_heads = num_heads;
     victim->head_dim = head_dim;
     victim->query_batches = query_batches;
-    const bool built = direction == kForward ? build_forward(*victim) : build_backward(*victim);
+    const bool built = direction == kForward ? build_forward(s, *victim) : build_backward(s, *victim);
     if (!built) {
-        destroy_entry(*victim);
+        destroy_entry(s, *victim);
         return nullptr;
     }
-    victim->last_use = ++g_state.clock;
+    victim->last_use = ++s.clock;
     return victim;
 }
 
-plan_entry *need_plan(int direction, int64_t seq_len_q, int64_t seq_len_kv, int num_heads, int head_dim,
+plan_entry *need_plan(context &s, int direction, int64_t seq_len_q, int64_t seq_len_kv, int num_heads, int head_dim,
                       int query_batches = 1)
 {
-    plan_entry *e = find_plan(direction, seq_len_q, seq_len_kv, num_heads, head_dim, query_batches);
+    plan_entry *e = find_plan(s, direction, seq_len_q, seq_len_kv, num_heads, head_dim, query_batches);
     if (!e)
         ALDIT_FATAL("attention_cudnn: no %s plan for seq_len_q %lld (in %d batches), seq_len_kv %lld, %d heads, "
                     "head_dim %d: %s", direction_name(direction), (long long)seq_len_q, query_batches,
-                    (long long)seq_len_kv, num_heads, head_dim, g_build_error);
+                    (long long)seq_len_kv, num_heads, head_dim, s.build_error);
     return e;
 }
 
@@ -898,20 +911,20 @@ __global__ void add_key_pieces_kernel(const uint4 *dk_pieces, const uint4 *dv_pi
 
 // The module's device buffer, at least `bytes` long. A new one starts poisoned (all bits set: NaN), so a
 // piece cuDNN would read before writing shows up in the results.
-char *ensure_buffer(size_t bytes)
+char *ensure_buffer(context &s, size_t bytes)
 {
-    if (bytes > g_state.buffer_bytes) {
-        if (g_state.buffer) CUDA_CHECK(cudaFree(g_state.buffer));
-        g_state.buffer = nullptr;
-        g_state.buffer_bytes = 0;
-        CUDA_CHECK(cudaMalloc(&g_state.buffer, bytes));
-        CUDA_CHECK(cudaMemset(g_state.buffer, 0xff, bytes));
-        g_state.buffer_bytes = bytes;
+    if (bytes > s.buffer_bytes) {
+        if (s.buffer) CUDA_CHECK(cudaFree(s.buffer));
+        s.buffer = nullptr;
+        s.buffer_bytes = 0;
+        CUDA_CHECK(cudaMalloc(&s.buffer, bytes));
+        CUDA_CHECK(cudaMemset(s.buffer, 0xff, bytes));
+        s.buffer_bytes = bytes;
     }
-    return static_cast<char *>(g_state.buffer);
+    return static_cast<char *>(s.buffer);
 }
 
-void execute(plan_entry &e, int n_tensors, const int64_t *uids, void *const *pointers, void *workspace,
+void execute(context &s, plan_entry &e, int n_tensors, const int64_t *uids, void *const *pointers, void *workspace,
              cudaStream_t stream)
 {
     cudnnBackendDescriptor_t pack;
@@ -921,9 +934,9 @@ void execute(plan_entry &e, int n_tensors, const int64_t *uids, void *const *poi
                                          pointers));
     CUDNN_CHECK(cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &workspace));
     CUDNN_CHECK(cudnnBackendFinalize(pack));
-    CUDNN_CHECK(cudnnSetStream(g_state.handle, stream));
-    if (e.n_candidates > 0) tune(e, pack, stream);
-    CUDNN_CHECK(cudnnBackendExecute(g_state.handle, e.plan, pack));
+    CUDNN_CHECK(cudnnSetStream(s.handle, stream));
+    if (e.n_candidates > 0) tune(s, e, pack, stream);
+    CUDNN_CHECK(cudnnBackendExecute(s.handle, e.plan, pack));
     CUDNN_CHECK(cudnnBackendDestroyDescriptor(pack));
 }
 
@@ -945,13 +958,21 @@ void check_call(const char *function, int64_t seq_len_q, int64_t seq_len_kv, int
                     "%s: %s is NULL or not 16-byte aligned (%p)", function, names[i], tensors[i]);
 }
 
+// The context of a call (not NULL).
+attention_cudnn &checked(attention_cudnn *context, const char *function)
+{
+    ALDIT_CHECK(context != nullptr, "%s: no attention_cudnn context", function);
+    return *context;
+}
+
 } // namespace
 
-extern "C" int attention_cudnn_available(int num_heads, int head_dim)
+extern "C" int attention_cudnn_available(attention_cudnn *context, int num_heads, int head_dim)
 {
-    for (int i = 0; i < g_state.n_probes; ++i)
-        if (g_state.probes[i].num_heads == num_heads && g_state.probes[i].head_dim == head_dim)
-            return g_state.probes[i].available;
+    attention_cudnn &s = *context;
+    for (int i = 0; i < s.n_probes; ++i)
+        if (s.probes[i].num_heads == num_heads && s.probes[i].head_dim == head_dim)
+            return s.probes[i].available;
     int available = 0;
     if (!shape_supported(kProbeRows, kProbeKeyRows, num_heads, head_dim)) {
         aldit_warn("cuDNN attention: %d heads of head_dim %d are not supported (a multiple of 8 up to 128)",
@@ -962,36 +983,37 @@ extern "C" int attention_cudnn_available(int num_heads, int head_dim)
         aldit_warn("cuDNN attention: the loaded cuDNN is %zu; the unified SDPA forward needs 9.13.1 or newer and "
                    "the composite backward, without a padding mask, a release newer than 9.15.0",
                    cudnnGetVersion());
-    } else if (!find_plan(kForward, kProbeRows, kProbeRows, num_heads, head_dim) ||
-               !find_plan(kBackward, kProbeRows, kProbeRows, num_heads, head_dim) ||
-               !find_plan(kForward, kProbeRows, kProbeKeyRows, num_heads, head_dim) ||
-               !find_plan(kBackward, kProbeRows, kProbeKeyRows, num_heads, head_dim)) {
-        aldit_warn("cuDNN attention: no plan for %d heads of head_dim %d: %s", num_heads, head_dim, g_build_error);
+    } else if (!find_plan(s, kForward, kProbeRows, kProbeRows, num_heads, head_dim) ||
+               !find_plan(s, kBackward, kProbeRows, kProbeRows, num_heads, head_dim) ||
+               !find_plan(s, kForward, kProbeRows, kProbeKeyRows, num_heads, head_dim) ||
+               !find_plan(s, kBackward, kProbeRows, kProbeKeyRows, num_heads, head_dim)) {
+        aldit_warn("cuDNN attention: no plan for %d heads of head_dim %d: %s", num_heads, head_dim, s.build_error);
     } else {
         available = 1;
     }
-    if (g_state.n_probes < (int)(sizeof g_state.probes / sizeof g_state.probes[0]))
-        g_state.probes[g_state.n_probes++] = {num_heads, head_dim, available};
+    if (s.n_probes < (int)(sizeof s.probes / sizeof s.probes[0]))
+        s.probes[s.n_probes++] = {num_heads, head_dim, available};
     return available;
 }
 
-extern "C" void attention_cudnn_cross_fwd(const gpu_bf16 *q, const gpu_bf16 *k, const gpu_bf16 *v, int64_t seq_len_q,
+extern "C" void attention_cudnn_cross_fwd(attention_cudnn *context, const gpu_bf16 *q, const gpu_bf16 *k, const gpu_bf16 *v, int64_t seq_len_q,
                                           int64_t seq_len_kv, int num_heads, int head_dim, gpu_bf16 *out, float *stats,
                                           cudaStream_t stream)
 {
     const void *tensors[] = {q, k, v, out, stats};
     const char *names[] = {"q", "k", "v", "out", "stats"};
     check_call("attention_cudnn_cross_fwd", seq_len_q, seq_len_kv, num_heads, head_dim, tensors, names, 5);
-    plan_entry *e = need_plan(kForward, seq_len_q, seq_len_kv, num_heads, head_dim);
-    void *workspace = e->workspace_bytes > 0 ? ensure_buffer(static_cast<size_t>(e->workspace_bytes)) : nullptr;
+    attention_cudnn &s = checked(context, "attention_cudnn_cross_fwd");
+    plan_entry *e = need_plan(s, kForward, seq_len_q, seq_len_kv, num_heads, head_dim);
+    void *workspace = e->workspace_bytes > 0 ? ensure_buffer(s, static_cast<size_t>(e->workspace_bytes)) : nullptr;
     float scale = 1.0f / sqrtf(static_cast<float>(head_dim));
     const int64_t uids[] = {kUidQ, kUidK, kUidV, kUidO, kUidStats, kUidScale};
     void *const pointers[] = {const_cast<gpu_bf16 *>(q), const_cast<gpu_bf16 *>(k), const_cast<gpu_bf16 *>(v), out,
                               stats, &scale};
-    execute(*e, 6, uids, pointers, workspace, stream);
+    execute(s, *e, 6, uids, pointers, workspace, stream);
 }
 
-extern "C" void attention_cudnn_cross_bwd(const gpu_bf16 *q, const gpu_bf16 *k, const gpu_bf16 *v, const gpu_bf16 *out,
+extern "C" void attention_cudnn_cross_bwd(attention_cudnn *context, const gpu_bf16 *q, const gpu_bf16 *k, const gpu_bf16 *v, const gpu_bf16 *out,
                                           const gpu_bf16 *dout, const float *stats, int64_t seq_len_q,
                                           int64_t seq_len_kv, int num_heads, int head_dim, gpu_bf16 *dq, gpu_bf16 *dk,
                                           gpu_bf16 *dv, cudaStream_t stream)
@@ -999,8 +1021,9 @@ extern "C" void attention_cudnn_cross_bwd(const gpu_bf16 *q, const gpu_bf16 *k, 
     const void *tensors[] = {q, k, v, out, dout, stats, dq, dk, dv};
     const char *names[] = {"q", "k", "v", "out", "dout", "stats", "dq", "dk", "dv"};
     check_call("attention_cudnn_cross_bwd", seq_len_q, seq_len_kv, num_heads, head_dim, tensors, names, 9);
-    const int batches = g_whole_queries ? 1 : query_batches_for(seq_len_q, seq_len_kv);
-    plan_entry *e = need_plan(kBackward, seq_len_q, seq_len_kv, num_heads, head_dim, batches);
+    attention_cudnn &s = checked(context, "attention_cudnn_cross_bwd");
+    const int batches = query_batches_for(seq_len_q, seq_len_kv);
+    plan_entry *e = need_plan(s, kBackward, seq_len_q, seq_len_kv, num_heads, head_dim, batches);
     // the buffer: workspace, softmax sum, dQ accumulator; with query batches, K and V copies and dK, dV pieces
     const size_t key_values = static_cast<size_t>(seq_len_kv) * num_heads * head_dim;
     const size_t workspace_bytes = align_up(static_cast<size_t>(e->workspace_bytes));
@@ -1008,7 +1031,7 @@ extern "C" void attention_cudnn_cross_bwd(const gpu_bf16 *q, const gpu_bf16 *k, 
     const size_t accum_bytes = align_up(static_cast<size_t>(num_heads) * seq_len_q * head_dim * sizeof(float));
     const size_t copy_bytes = batches > 1 ? align_up(batches * key_values * sizeof(gpu_bf16)) : 0;
     const size_t piece_bytes = batches > 1 ? align_up(batches * key_values * sizeof(gpu_bf16)) : 0;
-    char *buffer = ensure_buffer(workspace_bytes + sum_bytes + accum_bytes + 2 * copy_bytes + 2 * piece_bytes);
+    char *buffer = ensure_buffer(s, workspace_bytes + sum_bytes + accum_bytes + 2 * copy_bytes + 2 * piece_bytes);
     char *const k_copies = buffer + workspace_bytes + sum_bytes + accum_bytes, *const v_copies = k_copies + copy_bytes;
     const uint4 *const dk_pieces = reinterpret_cast<const uint4 *>(v_copies + copy_bytes);
     const uint4 *const dv_pieces = reinterpret_cast<const uint4 *>(v_copies + copy_bytes + piece_bytes);
@@ -1035,7 +1058,7 @@ extern "C" void attention_cudnn_cross_bwd(const gpu_bf16 *q, const gpu_bf16 *k, 
                               &one,
                               buffer + workspace_bytes,
                               buffer + workspace_bytes + sum_bytes};
-    execute(*e, 13, uids, pointers, buffer, stream);
+    execute(s, *e, 13, uids, pointers, buffer, stream);
     if (batches > 1) {
         const unsigned blocks = elementwise_blocks(key_values / 8);
         add_key_pieces_kernel<<<blocks, kElementwiseThreads, 0, stream>>>(
@@ -1044,22 +1067,19 @@ extern "C" void attention_cudnn_cross_bwd(const gpu_bf16 *q, const gpu_bf16 *k, 
     }
 }
 
-extern "C" void attention_cudnn_set_query_batches(int split)
+extern "C" void attention_cudnn_fwd(attention_cudnn *context, const gpu_bf16 *q, const gpu_bf16 *k,
+                                    const gpu_bf16 *v, int64_t seq_len, int num_heads, int head_dim, gpu_bf16 *out,
+                                    float *stats, cudaStream_t stream)
 {
-    g_whole_queries = !split;
+    attention_cudnn_cross_fwd(context, q, k, v, seq_len, seq_len, num_heads, head_dim, out, stats, stream);
 }
 
-extern "C" void attention_cudnn_fwd(const gpu_bf16 *q, const gpu_bf16 *k, const gpu_bf16 *v, int64_t seq_len,
-                                    int num_heads, int head_dim, gpu_bf16 *out, float *stats, cudaStream_t stream)
+extern "C" void attention_cudnn_bwd(attention_cudnn *context, const gpu_bf16 *q, const gpu_bf16 *k,
+                                    const gpu_bf16 *v, const gpu_bf16 *out, const gpu_bf16 *dout, const float *stats,
+                                    int64_t seq_len, int num_heads, int head_dim, gpu_bf16 *dq, gpu_bf16 *dk,
+                                    gpu_bf16 *dv, cudaStream_t stream)
 {
-    attention_cudnn_cross_fwd(q, k, v, seq_len, seq_len, num_heads, head_dim, out, stats, stream);
-}
-
-extern "C" void attention_cudnn_bwd(const gpu_bf16 *q, const gpu_bf16 *k, const gpu_bf16 *v, const gpu_bf16 *out,
-                                    const gpu_bf16 *dout, const float *stats, int64_t seq_len, int num_heads,
-                                    int head_dim, gpu_bf16 *dq, gpu_bf16 *dk, gpu_bf16 *dv, cudaStream_t stream)
-{
-    attention_cudnn_cross_bwd(q, k, v, out, dout, stats, seq_len, seq_len, num_heads, head_dim, dq, dk, dv, stream);
+    attention_cudnn_cross_bwd(context, q, k, v, out, dout, stats, seq_len, seq_len, num_heads, head_dim, dq, dk, dv, stream);
 }
 
 // ---- self-attention over whole tiles (attention_cudnn.h) ---------------------------------------------------------
@@ -1104,13 +1124,13 @@ extern "C" int64_t attention_cudnn_padded_rows(int64_t seq_len)
     return (seq_len + ATTENTION_CUDNN_TILE - 1) / ATTENTION_CUDNN_TILE * ATTENTION_CUDNN_TILE;
 }
 
-extern "C" void attention_cudnn_fwd_padded(const gpu_bf16 *q, const gpu_bf16 *k, const gpu_bf16 *v, int64_t seq_len,
+extern "C" void attention_cudnn_fwd_padded(attention_cudnn *context, const gpu_bf16 *q, const gpu_bf16 *k, const gpu_bf16 *v, int64_t seq_len,
                                            int64_t padded_rows, int num_heads, int head_dim, gpu_bf16 *out,
                                            float *stats, cudaStream_t stream)
 {
     ALDIT_CHECK(seq_len >= 1 && padded_rows >= seq_len, "attention_cudnn_fwd_padded: padded_rows %lld must be at least "
                 "seq_len %lld", (long long)padded_rows, (long long)seq_len);
-    attention_cudnn_cross_fwd(q, k, v, padded_rows, padded_rows, num_heads, head_dim, out, stats, stream);
+    attention_cudnn_cross_fwd(context, q, k, v, padded_rows, padded_rows, num_heads, head_dim, out, stats, stream);
     if (padded_rows == seq_len) return;
     const int vecs_per_head = head_dim / 8;  // head_dim: a multiple of 8 up to 128 (checked above)
     const int64_t pairs = seq_len * num_heads, pairs_per_block = kRescaleThreads / vecs_per_head;
@@ -1121,46 +1141,48 @@ extern "C" void attention_cudnn_fwd_padded(const gpu_bf16 *q, const gpu_bf16 *k,
     CUDA_CHECK_LAUNCH();
 }
 
-extern "C" void attention_cudnn_bwd_padded(const gpu_bf16 *q, const gpu_bf16 *k, const gpu_bf16 *v,
+extern "C" void attention_cudnn_bwd_padded(attention_cudnn *context, const gpu_bf16 *q, const gpu_bf16 *k, const gpu_bf16 *v,
                                            const gpu_bf16 *out, const gpu_bf16 *dout, const float *stats,
                                            int64_t seq_len, int64_t padded_rows, int num_heads, int head_dim,
                                            gpu_bf16 *dq, gpu_bf16 *dk, gpu_bf16 *dv, cudaStream_t stream)
 {
     ALDIT_CHECK(seq_len >= 1 && padded_rows >= seq_len, "attention_cudnn_bwd_padded: padded_rows %lld must be at least "
                 "seq_len %lld", (long long)padded_rows, (long long)seq_len);
-    attention_cudnn_cross_bwd(q, k, v, out, dout, stats, padded_rows, padded_rows, num_heads, head_dim, dq, dk, dv,
+    attention_cudnn_cross_bwd(context, q, k, v, out, dout, stats, padded_rows, padded_rows, num_heads, head_dim, dq, dk, dv,
                               stream);
 }
 
-extern "C" void attention_cudnn_release(void)
+extern "C" attention_cudnn *attention_cudnn_create(int autotune, int64_t tune_least_rows)
 {
-    if (g_state.handle) CUDA_CHECK(cudaDeviceSynchronize());
-    for (plan_entry &e : g_state.plans) destroy_entry(e);
-    if (g_state.have_marks)
-        for (cudaEvent_t mark : g_state.tune_marks) CUDA_CHECK(cudaEventDestroy(mark));
-    if (g_state.buffer) CUDA_CHECK(cudaFree(g_state.buffer));
-    if (g_state.handle) CUDNN_CHECK(cudnnDestroy(g_state.handle));
-    memset(&g_state, 0, sizeof g_state);
-    memset(g_classes, 0, sizeof g_classes);
-    g_n_classes = 0;
-    g_n_tune_records = 0;
+    attention_cudnn *context = static_cast<attention_cudnn *>(xcalloc(1, sizeof(attention_cudnn)));
+    CUDA_CHECK(cudaGetDevice(&context->device));
+    context->autotune = autotune != 0;
+    context->tune_least_rows = tune_least_rows > 0 ? tune_least_rows : ATTENTION_CUDNN_TUNE_LEAST_ROWS;
+    return context;
 }
 
-extern "C" void attention_cudnn_set_autotune(int autotune, int64_t least_rows)
+extern "C" void attention_cudnn_free(attention_cudnn *context)
 {
-    g_autotune = autotune != 0;
-    g_tune_least_rows = least_rows > 0 ? least_rows : ATTENTION_CUDNN_TUNE_LEAST_ROWS;
+    if (!context) return;
+    attention_cudnn &s = *context;
+    if (s.handle) CUDA_CHECK(cudaDeviceSynchronize());
+    for (plan_entry &e : s.plans) destroy_entry(s, e);
+    if (s.have_marks)
+        for (cudaEvent_t mark : s.tune_marks) CUDA_CHECK(cudaEventDestroy(mark));
+    if (s.buffer) CUDA_CHECK(cudaFree(s.buffer));
+    if (s.handle) CUDNN_CHECK(cudnnDestroy(s.handle));
+    free(context);
 }
 
-extern "C" void attention_cudnn_tuning_report(FILE *out)
+extern "C" void attention_cudnn_tuning_report(const attention_cudnn *context, FILE *out)
 {
     auto print_choice = [out](const engine_choice &choice) {
         fprintf(out, "engine %lld", (long long)choice.engine);
         for (int k = 0; k < choice.n_knobs; ++k)
             fprintf(out, "%s%d=%lld", k ? "," : " knobs ", (int)choice.knobs[k].type, (long long)choice.knobs[k].value);
     };
-    for (int i = 0; i < g_n_tune_records; ++i) {
-        const tune_record &r = g_tune_records[i];
+    for (int i = 0; i < context->n_tune_records; ++i) {
+        const tune_record &r = context->tune_records[i];
         fprintf(out, "cuDNN %s %lld x %lld: %d candidates; heuristics' first %.3f ms (", direction_name(r.direction),
                 (long long)r.seq_len_q, (long long)r.seq_len_kv, r.n_candidates, r.first_ms);
         print_choice(r.first);

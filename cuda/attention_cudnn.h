@@ -1,4 +1,4 @@
-/* attention_cudnn.h — cuDNN fused attention (self and cross) for one sample through cuDNN's C backend API (unified SDPA forward, composite backward graph), plans cached by shape. */
+/* attention_cudnn.h — cuDNN fused attention (self and cross) for one sample through cuDNN's C backend API (unified SDPA forward, composite backward graph), plans cached by shape in a caller-owned context. */
 #ifndef ALDIT_ATTENTION_CUDNN_H
 #define ALDIT_ATTENTION_CUDNN_H
 
@@ -24,40 +24,56 @@ extern "C" {
      the natural log of the sum of exp(scaled scores) per head and query row, written by the forward and
      read by the backward of the same sample. Device memory, 16-byte aligned.
    - head_dim: a multiple of 8 from 8 to 128; num_heads, seq_len_q, seq_len_kv >= 1.
-   Execution plans are built on first use of a (direction, seq_len_q, seq_len_kv, num_heads, head_dim) and
-   cached (the last ATTENTION_CUDNN_PLAN_SLOTS shapes, least recently used out; a build takes 0.04-1 s on an
-   H200; a training run needs four plans per (tokens, text length) pair of its long samples: 256 slots hold
-   the 17 long shapes of inputs/mixed.lengths at several text lengths). The module keeps
-   one device buffer for cuDNN's workspace and, in the backward, the fp32 softmax-sum [num_heads, seq_len_q]
-   and fp32 dQ accumulator [num_heads, seq_len_q, head_dim]: about 4 * num_heads * seq_len_q * (head_dim + 1)
-   bytes plus the plan's workspace — the query rows set its size — and, where the backward splits the query rows
-   (attention_cudnn_set_query_batches), 8 * batches * seq_len_kv * num_heads * head_dim bytes more; grown (cudaFree +
-   cudaMalloc, which synchronises the device) when a longer sample comes. The backward's dQ goes through
-   atomic adds: it is not bitwise reproducible. Work is queued on `stream`; one GPU per process (the one
-   current at the first call). A cuDNN failure is fatal, naming file:line, the call, cuDNN's status and its
-   last error message. */
+   State lives in an attention_cudnn context (attention_cudnn_create), for the GPU current when it was made (a
+   call on another GPU is fatal); one host thread per context. Execution plans are built on first use of a
+   (direction, seq_len_q, seq_len_kv, num_heads, head_dim) and cached in the context (the last
+   ATTENTION_CUDNN_PLAN_SLOTS shapes, least recently used out; a build takes 0.04-1 s on an H200; a training run
+   needs four plans per (tokens, text length) pair of its long samples: 256 slots hold the 17 long shapes of
+   inputs/mixed.lengths at several text lengths). The context keeps one device buffer for cuDNN's workspace and,
+   in the backward, the fp32 softmax-sum [num_heads, seq_len_q] and fp32 dQ accumulator [num_heads, seq_len_q,
+   head_dim]: about 4 * num_heads * seq_len_q * (head_dim + 1) bytes plus the plan's workspace — the query rows
+   set its size — and, where the backward splits the query rows (below), 8 * batches * seq_len_kv * num_heads *
+   head_dim bytes more; grown (cudaFree + cudaMalloc, which synchronises the device) when a longer sample comes.
+   The backward's dQ goes through atomic adds: it is not bitwise reproducible. Work is queued on `stream`. A
+   cuDNN failure is fatal, naming file:line, the call, cuDNN's status and its last error message. */
 #define ATTENTION_CUDNN_PLAN_SLOTS 256
+
+typedef struct attention_cudnn attention_cudnn;
+
+/* A context on the current GPU (no cuDNN call yet: the handle is made at the first call that needs one).
+   autotune ([train] autotune): cuDNN's heuristics pick an engine and knob values (tile shapes, ...) by a model.
+   With autotuning, the first plan of each size class — direction, heads, head_dim, at most 1024 keys or more, and
+   floor(log2(sqrt(seq_len_q * seq_len_kv))) from tune_least_rows (<= 0: ATTENTION_CUDNN_TUNE_LEAST_ROWS) on — also
+   builds the heuristics' other configurations and the first one's engine with each knob swept over its range; its
+   first call times them all (a synchronisation of the stream; about 2-4 runs each) and keeps the fastest; later
+   plans of the class use the winner's engine and knobs where they build. Smaller shapes keep the heuristics'
+   first. Timings decide, so runs may differ in which configuration they use. 0: the heuristics' first, the same
+   in every run. */
+#define ATTENTION_CUDNN_TUNE_LEAST_ROWS 4096
+attention_cudnn *attention_cudnn_create(int autotune, int64_t tune_least_rows);
+/* Free the plans, the buffer and the cuDNN handle (waits for the GPU). NULL is a no-op. */
+void attention_cudnn_free(attention_cudnn *context);
 
 /* 1 when cuDNN (newer than 9.15.0: older ones need a padding-mask workaround in the backward for key lengths
    that are not multiples of 128) is loaded, a GPU is present and the forward and backward plans build for
    this head count and head_dim, for self-attention and for cross-attention to a key length that is not a
-   multiple of 64 (tried once at small lengths, then remembered); 0 otherwise, after one warning saying why. */
-int attention_cudnn_available(int num_heads, int head_dim);
+   multiple of 64 (tried once per context at small lengths, then remembered); 0 otherwise, after one warning saying why. */
+int attention_cudnn_available(attention_cudnn *context, int num_heads, int head_dim);
 
 /* out = softmax(q k^T / sqrt(head_dim)) v per head, and stats for the backward. */
-void attention_cudnn_cross_fwd(const gpu_bf16 *q, const gpu_bf16 *k, const gpu_bf16 *v, int64_t seq_len_q,
-                               int64_t seq_len_kv, int num_heads, int head_dim, gpu_bf16 *out, float *stats,
-                               cudaStream_t stream);
+void attention_cudnn_cross_fwd(attention_cudnn *context, const gpu_bf16 *q, const gpu_bf16 *k, const gpu_bf16 *v,
+                               int64_t seq_len_q, int64_t seq_len_kv, int num_heads, int head_dim, gpu_bf16 *out,
+                               float *stats, cudaStream_t stream);
 
 /* dq, dk, dv (bf16, overwritten) from dout and the forward's out and stats. */
-void attention_cudnn_cross_bwd(const gpu_bf16 *q, const gpu_bf16 *k, const gpu_bf16 *v, const gpu_bf16 *out,
-                               const gpu_bf16 *dout, const float *stats, int64_t seq_len_q, int64_t seq_len_kv,
-                               int num_heads, int head_dim, gpu_bf16 *dq, gpu_bf16 *dk, gpu_bf16 *dv,
-                               cudaStream_t stream);
+void attention_cudnn_cross_bwd(attention_cudnn *context, const gpu_bf16 *q, const gpu_bf16 *k, const gpu_bf16 *v,
+                               const gpu_bf16 *out, const gpu_bf16 *dout, const float *stats, int64_t seq_len_q,
+                               int64_t seq_len_kv, int num_heads, int head_dim, gpu_bf16 *dq, gpu_bf16 *dk,
+                               gpu_bf16 *dv, cudaStream_t stream);
 
 /* Self-attention over whole tiles. On an H200, cuDNN's kernels run a sequence whose length is not a
-   multiple of ATTENTION_CUDNN_TILE 7-8% slower forward and ~3% slower backward than the next multiple, though
-   that has more rows (docs/PERFORMANCE.md; a padding mask recovers little of it). These calls run the
+   multiple of ATTENTION_CUDNN_TILE slower than the next multiple, though that has more rows
+   (docs/PERFORMANCE.md, "Session 5"; a padding mask recovers little of it). These calls run the
    attention of one sample of seq_len rows on padded_rows = attention_cudnn_padded_rows(seq_len) rows instead,
    the rows past seq_len being ZERO in q, k and v (the caller zeroes them: this suits a sample whose buffers
    have the rows to spare, e.g. the last of a packed micro-batch), with the same results:
@@ -73,50 +89,30 @@ void attention_cudnn_cross_bwd(const gpu_bf16 *q, const gpu_bf16 *k, const gpu_b
    [num_heads, padded_rows], head-major. */
 #define ATTENTION_CUDNN_TILE 128
 int64_t attention_cudnn_padded_rows(int64_t seq_len);
-void attention_cudnn_fwd_padded(const gpu_bf16 *q, const gpu_bf16 *k, const gpu_bf16 *v, int64_t seq_len,
-                                int64_t padded_rows, int num_heads, int head_dim, gpu_bf16 *out, float *stats,
-                                cudaStream_t stream);
-void attention_cudnn_bwd_padded(const gpu_bf16 *q, const gpu_bf16 *k, const gpu_bf16 *v, const gpu_bf16 *out,
-                                const gpu_bf16 *dout, const float *stats, int64_t seq_len, int64_t padded_rows,
-                                int num_heads, int head_dim, gpu_bf16 *dq, gpu_bf16 *dk, gpu_bf16 *dv,
-                                cudaStream_t stream);
+void attention_cudnn_fwd_padded(attention_cudnn *context, const gpu_bf16 *q, const gpu_bf16 *k, const gpu_bf16 *v,
+                                int64_t seq_len, int64_t padded_rows, int num_heads, int head_dim, gpu_bf16 *out,
+                                float *stats, cudaStream_t stream);
+void attention_cudnn_bwd_padded(attention_cudnn *context, const gpu_bf16 *q, const gpu_bf16 *k, const gpu_bf16 *v,
+                                const gpu_bf16 *out, const gpu_bf16 *dout, const float *stats, int64_t seq_len,
+                                int64_t padded_rows, int num_heads, int head_dim, gpu_bf16 *dq, gpu_bf16 *dk,
+                                gpu_bf16 *dv, cudaStream_t stream);
 
 /* Self-attention: the calls above with seq_len_kv = seq_len_q = seq_len. */
-void attention_cudnn_fwd(const gpu_bf16 *q, const gpu_bf16 *k, const gpu_bf16 *v, int64_t seq_len, int num_heads,
-                         int head_dim, gpu_bf16 *out, float *stats, cudaStream_t stream);
-void attention_cudnn_bwd(const gpu_bf16 *q, const gpu_bf16 *k, const gpu_bf16 *v, const gpu_bf16 *out,
-                         const gpu_bf16 *dout, const float *stats, int64_t seq_len, int num_heads, int head_dim,
-                         gpu_bf16 *dq, gpu_bf16 *dk, gpu_bf16 *dv, cudaStream_t stream);
+void attention_cudnn_fwd(attention_cudnn *context, const gpu_bf16 *q, const gpu_bf16 *k, const gpu_bf16 *v,
+                         int64_t seq_len, int num_heads, int head_dim, gpu_bf16 *out, float *stats, cudaStream_t stream);
+void attention_cudnn_bwd(attention_cudnn *context, const gpu_bf16 *q, const gpu_bf16 *k, const gpu_bf16 *v,
+                         const gpu_bf16 *out, const gpu_bf16 *dout, const float *stats, int64_t seq_len, int num_heads,
+                         int head_dim, gpu_bf16 *dq, gpu_bf16 *dk, gpu_bf16 *dv, cudaStream_t stream);
 
 /* The backward of a shape with few keys (at most 1024: cross-attention to the text) splits the query rows into
    2, 4 or 8 batches of at least 512 rows against copies of the keys, so that cuDNN's grid, laid over key tiles,
    fills the GPU; the batches' dK and dV come out as bf16 pieces, added up in fp32 in order (no atomics) before the
-   rounding to bf16. On by default; 0 turns it off (for comparisons), 1 back on (kept across
-   attention_cudnn_release). */
+   rounding to bf16. */
 #define ATTENTION_CUDNN_MOST_QUERY_BATCHES 8
-void attention_cudnn_set_query_batches(int split);
 
-/* Autotuning of the engine configuration (off by default, ATTENTION_CUDNN_AUTOTUNE_DEFAULT): cuDNN's heuristics pick
-   an engine and knob values (tile shapes, ...) by a model. With autotuning, the first plan of each size class —
-   direction, heads, head_dim, at most 1024 keys or more, and floor(log2(sqrt(seq_len_q * seq_len_kv))) from
-   least_rows (<= 0: ATTENTION_CUDNN_TUNE_LEAST_ROWS) on — also builds the heuristics' other configurations and the
-   first one's engine with each knob swept over its range; its first call times them all (a synchronisation of the
-   stream; about 2-4 runs each) and keeps the fastest; later plans of the class use the winner's engine and knobs
-   where they build. Smaller shapes keep the heuristics' first. Timings decide, so runs may differ in which
-   configuration they use. On an H200 with cuDNN 9.19, Wan's self-attention shapes offered one other
-   configuration that builds (the backward with knob STAGES = 1, 2-5% faster at 4096 rows, the same from 16,384
-   on; docs/PERFORMANCE.md, session 6). Applies to plans built afterwards (attention_cudnn_release drops the plans
-   and what was learnt). */
-#define ATTENTION_CUDNN_AUTOTUNE_DEFAULT 0
-#define ATTENTION_CUDNN_TUNE_LEAST_ROWS 4096
-void attention_cudnn_set_autotune(int autotune, int64_t least_rows);
-
-/* One line per tuned size class: the shape that was timed, its candidates, the heuristics' first and the kept
-   configuration (engine index, knob type=value) with their least times. */
-void attention_cudnn_tuning_report(FILE *out);
-
-/* Free the plans, the buffer and the cuDNN handle (waits for the current GPU); the next call starts over. */
-void attention_cudnn_release(void);
+/* One line per size class the context tuned: the shape that was timed, its candidates, the heuristics' first and
+   the kept configuration (engine index, knob type=value) with their least times. */
+void attention_cudnn_tuning_report(const attention_cudnn *context, FILE *out);
 
 #ifdef __cplusplus
 }

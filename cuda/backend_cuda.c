@@ -376,10 +376,7 @@ backend *backend_cuda_create(const deck *config, const comm_info *info, model *h
                                               [ATTENTION_OWN] = GPU_ATTENTION_OWN};
     if (gpu_model_set_attention(gpu->net, attention[config->train.attention], GPU_ATTENTION_CUDNN_MIN_TOKENS))
         gpu->plan.cudnn_min_tokens = GPU_ATTENTION_CUDNN_MIN_TOKENS;
-    gemm_set_autotune(config->train.autotune);
-#ifdef HAVE_CUDNN
-    attention_cudnn_set_autotune(config->train.autotune, 0);
-#endif
+    gpu_model_set_autotune(gpu->net, config->train.autotune, config->train.autotune);
     gpu->buffers = gpu_model_get_buffers(gpu->net);
     const size_t n_bytes = (size_t)host->n_weights * sizeof(float);
     CUDA_CHECK(cudaMalloc((void **)&gpu->adam_m, n_bytes));

@@ -4,7 +4,8 @@
 // call builds or finds a plan (matmul descriptor, A/B/D layouts, the heuristic's algorithms: with autotuning the
 // fastest of them timed on the plan's first call, else the first), sets the per-call pointer attributes (bias /
 // bias gradient, GELU aux) on the cached descriptor and calls cublasLtMatmul with its stream's 32 MiB workspace
-// (a lane per stream, so that calls on different streams can run at once).
+// (a lane per stream, so that calls on different streams can run at once). All of it lives in the caller's
+// gemm_context.
 #include "cuda/gemm.h"
 
 #include <cuda_bf16.h>
@@ -17,9 +18,8 @@
 namespace {
 
 constexpr size_t kWorkspaceBytes = size_t(32) << 20;  // cuBLASLt's recommended workspace on Hopper
-constexpr int kMaxDevices = 64;
 constexpr int kLanes = 4;        // streams with a workspace of their own
-constexpr int kPlanSlots = 512;  // per device: a few dozen layer shapes times the row counts in use
+constexpr int kPlanSlots = 512;  // per context: a few dozen layer shapes times the row counts in use
 constexpr int kPlanProbe = 8;    // slots looked at from a key's hash before the least recently used goes
 constexpr int kTuneCandidates = 8;  // algorithms the heuristic is asked for when autotuning
 constexpr int kTuneRounds = 5;      // timed rounds over the candidates (after an untimed one); each one's least counts
@@ -71,8 +71,14 @@ struct Lane {
     uint64_t last_use;
 };
 
-struct Device {
-    bool ready;
+}  // namespace
+
+// A context: one device's handle, lanes, plans and counters, and how its plans are made.
+struct gemm_context {
+    int device;          // the GPU current at gemm_create
+    bool autotune;       // plans time the heuristic's candidates (gemm_create)
+    bool fused;          // epilogues inside cuBLASLt where it has an algorithm (gemm_create)
+    bool warned[3];      // a missing fused algorithm was reported, per GEMM kind
     cublasLtHandle_t handle;
     Lane lanes[kLanes];
     Lane *lane;  // the current call's (begin_call .. end_call)
@@ -82,9 +88,9 @@ struct Device {
     gemm_stats stats;
 };
 
-Device g_devices[kMaxDevices];
-gemm_fusion g_fusion = GEMM_FUSION_DEFAULT;
-bool g_autotune = GEMM_AUTOTUNE_DEFAULT;
+namespace {
+
+using Device = gemm_context;
 
 bool same_key(const PlanKey &a, const PlanKey &b)
 {
@@ -118,7 +124,7 @@ uint32_t alignment_of(const void *pointer)
 
 bool epilogue_has_bias(cublasLtEpilogue_t e)
 {
-    return e == CUBLASLT_EPILOGUE_BIAS || e == CUBLASLT_EPILOGUE_GELU_AUX_BIAS || e == CUBLASLT_EPILOGUE_BGRADB;
+    return e == CUBLASLT_EPILOGUE_BIAS || e == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
 }
 
 bool epilogue_has_aux(cublasLtEpilogue_t e)
@@ -133,25 +139,19 @@ const char *epilogue_name(cublasLtEpilogue_t e)
     case CUBLASLT_EPILOGUE_BIAS: return "BIAS";
     case CUBLASLT_EPILOGUE_GELU_AUX_BIAS: return "GELU_AUX_BIAS";
     case CUBLASLT_EPILOGUE_DGELU: return "DGELU";
-    case CUBLASLT_EPILOGUE_BGRADB: return "BGRADB";
     default: return "other";
     }
 }
 
-Device &current_device()
+// The context of a call, which must run on the context's GPU.
+Device &context_of(gemm_context *context, const char *call)
 {
+    ALDIT_CHECK(context != NULL, "%s: no gemm_context", call);
     int id = 0;
     CUDA_CHECK(cudaGetDevice(&id));
-    ALDIT_CHECK(id >= 0 && id < kMaxDevices, "gemm: device %d is beyond the %d devices gemm.cu keeps state for", id,
-                kMaxDevices);
-    Device &dev = g_devices[id];
-    if (!dev.ready) {
-        CUBLAS_CHECK(cublasLtCreate(&dev.handle));
-        for (cudaEvent_t &mark : dev.tune_marks) CUDA_CHECK(cudaEventCreate(&mark));
-        dev.plans = (Plan *)xcalloc(kPlanSlots, sizeof *dev.plans);
-        dev.ready = true;
-    }
-    return dev;
+    ALDIT_CHECK(id == context->device, "%s: the gemm_context was made on GPU %d, called on GPU %d", call,
+                context->device, id);
+    return *context;
 }
 
 // The lane of `stream` (a new one, or the least recently used one, when the stream has none): a stream that takes
@@ -263,7 +263,7 @@ void build_plan(Device &dev, const PlanKey &key, const void *bias, const void *a
     memset(results, 0, sizeof results);
     int returned = 0;
     const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(dev.handle, plan.desc, plan.a, plan.b, plan.d,
-                                                                 plan.d, preference, g_autotune ? kTuneCandidates : 1,
+                                                                 plan.d, preference, dev.autotune ? kTuneCandidates : 1,
                                                                  results, &returned);
     CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(preference));
     dev.stats.heuristic_queries += 1;
@@ -363,12 +363,11 @@ Plan *find_plan(Device &dev, int kind, cublasLtEpilogue_t epilogue, int64_t m, i
                 ALDIT_FATAL("gemm: cuBLASLt has no algorithm for the %s GEMM m=%lld n=%lld k=%lld, epilogue %s (bf16 "
                             "inputs, fp32 accumulation): %s", kKindNames[kind], (long long)m, (long long)n,
                             (long long)k, epilogue_name(epilogue), why);
-            static bool warned[3];
-            if (!warned[kind])
+            if (!dev.warned[kind])
                 aldit_warn("gemm: cuBLASLt has no algorithm for epilogue %s in the %s GEMM m=%lld n=%lld k=%lld (%s); "
                            "running a plain GEMM and aldit's own kernel instead (said once)", epilogue_name(epilogue),
                            kKindNames[kind], (long long)m, (long long)n, (long long)k, why);
-            warned[kind] = true;
+            dev.warned[kind] = true;
         }
     }
     victim->last_use = ++dev.clock;
@@ -552,9 +551,9 @@ extern "C" double gemm_linear_flops(int64_t n_rows, int in_dim, int out_dim)
     return 2.0 * (double)n_rows * (double)in_dim * (double)out_dim;
 }
 
-extern "C" void gemm_linear_fwd(const gpu_bf16 *x, int64_t n_rows, int in_dim, int out_dim, const gpu_bf16 *weight,
-                                const gpu_bf16 *bias, gemm_epilogue epilogue, gpu_bf16 *y, gpu_bf16 *pre_gelu,
-                                cudaStream_t stream)
+extern "C" void gemm_linear_fwd(gemm_context *context, const gpu_bf16 *x, int64_t n_rows, int in_dim, int out_dim,
+                                const gpu_bf16 *weight, const gpu_bf16 *bias, gemm_epilogue epilogue, gpu_bf16 *y,
+                                gpu_bf16 *pre_gelu, cudaStream_t stream)
 {
     static const char call[] = "gemm_linear_fwd";
     check_shape(call, n_rows, in_dim, out_dim);
@@ -568,11 +567,11 @@ extern "C" void gemm_linear_fwd(const gpu_bf16 *x, int64_t n_rows, int in_dim, i
     if (gelu) check_aligned(call, "pre_gelu", pre_gelu);
     if (n_rows == 0) return;
 
-    Device &dev = current_device();
+    Device &dev = context_of(context, call);
     begin_call(dev, stream);
     const int64_t m = out_dim, n = n_rows, k = in_dim;
     bool done = false;
-    if (gelu && g_fusion != GEMM_FUSED_NONE) {
+    if (gelu && dev.fused) {
         Plan *plan = find_plan(dev, kForward, CUBLASLT_EPILOGUE_GELU_AUX_BIAS, m, n, k, weight, x, y, bias, pre_gelu,
                                false);
         if (plan) run_plan(dev, *plan, weight, x, 0.0f, y, bias, pre_gelu, stream), done = true;
@@ -594,8 +593,8 @@ extern "C" void gemm_linear_fwd(const gpu_bf16 *x, int64_t n_rows, int in_dim, i
     end_call(dev);
 }
 
-extern "C" void gemm_linear_bwd_data(const gpu_bf16 *dy, int64_t n_rows, int in_dim, int out_dim,
-                                     const gpu_bf16 *weight, const gpu_bf16 *gelu_input, gpu_bf16 *dx,
+extern "C" void gemm_linear_bwd_data(gemm_context *context, const gpu_bf16 *dy, int64_t n_rows, int in_dim,
+                                     int out_dim, const gpu_bf16 *weight, const gpu_bf16 *gelu_input, gpu_bf16 *dx,
                                      int accumulate_dx, cudaStream_t stream)
 {
     static const char call[] = "gemm_linear_bwd_data";
@@ -605,12 +604,12 @@ extern "C" void gemm_linear_bwd_data(const gpu_bf16 *dy, int64_t n_rows, int in_
     ALDIT_CHECK(!(gelu_input && accumulate_dx), "%s: accumulate_dx cannot be combined with gelu_input", call);
     if (n_rows == 0) return;
 
-    Device &dev = current_device();
+    Device &dev = context_of(context, call);
     begin_call(dev, stream);
     const int64_t m = in_dim, n = n_rows, k = out_dim;
     const float beta = accumulate_dx ? 1.0f : 0.0f;
     bool done = false;
-    if (gelu_input && g_fusion != GEMM_FUSED_NONE) {
+    if (gelu_input && dev.fused) {
         Plan *plan = find_plan(dev, kBackwardData, CUBLASLT_EPILOGUE_DGELU, m, n, k, weight, dy, dx, NULL, gelu_input,
                                false);
         if (plan) run_plan(dev, *plan, weight, dy, beta, dx, NULL, gelu_input, stream), done = true;
@@ -629,15 +628,16 @@ extern "C" void gemm_linear_bwd_data(const gpu_bf16 *dy, int64_t n_rows, int in_
     end_call(dev);
 }
 
-extern "C" void gemm_linear_bwd_weight(const gpu_bf16 *x, const gpu_bf16 *dy, int64_t n_rows, int in_dim, int out_dim,
-                                       float *dweight, float *dbias, int accumulate, cudaStream_t stream)
+extern "C" void gemm_linear_bwd_weight(gemm_context *context, const gpu_bf16 *x, const gpu_bf16 *dy,
+                                       int64_t n_rows, int in_dim, int out_dim, float *dweight, float *dbias,
+                                       int accumulate, cudaStream_t stream)
 {
     static const char call[] = "gemm_linear_bwd_weight";
     check_shape(call, n_rows, in_dim, out_dim);
     check_aligned(call, "x", x), check_aligned(call, "dy", dy), check_aligned(call, "dweight", dweight);
     if (dbias) check_aligned(call, "dbias", dbias);
 
-    Device &dev = current_device();
+    Device &dev = context_of(context, call);
     begin_call(dev, stream);
     if (n_rows == 0) {  // an empty sum: zero when overwriting, nothing to add otherwise
         if (!accumulate) {
@@ -649,72 +649,51 @@ extern "C" void gemm_linear_bwd_weight(const gpu_bf16 *x, const gpu_bf16 *dy, in
     }
     const int64_t m = in_dim, n = out_dim, k = n_rows;
     const float beta = accumulate ? 1.0f : 0.0f;
-    bool done = false;
-    if (dbias && g_fusion == GEMM_FUSED_ALL) {
-        // BGRADB writes (never adds) the bias gradient: when accumulating, into scratch, then added.
-        float *bias_grad = accumulate ? scratch_floats(dev, (size_t)out_dim) : dbias;
-        Plan *plan = find_plan(dev, kBackwardWeight, CUBLASLT_EPILOGUE_BGRADB, m, n, k, x, dy, dweight, bias_grad, NULL,
-                               false);
-        if (plan) {
-            run_plan(dev, *plan, x, dy, beta, dweight, bias_grad, NULL, stream);
-            if (accumulate) launch_colsum_final(bias_grad, 1, out_dim, dbias, 1, stream);
-            done = true;
-        } else {
-            dev.stats.unfused += 1;
-        }
-    }
-    if (!done) {
-        Plan *plan = find_plan(dev, kBackwardWeight, CUBLASLT_EPILOGUE_DEFAULT, m, n, k, x, dy, dweight, NULL, NULL,
-                               true);
-        run_plan(dev, *plan, x, dy, beta, dweight, NULL, NULL, stream);
-        if (dbias) column_sums(dev, dy, n_rows, out_dim, dbias, accumulate, stream);
-    }
+    Plan *plan = find_plan(dev, kBackwardWeight, CUBLASLT_EPILOGUE_DEFAULT, m, n, k, x, dy, dweight, NULL, NULL, true);
+    run_plan(dev, *plan, x, dy, beta, dweight, NULL, NULL, stream);
+    if (dbias) column_sums(dev, dy, n_rows, out_dim, dbias, accumulate, stream);
     end_call(dev);
 }
 
-extern "C" void gemm_get_stats(gemm_stats *stats)
+extern "C" gemm_context *gemm_create(int autotune, int fused_epilogues)
 {
-    int id = 0;
-    CUDA_CHECK(cudaGetDevice(&id));
-    if (id >= 0 && id < kMaxDevices && g_devices[id].ready) *stats = g_devices[id].stats;
-    else memset(stats, 0, sizeof *stats);
+    gemm_context *context = (gemm_context *)xcalloc(1, sizeof *context);
+    CUDA_CHECK(cudaGetDevice(&context->device));
+    context->autotune = autotune != 0;
+    context->fused = fused_epilogues != 0;
+    CUBLAS_CHECK(cublasLtCreate(&context->handle));
+    for (cudaEvent_t &mark : context->tune_marks) CUDA_CHECK(cudaEventCreate(&mark));
+    context->plans = (Plan *)xcalloc(kPlanSlots, sizeof *context->plans);
+    return context;
 }
 
-extern "C" void gemm_reset_stats(void)
+extern "C" void gemm_get_stats(const gemm_context *context, gemm_stats *stats)
 {
-    memset(&current_device().stats, 0, sizeof(gemm_stats));
+    *stats = context->stats;
 }
 
-extern "C" void gemm_set_fused_epilogues(gemm_fusion fusion)
+extern "C" void gemm_reset_stats(gemm_context *context)
 {
-    g_fusion = fusion;
+    memset(&context->stats, 0, sizeof context->stats);
 }
 
-extern "C" void gemm_set_autotune(int autotune)
+extern "C" void gemm_free(gemm_context *context)
 {
-    g_autotune = autotune != 0;
-}
-
-extern "C" void gemm_release(void)
-{
+    if (!context) return;
     int original = 0;
     CUDA_CHECK(cudaGetDevice(&original));
-    for (int id = 0; id < kMaxDevices; ++id) {
-        Device &dev = g_devices[id];
-        if (!dev.ready) continue;
-        CUDA_CHECK(cudaSetDevice(id));
-        CUDA_CHECK(cudaDeviceSynchronize());
-        for (int slot = 0; slot < kPlanSlots; ++slot) destroy_plan(dev.plans[slot]);
-        free(dev.plans);
-        for (Lane &lane : dev.lanes) {
-            if (!lane.workspace) continue;
-            CUDA_CHECK(cudaFree(lane.workspace));
-            if (lane.scratch) CUDA_CHECK(cudaFree(lane.scratch));
-            CUDA_CHECK(cudaEventDestroy(lane.done));
-        }
-        for (cudaEvent_t mark : dev.tune_marks) CUDA_CHECK(cudaEventDestroy(mark));
-        CUBLAS_CHECK(cublasLtDestroy(dev.handle));
-        memset(&dev, 0, sizeof dev);
+    CUDA_CHECK(cudaSetDevice(context->device));
+    CUDA_CHECK(cudaDeviceSynchronize());
+    for (int slot = 0; slot < kPlanSlots; ++slot) destroy_plan(context->plans[slot]);
+    free(context->plans);
+    for (Lane &lane : context->lanes) {
+        if (!lane.workspace) continue;
+        CUDA_CHECK(cudaFree(lane.workspace));
+        if (lane.scratch) CUDA_CHECK(cudaFree(lane.scratch));
+        CUDA_CHECK(cudaEventDestroy(lane.done));
     }
+    for (cudaEvent_t mark : context->tune_marks) CUDA_CHECK(cudaEventDestroy(mark));
+    CUBLAS_CHECK(cublasLtDestroy(context->handle));
+    free(context);
     CUDA_CHECK(cudaSetDevice(original));
 }

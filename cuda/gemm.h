@@ -42,29 +42,42 @@ extern "C" {
    (out_dim x rows, ld out_dim) and D's layout in the dx GEMM of the second (its in_dim x rows): the
    same [n_rows, ffn] row-major tensor, so the forward's aux feeds the backward's DGELU directly.
 
-   Epilogue paths: by default the bias, GELU (with its aux output) and GELU gradient run inside
-   cuBLASLt's kernels (epilogues BIAS, GELU_AUX_BIAS, DGELU) and the bias gradient comes from this
-   file's deterministic column sum (16-byte loads, per-chunk partials, then a fixed-order final pass);
-   GEMM_FUSED_ALL takes it from cuBLASLt's BGRADB instead (see gemm_fusion). Where cuBLASLt reports no
-   algorithm for a fused epilogue at some shape, or with GEMM_FUSED_NONE, the call runs the plain GEMM
-   (BIAS for the GELU forward) and this file's own kernels: GELU, GELU gradient, column sum. The bias
-   gradient is always fp32 (BGRADB writes the type of C/D, which is fp32 in the dW GEMM). The GELU
-   gradient is not fused with the bias gradient (DGELU_BGRAD would give it in bf16); the bias of the
+   Epilogue paths: the bias, GELU (with its aux output) and GELU gradient run inside cuBLASLt's kernels
+   (epilogues BIAS, GELU_AUX_BIAS, DGELU); the bias gradient always comes from gemm.cu's deterministic
+   column sum (16-byte loads, per-chunk partials, then a fixed-order final pass; on the H200 cuBLASLt runs
+   its BGRADB epilogue as a separate, slower kernel). Where cuBLASLt reports no algorithm for a fused
+   epilogue at some shape (or in a context made with fused_epilogues = 0), the call runs the plain GEMM
+   (BIAS for the GELU forward) and gemm.cu's own kernels: GELU, GELU gradient. The bias gradient is
+   fp32. The GELU gradient is not fused with the bias gradient (DGELU_BGRAD would give it in bf16); the bias of the
    layer before the GELU gets its gradient from that layer's own dW call (the column sums of its dy,
    which is the DGELU output), in fp32. A Wan FFN (x [rows, D] -> up -> GELU -> down -> y):
-     forward:  gemm_linear_fwd(x, rows, D, F, w_up, b_up, GEMM_EPILOGUE_GELU_AUX_BIAS, h, pre, s);
-               gemm_linear_fwd(h, rows, F, D, w_down, b_down, GEMM_EPILOGUE_BIAS, y, NULL, s);
-     backward: gemm_linear_bwd_weight(h, dy, rows, F, D, dw_down, db_down, 1, s);
-               gemm_linear_bwd_data(dy, rows, F, D, w_down, pre, dpre, 0, s);      (dpre = d loss / d pre)
-               gemm_linear_bwd_weight(x, dpre, rows, D, F, dw_up, db_up, 1, s);
-               gemm_linear_bwd_data(dpre, rows, D, F, w_up, NULL, dx, 0, s);
+     forward:  gemm_linear_fwd(g, x, rows, D, F, w_up, b_up, GEMM_EPILOGUE_GELU_AUX_BIAS, h, pre, s);
+               gemm_linear_fwd(g, h, rows, F, D, w_down, b_down, GEMM_EPILOGUE_BIAS, y, NULL, s);
+     backward: gemm_linear_bwd_weight(g, h, dy, rows, F, D, dw_down, db_down, 1, s);
+               gemm_linear_bwd_data(g, dy, rows, F, D, w_down, pre, dpre, 0, s);      (dpre = d loss / d pre)
+               gemm_linear_bwd_weight(g, x, dpre, rows, D, F, dw_up, db_up, 1, s);
+               gemm_linear_bwd_data(g, dpre, rows, D, F, w_up, NULL, dx, 0, s);
 
-   State: one cuBLASLt handle and one plan cache per device, made on the first call on that device, and a 32 MiB
-   workspace (plus scratch for the bias gradients) per stream, for up to 4 streams, so that GEMMs queued on
-   different streams can run at once. A fifth stream takes over the least recently used stream's workspace and
-   first waits (an event, no host sync) for that stream's last call. A plan (matmul descriptor, layouts and the
-   algorithm, see gemm_set_autotune) is cached per (GEMM kind, m, n, k, epilogue, pointer alignments); a bounded
-   table, least recently used entries replaced. Not thread-safe: one host thread per device. */
+   State: a gemm_context (gemm_create) holds everything, for the GPU current when it was made: one cuBLASLt
+   handle, one plan cache and a 32 MiB workspace (plus scratch for the bias gradients) per stream, for up to 4
+   streams, so that GEMMs queued on different streams can run at once. A fifth stream takes over the least
+   recently used stream's workspace and first waits (an event, no host sync) for that stream's last call. A plan
+   (matmul descriptor, layouts and the algorithm, see gemm_create) is cached per (GEMM kind, m, n, k, epilogue,
+   pointer alignments); a bounded table, least recently used entries replaced. Every call must run on the
+   context's GPU (fatal otherwise). Not thread-safe: one host thread per context. */
+
+typedef struct gemm_context gemm_context;
+
+/* A context on the current GPU. autotune ([train] autotune): a plan, built on the first call of a shape, asks
+   cuBLASLt's heuristic for up to 8 algorithms and times each on that first call's own operands (a
+   synchronisation of the stream; a temporary copy of D where the call adds into it), keeping the fastest for the
+   plan's later calls; 0: the heuristic's first algorithm, no timing, the same in every run (timings decide, so two
+   tuned runs may pick different algorithms and round differently). fused_epilogues: 1 runs the epilogues inside
+   cuBLASLt where it has an algorithm for them (what the model uses); 0 always takes the plain GEMM + own-kernel
+   path that otherwise serves only shapes without one (so that tests can compare the two). */
+gemm_context *gemm_create(int autotune, int fused_epilogues);
+/* Free the context's handle, workspaces, scratch and plans (waits for its GPU). NULL is a no-op. */
+void gemm_free(gemm_context *context);
 
 typedef enum {
     GEMM_EPILOGUE_NONE = 0,      /* y = x W^T                                                          */
@@ -78,8 +91,8 @@ int gemm_linear_supported(int in_dim, int out_dim);
 
 /* Forward. bias: NULL only with GEMM_EPILOGUE_NONE. pre_gelu: only with GELU_AUX_BIAS (else NULL).
    y must not alias x. */
-void gemm_linear_fwd(const gpu_bf16 *x, int64_t n_rows, int in_dim, int out_dim, const gpu_bf16 *weight,
-                     const gpu_bf16 *bias, gemm_epilogue epilogue, gpu_bf16 *y, gpu_bf16 *pre_gelu,
+void gemm_linear_fwd(gemm_context *context, const gpu_bf16 *x, int64_t n_rows, int in_dim, int out_dim,
+                     const gpu_bf16 *weight, const gpu_bf16 *bias, gemm_epilogue epilogue, gpu_bf16 *y, gpu_bf16 *pre_gelu,
                      cudaStream_t stream);
 
 /* Backward to the input: dx = dy · weight, [n_rows, in_dim]; overwritten, or added into when
@@ -87,55 +100,32 @@ void gemm_linear_fwd(const gpu_bf16 *x, int64_t n_rows, int in_dim, int out_dim,
    gelu_input (may be NULL): the layer's input x was gelu_tanh(gelu_input), [n_rows, in_dim] (the
    pre_gelu the previous linear's forward wrote); dx is then the gradient with respect to gelu_input,
    (dy · weight) * gelu_tanh'(gelu_input) (epilogue DGELU); not combinable with accumulate_dx. */
-void gemm_linear_bwd_data(const gpu_bf16 *dy, int64_t n_rows, int in_dim, int out_dim, const gpu_bf16 *weight,
-                          const gpu_bf16 *gelu_input, gpu_bf16 *dx, int accumulate_dx, cudaStream_t stream);
+void gemm_linear_bwd_data(gemm_context *context, const gpu_bf16 *dy, int64_t n_rows, int in_dim, int out_dim,
+                          const gpu_bf16 *weight, const gpu_bf16 *gelu_input, gpu_bf16 *dx, int accumulate_dx, cudaStream_t stream);
 
 /* Backward to the parameters: dweight (+)= dy^T · x (fp32 [out_dim, in_dim]) and, when dbias is not
    NULL, dbias (+)= column sums of dy (fp32 [out_dim]). accumulate: added into (beta = 1: micro-batches
    of one step accumulate in place, the convention of cpu_linear_bwd); 0: overwritten. */
-void gemm_linear_bwd_weight(const gpu_bf16 *x, const gpu_bf16 *dy, int64_t n_rows, int in_dim, int out_dim,
-                            float *dweight, float *dbias, int accumulate, cudaStream_t stream);
+void gemm_linear_bwd_weight(gemm_context *context, const gpu_bf16 *x, const gpu_bf16 *dy, int64_t n_rows,
+                            int in_dim, int out_dim, float *dweight, float *dbias, int accumulate, cudaStream_t stream);
 
 /* FLOPs of one of the three GEMMs of a linear layer: 2 · n_rows · in_dim · out_dim. */
 double gemm_linear_flops(int64_t n_rows, int in_dim, int out_dim);
 
-/* Counters of the current device since the last reset. */
+/* The context's counters since it was made or last reset. */
 typedef struct {
     double flops;              /* 2·m·n·k of every GEMM issued */
     int64_t gemms;             /* cublasLtMatmul calls */
     int64_t heuristic_queries; /* plans built (cache misses) */
     int64_t unfused;           /* calls that wanted a fused epilogue and ran the own kernels instead
-                                  because cuBLASLt had no algorithm for it (not counting
-                                  gemm_set_fused_epilogues) */
-    int64_t tuned;             /* plans whose candidates were timed (gemm_set_autotune) */
+                                  because cuBLASLt had no algorithm for it (not counting a
+                                  context made with fused_epilogues = 0) */
+    int64_t tuned;             /* plans whose candidates were timed (autotune) */
     int64_t tuned_not_first;   /* ... where another than the heuristic's first won */
     int64_t untuned;           /* plans left at the heuristic's first: no room for the copy of D */
 } gemm_stats;
-void gemm_get_stats(gemm_stats *stats);
-void gemm_reset_stats(void);
-
-/* Which epilogues run inside cuBLASLt's kernels. GEMM_FUSED_ALL: bias, GELU, GELU gradient and bias
-   gradient (BGRADB). GEMM_FUSED_BUT_BIAS_GRAD (the default, GEMM_FUSION_DEFAULT): the same but the bias
-   gradient, which comes from gemm.cu's column sums: cuBLASLt runs BGRADB as a kernel of its own after the
-   GEMM, which was slower on the H200 (docs/PERFORMANCE.md). GEMM_FUSED_NONE: plain GEMMs + own kernels for
-   everything (for tests and comparisons). */
-typedef enum { GEMM_FUSED_NONE = 0, GEMM_FUSED_ALL = 1, GEMM_FUSED_BUT_BIAS_GRAD = 2 } gemm_fusion;
-#define GEMM_FUSION_DEFAULT GEMM_FUSED_BUT_BIAS_GRAD
-void gemm_set_fused_epilogues(gemm_fusion fusion);
-
-/* Autotuning (GEMM_AUTOTUNE_DEFAULT: off): a plan, built on the first call of a shape, asks cuBLASLt's heuristic for
-   up to 8 algorithms and times each on that first call's own operands (a synchronisation of the stream; a
-   temporary copy of D where the call adds into it), keeping the fastest for the plan's later calls. Off: the
-   heuristic's first algorithm, no timing. Timings decide, so two runs may pick different algorithms (and round
-   differently). On an H200 the Wan-1.3B block's GEMMs measured no faster with it (docs/PERFORMANCE.md, session
-   6), hence off by default. Takes effect for plans built after the call (set it before the first GEMM;
-   gemm_release drops the plans). */
-#define GEMM_AUTOTUNE_DEFAULT 0
-void gemm_set_autotune(int autotune);
-
-/* Free every device's handle, workspace, scratch and cached plans (each device is made current in
-   turn, then the original one restored). Calls after this start afresh. */
-void gemm_release(void);
+void gemm_get_stats(const gemm_context *context, gemm_stats *stats);
+void gemm_reset_stats(gemm_context *context);
 
 #ifdef __cplusplus
 }

@@ -5,10 +5,10 @@
 // 4 in the residual backward), VPT vectors per thread kept in registers; the row's moments are reduced in fp32
 // warp -> block. A block holds 256 threads, i.e. 256 / TPR row groups that walk their rows together, the next row's
 // loads in flight where there is room (a persistent grid of as many blocks as are resident: the plain forward takes
-// interleaved steps of rows, the other kernels one contiguous chunk per block). The forwards (by default, see
-// lnmod_tune) stage their rows: each row group's next row travels to shared memory by cp.async while the current
-// one is reduced, and the block keeps its sample's modulation vectors in shared memory (the staged section below
-// says why); the register forward, which loads rows straight into registers, stays selectable. The backward keeps
+// interleaved steps of rows, the other kernels one contiguous chunk per block). The forwards stage their rows: each
+// row group's next row travels to shared memory by cp.async while the current one is reduced, and the block keeps
+// its sample's modulation vectors in shared memory (the staged section below says why); the register forward, which
+// loads rows straight into registers, runs only where a block's shared memory cannot hold one stage. The backward keeps
 // the per-sample column sums (dshift, dscale, dgate) in registers while the chunk stays inside one sample, adds the
 // row groups up in shared memory when it leaves the sample, and writes one partial per (chunk, sample) to the
 // workspace; a last pass adds the partials of each sample in chunk order.
@@ -131,28 +131,26 @@ struct FwdArgs {
     int64_t n_rows, rows_per_block;
     float eps;
     bool interleaved;                    // rows in steps interleaved across blocks, not one chunk per block
-    bool streaming;                      // evict-first loads of x and stores of y
-    int stages;                          // staged kernel: rows in flight per row group (0: the register kernel)
+    int stages;                          // staged kernel: rows in flight per row group
     uint4 *x_new, *y;                    // x_new: residual variant only
     float *mean, *rstd;
 };
 
 // Load row `row` (when valid) as VPT vectors per thread.
 template <int TPR, int VPT>
-__device__ __forceinline__ void load_row(const uint4 *base, int64_t row, bool valid, int nvec, uint4 (&v)[VPT],
-                                         bool streaming = false)
+__device__ __forceinline__ void load_row(const uint4 *base, int64_t row, bool valid, int nvec, uint4 (&v)[VPT])
 {
 #pragma unroll
     for (int i = 0; i < VPT; ++i) {
         const int vec = threadIdx.x + i * TPR;
-        if (valid && vec < nvec) v[i] = streaming ? __ldcs(base + row * nvec + vec) : base[row * nvec + vec];
+        if (valid && vec < nvec) v[i] = base[row * nvec + vec];
     }
 }
 
 // The end of both forward kernels for a valid row (row_vec = row * nvec): its statistics (the group's first
 // thread) and y = (x - mean) * rstd * (1 + scale) + shift from this thread's vectors xv, where
 // modulation(v, sc, sh) gives the sample's scale (with SCALE_PLUS_ONE 1 + scale, as the staged kernel keeps it) and
-// shift of vector v; streaming: evict-first stores. Each kernel keeps the arithmetic it had before they shared this
+// shift of vector v. Each kernel keeps the arithmetic it had before they shared this
 // loop (the register kernel compiles to the same machine code), which matters: ptxas's register allocation is
 // sensitive to its shape (a variant that computed row * nvec here took the 6-vector register kernel from 99
 // registers to 80 with spills), and an add of 1 per element cost the staged kernel 3 points of copy bandwidth at
@@ -160,7 +158,7 @@ __device__ __forceinline__ void load_row(const uint4 *base, int64_t row, bool va
 template <int TPR, int VPT, bool SCALE_PLUS_ONE, class Modulation>
 __device__ __forceinline__ void store_normalized(const FwdArgs &a, int64_t row, int64_t row_vec, int nvec,
                                                  const uint4 (&xv)[VPT], float mean, float rstd,
-                                                 const Modulation &modulation, bool streaming)
+                                                 const Modulation &modulation)
 {
     if (threadIdx.x == 0) {
         a.mean[row] = mean;
@@ -176,8 +174,7 @@ __device__ __forceinline__ void store_normalized(const FwdArgs &a, int64_t row, 
 #pragma unroll
             for (int j = 0; j < kVecElems; ++j)
                 f[j] = (f[j] - mean) * rstd * (SCALE_PLUS_ONE ? sc[j] : 1.0f + sc[j]) + sh[j];
-            if (streaming) __stcs(a.y + row_vec + v, pack8(f));
-            else a.y[row_vec + v] = pack8(f);
+            a.y[row_vec + v] = pack8(f);
         }
     }
 }
@@ -190,7 +187,7 @@ __device__ __forceinline__ void load_modulation(const FwdArgs &a, int64_t mod_of
     load8(a.shift + mod_offset + v * kVecElems, sh);
 }
 
-// The register forward (lnmod_tune's LNMOD_FWD_REGISTER_KERNEL; the staged kernel below is the default): the plain
+// The register forward (where a block's shared memory cannot hold the staged kernel's stage below): the plain
 // one keeps the next row's x in flight while it reduces and writes the current one; the residual variant already
 // has two input rows in flight and would run out of registers.
 template <int TPR, int VPT, bool RESIDUAL>
@@ -211,7 +208,7 @@ __global__ void __launch_bounds__(kBlockThreads) lnmod_fwd_kernel(const FwdArgs 
     uint4 xv[VPT];
     uint4 next[kPrefetch ? VPT : 1];
     if constexpr (kPrefetch)
-        load_row<TPR, VPT>(a.x, begin + threadIdx.y, begin + threadIdx.y < end, nvec, xv, a.streaming);
+        load_row<TPR, VPT>(a.x, begin + threadIdx.y, begin + threadIdx.y < end, nvec, xv);
     for (int64_t base = begin; base < end; base += stride) {
         const int64_t row = base + threadIdx.y;
         const bool valid = row < end;
@@ -220,7 +217,7 @@ __global__ void __launch_bounds__(kBlockThreads) lnmod_fwd_kernel(const FwdArgs 
         const int64_t mod_offset = (int64_t)sample * a.dim;
 
         if constexpr (kPrefetch) {
-            load_row<TPR, VPT>(a.x, row + stride, row + stride < end, nvec, next, a.streaming);
+            load_row<TPR, VPT>(a.x, row + stride, row + stride < end, nvec, next);
         } else {
             uint4 pv[VPT];
             load_row<TPR, VPT>(a.x, row, valid, nvec, xv);
@@ -272,7 +269,7 @@ __global__ void __launch_bounds__(kBlockThreads) lnmod_fwd_kernel(const FwdArgs 
                 load_modulation(a, mod_offset, v, sc, sh);
             };
             store_normalized<TPR, VPT, false>(a, row, row_vec, nvec, xv, m.mean,
-                                              rsqrtf(m.m2 / (float)a.dim + a.eps), modulation, a.streaming);
+                                              rsqrtf(m.m2 / (float)a.dim + a.eps), modulation);
         }
         if constexpr (kPrefetch)
 #pragma unroll
@@ -280,8 +277,8 @@ __global__ void __launch_bounds__(kBlockThreads) lnmod_fwd_kernel(const FwdArgs 
     }
 }
 
-// ---- forward, staged (the default; lnmod_tune's fwd_stages, residual_fwd_stages) -------------------
-// The inputs of the next `stages` rows of each row group (1 by default, up to 3) travel to shared memory by
+// ---- forward, staged ----------------------------------------------------------------------------------
+// The inputs of the next `stages` rows of each row group (kFwdStages) travel to shared memory by
 // cp.async (16 bytes a thread, cached in L2 only) while the current row is reduced from registers, with
 // fewer row registers than the register kernel (64 a thread instead of ~99 at D = 1536, 3072), so more blocks
 // fit. The block keeps its current sample's (1 + scale), shift (and gate) in shared memory: a
@@ -290,7 +287,7 @@ __global__ void __launch_bounds__(kBlockThreads) lnmod_fwd_kernel(const FwdArgs 
 // deviations from the exact mean) instead of five rounds of moment merges with divisions; row groups wider
 // than a warp meet at their own named barrier, not the whole block's.
 
-constexpr int kMaxFwdStages = LNMOD_FWD_MAX_STAGES, kDefaultFwdStages = 1;
+constexpr int kFwdStages = 1;  // rows in flight per row group (fastest: docs/PERFORMANCE.md, tables 3b and 3c)
 
 __device__ __forceinline__ void copy_async16(uint4 *shared_dst, const uint4 *global_src)
 {
@@ -310,10 +307,10 @@ __device__ __forceinline__ void computed_before_next_asm(float value)
     asm volatile("" ::"f"(value));
 }
 
-// Wait until at most `pending` (< kMaxFwdStages) of this thread's newest copy groups are still in flight.
+// Wait until at most `pending` (< kFwdStages) of this thread's newest copy groups are still in flight.
 __device__ __forceinline__ void copy_async_wait(int pending)
 {
-    static_assert(kMaxFwdStages == 3, "one case per pending count");
+    static_assert(kFwdStages <= 3, "one case per pending count");
     switch (pending) {
     case 0: asm volatile("cp.async.wait_group 0;\n" ::: "memory"); break;
     case 1: asm volatile("cp.async.wait_group 1;\n" ::: "memory"); break;
@@ -497,7 +494,7 @@ __global__ void __launch_bounds__(kBlockThreads, RESIDUAL ? 3 : 4) lnmod_fwd_sta
                     for (int j = 0; j < kVecElems; ++j) scale1[j] += 1.0f;
                 }
             };
-            store_normalized<TPR, VPT, true>(a, row, row_vec, nvec, xv, mean, rstd, modulation, false);
+            store_normalized<TPR, VPT, true>(a, row, row_vec, nvec, xv, mean, rstd, modulation);
         }
     }
 }
@@ -733,16 +730,9 @@ __global__ void __launch_bounds__(kSumCols * kSumLanes)
 
 // Vectors per thread compiled for each kernel (about the most its registers hold without spilling: the
 // forward holds x (and y_prev), the backward also two (three) column sums of 8 floats per vector), and
-// the plain staged forward's default limit (measured fastest, docs/PERFORMANCE.md table 3b; under its
+// the plain forward's limit (fastest: docs/PERFORMANCE.md, table 3b; under the staged kernel's
 // 64-register bound 5 or more vectors spill in groups of 64 and 128 threads).
-constexpr int kFwdMaxVpt = 8, kStagedFwdVpt = 4, kBwdMaxVpt = 5, kResidualBwdMaxVpt = 4, kWidestVpt = 4;
-
-// The settings in use (lnmod_tune), [0] for the plain, [1] for the residual variant: the forward's stages
-// (0: the register kernel) and vectors-per-thread limits, the backward's vectors-per-thread limits.
-int g_fwd_stages[2] = {kDefaultFwdStages, kDefaultFwdStages};
-int g_fwd_vpt_limit[2] = {kStagedFwdVpt, kFwdMaxVpt};
-int g_bwd_vpt_limit[2] = {kBwdMaxVpt, kResidualBwdMaxVpt};
-bool g_fwd_interleaved = true, g_fwd_streaming = false;
+constexpr int kResidualFwdMaxVpt = 8, kFwdMaxVpt = 4, kBwdMaxVpt = 5, kResidualBwdMaxVpt = 4, kWidestVpt = 4;
 
 // Row-group width and vectors per thread for a row of `dim`: the narrowest group (a warp first) whose
 // threads hold at most `limit` vectors each, else the widest group (256 threads, at most 4 vectors).
@@ -803,14 +793,14 @@ void dispatch(RowShape shape, Op &op)
     }
 }
 
-// How many of the `requested` stages of the staged forward fit in a block's shared memory on the current device
-// (at H100/H200's 227 KiB all do: at most 96 KiB of modulation and 3 x 64 KiB of slots at LNMOD_MAX_DIM, at 8
-// vectors a thread; fewer where it is short, 0 where not even one does).
-int staged_stages_that_fit(bool residual, int vpt, int dim, int requested)
+// How many of the staged forward's kFwdStages stages fit in a block's shared memory on the current device (at
+// H100/H200's 227 KiB they do: at most 96 KiB of modulation and 64 KiB of slots at LNMOD_MAX_DIM, at 8 vectors a
+// thread; 0 where they do not: the register kernel then).
+int staged_stages_that_fit(bool residual, int vpt, int dim)
 {
     const int shared_max = gpu_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin);
     const size_t fixed_bytes = staged_fixed_bytes(residual, dim), slot_bytes = staged_slot_bytes(residual, vpt);
-    int stages = requested;
+    int stages = kFwdStages;
     while (stages > 0 && fixed_bytes + stages * slot_bytes > (size_t)shared_max) --stages;
     return stages;
 }
@@ -819,12 +809,11 @@ template <bool RESIDUAL>
 struct FwdOp {
     FwdArgs args;
     cudaStream_t stream;
-    // The staged kernel with as many of the requested stages as fit (lnmod_fwd_plan_for says the same), else
-    // the register kernel.
+    // The staged kernel where its stages fit (lnmod_fwd_plan_for says the same), else the register kernel.
     template <int TPR, int VPT>
     void run()
     {
-        if (args.stages > 0) args.stages = staged_stages_that_fit(RESIDUAL, VPT, args.dim, args.stages);
+        args.stages = staged_stages_that_fit(RESIDUAL, VPT, args.dim);
         if (args.stages > 0) run_staged<TPR, VPT>();
         else run_registers<TPR, VPT>();
     }
@@ -920,11 +909,11 @@ size_t bwd_workspace_bytes(int64_t n_rows, int dim, int n_samples, bool residual
     GridPlan plan;
     if (residual) {
         BwdOp<true> op = {args, nullptr, {}, true, {}};
-        dispatch<kResidualBwdMaxVpt>(row_shape(dim, g_bwd_vpt_limit[1], what), op);
+        dispatch<kResidualBwdMaxVpt>(row_shape(dim, kResidualBwdMaxVpt, what), op);
         plan = op.plan;
     } else {
         BwdOp<false> op = {args, nullptr, {}, true, {}};
-        dispatch<kBwdMaxVpt>(row_shape(dim, g_bwd_vpt_limit[0], what), op);
+        dispatch<kBwdMaxVpt>(row_shape(dim, kBwdMaxVpt, what), op);
         plan = op.plan;
     }
     return (size_t)(plan.blocks + n_samples) * (size_t)dim * sizeof(float) * (residual ? 3 : 2);
@@ -932,30 +921,10 @@ size_t bwd_workspace_bytes(int64_t n_rows, int dim, int n_samples, bool residual
 
 }  // namespace
 
-extern "C" void lnmod_tune(const lnmod_tuning *tuning)
-{
-    const lnmod_tuning defaults = {0, 0, 0, 0, 0, 0, 0};
-    const lnmod_tuning *t = tuning ? tuning : &defaults;
-    const int stages[2] = {t->fwd_stages, t->residual_fwd_stages};
-    for (int k = 0; k < 2; ++k)
-        g_fwd_stages[k] = stages[k] < 0 ? 0 : stages[k] == 0 ? kDefaultFwdStages : min(stages[k], kMaxFwdStages);
-    // A requested limit of 0 (or less) is the default, one above the compiled maximum that maximum.
-    const auto limit = [](int requested, int compiled, int fallback) {
-        return requested <= 0 ? fallback : min(requested, compiled);
-    };
-    g_fwd_vpt_limit[0] = limit(t->max_vpt_fwd, kFwdMaxVpt, g_fwd_stages[0] > 0 ? kStagedFwdVpt : kFwdMaxVpt);
-    g_fwd_vpt_limit[1] = limit(t->max_vpt_fwd, kFwdMaxVpt, kFwdMaxVpt);
-    g_bwd_vpt_limit[0] = limit(t->max_vpt_bwd, kBwdMaxVpt, kBwdMaxVpt);
-    g_bwd_vpt_limit[1] = limit(t->max_vpt_residual_bwd, kResidualBwdMaxVpt, kResidualBwdMaxVpt);
-    g_fwd_interleaved = t->fwd_chunked == 0;
-    g_fwd_streaming = t->fwd_streaming != 0;
-}
-
 extern "C" lnmod_fwd_plan lnmod_fwd_plan_for(int dim, int residual)
 {
-    const int k = residual ? 1 : 0;
-    const RowShape shape = row_shape(dim, g_fwd_vpt_limit[k], "lnmod_fwd_plan_for");
-    const int stages = g_fwd_stages[k] > 0 ? staged_stages_that_fit(k == 1, shape.vpt, dim, g_fwd_stages[k]) : 0;
+    const RowShape shape = row_shape(dim, residual ? kResidualFwdMaxVpt : kFwdMaxVpt, "lnmod_fwd_plan_for");
+    const int stages = staged_stages_that_fit(residual != 0, shape.vpt, dim);
     return {stages > 0 ? stages : LNMOD_FWD_REGISTER_KERNEL, shape.tpr, shape.vpt};
 }
 
@@ -965,7 +934,7 @@ extern "C" void lnmod_fwd(const gpu_bf16 *x, int64_t n_rows, int dim, const int6
 {
     const char *what = "lnmod_fwd";
     check_rows(what, n_rows, n_samples, row_start);
-    const RowShape shape = row_shape(dim, g_fwd_vpt_limit[0], what);
+    const RowShape shape = row_shape(dim, kFwdMaxVpt, what);
     if (n_rows == 0) return;
     check_aligned(what, "x", x), check_aligned(what, "y", y), check_aligned(what, "shift", shift);
     check_aligned(what, "scale", scale);
@@ -975,7 +944,7 @@ extern "C" void lnmod_fwd(const gpu_bf16 *x, int64_t n_rows, int dim, const int6
     args.shift = shift, args.scale = scale, args.row_start = row_start;
     args.n_samples = n_samples, args.dim = dim, args.n_rows = n_rows, args.eps = eps;
     args.y = reinterpret_cast<uint4 *>(y), args.mean = mean, args.rstd = rstd;
-    args.interleaved = g_fwd_interleaved, args.streaming = g_fwd_streaming, args.stages = g_fwd_stages[0];
+    args.interleaved = true;
     FwdOp<false> op = {args, stream};
     dispatch<kFwdMaxVpt>(shape, op);
 }
@@ -987,7 +956,7 @@ extern "C" void lnmod_residual_fwd(const gpu_bf16 *x, const gpu_bf16 *y_prev, in
 {
     const char *what = "lnmod_residual_fwd";
     check_rows(what, n_rows, n_samples, row_start);
-    const RowShape shape = row_shape(dim, g_fwd_vpt_limit[1], what);
+    const RowShape shape = row_shape(dim, kResidualFwdMaxVpt, what);
     if (n_rows == 0) return;
     check_aligned(what, "x", x), check_aligned(what, "y_prev", y_prev), check_aligned(what, "gate", gate);
     check_aligned(what, "shift", shift), check_aligned(what, "scale", scale);
@@ -998,9 +967,9 @@ extern "C" void lnmod_residual_fwd(const gpu_bf16 *x, const gpu_bf16 *y_prev, in
     args.gate = gate, args.shift = shift, args.scale = scale, args.row_start = row_start;
     args.n_samples = n_samples, args.dim = dim, args.n_rows = n_rows, args.eps = eps;
     args.x_new = reinterpret_cast<uint4 *>(x_new), args.y = reinterpret_cast<uint4 *>(y);
-    args.mean = mean, args.rstd = rstd, args.stages = g_fwd_stages[1];
+    args.mean = mean, args.rstd = rstd;
     FwdOp<true> op = {args, stream};
-    dispatch<kFwdMaxVpt>(shape, op);
+    dispatch<kResidualFwdMaxVpt>(shape, op);
 }
 
 extern "C" size_t lnmod_bwd_workspace_bytes(int64_t n_rows, int dim, int n_samples)
@@ -1019,7 +988,7 @@ extern "C" void lnmod_bwd(const gpu_bf16 *x, const gpu_bf16 *dy, int64_t n_rows,
 {
     const char *what = "lnmod_bwd";
     check_rows(what, n_rows, n_samples, row_start);
-    const RowShape shape = row_shape(dim, g_bwd_vpt_limit[0], what);
+    const RowShape shape = row_shape(dim, kBwdMaxVpt, what);
     if (n_samples == 0) return;
     check_aligned(what, "dshift", dshift), check_aligned(what, "dscale", dscale);
     check_aligned(what, "workspace", workspace);
@@ -1045,7 +1014,7 @@ extern "C" void lnmod_residual_bwd(const gpu_bf16 *x_new, const gpu_bf16 *y_prev
 {
     const char *what = "lnmod_residual_bwd";
     check_rows(what, n_rows, n_samples, row_start);
-    const RowShape shape = row_shape(dim, g_bwd_vpt_limit[1], what);
+    const RowShape shape = row_shape(dim, kResidualBwdMaxVpt, what);
     if (n_samples == 0) return;
     check_aligned(what, "dshift", dshift), check_aligned(what, "dscale", dscale), check_aligned(what, "dgate", dgate);
     check_aligned(what, "workspace", workspace);

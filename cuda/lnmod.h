@@ -57,37 +57,18 @@ void lnmod_residual_bwd(const gpu_bf16 *x_new, const gpu_bf16 *y_prev, const gpu
                         const float *rstd, gpu_bf16 *dx, gpu_bf16 *dy_prev, float *dshift, float *dscale,
                         float *dgate, void *workspace, cudaStream_t stream);
 
-/* Tuning knobs (aldit-bench --max-vpt, --fwd-order, --fwd-streaming, --fwd-stages); zeros are the defaults.
-   The plain and the residual forward each run one of two kernels:
-   - the staged kernel (the default of both, 1 stage): each row group's next rows travel to shared memory by
-     cp.async while the current row is reduced from registers, and the block keeps its current sample's
-     modulation vectors in shared memory. fwd_stages, residual_fwd_stages: 0 = the default, 1 stage; 1 to
-     LNMOD_FWD_MAX_STAGES = that many rows in flight per row group (larger values mean the maximum; fewer where a
-     block's shared memory is short, and the register kernel where not even one stage fits);
-   - the register kernel: rows are loaded into registers (the plain one with the next row in flight);
-     fwd_stages / residual_fwd_stages = LNMOD_FWD_REGISTER_KERNEL (any negative value) selects it.
-   max_vpt_*: the most 16-byte vectors of a row one thread holds in the forward kernels (plain and residual
-   alike), the plain backward and the residual backward; lower limits spread a row over wider thread groups (32,
-   64, 128, 256 threads). 0 = the default: 4 for the plain forward's staged kernel (measured fastest on an H200,
-   docs/PERFORMANCE.md table 3b; more vectors spill under its 64-register bound), 8 for the register kernels and
-   the residual forward's staged kernel, 5 for the backward, 4 for the residual backward; these are also the
-   maxima (8 for the forward), larger values mean the maximum.
-   fwd_chunked: the plain forward's blocks each take one contiguous chunk of rows instead of interleaved steps of
-   rows (the default; the residual forward and the backward always use chunks).
-   fwd_streaming: the plain register kernel loads x and stores y with evict-first cache hints (measured no faster
-   on an H200; docs/PERFORMANCE.md); the staged kernel ignores it.
-   Set before launching, from one thread. */
+/* The kernels. The plain and the residual forward each run the staged kernel: each row group's next row travels to
+   shared memory by cp.async while the current row is reduced from registers, and the block keeps its current
+   sample's modulation vectors in shared memory. On a device whose block shared memory cannot hold that (not an
+   H100/H200) they run the register kernel instead, which loads rows straight into registers (the plain one with
+   the next row in flight). A row is spread over the narrowest thread group (32, 64, 128, 256 threads) whose threads
+   hold at most 4 16-byte vectors of it in the plain forward, 8 in the residual forward, 5 in the backward and 4 in
+   the residual backward (256 threads: at most 4). The plain forward's blocks take interleaved steps of rows; the
+   residual forward and the backward one contiguous chunk per block. */
 #define LNMOD_FWD_REGISTER_KERNEL (-1)
-#define LNMOD_FWD_MAX_STAGES 3
-typedef struct {
-    int max_vpt_fwd, max_vpt_bwd, max_vpt_residual_bwd;
-    int fwd_chunked, fwd_streaming;
-    int fwd_stages, residual_fwd_stages;
-} lnmod_tuning;
-void lnmod_tune(const lnmod_tuning *tuning); /* NULL restores the defaults */
 
-/* The kernel that lnmod_fwd (residual = 0) or lnmod_residual_fwd (residual = 1) runs on rows of `dim` under the
-   current tuning on the current device: stages is LNMOD_FWD_REGISTER_KERNEL for the register kernel, else the
+/* The kernel that lnmod_fwd (residual = 0) or lnmod_residual_fwd (residual = 1) runs on rows of `dim` on the
+   current device: stages is LNMOD_FWD_REGISTER_KERNEL for the register kernel, else the
    staged kernel's rows in flight (after the shared-memory fallback); the row-group width (threads) and the
    16-byte vectors each of its threads holds. For logs, aldit-bench and tests. */
 typedef struct {

@@ -115,8 +115,6 @@ struct batch_dims {
 
 } // namespace
 
-// Gradient buffers that the weight gradients on the side stream read and the critical stream later overwrites.
-enum tracked_grad { kTrackDY, kTrackDFfn, kTrackDQ, kTrackDK, kTrackDV, kTrackDCk, kTrackDCv, kTrackedGrads };
 
 struct gpu_model {
     // dims, copied from the host model
@@ -168,16 +166,12 @@ struct gpu_model {
     int32_t *grid_frames, *grid_height, *grid_width;   // [B] tokens per axis (host)
     float *timesteps_host;                             // [B]
     // self-attention of samples of at least cudnn_min_tokens tokens goes to cuDNN (gpu_model_set_attention), the
-    // last sample of a micro-batch over whole tiles unless turned off (gpu_model_set_cudnn_whole_tiles)
+    // last sample of a micro-batch over whole tiles
     int use_cudnn;
     int64_t cudnn_min_tokens;
-    int cudnn_whole_tiles;
-    // the backward's overlap (gpu_model_set_overlap): block weight gradients on `side`, the rest on `crit`
-    int overlap;
-    cudaStream_t crit, side;          // the greatest and the least priority
-    cudaEvent_t crit_mark, side_mark;  // one stream after another (stream_after); crit after side (join_side)
-    cudaEvent_t read_done[kTrackedGrads];  // on side after the last weight gradient that reads the buffer
-    bool read_pending[kTrackedGrads];
+    // the model's GEMM and cuDNN contexts: handles, plan caches, autotuning (gpu_model_set_autotune)
+    gemm_context *gemm;
+    struct attention_cudnn *cudnn;  // NULL without cuDNN
     // host seconds the last forward_backward call took to queue its work (gpu_model_enqueue_seconds)
     double enqueue_seconds;
     // told as each range of the gradients is final in a forward_backward call (gpu_model_set_grads_ready)
@@ -492,80 +486,28 @@ namespace {
 void linear_fwd(const gpu_model *gm, const gpu_bf16 *x, int64_t n_rows, int in_dim, int out_dim, linear_offsets lin,
                 gpu_bf16 *y, cudaStream_t stream)
 {
-    gemm_linear_fwd(x, n_rows, in_dim, out_dim, gm->working + lin.weight, gm->working + lin.bias, GEMM_EPILOGUE_BIAS,
-                    y, nullptr, stream);
+    gemm_linear_fwd(gm->gemm, x, n_rows, in_dim, out_dim, gm->working + lin.weight, gm->working + lin.bias,
+                    GEMM_EPILOGUE_BIAS, y, nullptr, stream);
 }
 
 // act = gelu_tanh(pre), pre = x W^T + b (both kept for the backward).
 void linear_gelu_fwd(const gpu_model *gm, const gpu_bf16 *x, int64_t n_rows, int in_dim, int out_dim,
                      linear_offsets lin, gpu_bf16 *pre, gpu_bf16 *act, cudaStream_t stream)
 {
-    gemm_linear_fwd(x, n_rows, in_dim, out_dim, gm->working + lin.weight, gm->working + lin.bias,
+    gemm_linear_fwd(gm->gemm, x, n_rows, in_dim, out_dim, gm->working + lin.weight, gm->working + lin.bias,
                     GEMM_EPILOGUE_GELU_AUX_BIAS, act, pre, stream);
 }
 
 // dW, db added into the fp32 gradients; dx (skipped when NULL) overwritten or, with accumulate_dx, added
 // into; with gelu_input, dx is the gradient of the GELU's input instead (see gemm.h).
-// dW, db on weight_stream, dx on stream (linear_bwd: both on one).
-void linear_bwd_on(gpu_model *gm, const gpu_bf16 *x, const gpu_bf16 *dy, int64_t n_rows, int in_dim, int out_dim,
-                   linear_offsets lin, const gpu_bf16 *gelu_input, gpu_bf16 *dx, int accumulate_dx,
-                   cudaStream_t stream, cudaStream_t weight_stream)
-{
-    gemm_linear_bwd_weight(x, dy, n_rows, in_dim, out_dim, gm->grads + lin.weight, gm->grads + lin.bias, 1,
-                           weight_stream);
-    if (dx)
-        gemm_linear_bwd_data(dy, n_rows, in_dim, out_dim, gm->working + lin.weight, gelu_input, dx, accumulate_dx,
-                             stream);
-}
-
 void linear_bwd(gpu_model *gm, const gpu_bf16 *x, const gpu_bf16 *dy, int64_t n_rows, int in_dim, int out_dim,
                 linear_offsets lin, const gpu_bf16 *gelu_input, gpu_bf16 *dx, int accumulate_dx, cudaStream_t stream)
 {
-    linear_bwd_on(gm, x, dy, n_rows, in_dim, out_dim, lin, gelu_input, dx, accumulate_dx, stream, stream);
-}
-
-// ---- the backward's two streams (gpu_model_set_overlap) -------------------------------------------------------
-// Without overlap every call below falls back to ordering nothing (one stream).
-
-// `waiter` sees everything queued on `stream` so far (through crit_mark; the side stream's own work is joined
-// with join_side).
-void stream_after(gpu_model *gm, cudaStream_t waiter, cudaStream_t stream)
-{
-    CUDA_CHECK(cudaEventRecord(gm->crit_mark, stream));
-    CUDA_CHECK(cudaStreamWaitEvent(waiter, gm->crit_mark, 0));
-}
-
-// `stream` waits for everything queued on the side stream so far.
-void join_side(gpu_model *gm, cudaStream_t stream)
-{
-    if (!gm->overlap) return;
-    CUDA_CHECK(cudaEventRecord(gm->side_mark, gm->side));
-    CUDA_CHECK(cudaStreamWaitEvent(stream, gm->side_mark, 0));
-    for (bool &pending : gm->read_pending) pending = false;
-}
-
-// Before `stream` overwrites a tracked buffer: waits for the weight gradients on the side stream that read it.
-void before_write(gpu_model *gm, tracked_grad which, cudaStream_t stream)
-{
-    if (!gm->read_pending[which]) return;
-    CUDA_CHECK(cudaStreamWaitEvent(stream, gm->read_done[which], 0));
-    gm->read_pending[which] = false;
-}
-
-// A block's linear_bwd: with overlap, dW and db on the side stream (reading x and dy, the tracked buffer
-// `dy_buffer`, which the critical stream must not overwrite before before_write), dx on `stream`.
-void block_linear_bwd(gpu_model *gm, const gpu_bf16 *x, const gpu_bf16 *dy, tracked_grad dy_buffer, int64_t n_rows,
-                      int in_dim, int out_dim, linear_offsets lin, const gpu_bf16 *gelu_input, gpu_bf16 *dx,
-                      int accumulate_dx, cudaStream_t stream)
-{
-    if (!gm->overlap) {
-        linear_bwd(gm, x, dy, n_rows, in_dim, out_dim, lin, gelu_input, dx, accumulate_dx, stream);
-        return;
-    }
-    stream_after(gm, gm->side, stream);
-    linear_bwd_on(gm, x, dy, n_rows, in_dim, out_dim, lin, gelu_input, dx, accumulate_dx, stream, gm->side);
-    CUDA_CHECK(cudaEventRecord(gm->read_done[dy_buffer], gm->side));  // after the dW and db, the side's last work
-    gm->read_pending[dy_buffer] = true;
+    gemm_linear_bwd_weight(gm->gemm, x, dy, n_rows, in_dim, out_dim, gm->grads + lin.weight, gm->grads + lin.bias, 1,
+                           stream);
+    if (dx)
+        gemm_linear_bwd_data(gm->gemm, dy, n_rows, in_dim, out_dim, gm->working + lin.weight, gelu_input, dx,
+                             accumulate_dx, stream);
 }
 
 float *chunk_of(float *table, int chunk, const batch_dims &d, int dim)
@@ -593,7 +535,7 @@ const int64_t *key_start(const batch_tables &t, attention_kind kind)
 // cuDNN wants 16-byte aligned stats: the slice starts token_start[b] * num_heads floats into the lse buffer.
 // Cross-attention goes to cuDNN only with the model's full text_len (Wan pads every caption to it): cuDNN
 // needs a plan per (tokens, keys) pair, and captions of varying lengths would build plans (0.04-1 s each)
-// for most samples (measured on 2 H200s with texts of 32-64 tokens: epochs 2-3x slower).
+// for most samples (much slower epochs with captions of varying length).
 bool sample_on_cudnn(const gpu_model *gm, attention_kind kind, int b)
 {
     const int64_t *start = gm->tables_host.token_start, *keys = key_start(gm->tables_host, kind);
@@ -609,7 +551,7 @@ bool sample_on_cudnn(const gpu_model *gm, attention_kind kind, int b)
 int64_t cudnn_self_rows(const gpu_model *gm, const batch_dims &d, int b)
 {
     const int64_t *start = gm->tables_host.token_start, rows = start[b + 1] - start[b];
-    return gm->cudnn_whole_tiles && b == d.n_samples - 1 ? attention_cudnn_padded_rows(rows) : rows;
+    return b == d.n_samples - 1 ? attention_cudnn_padded_rows(rows) : rows;
 }
 
 // Zero rows [n_tokens, n_tokens + pad_rows) of each of the `count` row buffers of `dim` columns.
@@ -649,10 +591,10 @@ void attention_dispatch_fwd(const gpu_model *gm, const batch_dims &d, attention_
             if (padded > rows) {
                 gpu_bf16 *const inputs[] = {q, k, v};
                 zero_pad_rows(inputs, 3, d, padded - rows, gm->dim, stream);
-                attention_cudnn_fwd_padded(q + at, k + at, v + at, rows, padded, H, hd, out + at, lse + start[b] * H,
+                attention_cudnn_fwd_padded(gm->cudnn, q + at, k + at, v + at, rows, padded, H, hd, out + at, lse + start[b] * H,
                                            stream);
             } else {
-                attention_cudnn_cross_fwd(q + at, k + key_at, v + key_at, rows, keys[end] - keys[b], H, hd, out + at,
+                attention_cudnn_cross_fwd(gm->cudnn, q + at, k + key_at, v + key_at, rows, keys[end] - keys[b], H, hd, out + at,
                                           lse + start[b] * H, stream);
             }
             continue;
@@ -680,10 +622,10 @@ void attention_dispatch_bwd(gpu_model *gm, const batch_dims &d, attention_kind k
             if (padded > rows) {  // q, k, v still have zero pad rows from the forward; the output gradient's too
                 gpu_bf16 *const output_grad[] = {gm->d_t};
                 zero_pad_rows(output_grad, 1, d, padded - rows, gm->dim, stream);
-                attention_cudnn_bwd_padded(q + at, k + at, v + at, out + at, gm->d_t + at, lse + start[b] * H, rows,
+                attention_cudnn_bwd_padded(gm->cudnn, q + at, k + at, v + at, out + at, gm->d_t + at, lse + start[b] * H, rows,
                                            padded, H, hd, dq + at, dk + at, dv + at, stream);
             } else {
-                attention_cudnn_cross_bwd(q + at, k + key_at, v + key_at, out + at, gm->d_t + at, lse + start[b] * H,
+                attention_cudnn_cross_bwd(gm->cudnn, q + at, k + key_at, v + key_at, out + at, gm->d_t + at, lse + start[b] * H,
                                           rows, keys[end] - keys[b], H, hd, dq + at, dk + key_at, dv + key_at, stream);
             }
             continue;
@@ -890,60 +832,51 @@ void backward(gpu_model *gm, const batch_dims &d, cudaStream_t stream)
         }
 
         // FFN: the second Linear's dx comes out as the gradient of the GELU's input (DGELU epilogue)
-        before_write(gm, kTrackDFfn, stream);
-        block_linear_bwd(gm, s.ffn_act, gm->d_y, kTrackDY, N, F, D, bo.ffn_out, s.ffn_pre, gm->d_ffn, 0, stream);
-        block_linear_bwd(gm, s.h2, gm->d_ffn, kTrackDFfn, N, D, F, bo.ffn_in, nullptr, gm->d_h, 0, stream);
+        linear_bwd(gm, s.ffn_act, gm->d_y, N, F, D, bo.ffn_out, s.ffn_pre, gm->d_ffn, 0, stream);
+        linear_bwd(gm, s.h2, gm->d_ffn, N, D, F, bo.ffn_in, nullptr, gm->d_h, 0, stream);
         // x2 = x1 + y_cross, h2 = LN-modulate(x2): d_x becomes dL/dx1, d_y dL/dy_cross
-        before_write(gm, kTrackDY, stream);
         lnmod_residual_bwd(s.x2, s.y_cross, gm->d_h, gm->d_x, N, D, t.token_start, B, gm->ones, mod[4], s.ln2_mean,
                            s.ln2_rstd, gm->d_x, gm->d_y, d_mod[3], d_mod[4], gm->d_unused_gate, scratch, stream);
 
         // cross-attention
-        block_linear_bwd(gm, s.cattn, gm->d_y, kTrackDY, N, D, D, bo.cross_o, nullptr, gm->d_t, 0, stream);
-        for (tracked_grad written : {kTrackDQ, kTrackDCk, kTrackDCv}) before_write(gm, written, stream);
+        linear_bwd(gm, s.cattn, gm->d_y, N, D, D, bo.cross_o, nullptr, gm->d_t, 0, stream);
         cross_attention_bwd(gm, d, s, stream);
         if (L > 0) {
-            block_linear_bwd(gm, gm->context, gm->d_cv, kTrackDCv, L, D, D, bo.cross_v, nullptr, gm->d_ctx_part, 0,
+            linear_bwd(gm, gm->context, gm->d_cv, L, D, D, bo.cross_v, nullptr, gm->d_ctx_part, 0,
                              stream);
             fused_qk_norm_rope_bwd(s.ck_pre, gm->d_ck, L, H, hd, working + bo.cross_norm_k, nullptr, s.ck_rstd,
                                    gm->d_ck, grads + bo.cross_norm_k, scratch, stream);
-            block_linear_bwd(gm, gm->context, gm->d_ck, kTrackDCk, L, D, D, bo.cross_k, nullptr, gm->d_ctx_part, 1,
+            linear_bwd(gm, gm->context, gm->d_ck, L, D, D, bo.cross_k, nullptr, gm->d_ctx_part, 1,
                              stream);
             misc_accumulate_bf16(gm->d_ctx_part, L * D, gm->d_context, stream);
         }
         fused_qk_norm_rope_bwd(s.cq_pre, gm->d_q, N, H, hd, working + bo.cross_norm_q, nullptr, s.cq_rstd, gm->d_q,
                                grads + bo.cross_norm_q, scratch, stream);
-        block_linear_bwd(gm, s.n3, gm->d_q, kTrackDQ, N, D, D, bo.cross_q, nullptr, gm->d_h, 0, stream);
+        linear_bwd(gm, s.n3, gm->d_q, N, D, D, bo.cross_q, nullptr, gm->d_h, 0, stream);
         // x1 = x_in + y_attn e2, n3 = norm3(x1): d_x becomes dL/dx_in, d_y dL/dy_attn; norm3's weight and
         // bias gradients are the per-sample dscale and dshift summed over the samples
-        before_write(gm, kTrackDY, stream);
         lnmod_residual_bwd(s.x1, s.y_attn, gm->d_h, gm->d_x, N, D, t.token_start, B, mod[2], s.n3_scale, s.n3_mean,
                            s.n3_rstd, gm->d_x, gm->d_y, gm->d_n3_shift, gm->d_n3_scale, d_mod[2], scratch, stream);
         misc_sum_samples_into(gm->d_n3_scale, B, D, grads + bo.norm3_weight, stream);
         misc_sum_samples_into(gm->d_n3_shift, B, D, grads + bo.norm3_bias, stream);
 
         // self-attention
-        block_linear_bwd(gm, s.attn, gm->d_y, kTrackDY, N, D, D, bo.self_o, nullptr, gm->d_t, 0, stream);
-        for (tracked_grad written : {kTrackDQ, kTrackDK, kTrackDV}) before_write(gm, written, stream);
+        linear_bwd(gm, s.attn, gm->d_y, N, D, D, bo.self_o, nullptr, gm->d_t, 0, stream);
         self_attention_bwd(gm, d, s, stream);
         fused_qk_norm_rope_bwd(s.q_pre, gm->d_q, N, H, hd, working + bo.self_norm_q, t.positions, s.q_rstd, gm->d_q,
                                grads + bo.self_norm_q, scratch, stream);
         fused_qk_norm_rope_bwd(s.k_pre, gm->d_k, N, H, hd, working + bo.self_norm_k, t.positions, s.k_rstd, gm->d_k,
                                grads + bo.self_norm_k, scratch, stream);
-        block_linear_bwd(gm, s.h1, gm->d_q, kTrackDQ, N, D, D, bo.self_q, nullptr, gm->d_h, 0, stream);
-        block_linear_bwd(gm, s.h1, gm->d_k, kTrackDK, N, D, D, bo.self_k, nullptr, gm->d_h, 1, stream);
-        block_linear_bwd(gm, s.h1, gm->d_v, kTrackDV, N, D, D, bo.self_v, nullptr, gm->d_h, 1, stream);
+        linear_bwd(gm, s.h1, gm->d_q, N, D, D, bo.self_q, nullptr, gm->d_h, 0, stream);
+        linear_bwd(gm, s.h1, gm->d_k, N, D, D, bo.self_k, nullptr, gm->d_h, 1, stream);
+        linear_bwd(gm, s.h1, gm->d_v, N, D, D, bo.self_v, nullptr, gm->d_h, 1, stream);
 
         // h1 = LN-modulate(x_in): with l > 0, x_in = x2 + y_ffn e5 of block l - 1, whose gradients come out
         // here. With block recomputation block l - 1's activations are rebuilt first: this needs its y_ffn,
         // and its own backward comes next. Block l's statistics, modulation and x_in are kept; d_* untouched.
         if (l > 0) {
-            if (gm->recompute == GPU_RECOMPUTE_BLOCK) {
-                join_side(gm, stream);  // the recomputation overwrites the activations the weight gradients read
-                block_forward(gm, d, l - 1, true, stream);
-            }
+            if (gm->recompute == GPU_RECOMPUTE_BLOCK) block_forward(gm, d, l - 1, true, stream);
             block_saved &p = gm->saved[l - 1];
-            before_write(gm, kTrackDY, stream);
             lnmod_residual_bwd(s.x_in, p.y_ffn, gm->d_h, gm->d_x, N, D, t.token_start, B,
                                chunk_of(p.modulation, 5, d, D), mod[1], s.ln1_mean, s.ln1_rstd, gm->d_x, gm->d_y,
                                d_mod[0], d_mod[1], chunk_of(p.d_modulation, 5, d, D), scratch, stream);
@@ -955,12 +888,7 @@ void backward(gpu_model *gm, const batch_dims &d, cudaStream_t stream)
         // block l's modulation gradient is complete now (chunk 5 came from block l + 1 or the head), and with
         // it every gradient of the block's parameters
         misc_block_modulation_bwd(s.d_modulation, B, D, grads + bo.modulation, gm->d_e0, stream);
-        if (gm->overlap) {  // the side stream has the block's weight gradients; with this, all of its gradients
-            stream_after(gm, gm->side, stream);
-            grads_ready(gm, bo.first, bo.end - bo.first, gm->side);
-        } else {
-            grads_ready(gm, bo.first, bo.end - bo.first, stream);
-        }
+        grads_ready(gm, bo.first, bo.end - bo.first, stream);
     }
 
     // embeddings: d_x is now the gradient of the patch embedding's output
@@ -1063,6 +991,31 @@ size_t gpu_model_workspace_bytes(const model *host_model, int64_t max_tokens, in
     return gpu_model_workspace_bytes_with_recompute(host_model, max_tokens, max_samples, max_text, GPU_RECOMPUTE_NONE);
 }
 
+namespace {
+
+// The model's GEMM and cuDNN contexts, on the current GPU (the model's).
+void make_contexts(gpu_model *gm, int gemm_autotune, int attention_autotune)
+{
+    gm->gemm = gemm_create(gemm_autotune, 1);
+#ifdef HAVE_CUDNN
+    gm->cudnn = attention_cudnn_create(attention_autotune, 0);
+#else
+    (void)attention_autotune;
+#endif
+}
+
+void free_contexts(gpu_model *gm)
+{
+    gemm_free(gm->gemm);
+    gm->gemm = nullptr;
+#ifdef HAVE_CUDNN
+    attention_cudnn_free(gm->cudnn);
+    gm->cudnn = nullptr;
+#endif
+}
+
+} // namespace
+
 gpu_model *gpu_model_create_with_recompute(const model *host_model, int64_t max_tokens, int max_samples,
                                            int64_t max_text, gpu_recompute recompute)
 {
@@ -1097,16 +1050,8 @@ gpu_model *gpu_model_create_with_recompute(const model *host_model, int64_t max_
     gm->grid_height = gm->grid_frames + max_samples;
     gm->grid_width = gm->grid_frames + 2 * (size_t)max_samples;
     gm->timesteps_host = static_cast<float *>(xmalloc((size_t)max_samples * sizeof(float)));
+    make_contexts(gm, 0, 0);
     gpu_model_set_attention(gm, GPU_ATTENTION_AUTO, 0);
-    gm->cudnn_whole_tiles = 1;
-    int least_priority = 0, greatest_priority = 0;
-    CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least_priority, &greatest_priority));
-    CUDA_CHECK(cudaStreamCreateWithPriority(&gm->crit, cudaStreamNonBlocking, greatest_priority));
-    CUDA_CHECK(cudaStreamCreateWithPriority(&gm->side, cudaStreamNonBlocking, least_priority));
-    CUDA_CHECK(cudaEventCreateWithFlags(&gm->crit_mark, cudaEventDisableTiming));
-    CUDA_CHECK(cudaEventCreateWithFlags(&gm->side_mark, cudaEventDisableTiming));
-    for (cudaEvent_t &event : gm->read_done) CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
-    gm->overlap = 0;  // see gpu_model_set_overlap
     return gm;
 }
 
@@ -1134,7 +1079,7 @@ int gpu_model_set_attention(gpu_model *gm, gpu_attention_choice choice, int64_t 
     gm->cudnn_min_tokens = min_cudnn_tokens > 0 ? min_cudnn_tokens : GPU_ATTENTION_CUDNN_MIN_TOKENS;
     gm->use_cudnn = 0;
 #ifdef HAVE_CUDNN
-    if (choice != GPU_ATTENTION_OWN) gm->use_cudnn = attention_cudnn_available(gm->num_heads, gm->head_dim);
+    if (choice != GPU_ATTENTION_OWN) gm->use_cudnn = attention_cudnn_available(gm->cudnn, gm->num_heads, gm->head_dim);
     if (choice == GPU_ATTENTION_CUDNN && !gm->use_cudnn)
         ALDIT_FATAL_CODE(ALDIT_EXIT_USAGE, "[train] attention = cudnn, but cuDNN attention is not available for %d "
                          "heads of head_dim %d on this GPU (the warning above says why); use auto or own",
@@ -1152,26 +1097,16 @@ double gpu_model_enqueue_seconds(const gpu_model *gm)
     return gm->enqueue_seconds;
 }
 
-void gpu_model_set_cudnn_whole_tiles(gpu_model *gm, int whole_tiles)
+void gpu_model_set_autotune(gpu_model *gm, int gemm_autotune, int attention_autotune)
 {
-    gm->cudnn_whole_tiles = whole_tiles != 0;
-}
-
-void gpu_model_set_overlap(gpu_model *gm, int overlap)
-{
-    gm->overlap = overlap != 0;
+    free_contexts(gm);
+    make_contexts(gm, gemm_autotune, attention_autotune);
 }
 
 void gpu_model_free(gpu_model *gm)
 {
     if (!gm) return;
-    CUDA_CHECK(cudaStreamSynchronize(gm->crit));
-    CUDA_CHECK(cudaStreamSynchronize(gm->side));
-    CUDA_CHECK(cudaStreamDestroy(gm->crit));
-    CUDA_CHECK(cudaStreamDestroy(gm->side));
-    CUDA_CHECK(cudaEventDestroy(gm->crit_mark));
-    CUDA_CHECK(cudaEventDestroy(gm->side_mark));
-    for (cudaEvent_t event : gm->read_done) CUDA_CHECK(cudaEventDestroy(event));
+    free_contexts(gm);
     CUDA_CHECK(cudaFree(gm->master));
     CUDA_CHECK(cudaFree(gm->grads));
     CUDA_CHECK(cudaFree(gm->working));
@@ -1237,14 +1172,7 @@ double gpu_model_forward_backward(gpu_model *gm, const model_batch *batch, float
     clock_gettime(CLOCK_MONOTONIC, &queue_start);
     const batch_dims dims = stage_batch(gm, batch, stream);
     forward(gm, dims, grad_scale, stream);
-    if (gm->overlap) {  // the backward on crit (and side), then `stream` after both
-        stream_after(gm, gm->crit, stream);
-        backward(gm, dims, gm->crit);
-        join_side(gm, gm->crit);
-        stream_after(gm, stream, gm->crit);
-    } else {
-        backward(gm, dims, stream);
-    }
+    backward(gm, dims, stream);
     clock_gettime(CLOCK_MONOTONIC, &queue_end);
     gm->enqueue_seconds = (double)(queue_end.tv_sec - queue_start.tv_sec) + 1e-9 * (queue_end.tv_nsec - queue_start.tv_nsec);
     CUDA_CHECK(cudaMemcpyAsync(gm->loss_pinned, gm->sample_loss, (size_t)dims.n_samples * sizeof(float),

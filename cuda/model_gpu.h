@@ -73,20 +73,12 @@ size_t gpu_model_workspace_bytes(const model *host_model, int64_t max_tokens, in
 typedef enum { GPU_ATTENTION_AUTO, GPU_ATTENTION_CUDNN, GPU_ATTENTION_OWN } gpu_attention_choice;
 #define GPU_ATTENTION_CUDNN_MIN_TOKENS 1024
 int gpu_model_set_attention(gpu_model *gm, gpu_attention_choice choice, int64_t min_cudnn_tokens);
-/* Whether cuDNN runs the self-attention of a micro-batch's last sample over whole tiles of
-   ATTENTION_CUDNN_TILE rows, zero-padded (attention_cudnn_fwd_padded: faster where its length is not a
-   multiple of the tile; the default, 1), or over exactly its rows (0; for comparisons). */
-void gpu_model_set_cudnn_whole_tiles(gpu_model *gm, int whole_tiles);
-/* Whether the backward runs the blocks' weight gradients (their GEMMs and bias sums) on a stream of the least
-   priority beside the rest, which then runs on one of the greatest (1): they are off the path from one block's
-   input gradient to the next, so they can fill what the rest leaves idle (attention's and the GEMMs' last waves,
-   the memory-bound kernels). 0 (the default) runs everything in order on the caller's stream. Measured on an
-   H200 (docs/PERFORMANCE.md, session 6): a Wan-1.3B block at 4096 tokens 0.06-0.5 ms faster with it, at 16,384
-   within the noise, at 75,600 with GEMM autotuning 10 ms (4%) slower — hence off by default. Either way
-   gpu_model_forward_backward returns with all its work ordered before what comes next on its stream, the
-   results are the same to the bit, and the gradient ranges are reported ready (gpu_model_set_grads_ready) on a
-   stream that has all their writes. */
-void gpu_model_set_overlap(gpu_model *gm, int overlap);
+/* Autotuning ([train] autotune sets both; off at gpu_model_create): whether the model's GEMMs (gemm_create's
+   autotune) and its cuDNN attention (attention_cudnn_create's) time their candidate configurations on first use and
+   keep the fastest. Drops the plans built so far (set it before the first step). cuDNN runs the self-attention of a micro-batch's last
+   sample over whole tiles of ATTENTION_CUDNN_TILE rows, zero-padded (attention_cudnn_fwd_padded), and the
+   backward runs in order on the caller's stream. */
+void gpu_model_set_autotune(gpu_model *gm, int gemm_autotune, int attention_autotune);
 /* Host seconds the last gpu_model_forward_backward call spent queuing its work (staging the batch, every
    launch), before it waited for the GPU: where this approaches the GPU's time the step is launch-bound. */
 double gpu_model_enqueue_seconds(const gpu_model *gm);
@@ -104,7 +96,8 @@ void gpu_model_set_grads_ready(gpu_model *gm, gpu_grads_ready_fn ready, void *co
 void gpu_model_grads_ready_all(const gpu_model *gm, cudaStream_t stream);
 
 gpu_model_buffers gpu_model_get_buffers(const gpu_model *gm);
-/* Device bytes this model holds: weights, bf16 copies, gradients and the workspace (not cuBLASLt's). */
+/* Device bytes this model holds: weights, bf16 copies, gradients and the workspace (not its cuBLASLt and cuDNN
+   contexts'). */
 size_t gpu_model_device_bytes(const gpu_model *gm);
 
 /* Host fp32 weights [n_weights] -> master and bf16 copies. Synchronous. */

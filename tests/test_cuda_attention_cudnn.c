@@ -31,6 +31,7 @@ static const double kTolerance = 1e-2; /* relative error ||gpu - cpu|| / ||cpu||
 static const double kNearZeroBound = 1e-6; /* the error's bound where the reference is ~0 */
 
 static uint64_t g_seed = 0xc0d2a77e2026ull;
+static attention_cudnn *g_cudnn; /* the context the checks run through (main: autotuning off) */
 
 /* [rows, heads] <-> [heads, rows] (attention.h's lse vs cuDNN's stats). */
 static void transpose(const float *in, int64_t rows, int cols, float *out)
@@ -69,7 +70,7 @@ static void check_padded_self(const gpu_bf16 *q_bits, const gpu_bf16 *k_bits, co
 
     gpu_bf16 *d_out = device_poisoned(n_padded * sizeof(gpu_bf16));
     float *d_stats = device_poisoned(n_stats * sizeof(float));
-    attention_cudnn_fwd_padded(device[0], device[1], device[2], seq_len, padded, num_heads, head_dim, d_out, d_stats, 0);
+    attention_cudnn_fwd_padded(g_cudnn, device[0], device[1], device[2], seq_len, padded, num_heads, head_dim, d_out, d_stats, 0);
     float *got = download_bf16(d_out, n);
     expect_close("attention_cudnn padded forward out", name, got, out_ref, n, kTolerance, kNearZeroBound);
     free(got);
@@ -88,7 +89,7 @@ static void check_padded_self(const gpu_bf16 *q_bits, const gpu_bf16 *k_bits, co
     free(stats_ref);
     gpu_bf16 *grads[3];
     for (int i = 0; i < 3; ++i) grads[i] = device_poisoned(n_padded * sizeof(gpu_bf16));
-    attention_cudnn_bwd_padded(device[0], device[1], device[2], device[4], device[3], d_stats_ref, seq_len, padded,
+    attention_cudnn_bwd_padded(g_cudnn, device[0], device[1], device[2], device[4], device[3], d_stats_ref, seq_len, padded,
                                num_heads, head_dim, grads[0], grads[1], grads[2], 0);
     const char *names[3] = {"attention_cudnn padded backward dq", "attention_cudnn padded backward dk",
                             "attention_cudnn padded backward dv"};
@@ -148,9 +149,9 @@ static void check_shape(int64_t seq_len_q, int64_t seq_len_kv, int num_heads, in
     float *d_stats = device_poisoned(stats_bytes);
 
     if (self)
-        attention_cudnn_fwd(d_q, d_k, d_v, seq_len_q, num_heads, head_dim, d_out, d_stats, 0);
+        attention_cudnn_fwd(g_cudnn, d_q, d_k, d_v, seq_len_q, num_heads, head_dim, d_out, d_stats, 0);
     else
-        attention_cudnn_cross_fwd(d_q, d_k, d_v, seq_len_q, seq_len_kv, num_heads, head_dim, d_out, d_stats, 0);
+        attention_cudnn_cross_fwd(g_cudnn, d_q, d_k, d_v, seq_len_q, seq_len_kv, num_heads, head_dim, d_out, d_stats, 0);
     float *got = download_bf16(d_out, n_q);
     expect_close("attention_cudnn forward out", case_name, got, out_ref, n_q, kTolerance, kNearZeroBound);
     free(got);
@@ -167,10 +168,10 @@ static void check_shape(int64_t seq_len_q, int64_t seq_len_kv, int num_heads, in
         device_poison(d_dk, kv_bytes);
         device_poison(d_dv, kv_bytes);
         if (self)
-            attention_cudnn_bwd(d_q, d_k, d_v, d_out_ref, d_dout, d_stats_ref, seq_len_q, num_heads, head_dim, d_dq,
+            attention_cudnn_bwd(g_cudnn, d_q, d_k, d_v, d_out_ref, d_dout, d_stats_ref, seq_len_q, num_heads, head_dim, d_dq,
                                 d_dk, d_dv, 0);
         else
-            attention_cudnn_cross_bwd(d_q, d_k, d_v, d_out_ref, d_dout, d_stats_ref, seq_len_q, seq_len_kv, num_heads,
+            attention_cudnn_cross_bwd(g_cudnn, d_q, d_k, d_v, d_out_ref, d_dout, d_stats_ref, seq_len_q, seq_len_kv, num_heads,
                                       head_dim, d_dq, d_dk, d_dv, 0);
         const gpu_bf16 *outputs[3] = {d_dq, d_dk, d_dv};
         const float *wants[3] = {dq_ref, dk_ref, dv_ref};
@@ -205,9 +206,9 @@ static void check_shape(int64_t seq_len_q, int64_t seq_len_kv, int num_heads, in
 static void test_available(void **state)
 {
     (void)state;
-    assert_int_equal(attention_cudnn_available(2, 64), 1);
-    assert_int_equal(attention_cudnn_available(12, 128), 1);
-    assert_int_equal(attention_cudnn_available(12, 128), 1); /* remembered */
+    assert_int_equal(attention_cudnn_available(g_cudnn, 2, 64), 1);
+    assert_int_equal(attention_cudnn_available(g_cudnn, 12, 128), 1);
+    assert_int_equal(attention_cudnn_available(g_cudnn, 12, 128), 1); /* remembered */
 }
 
 static void test_head_dim_64(void **state)
@@ -352,14 +353,14 @@ typedef struct {
 static void cudnn_forward(void *context)
 {
     speed_case *c = context;
-    attention_cudnn_cross_fwd(c->q, c->k, c->v, c->q_rows, c->kv_rows, c->num_heads, c->head_dim, c->out[0], c->stats,
+    attention_cudnn_cross_fwd(g_cudnn, c->q, c->k, c->v, c->q_rows, c->kv_rows, c->num_heads, c->head_dim, c->out[0], c->stats,
                               0);
 }
 
 static void cudnn_backward(void *context)
 {
     speed_case *c = context;
-    attention_cudnn_cross_bwd(c->q, c->k, c->v, c->out[0], c->dout, c->stats, c->q_rows, c->kv_rows, c->num_heads,
+    attention_cudnn_cross_bwd(g_cudnn, c->q, c->k, c->v, c->out[0], c->dout, c->stats, c->q_rows, c->kv_rows, c->num_heads,
                               c->head_dim, c->dq[0], c->dk[0], c->dv[0], 0);
 }
 
@@ -448,8 +449,8 @@ static void run_speed(int64_t q_rows, int64_t kv_rows)
 static void test_autotune(void **state)
 {
     (void)state;
-    attention_cudnn_release();
-    attention_cudnn_set_autotune(1, 256);
+    attention_cudnn *untuned = g_cudnn;
+    g_cudnn = attention_cudnn_create(1, 256);
     check_shape(300, 300, 4, 128);
     check_shape(400, 400, 3, 128);
     check_shape(1024, 1024, 2, 64);
@@ -457,15 +458,15 @@ static void test_autotune(void **state)
     size_t size = 0;
     FILE *out = open_memstream(&report, &size);
     assert_non_null(out);
-    attention_cudnn_tuning_report(out);
+    attention_cudnn_tuning_report(g_cudnn, out);
     fclose(out);
     printf("# %s", report);
     int lines = 0;
     for (const char *line = strstr(report, "cuDNN "); line; line = strstr(line + 1, "cuDNN ")) ++lines;
     assert_true(lines >= 2); /* some class may have had no candidate that builds: then it has no line */
     free(report);
-    attention_cudnn_set_autotune(ATTENTION_CUDNN_AUTOTUNE_DEFAULT, 0);
-    attention_cudnn_release();
+    attention_cudnn_free(g_cudnn);
+    g_cudnn = untuned;
 }
 
 /* Self-attention at 16384 and 32760 tokens; cross-attention of 16384 and 75600 tokens to 512 text rows. */
@@ -476,13 +477,13 @@ static void test_speed(void **state)
     run_speed(32760, 32760);
     run_speed(16384, 512);
     run_speed(75600, 512);
-    attention_cudnn_release();
 }
 
 int main(void)
 {
     /* Under make check (TAP) a skipped file is a "1..0 # SKIP" plan with status 0; run by hand: 77. */
     if (gpu_count() == 0) return skip_test_program("no GPU visible (cudaGetDeviceCount found none)");
+    g_cudnn = attention_cudnn_create(0, 0);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_available),
         cmocka_unit_test(test_head_dim_64),
@@ -494,7 +495,9 @@ int main(void)
         cmocka_unit_test(test_speed),
         cmocka_unit_test(test_cross_short_text),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    const int failed = cmocka_run_group_tests(tests, NULL, NULL);
+    attention_cudnn_free(g_cudnn);
+    return failed;
 }
 
 #else /* built without CUDA or cuDNN */

@@ -53,6 +53,9 @@ static const shape kWanAttn = {"Wan-1.3B attention projection: 1000 rows, 1536 -
 
 static uint64_t g_seed = 0x6e6d6d5eedull;
 static cudaStream_t g_stream = 0; /* the stream every GPU call of the checks goes on */
+/* The contexts the checks run through: [0] plain GEMMs + gemm.cu's own epilogue kernels (the path of shapes without
+   a fused algorithm), [1] cuBLASLt's fused epilogues (the model's). main makes them with autotuning on. */
+static gemm_context *g_gemm[2];
 
 /* Host tensor of uniform values with standard deviation `spread`, rounded to bf16, and its bf16 bits. */
 static float *random_uniform_bf16(size_t n, double spread, gpu_bf16 **bits)
@@ -87,7 +90,7 @@ static float *gather_rows(const float *matrix, int cols, const int64_t *index, i
 
 static void case_name_of(char *text, size_t capacity, const shape *s, const char *detail, int fused)
 {
-    static const char *const paths[] = {"own kernels", "fused epilogues", "fused epilogues but the bias gradient"};
+    static const char *const paths[] = {"own kernels", "fused epilogues"};
     snprintf(text, capacity, "%s, %s, %s", s->name, detail, paths[fused]);
 }
 
@@ -115,14 +118,13 @@ static void check_forward(const shape *s, gemm_epilogue epilogue)
     gpu_bf16 *d_x = device_upload(x_bits, n_x * sizeof *x_bits), *d_w = device_upload(w_bits, n_w * sizeof *w_bits);
     gpu_bf16 *d_b = device_upload(b_bits, (size_t)out * sizeof *b_bits);
     static const char *const names[] = {"no epilogue", "bias", "bias + GELU"};
-    for (int fused = GEMM_FUSED_BUT_BIAS_GRAD; fused >= GEMM_FUSED_NONE; --fused) {
+    for (int fused = 1; fused >= 0; --fused) {
         char case_name[200];
         case_name_of(case_name, sizeof case_name, s, names[epilogue], fused);
-        gemm_set_fused_epilogues((gemm_fusion)fused);
         gpu_bf16 *d_y = device_poisoned(n_y * sizeof *d_y);
         gpu_bf16 *d_pre = gelu ? device_poisoned(n_y * sizeof *d_pre) : NULL;
-        gemm_linear_fwd(d_x, rows, in, out, d_w, epilogue == GEMM_EPILOGUE_NONE ? NULL : d_b, epilogue, d_y, d_pre,
-                        g_stream);
+        gemm_linear_fwd(g_gemm[fused], d_x, rows, in, out, d_w, epilogue == GEMM_EPILOGUE_NONE ? NULL : d_b, epilogue,
+                        d_y, d_pre, g_stream);
         CUDA_CHECK(cudaDeviceSynchronize());
         float *got = download_bf16(d_y, n_y);
         expect_finite("gemm_linear_fwd y", case_name, got, n_y);
@@ -141,7 +143,6 @@ static void check_forward(const shape *s, gemm_epilogue epilogue)
         }
         CUDA_CHECK(cudaFree(d_y));
     }
-    gemm_set_fused_epilogues(GEMM_FUSION_DEFAULT);
     void *host[] = {x_bits, w_bits, b_bits, x, w, b, rows_checked, x_sub, pre_ref, y_ref};
     void *device[] = {d_x, d_w, d_b};
     free_host_buffers(host, sizeof host / sizeof *host);
@@ -181,14 +182,14 @@ static void check_backward_data(const shape *s, int with_gelu, int accumulate)
 
     gpu_bf16 *d_dy = device_upload(dy_bits, n_y * sizeof *dy_bits), *d_w = device_upload(w_bits, n_w * sizeof *w_bits);
     gpu_bf16 *d_gin = device_upload(gin_bits, (with_gelu ? n_x : 0) * sizeof *gin_bits);
-    for (int fused = GEMM_FUSED_BUT_BIAS_GRAD; fused >= GEMM_FUSED_NONE; --fused) {
+    for (int fused = 1; fused >= 0; --fused) {
         char case_name[200];
         case_name_of(case_name, sizeof case_name, s,
                      with_gelu ? "GELU gradient" : accumulate ? "added into dx" : "plain", fused);
-        gemm_set_fused_epilogues((gemm_fusion)fused);
         gpu_bf16 *d_dx =
             accumulate ? device_upload(dx0_bits, n_x * sizeof *dx0_bits) : device_poisoned(n_x * sizeof *d_dx);
-        gemm_linear_bwd_data(d_dy, rows, in, out, d_w, with_gelu ? d_gin : NULL, d_dx, accumulate, g_stream);
+        gemm_linear_bwd_data(g_gemm[fused], d_dy, rows, in, out, d_w, with_gelu ? d_gin : NULL, d_dx, accumulate,
+                             g_stream);
         CUDA_CHECK(cudaDeviceSynchronize());
         float *got = download_bf16(d_dx, n_x);
         expect_finite("gemm_linear_bwd_data dx", case_name, got, n_x);
@@ -198,7 +199,6 @@ static void check_backward_data(const shape *s, int with_gelu, int accumulate)
         free(got), free(got_sub);
         CUDA_CHECK(cudaFree(d_dx));
     }
-    gemm_set_fused_epilogues(GEMM_FUSION_DEFAULT);
     void *host[] = {dy_bits, w_bits, gin_bits, dx0_bits, dy, w, gelu_input, dx0, rows_checked, w_t, dy_sub, dx_ref};
     void *device[] = {d_dy, d_w, d_gin};
     free_host_buffers(host, sizeof host / sizeof *host);
@@ -236,18 +236,17 @@ static void check_backward_weight(const shape *s, int with_bias, int accumulate)
     }
 
     gpu_bf16 *d_x = device_upload(x_bits, n_x * sizeof *x_bits), *d_dy = device_upload(dy_bits, n_y * sizeof *dy_bits);
-    for (int fused = GEMM_FUSED_BUT_BIAS_GRAD; fused >= GEMM_FUSED_NONE; --fused) {
+    for (int fused = 1; fused >= 0; --fused) {
         char case_name[200];
         case_name_of(case_name, sizeof case_name, s,
                      accumulate ? (with_bias ? "dW, db accumulated twice" : "dW accumulated twice")
                                 : (with_bias ? "dW, db overwritten" : "dW overwritten"), fused);
-        gemm_set_fused_epilogues((gemm_fusion)fused);
         float *d_dw = accumulate ? device_upload(dw0, n_w * sizeof *dw0) : device_poisoned(n_w * sizeof *d_dw);
         float *d_db = with_bias ? (accumulate ? device_upload(db0, (size_t)out * sizeof *db0)
                                               : device_poisoned((size_t)out * sizeof *d_db))
                                 : NULL;
         for (int call = 0; call < n_calls; ++call)
-            gemm_linear_bwd_weight(d_x, d_dy, rows, in, out, d_dw, d_db, accumulate, g_stream);
+            gemm_linear_bwd_weight(g_gemm[fused], d_x, d_dy, rows, in, out, d_dw, d_db, accumulate, g_stream);
         CUDA_CHECK(cudaDeviceSynchronize());
         float *got = download_f32(d_dw, n_w);
         expect_finite("gemm_linear_bwd_weight dweight", case_name, got, n_w);
@@ -265,7 +264,6 @@ static void check_backward_weight(const shape *s, int with_bias, int accumulate)
         }
         CUDA_CHECK(cudaFree(d_dw));
     }
-    gemm_set_fused_epilogues(GEMM_FUSION_DEFAULT);
     void *host[] = {x_bits, dy_bits, x, dy, dw0, db0, outs_checked, dy_cols, dw_ref, db_ref};
     void *device[] = {d_x, d_dy};
     free_host_buffers(host, sizeof host / sizeof *host);
@@ -319,9 +317,9 @@ static void test_empty_batch(void **state)
     float *dw0 = random_normal_f32(&g_seed, n_w, 0.0, 1.0), *db0 = random_normal_f32(&g_seed, (size_t)out, 0.0, 1.0);
     gpu_bf16 *d_w = device_poisoned(n_w * sizeof *d_w), *d_act = device_poisoned(16 * sizeof *d_act);
     float *d_dw = device_upload(dw0, n_w * sizeof *dw0), *d_db = device_upload(db0, (size_t)out * sizeof *db0);
-    gemm_linear_fwd(d_act, 0, in, out, d_w, d_w, GEMM_EPILOGUE_BIAS, d_act, NULL, g_stream);
-    gemm_linear_bwd_data(d_act, 0, in, out, d_w, NULL, d_act, 0, g_stream);
-    gemm_linear_bwd_weight(d_act, d_act, 0, in, out, d_dw, d_db, 1, g_stream);
+    gemm_linear_fwd(g_gemm[1], d_act, 0, in, out, d_w, d_w, GEMM_EPILOGUE_BIAS, d_act, NULL, g_stream);
+    gemm_linear_bwd_data(g_gemm[1], d_act, 0, in, out, d_w, NULL, d_act, 0, g_stream);
+    gemm_linear_bwd_weight(g_gemm[1], d_act, d_act, 0, in, out, d_dw, d_db, 1, g_stream);
     CUDA_CHECK(cudaDeviceSynchronize());
     float *got = download_f32(d_dw, n_w);
     assert_memory_equal(got, dw0, n_w * sizeof *got);
@@ -329,7 +327,7 @@ static void test_empty_batch(void **state)
     got = download_f32(d_db, (size_t)out);
     assert_memory_equal(got, db0, (size_t)out * sizeof *got);
     free(got);
-    gemm_linear_bwd_weight(d_act, d_act, 0, in, out, d_dw, d_db, 0, g_stream);
+    gemm_linear_bwd_weight(g_gemm[1], d_act, d_act, 0, in, out, d_dw, d_db, 0, g_stream);
     CUDA_CHECK(cudaDeviceSynchronize());
     got = download_f32(d_dw, n_w);
     for (size_t i = 0; i < n_w; ++i) assert_true(got[i] == 0.0f);
@@ -365,17 +363,17 @@ static void test_stats_and_plan_cache(void **state)
     CUDA_CHECK(cudaMemset(d_w, 0, (size_t)out * in * 2));
     CUDA_CHECK(cudaMemset(d_b, 0, (size_t)out * 2));
     gemm_stats start, before, after;
-    gemm_get_stats(&start);
-    gemm_linear_fwd(d_x, rows, in, out, d_w, d_b, GEMM_EPILOGUE_BIAS, d_y, NULL, g_stream);
-    gemm_get_stats(&before);
+    gemm_get_stats(g_gemm[1], &start);
+    gemm_linear_fwd(g_gemm[1], d_x, rows, in, out, d_w, d_b, GEMM_EPILOGUE_BIAS, d_y, NULL, g_stream);
+    gemm_get_stats(g_gemm[1], &before);
     assert_int_equal(before.gemms, start.gemms + 1);
     assert_true(before.flops - start.flops == gemm_linear_flops(rows, in, out));
-    gemm_linear_fwd(d_x, rows, in, out, d_w, d_b, GEMM_EPILOGUE_BIAS, d_y, NULL, g_stream);
-    gemm_get_stats(&after);
+    gemm_linear_fwd(g_gemm[1], d_x, rows, in, out, d_w, d_b, GEMM_EPILOGUE_BIAS, d_y, NULL, g_stream);
+    gemm_get_stats(g_gemm[1], &after);
     assert_int_equal(after.gemms, before.gemms + 1);
     assert_int_equal(after.heuristic_queries, before.heuristic_queries);
-    gemm_linear_fwd(d_x, rows - 1, in, out, d_w, d_b, GEMM_EPILOGUE_BIAS, d_y, NULL, g_stream);
-    gemm_get_stats(&after);
+    gemm_linear_fwd(g_gemm[1], d_x, rows - 1, in, out, d_w, d_b, GEMM_EPILOGUE_BIAS, d_y, NULL, g_stream);
+    gemm_get_stats(g_gemm[1], &after);
     assert_int_equal(after.heuristic_queries, before.heuristic_queries + 1);
     CUDA_CHECK(cudaDeviceSynchronize());
     float *got = download_bf16(d_y, (size_t)rows * out);
@@ -402,51 +400,61 @@ static void test_two_streams(void **state)
     for (int i = 0; i < 2; ++i) CUDA_CHECK(cudaStreamDestroy(streams[i]));
 }
 
-/* With autotuning off (the default; main turns it on for the tests above), the heuristic's first algorithms give
-   the same results within tolerance, and no plan is timed. */
+/* With autotuning off (gemm_create's autotune = 0, as in a default run; main turns it on for the tests above), the
+   heuristic's first algorithms give the same results within tolerance, and no plan is timed. */
 static void test_autotune_off(void **state)
 {
     (void)state;
-    gemm_stats before, after;
-    gemm_set_autotune(0);
-    gemm_release(); /* plans built so far were tuned */
-    gemm_get_stats(&before);
+    gemm_context *tuned[2] = {g_gemm[0], g_gemm[1]};
+    for (int fused = 0; fused < 2; ++fused) g_gemm[fused] = gemm_create(0, fused);
     check_forward(&kWanAttn, GEMM_EPILOGUE_BIAS);
     check_backward_data(&kWanDown, 1, 0);
     check_backward_weight(&kWanAttn, 1, 1);
-    gemm_get_stats(&after);
-    assert_int_equal(after.tuned, before.tuned);
-    assert_true(after.heuristic_queries > before.heuristic_queries);
-    gemm_set_autotune(1);
+    for (int fused = 0; fused < 2; ++fused) {
+        gemm_stats stats;
+        gemm_get_stats(g_gemm[fused], &stats);
+        assert_int_equal(stats.tuned, 0);
+        assert_true(stats.heuristic_queries > 0);
+        gemm_free(g_gemm[fused]);
+        g_gemm[fused] = tuned[fused];
+    }
 }
 
 /* A TAP comment on which path cuBLASLt took (fused epilogues it had no algorithm for fall back to the own kernels,
-   which the tests above check too), then everything released. */
-static void test_report_and_release(void **state)
+   which the tests above check too), the counters reset, then the contexts freed. */
+static void test_report_and_free(void **state)
 {
     (void)state;
-    gemm_stats stats;
-    gemm_get_stats(&stats);
-    printf("# gemm: %lld cuBLASLt calls, %lld plans built, %lld calls without the fused epilogue they asked for; "
-           "%lld plans autotuned (%lld to another than the heuristic's first choice), %lld left untuned for want of "
-           "memory\n", (long long)stats.gemms, (long long)stats.heuristic_queries, (long long)stats.unfused,
-           (long long)stats.tuned, (long long)stats.tuned_not_first, (long long)stats.untuned);
-    gemm_release();
-    gemm_get_stats(&stats);
-    assert_int_equal(stats.gemms, 0);
+    for (int fused = 1; fused >= 0; --fused) {
+        gemm_stats stats;
+        gemm_get_stats(g_gemm[fused], &stats);
+        printf("# gemm, %s: %lld cuBLASLt calls, %lld plans built, %lld calls without the fused epilogue they asked "
+               "for; %lld plans autotuned (%lld to another than the heuristic's first choice), %lld left untuned for "
+               "want of memory\n", fused ? "fused epilogues" : "own kernels", (long long)stats.gemms,
+               (long long)stats.heuristic_queries, (long long)stats.unfused, (long long)stats.tuned,
+               (long long)stats.tuned_not_first, (long long)stats.untuned);
+        assert_true(stats.gemms > 0);
+        assert_true(fused || stats.unfused == 0);
+        gemm_reset_stats(g_gemm[fused]);
+        gemm_get_stats(g_gemm[fused], &stats);
+        assert_int_equal(stats.gemms, 0);
+        gemm_free(g_gemm[fused]);
+        g_gemm[fused] = NULL;
+    }
 }
 
 int main(void)
 {
     /* Under make check (TAP) a skipped file is a "1..0 # SKIP" plan with status 0; run by hand: 77. */
     if (gpu_count() == 0) return skip_test_program("no GPU visible (cudaGetDeviceCount found none)");
-    gemm_set_autotune(1); /* the tuned plans are the ones to check; test_autotune_off checks the heuristic's first */
+    /* the tuned plans are the ones to check; test_autotune_off checks the heuristic's first */
+    for (int fused = 0; fused < 2; ++fused) g_gemm[fused] = gemm_create(1, fused);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_supported_shapes), cmocka_unit_test(test_small_shapes),
         cmocka_unit_test(test_wan_ffn),          cmocka_unit_test(test_wan_attention),
         cmocka_unit_test(test_empty_batch),      cmocka_unit_test(test_stats_and_plan_cache),
-        cmocka_unit_test(test_two_streams),      cmocka_unit_test(test_report_and_release),
-        cmocka_unit_test(test_autotune_off),
+        cmocka_unit_test(test_two_streams),      cmocka_unit_test(test_autotune_off),
+        cmocka_unit_test(test_report_and_free),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

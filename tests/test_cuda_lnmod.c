@@ -258,35 +258,27 @@ static void test_many_samples(void **state)
     }
 }
 
-/* What lnmod_fwd_plan_for reports under `tuning` for rows of `dim`: the register kernel exactly where the tuning
-   asks for it, else the staged kernel with 1 to the requested stages (1 for the default, 0); a row group of 32 to
-   256 threads that covers the row, each thread holding at most the tuning's limit of vectors (4 in the plain
-   staged forward and 8 elsewhere by default; up to 4 in 256-thread groups, which take any row), and no narrower
-   group would do. */
-static void check_plan(const lnmod_tuning *tuning, int dim, int residual)
+/* What lnmod_fwd_plan_for reports for rows of `dim`: the staged kernel with 1 stage (the register kernel only on a
+   device whose block shared memory cannot hold that stage, not an H100/H200); a row group of 32 to 256 threads
+   that covers the row, each thread holding at most 4 vectors in the plain forward and 8 in the residual one (up to
+   4 in 256-thread groups, which take any row), and no narrower group would do. */
+static void check_plan(int dim, int residual)
 {
     const lnmod_fwd_plan plan = lnmod_fwd_plan_for(dim, residual);
-    const int requested = residual ? tuning->residual_fwd_stages : tuning->fwd_stages;
     const char *what = residual ? "residual_fwd" : "fwd";
-    if (requested < 0) {
-        if (plan.stages != LNMOD_FWD_REGISTER_KERNEL)
-            fail_msg("%s plan (D=%d): %d stages, the register kernel was asked for", what, dim, plan.stages);
-    } else if (plan.stages < 1 || plan.stages > (requested == 0 ? 1 : requested)) {
-        fail_msg("%s plan (D=%d): %d stages for %d asked", what, dim, plan.stages, requested);
-    }
-    const int default_limit = !residual && requested >= 0 ? 4 : 8;
-    const int limit = tuning->max_vpt_fwd <= 0 ? default_limit : tuning->max_vpt_fwd < 8 ? tuning->max_vpt_fwd : 8;
+    if (plan.stages != 1 && plan.stages != LNMOD_FWD_REGISTER_KERNEL)
+        fail_msg("%s plan (D=%d): %d stages, want 1 (or the register kernel)", what, dim, plan.stages);
+    const int limit = residual ? 8 : 4;
     const int tpr = plan.threads_per_row, vpt = plan.vectors_per_thread, nvec = dim / 8;
     /* (the last test: half as many threads would hold at most `limit` vectors each) */
     if ((tpr != 32 && tpr != 64 && tpr != 128 && tpr != 256) || vpt < 1 || (vpt - 1) * tpr >= nvec ||
-        tpr * vpt < nvec || vpt > (tpr == 256 ? (limit > 4 ? limit : 4) : limit) ||
-        (tpr > 32 && (nvec + tpr / 2 - 1) / (tpr / 2) <= limit))
+        tpr * vpt < nvec || vpt > (tpr == 256 ? 4 : limit) || (tpr > 32 && (nvec + tpr / 2 - 1) / (tpr / 2) <= limit))
         fail_msg("%s plan (D=%d, limit %d): %d threads x %d vectors", what, dim, limit, tpr, vpt);
 }
 
-/* The defaults: the staged kernel with 1 stage for both forwards, the plain one at most 4 vectors a thread, the
-   residual one 8 (lnmod.h); also what lnmod_tune(NULL) restores after another setting. */
-static void test_default_plans(void **state)
+/* The Wan widths' plans (lnmod.h): the staged kernel with 1 stage for both forwards, the plain one at most 4
+   vectors a thread, the residual one 8; and the rules of check_plan at other widths. */
+static void test_plans(void **state)
 {
     (void)state;
     static const struct {
@@ -296,56 +288,19 @@ static void test_default_plans(void **state)
         {1536, 0, {1, 64, 3}}, {3072, 0, {1, 128, 3}}, {5120, 0, {1, 256, 3}},
         {1536, 1, {1, 32, 6}}, {3072, 1, {1, 64, 6}},  {5120, 1, {1, 128, 5}},
     };
-    const lnmod_tuning registers = {0, 0, 0, 0, 0, LNMOD_FWD_REGISTER_KERNEL, LNMOD_FWD_REGISTER_KERNEL};
-    for (int round = 0; round < 2; ++round) {
-        for (size_t k = 0; k < sizeof expected / sizeof expected[0]; ++k) {
-            const lnmod_fwd_plan got = lnmod_fwd_plan_for(expected[k].dim, expected[k].residual);
-            if (memcmp(&got, &expected[k].plan, sizeof got) != 0)
-                fail_msg("default %s plan (D=%d, %s): %d stages, %d threads x %d vectors (want %d, %d x %d)",
-                         expected[k].residual ? "residual_fwd" : "fwd", expected[k].dim,
-                         round ? "after lnmod_tune(NULL)" : "at start", got.stages, got.threads_per_row,
-                         got.vectors_per_thread, expected[k].plan.stages, expected[k].plan.threads_per_row,
-                         expected[k].plan.vectors_per_thread);
-        }
-        /* The register kernel, at its own default of 8 vectors a thread (the library's default before). */
-        lnmod_tune(&registers);
-        const lnmod_fwd_plan plain = lnmod_fwd_plan_for(1536, 0), residual = lnmod_fwd_plan_for(1536, 1);
-        assert_int_equal(plain.stages, LNMOD_FWD_REGISTER_KERNEL);
-        assert_int_equal(residual.stages, LNMOD_FWD_REGISTER_KERNEL);
-        assert_int_equal(plain.threads_per_row, 32);
-        assert_int_equal(plain.vectors_per_thread, 6);
-        lnmod_tune(NULL);
+    for (size_t k = 0; k < sizeof expected / sizeof expected[0]; ++k) {
+        const lnmod_fwd_plan got = lnmod_fwd_plan_for(expected[k].dim, expected[k].residual);
+        if (memcmp(&got, &expected[k].plan, sizeof got) != 0)
+            fail_msg("%s plan (D=%d): %d stages, %d threads x %d vectors (want %d, %d x %d)",
+                     expected[k].residual ? "residual_fwd" : "fwd", expected[k].dim, got.stages, got.threads_per_row,
+                     got.vectors_per_thread, expected[k].plan.stages, expected[k].plan.threads_per_row,
+                     expected[k].plan.vectors_per_thread);
     }
-}
-
-/* The tuning knobs against the CPU oracle: the register kernel (LNMOD_FWD_REGISTER_KERNEL; no longer the default)
-   at its default and lower vectors-per-thread limits (the other row-group shapes: 64 and 256 threads, fewer
-   vectors), with the chunked row order and streaming cache hints; the staged forwards at the defaults (zeros),
-   at 8 and at 1 vector a thread and with 1 to 3 stages (3 stages of the residual one at D = 8192 and 8 vectors do
-   not fit in shared memory: it falls back to fewer); one forward on each kernel. */
-static void test_tuning(void **state)
-{
-    (void)state;
-    enum { R = LNMOD_FWD_REGISTER_KERNEL };
-    static const lnmod_tuning tunings[] = {
-        {0, 0, 0, 0, 0, R, R}, {4, 4, 3, 1, 0, R, R}, {2, 2, 2, 0, 1, R, R}, {1, 1, 1, 1, 1, R, R},
-        {0, 0, 0, 0, 0, 0, 0}, {8, 0, 0, 0, 0, 1, 1}, {0, 0, 0, 0, 0, 2, 3}, {0, 0, 0, 1, 0, 3, 2},
-        {4, 4, 3, 0, 0, 2, 1}, {1, 1, 1, 1, 0, 1, 2}, {0, 0, 0, 0, 1, R, 0}, {0, 0, 0, 1, 0, 0, R},
-    };
-    static const int dims[] = {136, 1536, 3072, 5120, 8192};
-    for (size_t k = 0; k < sizeof tunings / sizeof tunings[0]; ++k) {
-        lnmod_tune(&tunings[k]);
-        for (size_t d = 0; d < sizeof dims / sizeof dims[0]; ++d) {
-            check_plan(&tunings[k], dims[d], 0);
-            check_plan(&tunings[k], dims[d], 1);
-            check_plain(&kSmallLayouts[1], dims[d]);
-            check_residual(&kSmallLayouts[2], dims[d], 0, 1);
-            if (dims[d] <= 1536) check_plain(&kLongLayouts[0], dims[d]);
-            if (dims[d] == 3072 && tunings[k].fwd_stages != R) check_plain(&kLongLayouts[1], dims[d]);
-            if (dims[d] == 3072 && tunings[k].residual_fwd_stages != R) check_residual(&kLongLayouts[1], dims[d], 1, 0);
-        }
+    static const int dims[] = {8, 64, 136, 1536, 2056, 3072, 5120, 8192};
+    for (size_t d = 0; d < sizeof dims / sizeof dims[0]; ++d) {
+        check_plan(dims[d], 0);
+        check_plan(dims[d], 1);
     }
-    lnmod_tune(NULL);
 }
 
 int main(void)
@@ -359,8 +314,7 @@ int main(void)
         cmocka_unit_test(test_plain_3072),    cmocka_unit_test(test_residual_3072),
         cmocka_unit_test(test_plain_5120),    cmocka_unit_test(test_residual_5120),
         cmocka_unit_test(test_plain_8192),    cmocka_unit_test(test_residual_8192),
-        cmocka_unit_test(test_many_samples),  cmocka_unit_test(test_default_plans),
-        cmocka_unit_test(test_tuning),
+        cmocka_unit_test(test_many_samples),  cmocka_unit_test(test_plans),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

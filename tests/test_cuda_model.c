@@ -229,21 +229,19 @@ static void four_layer_case(uint64_t seed, model *m, batch_spec *spec, host_batc
     make_batch(m, spec, seed + 1, hb);
 }
 
-/* recompute = block against none, and the backward with its weight gradients on a second stream
-   (gpu_model_set_overlap 1) against without, on the same weights and the 3-sample batch: the same kernels run on
-   the same inputs, so the losses and every gradient must be equal to the bit, and block mode's workspace is
-   smaller. 4 layers, so that middle blocks are re-run from their kept input. */
-static void test_recompute_and_overlap_match(void **state)
+/* recompute = block against none, on the same weights and the 3-sample batch: the same kernels run on the same
+   inputs, so the losses and every gradient must be equal to the bit, and block mode's workspace is smaller.
+   4 layers, so that middle blocks are re-run from their kept input. */
+static void test_recompute_match(void **state)
 {
     (void)state;
     model m;
     host_batch hb;
     batch_spec spec;
     four_layer_case(0x5eed0005ull, &m, &spec, &hb);
-    enum { kRuns = 3 };
-    const gpu_recompute modes[kRuns] = {GPU_RECOMPUTE_NONE, GPU_RECOMPUTE_BLOCK, GPU_RECOMPUTE_NONE};
-    const int overlap[kRuns] = {0, 0, 1};
-    const char *const names[kRuns] = {"recompute none", "recompute block", "recompute none, overlap"};
+    enum { kRuns = 2 };
+    const gpu_recompute modes[kRuns] = {GPU_RECOMPUTE_NONE, GPU_RECOMPUTE_BLOCK};
+    const char *const names[kRuns] = {"recompute none", "recompute block"};
     double loss[kRuns], sample_loss[kRuns][4];
     float *grads[kRuns];
     size_t workspace[kRuns];
@@ -251,7 +249,6 @@ static void test_recompute_and_overlap_match(void **state)
     for (int i = 0; i < kRuns; ++i) {
         workspace[i] = gpu_model_workspace_bytes_with_recompute(&m, 256, 4, 0, modes[i]);
         gpu_model *gm = gpu_model_create_with_recompute(&m, 256, 4, 0, modes[i]);
-        gpu_model_set_overlap(gm, overlap[i]);
         gpu_model_upload_weights(gm, m.weights);
         loss[i] = gpu_model_forward_backward(gm, &hb.batch, 1.0f / (float)spec.n_samples, sample_loss[i], 0);
         grads[i] = xmalloc((size_t)m.n_weights * sizeof(float));
@@ -312,9 +309,7 @@ static void record_ready(void *context, int64_t first, int64_t count, cudaStream
 /* The all-reduce overlaps the backward on the ranges gpu_model_set_grads_ready reports: each must be final
    when reported (its values then equal to the bit to those after the call), the ranges must cover every
    value once, the blocks come last block first, and gpu_model_grads_ready_all replays the same sequence.
-   Both recomputation modes (block mode re-runs a block's forward inside the next block's backward), and the
-   backward with its weight gradients on a second stream (gpu_model_set_overlap), which reports the blocks'
-   ranges on that stream. */
+   Both recomputation modes (block mode re-runs a block's forward inside the next block's backward). */
 static void test_grads_ready_ranges(void **state)
 {
     (void)state;
@@ -323,14 +318,12 @@ static void test_grads_ready_ranges(void **state)
     batch_spec spec;
     four_layer_case(0x5eed0007ull, &m, &spec, &hb);
     gpu_select(0);
-    enum { kRuns = 3 };
-    const gpu_recompute modes[kRuns] = {GPU_RECOMPUTE_NONE, GPU_RECOMPUTE_BLOCK, GPU_RECOMPUTE_NONE};
-    const int overlap[kRuns] = {0, 1, 1};
+    enum { kRuns = 2 };
+    const gpu_recompute modes[kRuns] = {GPU_RECOMPUTE_NONE, GPU_RECOMPUTE_BLOCK};
     float *final_grads = xmalloc((size_t)m.n_weights * sizeof(float));
     unsigned char *times_covered = xmalloc((size_t)m.n_weights);
     for (int i = 0; i < kRuns; ++i) {
         gpu_model *gm = gpu_model_create_with_recompute(&m, 256, 4, 0, modes[i]);
-        gpu_model_set_overlap(gm, overlap[i]);
         gpu_model_upload_weights(gm, m.weights);
         ready_record during = {.gm = gm, .snapshot = xmalloc((size_t)m.n_weights * sizeof(float))};
         gpu_model_set_grads_ready(gm, record_ready, &during);
@@ -346,9 +339,8 @@ static void test_grads_ready_ranges(void **state)
             }
         int64_t not_once = 0;
         for (int64_t j = 0; j < m.n_weights; ++j) not_once += times_covered[j] != 1;
-        printf("# grads ready, recompute %s, overlap %d: %d ranges; %lld values not covered exactly once, %lld changed "
-               "after their range was reported\n", modes[i] == GPU_RECOMPUTE_BLOCK ? "block" : "none", overlap[i],
-               during.n_ranges, (long long)not_once, (long long)changed_after_report);
+        printf("# grads ready, recompute %s: %d ranges; %lld values not covered exactly once, %lld changed after their "
+               "range was reported\n", modes[i] == GPU_RECOMPUTE_BLOCK ? "block" : "none", during.n_ranges, (long long)not_once, (long long)changed_after_report);
         if (not_once > 0) fail_msg("%lld gradient values not reported exactly once", (long long)not_once);
         if (changed_after_report > 0)
             fail_msg("%lld gradient values changed after their range was reported final", (long long)changed_after_report);
@@ -448,7 +440,7 @@ int main(void)
         cmocka_unit_test(test_packed_batch),
         cmocka_unit_test(test_sample_without_text),
         cmocka_unit_test(test_cudnn_attention),
-        cmocka_unit_test(test_recompute_and_overlap_match),
+        cmocka_unit_test(test_recompute_match),
         cmocka_unit_test(test_grads_ready_ranges),
         cmocka_unit_test(test_wan13b_block_timing),
     };

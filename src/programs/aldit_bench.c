@@ -7,6 +7,7 @@
 
 #include <cuda_profiler_api.h>
 
+#include <getopt.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -35,18 +36,13 @@ typedef struct {
     int dims[kMaxDims];
     int repeats;           /* timed groups; the median group is reported */
     int launches_per_group;
-    lnmod_tuning tuning;   /* zeros: the defaults */
     int n_seq;
     int64_t seq[kMaxSeq];  /* S: tokens of the one sample of the gemm, attention and block sections */
     int text_rows;         /* its text tokens */
-    int gemm_fused;        /* gemm_fusion: cuBLASLt's fused epilogues (1), all but the bias gradient (2), none (0) */
     int profile_step;      /* block: one more (1 + K)-layer step inside cudaProfilerStart/Stop, for a profiler */
     const char *attention_backends; /* --backends: comma-separated names of the attention backends to time */
-    int whole_tiles;       /* block: cuDNN runs the last sample's self-attention over whole tiles (gpu_model_set_cudnn_whole_tiles) */
-    int query_batches;     /* cuDNN's backward splits the query rows of few-key shapes (attention_cudnn_set_query_batches) */
-    int gemm_autotune;     /* cuBLASLt's candidates timed on each plan's first call (gemm_set_autotune) */
-    int attention_autotune; /* cuDNN's engine configurations timed once per size class (attention_cudnn_set_autotune) */
-    int overlap;           /* block: weight gradients on a stream beside the rest (gpu_model_set_overlap) */
+    int gemm_autotune;     /* cuBLASLt's candidates timed on each plan's first call (gemm_create) */
+    int attention_autotune; /* cuDNN's engine configurations timed once per size class (attention_cudnn_create) */
     int block_layers;      /* block: K, the blocks the deeper model has beyond the 1-layer one */
     const char *json_path;
 } bench_options;
@@ -55,39 +51,26 @@ static void usage(FILE *out)
 {
     fprintf(out,
             "usage: aldit-bench [--sections lnmod,gemm,attention,block] [--samples B] [--rows S] [--dims D1,D2,...]\n"
-            "                   [--repeats N] [--max-vpt F,B,R] [--fwd-order chunk|interleave] [--fwd-streaming 0|1]\n"
-            "                   [--fwd-stages P,R]\n"
-            "                   [--seq S1,S2,...] [--text-rows T] [--gemm-fused 0|1|2] [--profile-step 0|1]\n"
-            "                   [--backends own,cudnn,cudnn-tiles] [--whole-tiles 0|1] [--overlap 0|1]\n"
-            "                   [--block-layers K]\n"
-            "                   [--query-batches 0|1] [--gemm-autotune 0|1] [--attention-autotune 0|1] [--json FILE]\n"
+            "                   [--repeats N] [--seq S1,S2,...] [--text-rows T] [--profile-step 0|1]\n"
+            "                   [--backends own,cudnn,cudnn-tiles] [--block-layers K]\n"
+            "                   [--gemm-autotune 0|1] [--attention-autotune 0|1] [--json FILE]\n"
             "  Device copy bandwidth, then the sections (default lnmod,gemm):\n"
             "  lnmod: LayerNorm-Modulate (forward, backward, gated-residual variants) on B packed samples of S rows\n"
-            "    each (default B=2, S=32760, D=1536,3072,5120). --max-vpt, --fwd-order, --fwd-streaming and\n"
-            "    --fwd-stages set the kernels' tuning knobs (lnmod_tune in cuda/lnmod.h; 0 is each one's default).\n"
-            "    --fwd-stages P,R picks the plain / residual forward kernel: -1 the register kernel, 0 the default\n"
-            "    (the staged kernel, 1 stage), 1-3 the staged kernel with that many rows in flight. --max-vpt F,B,R:\n"
-            "    the most 16-byte vectors a thread holds in the forwards, the backward, the residual backward (0: 4\n"
-            "    in the plain staged forward, else 8; 5; 4). The kernel and row-group shape of each forward are\n"
+            "    each (default B=2, S=32760, D=1536,3072,5120). The kernel and row-group shape of each forward are\n"
             "    printed per D.\n"
             "  gemm: the cuBLASLt linear layers of one Wan-1.3B block (D=1536, FFN 8960) on one sample of S rows\n"
             "    (--seq, default S=4096,16384,32760,75600) and T text rows (default 512): forward, backward data and\n"
             "    backward weight (fp32 dW and db accumulated) in TFLOP/s, the block's GEMM sum, and an 8192^3\n"
-            "    reference. --gemm-fused (gemm_fusion in cuda/gemm.h; the block section follows it): 2 (default)\n"
-            "    cuBLASLt's epilogues but the bias gradients from aldit's own column sums, 1 all in cuBLASLt, 0 plain\n"
-            "    GEMMs + aldit's own epilogue kernels. --gemm-autotune 1 takes the fastest of cuBLASLt's candidates\n"
-            "    timed on first use instead of its first heuristic choice (gemm_set_autotune), for all sections.\n"
+            "    reference. --gemm-autotune 1 takes the fastest of cuBLASLt's candidates timed on first use instead\n"
+            "    of its first heuristic choice (gemm_create's autotune, [train] autotune), here and in the block.\n"
             "  attention: aldit's flash attention (cuda/attention.h) and, where built with it, cuDNN's fused SDPA\n"
             "    (cuda/attention_cudnn.h), forward and backward, 12 heads of 128, on one sample: self-attention\n"
             "    S x S and cross-attention S x T, in TFLOP/s; cudnn-tiles is cuDNN's self-attention over whole tiles of\n"
-            "    128 rows, zero-padded (the GPU model's default for a micro-batch's last sample). --backends (default all\n"
-            "    three) names the ones timed. --query-batches 0 turns off the split of the query rows in cuDNN's\n"
-            "    backward of few keys (cross-attention; attention_cudnn_set_query_batches), for all sections.\n"
-            "    --attention-autotune 1 takes the fastest of cuDNN's candidate engine configurations, timed once per\n"
-            "    size class, instead of its heuristic first (attention_cudnn_set_autotune; the tuned ones are listed).\n"
-            "  block: one Wan-1.3B block forward+backward (GPU model, recompute none; --whole-tiles 0 turns cuDNN's\n"
-            "    zero-padded whole tiles off, --overlap 1 puts the weight gradients on a stream of their own) on one\n"
-            "    sample of S tokens\n"
+            "    128 rows, zero-padded (what the GPU model runs for a micro-batch's last sample). --backends (default\n"
+            "    all three) names the ones timed. --attention-autotune 1 takes the fastest of cuDNN's candidate engine\n"
+            "    configurations, timed once per size class, instead of its heuristic first (attention_cudnn_create's\n"
+            "    autotune, [train] autotune; the tuned ones are listed), here and in the block.\n"
+            "  block: one Wan-1.3B block forward+backward (GPU model, recompute none) on one sample of S tokens\n"
             "    and T text tokens: ((1 + K)-layer model step - 1-layer model step) / K, the two steps timed in\n"
             "    turn (--block-layers K, default 8), against the floor of its GEMMs and attentions at the rates of\n"
             "    the gemm and attention sections (which it runs too). --profile-step 1 then runs one more\n"
@@ -95,6 +78,14 @@ static void usage(FILE *out)
             "    ncu --profile-from-start off --metrics gpu__time_duration.sum (each kernel's time in that step).\n"
             "  Short ops: N=21 timed groups of 10 launches; long ones (attention, block) fewer groups of 1 launch,\n"
             "  about 3-6 s per figure; medians reported. --json also writes the figures to FILE.\n");
+}
+
+/* A usage error: the message, then the usage on stderr, exit 2. */
+static void usage_error(const char *message, const char *option)
+{
+    fprintf(stderr, "aldit-bench: %s %s\n", message, option);
+    usage(stderr);
+    exit(ALDIT_EXIT_USAGE);
 }
 
 static long parse_long(const char *text, const char *option, long low, long high)
@@ -109,34 +100,52 @@ static long parse_long(const char *text, const char *option, long low, long high
 }
 
 /* K, the blocks the block section's deeper model adds: its figure grows with K while the deeper step's share at
-   the sustained (power-capped) clocks grows, and has settled by K = 8 (docs/PERFORMANCE.md, session 7). */
+   the sustained (power-capped) clocks grows, and has settled by K = 8 (docs/PERFORMANCE.md, table 7e). */
 enum { kDefaultBlockLayers = 8 };
 
 static bench_options parse_options(int argc, char **argv)
 {
-    bench_options o = {1, 1, 0, 0, 2, 32760, 3, {1536, 3072, 5120}, 21, 10, {0, 0, 0, 0, 0, 0, 0},
-                       4, {4096, 16384, 32760, 75600}, 512, GEMM_FUSION_DEFAULT, 0, "own,cudnn,cudnn-tiles", 1, 1,
-                       GEMM_AUTOTUNE_DEFAULT, 0, 0, kDefaultBlockLayers, NULL};
-    for (int i = 1; i < argc; ++i) {
-        const char *arg = argv[i];
-        if (!strcmp(arg, "--help") || !strcmp(arg, "-h")) {
+    bench_options o = {1, 1, 0, 0, 2, 32760, 3, {1536, 3072, 5120}, 21, 10, 4, {4096, 16384, 32760, 75600}, 512, 0,
+                       "own,cudnn,cudnn-tiles", 0, 0, kDefaultBlockLayers, NULL};
+    enum {
+        kSections = 256, kSamples, kRows, kDims, kRepeats, kSeq, kTextRows, kProfileStep, kBackends, kBlockLayers,
+        kGemmAutotune, kAttentionAutotune, kJson
+    };
+    static const struct option options[] = {
+        {"help", no_argument, NULL, 'h'},
+        {"sections", required_argument, NULL, kSections},
+        {"samples", required_argument, NULL, kSamples},
+        {"rows", required_argument, NULL, kRows},
+        {"dims", required_argument, NULL, kDims},
+        {"repeats", required_argument, NULL, kRepeats},
+        {"seq", required_argument, NULL, kSeq},
+        {"text-rows", required_argument, NULL, kTextRows},
+        {"profile-step", required_argument, NULL, kProfileStep},
+        {"backends", required_argument, NULL, kBackends},
+        {"block-layers", required_argument, NULL, kBlockLayers},
+        {"gemm-autotune", required_argument, NULL, kGemmAutotune},
+        {"attention-autotune", required_argument, NULL, kAttentionAutotune},
+        {"json", required_argument, NULL, kJson},
+        {NULL, 0, NULL, 0},
+    };
+    opterr = 0; /* the messages below name the option and exit 2 */
+    int code;
+    while ((code = getopt_long(argc, argv, ":h", options, NULL)) != -1) {
+        const char *value = optarg, *arg = argv[optind - 1];
+        switch (code) {
+        case 'h':
             usage(stdout);
             exit(0);
-        }
-        if (i + 1 >= argc) {
-            fprintf(stderr, "aldit-bench: %s: missing value or unknown option\n", arg);
-            usage(stderr);
-            exit(ALDIT_EXIT_USAGE);
-        }
-        const char *value = argv[++i];
-        if (!strcmp(arg, "--samples")) o.n_samples = (int)parse_long(value, arg, 1, 4096);
-        else if (!strcmp(arg, "--rows")) o.rows_per_sample = parse_long(value, arg, 1, 1L << 22);
-        else if (!strcmp(arg, "--repeats")) o.repeats = (int)parse_long(value, arg, 1, 1000);
-        else if (!strcmp(arg, "--json")) o.json_path = value;
-        else if (!strcmp(arg, "--text-rows")) o.text_rows = (int)parse_long(value, arg, 1, 1L << 20);
-        else if (!strcmp(arg, "--gemm-fused")) o.gemm_fused = (int)parse_long(value, arg, 0, 2);
-        else if (!strcmp(arg, "--profile-step")) o.profile_step = (int)parse_long(value, arg, 0, 1);
-        else if (!strcmp(arg, "--backends")) {
+        case kSamples: o.n_samples = (int)parse_long(value, "--samples", 1, 4096); break;
+        case kRows: o.rows_per_sample = parse_long(value, "--rows", 1, 1L << 22); break;
+        case kRepeats: o.repeats = (int)parse_long(value, "--repeats", 1, 1000); break;
+        case kJson: o.json_path = value; break;
+        case kTextRows: o.text_rows = (int)parse_long(value, "--text-rows", 1, 1L << 20); break;
+        case kProfileStep: o.profile_step = (int)parse_long(value, "--profile-step", 0, 1); break;
+        case kBlockLayers: o.block_layers = (int)parse_long(value, "--block-layers", 1, 29); break;
+        case kGemmAutotune: o.gemm_autotune = (int)parse_long(value, "--gemm-autotune", 0, 1); break;
+        case kAttentionAutotune: o.attention_autotune = (int)parse_long(value, "--attention-autotune", 0, 1); break;
+        case kBackends: {
             static const char *const known[] = {"own", "cudnn", "cudnn-tiles"};
             char *copy = strdup(value), *save = NULL;
             for (char *item = strtok_r(copy, ",", &save); item; item = strtok_r(NULL, ",", &save)) {
@@ -150,14 +159,9 @@ static bench_options parse_options(int argc, char **argv)
             }
             free(copy);
             o.attention_backends = value;
+            break;
         }
-        else if (!strcmp(arg, "--whole-tiles")) o.whole_tiles = (int)parse_long(value, arg, 0, 1);
-        else if (!strcmp(arg, "--overlap")) o.overlap = (int)parse_long(value, arg, 0, 1);
-        else if (!strcmp(arg, "--block-layers")) o.block_layers = (int)parse_long(value, arg, 1, 29);
-        else if (!strcmp(arg, "--query-batches")) o.query_batches = (int)parse_long(value, arg, 0, 1);
-        else if (!strcmp(arg, "--gemm-autotune")) o.gemm_autotune = (int)parse_long(value, arg, 0, 1);
-        else if (!strcmp(arg, "--attention-autotune")) o.attention_autotune = (int)parse_long(value, arg, 0, 1);
-        else if (!strcmp(arg, "--sections")) {
+        case kSections: {
             char *copy = strdup(value), *save = NULL;
             o.run_lnmod = o.run_gemm = o.run_attention = o.run_block = 0;
             for (char *item = strtok_r(copy, ",", &save); item; item = strtok_r(NULL, ",", &save)) {
@@ -172,7 +176,9 @@ static bench_options parse_options(int argc, char **argv)
                 }
             }
             free(copy);
-        } else if (!strcmp(arg, "--seq")) {
+            break;
+        }
+        case kSeq: {
             char *copy = strdup(value), *save = NULL;
             o.n_seq = 0;
             for (char *item = strtok_r(copy, ",", &save); item; item = strtok_r(NULL, ",", &save)) {
@@ -183,37 +189,9 @@ static bench_options parse_options(int argc, char **argv)
                 o.seq[o.n_seq++] = parse_long(item, "--seq", 1, 1L << 20);
             }
             free(copy);
+            break;
         }
-        else if (!strcmp(arg, "--max-vpt")) {
-            char extra;
-            if (sscanf(value, "%d,%d,%d%c", &o.tuning.max_vpt_fwd, &o.tuning.max_vpt_bwd,
-                       &o.tuning.max_vpt_residual_bwd, &extra) != 3 ||
-                o.tuning.max_vpt_fwd < 0 || o.tuning.max_vpt_bwd < 0 || o.tuning.max_vpt_residual_bwd < 0) {
-                fprintf(stderr, "aldit-bench: --max-vpt %s: expected three integers F,B,R of at least 0 (0: default)\n",
-                        value);
-                exit(ALDIT_EXIT_USAGE);
-            }
-        } else if (!strcmp(arg, "--fwd-order")) {
-            if (strcmp(value, "chunk") && strcmp(value, "interleave")) {
-                fprintf(stderr, "aldit-bench: --fwd-order %s: expected chunk or interleave\n", value);
-                exit(ALDIT_EXIT_USAGE);
-            }
-            o.tuning.fwd_chunked = !strcmp(value, "chunk");
-        } else if (!strcmp(arg, "--fwd-streaming")) o.tuning.fwd_streaming = (int)parse_long(value, arg, 0, 1);
-        else if (!strcmp(arg, "--fwd-stages")) {
-            char extra;
-            if (sscanf(value, "%d,%d%c", &o.tuning.fwd_stages, &o.tuning.residual_fwd_stages, &extra) != 2 ||
-                o.tuning.fwd_stages < LNMOD_FWD_REGISTER_KERNEL || o.tuning.fwd_stages > LNMOD_FWD_MAX_STAGES ||
-                o.tuning.residual_fwd_stages < LNMOD_FWD_REGISTER_KERNEL ||
-                o.tuning.residual_fwd_stages > LNMOD_FWD_MAX_STAGES) {
-                fprintf(stderr,
-                        "aldit-bench: --fwd-stages %s: expected two integers P,R from %d to %d (%d: the register "
-                        "kernel, 0: the default)\n",
-                        value, LNMOD_FWD_REGISTER_KERNEL, LNMOD_FWD_MAX_STAGES, LNMOD_FWD_REGISTER_KERNEL);
-                exit(ALDIT_EXIT_USAGE);
-            }
-        }
-        else if (!strcmp(arg, "--dims")) {
+        case kDims: {
             char *copy = strdup(value), *save = NULL;
             o.n_dims = 0;
             for (char *item = strtok_r(copy, ",", &save); item; item = strtok_r(NULL, ",", &save)) {
@@ -229,12 +207,13 @@ static bench_options parse_options(int argc, char **argv)
                 o.dims[o.n_dims++] = (int)dim;
             }
             free(copy);
-        } else {
-            fprintf(stderr, "aldit-bench: unknown option %s\n", arg);
-            usage(stderr);
-            exit(ALDIT_EXIT_USAGE);
+            break;
+        }
+        case ':': usage_error("missing value for", arg); break;
+        default: usage_error("unknown option", arg);
         }
     }
+    if (optind < argc) usage_error("unexpected argument", argv[optind]);
     if (o.run_block) o.run_gemm = o.run_attention = 1; /* the block's floor comes from their rates */
     return o;
 }
@@ -421,12 +400,8 @@ static const op_spec kLnmodSpecs[kLnmodOps] = {
 static void run_lnmod_section(const bench_options *o, double copy_gbs, cudaStream_t stream,
                               double results[kMaxDims][kLnmodOps][2])
 {
-    printf("LayerNorm-Modulate, B=%d samples x S=%lld rows (%lld rows), bf16 rows, fp32 statistics and modulation;"
-           "\n  tuning: --max-vpt %d,%d,%d --fwd-order %s --fwd-streaming %d --fwd-stages %d,%d (0 = default)\n",
-           o->n_samples, (long long)o->rows_per_sample, (long long)(o->n_samples * o->rows_per_sample),
-           o->tuning.max_vpt_fwd, o->tuning.max_vpt_bwd, o->tuning.max_vpt_residual_bwd,
-           o->tuning.fwd_chunked ? "chunk" : "interleave", o->tuning.fwd_streaming, o->tuning.fwd_stages,
-           o->tuning.residual_fwd_stages);
+    printf("LayerNorm-Modulate, B=%d samples x S=%lld rows (%lld rows), bf16 rows, fp32 statistics and modulation\n",
+           o->n_samples, (long long)o->rows_per_sample, (long long)(o->n_samples * o->rows_per_sample));
     for (int d = 0; d < o->n_dims; ++d) {
         char kernels[2][96];
         for (int residual = 0; residual < 2; ++residual) {
@@ -529,27 +504,28 @@ typedef struct {
     int gelu_before;
     gpu_bf16 *x, *weight, *bias, *y, *pre_gelu, *dy, *dx;
     float *dweight, *dbias;
-} gemm_context;
+    gemm_context *gemm;
+} gemm_operands;
 
 static void run_gemm_fwd(void *context, cudaStream_t stream)
 {
-    gemm_context *c = context;
-    gemm_linear_fwd(c->x, c->rows, c->in_dim, c->out_dim, c->weight,
+    gemm_operands *c = context;
+    gemm_linear_fwd(c->gemm, c->x, c->rows, c->in_dim, c->out_dim, c->weight,
                     c->epilogue == GEMM_EPILOGUE_NONE ? NULL : c->bias, c->epilogue, c->y,
                     c->epilogue == GEMM_EPILOGUE_GELU_AUX_BIAS ? c->pre_gelu : NULL, stream);
 }
 
 static void run_gemm_bwd_data(void *context, cudaStream_t stream)
 {
-    gemm_context *c = context;
-    gemm_linear_bwd_data(c->dy, c->rows, c->in_dim, c->out_dim, c->weight, c->gelu_before ? c->pre_gelu : NULL, c->dx,
+    gemm_operands *c = context;
+    gemm_linear_bwd_data(c->gemm, c->dy, c->rows, c->in_dim, c->out_dim, c->weight, c->gelu_before ? c->pre_gelu : NULL, c->dx,
                          0, stream);
 }
 
 static void run_gemm_bwd_weight(void *context, cudaStream_t stream)
 {
-    gemm_context *c = context;
-    gemm_linear_bwd_weight(c->x, c->dy, c->rows, c->in_dim, c->out_dim, c->dweight, c->dbias, 1, stream);
+    gemm_operands *c = context;
+    gemm_linear_bwd_weight(c->gemm, c->x, c->dy, c->rows, c->in_dim, c->out_dim, c->dweight, c->dbias, 1, stream);
 }
 
 static const bench_op kGemmRunners[kGemmOps] = {run_gemm_fwd, run_gemm_bwd_data, run_gemm_bwd_weight};
@@ -581,7 +557,6 @@ static double tflops(double flops, double ms) { return flops / (ms * 1e9); }
 /* Times the three GEMMs of every linear of a Wan-1.3B block at every S, and the 8192^3 reference. */
 static void run_gemm_section(const bench_options *o, cudaStream_t stream, gemm_results *r)
 {
-    gemm_set_fused_epilogues((gemm_fusion)o->gemm_fused);
     int64_t max_rows = o->text_rows;
     for (int i = 0; i < o->n_seq; ++i) max_rows = o->seq[i] > max_rows ? o->seq[i] : max_rows;
     size_t n_act = (size_t)max_rows * kWanFfn, n_weight = (size_t)kWanFfn * kWanDim;
@@ -590,7 +565,8 @@ static void run_gemm_section(const bench_options *o, cudaStream_t stream, gemm_r
     n_weight = n_weight > n_square ? n_weight : n_square;
     const size_t n_pattern = (size_t)1 << 22, pattern_extra = 4096;
     gpu_bf16 *pattern = random_bf16(n_pattern + pattern_extra, 0x6e6d6d6265ull, -1.0, 1.0);
-    gemm_context c = {0};
+    gemm_operands c = {0};
+    c.gemm = gemm_create(o->gemm_autotune, 1);
     c.x = device_tiled_bf16(n_act, pattern, n_pattern, 0);
     c.dy = device_tiled_bf16(n_act, pattern, n_pattern, 1013);
     c.pre_gelu = device_tiled_bf16(n_act, pattern, n_pattern, 2027);
@@ -603,14 +579,11 @@ static void run_gemm_section(const bench_options *o, cudaStream_t stream, gemm_r
     CUDA_CHECK(cudaMemset(c.dbias, 0, (size_t)kWanFfn * sizeof *c.dbias));
     free(pattern);
     gemm_stats stats_before;
-    gemm_get_stats(&stats_before);
+    gemm_get_stats(c.gemm, &stats_before);
 
     printf("GEMMs of a Wan-1.3B block (cuBLASLt, bf16 in and out, fp32 accumulation; dW, db fp32 accumulated; "
-           "epilogues: %s),\n  one sample of S rows and %d text rows:\n",
-           o->gemm_fused == GEMM_FUSED_ALL             ? "fused in cuBLASLt"
-           : o->gemm_fused == GEMM_FUSED_BUT_BIAS_GRAD ? "fused in cuBLASLt but the bias gradient (own column sums)"
-                                                       : "plain GEMMs + own kernels",
-           o->text_rows);
+           "epilogues\n  fused in cuBLASLt but the bias gradients, own column sums), one sample of S rows and %d text "
+           "rows:\n", o->text_rows);
     printf("%-6s %-25s %6s %5s %5s %-11s %9s %8s\n", "S", "layer", "rows", "in", "out", "op", "ms", "TFLOP/s");
     for (int si = 0; si < o->n_seq; ++si) {
         r->block_ms[si][0] = r->block_ms[si][1] = r->block_flops[si][0] = r->block_flops[si][1] = 0.0;
@@ -645,10 +618,9 @@ static void run_gemm_section(const bench_options *o, cudaStream_t stream, gemm_r
     printf("reference: %d x %d x %d forward GEMM, no epilogue: %.4f ms, %.1f TFLOP/s\n", kSquare, kSquare, kSquare,
            r->square_ms, tflops(gemm_linear_flops(kSquare, kSquare, kSquare), r->square_ms));
     gemm_stats stats_after;
-    gemm_get_stats(&stats_after);
+    gemm_get_stats(c.gemm, &stats_after);
     r->unfused_calls = stats_after.unfused - stats_before.unfused;
-    if (o->gemm_fused != GEMM_FUSED_NONE)
-        printf("calls whose fused epilogue cuBLASLt had no algorithm for (own kernels ran instead): %lld\n",
+    printf("calls whose fused epilogue cuBLASLt had no algorithm for (own kernels ran instead): %lld\n",
                (long long)r->unfused_calls);
     printf("autotuning %s: %lld plans timed, %lld of them faster with another than the heuristic's first choice\n",
            o->gemm_autotune ? "on (--gemm-autotune 1)" : "off", (long long)(stats_after.tuned - stats_before.tuned),
@@ -657,7 +629,7 @@ static void run_gemm_section(const bench_options *o, cudaStream_t stream, gemm_r
     CUDA_CHECK(cudaStreamSynchronize(stream));
     void *buffers[] = {c.x, c.dy, c.pre_gelu, c.weight, c.bias, c.y, c.dx, c.dweight, c.dbias};
     for (size_t i = 0; i < sizeof buffers / sizeof buffers[0]; ++i) CUDA_CHECK(cudaFree(buffers[i]));
-    gemm_release();
+    gemm_free(c.gemm);
 }
 
 /* ---- attention section --------------------------------------------------------------------------------- */
@@ -674,6 +646,7 @@ typedef struct {
     gpu_bf16 *q, *k, *v, *out, *dout, *dq, *dk, *dv;
     float *lse;
     void *workspace;
+    struct attention_cudnn *cudnn; /* the cuDNN backends' context (NULL without cuDNN) */
 } attention_context;
 
 static void run_attention_fwd(void *context, cudaStream_t stream)
@@ -690,23 +663,30 @@ static void run_attention_bwd(void *context, cudaStream_t stream)
                   c->n_q, c->n_kv, c->dq, c->dk, c->dv, c->workspace, stream);
 }
 
-static int own_attention_available(void) { return attention_head_dim_supported(kWanHeadDim); }
+static int own_attention_available(attention_context *c)
+{
+    (void)c;
+    return attention_head_dim_supported(kWanHeadDim);
+}
 
 #ifdef HAVE_CUDNN
-static int cudnn_attention_available(void) { return attention_cudnn_available(kWanHeads, kWanHeadDim); }
+static int cudnn_attention_available(attention_context *c)
+{
+    return attention_cudnn_available(c->cudnn, kWanHeads, kWanHeadDim);
+}
 
 /* cuDNN's fused SDPA on the one sample (self: n_kv == n_q); its stats fill the lse buffer (same size). */
 static void run_cudnn_attention_fwd(void *context, cudaStream_t stream)
 {
     attention_context *c = context;
-    attention_cudnn_cross_fwd(c->q, c->k, c->v, c->n_q, c->n_kv, kWanHeads, kWanHeadDim, c->out, c->lse, stream);
+    attention_cudnn_cross_fwd(c->cudnn, c->q, c->k, c->v, c->n_q, c->n_kv, kWanHeads, kWanHeadDim, c->out, c->lse, stream);
 }
 
 static void run_cudnn_attention_bwd(void *context, cudaStream_t stream)
 {
     attention_context *c = context;
-    attention_cudnn_cross_bwd(c->q, c->k, c->v, c->out, c->dout, c->lse, c->n_q, c->n_kv, kWanHeads, kWanHeadDim, c->dq,
-                              c->dk, c->dv, stream);
+    attention_cudnn_cross_bwd(c->cudnn, c->q, c->k, c->v, c->out, c->dout, c->lse, c->n_q, c->n_kv, kWanHeads,
+                              kWanHeadDim, c->dq, c->dk, c->dv, stream);
 }
 
 /* Self-attention over whole tiles, zero-padded (the model's default for a micro-batch's last sample): the
@@ -729,7 +709,8 @@ static void run_cudnn_tiles_attention_fwd(void *context, cudaStream_t stream)
     const int64_t padded = attention_cudnn_padded_rows(c->n_q);
     gpu_bf16 *const inputs[] = {c->q, c->k, c->v};
     for (int i = 0; i < 3; ++i) zero_rows_past(inputs[i], c->n_q, padded, stream);
-    attention_cudnn_fwd_padded(c->q, c->k, c->v, c->n_q, padded, kWanHeads, kWanHeadDim, c->out, c->lse, stream);
+    attention_cudnn_fwd_padded(c->cudnn, c->q, c->k, c->v, c->n_q, padded, kWanHeads, kWanHeadDim, c->out, c->lse,
+                               stream);
 }
 
 static void run_cudnn_tiles_attention_bwd(void *context, cudaStream_t stream)
@@ -741,8 +722,8 @@ static void run_cudnn_tiles_attention_bwd(void *context, cudaStream_t stream)
     }
     const int64_t padded = attention_cudnn_padded_rows(c->n_q);
     zero_rows_past(c->dout, c->n_q, padded, stream);
-    attention_cudnn_bwd_padded(c->q, c->k, c->v, c->out, c->dout, c->lse, c->n_q, padded, kWanHeads, kWanHeadDim,
-                               c->dq, c->dk, c->dv, stream);
+    attention_cudnn_bwd_padded(c->cudnn, c->q, c->k, c->v, c->out, c->dout, c->lse, c->n_q, padded, kWanHeads,
+                               kWanHeadDim, c->dq, c->dk, c->dv, stream);
 }
 #endif
 
@@ -751,7 +732,7 @@ static void run_cudnn_tiles_attention_bwd(void *context, cudaStream_t stream)
    samples of GPU_ATTENTION_CUDNN_MIN_TOKENS tokens or more; the block's floor uses the faster one's rates. */
 typedef struct {
     const char *name;
-    int (*available)(void);
+    int (*available)(attention_context *c);
     bench_op fwd, bwd; /* bwd runs after fwd on the same context: it reads out and lse */
 } attention_backend;
 static const attention_backend kAttentionBackends[] = {
@@ -799,6 +780,9 @@ static void run_attention_section(const bench_options *o, cudaStream_t stream, a
     c.workspace = device_alloc(attention_bwd_workspace_bytes(max_rows, kWanHeads));
     c.q_start = device_alloc(2 * sizeof *c.q_start);
     c.kv_start = device_alloc(2 * sizeof *c.kv_start);
+#ifdef HAVE_CUDNN
+    c.cudnn = attention_cudnn_create(o->attention_autotune, 0);
+#endif
 
     int available[ATTENTION_BACKENDS];
     for (size_t b = 0; b < ATTENTION_BACKENDS; ++b)
@@ -806,7 +790,7 @@ static void run_attention_section(const bench_options *o, cudaStream_t stream, a
             available[b] = 0;
             printf("attention backend %s: not in --backends %s, not timed\n", kAttentionBackends[b].name,
                    o->attention_backends);
-        } else if (!(available[b] = kAttentionBackends[b].available()))
+        } else if (!(available[b] = kAttentionBackends[b].available(&c)))
             printf("attention backend %s: not available for %d heads of %d, not timed\n", kAttentionBackends[b].name,
                    kWanHeads, kWanHeadDim);
     printf("Attention (%d heads x %d, bf16, fp32 accumulation), one sample: self S x S and cross S x %d text rows;\n"
@@ -841,8 +825,8 @@ static void run_attention_section(const bench_options *o, cudaStream_t stream, a
     void *buffers[] = {c.q, c.k, c.v, c.dout, c.out, c.dq, c.dk, c.dv, c.lse, c.workspace, c.q_start, c.kv_start};
     for (size_t i = 0; i < sizeof buffers / sizeof buffers[0]; ++i) CUDA_CHECK(cudaFree(buffers[i]));
 #ifdef HAVE_CUDNN
-    attention_cudnn_tuning_report(stdout);
-    attention_cudnn_release();
+    attention_cudnn_tuning_report(c.cudnn, stdout);
+    attention_cudnn_free(c.cudnn);
 #endif
 }
 
@@ -1017,8 +1001,7 @@ static void run_block_section(const bench_options *o, const gemm_results *gemm, 
         step_context steps[2];
         for (int l = 0; l < 2; ++l) {
             steps[l] = (step_context){gpu_model_create(&layers[l], S, 1, 0), &batch, 0.0};
-            gpu_model_set_cudnn_whole_tiles(steps[l].gm, o->whole_tiles);
-            gpu_model_set_overlap(steps[l].gm, o->overlap);
+            gpu_model_set_autotune(steps[l].gm, o->gemm_autotune, o->attention_autotune);
             gpu_model_upload_weights(steps[l].gm, layers[l].weights);
         }
         time_steps_alternating(steps, o, stream, r->step_ms[si]);
@@ -1052,9 +1035,6 @@ static void run_block_section(const bench_options *o, const gemm_results *gemm, 
                    r->enqueue_ms[si][1], (r->enqueue_ms[si][1] - r->enqueue_ms[si][0]) / K, r->block_ms[si]);
     model_free(&layers[0]);
     model_free(&layers[1]);
-#ifdef HAVE_CUDNN
-    attention_cudnn_tuning_report(stdout);
-#endif
 }
 
 /* Writes the figures to `json` (opened at the start, so that a bad path fails before the measurements) and closes it. */
@@ -1074,8 +1054,8 @@ static void write_json(FILE *json, const bench_options *o, const char *device, d
         fprintf(json, "\n]");
     }
     if (o->run_gemm) {
-        fprintf(json, ", \"gemm_fused_epilogues\": %d, \"gemm_autotune\": %d, \"gemm_unfused_calls\": %lld, "
-                "\"text_rows\": %d, \"gemm\": [", o->gemm_fused, o->gemm_autotune, (long long)gemm->unfused_calls,
+        fprintf(json, ", \"gemm_autotune\": %d, \"gemm_unfused_calls\": %lld, "
+                "\"text_rows\": %d, \"gemm\": [", o->gemm_autotune, (long long)gemm->unfused_calls,
                 o->text_rows);
         int first = 1;
         for (int si = 0; si < o->n_seq; ++si)
@@ -1155,12 +1135,6 @@ int main(int argc, char **argv)
         return ALDIT_EXIT_ERROR;
     }
     gpu_select(0);
-    lnmod_tune(&o.tuning);
-    gemm_set_autotune(o.gemm_autotune);
-#ifdef HAVE_CUDNN
-    attention_cudnn_set_query_batches(o.query_batches);
-    attention_cudnn_set_autotune(o.attention_autotune, 0);
-#endif
     char device[256];
     gpu_describe(device, sizeof device);
     cudaStream_t stream;
