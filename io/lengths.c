@@ -60,7 +60,8 @@ int lengths_load(const char *path, length_bucket **buckets, int *n_buckets, FILE
         fprintf(errors, "%s: cannot open length spec: %s\n", path, strerror(errno));
         return 1;
     }
-    int n_errors = 0, capacity = 0, line_number = 0;
+    int n_errors = 0, capacity = 0, line_number = 0, sum_reported = 0;
+    double weight_sum = 0.0;
     length_bucket *list = NULL;
     char line[4096];
     while (fgets(line, sizeof line, file)) {
@@ -82,6 +83,13 @@ int lengths_load(const char *path, length_bucket **buckets, int *n_buckets, FILE
             fprintf(errors, "%s:%d: %s\n", path, line_number, why);
             n_errors++;
             continue;
+        }
+        weight_sum += bucket.weight;
+        if (!sum_reported && !(weight_sum <= LENGTHS_MAX_WEIGHT_SUM)) { /* also catches a sum that overflowed */
+            fprintf(errors, "%s:%d: the weights so far sum to %g, more than %g (weights are relative: scale them down)\n",
+                    path, line_number, weight_sum, LENGTHS_MAX_WEIGHT_SUM);
+            n_errors++;
+            sum_reported = 1;
         }
         if (*n_buckets == capacity) {
             capacity = capacity ? 2 * capacity : 16;

@@ -7,12 +7,16 @@
 
 /* Largest frames / height / width a length spec may give (latent units). */
 #define LENGTHS_MAX_DIM 65536
+/* Largest sum of a spec's weights: weights are relative, and a sum past this (or one that overflows to
+   infinity) would make the draw pick one bucket whatever the others' weights. */
+#define LENGTHS_MAX_WEIGHT_SUM 1e15
 
 typedef struct { double weight; int32_t frames, height, width; } length_bucket;  /* latent units: F_lat, H_lat, W_lat */
 
 /* Parse a length spec (one bucket per line: `weight frames height width`, '#' comments, blank lines ok).
-   Weights are positive finite numbers (relative, need not sum to 1); frames, height and width are
-   integers in [1, LENGTHS_MAX_DIM]. Errors "FILE:LINE: message" to `errors` (every bad line is
+   Weights are positive finite numbers (relative, need not sum to 1) whose sum is at most
+   LENGTHS_MAX_WEIGHT_SUM (the line where the running sum passes it is reported); frames, height and
+   width are integers in [1, LENGTHS_MAX_DIM]. Errors "FILE:LINE: message" to `errors` (every bad line is
    reported); returns the number of errors (0 = ok, and then *buckets holds *n_buckets >= 1 entries
    the caller frees). */
 int lengths_load(const char *path, length_bucket **buckets, int *n_buckets, FILE *errors);

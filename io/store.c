@@ -5,15 +5,17 @@
 #include "io/h5util.h"
 
 #include <hdf5.h>
+#include <zlib.h>
 
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
-#include <pthread.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 _Static_assert(sizeof(hid_t) == sizeof(int64_t), "the store keeps HDF5 handles as int64_t (HDF5 >= 1.10)");
@@ -106,25 +108,17 @@ float store_f16_to_f32(uint16_t bits)
 
 /* ---- CRC-32 ------------------------------------------------------------------------------------- */
 
-static uint32_t crc_table[256];
-static pthread_once_t crc_table_once = PTHREAD_ONCE_INIT;
-
-static void crc_table_build(void)
-{
-    for (uint32_t byte = 0; byte < 256; byte++) {
-        uint32_t crc = byte;
-        for (int bit = 0; bit < 8; bit++) crc = (crc & 1u) ? (crc >> 1) ^ 0xedb88320u : crc >> 1;
-        crc_table[byte] = crc;
-    }
-}
-
 uint32_t store_crc32(uint32_t crc, const void *bytes, size_t n_bytes)
 {
-    pthread_once(&crc_table_once, crc_table_build);
-    const unsigned char *data = bytes;
-    crc = ~crc;
-    for (size_t i = 0; i < n_bytes; i++) crc = crc_table[(crc ^ data[i]) & 0xffu] ^ (crc >> 8);
-    return ~crc;
+    const Bytef *data = bytes;
+    uLong value = crc;
+    while (n_bytes > 0) { /* zlib takes uInt lengths: feed it at most 1 GiB at a time */
+        uInt piece = n_bytes > (size_t)1 << 30 ? (uInt)1 << 30 : (uInt)n_bytes;
+        value = crc32(value, data, piece);
+        data += piece;
+        n_bytes -= piece;
+    }
+    return (uint32_t)value;
 }
 
 /* ---- sample geometry ---------------------------------------------------------------------------- */
@@ -146,17 +140,26 @@ int64_t store_sample_text_elements(const store *s, const store_sample *sample)
 
 /* ---- HDF5 error handling: HDF5's own stack printing is off while the store works; we print ours ---- */
 
-static herr_t keep_innermost(unsigned depth, const H5E_error2_t *error, void *message)
+typedef struct { char message[256]; int system_errno; } h5_error_found;
+
+/* Keeps the innermost description, and the first `errno = N` a file driver put in any of them. */
+static herr_t keep_innermost(unsigned depth, const H5E_error2_t *error, void *found_pointer)
 {
-    if (depth == 0 && error->desc) snprintf(message, 256, "%s", error->desc);
+    h5_error_found *found = found_pointer;
+    if (depth == 0 && error->desc) snprintf(found->message, sizeof found->message, "%s", error->desc);
+    const char *at = error->desc ? strstr(error->desc, "errno = ") : NULL;
+    if (at && !found->system_errno) found->system_errno = atoi(at + 8);
     return 0;
 }
 
-/* The innermost description on HDF5's error stack (the most specific one), then clear the stack. */
+/* The innermost description on HDF5's error stack (the most specific one), then clear the stack. When a
+   system call failed beneath HDF5 (a write on a full disk), the message is that errno's text instead. */
 static void h5_last_error(char message[256])
 {
-    snprintf(message, 256, "no HDF5 error message");
-    if (H5Ewalk2(H5E_DEFAULT, H5E_WALK_UPWARD, keep_innermost, message) < 0) snprintf(message, 256, "unknown HDF5 error");
+    h5_error_found found = {.message = "no HDF5 error message"};
+    if (H5Ewalk2(H5E_DEFAULT, H5E_WALK_UPWARD, keep_innermost, &found) < 0) snprintf(found.message, 256, "unknown HDF5 error");
+    if (found.system_errno > 0) snprintf(message, 256, "%s", strerror(found.system_errno));
+    else snprintf(message, 256, "%s", found.message);
     H5Eclear2(H5E_DEFAULT);
 }
 
@@ -254,39 +257,55 @@ static int read_int_attribute(hid_t file, const char *name, int64_t *value, cons
     return failed;
 }
 
-/* Reads a fixed- or variable-length string attribute (h5py writes Python str as variable-length). */
+/* Reads one string attribute value, fixed- or variable-length, ASCII or UTF-8, any padding (h5py writes
+   Python str as variable-length UTF-8, numpy bytes as fixed-length): trailing NULs and spaces dropped.
+   `what` names it in messages ("root attribute latent_dtype"). 0 ok. */
+static int read_string_value(hid_t attribute, const char *what, char *value, size_t value_size, const char *path,
+                             FILE *errors)
+{
+    hid_t file_type = H5Aget_type(attribute), memory_type = -1;
+    if (file_type < 0) return report_h5(errors, path, "cannot query %s", what);
+    htri_t variable = H5Tis_variable_str(file_type);
+    H5T_cset_t cset = H5Tget_cset(file_type);
+    size_t size = H5Tget_size(file_type);
+    int failed = 0;
+    if (variable < 0 || cset < 0) {
+        failed = report_h5(errors, path, "cannot query %s", what);
+    } else if (!variable && (size == 0 || size >= value_size)) {
+        failed = report(errors, path, "%s: a string of %zu bytes is longer than expected", what, size);
+    } else {
+        /* read through a memory type of the file's own character set: HDF5 converts no character sets */
+        memory_type = H5Tcopy(H5T_C_S1);
+        char *text = NULL;
+        if (memory_type < 0 || H5Tset_cset(memory_type, cset) < 0 ||
+            H5Tset_size(memory_type, variable ? H5T_VARIABLE : size + 1) < 0 ||
+            H5Tset_strpad(memory_type, H5T_STR_NULLTERM) < 0 ||
+            H5Aread(attribute, memory_type, variable ? (void *)&text : (void *)value) < 0) {
+            failed = report_h5(errors, path, "cannot read %s", what);
+        } else if (variable) {
+            snprintf(value, value_size, "%s", text ? text : "");
+            if (text && H5free_memory(text) < 0) failed = report_h5(errors, path, "cannot free %s", what);
+        }
+    }
+    if (!failed) {
+        size_t length = strlen(value);
+        while (length > 0 && value[length - 1] == ' ') value[--length] = '\0';
+    }
+    if (memory_type >= 0) H5Tclose(memory_type);
+    H5Tclose(file_type);
+    return failed;
+}
+
+/* Reads a root string attribute (one value). */
 static int read_string_attribute(hid_t file, const char *name, char *value, size_t value_size, const char *path,
                                  FILE *errors)
 {
     hid_t attribute = open_root_attribute(file, name, path, errors);
     if (attribute <= 0) return 1;
-    int failed = check_attribute_shape(attribute, H5T_STRING, name, path, errors);
-    hid_t file_type = failed ? -1 : H5Aget_type(attribute), memory_type = -1;
-    if (!failed && file_type < 0) failed = report_h5(errors, path, "cannot query root attribute %s", name);
-    htri_t variable = failed ? 0 : H5Tis_variable_str(file_type);
-    if (!failed && variable < 0) failed = report_h5(errors, path, "cannot query root attribute %s", name);
-    if (!failed && variable) {
-        char *text = NULL;
-        memory_type = H5Tcopy(H5T_C_S1);
-        if (memory_type < 0 || H5Tset_size(memory_type, H5T_VARIABLE) < 0 ||
-            H5Tset_cset(memory_type, H5Tget_cset(file_type)) < 0 || H5Aread(attribute, memory_type, &text) < 0) {
-            failed = report_h5(errors, path, "cannot read root attribute %s", name);
-        } else {
-            snprintf(value, value_size, "%s", text ? text : "");
-            if (text && H5free_memory(text) < 0) failed = report_h5(errors, path, "cannot free attribute %s", name);
-        }
-    } else if (!failed) {
-        size_t size = H5Tget_size(file_type);
-        if (size == 0 || size >= value_size) {
-            failed = report(errors, path, "root attribute %s: string of %zu bytes is not a precision name", name, size);
-        } else if (H5Aread(attribute, file_type, value) < 0) {
-            failed = report_h5(errors, path, "cannot read root attribute %s", name);
-        } else {
-            value[size] = '\0';
-        }
-    }
-    if (memory_type >= 0) H5Tclose(memory_type);
-    if (file_type >= 0) H5Tclose(file_type);
+    char what[96];
+    snprintf(what, sizeof what, "root attribute %s", name);
+    int failed = check_attribute_shape(attribute, H5T_STRING, name, path, errors) ||
+                 read_string_value(attribute, what, value, value_size, path, errors);
     if (H5Aclose(attribute) < 0 && !failed) failed = report_h5(errors, path, "cannot close root attribute %s", name);
     return failed;
 }
@@ -349,6 +368,93 @@ static int dataset_dims(hid_t dataset, const char *name, int expected_rank, hsiz
     return failed;
 }
 
+/* Names an HDF5 element type the way numpy would ("int16", "uint16", "float16", "float64"), or describes it. */
+static void type_name(hid_t type, char *name, size_t name_size)
+{
+    H5T_class_t type_class = H5Tget_class(type);
+    size_t bits = 8 * H5Tget_size(type);
+    if (type_class == H5T_INTEGER) {
+        snprintf(name, name_size, "%sint%zu", H5Tget_sign(type) == H5T_SGN_NONE ? "u" : "", bits);
+    } else if (type_class == H5T_FLOAT) {
+        size_t sign_position, exponent_position, exponent_size, mantissa_position, mantissa_size;
+        if (H5Tget_fields(type, &sign_position, &exponent_position, &exponent_size, &mantissa_position, &mantissa_size) < 0)
+            snprintf(name, name_size, "%zu-bit float", bits);
+        else
+            snprintf(name, name_size, "float%zu (%zu exponent, %zu mantissa bits)", bits, exponent_size, mantissa_size);
+    } else {
+        static const char *const classes[] = {"time", "string", "bitfield", "opaque", "compound", "reference", "enum",
+                                               "variable-length", "array"};
+        int index = (int)type_class - (int)H5T_TIME;
+        snprintf(name, name_size, "%s", index >= 0 && index < 9 ? classes[index] : "unknown-type");
+    }
+}
+
+/* 1 when `type` is exactly what `precision` stores (either byte order: HDF5 converts it on reading). */
+static int type_matches(hid_t type, store_precision precision)
+{
+    H5T_class_t type_class = H5Tget_class(type);
+    size_t size = H5Tget_size(type);
+    if (precision == STORE_BF16) return type_class == H5T_INTEGER && size == 2 && H5Tget_sign(type) == H5T_SGN_NONE;
+    if (type_class != H5T_FLOAT || size != (size_t)store_precision_bytes(precision)) return 0;
+    size_t sign_position, exponent_position, exponent_size, mantissa_position, mantissa_size;
+    if (H5Tget_fields(type, &sign_position, &exponent_position, &exponent_size, &mantissa_position, &mantissa_size) < 0)
+        return 0;
+    size_t bias = H5Tget_ebias(type);
+    if (precision == STORE_F16)
+        return sign_position == 15 && exponent_position == 10 && exponent_size == 5 && mantissa_position == 0 &&
+               mantissa_size == 10 && bias == 15;
+    return sign_position == 31 && exponent_position == 23 && exponent_size == 8 && mantissa_position == 0 &&
+           mantissa_size == 23 && bias == 127;
+}
+
+/* /latents and /text must hold exactly the precision's element type: an int16 or float64 dataset read as
+   bf16 or f32 would give wrong values (HDF5 converts silently). */
+static int check_values_type(hid_t dataset, const char *name, const char *attribute_name, store_precision precision,
+                             const char *path, FILE *errors)
+{
+    hid_t type = H5Dget_type(dataset);
+    if (type < 0) return report_h5(errors, path, "cannot query the type of %s", name);
+    int failed = 0;
+    if (!type_matches(type, precision)) {
+        char found[96];
+        type_name(type, found, sizeof found);
+        failed = report(errors, path, "%s holds %s values, but %s = %s needs %s", name, found, attribute_name,
+                        store_precision_name(precision),
+                        precision == STORE_BF16 ? "uint16 (bfloat16 bit patterns)"
+                                                : precision == STORE_F16 ? "float16 (IEEE half)" : "float32 (IEEE single)");
+    }
+    H5Tclose(type);
+    return failed;
+}
+
+/* Every filter in the dataset's pipeline (compression, shuffle, ...) must be available to this HDF5 for
+   decoding; otherwise the store would open and fail only at the first sample in a filtered chunk. */
+static int check_filters(hid_t dataset, const char *name, const char *path, FILE *errors)
+{
+    hid_t create = H5Dget_create_plist(dataset);
+    if (create < 0) return report_h5(errors, path, "cannot query the creation properties of %s", name);
+    int n_filters = H5Pget_nfilters(create), failed = 0;
+    if (n_filters < 0) failed = report_h5(errors, path, "cannot query the filters of %s", name);
+    for (int i = 0; i < n_filters && !failed; i++) {
+        unsigned int flags = 0, config = 0;
+        size_t n_values = 0;
+        char filter_name[128] = "";
+        H5Z_filter_t filter = H5Pget_filter2(create, (unsigned)i, &flags, &n_values, NULL, sizeof filter_name, filter_name,
+                                             &config);
+        if (filter < 0) { failed = report_h5(errors, path, "cannot query filter %d of %s", i, name); break; }
+        htri_t available = H5Zfilter_avail(filter);
+        unsigned int info = 0;
+        if (available > 0 && H5Zget_filter_info(filter, &info) < 0) available = -1;
+        if (available <= 0 || !(info & H5Z_FILTER_CONFIG_DECODE_ENABLED))
+            failed = report(errors, path, "%s is stored through HDF5 filter %d%s%s%s, which this HDF5 cannot decode "
+                                          "(rewrite the store without it, or install the filter plugin)",
+                            name, (int)filter, filter_name[0] ? " (" : "", filter_name, filter_name[0] ? ")" : "");
+    }
+    H5Pclose(create);
+    H5Eclear2(H5E_DEFAULT);
+    return failed;
+}
+
 /* Opens /latents or /text: 1-D, element type matching `precision`. Sets *length. */
 static int open_values(hid_t file, const char *name, const char *attribute_name, store_precision precision,
                        hid_t *dataset, int64_t *length, const char *path, FILE *errors)
@@ -365,18 +471,7 @@ static int open_values(hid_t file, const char *name, const char *attribute_name,
     hsize_t dims[1];
     if (dataset_dims(*dataset, name, 1, dims, path, errors)) return 1;
     *length = (int64_t)dims[0];
-    hid_t type = H5Dget_type(*dataset);
-    if (type < 0) return report_h5(errors, path, "cannot query the type of %s", name);
-    H5T_class_t type_class = H5Tget_class(type);
-    size_t size = H5Tget_size(type);
-    H5Tclose(type);
-    H5T_class_t expected_class = precision == STORE_BF16 ? H5T_INTEGER : H5T_FLOAT;
-    if (type_class != expected_class || size != (size_t)store_precision_bytes(precision))
-        return report(errors, path, "%s holds %zu-byte %s values, but %s = %s needs %s", name, size,
-                      type_class == H5T_INTEGER ? "integer" : type_class == H5T_FLOAT ? "float" : "non-numeric",
-                      attribute_name, store_precision_name(precision),
-                      precision == STORE_BF16 ? "uint16" : precision == STORE_F16 ? "float16" : "float32");
-    return 0;
+    return check_filters(*dataset, name, path, errors) || check_values_type(*dataset, name, attribute_name, precision, path, errors);
 }
 
 static int read_attributes(store *s, FILE *errors)
@@ -415,29 +510,16 @@ static int check_index_columns(hid_t index, const char *path, FILE *errors)
     if (exists == 0) return 0;
     hid_t attribute = H5Aopen(index, "columns", H5P_DEFAULT);
     if (attribute < 0) return report_h5(errors, path, "cannot open /index attribute columns");
-    hid_t file_type = H5Aget_type(attribute), memory_type = -1;
+    hid_t file_type = H5Aget_type(attribute), space = H5Aget_space(attribute);
     char columns[256] = "";
     int failed = 0;
-    if (file_type < 0 || H5Tget_class(file_type) != H5T_STRING) {
-        failed = report(errors, path, "/index attribute columns is not a string");
-    } else if (H5Tis_variable_str(file_type) > 0) {
-        char *text = NULL;
-        memory_type = H5Tcopy(H5T_C_S1);
-        if (memory_type < 0 || H5Tset_size(memory_type, H5T_VARIABLE) < 0 || H5Aread(attribute, memory_type, &text) < 0)
-            failed = report_h5(errors, path, "cannot read /index attribute columns");
-        else {
-            snprintf(columns, sizeof columns, "%s", text ? text : "");
-            if (text) H5free_memory(text);
-        }
-    } else {
-        size_t size = H5Tget_size(file_type);
-        if (size >= sizeof columns) failed = report(errors, path, "/index attribute columns is too long");
-        else if (H5Aread(attribute, file_type, columns) < 0) failed = report_h5(errors, path, "cannot read /index attribute columns");
-        else columns[size] = '\0';
-    }
+    if (file_type < 0 || space < 0) failed = report_h5(errors, path, "cannot query /index attribute columns");
+    else if (H5Tget_class(file_type) != H5T_STRING) failed = report(errors, path, "/index attribute columns is not a string");
+    else if (H5Sget_simple_extent_npoints(space) != 1) failed = report(errors, path, "/index attribute columns must hold one value");
+    else failed = read_string_value(attribute, "/index attribute columns", columns, sizeof columns, path, errors);
     if (!failed && strcmp(columns, STORE_INDEX_COLUMN_NAMES) != 0)
         failed = report(errors, path, "/index columns are '%s'; expected '%s'", columns, STORE_INDEX_COLUMN_NAMES);
-    if (memory_type >= 0) H5Tclose(memory_type);
+    if (space >= 0) H5Sclose(space);
     if (file_type >= 0) H5Tclose(file_type);
     H5Aclose(attribute);
     return failed;
@@ -479,7 +561,9 @@ static int read_index(store *s, FILE *errors)
     if (index < 0) return 1;
     hsize_t dims[2];
     int64_t *rows = NULL;
-    int failed = dataset_dims(index, "/index", 2, dims, s->path, errors) || check_index_columns(index, s->path, errors);
+    int failed = dataset_dims(index, "/index", 2, dims, s->path, errors) || check_filters(index, "/index", s->path, errors) ||
+                 check_index_columns(index, s->path, errors);
+    int wraps = 0; /* a 32-bit signed index: checksums >= 2^31 were stored wrapped to negative values */
     if (!failed && dims[1] != STORE_INDEX_COLUMNS)
         failed = report(errors, s->path, "/index has %llu columns, expected %d (%s)", (unsigned long long)dims[1],
                         STORE_INDEX_COLUMNS, STORE_INDEX_COLUMN_NAMES);
@@ -491,6 +575,12 @@ static int read_index(store *s, FILE *errors)
         hid_t type = H5Dget_type(index);
         if (type < 0) failed = report_h5(errors, s->path, "cannot query the type of /index");
         else if (H5Tget_class(type) != H5T_INTEGER) failed = report(errors, s->path, "/index does not hold integers");
+        else if (H5Tget_size(type) < 4) {
+            char found[96];
+            type_name(type, found, sizeof found);
+            failed = report(errors, s->path, "/index holds %s values; the checksum column needs 32 bits (int64, uint32 or "
+                                             "int32)", found);
+        } else wraps = H5Tget_size(type) == 4 && H5Tget_sign(type) != H5T_SGN_NONE;
         if (type >= 0) H5Tclose(type);
     }
     if (!failed) {
@@ -502,6 +592,10 @@ static int read_index(store *s, FILE *errors)
     if (failed) { free(rows); return 1; }
 
     int64_t n_samples = (int64_t)dims[0], n_bad = 0;
+    for (int64_t id = 0; wraps && id < n_samples; id++) { /* read the checksum's 32 bits as unsigned */
+        int64_t *checksum = &rows[id * STORE_INDEX_COLUMNS + 7];
+        if (*checksum < 0) *checksum += INT64_C(1) << 32;
+    }
     for (int64_t id = 0; id < n_samples; id++)
         n_bad += check_row(s, id, rows + id * STORE_INDEX_COLUMNS, n_bad < MAX_REPORTED_ROWS, errors);
     if (n_bad > MAX_REPORTED_ROWS)
@@ -750,15 +844,19 @@ static hid_t create_values_dataset(store_writer *w, const char *name)
     return dataset;
 }
 
-/* Closes every handle of the writer (quietly: used on success and failure paths). 0 if all closed. */
-static int writer_close_handles(store_writer *w)
+/* Closes every handle of the writer (quietly: used on success and failure paths). 0 if all closed; else
+   `message` holds the first failure's HDF5 message (each later call clears HDF5's error stack). */
+static int writer_close_handles(store_writer *w, char message[256])
 {
     int failed = 0;
-    if (w->memory_type > 0 && H5Tclose(w->memory_type) < 0) failed = 1;
-    if (w->latents > 0 && H5Dclose(w->latents) < 0) failed = 1;
-    if (w->text > 0 && H5Dclose(w->text) < 0) failed = 1;
-    if (w->file > 0 && H5Fclose(w->file) < 0) failed = 1;
-    w->memory_type = w->latents = w->text = w->file = -1;
+    hid_t *handles[4] = {&w->memory_type, &w->latents, &w->text, &w->file};
+    for (int i = 0; i < 4; i++) {
+        hid_t handle = *handles[i];
+        if (handle <= 0) continue;
+        herr_t status = i == 0 ? H5Tclose(handle) : i == 3 ? H5Fclose(handle) : H5Dclose(handle);
+        if (status < 0 && !failed++) h5_last_error(message);
+        *handles[i] = -1;
+    }
     return failed;
 }
 
@@ -767,6 +865,29 @@ static void writer_free(store_writer *w)
     free(w->index);
     free(w->scratch);
     free(w);
+}
+
+/* What `path` is when it exists and is not a regular file ("a directory", ...); NULL when it is a regular
+   file or does not exist. The writer replaces only regular files: a rename over a directory, a symbolic
+   link or a device node would lose or redirect it. */
+static const char *not_a_regular_file(const char *path)
+{
+    struct stat info;
+    if (lstat(path, &info) != 0 || S_ISREG(info.st_mode)) return NULL;
+    if (S_ISDIR(info.st_mode)) return "a directory";
+    if (S_ISLNK(info.st_mode)) return "a symbolic link";
+    if (S_ISCHR(info.st_mode) || S_ISBLK(info.st_mode)) return "a device";
+    if (S_ISFIFO(info.st_mode)) return "a named pipe";
+    if (S_ISSOCK(info.st_mode)) return "a socket";
+    return "not a regular file";
+}
+
+/* Refuses `path` (the store or its temporary file) when it exists and is not a regular file. */
+static int check_replaceable(const char *path, FILE *errors)
+{
+    const char *kind = not_a_regular_file(path);
+    if (kind) return report(errors, path, "exists and is %s; the store writer replaces only regular files", kind);
+    return 0;
 }
 
 store_writer *store_writer_create(const char *path, int32_t text_dim, store_precision precision, FILE *errors)
@@ -779,9 +900,12 @@ store_writer *store_writer_create(const char *path, int32_t text_dim, store_prec
         report(errors, path, "text_dim %d is outside [1, %d]", text_dim, MAX_TEXT_DIM);
         return NULL;
     }
+    char temporary_path[sizeof ((store_writer *)0)->temporary_path];
+    snprintf(temporary_path, sizeof temporary_path, "%s.tmp", path);
+    if (check_replaceable(path, errors) || check_replaceable(temporary_path, errors)) return NULL;
     store_writer *w = xcalloc(1, sizeof *w);
     snprintf(w->path, sizeof w->path, "%s", path);
-    snprintf(w->temporary_path, sizeof w->temporary_path, "%s.tmp", path);
+    snprintf(w->temporary_path, sizeof w->temporary_path, "%s", temporary_path);
     w->errors = errors;
     w->precision = precision;
     w->text_dim = text_dim;
@@ -799,7 +923,8 @@ store_writer *store_writer_create(const char *path, int32_t text_dim, store_prec
     }
     if (failed) {
         int created = w->file >= 0;
-        writer_close_handles(w);
+        char ignored[256];
+        writer_close_handles(w, ignored);
         H5Eclear2(H5E_DEFAULT);
         if (created) unlink(w->temporary_path);
         writer_free(w);
@@ -855,6 +980,40 @@ static int append_values(store_writer *w, hid_t dataset, const char *name, int64
     return failed;
 }
 
+/* Bytes the finished file may take after `latents_length` and `text_length` values and `n_rows` index rows:
+   whole chunks (HDF5 allocates chunks whole), the index, and generous room for HDF5's own metadata. */
+static int64_t writer_size_estimate(const store_writer *w, int64_t latents_length, int64_t text_length, int64_t n_rows)
+{
+    int64_t chunk = (int64_t)CHUNK_ELEMENTS, chunks = (latents_length + chunk - 1) / chunk + (text_length + chunk - 1) / chunk;
+    return chunks * chunk * store_precision_bytes(w->precision) + n_rows * STORE_INDEX_COLUMNS * 8 + chunks * 64 +
+           ((int64_t)64 << 10);
+}
+
+/* Checks, before HDF5 is asked to write them, that `latent_count` and `text_count` more values (and the index)
+   fit the file system's free space and the file size limit (ulimit -f): HDF5 buffers writes and, when one
+   fails only at close, cannot close the file cleanly. Reports errno's text naming the file; 0 when they fit
+   or when the file system does not say. */
+static int writer_check_space(store_writer *w, int64_t latent_count, int64_t text_count)
+{
+    int64_t n_rows = w->n_samples + (latent_count > 0);
+    int64_t need = writer_size_estimate(w, w->latents_length + latent_count, w->text_length + text_count, n_rows);
+    struct rlimit limit;
+    if (getrlimit(RLIMIT_FSIZE, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY && (uint64_t)need > (uint64_t)limit.rlim_cur)
+        return report(w->errors, w->temporary_path, "%s: sample %lld would grow the store to about %lld bytes, past the "
+                      "file size limit of %llu bytes (ulimit -f)", strerror(EFBIG), (long long)w->n_samples,
+                      (long long)need, (unsigned long long)limit.rlim_cur);
+    struct stat info;
+    struct statvfs file_system;
+    if (stat(w->temporary_path, &info) != 0 || statvfs(w->temporary_path, &file_system) != 0 || file_system.f_blocks == 0)
+        return 0; /* cannot tell: a failed write is reported by HDF5 */
+    int64_t held = (int64_t)info.st_blocks * 512, free_bytes = (int64_t)file_system.f_bavail * (int64_t)file_system.f_frsize;
+    if (need - held > free_bytes)
+        return report(w->errors, w->temporary_path, "%s: %s %lld needs about %lld more bytes, %lld are free",
+                      strerror(ENOSPC), latent_count > 0 ? "sample" : "the index of samples 0 to", (long long)(w->n_samples - (latent_count == 0)),
+                      (long long)(need - held), (long long)free_bytes);
+    return 0;
+}
+
 int store_writer_add(store_writer *w, int32_t channels, int32_t frames, int32_t height, int32_t width,
                      const float *latent, int32_t text_len, const float *text)
 {
@@ -873,6 +1032,7 @@ int store_writer_add(store_writer *w, int32_t channels, int32_t frames, int32_t 
     size_t value_bytes = (size_t)store_precision_bytes(w->precision);
     int64_t latent_offset = w->latents_length, text_offset = w->text_length;
 
+    if (writer_check_space(w, latent_count, text_count)) return w->failed = 1;
     h5_auto_print saved = h5_quiet_begin();
     int failed = convert_values(w, latent, latent_count, "latent");
     uint32_t crc = failed ? 0 : store_crc32(0, w->scratch, (size_t)latent_count * value_bytes);
@@ -950,10 +1110,14 @@ int store_writer_close(store_writer *w)
     int failed = w->failed;
     if (!failed && w->n_samples == 0) failed = report(w->errors, w->path, "no samples were added; a store needs at least one");
     h5_auto_print saved = h5_quiet_begin();
+    if (!failed) failed = writer_check_space(w, 0, 0);
     if (!failed && write_index(w)) failed = report_h5(w->errors, w->temporary_path, "cannot write /index and the attributes");
-    if (writer_close_handles(w) && !failed) failed = report_h5(w->errors, w->temporary_path, "cannot close the file");
+    char message[256];
+    if (writer_close_handles(w, message) && !failed)
+        failed = report(w->errors, w->temporary_path, "cannot close the file (HDF5: %s)", message);
     H5Eclear2(H5E_DEFAULT);
     h5_quiet_end(saved);
+    if (!failed) failed = check_replaceable(w->path, w->errors);
     if (!failed && sync_file(w->temporary_path))
         failed = report(w->errors, w->temporary_path, "cannot sync to disk: %s", strerror(errno));
     if (!failed && rename(w->temporary_path, w->path) != 0)
@@ -966,7 +1130,8 @@ int store_writer_close(store_writer *w)
 void store_writer_discard(store_writer *w)
 {
     h5_auto_print saved = h5_quiet_begin();
-    writer_close_handles(w);
+    char ignored[256];
+    writer_close_handles(w, ignored);
     H5Eclear2(H5E_DEFAULT);
     h5_quiet_end(saved);
     unlink(w->temporary_path);

@@ -79,7 +79,7 @@ uint16_t store_f32_to_bf16(float value);
 float store_bf16_to_f32(uint16_t bits);
 uint16_t store_f32_to_f16(float value);
 float store_f16_to_f32(uint16_t bits);
-/* CRC-32 (IEEE 802.3, the same as zlib.crc32 / binascii.crc32): pass crc = 0 to start, or the
+/* CRC-32 (IEEE 802.3) through zlib's crc32, the same as Python's zlib.crc32: pass crc = 0 to start, or the
    previous result to continue over more bytes. */
 uint32_t store_crc32(uint32_t crc, const void *bytes, size_t n_bytes);
 

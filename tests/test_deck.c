@@ -291,6 +291,25 @@ static void test_syntax_errors_and_indented_keys(void **state)
     load_free(&result);
 }
 
+/* A NUL byte would end the line's C string and drop the rest of it silently: an error naming FILE:LINE,
+   and the lines after it still parse. */
+static void test_nul_byte_in_a_line(void **state)
+{
+    (void)state;
+    static const char text[] = "[run]\ndir = run\0/elsewhere\nepochs = 2\n";
+    load_result result = {0};
+    snprintf(result.path, sizeof result.path, "/tmp/test_deck_XXXXXX");
+    int fd = mkstemp(result.path);
+    assert_true(fd >= 0);
+    assert_int_equal(write(fd, text, sizeof text - 1), (ssize_t)(sizeof text - 1));
+    close(fd);
+    load_path(&result, result.path, 0, NULL);
+    assert_message(&result, result.path, 2, "NUL byte in the line");
+    assert_int_equal(result.n_errors, 1);
+    assert_int_equal(result.config.run.epochs, 2);
+    load_free(&result);
+}
+
 static void test_missing_file(void **state)
 {
     (void)state;
@@ -796,6 +815,35 @@ static void test_cli_errors(void **state)
     assert_non_null(strstr(messages, "unknown option '--chek'"));
     free(messages);
     assert_int_equal(parse_command_line(&args, &messages, 3, "aldit", "-x", "--check"), 2);
+    assert_non_null(strstr(messages, "unknown option '-x'"));
+    free(messages);
+    assert_int_equal(parse_command_line(&args, &messages, 3, "aldit", "--check=yes", "run.ini"), 1);
+    assert_non_null(strstr(messages, "option '--check=yes' takes no value"));
+    free(messages);
+    assert_int_equal(parse_command_line(&args, &messages, 3, "aldit", "--check", "-Vx"), 1); /* a cluster of short ones */
+    assert_non_null(strstr(messages, "unknown option '-x'"));
+    free(messages);
+}
+
+/* getopt_long: unique prefixes of long options, and clusters of short ones */
+static void test_cli_getopt_forms(void **state)
+{
+    (void)state;
+    cli_args args;
+    char *messages = NULL;
+    assert_int_equal(parse_command_line(&args, &messages, 3, "aldit", "--chec", "run.ini"), 0);
+    assert_int_equal(args.mode, CLI_CHECK);
+    assert_string_equal(args.deck_path, "run.ini");
+    free(messages);
+    assert_int_equal(parse_command_line(&args, &messages, 2, "aldit", "-Vh"), 0);
+    assert_int_equal(args.mode, CLI_HELP); /* --help wins over --version, as before */
+    free(messages);
+    /* after "--" even an option's name is the deck or an override */
+    assert_int_equal(parse_command_line(&args, &messages, 5, "aldit", "a.ini", "--", "--check", "x.y=1"), 0);
+    assert_int_equal(args.mode, CLI_RUN);
+    assert_int_equal(args.n_overrides, 2);
+    assert_string_equal(args.overrides[0], "--check");
+    assert_string_equal(args.overrides[1], "x.y=1");
     free(messages);
 }
 
@@ -808,6 +856,7 @@ int main(void)
         cmocka_unit_test(test_shipped_decks),
         cmocka_unit_test(test_every_error_kind_with_its_line),
         cmocka_unit_test(test_syntax_errors_and_indented_keys),
+        cmocka_unit_test(test_nul_byte_in_a_line),
         cmocka_unit_test(test_missing_file),
         cmocka_unit_test(test_errors_collected_from_file_and_command_line),
         cmocka_unit_test(test_many_errors_counted_first_hundred_printed),
@@ -831,6 +880,7 @@ int main(void)
         cmocka_unit_test(test_help_lists_every_key),
         cmocka_unit_test(test_cli_modes),
         cmocka_unit_test(test_cli_errors),
+        cmocka_unit_test(test_cli_getopt_forms),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,12 +1,16 @@
 /* test_store.c — cmocka tests of the latent store (conversions, round trips in every precision, the index,
-   every error a reader can meet) and of length specs (parser errors with line numbers, seeded draws). */
+   every error a reader can meet, foreign types, strings and filters, the writer's refusals) and of length
+   specs (parser errors with line numbers, weight overflow, seeded draws). */
 #include "io/lengths.h"
 #include "core/rng.h"
 #include "io/store.h"
 
 #include <hdf5.h>
+#include <zlib.h>
 
 #include <dirent.h>
+#include <errno.h>
+#include <signal.h>
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -15,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -189,6 +194,16 @@ static void test_crc32(void **state)
     assert_int_equal(store_crc32(0, "123456789", 9), 0xcbf43926u); /* the standard check value */
     assert_int_equal(store_crc32(store_crc32(0, "1234", 4), "56789", 5), 0xcbf43926u);
     assert_int_equal(store_crc32(0, "", 0), 0);
+    /* zlib's crc32 gives the same values, over any lengths and split points (stores written before verify) */
+    static unsigned char bytes[4099];
+    uint64_t random_state = 99;
+    for (size_t i = 0; i < sizeof bytes; i++) bytes[i] = (unsigned char)rng_next_u64(&random_state);
+    for (size_t length = 0; length < sizeof bytes; length += 1 + length / 3) {
+        uint32_t expected = (uint32_t)crc32(0L, bytes, (uInt)length);
+        assert_int_equal(store_crc32(0, bytes, length), expected);
+        size_t split = length / 3;
+        assert_int_equal(store_crc32(store_crc32(0, bytes, split), bytes + split, length - split), expected);
+    }
 }
 
 /* ---- round trips --------------------------------------------------------------------------------- */
@@ -428,7 +443,7 @@ static void test_dtype_mismatch(void **state)
     const test_folder *folder = *state;
     write_default_store(folder); /* bf16: uint16 data */
     set_root_attribute(folder->path, "latent_dtype", 0, "f32");
-    expect_open_error(folder->path, "/latents holds 2-byte integer values", "latent_dtype = f32");
+    expect_open_error(folder->path, "/latents holds uint16 values", "latent_dtype = f32 needs float32");
     set_root_attribute(folder->path, "latent_dtype", 0, "f64");
     expect_open_error(folder->path, "latent_dtype is 'f64'", NULL);
 }
@@ -670,6 +685,299 @@ static void test_foreign_writer(void **state)
     store_close(&s);
 }
 
+static void write_text(const char *path, const char *text);
+
+/* Replaces dataset `name` (1-D) by one of `type` holding the same values converted (HDF5's conversion),
+   chunked with `filter` in its pipeline when filter > 0. */
+static void replace_values(const char *path, const char *name, hid_t type, H5Z_filter_t filter)
+{
+    hid_t file = open_rw(path), dataset = H5Dopen2(file, name, H5P_DEFAULT), old_space = H5Dget_space(dataset);
+    hsize_t n = (hsize_t)H5Sget_simple_extent_npoints(old_space);
+    H5Sclose(old_space);
+    hid_t space = H5Screate_simple(1, &n, NULL);
+    double *values = malloc((size_t)n * sizeof *values);
+    assert_true(H5Dread(dataset, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, values) >= 0);
+    H5Dclose(dataset);
+    assert_true(H5Ldelete(file, name, H5P_DEFAULT) >= 0);
+    hid_t create = H5Pcreate(H5P_DATASET_CREATE);
+    hsize_t chunk[1] = {64};
+    if (filter > 0) {
+        assert_true(H5Pset_chunk(create, 1, chunk) >= 0);
+        assert_true(H5Pset_filter(create, filter, H5Z_FLAG_MANDATORY, 0, NULL) >= 0);
+    }
+    dataset = H5Dcreate2(file, name, type, space, H5P_DEFAULT, create, H5P_DEFAULT);
+    assert_true(dataset >= 0);
+    assert_true(H5Dwrite(dataset, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, values) >= 0);
+    H5Dclose(dataset);
+    H5Pclose(create);
+    H5Sclose(space);
+    assert_true(H5Fclose(file) >= 0);
+    free(values);
+}
+
+/* An int16 (or any other integer or float) /latents or /text is refused, naming the dataset, its type and
+   the one the precision needs: HDF5 would otherwise convert the values silently into wrong ones. */
+static void test_values_type_mismatch(void **state)
+{
+    const test_folder *folder = *state;
+    write_default_store(folder); /* bf16 */
+    replace_values(folder->path, "/latents", H5T_STD_I16LE, 0);
+    expect_open_error(folder->path, "/latents holds int16 values", "latent_dtype = bf16 needs uint16");
+    write_default_store(folder);
+    replace_values(folder->path, "/text", H5T_STD_U32LE, 0);
+    expect_open_error(folder->path, "/text holds uint32 values", "text_dtype = bf16 needs uint16");
+
+    sample_set set;
+    sample_set_make(&set, 6, 3);
+    write_set(folder->path, &set, STORE_F32);
+    replace_values(folder->path, "/latents", H5T_IEEE_F64LE, 0);
+    expect_open_error(folder->path, "/latents holds float64", "latent_dtype = f32 needs float32");
+    write_set(folder->path, &set, STORE_F16);
+    hid_t bfloat = H5Tcopy(H5T_IEEE_F32LE); /* a 16-bit float that is not IEEE half: bfloat16 as a float type */
+    assert_true(H5Tset_fields(bfloat, 15, 7, 8, 0, 7) >= 0 && H5Tset_size(bfloat, 2) >= 0 && H5Tset_ebias(bfloat, 127) >= 0);
+    replace_values(folder->path, "/text", bfloat, 0);
+    H5Tclose(bfloat);
+    expect_open_error(folder->path, "/text holds float16 (8 exponent, 7 mantissa bits)", "needs float16 (IEEE half)");
+    write_set(folder->path, &set, STORE_F16);
+    replace_values(folder->path, "/text", H5T_IEEE_F32BE, 0); /* big-endian f32 for f16: still the wrong type */
+    expect_open_error(folder->path, "/text holds float32", "text_dtype = f16");
+    /* the right type in the other byte order is fine: HDF5 converts it */
+    write_set(folder->path, &set, STORE_F32);
+    replace_values(folder->path, "/latents", H5T_IEEE_F32BE, 0);
+    store s;
+    assert_int_equal(store_open(&s, folder->path, stderr), 0);
+    float *latent = malloc((size_t)s.max_latent_elements * sizeof(float)), *text = malloc((size_t)s.max_text_elements * sizeof(float));
+    for (int64_t id = 0; id < s.n_samples; id++) assert_int_equal(store_verify_sample(&s, id, latent, text, stderr), 0);
+    free(latent);
+    free(text);
+    store_close(&s);
+    sample_set_free(&set);
+}
+
+/* Writes string attribute `name` on the object at `object_path`: variable-length when size is 0, else
+   fixed-length of `size` bytes with `pad`; in character set `cset`. */
+static void set_string_attribute(const char *path, const char *object_path, const char *name, const char *value,
+                                 size_t size, H5T_str_t pad, H5T_cset_t cset)
+{
+    hid_t file = open_rw(path), object = H5Oopen(file, object_path, H5P_DEFAULT);
+    assert_true(object >= 0);
+    if (H5Aexists(object, name) > 0) assert_true(H5Adelete(object, name) >= 0);
+    hid_t space = H5Screate(H5S_SCALAR), type = H5Tcopy(H5T_C_S1);
+    assert_true(H5Tset_size(type, size ? size : H5T_VARIABLE) >= 0 && H5Tset_cset(type, cset) >= 0);
+    if (size) assert_true(H5Tset_strpad(type, pad) >= 0);
+    hid_t attribute = H5Acreate2(object, name, type, space, H5P_DEFAULT, H5P_DEFAULT);
+    assert_true(attribute >= 0);
+    char padded[256];
+    memset(padded, pad == H5T_STR_SPACEPAD ? ' ' : 0, sizeof padded);
+    memcpy(padded, value, strlen(value));
+    assert_true(H5Awrite(attribute, type, size ? (const void *)padded : (const void *)&value) >= 0);
+    H5Aclose(attribute);
+    H5Tclose(type);
+    H5Sclose(space);
+    H5Oclose(object);
+    assert_true(H5Fclose(file) >= 0);
+}
+
+/* Fixed-length (any padding) and variable-length string attributes, ASCII or UTF-8, all read: the root
+   precision names and /index's columns (h5py writes str as variable-length UTF-8, bytes as fixed-length). */
+static void test_string_attributes(void **state)
+{
+    const test_folder *folder = *state;
+    const struct { size_t size; H5T_str_t pad; H5T_cset_t cset; } kinds[] = {
+        {0, H5T_STR_NULLTERM, H5T_CSET_UTF8},  {0, H5T_STR_NULLTERM, H5T_CSET_ASCII}, {4, H5T_STR_NULLPAD, H5T_CSET_ASCII},
+        {5, H5T_STR_NULLTERM, H5T_CSET_ASCII}, {8, H5T_STR_NULLPAD, H5T_CSET_UTF8},   {8, H5T_STR_SPACEPAD, H5T_CSET_ASCII},
+    };
+    enum { N_KINDS = sizeof kinds / sizeof *kinds };
+    /* first /index's columns in each kind (the root's as aldit writes them), then the root attributes */
+    for (size_t k = 0; k < 2 * N_KINDS; k++) {
+        size_t kind = k % N_KINDS;
+        write_default_store(folder);
+        if (k >= N_KINDS) {
+            set_string_attribute(folder->path, "/", "latent_dtype", "bf16", kinds[kind].size, kinds[kind].pad, kinds[kind].cset);
+            set_string_attribute(folder->path, "/", "text_dtype", "bf16", kinds[kind].size, kinds[kind].pad, kinds[kind].cset);
+        } else {
+            size_t columns_size = kinds[kind].size ? strlen(STORE_INDEX_COLUMN_NAMES) + kinds[kind].size : 0;
+            set_string_attribute(folder->path, "/index", "columns", STORE_INDEX_COLUMN_NAMES, columns_size, kinds[kind].pad,
+                                 kinds[kind].cset);
+        }
+        char *messages = NULL;
+        size_t size = 0;
+        FILE *errors = open_memstream(&messages, &size);
+        store s;
+        int status = store_open(&s, folder->path, errors);
+        fclose(errors);
+        if (status != 0) fail_msg("%s, string kind %zu (size %zu, pad %d, cset %d): %s", k >= N_KINDS ? "root" : "columns",
+                                  kind, kinds[kind].size, (int)kinds[kind].pad, (int)kinds[kind].cset, messages);
+        assert_int_equal(s.latent_precision, STORE_BF16);
+        store_close(&s);
+        free(messages);
+    }
+    /* a wrong value is still named */
+    write_default_store(folder);
+    set_string_attribute(folder->path, "/index", "columns", "channels,frames", 0, H5T_STR_NULLTERM, H5T_CSET_UTF8);
+    expect_open_error(folder->path, "/index columns are 'channels,frames'", NULL);
+}
+
+/* Rewrites /index with element type `type`, keeping the values' low 32 bits where it is 32 bits wide
+   (what numpy's astype(int32) does). */
+static void rewrite_index(const char *path, hid_t type, int64_t rows[][STORE_INDEX_COLUMNS], int n_rows)
+{
+    hid_t file = open_rw(path);
+    assert_true(H5Ldelete(file, "/index", H5P_DEFAULT) >= 0);
+    hsize_t dims[2] = {(hsize_t)n_rows, STORE_INDEX_COLUMNS};
+    hid_t space = H5Screate_simple(2, dims, NULL);
+    hid_t index = H5Dcreate2(file, "/index", type, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    assert_true(index >= 0);
+    int32_t *narrow = malloc((size_t)n_rows * STORE_INDEX_COLUMNS * sizeof *narrow);
+    for (int i = 0; i < n_rows * STORE_INDEX_COLUMNS; i++) narrow[i] = (int32_t)(uint32_t)rows[i / STORE_INDEX_COLUMNS][i % STORE_INDEX_COLUMNS];
+    assert_true(H5Dwrite(index, H5T_NATIVE_INT32, H5S_ALL, H5S_ALL, H5P_DEFAULT, narrow) >= 0);
+    free(narrow);
+    H5Dclose(index);
+    H5Sclose(space);
+    assert_true(H5Fclose(file) >= 0);
+}
+
+/* An int32 /index holds checksums >= 2^31 wrapped to negative numbers: they are read as unsigned and verify. */
+static void test_int32_index_checksums(void **state)
+{
+    const test_folder *folder = *state;
+    write_default_store(folder);
+    store s;
+    assert_int_equal(store_open(&s, folder->path, stderr), 0);
+    int64_t rows[12][STORE_INDEX_COLUMNS];
+    int n_high = 0;
+    for (int i = 0; i < 12; i++) {
+        const store_sample *x = &s.samples[i];
+        int64_t row[STORE_INDEX_COLUMNS] = {x->channels, x->frames, x->height, x->width, x->text_len, x->latent_offset,
+                                            x->text_offset, x->checksum};
+        memcpy(rows[i], row, sizeof row);
+        n_high += x->checksum >= UINT32_C(0x80000000);
+    }
+    store_close(&s);
+    assert_true(n_high > 0); /* the seed gives some checksums >= 2^31 */
+    rewrite_index(folder->path, H5T_STD_I32LE, rows, 12);
+    assert_int_equal(store_open(&s, folder->path, stderr), 0);
+    float *latent = malloc((size_t)s.max_latent_elements * sizeof(float)), *text = malloc((size_t)s.max_text_elements * sizeof(float));
+    for (int64_t id = 0; id < s.n_samples; id++) {
+        assert_int_equal(s.samples[id].checksum, (uint32_t)rows[id][7]);
+        assert_int_equal(store_verify_sample(&s, id, latent, text, stderr), 0);
+    }
+    free(latent);
+    free(text);
+    store_close(&s);
+    rewrite_index(folder->path, H5T_STD_I16LE, rows, 12); /* too narrow for a checksum */
+    expect_open_error(folder->path, "/index holds int16 values", "needs 32 bits");
+}
+
+/* A stand-in for a compression filter this HDF5 lacks (h5py's lzf is filter 32000): registered while the
+   store is written, unregistered before it is read. */
+static size_t identity_filter(unsigned int flags, size_t n_values, const unsigned int values[], size_t n_bytes,
+                              size_t *buffer_size, void **buffer)
+{
+    (void)flags; (void)n_values; (void)values; (void)buffer_size; (void)buffer;
+    return n_bytes;
+}
+
+static void test_unavailable_filter(void **state)
+{
+    const test_folder *folder = *state;
+    enum { FILTER_LZF = 32000 };
+    const H5Z_class2_t filter = {H5Z_CLASS_T_VERS, FILTER_LZF, 1, 1, "lzf", NULL, NULL, identity_filter};
+    assert_true(H5Zregister(&filter) >= 0);
+    write_default_store(folder);
+    replace_values(folder->path, "/text", H5T_STD_U16LE, FILTER_LZF);
+    store s;
+    assert_int_equal(store_open(&s, folder->path, stderr), 0); /* fine while the filter is there */
+    store_close(&s);
+    assert_true(H5Zunregister(FILTER_LZF) >= 0);
+    expect_open_error(folder->path, "/text is stored through HDF5 filter 32000 (lzf)", "cannot decode");
+}
+
+/* The writer replaces only regular files: a directory, a symbolic link or a FIFO at PATH (or PATH.tmp) is
+   refused by name and left as it was. */
+static void test_writer_refuses_non_regular_out(void **state)
+{
+    const test_folder *folder = *state;
+    char target[600], link_path[600], temporary[600];
+    assert_int_equal(mkdir(folder->path, 0700), 0);
+    char *messages = NULL;
+    size_t size = 0;
+    FILE *errors = open_memstream(&messages, &size);
+    assert_null(store_writer_create(folder->path, TEXT_DIM, STORE_BF16, errors));
+    fclose(errors);
+    assert_non_null(strstr(messages, folder->path));
+    assert_non_null(strstr(messages, "exists and is a directory"));
+    free(messages);
+    assert_int_equal(rmdir(folder->path), 0);
+
+    snprintf(target, sizeof target, "%s/target", folder->dir);
+    snprintf(link_path, sizeof link_path, "%s/link.h5", folder->dir);
+    write_text(target, "keep me\n");
+    assert_int_equal(symlink("target", link_path), 0);
+    errors = open_memstream(&messages, &size);
+    assert_null(store_writer_create(link_path, TEXT_DIM, STORE_BF16, errors));
+    fclose(errors);
+    assert_non_null(strstr(messages, "link.h5: exists and is a symbolic link"));
+    free(messages);
+    snprintf(temporary, sizeof temporary, "%s.tmp", folder->path); /* a symlink as the temporary file */
+    assert_int_equal(symlink("target", temporary), 0);
+    errors = open_memstream(&messages, &size);
+    assert_null(store_writer_create(folder->path, TEXT_DIM, STORE_BF16, errors));
+    fclose(errors);
+    assert_non_null(strstr(messages, "store.h5.tmp: exists and is a symbolic link"));
+    free(messages);
+    struct stat info;
+    assert_int_equal(stat(target, &info), 0);
+    assert_int_equal(info.st_size, 8); /* untouched */
+    unlink(temporary);
+    unlink(link_path);
+
+    assert_int_equal(mkfifo(link_path, 0600), 0); /* (a device node needs root; a FIFO is not a regular file either) */
+    errors = open_memstream(&messages, &size);
+    assert_null(store_writer_create(link_path, TEXT_DIM, STORE_BF16, errors));
+    fclose(errors);
+    assert_non_null(strstr(messages, "link.h5: exists and is a named pipe"));
+    free(messages);
+    unlink(link_path);
+}
+
+/* A store that cannot fit (here: past the file size limit, as a full disk would be) fails at the sample
+   that would not fit, with errno's text naming the file, and leaves no file behind. */
+static void test_writer_file_too_large(void **state)
+{
+    const test_folder *folder = *state;
+    struct rlimit saved, small;
+    assert_int_equal(getrlimit(RLIMIT_FSIZE, &saved), 0);
+    small = saved;
+    small.rlim_cur = 3u << 20; /* 3 MiB: a few chunks */
+    if (saved.rlim_max != RLIM_INFINITY && saved.rlim_max < small.rlim_cur) skip();
+    void (*previous)(int) = signal(SIGXFSZ, SIG_IGN);
+    assert_int_equal(setrlimit(RLIMIT_FSIZE, &small), 0);
+    char *messages = NULL;
+    size_t size = 0;
+    FILE *errors = open_memstream(&messages, &size);
+    store_writer *writer = store_writer_create(folder->path, TEXT_DIM, STORE_F32, errors);
+    assert_non_null(writer);
+    enum { VALUES = 1 << 18 };
+    float *latent = calloc(VALUES, sizeof(float)), text[TEXT_DIM] = {0};
+    int failed_at = -1;
+    for (int i = 0; i < 8 && failed_at < 0; i++)
+        if (store_writer_add(writer, 1, 1, 512, 512, latent, 1, text)) failed_at = i;
+    int closed = store_writer_close(writer);
+    assert_int_equal(setrlimit(RLIMIT_FSIZE, &saved), 0);
+    signal(SIGXFSZ, previous);
+    fclose(errors);
+    assert_true(failed_at > 0);
+    assert_int_not_equal(closed, 0);
+    if (!strstr(messages, "store.h5.tmp: ") || !strstr(messages, strerror(EFBIG))) fail_msg("message: %s", messages);
+    free(messages);
+    free(latent);
+    assert_int_not_equal(access(folder->path, F_OK), 0);
+    char temporary[600];
+    snprintf(temporary, sizeof temporary, "%s.tmp", folder->path);
+    assert_int_not_equal(access(temporary, F_OK), 0);
+}
+
 /* ---- length specs -------------------------------------------------------------------------------- */
 
 static void write_text(const char *path, const char *text)
@@ -734,6 +1042,32 @@ static void test_lengths_errors_name_lines(void **state)
         snprintf(expected, sizeof expected, "%s%s", folder->path, fragments[i]);
         if (!strstr(messages, expected)) fail_msg("messages lack '%s':\n%s", expected, messages);
     }
+    free(messages);
+}
+
+/* Weights that overflow (or sum past LENGTHS_MAX_WEIGHT_SUM) would let one bucket take every draw. */
+static void test_lengths_weight_overflow(void **state)
+{
+    const test_folder *folder = *state;
+    length_bucket *buckets = NULL;
+    int n_buckets = 0;
+    char *messages = NULL, expected[600];
+    /* 1e308 + 1.7e308 overflows to infinity: reported once, at the first line past the limit */
+    write_text(folder->path, "# weight frames height width\n1 1 2 2\n1e308 1 4 4\n1.7e308 1 8 8\n");
+    assert_int_equal(load_spec(folder->path, &buckets, &n_buckets, &messages), 1);
+    snprintf(expected, sizeof expected, "%s:3: the weights so far sum to 1e+308, more than 1e+15", folder->path);
+    if (!strstr(messages, expected)) fail_msg("messages lack '%s':\n%s", expected, messages);
+    assert_null(buckets);
+    free(messages);
+    write_text(folder->path, "6e14 1 2 2\n6e14 1 4 4\n"); /* each weight fine, the sum not */
+    assert_int_equal(load_spec(folder->path, &buckets, &n_buckets, &messages), 1);
+    snprintf(expected, sizeof expected, "%s:2: the weights so far sum to 1.2e+15, more than 1e+15", folder->path);
+    if (!strstr(messages, expected)) fail_msg("messages lack '%s':\n%s", expected, messages);
+    free(messages);
+    write_text(folder->path, "1e14 1 2 2\n1e-3 1 4 4\n"); /* large but fine */
+    assert_int_equal(load_spec(folder->path, &buckets, &n_buckets, &messages), 0);
+    assert_int_equal(n_buckets, 2);
+    free(buckets);
     free(messages);
 }
 
@@ -832,6 +1166,13 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_checksum_mismatch, folder_setup, folder_teardown),
         cmocka_unit_test_setup_teardown(test_nonfinite_value, folder_setup, folder_teardown),
         cmocka_unit_test_setup_teardown(test_foreign_writer, folder_setup, folder_teardown),
+        cmocka_unit_test_setup_teardown(test_values_type_mismatch, folder_setup, folder_teardown),
+        cmocka_unit_test_setup_teardown(test_string_attributes, folder_setup, folder_teardown),
+        cmocka_unit_test_setup_teardown(test_int32_index_checksums, folder_setup, folder_teardown),
+        cmocka_unit_test_setup_teardown(test_unavailable_filter, folder_setup, folder_teardown),
+        cmocka_unit_test_setup_teardown(test_writer_refuses_non_regular_out, folder_setup, folder_teardown),
+        cmocka_unit_test_setup_teardown(test_writer_file_too_large, folder_setup, folder_teardown),
+        cmocka_unit_test_setup_teardown(test_lengths_weight_overflow, folder_setup, folder_teardown),
         cmocka_unit_test_setup_teardown(test_lengths_good, folder_setup, folder_teardown),
         cmocka_unit_test_setup_teardown(test_lengths_errors_name_lines, folder_setup, folder_teardown),
         cmocka_unit_test_setup_teardown(test_lengths_missing_and_empty, folder_setup, folder_teardown),

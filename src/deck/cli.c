@@ -1,30 +1,47 @@
 /* cli.c — aldit's command line: options, the deck path and its overrides; --help and --version text. */
 #include "config.h"
 #include "deck/cli.h"
+#include "core/check.h"
 #include "deck/deck.h"
 
+#include <getopt.h>
+#include <stdlib.h>
 #include <string.h>
+
+/* Prints the usage error for the option getopt_long just refused (opterr is off); `word` is the argument
+   it was reading. */
+static void report_bad_option(const char *word, FILE *errors)
+{
+    if (strncmp(word, "--", 2) != 0) fprintf(errors, "aldit: unknown option '-%c'\n", optopt);
+    else if (optopt == 0) fprintf(errors, "aldit: unknown option '%s'\n", word); /* unknown or ambiguous */
+    else fprintf(errors, "aldit: option '%s' takes no value\n", word);
+}
 
 int cli_parse(int argc, char **argv, cli_args *out, FILE *errors)
 {
-    int n_errors = 0, want_help = 0, want_version = 0, want_check = 0, options_done = 0, n_positional = 0;
+    static const struct option options[] = {{"help", no_argument, NULL, 'h'}, {"version", no_argument, NULL, 'V'},
+                                            {"check", no_argument, NULL, 'c'}, {NULL, 0, NULL, 0}};
+    int n_errors = 0, want_help = 0, want_version = 0, want_check = 0, n_positional = 0;
     *out = (cli_args){.mode = CLI_RUN};
-    for (int i = 1; i < argc; i++) {
-        char *argument = argv[i];
-        if (!options_done && argument[0] == '-' && argument[1] != '\0') {
-            if (strcmp(argument, "--") == 0) options_done = 1;
-            else if (strcmp(argument, "--help") == 0 || strcmp(argument, "-h") == 0) want_help = 1;
-            else if (strcmp(argument, "--version") == 0 || strcmp(argument, "-V") == 0) want_version = 1;
-            else if (strcmp(argument, "--check") == 0) want_check = 1;
-            else {
-                fprintf(errors, "aldit: unknown option '%s'\n", argument);
-                n_errors++;
-            }
-        } else {
-            /* options may sit anywhere: the deck and its overrides move to the front of argv, in order */
-            argv[1 + n_positional++] = argument;
+    char **positional = xcalloc((size_t)argc + 1, sizeof *positional);
+    opterr = 0;
+    optind = 0; /* 0, not 1: glibc then resets all of getopt's state (cli_parse may run more than once) */
+    /* "-" first: words that are not options come back in order as 1, wherever the options sit */
+    for (;;) {
+        int word = optind == 0 ? 1 : optind, option = getopt_long(argc, argv, "-hV", options, NULL);
+        if (option == -1) break;
+        switch (option) {
+        case 1: positional[n_positional++] = optarg; break;
+        case 'h': want_help = 1; break;
+        case 'V': want_version = 1; break;
+        case 'c': want_check = 1; break;
+        default: report_bad_option(argv[word], errors); n_errors++; break;
         }
     }
+    for (int i = optind; i < argc; i++) positional[n_positional++] = argv[i]; /* the words after "--" */
+    /* the deck and its overrides move to the front of argv, in order */
+    for (int i = 0; i < n_positional; i++) argv[1 + i] = positional[i];
+    free(positional);
     if (n_positional > 0) {
         out->deck_path = argv[1];
         out->n_overrides = n_positional - 1;

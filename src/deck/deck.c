@@ -572,9 +572,15 @@ static void format_value(const deck *config, const deck_key *key, char *text, si
 static char *read_line(char *buffer, int buffer_size, void *user)
 {
     load_context *ctx = user;
-    if (getline(&ctx->line_buffer, &ctx->line_capacity, ctx->stream) < 0) return NULL;
+    ssize_t read = getline(&ctx->line_buffer, &ctx->line_capacity, ctx->stream);
+    if (read < 0) return NULL;
     ctx->line++;
     char *text = ctx->line_buffer;
+    if (memchr(text, '\0', (size_t)read)) { /* C strings would end there and drop the rest of the line */
+        report(ctx, ctx->line, "NUL byte in the line (is this a text file?)");
+        snprintf(buffer, (size_t)buffer_size, "\n");
+        return buffer;
+    }
     if (ctx->line == 1 && strncmp(text, "\xEF\xBB\xBF", 3) == 0) text += 3;
     while (isspace((unsigned char)*text)) text++;
 

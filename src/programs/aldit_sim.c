@@ -7,9 +7,9 @@
 #include "deck/deck.h"
 #include "io/lengths.h"
 #include "core/rng.h"
-#include "core/rng.h"
 #include "io/store.h"
 
+#include <getopt.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -78,24 +78,42 @@ static double parse_number(const char *option, const char *text, double min, dou
 
 static sim_args parse_args(int argc, char **argv)
 {
+    enum { OPT_JSON = 256, OPT_SPEC, OPT_STORE, OPT_MODEL, OPT_STRATEGY, OPT_RANKS, OPT_SAMPLES, OPT_NOISE, OPT_SEED };
+    static const struct option options[] = {
+        {"help", no_argument, NULL, 'h'},          {"json", no_argument, NULL, OPT_JSON},
+        {"spec", required_argument, NULL, OPT_SPEC}, {"store", required_argument, NULL, OPT_STORE},
+        {"model", required_argument, NULL, OPT_MODEL}, {"strategy", required_argument, NULL, OPT_STRATEGY},
+        {"ranks", required_argument, NULL, OPT_RANKS}, {"samples", required_argument, NULL, OPT_SAMPLES},
+        {"noise", required_argument, NULL, OPT_NOISE}, {"seed", required_argument, NULL, OPT_SEED},
+        {NULL, 0, NULL, 0}};
     sim_args args = {.strategy = "all", .n_samples = 100000, .seed = UINT64_MAX};
     args.overrides = xcalloc((size_t)argc, sizeof(char *));
-    for (int i = 1; i < argc; i++) {
-        const char *arg = argv[i], *value = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(arg, "--help") || !strcmp(arg, "-h")) { print_usage(stdout); exit(0); }
-        else if (!strcmp(arg, "--json")) args.json = 1;
-        else if (!strcmp(arg, "--spec")) { args.spec_path = value; i++; }
-        else if (!strcmp(arg, "--store")) { args.store_path = value; i++; }
-        else if (!strcmp(arg, "--model")) { args.deck_path = value; i++; }
-        else if (!strcmp(arg, "--strategy")) { args.strategy = value; i++; }
-        else if (!strcmp(arg, "--ranks")) { args.n_ranks = (int)parse_number(arg, value, 1, 1 << 20); i++; }
-        else if (!strcmp(arg, "--samples")) { args.n_samples = (int64_t)parse_number(arg, value, 1, 1e9); i++; }
-        else if (!strcmp(arg, "--noise")) { args.noise = parse_number(arg, value, 0, 0.99); i++; }
-        else if (!strcmp(arg, "--seed")) { args.seed = (uint64_t)parse_number(arg, value, 0, 9007199254740992.0); i++; }
-        else if (arg[0] != '-' && strchr(arg, '=')) args.overrides[args.n_overrides++] = argv[i];
-        else usage_error("unknown argument '%s'", arg);
-        if (i >= argc) usage_error("%s needs a value", arg);
+    opterr = 0;
+    optind = 0; /* 0: glibc resets all of getopt's state */
+    for (;;) {
+        /* "-" first: other words come back in order as 1; ":" reports a missing value as ':' */
+        int word = optind == 0 ? 1 : optind, option = getopt_long(argc, argv, "-:h", options, NULL);
+        if (option == -1) break;
+        switch (option) {
+        case 'h': print_usage(stdout); exit(0);
+        case OPT_JSON: args.json = 1; break;
+        case OPT_SPEC: args.spec_path = optarg; break;
+        case OPT_STORE: args.store_path = optarg; break;
+        case OPT_MODEL: args.deck_path = optarg; break;
+        case OPT_STRATEGY: args.strategy = optarg; break;
+        case OPT_RANKS: args.n_ranks = (int)parse_number("--ranks", optarg, 1, 1 << 20); break;
+        case OPT_SAMPLES: args.n_samples = (int64_t)parse_number("--samples", optarg, 1, 1e9); break;
+        case OPT_NOISE: args.noise = parse_number("--noise", optarg, 0, 0.99); break;
+        case OPT_SEED: args.seed = (uint64_t)parse_number("--seed", optarg, 0, 9007199254740992.0); break;
+        case 1:
+            if (optarg[0] != '-' && strchr(optarg, '=')) args.overrides[args.n_overrides++] = optarg;
+            else usage_error("unknown argument '%s'", optarg);
+            break;
+        case ':': usage_error("%s needs a value", argv[word]);
+        default: usage_error("unknown argument '%s'", argv[word]);
+        }
     }
+    for (int i = optind; i < argc; i++) usage_error("unknown argument '%s'", argv[i]); /* words after "--" */
     if (!args.spec_path == !args.store_path) usage_error("give exactly one of --spec FILE and --store FILE%s", "");
     if (!args.deck_path) usage_error("--model DECK is required%s", "");
     if (args.n_ranks <= 0) usage_error("--ranks R is required%s", "");

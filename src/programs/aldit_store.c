@@ -7,6 +7,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <getopt.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdarg.h>
@@ -56,34 +57,43 @@ static int usage_error(const char *format, ...)
     return EXIT_BAD_USAGE;
 }
 
-/* ---- command-line options: `--name value` or `--name=value` ------------------------------------ */
+/* ---- command-line options: `--name value` or `--name=value`, through getopt_long ------------------ */
 
 typedef struct { const char *name; const char **value; } option_slot;
 
-/* Fills the slots from argv; leftover words go to `positional` (at most max_positional). Returns 0 or exit code. */
+enum { MAX_SLOTS = 16 };
+
+/* Fills the slots from argv (argv[0] is the command); other words go to `positional` (at most
+   max_positional), in order; `--` ends the options. Returns 0 or the usage exit code. */
 static int parse_options(int argc, char **argv, option_slot *slots, int n_slots, const char **positional,
                          int max_positional, int *n_positional)
 {
+    struct option options[MAX_SLOTS + 1] = {{0}};
+    for (int i = 0; i < n_slots && i < MAX_SLOTS; i++)
+        options[i] = (struct option){.name = slots[i].name, .has_arg = required_argument, .val = 256 + i};
     *n_positional = 0;
-    for (int i = 0; i < argc; i++) {
-        const char *word = argv[i];
-        if (strncmp(word, "--", 2) != 0) {
-            if (*n_positional == max_positional) return usage_error("unexpected argument '%s'", word);
-            positional[(*n_positional)++] = word;
-            continue;
-        }
-        const char *equals = strchr(word, '=');
-        size_t name_length = equals ? (size_t)(equals - word - 2) : strlen(word) - 2;
-        option_slot *slot = NULL;
-        for (int s = 0; s < n_slots; s++)
-            if (strlen(slots[s].name) == name_length && strncmp(slots[s].name, word + 2, name_length) == 0) slot = &slots[s];
-        if (!slot) return usage_error("unknown option '%.*s'", (int)(name_length + 2), word);
-        if (equals) {
-            *slot->value = equals + 1;
+    opterr = 0;
+    optind = 0; /* 0: glibc resets all of getopt's state */
+    for (;;) {
+        int word = optind == 0 ? 1 : optind, option = getopt_long(argc, argv, "-:", options, NULL);
+        if (option == -1) break;
+        if (option == 1) {
+            if (*n_positional == max_positional) return usage_error("unexpected argument '%s'", optarg);
+            positional[(*n_positional)++] = optarg;
+        } else if (option >= 256 && option < 256 + n_slots) {
+            *slots[option - 256].value = optarg;
+        } else if (option == ':') {
+            return usage_error("option --%s needs a value", optopt >= 256 && optopt < 256 + n_slots ?
+                                                             slots[optopt - 256].name : "?");
         } else {
-            if (i + 1 >= argc) return usage_error("option --%s needs a value", slot->name);
-            *slot->value = argv[++i];
+            const char *text = argv[word], *equals = strchr(text, '=');
+            if (strncmp(text, "--", 2) != 0) return usage_error("unknown option '-%c'", optopt);
+            return usage_error("unknown option '%.*s'", equals ? (int)(equals - text) : (int)strlen(text), text);
         }
+    }
+    for (int i = optind; i < argc; i++) { /* the words after "--" */
+        if (*n_positional == max_positional) return usage_error("unexpected argument '%s'", argv[i]);
+        positional[(*n_positional)++] = argv[i];
     }
     return 0;
 }
@@ -690,9 +700,10 @@ int main(int argc, char **argv)
             return 0;
         }
     }
-    if (strcmp(command, "synth") == 0) return command_synth(argc - 2, argv + 2);
-    if (strcmp(command, "pack") == 0) return command_pack(argc - 2, argv + 2);
-    if (strcmp(command, "info") == 0) return command_info(argc - 2, argv + 2);
-    if (strcmp(command, "verify") == 0) return command_verify(argc - 2, argv + 2);
+    /* each command parses argv from the command word on (argv[0] for getopt_long) */
+    if (strcmp(command, "synth") == 0) return command_synth(argc - 1, argv + 1);
+    if (strcmp(command, "pack") == 0) return command_pack(argc - 1, argv + 1);
+    if (strcmp(command, "info") == 0) return command_info(argc - 1, argv + 1);
+    if (strcmp(command, "verify") == 0) return command_verify(argc - 1, argv + 1);
     return usage_error("unknown command '%s'", command);
 }
