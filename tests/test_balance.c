@@ -575,10 +575,12 @@ static void test_dual_constraints(void **state)
         for (int r = 0; r < 4; r++) {
             int64_t first = a.rank_start[r], n = a.rank_start[r + 1] - first;
             if (n <= 1) continue;
-            /* B x S samples of one bucket fit the memory budget at the bucket's longest text: one micro-batch */
+            /* B x S samples of one bucket fit the memory budget at the bucket's longest text: one micro-batch
+               (each sample at its own text is no more) */
             assert_int_equal(a.rank_micro_start[r + 1] - a.rank_micro_start[r], 1);
             double bytes = 0;
-            for (int64_t k = first; k < first + n; k++) bytes += cost_model_mem(cm, samples[a.indices[k]].tokens, 512);
+            for (int64_t k = first; k < first + n; k++)
+                bytes += cost_model_mem(cm, samples[a.indices[k]].tokens, samples[a.indices[k]].text_len);
             assert_true(bytes <= budget * 1.0001);
         }
         seen += a.global_samples;
