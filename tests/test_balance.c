@@ -636,6 +636,50 @@ static void test_memory_model(void **state)
     cost_model_free(&cm);
 }
 
+/* The cost model's parameter count and memory are the layout table's (model/layout.h): Wan's exact counts,
+   the formula's coefficients for the deck's backend, and one rank's state of 18 (GPU) or 16 (CPU) bytes per
+   parameter with shard = none. */
+static void test_memory_is_the_layout_formula(void **state)
+{
+    (void)state;
+    deck config;
+    deck_defaults(&config);   /* Wan-1.3B */
+    assert_int_equal(cost_model_param_count(&config), 1418996800);
+    const layout_dims dims = layout_dims_of(&config);
+    model_layout layout;
+    model_layout_init(&layout, &dims);
+    for (int device = 0; device < 2; device++) {
+        config.run.device = device ? DEVICE_CPU : DEVICE_AUTO;
+        const layout_backend backend = device ? LAYOUT_BACKEND_CPU : LAYOUT_BACKEND_GPU;
+        for (int block = 0; block < 2; block++) {
+            config.balance.recompute = block ? RECOMPUTE_BLOCK : RECOMPUTE_NONE;
+            cost_model cm;
+            cost_model_init(&cm, &config);
+            const layout_memory expected = model_layout_memory(&layout, backend, config.balance.recompute, 0);
+            assert_int_equal(cm.backend, backend);
+            assert_memory_equal(&cm.memory, &expected, sizeof expected);
+            assert_true(cost_model_mem(&cm, 3000, 100) ==
+                        (double)(layout_memory_bytes(&expected, 3000, 1, 100) - expected.fixed));
+            cost_model_free(&cm);
+        }
+        const double per_param = device ? 16.0 : 18.0;
+        assert_true(cost_model_state_bytes(&config) == per_param * 1418996800.0);
+    }
+    /* block recomputation keeps less, on the GPU; the CPU model keeps everything either way */
+    const layout_memory none = model_layout_memory(&layout, LAYOUT_BACKEND_GPU, RECOMPUTE_NONE, 0);
+    const layout_memory block = model_layout_memory(&layout, LAYOUT_BACKEND_GPU, RECOMPUTE_BLOCK, 0);
+    assert_true(block.per_token < none.per_token / 5 && block.per_sample == none.per_sample);
+    const layout_rank_memory rank = model_layout_rank_memory(&layout, LAYOUT_BACKEND_GPU, 1e9);
+    assert_true(rank.gathered_blocks == 0.0 && rank.bf16_weights == 2.0 * 1418996800.0);
+    assert_true(layout_rank_state_bytes(&rank) == 18.0 * 1418996800.0);
+    /* Wan-14B */
+    config.model.dim = 5120;
+    config.model.ffn_dim = 13824;
+    config.model.num_heads = 40;
+    config.model.num_layers = 40;
+    assert_int_equal(cost_model_param_count(&config), 14288491584);
+}
+
 static void test_nnls_clamps_negative(void **state)
 {
     (void)state;
@@ -929,6 +973,7 @@ int main(void)
         cmocka_unit_test(test_global_with_noisy_times),
         cmocka_unit_test(test_equal_tokens_batches),
         cmocka_unit_test(test_dual_constraints),
+        cmocka_unit_test(test_memory_is_the_layout_formula),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
