@@ -354,14 +354,23 @@ double layout_rank_state_bytes(const layout_rank_memory *r)
     return r->bf16_weights + r->gathered_blocks + r->gradients + r->fp32_master + r->moments;
 }
 
+/* bytes in the largest binary unit that keeps the figure at least 1 */
+static void print_bytes_line(FILE *out, const char *prefix, const char *what, double bytes, const char *note)
+{
+    const char *units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    int unit = 0;
+    double value = bytes;
+    while (unit < 4 && value >= 1024.0) value /= 1024.0, unit++;
+    fprintf(out, "%s%-17s %9.2f %s%s\n", prefix, what, value, units[unit], note);
+}
+
 void layout_rank_memory_print(FILE *out, const char *prefix, const layout_rank_memory *r)
 {
-    const double gib = 1024.0 * 1024.0 * 1024.0;
-    fprintf(out, "%sbf16 weights      %9.2f GiB\n", prefix, r->bf16_weights / gib);
-    fprintf(out, "%sgathered blocks   %9.2f GiB (shard = none)\n", prefix, r->gathered_blocks / gib);
-    fprintf(out, "%sgradients (fp32)  %9.2f GiB\n", prefix, r->gradients / gib);
-    fprintf(out, "%sfp32 master       %9.2f GiB\n", prefix, r->fp32_master / gib);
-    fprintf(out, "%sAdamW moments     %9.2f GiB\n", prefix, r->moments / gib);
-    fprintf(out, "%sactivations       %9.2f GiB (budget)\n", prefix, r->activations / gib);
-    fprintf(out, "%stotal             %9.2f GiB\n", prefix, (layout_rank_state_bytes(r) + r->activations) / gib);
+    print_bytes_line(out, prefix, "bf16 weights", r->bf16_weights, "");
+    print_bytes_line(out, prefix, "gathered blocks", r->gathered_blocks, " (shard = none)");
+    print_bytes_line(out, prefix, "gradients (fp32)", r->gradients, "");
+    print_bytes_line(out, prefix, "fp32 master", r->fp32_master, "");
+    print_bytes_line(out, prefix, "AdamW moments", r->moments, "");
+    print_bytes_line(out, prefix, "activations", r->activations, " (budget)");
+    print_bytes_line(out, prefix, "total", layout_rank_state_bytes(r) + r->activations, "");
 }

@@ -122,7 +122,7 @@ typedef struct {
 layout_rank_memory model_layout_rank_memory(const model_layout *layout, layout_backend backend, double activations);
 /* Weights, gradients and optimizer state: everything but the activations. */
 double layout_rank_state_bytes(const layout_rank_memory *memory);
-/* One line per entry and a total, each starting with `prefix`, in GiB. */
+/* One line per entry and a total, each starting with `prefix`, in B, KiB, MiB, GiB or TiB. */
 void layout_rank_memory_print(FILE *out, const char *prefix, const layout_rank_memory *memory);
 
 #endif
