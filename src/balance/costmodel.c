@@ -82,9 +82,9 @@ layout_backend cost_model_backend(const deck *config)
 
 double cost_model_state_bytes(const deck *config)
 {
-    const model_layout layout = layout_of(config);
-    const layout_rank_memory rank = model_layout_rank_memory(&layout, cost_model_backend(config), 0.0);
-    return layout_rank_state_bytes(&rank);
+    /* GPU: bf16 weights + fp32 master + fp32 gradients + two fp32 moments; CPU: the fp32 weights are the master */
+    const double per_parameter = cost_model_backend(config) == LAYOUT_BACKEND_GPU ? 2.0 + 4.0 * 4.0 : 4.0 * 4.0;
+    return per_parameter * (double)cost_model_param_count(config);
 }
 
 void cost_model_set_memory(cost_model *cm, const deck *config, layout_backend backend)

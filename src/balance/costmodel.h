@@ -86,9 +86,9 @@ void cost_model_set_memory(cost_model *cm, const deck *config, layout_backend ba
 /* The backend the deck's memory model describes: CPU for [run] device = cpu, else the GPU. */
 layout_backend cost_model_backend(const deck *config);
 
-/* Bytes of weights, gradients and AdamW state of the configured model on one rank (model_layout_rank_memory
-   of cost_model_backend: on the GPU bf16 weights + fp32 master, fp32 gradients, two fp32 moments), for
-   deriving a memory budget from device memory. */
+/* Bytes of weights, gradients and AdamW state of the configured model on one rank without sharding, on
+   cost_model_backend's device (GPU: bf16 weights + fp32 master, fp32 gradients, two fp32 moments: 18 bytes
+   per parameter; CPU: 16), for deriving a memory budget from device memory. */
 double cost_model_state_bytes(const deck *config);
 /* Parameters of the configured model: the layout table's n_weights. */
 int64_t cost_model_param_count(const deck *config);

@@ -112,17 +112,4 @@ int64_t layout_memory_bytes(const layout_memory *memory, int64_t tokens, int64_t
 int64_t layout_gpu_scratch_bytes(const model_layout *layout, int64_t device_scratch_bytes, int64_t tokens,
                                  int64_t samples);
 
-/* What one rank holds, in bytes. shard = none: every rank holds every parameter, its gradient and its
-   AdamW state. GPU: bf16 working weights, fp32 masters, gradients and two moments; CPU: the fp32 weights
-   (as fp32_master), gradients and moments. gathered_blocks: the bf16 blocks gathered from other ranks
-   for the block in flight (0 without sharding). activations: the budget the balancer fills. */
-typedef struct {
-    double bf16_weights, gathered_blocks, gradients, fp32_master, moments, activations;
-} layout_rank_memory;
-layout_rank_memory model_layout_rank_memory(const model_layout *layout, layout_backend backend, double activations);
-/* Weights, gradients and optimizer state: everything but the activations. */
-double layout_rank_state_bytes(const layout_rank_memory *memory);
-/* One line per entry and a total, each starting with `prefix`, in B, KiB, MiB, GiB or TiB. */
-void layout_rank_memory_print(FILE *out, const char *prefix, const layout_rank_memory *memory);
-
 #endif

@@ -5,7 +5,6 @@
 #include "core/check.h"
 #include "balance/costmodel.h"
 #include "deck/deck.h"
-#include "model/layout.h"
 #include "io/lengths.h"
 #include "core/rng.h"
 #include "core/rng.h"
@@ -208,20 +207,16 @@ static sim_result simulate(const deck *config, const balance_sample *samples, in
     return result;
 }
 
-/* The memory formula the balancer plans with and what one rank holds (model/layout.h). */
-static void print_memory(const deck *config, const cost_model *cm, double mem_budget)
+/* The memory formula the balancer plans with (model/layout.h) and what one rank's training state takes. */
+static void print_memory(const deck *config, const cost_model *cm)
 {
-    const layout_dims dims = layout_dims_of(config);
-    model_layout layout;
-    model_layout_init(&layout, &dims);
-    const layout_rank_memory rank = model_layout_rank_memory(&layout, cm->backend, mem_budget);
     printf("activation memory (%s model, recompute %s): %.1f MiB per micro-batch + %.1f KiB per token + %.1f KiB "
            "per sample + %.1f KiB per text token%s\n", cm->backend == LAYOUT_BACKEND_GPU ? "GPU" : "CPU",
            cm->recompute_block ? "block" : "none", cm->memory.fixed / 1048576.0, cm->memory.per_token / 1024.0,
            cm->memory.per_sample / 1024.0, cm->memory.per_text / 1024.0,
            cm->backend == LAYOUT_BACKEND_GPU ? " (and the GPU's own scratch constant)" : "");
-    printf("memory per rank (shard = none):\n");
-    layout_rank_memory_print(stdout, "  ", &rank);
+    printf("training state %.2f GiB per rank (weights, gradients, AdamW moments; shard = none)\n",
+           cost_model_state_bytes(config) / 1073741824.0);
 }
 
 int main(int argc, char **argv)
@@ -277,7 +272,7 @@ int main(int argc, char **argv)
                mem_budget / 1073741824.0,
                (long long)balancer_max_tokens_in_budget(&truth, mem_budget, config.model.text_len),
                config.model.text_len, config.balance.global_batch > 0 ? "fixed" : "budget");
-        print_memory(&config, &truth, mem_budget);
+        print_memory(&config, &truth);
         printf("%-13s %6s %9s %9s %9s %11s %11s %8s %8s %8s %9s %11s\n", "strategy", "steps", "samples/", "imbalance",
                "(predict)", "epoch_time", "lower_bound", "vs_bound", "mem_util", "mem_peak", "micro/rk", "balancer");
         printf("%-13s %6s %9s %9s %9s %11s %11s %8s %8s %8s %9s %11s\n", "", "", "step", "", "", "s", "s", "", "", "",
