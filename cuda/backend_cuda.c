@@ -52,7 +52,7 @@ typedef struct {
     const model *host;
     gpu_plan plan;
     backend_plan summary;         /* what backend_ops.plan reports; its memory model is the balancer's */
-    cost_model cm;                /* the balancer's memory model, fitted to the GPU model's (fit_memory_to_gpu) */
+    cost_model cm;                /* the balancer's memory model: the GPU model's formula (use_gpu_memory) */
     gradsync *sync;
     gpu_model *net;
     gpu_model_buffers buffers;
@@ -126,20 +126,11 @@ static double workspace_for(const deck *config, const model *table, capacity c)
     return (double)gpu_model_workspace_bytes_with_recompute(table, c.tokens, samples, c.text, recompute_of(config));
 }
 
-/* cm's activation bytes per sample, token and text token become the GPU model's own (the plan's memory model).
-   After select_device: the workspace sizes depend on the device's occupancy. */
-static void fit_memory_to_gpu(cost_model *cm, const deck *config, const model *table)
+/* cm's memory becomes the GPU backend's formula (model_layout_memory), which the GPU model sizes its workspace
+   with: the balancer plans with the GPU model's exact bytes per sample, token and text row. */
+static void use_gpu_memory(cost_model *cm, const deck *config)
 {
-    const gpu_recompute recompute = recompute_of(config);
-    const int64_t tokens = (int64_t)1 << 20, text = (int64_t)1 << 16;
-    const int samples = 1024;
-    const double base = (double)gpu_model_workspace_bytes_with_recompute(table, tokens, samples, text, recompute);
-    cm->mem_per_token =
-        ((double)gpu_model_workspace_bytes_with_recompute(table, 2 * tokens, samples, text, recompute) - base) / tokens;
-    cm->mem_per_text_token =
-        ((double)gpu_model_workspace_bytes_with_recompute(table, tokens, samples, 2 * text, recompute) - base) / text;
-    cm->mem_per_sample =
-        ((double)gpu_model_workspace_bytes_with_recompute(table, tokens, 2 * samples, text, recompute) - base) / samples;
+    cost_model_set_memory(cm, config, LAYOUT_BACKEND_GPU);
 }
 
 /* cuDNN's attention keeps a buffer of its own outside the workspace, grown to the longest sample it
@@ -322,7 +313,7 @@ int backend_cuda_plan(const deck *config, const comm_info *info, const model *ta
     select_device(info, &gpu);
     cost_model_init(&plan->memory_model, config);
     plan->has_memory_model = 1;
-    fit_memory_to_gpu(&plan->memory_model, config, table);
+    use_gpu_memory(&plan->memory_model, config);
     int status = plan_memory(config, info, &plan->memory_model, table, samples, n_samples, &gpu);
     if (status == 0) describe(config, &gpu, NULL, info->n_ranks, plan);
     return status;
@@ -362,7 +353,7 @@ backend *backend_cuda_create(const deck *config, const comm_info *info, model *h
     select_device(info, &gpu->plan);
     gpu->sync = gradsync_create(info, host->n_weights);
     cost_model_init(&gpu->cm, config);
-    fit_memory_to_gpu(&gpu->cm, config, host);
+    use_gpu_memory(&gpu->cm, config);
     if (plan_memory(config, info, &gpu->cm, host, samples, n_samples, &gpu->plan) != 0) {
         gradsync_free(gpu->sync);
         cost_model_free(&gpu->cm);

@@ -45,24 +45,18 @@ extern "C" {
 namespace {
 
 // Rows the self-attention's tensors have past the capacity: cuDNN runs the last sample over whole tiles
-// (attention_dispatch_fwd).
-constexpr int64_t kTileSlack = 128;
+// (attention_dispatch_fwd). The layout's memory formula counts them (model/layout.h).
+constexpr int64_t kTileSlack = LAYOUT_GPU_TILE_SLACK_ROWS;
 #ifdef HAVE_CUDNN
 static_assert(kTileSlack >= ATTENTION_CUDNN_TILE - 1, "room for the last sample's partial tile");
 #endif
 
-struct linear_offsets {
-    int64_t weight, bias;
-};
+// Parameter offsets come from the host model's layout table (model_layout): the same table its param_info
+// entries are computed from.
+using linear_offsets = layout_linear;
 
-struct block_offsets {
+struct block_offsets : layout_block {
     int64_t first, end; // the block's parameters are values [first, end) of the flat buffers
-    int64_t modulation;
-    linear_offsets self_q, self_k, self_v, self_o;
-    int64_t self_norm_q, self_norm_k, norm3_weight, norm3_bias;
-    linear_offsets cross_q, cross_k, cross_v, cross_o;
-    int64_t cross_norm_q, cross_norm_k;
-    linear_offsets ffn_in, ffn_out;
 };
 
 // What one block keeps from its forward for its backward (bf16 rows unless noted). With block
@@ -96,14 +90,16 @@ struct batch_tables {
     float *sigma, *sinusoid;                                         // [B], [B, freq_dim]
 };
 
-// Hands out 256-byte aligned pieces of one allocation; with base NULL it only counts.
+// Hands out 256-byte aligned pieces of one allocation (LAYOUT_GPU_ALIGN: the memory formula's padding);
+// with base NULL it only counts.
 struct carver {
+    static constexpr size_t kAlign = LAYOUT_GPU_ALIGN;
     char *base;
     size_t used;
     template <typename T> T *take(int64_t count)
     {
         T *piece = base ? reinterpret_cast<T *>(base + used) : nullptr;
-        used += ((size_t)(count > 0 ? count : 0) * sizeof(T) + 255) / 256 * 256;
+        used += ((size_t)(count > 0 ? count : 0) * sizeof(T) + kAlign - 1) / kAlign * kAlign;
         return piece;
     }
 };
@@ -180,73 +176,6 @@ struct gpu_model {
 };
 
 namespace {
-
-int64_t find_offset(const model *m, const char *name)
-{
-    const param_info *p = model_find_param(m, name);
-    if (!p) ALDIT_FATAL("gpu model: parameter %s not in the model's table", name);
-    return p->offset;
-}
-
-linear_offsets find_linear(const model *m, const char *prefix)
-{
-    char name[160]; /* prefixes are at most 127 characters */
-    linear_offsets lin;
-    snprintf(name, sizeof name, "%s.weight", prefix);
-    lin.weight = find_offset(m, name);
-    snprintf(name, sizeof name, "%s.bias", prefix);
-    lin.bias = find_offset(m, name);
-    return lin;
-}
-
-// Each block's parameters lie back to back in Wan's order, from its modulation to the next block's (the last
-// block's end at head.modulation); the gradient all-reduce relies on it (gpu_model_set_grads_ready).
-void find_block_ranges(const model *m, block_offsets *blocks, int64_t head_modulation)
-{
-    for (int l = 0; l < m->num_layers; ++l) {
-        blocks[l].first = blocks[l].modulation;
-        blocks[l].end = l + 1 < m->num_layers ? blocks[l + 1].modulation : head_modulation;
-    }
-    for (int i = 0; i < m->n_params; ++i) {
-        const param_info *p = &m->params[i];
-        int layer = -1, name_end = 0;
-        if (sscanf(p->name, "blocks.%d.%n", &layer, &name_end) != 1 || name_end == 0) layer = -1;
-        for (int l = 0; l < m->num_layers; ++l) {
-            const bool inside = p->offset >= blocks[l].first && p->offset + p->n_elements <= blocks[l].end;
-            if (inside != (layer == l))
-                ALDIT_FATAL("gpu model: parameter %s (values %lld to %lld) breaks block %d's range %lld to %lld",
-                            p->name, (long long)p->offset, (long long)(p->offset + p->n_elements), l,
-                            (long long)blocks[l].first, (long long)blocks[l].end);
-        }
-    }
-}
-
-void find_block(const model *m, int layer, block_offsets *bo)
-{
-    char name[128];
-    snprintf(name, sizeof name, "blocks.%d.modulation", layer);
-    bo->modulation = find_offset(m, name);
-    linear_offsets *self[4] = {&bo->self_q, &bo->self_k, &bo->self_v, &bo->self_o};
-    linear_offsets *cross[4] = {&bo->cross_q, &bo->cross_k, &bo->cross_v, &bo->cross_o};
-    for (int i = 0; i < 4; ++i) {
-        snprintf(name, sizeof name, "blocks.%d.self_attn.%c", layer, "qkvo"[i]);
-        *self[i] = find_linear(m, name);
-        snprintf(name, sizeof name, "blocks.%d.cross_attn.%c", layer, "qkvo"[i]);
-        *cross[i] = find_linear(m, name);
-    }
-    int64_t *vectors[6] = {&bo->self_norm_q, &bo->self_norm_k, &bo->norm3_weight, &bo->norm3_bias, &bo->cross_norm_q,
-                           &bo->cross_norm_k};
-    const char *vector_names[6] = {"self_attn.norm_q.weight", "self_attn.norm_k.weight", "norm3.weight", "norm3.bias",
-                                   "cross_attn.norm_q.weight", "cross_attn.norm_k.weight"};
-    for (int i = 0; i < 6; ++i) {
-        snprintf(name, sizeof name, "blocks.%d.%s", layer, vector_names[i]);
-        *vectors[i] = find_offset(m, name);
-    }
-    snprintf(name, sizeof name, "blocks.%d.ffn.0", layer);
-    bo->ffn_in = find_linear(m, name);
-    snprintf(name, sizeof name, "blocks.%d.ffn.2", layer);
-    bo->ffn_out = find_linear(m, name);
-}
 
 // Every setting the kernels below cannot run, as one clear error.
 void check_supported(const model *m)
@@ -952,28 +881,61 @@ gpu_model *describe(const model *m, int64_t max_tokens, int max_samples, int64_t
                 "gpu model: unknown recomputation mode %d", (int)recompute);
     gm->recompute = recompute;
 
-    gm->patch = find_linear(m, "patch_embedding");
-    gm->text_in = find_linear(m, "text_embedding.0");
-    gm->text_out = find_linear(m, "text_embedding.2");
-    gm->time_in = find_linear(m, "time_embedding.0");
-    gm->time_out = find_linear(m, "time_embedding.2");
-    gm->time_projection = find_linear(m, "time_projection.1");
-    gm->head = find_linear(m, "head.head");
-    gm->head_modulation = find_offset(m, "head.modulation");
+    const model_layout &layout = m->layout;
+    gm->patch = layout.patch;
+    gm->text_in = layout.text_in;
+    gm->text_out = layout.text_out;
+    gm->time_in = layout.time_in;
+    gm->time_out = layout.time_out;
+    gm->time_projection = layout.time_projection;
+    gm->head = layout.head;
+    gm->head_modulation = layout.head_modulation;
     gm->blocks = static_cast<block_offsets *>(xcalloc((size_t)(m->num_layers > 0 ? m->num_layers : 1),
                                                       sizeof(block_offsets)));
-    for (int l = 0; l < m->num_layers; ++l) find_block(m, l, &gm->blocks[l]);
-    find_block_ranges(m, gm->blocks, gm->head_modulation);
+    // Each block's parameters lie back to back, one stride apart; the gradient all-reduce relies on it
+    // (gpu_model_set_grads_ready).
+    for (int l = 0; l < m->num_layers; ++l) {
+        block_offsets &bo = gm->blocks[l];
+        static_cast<layout_block &>(bo) = model_layout_block(&layout, l);
+        bo.first = layout.blocks_offset + (int64_t)l * layout.block_stride;
+        bo.end = bo.first + layout.block_stride;
+    }
     gm->saved = static_cast<block_saved *>(xcalloc((size_t)(m->num_layers > 0 ? m->num_layers : 1),
                                                    sizeof(block_saved)));
-    gm->scratch_bytes = scratch_bytes_for(gm, gm->max_tokens, gm->max_text, gm->max_samples);
+    // The arena is the layout's memory formula for this capacity (model/layout.h): what the balancer plans with.
+    const int64_t device_scratch = gpu_model_device_scratch_bytes(m);
+    gm->scratch_bytes = (size_t)layout_gpu_scratch_bytes(&layout, device_scratch, gm->max_tokens, gm->max_samples);
+    ALDIT_CHECK(scratch_bytes_for(gm, gm->max_tokens, gm->max_text, gm->max_samples) <= gm->scratch_bytes,
+                "gpu model: the backward ops ask for %zu bytes of scratch, more than the %zu of the memory formula",
+                scratch_bytes_for(gm, gm->max_tokens, gm->max_text, gm->max_samples), gm->scratch_bytes);
+    const layout_memory memory = model_layout_memory(&layout, LAYOUT_BACKEND_GPU,
+                                                     recompute == GPU_RECOMPUTE_BLOCK ? RECOMPUTE_BLOCK : RECOMPUTE_NONE,
+                                                     device_scratch);
+    gm->arena_bytes = (size_t)layout_memory_bytes(&memory, gm->max_tokens, gm->max_samples, gm->max_text);
     carver count = {nullptr, 0};
     layout_arena(gm, count);
-    gm->arena_bytes = count.used;
+    ALDIT_CHECK(count.used <= gm->arena_bytes, "gpu model: the workspace carves %zu bytes, more than the %zu of the "
+                "memory formula (model/layout.c and layout_arena disagree)", count.used, gm->arena_bytes);
     return gm;
 }
 
 } // namespace
+
+int64_t gpu_model_device_scratch_bytes(const model *host_model)
+{
+    // At this many rows every backward op's grid is as large as the GPU keeps resident: what remains of its
+    // workspace past the formula's per-token and per-sample terms is the device's constant.
+    const int64_t huge = (int64_t)1 << 40, D = host_model->dim;
+    const int64_t parts[] = {
+        (int64_t)lnmod_residual_bwd_workspace_bytes(huge, (int)D, 1) - 12 * D,
+        (int64_t)lnmod_bwd_workspace_bytes(huge, (int)D, 1) - 8 * D,
+        (int64_t)fused_qk_norm_rope_bwd_workspace_bytes(huge, (int)D),
+        4 * 2048,  // fused_flow_loss: at most 2048 + B - 1 partial sums
+    };
+    int64_t largest = 0;
+    for (int64_t part : parts) largest = part > largest ? part : largest;
+    return largest;
+}
 
 size_t gpu_model_workspace_bytes_with_recompute(const model *host_model, int64_t max_tokens, int max_samples,
                                                 int64_t max_text, gpu_recompute recompute)

@@ -52,13 +52,17 @@ gpu_model *gpu_model_create_with_recompute(const model *host_model, int64_t max_
                                            int64_t max_text, gpu_recompute recompute);
 gpu_model *gpu_model_create(const model *host_model, int64_t max_tokens, int max_samples, int64_t max_text);
 void gpu_model_free(gpu_model *gm);
-/* Device bytes of the activation workspace gpu_model_create_with_recompute would allocate for this capacity
-   and mode (the part that grows with the micro-batch, see gpu_recompute, plus the embeddings, the head, the
-   gradients of one block's activations and the text rows), without allocating anything. Weights, bf16
-   copies and gradients add 10 bytes per parameter. gpu_model_workspace_bytes: GPU_RECOMPUTE_NONE. */
+/* Device bytes of the activation workspace gpu_model_create_with_recompute allocates for this capacity and
+   mode, without allocating anything: exactly layout_memory_bytes of model_layout_memory(host_model->layout,
+   LAYOUT_BACKEND_GPU, recompute, gpu_model_device_scratch_bytes(host_model)) at (max_tokens, max_samples,
+   max_text), the one memory formula the balancer plans with (model/layout.h). Weights, bf16 copies and
+   gradients add 10 bytes per parameter. gpu_model_workspace_bytes: GPU_RECOMPUTE_NONE. */
 size_t gpu_model_workspace_bytes_with_recompute(const model *host_model, int64_t max_tokens, int max_samples,
                                                 int64_t max_text, gpu_recompute recompute);
 size_t gpu_model_workspace_bytes(const model *host_model, int64_t max_tokens, int max_samples, int64_t max_text);
+/* The part of the backward scratch that depends on the current GPU (its SM count and the kernels' occupancy,
+   not the micro-batch): the memory formula's device_scratch_bytes. Needs the GPU selected. */
+int64_t gpu_model_device_scratch_bytes(const model *host_model);
 
 /* Which kernels run self- and cross-attention ([train] attention in the deck; the caller maps deck_attention):
    AUTO: cuDNN's fused attention for samples of at least min_cudnn_tokens tokens (for cross-attention: whose

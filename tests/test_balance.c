@@ -575,10 +575,12 @@ static void test_dual_constraints(void **state)
         for (int r = 0; r < 4; r++) {
             int64_t first = a.rank_start[r], n = a.rank_start[r + 1] - first;
             if (n <= 1) continue;
-            /* B x S samples of one bucket fit the memory budget at the bucket's longest text: one micro-batch */
+            /* B x S samples of one bucket fit the memory budget at the bucket's longest text: one micro-batch
+               (each sample at its own text is no more) */
             assert_int_equal(a.rank_micro_start[r + 1] - a.rank_micro_start[r], 1);
             double bytes = 0;
-            for (int64_t k = first; k < first + n; k++) bytes += cost_model_mem(cm, samples[a.indices[k]].tokens, 512);
+            for (int64_t k = first; k < first + n; k++)
+                bytes += cost_model_mem(cm, samples[a.indices[k]].tokens, samples[a.indices[k]].text_len);
             assert_true(bytes <= budget * 1.0001);
         }
         seen += a.global_samples;
@@ -632,6 +634,47 @@ static void test_memory_model(void **state)
     int64_t fit = balancer_max_tokens_in_budget(&cm, none_3k, 512);
     assert_true(fit >= 2999 && fit <= 3000);
     cost_model_free(&cm);
+}
+
+/* The cost model's parameter count and memory are the layout table's (model/layout.h): Wan's exact counts,
+   the formula's coefficients for the deck's backend, and one rank's state of 18 (GPU) or 16 (CPU) bytes per
+   parameter without sharding. */
+static void test_memory_is_the_layout_formula(void **state)
+{
+    (void)state;
+    deck config;
+    deck_defaults(&config);   /* Wan-1.3B */
+    assert_int_equal(cost_model_param_count(&config), 1418996800);
+    const layout_dims dims = layout_dims_of(&config);
+    model_layout layout;
+    model_layout_init(&layout, &dims);
+    for (int device = 0; device < 2; device++) {
+        config.run.device = device ? DEVICE_CPU : DEVICE_AUTO;
+        const layout_backend backend = device ? LAYOUT_BACKEND_CPU : LAYOUT_BACKEND_GPU;
+        for (int block = 0; block < 2; block++) {
+            config.balance.recompute = block ? RECOMPUTE_BLOCK : RECOMPUTE_NONE;
+            cost_model cm;
+            cost_model_init(&cm, &config);
+            const layout_memory expected = model_layout_memory(&layout, backend, config.balance.recompute, 0);
+            assert_int_equal(cm.backend, backend);
+            assert_memory_equal(&cm.memory, &expected, sizeof expected);
+            assert_true(cost_model_mem(&cm, 3000, 100) ==
+                        (double)(layout_memory_bytes(&expected, 3000, 1, 100) - expected.fixed));
+            cost_model_free(&cm);
+        }
+        const double per_param = device ? 16.0 : 18.0;
+        assert_true(cost_model_state_bytes(&config) == per_param * 1418996800.0);
+    }
+    /* block recomputation keeps less, on the GPU; the CPU model keeps everything either way */
+    const layout_memory none = model_layout_memory(&layout, LAYOUT_BACKEND_GPU, RECOMPUTE_NONE, 0);
+    const layout_memory block = model_layout_memory(&layout, LAYOUT_BACKEND_GPU, RECOMPUTE_BLOCK, 0);
+    assert_true(block.per_token < none.per_token / 5 && block.per_sample == none.per_sample);
+    /* Wan-14B */
+    config.model.dim = 5120;
+    config.model.ffn_dim = 13824;
+    config.model.num_heads = 40;
+    config.model.num_layers = 40;
+    assert_int_equal(cost_model_param_count(&config), 14288491584);
 }
 
 static void test_nnls_clamps_negative(void **state)
@@ -927,6 +970,7 @@ int main(void)
         cmocka_unit_test(test_global_with_noisy_times),
         cmocka_unit_test(test_equal_tokens_batches),
         cmocka_unit_test(test_dual_constraints),
+        cmocka_unit_test(test_memory_is_the_layout_formula),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

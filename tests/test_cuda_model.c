@@ -392,6 +392,44 @@ static double time_steps(const model *m, const model_batch *batch, int repeats)
     return seconds;
 }
 
+/* The GPU model's workspace is the layout's memory formula (model/layout.h), the one the balancer plans with:
+   what gpu_model_workspace_bytes reports and what gpu_model_create allocates, for the tiny model and for
+   Wan-1.3B at a training capacity (sized only: the formula's scratch must cover what the backward ops ask
+   for there, which describe() checks). */
+static void test_workspace_is_the_formula(void **state)
+{
+    (void)state;
+    gpu_select(0);
+    model m;
+    tiny_model(&m, 3, 0x5eed0009ull);
+    const int64_t device_scratch = gpu_model_device_scratch_bytes(&m);
+    printf("# device scratch constant: %lld bytes\n", (long long)device_scratch);
+    assert_true(device_scratch >= 8192);
+    const gpu_recompute modes[2] = {GPU_RECOMPUTE_NONE, GPU_RECOMPUTE_BLOCK};
+    for (int i = 0; i < 2; ++i) {
+        const layout_memory formula = model_layout_memory(&m.layout, LAYOUT_BACKEND_GPU,
+                                                          i ? RECOMPUTE_BLOCK : RECOMPUTE_NONE, device_scratch);
+        const int64_t expected = layout_memory_bytes(&formula, 300, 5, 5 * m.text_len);
+        assert_int_equal((int64_t)gpu_model_workspace_bytes_with_recompute(&m, 300, 5, 0, modes[i]), expected);
+        gpu_model *gm = gpu_model_create_with_recompute(&m, 300, 5, 0, modes[i]);
+        assert_int_equal((int64_t)gpu_model_device_bytes(gm), 10 * m.n_weights + expected);
+        gpu_model_free(gm);
+    }
+    model_free(&m);
+    deck config;
+    deck_defaults(&config);   /* Wan-1.3B */
+    model table;
+    model_create_table(&table, &config);
+    const int64_t wan_scratch = gpu_model_device_scratch_bytes(&table);
+    for (int i = 0; i < 2; ++i) {
+        const layout_memory formula = model_layout_memory(&table.layout, LAYOUT_BACKEND_GPU,
+                                                          i ? RECOMPUTE_BLOCK : RECOMPUTE_NONE, wan_scratch);
+        assert_int_equal((int64_t)gpu_model_workspace_bytes_with_recompute(&table, 75600, 8, 4096, modes[i]),
+                         layout_memory_bytes(&formula, 75600, 8, 4096));
+    }
+    model_free(&table);
+}
+
 /* One Wan-1.3B block at S = 4096 tokens (latent 4x64x64) with 512 text tokens: a 2-layer model's step
    minus a 1-layer model's (the embeddings, the head, the staging and the final sync cancel). FLOPs are
    3x the forward's (GEMMs + both attentions), the convention of the peer figures in issue 5. */
@@ -442,6 +480,7 @@ int main(void)
         cmocka_unit_test(test_cudnn_attention),
         cmocka_unit_test(test_recompute_match),
         cmocka_unit_test(test_grads_ready_ranges),
+        cmocka_unit_test(test_workspace_is_the_formula),
         cmocka_unit_test(test_wan13b_block_timing),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -378,6 +378,126 @@ static void test_wan_1_3b_names_and_shapes(void **state)
     model_free(&m);
 }
 
+/* ---- the layout table's named offsets and the CPU memory formula ---------------------------------- */
+
+static int64_t offset_of(const model *m, const char *name)
+{
+    const param_info *p = model_find_param(m, name);
+    if (!p) fail_msg("no parameter %s", name);
+    return p->offset;
+}
+
+/* Every offset the models read (model_layout's fields) is the offset of the tensor with that Wan name. */
+static void check_named_offsets(const model *m)
+{
+    const model_layout *t = &m->layout;
+    const struct { const char *name; int64_t offset; } outside[] = {
+        {"patch_embedding.weight", t->patch.weight},      {"patch_embedding.bias", t->patch.bias},
+        {"text_embedding.0.weight", t->text_in.weight},   {"text_embedding.0.bias", t->text_in.bias},
+        {"text_embedding.2.weight", t->text_out.weight},  {"text_embedding.2.bias", t->text_out.bias},
+        {"time_embedding.0.weight", t->time_in.weight},   {"time_embedding.0.bias", t->time_in.bias},
+        {"time_embedding.2.weight", t->time_out.weight},  {"time_embedding.2.bias", t->time_out.bias},
+        {"time_projection.1.weight", t->time_projection.weight}, {"time_projection.1.bias", t->time_projection.bias},
+        {"head.modulation", t->head_modulation},          {"head.head.weight", t->head.weight},
+        {"head.head.bias", t->head.bias},
+    };
+    for (size_t i = 0; i < sizeof outside / sizeof outside[0]; i++)
+        if (offset_of(m, outside[i].name) != outside[i].offset)
+            fail_msg("%s at %lld, the layout says %lld", outside[i].name, (long long)offset_of(m, outside[i].name),
+                     (long long)outside[i].offset);
+    for (int l = 0; l < m->num_layers; l++) {
+        const layout_block b = model_layout_block(t, l);
+        const struct { const char *name; int64_t offset; } block[] = {
+            {"modulation", b.modulation},
+            {"self_attn.q.weight", b.self_q.weight}, {"self_attn.q.bias", b.self_q.bias},
+            {"self_attn.k.weight", b.self_k.weight}, {"self_attn.k.bias", b.self_k.bias},
+            {"self_attn.v.weight", b.self_v.weight}, {"self_attn.v.bias", b.self_v.bias},
+            {"self_attn.o.weight", b.self_o.weight}, {"self_attn.o.bias", b.self_o.bias},
+            {"self_attn.norm_q.weight", b.self_norm_q}, {"self_attn.norm_k.weight", b.self_norm_k},
+            {"norm3.weight", b.norm3_weight}, {"norm3.bias", b.norm3_bias},
+            {"cross_attn.q.weight", b.cross_q.weight}, {"cross_attn.q.bias", b.cross_q.bias},
+            {"cross_attn.k.weight", b.cross_k.weight}, {"cross_attn.k.bias", b.cross_k.bias},
+            {"cross_attn.v.weight", b.cross_v.weight}, {"cross_attn.v.bias", b.cross_v.bias},
+            {"cross_attn.o.weight", b.cross_o.weight}, {"cross_attn.o.bias", b.cross_o.bias},
+            {"cross_attn.norm_q.weight", b.cross_norm_q}, {"cross_attn.norm_k.weight", b.cross_norm_k},
+            {"ffn.0.weight", b.ffn_in.weight}, {"ffn.0.bias", b.ffn_in.bias},
+            {"ffn.2.weight", b.ffn_out.weight}, {"ffn.2.bias", b.ffn_out.bias},
+        };
+        for (size_t i = 0; i < sizeof block / sizeof block[0]; i++) {
+            char name[96];
+            snprintf(name, sizeof name, "blocks.%d.%s", l, block[i].name);
+            const param_info *p = model_find_param(m, name);
+            const int64_t expected = p ? p->offset : -1;   /* an absent tensor: -1 */
+            if (expected != block[i].offset)
+                fail_msg("%s at %lld, the layout says %lld", name, (long long)expected, (long long)block[i].offset);
+        }
+        /* the block's tensors fill [start, start + stride) */
+        const int64_t start = t->blocks_offset + (int64_t)l * t->block_stride;
+        char first[64];
+        snprintf(first, sizeof first, "blocks.%d.modulation", l);
+        assert_int_equal(offset_of(m, first), start);
+    }
+    assert_int_equal(t->blocks_offset + m->num_layers * t->block_stride, t->head_modulation);
+}
+
+static void test_layout_offsets(void **state)
+{
+    (void)state;
+    deck config;
+    model m;
+    wan_deck(&config, 1536, 8960, 12, 30);
+    model_create_table(&m, &config);
+    check_named_offsets(&m);
+    model_free(&m);
+    wan_deck(&config, 1536, 8960, 12, 2);
+    config.model.qk_norm = 0;
+    config.model.cross_attn_norm = 0;
+    model_create_table(&m, &config);
+    check_named_offsets(&m);
+    assert_int_equal(model_layout_block(&m.layout, 1).self_norm_q, -1);
+    assert_int_equal(model_layout_block(&m.layout, 1).norm3_bias, -1);
+    model_free(&m);
+}
+
+/* The CPU backend's formula against what the CPU model carves for a micro-batch: never less, more only by
+   the padding after each of its 35 pieces per block and 40 outside (at most 60 bytes each), and, where
+   every piece is a whole number of 16 floats (tokens, samples and text rows multiples of 16), exactly by
+   the padding it allows for. */
+static void test_cpu_memory_formula(void **state)
+{
+    (void)state;
+    deck config;
+    tiny_deck(&config);
+    model m;
+    model_create(&m, &config);
+    const layout_memory formula = model_layout_memory(&m.layout, LAYOUT_BACKEND_CPU, RECOMPUTE_NONE, 0);
+    const layout_memory block = model_layout_memory(&m.layout, LAYOUT_BACKEND_CPU, RECOMPUTE_BLOCK, 0);
+    assert_memory_equal(&formula, &block, sizeof formula);   /* the CPU model keeps everything */
+    const int64_t padding = (35 * (int64_t)m.num_layers + 40) * 60;
+    enum { MOST = 32 };
+    /* samples: latent frames, height, width, text tokens (patch 1x2x2: frames * height/2 * width/2 tokens) */
+    const int32_t shapes[4][4] = {{2, 4, 2, 3}, {1, 2, 6, 6}, {2, 4, 4, 6}, {1, 2, 2, 1}};
+    const int mixes[5][2] = {{3, 0}, {5, 1}, {16, 2}, {16, 3}, {32, 2}};   /* samples, shape */
+    for (int k = 0; k < 5; k++) {
+        int32_t frames[MOST], height[MOST], width[MOST], text_len[MOST];
+        const int n = mixes[k][0];
+        for (int b = 0; b < n; b++) {
+            const int32_t *shape = shapes[k == 0 ? b : mixes[k][1]];
+            frames[b] = shape[0], height[b] = shape[1], width[b] = shape[2], text_len[b] = shape[3];
+        }
+        int64_t n_text = 0;
+        const int64_t n_tokens = model_pack(&m, n, frames, height, width, text_len, &n_text);
+        const int64_t predicted = layout_memory_bytes(&formula, n_tokens, n, n_text);
+        const int64_t carved = model_workspace_bytes(&m);
+        print_message("# %d samples, %lld tokens, %lld text rows: formula %lld bytes, CPU model %lld\n", n,
+                      (long long)n_tokens, (long long)n_text, (long long)predicted, (long long)carved);
+        assert_true(carved <= predicted);
+        assert_true(predicted - carved <= padding);
+        if (n % 16 == 0 && n_tokens % 16 == 0 && n_text % 16 == 0) assert_int_equal(predicted - padding, carved);
+    }
+    model_free(&m);
+}
+
 /* ---- init and determinism ------------------------------------------------------------------------- */
 
 static void test_init_and_determinism(void **state)
@@ -484,6 +604,8 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_wan_1_3b_names_and_shapes),
+        cmocka_unit_test(test_layout_offsets),
+        cmocka_unit_test(test_cpu_memory_formula),
         cmocka_unit_test(test_init_and_determinism),
         cmocka_unit_test(test_block_gradient),
         cmocka_unit_test(test_model_gradient),

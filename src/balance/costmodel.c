@@ -1,12 +1,10 @@
-/* costmodel.c — FLOP and activation-byte accounting of a Wan block stack, and the NNLS online refit. */
+/* costmodel.c — the balancer's per-sample cost (FLOPs of the layout table's Linears and of attention) and memory (the layout's exact formula), and the NNLS online refit. */
 #include "balance/costmodel.h"
 #include "core/check.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-
-enum { BF16_BYTES = 2, FP32_BYTES = 4 };
 
 /* Forward FLOPs of one sample, split into the parts that scale with S, S^2, S*L, L and per sample. */
 typedef struct {
@@ -15,22 +13,27 @@ typedef struct {
     double self_attention_per_token2, cross_attention_per_token_text;  /* all layers */
 } forward_flops;
 
+static model_layout layout_of(const deck *config)
+{
+    const layout_dims dims = layout_dims_of(config);
+    model_layout layout;
+    model_layout_init(&layout, &dims);
+    return layout;
+}
+
 static forward_flops count_forward_flops(const deck *config)
 {
-    const double dim = config->model.dim, ffn = config->model.ffn_dim, layers = config->model.num_layers;
-    const double patch = (double)config->model.patch_t * config->model.patch_h * config->model.patch_w;
+    const model_layout layout = layout_of(config);
+    /* the GEMMs: every Linear of the parameter table, 2 FLOPs per weight and row it multiplies */
+    const layout_gemm_flops gemm = model_layout_gemm_flops(&layout);
     forward_flops f;
-    /* per layer and token: self q,k,v,o (8 D^2), cross q,o (4 D^2), FFN up and down (4 D F) */
-    f.block_gemm_per_token = layers * (12.0 * dim * dim + 4.0 * dim * ffn);
-    /* per layer and text token: cross-attention k, v projections of the text (4 D^2) */
-    f.block_gemm_per_text_token = layers * 4.0 * dim * dim;
-    /* patch embedding (in_dim*patch -> D) and head (D -> out_dim*patch) */
-    f.outside_gemm_per_token = 2.0 * patch * dim * (config->model.in_dim + config->model.out_dim);
-    /* text embedding: text_dim -> D, D -> D */
-    f.outside_gemm_per_text_token = 2.0 * dim * (config->model.text_dim + dim);
-    /* time embedding (freq -> D, D -> D) and projection (D -> 6D) */
-    f.outside_gemm_per_sample = 2.0 * dim * (config->model.freq_dim + dim + 6.0 * dim);
+    f.block_gemm_per_token = gemm.block_per_token;
+    f.block_gemm_per_text_token = gemm.block_per_text;
+    f.outside_gemm_per_token = gemm.outside_per_token;
+    f.outside_gemm_per_text_token = gemm.outside_per_text;
+    f.outside_gemm_per_sample = gemm.outside_per_sample;
     /* QK^T and PV: 2 S^2 D each; cross-attention the same with L keys */
+    const double dim = config->model.dim, layers = config->model.num_layers;
     f.self_attention_per_token2 = layers * 4.0 * dim;
     f.cross_attention_per_token_text = layers * 4.0 * dim;
     return f;
@@ -68,57 +71,30 @@ double cost_model_model_flops(const deck *config, int64_t tokens, int64_t text_l
 
 int64_t cost_model_param_count(const deck *config)
 {
-    const int64_t dim = config->model.dim, ffn = config->model.ffn_dim;
-    const int64_t patch = (int64_t)config->model.patch_t * config->model.patch_h * config->model.patch_w;
-    const int64_t attention = 4 * (dim * dim + dim) + (config->model.qk_norm ? 2 * dim : 0);
-    const int64_t per_block = 2 * attention                        /* self + cross */
-                            + (config->model.cross_attn_norm ? 2 * dim : 0)
-                            + dim * ffn + ffn + ffn * dim + dim        /* FFN */
-                            + 6 * dim;                                 /* modulation */
-    const int64_t outside = config->model.in_dim * patch * dim + dim                        /* patch embedding */
-                          + config->model.text_dim * dim + dim + dim * dim + dim            /* text embedding */
-                          + config->model.freq_dim * dim + dim + dim * dim + dim            /* time embedding */
-                          + dim * 6 * dim + 6 * dim                                        /* time projection */
-                          + dim * config->model.out_dim * patch + config->model.out_dim * patch + 2 * dim; /* head */
-    return per_block * config->model.num_layers + outside;
+    const model_layout layout = layout_of(config);
+    return layout.n_weights;
+}
+
+layout_backend cost_model_backend(const deck *config)
+{
+    return config->run.device == DEVICE_CPU ? LAYOUT_BACKEND_CPU : LAYOUT_BACKEND_GPU;
 }
 
 double cost_model_state_bytes(const deck *config)
 {
-    /* bf16 weights + fp32 master weights + fp32 gradients + two fp32 AdamW moments */
-    return (double)cost_model_param_count(config) * (BF16_BYTES + 4.0 * FP32_BYTES);
+    /* GPU: bf16 weights + fp32 master + fp32 gradients + two fp32 moments; CPU: the fp32 weights are the master */
+    const double per_parameter = cost_model_backend(config) == LAYOUT_BACKEND_GPU ? 2.0 + 4.0 * 4.0 : 4.0 * 4.0;
+    return per_parameter * (double)cost_model_param_count(config);
 }
 
-/* Activation bytes per token, text token and sample; see docs/balancer.md "Memory model". */
-static void count_activation_bytes(cost_model *cm, const deck *config)
+void cost_model_set_memory(cost_model *cm, const deck *config, layout_backend backend)
 {
-    const double dim = config->model.dim, ffn = config->model.ffn_dim, layers = config->model.num_layers;
-    const double heads = config->model.num_heads;
-    const double patch = (double)config->model.patch_t * config->model.patch_h * config->model.patch_w;
-    /* saved for backward in one block, per token (bf16 tensors, fp32 statistics):
-       self-attention: input, LN-modulated input, q k v before the norm, q k after norm+RoPE, attention
-       output, projection output (for the gate) = 9 D; cross-attention: input, LN output, q before and
-       after the norm, attention output = 5 D; FFN: input, LN-modulated input, hidden before and after
-       GELU, output (for the gate) = 3 D + 2 F; statistics: 3 LN (mean, rstd), 3 RMS rstd, 2 LSE rows. */
-    const double block_per_token = BF16_BYTES * (17.0 * dim + 2.0 * ffn) + FP32_BYTES * (6.0 + 3.0 + 2.0 * heads);
-    /* per text token and block: k before the norm, k after, v; the RMS rstd */
-    const double block_per_text_token = BF16_BYTES * 3.0 * dim + FP32_BYTES;
-    /* backward scratch of the block in flight: gradient of the FFN hidden, twice */
-    const double scratch_per_token = BF16_BYTES * 2.0 * ffn;
-    /* outside the blocks: patch-embedding input and output, head LN statistics, modulated input, output */
-    const double outside_per_token = BF16_BYTES * (2.0 * patch * config->model.in_dim + 2.0 * dim) + FP32_BYTES * 2.0;
-    /* text embedding: input, hidden before and after GELU, output */
-    const double outside_per_text_token = BF16_BYTES * (config->model.text_dim + 3.0 * dim);
-    if (cm->recompute_block) {
-        /* only each block's input is kept (bf16 residual); one block's activations exist at a time */
-        cm->mem_per_token = layers * BF16_BYTES * dim + block_per_token + scratch_per_token + outside_per_token;
-        cm->mem_per_text_token = block_per_text_token + outside_per_text_token;
-    } else {
-        cm->mem_per_token = layers * block_per_token + scratch_per_token + outside_per_token;
-        cm->mem_per_text_token = layers * block_per_text_token + outside_per_text_token;
-    }
-    /* time embedding and the 6 modulation vectors (fp32) */
-    cm->mem_per_sample = FP32_BYTES * (config->model.freq_dim + 8.0 * dim);
+    const model_layout layout = layout_of(config);
+    cm->backend = backend;
+    cm->memory = model_layout_memory(&layout, backend, cm->recompute_block ? RECOMPUTE_BLOCK : RECOMPUTE_NONE, 0);
+    cm->mem_per_token = (double)cm->memory.per_token;
+    cm->mem_per_text_token = (double)cm->memory.per_text;
+    cm->mem_per_sample = (double)cm->memory.per_sample;
 }
 
 int cost_model_calibration_copies(const cost_model *cm, int64_t tokens, int64_t text_len, int64_t max_tokens,
@@ -136,6 +112,8 @@ int cost_model_calibration_copies(const cost_model *cm, int64_t tokens, int64_t 
 
 void cost_model_copy_memory(cost_model *cm, const cost_model *from)
 {
+    cm->backend = from->backend;
+    cm->memory = from->memory;
     cm->mem_per_sample = from->mem_per_sample;
     cm->mem_per_token = from->mem_per_token;
     cm->mem_per_text_token = from->mem_per_text_token;
@@ -157,7 +135,7 @@ void cost_model_init(cost_model *cm, const deck *config)
     cm->seed_coef[4] = (block * f.block_gemm_per_text_token + outside_pass_factor * f.outside_gemm_per_text_token) / gemm_rate;
     memcpy(cm->coef, cm->seed_coef, sizeof(cm->coef));
     cm->recompute_block = config->balance.recompute == RECOMPUTE_BLOCK;
-    count_activation_bytes(cm, config);
+    cost_model_set_memory(cm, config, cost_model_backend(config));
     cm->window_steps = config->balance.calibrate_window > 0 ? config->balance.calibrate_window : 1;
     cm->step_normal = xcalloc((size_t)cm->window_steps * COST_NORMAL_SIZE, sizeof(double));
 }

@@ -5,6 +5,7 @@
 #include <stdint.h>
 
 #include "deck/deck.h"
+#include "model/layout.h"
 
 /* Features of a set of samples: count, sum S, sum S^2, sum S*L, sum L (S tokens, L text tokens). The
    predicted seconds of the set are the dot product of its features with the coefficients (a, b, c, d, e). */
@@ -15,6 +16,11 @@ typedef struct { double value[COST_N_FEATURES]; } cost_features;
 typedef struct {
     double coef[COST_N_FEATURES];       /* current a, b, c, d, e: seconds = a + b S + c S^2 + d S L + e L */
     double seed_coef[COST_N_FEATURES];  /* from FLOP counts and device rates */
+    /* memory: the layout's exact formula (model_layout_memory) for `backend`; the per-sample terms below
+       are its coefficients as doubles, `memory.fixed` (once per rank, without the GPU's device scratch)
+       is left to the GPU plan */
+    layout_backend backend;
+    layout_memory memory;
     double mem_per_token;               /* activation bytes per sample token */
     double mem_per_text_token;          /* activation bytes per text token */
     double mem_per_sample;              /* activation bytes per sample, independent of its length */
@@ -28,7 +34,8 @@ typedef struct {
 } cost_model;
 
 /* Seed from the deck: [model] dims, [balance] device_tflops / attention_tflops / recompute /
-   calibrate_window (the refit window in steps). */
+   calibrate_window (the refit window in steps); the memory of the backend [run] device names
+   (cost_model_backend). */
 void cost_model_init(cost_model *cm, const deck *config);
 void cost_model_free(cost_model *cm);
 
@@ -57,7 +64,8 @@ inline double cost_model_predict_features(const cost_model *cm, const cost_featu
     return seconds;
 }
 
-/* Activation bytes of one sample (see docs/balancer.md for the accounting). */
+/* Activation bytes of one sample: the layout formula's per-sample, per-token and per-text-row bytes (see
+   docs/balancer.md); a micro-batch takes memory.fixed more. */
 inline double cost_model_mem(const cost_model *cm, int64_t tokens, int64_t text_len)
 {
     return cm->mem_per_sample + cm->mem_per_token * (double)tokens + cm->mem_per_text_token * (double)text_len;
@@ -71,12 +79,18 @@ int cost_model_calibration_copies(const cost_model *cm, int64_t tokens, int64_t 
                                   int64_t max_text, int max_samples, double mem_budget, double fill_bytes,
                                   int max_copies);
 
-/* Take the activation bytes per sample, token and text token of `from` (the rest of `cm` stays). */
+/* Take the memory model of `from` (the rest of `cm` stays). */
 void cost_model_copy_memory(cost_model *cm, const cost_model *from);
+/* The memory of `backend` (model_layout_memory with cm's recompute) in place of cm's. */
+void cost_model_set_memory(cost_model *cm, const deck *config, layout_backend backend);
+/* The backend the deck's memory model describes: CPU for [run] device = cpu, else the GPU. */
+layout_backend cost_model_backend(const deck *config);
 
-/* Bytes of weights, gradients and AdamW state of the configured model (bf16 weights + fp32 master,
-   fp32 gradients, two fp32 moments), for deriving a memory budget from device memory. */
+/* Bytes of weights, gradients and AdamW state of the configured model on one rank without sharding, on
+   cost_model_backend's device (GPU: bf16 weights + fp32 master, fp32 gradients, two fp32 moments: 18 bytes
+   per parameter; CPU: 16), for deriving a memory budget from device memory. */
 double cost_model_state_bytes(const deck *config);
+/* Parameters of the configured model: the layout table's n_weights. */
 int64_t cost_model_param_count(const deck *config);
 
 /* Add the features of one sample to `features`. */

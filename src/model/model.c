@@ -4,26 +4,11 @@
 #include "model/ops_cpu.h"
 
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 /* ---- parameter table -------------------------------------------------------------------------- */
-
-typedef enum { INIT_XAVIER, INIT_NORMAL_STD, INIT_MODULATION, INIT_ZERO, INIT_ONE } init_kind;
-
-typedef struct { int64_t weight, bias; } linear_offsets;   /* offsets into weights/grads; -1 = absent */
-
-typedef struct {
-    int64_t modulation;
-    linear_offsets self_q, self_k, self_v, self_o;
-    int64_t self_norm_q, self_norm_k;
-    int64_t norm3_weight, norm3_bias;
-    linear_offsets cross_q, cross_k, cross_v, cross_o;
-    int64_t cross_norm_q, cross_norm_k;
-    linear_offsets ffn_in, ffn_out;
-} block_offsets;
 
 /* What one block keeps from its forward for its backward (rows: N tokens, L text rows, B samples). */
 typedef struct {
@@ -43,10 +28,8 @@ typedef struct {
 } block_saved;
 
 struct model_workspace {
-    init_kind *init;                          /* per parameter */
-    linear_offsets patch, text_in, text_out, time_in, time_out, time_projection, head;
-    int64_t head_modulation;
-    block_offsets *blocks;
+    layout_init *init;                        /* per parameter */
+    layout_block *blocks;                     /* each block's offsets (model_layout_block) */
     /* packing of the current micro-batch */
     int n_samples, samples_capacity;
     int64_t n_tokens, n_text, tokens_capacity;
@@ -55,7 +38,7 @@ struct model_workspace {
     int32_t *positions;                       /* [N, 3] */
     /* activations and scratch, carved from one arena */
     float *arena;
-    int64_t arena_capacity;
+    int64_t arena_capacity, arena_used;       /* floats */
     block_saved *saved;
     float *tokens_in, *target, *x_final;                        /* [N, patch_in] [N, patch_out] [N, D] */
     float *text_pre, *text_act, *context;                       /* [L, D] */
@@ -65,64 +48,6 @@ struct model_workspace {
     float *d_context, *d_ctx1, *d_ctx2, *d_text_act, *d_mod, *d_e0, *d_time_emb, *d_time_b, *d_head_mod;
     float *video;                                               /* one sample's latent, for patchify */
 };
-
-static int64_t add_param(model *m, init_kind init, int ndim, const int64_t *shape, const char *fmt, ...)
-    __attribute__((format(printf, 5, 6)));
-
-static int64_t add_param(model *m, init_kind init, int ndim, const int64_t *shape, const char *fmt, ...)
-{
-    m->params = xrealloc(m->params, (size_t)(m->n_params + 1) * sizeof(param_info));
-    m->workspace->init = xrealloc(m->workspace->init, (size_t)(m->n_params + 1) * sizeof(init_kind));
-    param_info *p = &m->params[m->n_params];
-    memset(p, 0, sizeof(*p));
-    va_list args;
-    va_start(args, fmt);
-    vsnprintf(p->name, sizeof(p->name), fmt, args);
-    va_end(args);
-    p->ndim = ndim;
-    p->n_elements = 1;
-    for (int i = 0; i < ndim; i++) {
-        p->shape[i] = shape[i];
-        p->n_elements *= shape[i];
-    }
-    p->offset = m->n_weights;
-    m->n_weights += p->n_elements;
-    m->workspace->init[m->n_params++] = init;
-    return p->offset;
-}
-
-static linear_offsets add_linear(model *m, init_kind weight_init, int in_dim, int out_dim, const char *prefix)
-{
-    linear_offsets lin;
-    lin.weight = add_param(m, weight_init, 2, (int64_t[]){out_dim, in_dim}, "%s.weight", prefix);
-    lin.bias = add_param(m, INIT_ZERO, 1, (int64_t[]){out_dim}, "%s.bias", prefix);
-    return lin;
-}
-
-static int64_t add_vector(model *m, init_kind init, int64_t length, const char *fmt, int layer, const char *what)
-{
-    char prefix[64];
-    snprintf(prefix, sizeof(prefix), fmt, layer);
-    return add_param(m, init, 1, (int64_t[]){length}, "%s.%s", prefix, what);
-}
-
-/* Linear layers of one attention (q, k, v, o) and its q/k RMSNorm weights, named like Wan's module. */
-static void add_attention(model *m, int layer, const char *module, linear_offsets *q, linear_offsets *k,
-                          linear_offsets *v, linear_offsets *o, int64_t *norm_q, int64_t *norm_k)
-{
-    char name[80];
-    linear_offsets *projections[4] = {q, k, v, o};
-    const char *letters = "qkvo";
-    for (int i = 0; i < 4; i++) {
-        snprintf(name, sizeof(name), "blocks.%d.%s.%c", layer, module, letters[i]);
-        *projections[i] = add_linear(m, INIT_XAVIER, m->dim, m->dim, name);
-    }
-    *norm_q = *norm_k = -1;
-    if (!m->qk_norm) return;
-    snprintf(name, sizeof(name), "blocks.%%d.%s", module);
-    *norm_q = add_vector(m, INIT_ONE, m->dim, name, layer, "norm_q.weight");
-    *norm_k = add_vector(m, INIT_ONE, m->dim, name, layer, "norm_k.weight");
-}
 
 void model_create_table(model *m, const deck *config)
 {
@@ -157,37 +82,25 @@ void model_create_table(model *m, const deck *config)
 
     model_workspace *ws = xcalloc(1, sizeof(model_workspace));
     m->workspace = ws;
-    int D = m->dim;
-    /* Wan's state_dict order: a module's own parameters first, then its children in order. */
-    ws->patch.weight = add_param(m, INIT_XAVIER, 5, (int64_t[]){D, m->in_dim, m->patch_t, m->patch_h, m->patch_w},
-                                 "patch_embedding.weight");
-    ws->patch.bias = add_param(m, INIT_ZERO, 1, (int64_t[]){D}, "patch_embedding.bias");
-    ws->text_in = add_linear(m, INIT_NORMAL_STD, m->text_dim, D, "text_embedding.0");
-    ws->text_out = add_linear(m, INIT_NORMAL_STD, D, D, "text_embedding.2");
-    ws->time_in = add_linear(m, INIT_NORMAL_STD, m->freq_dim, D, "time_embedding.0");
-    ws->time_out = add_linear(m, INIT_NORMAL_STD, D, D, "time_embedding.2");
-    ws->time_projection = add_linear(m, INIT_XAVIER, D, 6 * D, "time_projection.1");
-    ws->blocks = xcalloc((size_t)(m->num_layers > 0 ? m->num_layers : 1), sizeof(block_offsets));
-    for (int l = 0; l < m->num_layers; l++) {
-        block_offsets *bo = &ws->blocks[l];
-        char name[64];
-        bo->modulation = add_param(m, INIT_MODULATION, 3, (int64_t[]){1, 6, D}, "blocks.%d.modulation", l);
-        add_attention(m, l, "self_attn", &bo->self_q, &bo->self_k, &bo->self_v, &bo->self_o, &bo->self_norm_q,
-                      &bo->self_norm_k);
-        bo->norm3_weight = bo->norm3_bias = -1;
-        if (m->cross_attn_norm) {
-            bo->norm3_weight = add_vector(m, INIT_ONE, D, "blocks.%d.norm3", l, "weight");
-            bo->norm3_bias = add_vector(m, INIT_ZERO, D, "blocks.%d.norm3", l, "bias");
-        }
-        add_attention(m, l, "cross_attn", &bo->cross_q, &bo->cross_k, &bo->cross_v, &bo->cross_o,
-                      &bo->cross_norm_q, &bo->cross_norm_k);
-        snprintf(name, sizeof(name), "blocks.%d.ffn.0", l);
-        bo->ffn_in = add_linear(m, INIT_XAVIER, D, m->ffn_dim, name);
-        snprintf(name, sizeof(name), "blocks.%d.ffn.2", l);
-        bo->ffn_out = add_linear(m, INIT_XAVIER, m->ffn_dim, D, name);
+    layout_dims dims = layout_dims_of(config);
+    model_layout_init(&m->layout, &dims);
+    m->n_params = m->layout.n_params;
+    m->n_weights = m->layout.n_weights;
+    m->params = xcalloc((size_t)(m->n_params > 0 ? m->n_params : 1), sizeof(param_info));
+    ws->init = xcalloc((size_t)(m->n_params > 0 ? m->n_params : 1), sizeof(layout_init));
+    for (int i = 0; i < m->n_params; i++) {
+        int layer;
+        param_info *p = &m->params[i];
+        const layout_tensor *t = model_layout_param(&m->layout, i, &layer, &p->offset);
+        if (layer >= 0) snprintf(p->name, sizeof(p->name), "blocks.%d.%s", layer, t->name);
+        else snprintf(p->name, sizeof(p->name), "%s", t->name);
+        p->ndim = t->ndim;
+        memcpy(p->shape, t->shape, sizeof(p->shape));
+        p->n_elements = t->n_elements;
+        ws->init[i] = t->init;
     }
-    ws->head_modulation = add_param(m, INIT_MODULATION, 3, (int64_t[]){1, 2, D}, "head.modulation");
-    ws->head = add_linear(m, INIT_ZERO, D, m->patch_out, "head.head");
+    ws->blocks = xcalloc((size_t)(m->num_layers > 0 ? m->num_layers : 1), sizeof(layout_block));
+    for (int l = 0; l < m->num_layers; l++) ws->blocks[l] = model_layout_block(&m->layout, l);
     ws->saved = xcalloc((size_t)(m->num_layers > 0 ? m->num_layers : 1), sizeof(block_saved));
 }
 
@@ -265,11 +178,11 @@ void model_init_random(model *m, uint64_t seed)
         double bound = sqrt(6.0 / (fan_in + fan_out));
         for (int64_t j = 0; j < p->n_elements; j++) {
             switch (m->workspace->init[i]) {
-            case INIT_XAVIER: values[j] = (float)((2.0 * uniform_open(&state) - 1.0) * bound); break;
-            case INIT_NORMAL_STD: values[j] = (float)(normal(&state) * m->init_std); break;
-            case INIT_MODULATION: values[j] = (float)(normal(&state) / sqrt((double)m->dim)); break;
-            case INIT_ZERO: values[j] = 0.0f; break;
-            case INIT_ONE: values[j] = 1.0f; break;
+            case LAYOUT_INIT_XAVIER: values[j] = (float)((2.0 * uniform_open(&state) - 1.0) * bound); break;
+            case LAYOUT_INIT_NORMAL_STD: values[j] = (float)(normal(&state) * m->init_std); break;
+            case LAYOUT_INIT_MODULATION: values[j] = (float)(normal(&state) / sqrt((double)m->dim)); break;
+            case LAYOUT_INIT_ZERO: values[j] = 0.0f; break;
+            case LAYOUT_INIT_ONE: values[j] = 1.0f; break;
             }
         }
     }
@@ -280,7 +193,7 @@ void model_init_gaussian(model *m, uint64_t seed, float std)
     for (int i = 0; i < m->n_params; i++) {
         const param_info *p = &m->params[i];
         uint64_t state = param_stream(seed, i);
-        float base = m->workspace->init[i] == INIT_ONE ? 1.0f : 0.0f;
+        float base = m->workspace->init[i] == LAYOUT_INIT_ONE ? 1.0f : 0.0f;
         for (int64_t j = 0; j < p->n_elements; j++)
             m->weights[p->offset + j] = base + (float)(normal(&state) * std);
     }
@@ -421,6 +334,7 @@ int64_t model_pack(model *m, int n_samples, const int32_t *frames, const int32_t
     }
     cpu_rope_positions(n_samples, ws->grid_f, ws->grid_h, ws->grid_w, ws->positions);
     int64_t needed = layout_workspace(m, NULL);
+    ws->arena_used = needed;
     if (needed > ws->arena_capacity) {
         free(ws->arena);
         ws->arena_capacity = needed + needed / 4;   /* slack, so that slowly growing batches rarely reallocate */
@@ -429,6 +343,13 @@ int64_t model_pack(model *m, int n_samples, const int32_t *frames, const int32_t
     layout_workspace(m, ws->arena);
     *n_text = ws->n_text;
     return ws->n_tokens;
+}
+
+int64_t model_workspace_bytes(const model *m)
+{
+    const model_workspace *ws = m->workspace;
+    return ws->arena_used * (int64_t)sizeof(float) + ws->n_tokens * 3 * (int64_t)sizeof(int32_t) +
+           (ws->n_samples + 1) * 2 * (int64_t)sizeof(int64_t) + ws->n_samples * 3 * (int64_t)sizeof(int32_t);
 }
 
 /* ---- one block ------------------------------------------------------------------------------------ */
@@ -466,7 +387,7 @@ static void qk_norm_bwd(const model *m, const float *x, float *dy_to_dx, int64_t
 void model_block_forward(model *m, int layer, const float *x_in, const float *e0, const float *context, float *x_out)
 {
     model_workspace *ws = m->workspace;
-    const block_offsets *bo = &ws->blocks[layer];
+    const layout_block *bo = &ws->blocks[layer];
     block_saved *s = &ws->saved[layer];
     int64_t N = ws->n_tokens, L = ws->n_text, B = ws->n_samples, D = m->dim;
     const int64_t *rows = ws->token_start;
@@ -520,7 +441,7 @@ void model_block_backward(model *m, int layer, const float *dx_out, float *dx_in
                           float *grads)
 {
     model_workspace *ws = m->workspace;
-    const block_offsets *bo = &ws->blocks[layer];
+    const layout_block *bo = &ws->blocks[layer];
     const block_saved *s = &ws->saved[layer];
     int64_t N = ws->n_tokens, L = ws->n_text, B = ws->n_samples, D = m->dim, F = m->ffn_dim;
     const int64_t *rows = ws->token_start;
@@ -633,28 +554,28 @@ static double model_forward(model *m, const model_batch *batch, double *sample_l
 
     /* embeddings: patches, text (Linear, GELU-tanh, Linear), time (sinusoid, Linear, SiLU, Linear), projection */
     float *x = m->num_layers > 0 ? ws->saved[0].x_in : ws->x_final;
-    cpu_linear_fwd(ws->tokens_in, N, m->patch_in, (int)D, param(m, ws->patch.weight), param(m, ws->patch.bias), x);
-    cpu_linear_fwd(batch->text, L, m->text_dim, (int)D, param(m, ws->text_in.weight), param(m, ws->text_in.bias),
+    cpu_linear_fwd(ws->tokens_in, N, m->patch_in, (int)D, param(m, m->layout.patch.weight), param(m, m->layout.patch.bias), x);
+    cpu_linear_fwd(batch->text, L, m->text_dim, (int)D, param(m, m->layout.text_in.weight), param(m, m->layout.text_in.bias),
                    ws->text_pre);
     cpu_gelu_tanh_fwd(ws->text_pre, L * D, ws->text_act);
-    cpu_linear_fwd(ws->text_act, L, (int)D, (int)D, param(m, ws->text_out.weight), param(m, ws->text_out.bias),
+    cpu_linear_fwd(ws->text_act, L, (int)D, (int)D, param(m, m->layout.text_out.weight), param(m, m->layout.text_out.bias),
                    ws->context);
     cpu_sinusoidal_embedding(ws->timesteps, (int)B, m->freq_dim, ws->sinusoid);
-    cpu_linear_fwd(ws->sinusoid, B, m->freq_dim, (int)D, param(m, ws->time_in.weight), param(m, ws->time_in.bias),
+    cpu_linear_fwd(ws->sinusoid, B, m->freq_dim, (int)D, param(m, m->layout.time_in.weight), param(m, m->layout.time_in.bias),
                    ws->time_pre);
     cpu_silu_fwd(ws->time_pre, B * D, ws->time_act);
-    cpu_linear_fwd(ws->time_act, B, (int)D, (int)D, param(m, ws->time_out.weight), param(m, ws->time_out.bias),
+    cpu_linear_fwd(ws->time_act, B, (int)D, (int)D, param(m, m->layout.time_out.weight), param(m, m->layout.time_out.bias),
                    ws->time_emb);
     cpu_silu_fwd(ws->time_emb, B * D, ws->time_silu);
-    cpu_linear_fwd(ws->time_silu, B, (int)D, 6 * (int)D, param(m, ws->time_projection.weight),
-                   param(m, ws->time_projection.bias), ws->e0);
+    cpu_linear_fwd(ws->time_silu, B, (int)D, 6 * (int)D, param(m, m->layout.time_projection.weight),
+                   param(m, m->layout.time_projection.bias), ws->e0);
 
     for (int l = 0; l < m->num_layers; l++)
         model_block_forward(m, l, ws->saved[l].x_in, ws->e0, ws->context,
                             l + 1 < m->num_layers ? ws->saved[l + 1].x_in : ws->x_final);
 
     /* head: LN modulated by head.modulation + e (the time embedding, no SiLU), then Linear */
-    const float *head_mod = param(m, ws->head_modulation);
+    const float *head_mod = param(m, m->layout.head_modulation);
     for (int64_t b = 0; b < B; b++)
         for (int64_t c = 0; c < D; c++) {
             ws->head_shift[b * D + c] = head_mod[c] + ws->time_emb[b * D + c];
@@ -662,7 +583,7 @@ static double model_forward(model *m, const model_batch *batch, double *sample_l
         }
     cpu_ln_modulate_fwd(ws->x_final, N, (int)D, ws->token_start, (int)B, ws->head_shift, ws->head_scale, m->eps,
                         ws->head_h, ws->head_mean, ws->head_rstd);
-    cpu_linear_fwd(ws->head_h, N, (int)D, m->patch_out, param(m, ws->head.weight), param(m, ws->head.bias), ws->pred);
+    cpu_linear_fwd(ws->head_h, N, (int)D, m->patch_out, param(m, m->layout.head.weight), param(m, m->layout.head.bias), ws->pred);
 
     double total = 0.0;
     for (int64_t b = 0; b < B; b++) {
@@ -697,12 +618,12 @@ double model_forward_backward(model *m, const model_batch *batch, float *grads, 
     }
 
     /* head */
-    cpu_linear_bwd(ws->head_h, ws->d_pred, N, (int)D, m->patch_out, param(m, ws->head.weight), ws->d_head_h, 0,
-                   grad(grads, ws->head.weight), grad(grads, ws->head.bias));
+    cpu_linear_bwd(ws->head_h, ws->d_pred, N, (int)D, m->patch_out, param(m, m->layout.head.weight), ws->d_head_h, 0,
+                   grad(grads, m->layout.head.weight), grad(grads, m->layout.head.bias));
     float *d_head_shift = ws->d_head_mod, *d_head_scale = ws->d_head_mod + B * D;
     cpu_ln_modulate_bwd(ws->x_final, ws->d_head_h, N, (int)D, ws->token_start, (int)B, ws->head_scale, ws->head_mean,
                         ws->head_rstd, ws->d_x_a, d_head_shift, d_head_scale);
-    float *d_head_modulation = grads + ws->head_modulation;
+    float *d_head_modulation = grads + m->layout.head_modulation;
     for (int64_t b = 0; b < B; b++)
         for (int64_t c = 0; c < D; c++) {
             d_head_modulation[c] += d_head_shift[b * D + c];
@@ -722,21 +643,21 @@ double model_forward_backward(model *m, const model_batch *batch, float *grads, 
     }
 
     /* embeddings */
-    cpu_linear_bwd(ws->tokens_in, d_out, N, m->patch_in, (int)D, param(m, ws->patch.weight), NULL, 0,
-                   grad(grads, ws->patch.weight), grad(grads, ws->patch.bias));
-    cpu_linear_bwd(ws->text_act, ws->d_context, L, (int)D, (int)D, param(m, ws->text_out.weight), ws->d_text_act, 0,
-                   grad(grads, ws->text_out.weight), grad(grads, ws->text_out.bias));
+    cpu_linear_bwd(ws->tokens_in, d_out, N, m->patch_in, (int)D, param(m, m->layout.patch.weight), NULL, 0,
+                   grad(grads, m->layout.patch.weight), grad(grads, m->layout.patch.bias));
+    cpu_linear_bwd(ws->text_act, ws->d_context, L, (int)D, (int)D, param(m, m->layout.text_out.weight), ws->d_text_act, 0,
+                   grad(grads, m->layout.text_out.weight), grad(grads, m->layout.text_out.bias));
     cpu_gelu_tanh_bwd(ws->text_pre, ws->d_text_act, L * D, ws->d_text_act);
-    cpu_linear_bwd(batch->text, ws->d_text_act, L, m->text_dim, (int)D, param(m, ws->text_in.weight), NULL, 0,
-                   grad(grads, ws->text_in.weight), grad(grads, ws->text_in.bias));
-    cpu_linear_bwd(ws->time_silu, ws->d_e0, B, (int)D, 6 * (int)D, param(m, ws->time_projection.weight), ws->d_time_b,
-                   0, grad(grads, ws->time_projection.weight), grad(grads, ws->time_projection.bias));
+    cpu_linear_bwd(batch->text, ws->d_text_act, L, m->text_dim, (int)D, param(m, m->layout.text_in.weight), NULL, 0,
+                   grad(grads, m->layout.text_in.weight), grad(grads, m->layout.text_in.bias));
+    cpu_linear_bwd(ws->time_silu, ws->d_e0, B, (int)D, 6 * (int)D, param(m, m->layout.time_projection.weight), ws->d_time_b,
+                   0, grad(grads, m->layout.time_projection.weight), grad(grads, m->layout.time_projection.bias));
     cpu_silu_bwd(ws->time_emb, ws->d_time_b, B * D, ws->d_time_b);
     for (int64_t i = 0; i < B * D; i++) ws->d_time_emb[i] += ws->d_time_b[i];
-    cpu_linear_bwd(ws->time_act, ws->d_time_emb, B, (int)D, (int)D, param(m, ws->time_out.weight), ws->d_time_b, 0,
-                   grad(grads, ws->time_out.weight), grad(grads, ws->time_out.bias));
+    cpu_linear_bwd(ws->time_act, ws->d_time_emb, B, (int)D, (int)D, param(m, m->layout.time_out.weight), ws->d_time_b, 0,
+                   grad(grads, m->layout.time_out.weight), grad(grads, m->layout.time_out.bias));
     cpu_silu_bwd(ws->time_pre, ws->d_time_b, B * D, ws->d_time_b);
-    cpu_linear_bwd(ws->sinusoid, ws->d_time_b, B, m->freq_dim, (int)D, param(m, ws->time_in.weight), NULL, 0,
-                   grad(grads, ws->time_in.weight), grad(grads, ws->time_in.bias));
+    cpu_linear_bwd(ws->sinusoid, ws->d_time_b, B, m->freq_dim, (int)D, param(m, m->layout.time_in.weight), NULL, 0,
+                   grad(grads, m->layout.time_in.weight), grad(grads, m->layout.time_in.bias));
     return total;
 }

@@ -5,9 +5,10 @@
 #include <stdint.h>
 
 #include "deck/deck.h"
+#include "model/layout.h"
 
 /* patch_embedding.weight is the one 5-D parameter: [dim, in_dim, patch_t, patch_h, patch_w]. */
-#define MODEL_MAX_NDIM 5
+#define MODEL_MAX_NDIM LAYOUT_MAX_NDIM
 
 typedef struct {
     char name[96];                   /* Wan state_dict name, e.g. "blocks.0.self_attn.q.weight" */
@@ -29,7 +30,9 @@ typedef struct {
     double init_std;
     int patch_in;                    /* in_dim * patch volume: values per input token */
     int patch_out;                   /* out_dim * patch volume: values per output token */
-    /* parameters, in Wan's state_dict order, all in one allocation */
+    /* parameters, in Wan's state_dict order, all in one allocation: the table is computed from `layout`
+       (names "blocks.<l>." + a block tensor's name), and so are the offsets every model reads */
+    model_layout layout;
     int n_params;
     param_info *params;
     int64_t n_weights;
@@ -80,6 +83,10 @@ double model_forward_loss(model *m, const model_batch *batch, double *sample_los
    model_pack: the number of tokens; *n_text receives the number of text rows. */
 int64_t model_pack(model *m, int n_samples, const int32_t *frames, const int32_t *height, const int32_t *width,
                    const int32_t *text_len, int64_t *n_text);
+/* Bytes the CPU model holds for the micro-batch last packed: what its arena carves (without the growth slack),
+   the RoPE positions and the per-sample row tables. At most layout_memory_bytes of the CPU backend for the
+   same sizes (model_layout_memory), short of it only by alignment padding. */
+int64_t model_workspace_bytes(const model *m);
 void model_block_forward(model *m, int layer, const float *x_in, const float *e0, const float *context, float *x_out);
 void model_block_backward(model *m, int layer, const float *dx_out, float *dx_in, float *de0, float *dcontext,
                           float *grads);

@@ -225,6 +225,18 @@ static sim_result simulate(const deck *config, const balance_sample *samples, in
     return result;
 }
 
+/* The memory formula the balancer plans with (model/layout.h) and what one rank's training state takes. */
+static void print_memory(const deck *config, const cost_model *cm)
+{
+    printf("activation memory (%s model, recompute %s): %.1f MiB per micro-batch + %.1f KiB per token + %.1f KiB "
+           "per sample + %.1f KiB per text token%s\n", cm->backend == LAYOUT_BACKEND_GPU ? "GPU" : "CPU",
+           cm->recompute_block ? "block" : "none", cm->memory.fixed / 1048576.0, cm->memory.per_token / 1024.0,
+           cm->memory.per_sample / 1024.0, cm->memory.per_text / 1024.0,
+           cm->backend == LAYOUT_BACKEND_GPU ? " (and the GPU's own scratch constant)" : "");
+    printf("training state %.2f GiB per rank (weights, gradients, AdamW moments; shard = none)\n",
+           cost_model_state_bytes(config) / 1073741824.0);
+}
+
 int main(int argc, char **argv)
 {
     sim_args args = parse_args(argc, argv);
@@ -278,6 +290,7 @@ int main(int argc, char **argv)
                mem_budget / 1073741824.0,
                (long long)balancer_max_tokens_in_budget(&truth, mem_budget, config.model.text_len),
                config.model.text_len, config.balance.global_batch > 0 ? "fixed" : "budget");
+        print_memory(&config, &truth);
         printf("%-13s %6s %9s %9s %9s %11s %11s %8s %8s %8s %9s %11s\n", "strategy", "steps", "samples/", "imbalance",
                "(predict)", "epoch_time", "lower_bound", "vs_bound", "mem_util", "mem_peak", "micro/rk", "balancer");
         printf("%-13s %6s %9s %9s %9s %11s %11s %8s %8s %8s %9s %11s\n", "", "", "step", "", "", "s", "s", "", "", "",

@@ -1,0 +1,334 @@
+/* layout.c — the Wan 2.1 DiT's parameter table (one static description) and its exact activation-memory formula. */
+#include "model/layout.h"
+#include "core/check.h"
+
+#include <stddef.h>
+#include <string.h>
+
+/* ---- the parameter table ------------------------------------------------------------------------ */
+
+/* Symbols of a shape's entries, resolved against the dims. */
+typedef enum { X_END, X_1, X_2, X_6, X_D, X_6D, X_F, X_IN, X_PT, X_PH, X_PW, X_TEXT, X_FREQ, X_OUT_PATCH } dim_symbol;
+typedef enum { WHEN_ALWAYS, WHEN_QK_NORM, WHEN_CROSS_ATTN_NORM } condition;
+typedef enum { PART_EMBEDDING, PART_BLOCK, PART_HEAD } part;
+
+typedef struct {
+    part where;
+    const char *name;
+    dim_symbol shape[LAYOUT_MAX_NDIM + 1];   /* X_END-terminated */
+    layout_init init;
+    layout_rows rows;
+    condition when;
+    size_t field;   /* where its offset goes: in model_layout (embedding, head) or layout_block (block) */
+} tensor_spec;
+
+#define EMB(name, field, init, rows, ...) {PART_EMBEDDING, name, {__VA_ARGS__, X_END}, init, rows, WHEN_ALWAYS, offsetof(model_layout, field)}
+#define BLK(name, field, init, rows, when, ...) {PART_BLOCK, name, {__VA_ARGS__, X_END}, init, rows, when, offsetof(layout_block, field)}
+#define HEAD(name, field, init, rows, ...) {PART_HEAD, name, {__VA_ARGS__, X_END}, init, rows, WHEN_ALWAYS, offsetof(model_layout, field)}
+#define ATTENTION(module, m, k_rows)                                                                                \
+    BLK(module ".q.weight", m##_q.weight, LAYOUT_INIT_XAVIER, LAYOUT_ROWS_TOKENS, WHEN_ALWAYS, X_D, X_D),           \
+    BLK(module ".q.bias", m##_q.bias, LAYOUT_INIT_ZERO, LAYOUT_ROWS_NONE, WHEN_ALWAYS, X_D),                         \
+    BLK(module ".k.weight", m##_k.weight, LAYOUT_INIT_XAVIER, k_rows, WHEN_ALWAYS, X_D, X_D),                       \
+    BLK(module ".k.bias", m##_k.bias, LAYOUT_INIT_ZERO, LAYOUT_ROWS_NONE, WHEN_ALWAYS, X_D),                         \
+    BLK(module ".v.weight", m##_v.weight, LAYOUT_INIT_XAVIER, k_rows, WHEN_ALWAYS, X_D, X_D),                       \
+    BLK(module ".v.bias", m##_v.bias, LAYOUT_INIT_ZERO, LAYOUT_ROWS_NONE, WHEN_ALWAYS, X_D),                         \
+    BLK(module ".o.weight", m##_o.weight, LAYOUT_INIT_XAVIER, LAYOUT_ROWS_TOKENS, WHEN_ALWAYS, X_D, X_D),           \
+    BLK(module ".o.bias", m##_o.bias, LAYOUT_INIT_ZERO, LAYOUT_ROWS_NONE, WHEN_ALWAYS, X_D),                         \
+    BLK(module ".norm_q.weight", m##_norm_q, LAYOUT_INIT_ONE, LAYOUT_ROWS_NONE, WHEN_QK_NORM, X_D),                  \
+    BLK(module ".norm_k.weight", m##_norm_k, LAYOUT_INIT_ONE, LAYOUT_ROWS_NONE, WHEN_QK_NORM, X_D)
+
+/* Wan's state_dict order: a module's own parameters first, then its children in order. Linear weights are
+   [out, in]. Cross-attention's k and v project the text rows. */
+static const tensor_spec wan_tensors[] = {
+    EMB("patch_embedding.weight", patch.weight, LAYOUT_INIT_XAVIER, LAYOUT_ROWS_TOKENS, X_D, X_IN, X_PT, X_PH, X_PW),
+    EMB("patch_embedding.bias", patch.bias, LAYOUT_INIT_ZERO, LAYOUT_ROWS_NONE, X_D),
+    EMB("text_embedding.0.weight", text_in.weight, LAYOUT_INIT_NORMAL_STD, LAYOUT_ROWS_TEXT, X_D, X_TEXT),
+    EMB("text_embedding.0.bias", text_in.bias, LAYOUT_INIT_ZERO, LAYOUT_ROWS_NONE, X_D),
+    EMB("text_embedding.2.weight", text_out.weight, LAYOUT_INIT_NORMAL_STD, LAYOUT_ROWS_TEXT, X_D, X_D),
+    EMB("text_embedding.2.bias", text_out.bias, LAYOUT_INIT_ZERO, LAYOUT_ROWS_NONE, X_D),
+    EMB("time_embedding.0.weight", time_in.weight, LAYOUT_INIT_NORMAL_STD, LAYOUT_ROWS_SAMPLES, X_D, X_FREQ),
+    EMB("time_embedding.0.bias", time_in.bias, LAYOUT_INIT_ZERO, LAYOUT_ROWS_NONE, X_D),
+    EMB("time_embedding.2.weight", time_out.weight, LAYOUT_INIT_NORMAL_STD, LAYOUT_ROWS_SAMPLES, X_D, X_D),
+    EMB("time_embedding.2.bias", time_out.bias, LAYOUT_INIT_ZERO, LAYOUT_ROWS_NONE, X_D),
+    EMB("time_projection.1.weight", time_projection.weight, LAYOUT_INIT_XAVIER, LAYOUT_ROWS_SAMPLES, X_6D, X_D),
+    EMB("time_projection.1.bias", time_projection.bias, LAYOUT_INIT_ZERO, LAYOUT_ROWS_NONE, X_6D),
+    BLK("modulation", modulation, LAYOUT_INIT_MODULATION, LAYOUT_ROWS_NONE, WHEN_ALWAYS, X_1, X_6, X_D),
+    ATTENTION("self_attn", self, LAYOUT_ROWS_TOKENS),
+    BLK("norm3.weight", norm3_weight, LAYOUT_INIT_ONE, LAYOUT_ROWS_NONE, WHEN_CROSS_ATTN_NORM, X_D),
+    BLK("norm3.bias", norm3_bias, LAYOUT_INIT_ZERO, LAYOUT_ROWS_NONE, WHEN_CROSS_ATTN_NORM, X_D),
+    ATTENTION("cross_attn", cross, LAYOUT_ROWS_TEXT),
+    BLK("ffn.0.weight", ffn_in.weight, LAYOUT_INIT_XAVIER, LAYOUT_ROWS_TOKENS, WHEN_ALWAYS, X_F, X_D),
+    BLK("ffn.0.bias", ffn_in.bias, LAYOUT_INIT_ZERO, LAYOUT_ROWS_NONE, WHEN_ALWAYS, X_F),
+    BLK("ffn.2.weight", ffn_out.weight, LAYOUT_INIT_XAVIER, LAYOUT_ROWS_TOKENS, WHEN_ALWAYS, X_D, X_F),
+    BLK("ffn.2.bias", ffn_out.bias, LAYOUT_INIT_ZERO, LAYOUT_ROWS_NONE, WHEN_ALWAYS, X_D),
+    HEAD("head.modulation", head_modulation, LAYOUT_INIT_MODULATION, LAYOUT_ROWS_NONE, X_1, X_2, X_D),
+    HEAD("head.head.weight", head.weight, LAYOUT_INIT_ZERO, LAYOUT_ROWS_TOKENS, X_OUT_PATCH, X_D),
+    HEAD("head.head.bias", head.bias, LAYOUT_INIT_ZERO, LAYOUT_ROWS_NONE, X_OUT_PATCH),
+};
+enum { N_SPECS = sizeof wan_tensors / sizeof wan_tensors[0] };
+_Static_assert(N_SPECS <= LAYOUT_MAX_TENSORS, "LAYOUT_MAX_TENSORS holds the table");
+
+static int64_t resolve(const layout_dims *d, dim_symbol symbol)
+{
+    switch (symbol) {
+    case X_1: return 1;
+    case X_2: return 2;
+    case X_6: return 6;
+    case X_D: return d->dim;
+    case X_6D: return 6 * d->dim;
+    case X_F: return d->ffn_dim;
+    case X_IN: return d->in_dim;
+    case X_PT: return d->patch_t;
+    case X_PH: return d->patch_h;
+    case X_PW: return d->patch_w;
+    case X_TEXT: return d->text_dim;
+    case X_FREQ: return d->freq_dim;
+    case X_OUT_PATCH: return d->out_dim * d->patch_t * d->patch_h * d->patch_w;
+    case X_END: break;
+    }
+    return 0;
+}
+
+static int present(const layout_dims *d, condition when)
+{
+    return when == WHEN_ALWAYS || (when == WHEN_QK_NORM && d->qk_norm) || (when == WHEN_CROSS_ATTN_NORM && d->cross_attn_norm);
+}
+
+layout_dims layout_dims_of(const deck *config)
+{
+    layout_dims d = {
+        .dim = config->model.dim, .ffn_dim = config->model.ffn_dim, .num_heads = config->model.num_heads,
+        .num_layers = config->model.num_layers, .in_dim = config->model.in_dim, .out_dim = config->model.out_dim,
+        .patch_t = config->model.patch_t, .patch_h = config->model.patch_h, .patch_w = config->model.patch_w,
+        .text_dim = config->model.text_dim, .freq_dim = config->model.freq_dim, .qk_norm = config->model.qk_norm,
+        .cross_attn_norm = config->model.cross_attn_norm};
+    return d;
+}
+
+static void set_offset(void *base, size_t field, int64_t offset) { memcpy((char *)base + field, &offset, sizeof offset); }
+
+void model_layout_init(model_layout *layout, const layout_dims *dims)
+{
+    memset(layout, 0, sizeof *layout);
+    layout->dims = *dims;
+    memset(&layout->block, 0xff, sizeof layout->block);   /* every offset -1 until present */
+    int64_t at = 0, block_at = 0;
+    for (int k = 0; k < N_SPECS; k++) {
+        const tensor_spec *spec = &wan_tensors[k];
+        if (!present(dims, spec->when)) continue;
+        if (spec->where == PART_HEAD && layout->n_tensors == layout->n_embedding + layout->n_block) {
+            layout->block_stride = block_at;   /* the first head tensor: the blocks end here */
+            at += dims->num_layers * block_at;
+        }
+        layout_tensor *t = &layout->tensors[layout->n_tensors++];
+        t->name = spec->name;
+        t->init = spec->init;
+        t->rows = spec->rows;
+        t->n_elements = 1;
+        for (t->ndim = 0; spec->shape[t->ndim] != X_END; t->ndim++) {
+            t->shape[t->ndim] = resolve(dims, spec->shape[t->ndim]);
+            t->n_elements *= t->shape[t->ndim];
+        }
+        if (spec->where == PART_BLOCK) {
+            if (layout->n_block++ == 0) layout->blocks_offset = at;
+            t->offset = block_at;
+            block_at += t->n_elements;
+            set_offset(&layout->block, spec->field, t->offset);
+        } else {
+            if (spec->where == PART_EMBEDDING) layout->n_embedding++;
+            t->offset = at;
+            at += t->n_elements;
+            set_offset(layout, spec->field, t->offset);
+        }
+    }
+    layout->n_weights = at;
+    layout->n_params = layout->n_tensors - layout->n_block + (int)dims->num_layers * layout->n_block;
+}
+
+static int64_t shifted(int64_t offset, int64_t by) { return offset < 0 ? -1 : offset + by; }
+
+layout_block model_layout_block(const model_layout *layout, int layer)
+{
+    const int64_t start = layout->blocks_offset + (int64_t)layer * layout->block_stride;
+    layout_block b = layout->block;
+    int64_t *fields = (int64_t *)&b;
+    for (size_t i = 0; i < sizeof b / sizeof(int64_t); i++) fields[i] = shifted(fields[i], start);
+    return b;
+}
+
+const layout_tensor *model_layout_param(const model_layout *layout, int index, int *layer, int64_t *offset)
+{
+    ALDIT_CHECK(index >= 0 && index < layout->n_params, "layout: parameter %d of %d", index, layout->n_params);
+    const int in_blocks = (int)layout->dims.num_layers * layout->n_block;
+    const layout_tensor *t;
+    if (index < layout->n_embedding) {
+        *layer = -1;
+        t = &layout->tensors[index];
+        *offset = t->offset;
+    } else if (index < layout->n_embedding + in_blocks) {
+        const int within = index - layout->n_embedding;
+        *layer = within / layout->n_block;
+        t = &layout->tensors[layout->n_embedding + within % layout->n_block];
+        *offset = layout->blocks_offset + (int64_t)*layer * layout->block_stride + t->offset;
+    } else {
+        *layer = -1;
+        t = &layout->tensors[index - in_blocks + layout->n_block];
+        *offset = t->offset;
+    }
+    return t;
+}
+
+layout_gemm_flops model_layout_gemm_flops(const model_layout *layout)
+{
+    layout_gemm_flops f = {0, 0, 0, 0, 0};
+    for (int k = 0; k < layout->n_tensors; k++) {
+        const layout_tensor *t = &layout->tensors[k];
+        const int in_block = k >= layout->n_embedding && k < layout->n_embedding + layout->n_block;
+        const double flops = 2.0 * (double)t->n_elements * (in_block ? (double)layout->dims.num_layers : 1.0);
+        if (t->rows == LAYOUT_ROWS_TOKENS) *(in_block ? &f.block_per_token : &f.outside_per_token) += flops;
+        if (t->rows == LAYOUT_ROWS_TEXT) *(in_block ? &f.block_per_text : &f.outside_per_text) += flops;
+        if (t->rows == LAYOUT_ROWS_SAMPLES) f.outside_per_sample += flops;
+    }
+    return f;
+}
+
+/* ---- memory ------------------------------------------------------------------------------------- */
+
+/* A count of workspace pieces, each `count(N, B, L)` values of `bytes` bytes, all alike:
+   count = n + per_token N + per_sample B + per_text L. */
+typedef struct {
+    int64_t fixed, per_token, per_sample, per_text, pieces, align;
+} tally;
+
+/* `copies` pieces of (tokens N + samples B + text L + extra) values of `bytes` bytes each. */
+static void add(tally *t, int64_t copies, int64_t bytes, int64_t tokens, int64_t samples, int64_t text, int64_t extra)
+{
+    t->per_token += copies * bytes * tokens;
+    t->per_sample += copies * bytes * samples;
+    t->per_text += copies * bytes * text;
+    t->fixed += copies * bytes * extra;
+    t->pieces += copies;
+}
+
+/* The CPU model's arena (model.c, layout_workspace: fp32), its RoPE positions and row tables. */
+static void cpu_workspace(tally *t, const layout_dims *d)
+{
+    enum { F32 = 4 };
+    const int64_t D = d->dim, F = d->ffn_dim, H = d->num_heads, layers = d->num_layers;
+    const int64_t patch = d->patch_t * d->patch_h * d->patch_w, patch_in = d->in_dim * patch,
+                  patch_out = d->out_dim * patch;
+    /* every block: 17 [N, D], 9 [N] statistics, 2 [N, H] LSEs, 2 [N, F], 3 [L, D], 1 [L], modulation [6B, D] */
+    add(t, 17 * layers, F32, D, 0, 0, 0);
+    add(t, 9 * layers, F32, 1, 0, 0, 0);
+    add(t, 2 * layers, F32, H, 0, 0, 0);
+    add(t, 2 * layers, F32, F, 0, 0, 0);
+    add(t, 3 * layers, F32, 0, 0, D, 0);
+    add(t, 1 * layers, F32, 0, 0, 1, 0);
+    add(t, 1 * layers, F32, 0, 6 * D, 0, 0);
+    /* outside: tokens_in and video [N, patch_in]; target, pred, d_pred [N, patch_out]; x_final, head_h and
+       9 gradients [N, D]; head statistics [N]; d_ffn [N, F]; text 3 + 4 gradients [L, D]; per sample:
+       timesteps, sinusoid, 8 [B, D], e0, d_mod, d_e0 [B, 6D], d_head_mod [B, 2D] */
+    add(t, 2, F32, patch_in, 0, 0, 0);
+    add(t, 3, F32, patch_out, 0, 0, 0);
+    add(t, 11, F32, D, 0, 0, 0);
+    add(t, 2, F32, 1, 0, 0, 0);
+    add(t, 1, F32, F, 0, 0, 0);
+    add(t, 7, F32, 0, 0, D, 0);
+    add(t, 1, F32, 0, 1, 0, 0);
+    add(t, 1, F32, 0, d->freq_dim, 0, 0);
+    add(t, 8, F32, 0, D, 0, 0);
+    add(t, 3, F32, 0, 6 * D, 0, 0);
+    add(t, 1, F32, 0, 2 * D, 0, 0);
+    t->align = LAYOUT_CPU_ALIGN;
+    /* outside the arena (not padded): positions [N, 3] int32; token_start, text_start [B + 1] int64;
+       the grid [B] int32 x 3 */
+    t->per_token += 3 * 4;
+    t->per_sample += 2 * 8 + 3 * 4;
+    t->fixed += 2 * 8;
+}
+
+/* The GPU model's arena (model_gpu.cu, layout_arena), less its scratch. */
+static void gpu_workspace(tally *t, const layout_dims *d, deck_recompute recompute)
+{
+    enum { BF16 = 2, F32 = 4, I32 = 4, I64 = 8 };
+    const int64_t D = d->dim, F = d->ffn_dim, H = d->num_heads, layers = d->num_layers, slack = LAYOUT_GPU_TILE_SLACK_ROWS;
+    const int64_t patch = d->patch_t * d->patch_h * d->patch_w, patch_in = d->in_dim * patch,
+                  patch_out = d->out_dim * patch;
+    /* kept by every block (layout_kept): x_in [N, D] bf16; modulation and its gradient [6B, D], norm3's
+       shift and scale [B, D]; ln1 mean and rstd [N] */
+    add(t, layers, BF16, D, 0, 0, 0);
+    add(t, 2 * layers, F32, 0, 6 * D, 0, 0);
+    add(t, 2 * layers, F32, 0, D, 0, 0);
+    add(t, 2 * layers, F32, 1, 0, 0, 0);
+    /* the rest (layout_recomputed), every block's or one set: 13 [N, D] and 4 [N + slack, D] bf16, 3 [L, D]
+       bf16, 2 [N, F] bf16, 7 [N] and 1 [L] statistics, attn_lse [N + slack, H], cattn_lse [N, H] */
+    const int64_t sets = recompute == RECOMPUTE_BLOCK ? (layers > 0) : layers;
+    add(t, 13 * sets, BF16, D, 0, 0, 0);
+    add(t, 4 * sets, BF16, D, 0, 0, slack * D);
+    add(t, 3 * sets, BF16, 0, 0, D, 0);
+    add(t, 2 * sets, BF16, F, 0, 0, 0);
+    add(t, 7 * sets, F32, 1, 0, 0, 0);
+    add(t, 1 * sets, F32, 0, 0, 1, 0);
+    add(t, 1 * sets, F32, H, 0, 0, slack * H);
+    add(t, 1 * sets, F32, H, 0, 0, 0);
+    /* the batch: latents and noise fp32 [N, patch_in], text fp32 and bf16 [L, text_dim], tokens_in bf16
+       [N, patch_in], x0 and noise tokens fp32 [N, patch_out] */
+    add(t, 2, F32, patch_in, 0, 0, 0);
+    add(t, 1, F32, 0, 0, d->text_dim, 0);
+    add(t, 1, BF16, 0, 0, d->text_dim, 0);
+    add(t, 1, BF16, patch_in, 0, 0, 0);
+    add(t, 2, F32, patch_out, 0, 0, 0);
+    /* embeddings and head: text [L, D] bf16 x 3; 14 [B, D] and e0, d_e0 [B, 6D] fp32; head statistics [N];
+       x_final, head_h [N, D] bf16; pred, d_pred [N, patch_out] bf16; sample_loss [B] */
+    add(t, 3, BF16, 0, 0, D, 0);
+    add(t, 14, F32, 0, D, 0, 0);
+    add(t, 2, F32, 0, 6 * D, 0, 0);
+    add(t, 2, F32, 1, 0, 0, 0);
+    add(t, 2, BF16, D, 0, 0, 0);
+    add(t, 2, BF16, patch_out, 0, 0, 0);
+    add(t, 1, F32, 0, 1, 0, 0);
+    /* gradients: 3 [N, D] and 4 [N + slack, D] bf16, d_ffn [N, F], 5 [L, D] bf16, d_context [L, D] fp32 */
+    add(t, 3, BF16, D, 0, 0, 0);
+    add(t, 4, BF16, D, 0, 0, slack * D);
+    add(t, 1, BF16, F, 0, 0, 0);
+    add(t, 5, BF16, 0, 0, D, 0);
+    add(t, 1, F32, 0, 0, D, 0);
+    /* the tables (layout_tables): 4 row offsets [B + 1] int64, latent shapes [B, 3] and positions [N, 3]
+       int32, sigma [B] and sinusoid [B, freq_dim] fp32 */
+    add(t, 4, I64, 0, 1, 0, 1);
+    add(t, 1, I32, 0, 3, 0, 0);
+    add(t, 1, I32, 3, 0, 0, 0);
+    add(t, 1, F32, 0, 1, 0, 0);
+    add(t, 1, F32, 0, d->freq_dim, 0, 0);
+    t->align = LAYOUT_GPU_ALIGN;
+}
+
+int64_t layout_gpu_scratch_bytes(const model_layout *layout, int64_t device_scratch_bytes, int64_t tokens,
+                                 int64_t samples)
+{
+    return device_scratch_bytes + 4 * layout->dims.num_heads * tokens + 12 * layout->dims.dim * samples;
+}
+
+layout_memory model_layout_memory(const model_layout *layout, layout_backend backend, deck_recompute recompute,
+                                  int64_t device_scratch_bytes)
+{
+    tally t = {0, 0, 0, 0, 0, 0};
+    if (backend == LAYOUT_BACKEND_GPU) {
+        gpu_workspace(&t, &layout->dims, recompute);
+        t.per_token += 4 * layout->dims.num_heads;   /* the scratch: one more piece */
+        t.per_sample += 12 * layout->dims.dim;
+        t.fixed += device_scratch_bytes;
+        t.pieces += 1;
+    } else {
+        cpu_workspace(&t, &layout->dims);
+    }
+    /* each piece starts aligned: at most align - 1 bytes of padding after it (the CPU's pieces are floats) */
+    const int64_t padding = backend == LAYOUT_BACKEND_GPU ? t.align - 1 : t.align - 4;
+    layout_memory m = {t.fixed + t.pieces * padding, t.per_token, t.per_sample, t.per_text};
+    return m;
+}
+
+int64_t layout_memory_bytes(const layout_memory *memory, int64_t tokens, int64_t samples, int64_t text)
+{
+    return memory->fixed + memory->per_token * tokens + memory->per_sample * samples + memory->per_text * text;
+}

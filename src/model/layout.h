@@ -1,0 +1,115 @@
+/* layout.h — the one description of the Wan 2.1 DiT's memory: its parameter tensors (names, shapes, offsets in the one flat fp32 allocation, the per-block stride) and the exact bytes of a micro-batch's activations on each backend. */
+#ifndef ALDIT_LAYOUT_H
+#define ALDIT_LAYOUT_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "deck/deck.h"
+
+/* patch_embedding.weight is the one 5-D parameter: [dim, in_dim, patch_t, patch_h, patch_w]. */
+#define LAYOUT_MAX_NDIM 5
+/* Distinct tensors the table describes: 11 embedding tensors, at most 29 of one block, 3 of the head. */
+#define LAYOUT_MAX_TENSORS 48
+/* Rows the GPU model's self-attention tensors have past the micro-batch's tokens: cuDNN runs the last
+   sample over whole tiles (model_gpu.cu checks that this covers ATTENTION_CUDNN_TILE - 1). */
+#define LAYOUT_GPU_TILE_SLACK_ROWS 128
+/* The GPU model carves its workspace in pieces aligned to this many bytes; the CPU model in 64. */
+#define LAYOUT_GPU_ALIGN 256
+#define LAYOUT_CPU_ALIGN 64
+
+/* The dims the layout depends on (a deck's [model] section). */
+typedef struct {
+    int64_t dim, ffn_dim, num_heads, num_layers, in_dim, out_dim, patch_t, patch_h, patch_w, text_dim, freq_dim;
+    int qk_norm, cross_attn_norm;
+} layout_dims;
+
+/* How a tensor starts (model_init_random says what each means). */
+typedef enum { LAYOUT_INIT_XAVIER, LAYOUT_INIT_NORMAL_STD, LAYOUT_INIT_MODULATION, LAYOUT_INIT_ZERO, LAYOUT_INIT_ONE } layout_init;
+/* For a Linear's weight: the rows it multiplies in the forward (its FLOPs are 2 * elements per row). */
+typedef enum { LAYOUT_ROWS_NONE, LAYOUT_ROWS_TOKENS, LAYOUT_ROWS_TEXT, LAYOUT_ROWS_SAMPLES } layout_rows;
+
+typedef struct { int64_t weight, bias; } layout_linear;   /* offsets into the flat buffers */
+
+/* Offsets of one block's tensors; -1 = absent (no qk_norm, no cross_attn_norm). */
+typedef struct {
+    int64_t modulation;
+    layout_linear self_q, self_k, self_v, self_o;
+    int64_t self_norm_q, self_norm_k, norm3_weight, norm3_bias;
+    layout_linear cross_q, cross_k, cross_v, cross_o;
+    int64_t cross_norm_q, cross_norm_k;
+    layout_linear ffn_in, ffn_out;
+} layout_block;
+
+typedef struct {
+    const char *name;                 /* Wan's name; a block's without its "blocks.<l>." */
+    int ndim;
+    int64_t shape[LAYOUT_MAX_NDIM];   /* PyTorch shape; entries past ndim are 0 */
+    int64_t n_elements;
+    int64_t offset;                   /* embeddings and head: in the flat buffer; a block's: from the block's start */
+    layout_init init;
+    layout_rows rows;
+} layout_tensor;
+
+/* The table: tensors in Wan's state_dict order, the embeddings' (tensors [0, n_embedding)), one block's
+   ([n_embedding, n_embedding + n_block), repeated num_layers times), the head's (the rest). */
+typedef struct {
+    layout_dims dims;
+    int n_tensors, n_embedding, n_block;
+    layout_tensor tensors[LAYOUT_MAX_TENSORS];
+    int n_params;                     /* state_dict entries: n_tensors - n_block + num_layers * n_block */
+    int64_t n_weights;                /* values in the flat buffer */
+    int64_t blocks_offset;            /* block l's tensors start at blocks_offset + l * block_stride */
+    int64_t block_stride;
+    layout_linear patch, text_in, text_out, time_in, time_out, time_projection, head;
+    int64_t head_modulation;
+    layout_block block;               /* offsets from a block's start */
+} model_layout;
+
+/* The deck's [model] dims. */
+layout_dims layout_dims_of(const deck *config);
+/* Build the table for these dims (no allocation). */
+void model_layout_init(model_layout *layout, const layout_dims *dims);
+/* Block `layer`'s tensors' offsets in the flat buffer. */
+layout_block model_layout_block(const model_layout *layout, int layer);
+/* State_dict entry `index` (0 <= index < n_params): its tensor, and *layer (-1 outside the blocks) and
+   *offset (in the flat buffer). */
+const layout_tensor *model_layout_param(const model_layout *layout, int index, int *layer, int64_t *offset);
+
+/* Forward FLOPs of one sample that the table's Linear layers do (2 per weight value and row), split by
+   the rows they multiply: all blocks' per token and per text row, the embeddings' and head's per token,
+   per text row and per sample. */
+typedef struct {
+    double block_per_token, block_per_text, outside_per_token, outside_per_text, outside_per_sample;
+} layout_gemm_flops;
+layout_gemm_flops model_layout_gemm_flops(const model_layout *layout);
+
+/* ---- memory --------------------------------------------------------------------------------------
+   The workspace of a micro-batch of N tokens, B samples and L text rows in all is, in bytes, exactly
+       fixed + per_token * N + per_sample * B + per_text * L
+   on either backend:
+   LAYOUT_BACKEND_CPU: the fp32 CPU model (model.c), which keeps every activation of every block (it has
+     no recomputation): its arena, RoPE positions and per-sample row tables. The CPU model's own count
+     of what it carves for a micro-batch (model_workspace_bytes) is at most this, and short of it only by
+     the alignment padding `fixed` allows for (LAYOUT_CPU_ALIGN - 4 bytes per piece).
+   LAYOUT_BACKEND_GPU: the GPU model's arena (model_gpu.cu), sized with this very formula for its
+     capacity (N, B, L): bf16 activations and fp32 statistics as gpu_recompute keeps them, the batch as
+     copied over, the per-micro-batch tables and the backward scratch. The scratch depends on the GPU (its
+     SM count) through a constant, device_scratch_bytes (gpu_model_device_scratch_bytes; 0 where no GPU
+     is known: then `fixed` is short of the device's by that, the coefficients are the same).
+   The coefficients are what the balancer plans with (cost_model_mem: per_sample + per_token S +
+   per_text L a sample); `fixed` is counted once per rank, in the plan of the GPU. */
+typedef enum { LAYOUT_BACKEND_CPU, LAYOUT_BACKEND_GPU } layout_backend;
+typedef struct { int64_t fixed, per_token, per_sample, per_text; } layout_memory;
+
+/* recompute: RECOMPUTE_BLOCK keeps a block's input, first LayerNorm statistics and modulation vectors
+   per block and one set of the rest (GPU only: the CPU model ignores it and keeps everything). */
+layout_memory model_layout_memory(const model_layout *layout, layout_backend backend, deck_recompute recompute,
+                                  int64_t device_scratch_bytes);
+int64_t layout_memory_bytes(const layout_memory *memory, int64_t tokens, int64_t samples, int64_t text);
+/* The GPU model's backward scratch for a capacity of N tokens and B samples (part of the GPU memory above):
+   device_scratch_bytes + 4 num_heads N (attention) + 12 dim B (the LayerNorm backward's per-sample sums). */
+int64_t layout_gpu_scratch_bytes(const model_layout *layout, int64_t device_scratch_bytes, int64_t tokens,
+                                 int64_t samples);
+
+#endif
