@@ -1,4 +1,5 @@
 /* checkpoint.c — HDF5 checkpoints written and read tensor by tensor (checksummed, atomic, keep-K), and the whole-model functions on top. */
+#define _GNU_SOURCE /* memfd_create: see discard() */
 #include "train/checkpoint.h"
 #include "core/check.h"
 #include "io/h5util.h"
@@ -12,6 +13,8 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
@@ -141,17 +144,23 @@ static int write_attr_string(hid_t loc, const char *name, const char *text, h5_f
     return status;
 }
 
-/* Chunk dims for a dataset of `dims`: whole trailing dims, as many leading rows as fit CHUNK_TARGET_BYTES. */
+/* Chunk dims for a dataset of `dims`: whole trailing dims and an even split of the leading rows into as
+   few chunks as keep each within CHUNK_TARGET_BYTES (HDF5 stores an edge chunk at full size, so an even
+   split wastes at most a row per chunk). */
 static void chunk_dims(int ndim, const hsize_t *dims, size_t value_bytes, hsize_t *chunk)
 {
     for (int d = 0; d < ndim; d++) chunk[d] = dims[d];
     for (int d = 0; d < ndim; d++) {
         hsize_t inner = value_bytes;
         for (int e = d + 1; e < ndim; e++) inner *= dims[e];
-        hsize_t fit = CHUNK_TARGET_BYTES / inner; /* rows of dim d per chunk */
+        hsize_t fit = CHUNK_TARGET_BYTES / inner; /* rows of dim d a chunk may hold */
         if (fit >= dims[d]) return;
-        chunk[d] = fit > 0 ? fit : 1;
-        if (fit > 0) return; /* else one row of dim d is too big still: split the next dim */
+        if (fit > 0) {
+            hsize_t n_chunks = (dims[d] + fit - 1) / fit;
+            chunk[d] = (dims[d] + n_chunks - 1) / n_chunks;
+            return;
+        }
+        chunk[d] = 1; /* one row of dim d is too big still: split the next dim */
     }
 }
 
@@ -312,18 +321,35 @@ static int make_folder(const char *dir, const char *what, FILE *errors)
     return 1;
 }
 
-/* Closes the file without leaving HDF5 in a state that crashes it at exit, and removes it. A write
-   that failed for want of space leaves dirty metadata and chunks that HDF5 flushes on close; if that
-   flush failed too, HDF5 (1.10) would keep the file open for good and crash in H5close. Truncating
-   the file to nothing first gives the space back, so the close's flush fits. */
+/* Closes the file without leaving HDF5 in a state that crashes it at exit, and removes it. A write that
+   failed (disk full, quota, file-size limit) leaves dirty metadata and chunks that HDF5 flushes on close;
+   if that flush failed too, HDF5 (1.10) would keep the file open for good and crash in H5close at exit.
+   So the file is first truncated to nothing (its space comes back at once) and the descriptor under
+   HDF5 is then pointed at an in-memory file (memfd): the close's flush lands there and succeeds, and
+   only the few metadata pages it writes take memory. A soft file-size limit (ulimit -f) would refuse
+   those writes as well, so it is raised to the hard limit for the close. Without memfd the truncation
+   alone usually gives the flush room on a full disk. */
 static void discard(checkpoint_writer *w)
 {
     h5_auto_print quiet = h5_quiet_begin();
     for (int g = 0; g < CHECKPOINT_N_GROUPS; g++)
         if (g != CHECKPOINT_WEIGHTS && w->group[g] >= 0) H5Gclose(w->group[g]);
     if (w->optim >= 0) H5Gclose(w->optim);
-    if (w->fd >= 0 && ftruncate(w->fd, 0) != 0) { /* nothing better to do: the close below may fail */ }
+    int sunk = 0;
+    if (w->fd >= 0) {
+        if (ftruncate(w->fd, 0) != 0) { /* nothing better to do: the close below may fail */ }
+        int sink = memfd_create("aldit-discarded-checkpoint", 0);
+        sunk = sink >= 0 && dup2(sink, w->fd) >= 0;
+        if (sink >= 0) close(sink);
+    }
+    struct rlimit file_size, raised;
+    int limit_raised = sunk && getrlimit(RLIMIT_FSIZE, &file_size) == 0 && file_size.rlim_cur != file_size.rlim_max;
+    if (limit_raised) {
+        raised = (struct rlimit){.rlim_cur = file_size.rlim_max, .rlim_max = file_size.rlim_max};
+        limit_raised = setrlimit(RLIMIT_FSIZE, &raised) == 0;
+    }
     if (w->file >= 0) H5Fclose(w->file);
+    if (limit_raised) setrlimit(RLIMIT_FSIZE, &file_size);
     h5_quiet_end(quiet);
     unlink(w->tmp_path);
     free(w->written);
@@ -495,8 +521,24 @@ static int first_missing(const checkpoint_writer *w, char *name, size_t name_siz
     return 0;
 }
 
-/* Completion mark, group handles closed, everything flushed: once this succeeds the close has nothing
-   left to write that could fail for want of space. */
+/* Space for everything the final flush writes, reserved before it: a flush that fails leaves HDF5's
+   metadata cache unable to flush again (1.10.8: "slist already enabled"), so not even discard could
+   close the file any more. The flush writes metadata at addresses below the end of allocated space
+   (EOA); blocks for all of [0, EOA) plus a margin make it unable to fail for want of space or quota.
+   A file system without fallocate(2) gets no reservation (the flush is then tried unprotected). */
+#define FLUSH_MARGIN_BYTES ((off_t)64 << 10)
+static int reserve_for_flush(checkpoint_writer *w, h5_failure *why)
+{
+    haddr_t end = 0;
+    if (w->fd < 0 || H5Fget_eoa(w->file, &end) < 0) return 0;
+    if (fallocate(w->fd, 0, 0, (off_t)end + FLUSH_MARGIN_BYTES) == 0 || errno == EOPNOTSUPP || errno == ENOSYS)
+        return 0;
+    *why = (h5_failure){.noted = 1, .error_number = errno};
+    return -1;
+}
+
+/* Completion mark, group handles closed, space reserved, everything flushed: once this succeeds the close
+   has nothing left to write. */
 static int finish_file(checkpoint_writer *w, h5_failure *why)
 {
     h5_auto_print quiet = h5_quiet_begin();
@@ -507,6 +549,7 @@ static int finish_file(checkpoint_writer *w, h5_failure *why)
     }
     if (w->optim >= 0 && H5Gclose(w->optim) < 0 && status == 0) status = noted(why);
     w->optim = -1;
+    if (status == 0) status = reserve_for_flush(w, why);
     if (status == 0 && H5Fflush(w->file, H5F_SCOPE_GLOBAL) < 0) status = noted(why);
     h5_quiet_end(quiet);
     return status;
