@@ -709,7 +709,7 @@ static int check_model_dims(hid_t file, const char *path, const deck *config, FI
             status = 1;
         }
     }
-    double eps = 0.0; /* recorded since format version 1 files carry it; older ones resume unchecked */
+    double eps = 0.0; /* absent from checkpoints written before it was recorded: those resume unchecked */
     if (status == 0 && H5Aexists(group, "eps") > 0) {
         if (read_attr(group, "eps", H5T_NATIVE_DOUBLE, &eps) != 0) {
             fprintf(errors, "%s: /model attribute eps is unreadable\n", path);
