@@ -90,6 +90,8 @@ static int count_files(const char *dir, const char *suffix)
     return n_files;
 }
 
+static int is_mounted(const char *dir); /* with the fixtures, below */
+
 static void remove_tree(const char *dir)
 {
     char command[2 * DECK_PATH_MAX];
@@ -134,11 +136,9 @@ static void set_file_size_limit(rlim_t bytes)
 /* No root needed: a file-size limit (RLIMIT_FSIZE, writes past it fail with EFBIG) stands in for a disk
    that fills while checkpoint_save writes, after its free-space check passed. Every limit from 4 KiB up
    to the checkpoint's size, so the failure falls in the header, a tensor, the state or the final flush. */
-static void test_write_fails_at_any_point(void **unused)
+static void test_write_fails_at_any_point(void **state)
 {
-    (void)unused;
-    char *dir = strdup("/tmp/aldit-test-checkpoint-full-XXXXXX");
-    assert_non_null(mkdtemp(dir));
+    const char *dir = *state;
     deck config;
     tiny_deck(&config, dir);
     run_state saved;
@@ -167,8 +167,6 @@ static void test_write_fails_at_any_point(void **unused)
     assert_true(n_failed >= 4);
     signal(SIGXFSZ, SIG_DFL);
     free_state(&saved);
-    remove_tree(dir);
-    free(dir);
 }
 
 /* Fills the file system holding `filler` to the last block with that one file. */
@@ -184,16 +182,10 @@ static void fill_disk(const char *filler)
 }
 
 /* As root: a real 2 MiB tmpfs that another writer fills after the writer's free-space check passed. */
-static void test_tmpfs_fills_during_write(void **unused)
+static void test_tmpfs_fills_during_write(void **state)
 {
-    (void)unused;
-    char *dir = strdup("/tmp/aldit-test-checkpoint-tmpfs-XXXXXX");
-    assert_non_null(mkdtemp(dir));
-    if (geteuid() != 0 || mount("tmpfs", dir, "tmpfs", 0, "size=2m") != 0) {
-        rmdir(dir);
-        free(dir);
-        skip(); /* needs root and a mountable tmpfs; test_write_fails_at_any_point covers the failure without */
-    }
+    const char *dir = *state;
+    if (!is_mounted(dir)) skip(); /* needs root and a mountable tmpfs; test_write_fails_at_any_point covers the failure without */
     deck config;
     tiny_deck(&config, dir);
     run_state saved;
@@ -236,16 +228,54 @@ static void test_tmpfs_fills_during_write(void **unused)
     assert_previous_intact(&config, &saved, 10, 30);
 
     free_state(&saved);
-    assert_int_equal(umount2(dir, MNT_DETACH), 0);
-    rmdir(dir);
+}
+
+/* Fixtures: a fresh folder, and for the tmpfs test a 2 MiB tmpfs mounted on it (when permitted); the
+   teardown removes both even when an assertion failed halfway. */
+#define TMPFS_MARK "/.aldit-tmpfs"
+static int is_mounted(const char *dir)
+{
+    char mark[DECK_PATH_MAX];
+    snprintf(mark, sizeof mark, "%s" TMPFS_MARK, dir);
+    return access(mark, F_OK) == 0;
+}
+
+static int make_folder(void **state)
+{
+    char *dir = strdup("/tmp/aldit-test-checkpoint-full-XXXXXX");
+    if (!mkdtemp(dir)) return -1;
+    *state = dir;
+    return 0;
+}
+
+static int make_tmpfs(void **state)
+{
+    if (make_folder(state) != 0) return -1;
+    const char *dir = *state;
+    if (geteuid() == 0 && mount("tmpfs", dir, "tmpfs", 0, "size=2m") == 0) {
+        char mark[DECK_PATH_MAX];
+        snprintf(mark, sizeof mark, "%s" TMPFS_MARK, dir);
+        FILE *file = fopen(mark, "w");
+        if (!file) return -1;
+        fclose(file);
+    }
+    return 0;
+}
+
+static int remove_folder(void **state)
+{
+    char *dir = *state;
+    if (is_mounted(dir) && umount2(dir, MNT_DETACH) != 0) return -1;
+    remove_tree(dir);
     free(dir);
+    return 0;
 }
 
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_write_fails_at_any_point),
-        cmocka_unit_test(test_tmpfs_fills_during_write),
+        cmocka_unit_test_setup_teardown(test_write_fails_at_any_point, make_folder, remove_folder),
+        cmocka_unit_test_setup_teardown(test_tmpfs_fills_during_write, make_tmpfs, remove_folder),
     };
     /* the program's own exit status is part of the test: HDF5 crashed at exit on a file left open */
     return cmocka_run_group_tests(tests, NULL, NULL);
