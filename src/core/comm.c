@@ -258,7 +258,11 @@ void comm_reduce_scatter_sum_f32(const float *values, int64_t n_values, float *m
 {
     int *counts, *displs;
     shard_counts(n_values, &counts, &displs);
-    MPI_CHECK(MPI_Reduce_scatter(values, mine, counts, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD));
+    if (watch.on) {
+        MPI_Request request;
+        MPI_CHECK(MPI_Ireduce_scatter(values, mine, counts, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD, &request));
+        wait_request(&request);
+    } else MPI_CHECK(MPI_Reduce_scatter(values, mine, counts, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD));
     free(counts);
 }
 
@@ -266,7 +270,12 @@ void comm_allgather_f32(float *values, int64_t n_values)
 {
     int *counts, *displs;
     shard_counts(n_values, &counts, &displs);
-    MPI_CHECK(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, values, counts, displs, MPI_FLOAT, MPI_COMM_WORLD));
+    if (watch.on) {
+        MPI_Request request;
+        MPI_CHECK(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, values, counts, displs, MPI_FLOAT, MPI_COMM_WORLD,
+                                  &request));
+        wait_request(&request);
+    } else MPI_CHECK(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, values, counts, displs, MPI_FLOAT, MPI_COMM_WORLD));
     free(counts);
 }
 
@@ -276,7 +285,11 @@ void comm_gather_shards_f32(const float *mine, int64_t n_values, float *all)
     MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
     shard_counts(n_values, &counts, &displs);
     const void *send = rank == 0 && mine == all + displs[0] ? MPI_IN_PLACE : (const void *)mine; /* no aliasing */
-    MPI_CHECK(MPI_Gatherv(send, counts[rank], MPI_FLOAT, all, counts, displs, MPI_FLOAT, 0, MPI_COMM_WORLD));
+    if (watch.on) {
+        MPI_Request request;
+        MPI_CHECK(MPI_Igatherv(send, counts[rank], MPI_FLOAT, all, counts, displs, MPI_FLOAT, 0, MPI_COMM_WORLD, &request));
+        wait_request(&request);
+    } else MPI_CHECK(MPI_Gatherv(send, counts[rank], MPI_FLOAT, all, counts, displs, MPI_FLOAT, 0, MPI_COMM_WORLD));
     free(counts);
 }
 
