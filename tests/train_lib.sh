@@ -38,3 +38,37 @@ run_pids() {
 
 # metrics_lines RUN: lines in $WORK/RUN/metrics.jsonl (0 if absent)
 metrics_lines() { if [ -f "$WORK/$1/metrics.jsonl" ]; then wc -l < "$WORK/$1/metrics.jsonl" | tr -d ' '; else echo 0; fi; }
+
+# rank_pid RUN LAUNCHER RANK: the pid of that MPI rank of the run (Open MPI's OMPI_COMM_WORLD_RANK in its environment)
+rank_pid() {
+    for pid in $(run_pids "$1" "$2"); do
+        tr '\000' '\n' 2>/dev/null < "/proc/$pid/environ" | grep -qx "OMPI_COMM_WORLD_RANK=$3" && { echo "$pid"; return; }
+    done
+}
+
+# start_aldit NP RUN [section.key=value ...]: run_aldit in the background; the launcher's pid in $launcher
+start_aldit() {
+    np=$1; run=$2; shift 2
+    $MPIEXEC -np "$np" --oversubscribe "$ALDIT" "$TRAIN_DECK" data.store="$WORK/store.h5" run.dir="$WORK/$run" \
+        "$@" > "$WORK/$run.log" 2>&1 &
+    launcher=$!
+}
+
+# wait_for SECONDS COMMAND...: poll every 0.02 s until COMMAND succeeds (0) or SECONDS pass (1)
+wait_for() {
+    polls=$(($1 * 50)); shift
+    while ! "$@"; do
+        polls=$((polls - 1))
+        [ $polls -gt 0 ] || return 1
+        sleep 0.02
+    done
+}
+
+# has_lines RUN N: $WORK/RUN/metrics.jsonl has at least N lines
+has_lines() { [ "$(metrics_lines "$1")" -ge "$2" ]; }
+
+# whole_lines FILE: every line of FILE is a complete metrics line ('{' ... '}', ending in a newline)
+whole_lines() {
+    [ ! -s "$1" ] || [ "$(tail -c 1 "$1" | od -An -c | tr -d ' ')" = '\n' ] || return 1
+    ! grep -qv '^{"step": [0-9]*,.*}$' "$1"
+}

@@ -1,10 +1,130 @@
-/* comm.c — the only file that calls MPI directly (besides check.c's abort path): thin checked wrappers. */
+/* comm.c — every MPI call of aldit (besides check.c's abort path): checked wrappers and the step watch. */
 #include "core/comm.h"
 #include "core/check.h"
 
 #include <limits.h>
 #include <stdlib.h>
 #include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* ---- the step watch ------------------------------------------------------------------------------- */
+
+enum { TAG_PING = 7301, TAG_PONG = 7302 };
+
+static struct {
+    int on;
+    double deadline, grace;
+    char what[160];
+} watch;
+
+void comm_watch_begin(double deadline, double grace, const char *what)
+{
+    watch.on = 1;
+    watch.deadline = deadline;
+    watch.grace = grace > 0 ? grace : 1.0;
+    snprintf(watch.what, sizeof watch.what, "%s", what);
+}
+
+void comm_watch_end(void) { watch.on = 0; }
+
+static void nap(double seconds)
+{
+    struct timespec pause = {0, (long)(seconds * 1e9)};
+    nanosleep(&pause, NULL);
+}
+
+/* Not rank 0: answer each "are you there?" of rank 0 that has arrived. */
+static void answer_pings(void)
+{
+    for (;;) {
+        int pending = 0;
+        MPI_Status status;
+        MPI_CHECK(MPI_Iprobe(0, TAG_PING, MPI_COMM_WORLD, &pending, &status));
+        if (!pending) return;
+        int ping = 0;
+        MPI_CHECK(MPI_Recv(&ping, 1, MPI_INT, 0, TAG_PING, MPI_COMM_WORLD, MPI_STATUS_IGNORE));
+        MPI_CHECK(MPI_Send(&ping, 1, MPI_INT, 0, TAG_PONG, MPI_COMM_WORLD));
+    }
+}
+
+/* Rank 0, past the deadline: ask every rank, wait `grace` seconds, name those that did not answer, abort. */
+_Noreturn static void report_stall(double waited)
+{
+    int n_ranks = 1;
+    MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &n_ranks));
+    MPI_Request *requests = calloc(2 * (size_t)n_ranks, sizeof *requests);
+    int *answers = calloc((size_t)n_ranks, sizeof *answers), ping = 1;
+    if (!requests || !answers) comm_abort(ALDIT_EXIT_ERROR);
+    for (int r = 1; r < n_ranks; r++) {
+        MPI_CHECK(MPI_Isend(&ping, 1, MPI_INT, r, TAG_PING, MPI_COMM_WORLD, &requests[2 * r]));
+        MPI_CHECK(MPI_Irecv(&answers[r], 1, MPI_INT, r, TAG_PONG, MPI_COMM_WORLD, &requests[2 * r + 1]));
+    }
+    const double asked = MPI_Wtime();
+    int missing = 0;
+    do {
+        nap(1e-3);
+        missing = 0;
+        for (int r = 1; r < n_ranks; r++) {
+            int done = 0;
+            MPI_CHECK(MPI_Test(&requests[2 * r + 1], &done, MPI_STATUS_IGNORE));
+            missing += !done;
+        }
+    } while (missing > 0 && MPI_Wtime() - asked < watch.grace);
+    char names[512] = "";
+    int listed = 0;
+    for (int r = 1; r < n_ranks; r++) {
+        if (requests[2 * r + 1] == MPI_REQUEST_NULL) continue;
+        size_t used = strlen(names);
+        if (listed++ < 32) snprintf(names + used, sizeof names - used, "%s%d", listed > 1 ? ", " : "", r);
+    }
+    fflush(stdout);
+    if (missing > 0)
+        fprintf(stderr, "aldit: error: %s: rank%s %s%s (of %d) %s not arrived by the deadline (waited %.0f s) and %s not "
+                "answered in %.0f s (stopped or stalled: a signal, a hung file system or device, a dead node); "
+                "aborting the job so that it can be requeued\n", watch.what, missing > 1 ? "s" : "", names,
+                missing > 32 ? " ..." : "", n_ranks, missing > 1 ? "have" : "has", waited, missing > 1 ? "have" : "has",
+                watch.grace);
+    else
+        fprintf(stderr, "aldit: error: %s: a collective has not completed %.0f s after the step began although every "
+                "rank answers (the network?); aborting the job so that it can be requeued\n", watch.what, waited);
+    fflush(stderr);
+    comm_abort(ALDIT_EXIT_ERROR);
+}
+
+/* Complete `request`: blocking outside a watch; inside one, poll, then test and sleep, answer rank 0,
+   and report a stall past the deadline. */
+static void wait_request(MPI_Request *request)
+{
+    if (!watch.on) {
+        MPI_CHECK(MPI_Wait(request, MPI_STATUS_IGNORE));
+        return;
+    }
+    int rank = 0;
+    MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
+    const double started = MPI_Wtime();
+    double pause = 1e-5;
+    for (;;) {
+        int done = 0;
+        MPI_CHECK(MPI_Test(request, &done, MPI_STATUS_IGNORE));
+        if (done) return;
+        if (rank != 0) answer_pings();
+        const double now = MPI_Wtime();
+        if (watch.deadline > 0 && now > watch.deadline) {
+            if (rank == 0) report_stall(now - started);
+            fflush(stdout);
+            fprintf(stderr, "aldit: error: rank %d: %s: rank 0 has not answered by the deadline (stalled?); aborting "
+                    "the job so that it can be requeued\n", rank, watch.what);
+            fflush(stderr);
+            comm_abort(ALDIT_EXIT_ERROR);
+        }
+        if (now - started < COMM_WATCH_SPIN_S) continue;
+        nap(pause);
+        if (pause < 1e-3) pause *= 2;
+    }
+}
 
 comm_info comm_init(int *argc, char ***argv)
 {
@@ -36,7 +156,11 @@ void comm_bcast_bytes(void *buffer, size_t n_bytes)
     char *bytes = buffer;
     while (n_bytes > 0) {
         int piece = n_bytes > (size_t)INT_MAX ? INT_MAX : (int)n_bytes;
-        MPI_CHECK(MPI_Bcast(bytes, piece, MPI_BYTE, 0, MPI_COMM_WORLD));
+        if (watch.on) {
+            MPI_Request request;
+            MPI_CHECK(MPI_Ibcast(bytes, piece, MPI_BYTE, 0, MPI_COMM_WORLD, &request));
+            wait_request(&request);
+        } else MPI_CHECK(MPI_Bcast(bytes, piece, MPI_BYTE, 0, MPI_COMM_WORLD));
         bytes += piece;
         n_bytes -= (size_t)piece;
     }
@@ -45,7 +169,11 @@ void comm_bcast_bytes(void *buffer, size_t n_bytes)
 int comm_scatter_int(const int *send)
 {
     int mine = 0;
-    MPI_CHECK(MPI_Scatter(send, 1, MPI_INT, &mine, 1, MPI_INT, 0, MPI_COMM_WORLD));
+    if (watch.on) {
+        MPI_Request request;
+        MPI_CHECK(MPI_Iscatter(send, 1, MPI_INT, &mine, 1, MPI_INT, 0, MPI_COMM_WORLD, &request));
+        wait_request(&request);
+    } else MPI_CHECK(MPI_Scatter(send, 1, MPI_INT, &mine, 1, MPI_INT, 0, MPI_COMM_WORLD));
     return mine;
 }
 
@@ -54,7 +182,12 @@ int comm_scatterv_i64(const int64_t *send, const int *counts, const int *displs,
 {
     int my_count = comm_scatter_int(counts);
     ALDIT_CHECK(my_count <= recv_capacity, "scatter: %d values do not fit a buffer of %d", my_count, recv_capacity);
-    MPI_CHECK(MPI_Scatterv(send, counts, displs, MPI_INT64_T, recv, my_count, MPI_INT64_T, 0, MPI_COMM_WORLD));
+    if (watch.on) {
+        MPI_Request request;
+        MPI_CHECK(MPI_Iscatterv(send, counts, displs, MPI_INT64_T, recv, my_count, MPI_INT64_T, 0, MPI_COMM_WORLD,
+                                &request));
+        wait_request(&request);
+    } else MPI_CHECK(MPI_Scatterv(send, counts, displs, MPI_INT64_T, recv, my_count, MPI_INT64_T, 0, MPI_COMM_WORLD));
     return my_count;
 }
 
@@ -65,7 +198,11 @@ static void allreduce(void *values, size_t n_values, MPI_Datatype type, MPI_Op o
     char *bytes = values;
     while (n_values > 0) {
         int piece = n_values > (size_t)INT_MAX ? INT_MAX : (int)n_values;
-        MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, bytes, piece, type, op, MPI_COMM_WORLD));
+        if (watch.on) {
+            MPI_Request request;
+            MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, bytes, piece, type, op, MPI_COMM_WORLD, &request));
+            wait_request(&request);
+        } else MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, bytes, piece, type, op, MPI_COMM_WORLD));
         bytes += (size_t)piece * (size_t)type_bytes;
         n_values -= (size_t)piece;
     }
@@ -84,12 +221,16 @@ int comm_allreduce_or_int(int flag)
 
 void comm_gather_f64(double value, double *all)
 {
-    MPI_CHECK(MPI_Gather(&value, 1, MPI_DOUBLE, all, 1, MPI_DOUBLE, 0, MPI_COMM_WORLD));
+    comm_gather_f64_n(&value, 1, all);
 }
 
 void comm_gather_f64_n(const double *values, int n, double *all)
 {
-    MPI_CHECK(MPI_Gather(values, n, MPI_DOUBLE, all, n, MPI_DOUBLE, 0, MPI_COMM_WORLD));
+    if (watch.on) {
+        MPI_Request request;
+        MPI_CHECK(MPI_Igather(values, n, MPI_DOUBLE, all, n, MPI_DOUBLE, 0, MPI_COMM_WORLD, &request));
+        wait_request(&request);
+    } else MPI_CHECK(MPI_Gather(values, n, MPI_DOUBLE, all, n, MPI_DOUBLE, 0, MPI_COMM_WORLD));
 }
 
 int64_t comm_shard_values(int64_t n_values, int n_ranks) { return (n_values + n_ranks - 1) / n_ranks; }
@@ -117,7 +258,11 @@ void comm_reduce_scatter_sum_f32(const float *values, int64_t n_values, float *m
 {
     int *counts, *displs;
     shard_counts(n_values, &counts, &displs);
-    MPI_CHECK(MPI_Reduce_scatter(values, mine, counts, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD));
+    if (watch.on) {
+        MPI_Request request;
+        MPI_CHECK(MPI_Ireduce_scatter(values, mine, counts, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD, &request));
+        wait_request(&request);
+    } else MPI_CHECK(MPI_Reduce_scatter(values, mine, counts, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD));
     free(counts);
 }
 
@@ -125,7 +270,12 @@ void comm_allgather_f32(float *values, int64_t n_values)
 {
     int *counts, *displs;
     shard_counts(n_values, &counts, &displs);
-    MPI_CHECK(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, values, counts, displs, MPI_FLOAT, MPI_COMM_WORLD));
+    if (watch.on) {
+        MPI_Request request;
+        MPI_CHECK(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, values, counts, displs, MPI_FLOAT, MPI_COMM_WORLD,
+                                  &request));
+        wait_request(&request);
+    } else MPI_CHECK(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, values, counts, displs, MPI_FLOAT, MPI_COMM_WORLD));
     free(counts);
 }
 
@@ -135,8 +285,21 @@ void comm_gather_shards_f32(const float *mine, int64_t n_values, float *all)
     MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
     shard_counts(n_values, &counts, &displs);
     const void *send = rank == 0 && mine == all + displs[0] ? MPI_IN_PLACE : (const void *)mine; /* no aliasing */
-    MPI_CHECK(MPI_Gatherv(send, counts[rank], MPI_FLOAT, all, counts, displs, MPI_FLOAT, 0, MPI_COMM_WORLD));
+    if (watch.on) {
+        MPI_Request request;
+        MPI_CHECK(MPI_Igatherv(send, counts[rank], MPI_FLOAT, all, counts, displs, MPI_FLOAT, 0, MPI_COMM_WORLD, &request));
+        wait_request(&request);
+    } else MPI_CHECK(MPI_Gatherv(send, counts[rank], MPI_FLOAT, all, counts, displs, MPI_FLOAT, 0, MPI_COMM_WORLD));
     free(counts);
 }
 
 double comm_time(void) { return MPI_Wtime(); }
+
+_Noreturn void comm_abort(int code)
+{
+    int running = 0, n_ranks = 1;
+    MPI_Initialized(&running);
+    if (running) MPI_Comm_size(MPI_COMM_WORLD, &n_ranks);
+    if (running && n_ranks > 1) MPI_Abort(MPI_COMM_WORLD, code);
+    exit(code);
+}

@@ -53,4 +53,22 @@ void comm_gather_shards_f32(const float *mine, int64_t n_values, float *all);
 /* Wall-clock seconds (MPI_Wtime). */
 double comm_time(void);
 
+/* End the whole job at once with `code` (MPI_Abort on MPI_COMM_WORLD; exit where MPI is not running). */
+_Noreturn void comm_abort(int code);
+
+/* ---- the step watch (the training loop's watchdog) ------------------------------------------------
+   Between comm_watch_begin and comm_watch_end every collective above waits by testing (MPI_Test) instead
+   of blocking: it polls for the first COMM_WATCH_SPIN_S seconds as MPI would, then sleeps between tests
+   (at most 1 ms), so a rank waiting long for a slower one does not hold a core at 100 %. Every rank
+   answers rank 0's "are you there?" while it waits. When a wait passes `deadline` (comm_time seconds):
+   on rank 0, it asks every rank and gives them `grace` seconds to answer; the ranks that did not
+   (stopped, stalled in compute, a hung file system or device) are named in "aldit: error: `what`: ..."
+   and the job ends through comm_abort(ALDIT_EXIT_ERROR). On any other rank (whose deadline should be
+   later than rank 0's, so that rank 0 reports first) the message says that rank 0 has not answered.
+   deadline <= 0: no deadline (waits still sleep and answer). Not reentrant; outside a watch collectives
+   block as MPI does. */
+#define COMM_WATCH_SPIN_S 0.05
+void comm_watch_begin(double deadline, double grace, const char *what);
+void comm_watch_end(void);
+
 #endif

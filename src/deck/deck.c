@@ -44,6 +44,7 @@ static const char *const shard_names[] = {"auto", "none", "optimizer", "gradient
 static const char *const nonfinite_names[] = {"error", "skip", NULL};
 static const char *const lr_schedule_names[] = {"cosine", "constant", NULL};
 static const char *const attention_names[] = {"auto", "cudnn", "own", NULL};
+static const char *const on_corrupt_names[] = {"error", "skip", NULL};
 
 #define FIELD(member) .offset = offsetof(deck, member), .size = sizeof(((deck *)0)->member)
 #define KEY(sec, key, kind, member) .section = sec, .name = key, .type = kind, FIELD(member)
@@ -62,6 +63,13 @@ static const deck_key deck_keys[] = {
      .help = "epochs over the store when steps = 0"},
     {KEY("run", "threads", KEY_INT, run.threads), .min = 1, .max = 4096, .zero_word = "auto",
      .default_text = "auto", .help = "CPU threads per rank, OpenMP and OpenBLAS (auto = OMP_NUM_THREADS, else the node's cores shared by its ranks)"},
+    {KEY("run", "lock", KEY_BOOL, run.lock), .default_text = "on",
+     .help = "hold an exclusive lock on dir/aldit.lock while training, so that a second run on the folder is refused "
+             "(off: where the file system has no locks; see docs/cluster.md)"},
+    {KEY("run", "step_timeout", KEY_DOUBLE, run.step_timeout), .min = 0, .min_open = 1, .max = 1e9,
+     .zero_word = "auto", .default_text = "auto",
+     .help = "seconds a step may take before rank 0 names the ranks that have not arrived and aborts the job "
+             "(auto = max(10 x the predicted step, 300 s); the first step of a run gets 3 times as long)"},
     /* [model] */
     {KEY("model", "name", KEY_STRING, model.name), .nonempty = 1, .default_text = "wan1.3b",
      .help = "label in logs and checkpoints"},
@@ -108,7 +116,10 @@ static const deck_key deck_keys[] = {
     {KEY("data", "prefetch", KEY_BOOL, data.prefetch), .default_text = "on",
      .help = "read the next step's samples in a background thread"},
     {KEY("data", "verify", KEY_BOOL, data.verify), .default_text = "on",
-     .help = "check each sample's CRC-32 (the store's index) as it is read: a corrupt sample stops the run, named"},
+     .help = "check each sample's CRC-32 (the store's index) as it is read"},
+    {KEY("data", "on_corrupt", KEY_ENUM, data.on_corrupt), .choices = on_corrupt_names, .default_text = "error",
+     .help = "a sample that cannot be read (checksum, non-finite values, I/O): error (checkpoint, then stop naming "
+             "it) or skip (warn, leave it out of the step, count it)"},
     /* [balance] */
     {KEY("balance", "strategy", KEY_ENUM, balance.strategy), .choices = strategy_names, .default_text = "global",
      .help = "global: pack samples across ranks by predicted cost; dual: the paper's memory+compute "
@@ -176,6 +187,8 @@ static const deck_key deck_keys[] = {
      .help = "activation recomputation: none, or block (keep only block inputs, recompute in backward)"},
     {KEY("train", "nonfinite", KEY_ENUM, train.nonfinite), .choices = nonfinite_names, .default_text = "error",
      .help = "a NaN/Inf loss or gradient: error (stop) or skip the step"},
+    {KEY("train", "max_skipped", KEY_INT, train.max_skipped), .min = 1, .max = 1000000000, .zero_word = "off",
+     .default_text = "10", .help = "with nonfinite = skip: stop (exit 1) after this many skipped steps in a row (off = no limit)"},
     {KEY("train", "attention", KEY_ENUM, train.attention), .choices = attention_names, .default_text = "auto",
      .help = "CUDA attention: cudnn (fused SDPA), own kernel, or auto (cudnn when built with it)"},
     {KEY("train", "autotune", KEY_BOOL, train.autotune), .default_text = "off",
@@ -189,7 +202,12 @@ static const deck_key deck_keys[] = {
              "gradients (also the summed gradients), full (also the weights), or auto (the least that fits)"},
     /* [checkpoint] */
     {KEY("checkpoint", "every", KEY_INT64, checkpoint.every), .min = 0, .max = 1e12, .default_text = "0",
-     .help = "checkpoint every N steps (0 = only at the end and on SIGUSR1/SIGTERM)"},
+     .help = "checkpoint every N steps (0 = only at the end, on a signal and by interval)"},
+    {KEY("checkpoint", "interval", KEY_DOUBLE, checkpoint.interval), .min = 0, .max = 1e9, .default_text = "1800",
+     .help = "also checkpoint at the first step boundary this many wall-clock seconds after the last checkpoint "
+             "(or the start); 0 = off"},
+    {KEY("checkpoint", "max_failures", KEY_INT, checkpoint.max_failures), .min = 1, .max = 1000000, .default_text = "3",
+     .help = "stop (exit 1) after this many periodic checkpoints in a row failed; the last good one is kept"},
     {KEY("checkpoint", "keep", KEY_INT, checkpoint.keep), .min = 1, .max = 100000, .default_text = "3",
      .help = "newest checkpoints kept in the run folder"},
     {KEY("checkpoint", "resume", KEY_BOOL, checkpoint.resume), .default_text = "on",

@@ -19,6 +19,7 @@ typedef enum { SHARD_AUTO, SHARD_NONE, SHARD_OPTIMIZER, SHARD_GRADIENTS, SHARD_F
 typedef enum { NONFINITE_ERROR, NONFINITE_SKIP } deck_nonfinite;
 typedef enum { LR_COSINE, LR_CONSTANT } deck_lr_schedule;
 typedef enum { ATTENTION_AUTO, ATTENTION_CUDNN, ATTENTION_OWN } deck_attention;
+typedef enum { ON_CORRUPT_ERROR, ON_CORRUPT_SKIP } deck_on_corrupt;
 
 /* Plain data only (fixed-size strings, no pointers), so rank 0 can broadcast it as bytes. */
 typedef struct {
@@ -29,6 +30,8 @@ typedef struct {
         int64_t steps;                 /* stop after this many optimizer steps (0 = run `epochs`) */
         int64_t epochs;                /* epochs over the store when steps = 0 */
         int threads;                   /* OpenMP threads per rank (0 = runtime default) */
+        int lock;                      /* hold an exclusive lock on <dir>/aldit.lock while training (1) */
+        double step_timeout;           /* abort when a step takes longer (seconds; 0 = auto from the prediction) */
     } run;
     struct {
         char name[DECK_NAME_MAX];      /* label in logs and checkpoints ("wan1.3b", "quickstart") */
@@ -53,6 +56,7 @@ typedef struct {
         char store[DECK_PATH_MAX];     /* HDF5 latent store */
         int prefetch;                  /* read the next step's samples in a background thread (1) */
         int verify;                    /* check each sample's CRC-32 against the index as it is read (1) */
+        deck_on_corrupt on_corrupt;    /* a sample that cannot be read: error (checkpoint, stop) | skip it */
     } data;
     struct {
         deck_strategy strategy;        /* global (default) | dual | equal_tokens */
@@ -84,6 +88,7 @@ typedef struct {
         double timestep_shift;         /* shift of the flow-matching timestep distribution */
         deck_recompute recompute;      /* activation recomputation: none | block */
         deck_nonfinite nonfinite;      /* a NaN/Inf loss: error | skip the step */
+        int max_skipped;               /* stop after this many consecutive skipped steps (0 = no limit) */
         deck_attention attention;      /* CUDA attention kernel: auto | cudnn | own */
         int autotune;                  /* CUDA: time cuBLASLt's and cuDNN's candidate configurations (1) */
         double allreduce_bucket;       /* CUDA: bytes per overlapped gradient all-reduce; 0 = one after the backward */
@@ -91,6 +96,8 @@ typedef struct {
     } train;
     struct {
         int64_t every;                 /* checkpoint every N steps (0 = only at the end / on a signal) */
+        double interval;               /* and every this many wall-clock seconds (0 = off) */
+        int max_failures;              /* stop after this many consecutive failed checkpoints */
         int keep;                      /* keep the newest K checkpoints */
         int resume;                    /* resume from the newest complete checkpoint in the run folder (1) */
     } checkpoint;

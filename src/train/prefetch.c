@@ -21,7 +21,6 @@ struct prefetcher {
     int in_flight;        /* a thread is reading (background mode) */
     int pending;          /* a read was started and not yet handed out by prefetch_finish */
     pthread_t thread;
-    int64_t failed_id;    /* first sample whose read failed, -1 when none */
 };
 
 prefetcher *prefetch_create(const store *source, int32_t text_rows, int background, int verify, prefetch_noise noise)
@@ -32,7 +31,6 @@ prefetcher *prefetch_create(const store *source, int32_t text_rows, int backgrou
     p->background = background;
     p->verify = verify;
     p->noise = noise;
-    p->failed_id = -1;
     return p;
 }
 
@@ -46,8 +44,10 @@ static void layout_slot(const store *source, int32_t text_rows, sample_batch *sl
         slot->latent_start = xrealloc(slot->latent_start, (size_t)(n_ids + 1) * sizeof *slot->latent_start);
         slot->text_start = xrealloc(slot->text_start, (size_t)(n_ids + 1) * sizeof *slot->text_start);
         slot->sigma = xrealloc(slot->sigma, (size_t)n_ids * sizeof *slot->sigma);
+        slot->failed = xrealloc(slot->failed, (size_t)(n_ids > 0 ? n_ids : 1));
     }
     slot->n_samples = n_ids;
+    slot->n_failed = 0;
     slot->latent_start[0] = slot->text_start[0] = 0;
     for (int i = 0; i < n_ids; i++) {
         ALDIT_CHECK(ids[i] >= 0 && ids[i] < source->n_samples, "sample id %lld is outside the store %s (%lld samples)",
@@ -107,10 +107,11 @@ static void *read_slot(void *arg)
     /* HDF5 reads one after another (the library is not thread-safe), then the noise */
     int (*const read)(const store *, int64_t, float *, float *, FILE *) =
         p->verify ? store_verify_sample : store_read_sample;
-    for (int i = 0; i < slot->n_samples && p->failed_id < 0; i++)
-        if (read(p->source, slot->ids[i], slot->latents + slot->latent_start[i], slot->text + slot->text_start[i],
-                 stderr) != 0)
-            p->failed_id = slot->ids[i];
+    for (int i = 0; i < slot->n_samples; i++) {
+        slot->failed[i] = read(p->source, slot->ids[i], slot->latents + slot->latent_start[i],
+                               slot->text + slot->text_start[i], stderr) != 0;
+        slot->n_failed += slot->failed[i];
+    }
     for (int i = 0; i < slot->n_samples && p->text_rows > 0; i++) { /* the zero rows after the stored ones */
         const int64_t stored = store_sample_text_elements(p->source, &p->source->samples[slot->ids[i]]);
         float *padding = slot->text + slot->text_start[i] + stored;
@@ -150,10 +151,42 @@ const sample_batch *prefetch_finish(prefetcher *p, double *wait_seconds)
     else read_slot(p);
     *wait_seconds = comm_time() - started;
     p->pending = 0;
-    if (p->failed_id >= 0)
-        ALDIT_FATAL_CODE(ALDIT_EXIT_USAGE, "reading sample %lld from the store %s failed (message above)",
-                         (long long)p->failed_id, p->source->path);
     return &p->slots[p->filling];
+}
+
+int prefetch_drop_failed(prefetcher *p, int *micro_start, int n_micro)
+{
+    sample_batch *slot = &p->slots[p->filling];
+    if (slot->n_failed == 0) return n_micro;
+    /* the micro-batch boundaries in kept samples; empty micro-batches are dropped */
+    int kept_micro = 0;
+    for (int m = 0, sample = 0, kept = 0; m <= n_micro; m++) {
+        for (; sample < micro_start[m]; sample++) kept += !slot->failed[sample];
+        if (m == 0 || kept > micro_start[kept_micro]) micro_start[m == 0 ? 0 : ++kept_micro] = kept;
+    }
+    int kept = 0;
+    int64_t latent_end = 0, text_end = 0;
+    for (int i = 0; i < slot->n_samples; i++) {
+        if (slot->failed[i]) continue;
+        const int64_t latents = slot->latent_start[i + 1] - slot->latent_start[i];
+        const int64_t text = slot->text_start[i + 1] - slot->text_start[i];
+        memmove(slot->latents + latent_end, slot->latents + slot->latent_start[i], (size_t)latents * sizeof(float));
+        memmove(slot->noise + latent_end, slot->noise + slot->latent_start[i], (size_t)latents * sizeof(float));
+        memmove(slot->text + text_end, slot->text + slot->text_start[i], (size_t)text * sizeof(float));
+        slot->ids[kept] = slot->ids[i];
+        slot->sigma[kept] = slot->sigma[i];
+        slot->failed[kept] = 0;
+        slot->latent_start[kept] = latent_end;
+        slot->text_start[kept] = text_end;
+        latent_end += latents;
+        text_end += text;
+        kept++;
+    }
+    slot->latent_start[kept] = latent_end;
+    slot->text_start[kept] = text_end;
+    slot->n_samples = kept;
+    slot->n_failed = 0;
+    return kept_micro;
 }
 
 void prefetch_destroy(prefetcher *p)
@@ -168,6 +201,7 @@ void prefetch_destroy(prefetcher *p)
         free(p->slots[s].text);
         free(p->slots[s].noise);
         free(p->slots[s].sigma);
+        free(p->slots[s].failed);
     }
     free(p);
 }

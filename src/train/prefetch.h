@@ -17,6 +17,8 @@ typedef struct {
     float *text;           /* [text_len, text_dim] per sample */
     float *noise;          /* epsilon of the flow objective, the layout of latents */
     float *sigma;          /* per sample, in (0, 1) */
+    unsigned char *failed; /* per sample: 1 when its read failed (its values are not to be used) */
+    int n_failed;          /* samples whose read failed */
     int samples_capacity;
     int64_t latents_capacity, text_capacity;
 } sample_batch;
@@ -46,8 +48,14 @@ void prefetch_start(prefetcher *p, const int64_t *ids, int n_ids, int64_t epoch)
 
 /* Wait for the read begun by the last prefetch_start and return its samples; the seconds spent waiting go
    to *wait_seconds. The batch stays valid until the next prefetch_start after the next prefetch_finish
-   (two buffers). A failed read ends the job with a message naming the sample and the store. */
+   (two buffers). A sample whose read failed (checksum, non-finite values, I/O; the store's message naming it
+   went to stderr) is flagged in batch->failed and counted in batch->n_failed; the others are read. */
 const sample_batch *prefetch_finish(prefetcher *p, double *wait_seconds);
+
+/* Leave the failed samples out of the batch prefetch_finish returned last: the others move up (ids, offsets,
+   latents, text, noise, sigma), and `micro_start` (n_micro + 1 offsets of micro-batches into the batch)
+   follows them, micro-batches left empty being dropped. Returns the new number of micro-batches. */
+int prefetch_drop_failed(prefetcher *p, int *micro_start, int n_micro);
 
 /* Block until no read is in flight (the store's HDF5 library is not thread-safe: call this before other
    HDF5 work such as writing a checkpoint). The finished read is still returned by prefetch_finish. */

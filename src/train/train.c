@@ -14,6 +14,9 @@
 #include "io/store.h"
 #include "backend/backend.h"
 #include "train/device.h"
+#include "train/metrics.h"
+#include "train/rundir.h"
+#include "train/watchdog.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -56,8 +59,11 @@ void train_install_signal_handlers(void)
     action.sa_handler = on_stop_signal;
     sigemptyset(&action.sa_mask);
     action.sa_flags = SA_RESTART;
-    ALDIT_CHECK(sigaction(SIGUSR1, &action, NULL) == 0 && sigaction(SIGTERM, &action, NULL) == 0,
-                "cannot install the SIGUSR1/SIGTERM handlers");
+    ALDIT_CHECK(sigaction(SIGUSR1, &action, NULL) == 0 && sigaction(SIGTERM, &action, NULL) == 0
+                && sigaction(SIGINT, &action, NULL) == 0 && sigaction(SIGHUP, &action, NULL) == 0,
+                "cannot install the SIGUSR1/SIGTERM/SIGINT/SIGHUP handlers");
+    /* a file size limit (ulimit -f) fails the write with EFBIG, reported, instead of killing the rank */
+    signal(SIGXFSZ, SIG_IGN);
 }
 
 /* ---- small helpers ------------------------------------------------------------------------------- */
@@ -86,6 +92,12 @@ static void make_dirs(const char *path)
     if (failure == EEXIST) failure = stat(partial, &existing) == 0 && S_ISDIR(existing.st_mode) ? 0 : ENOTDIR;
     if (failure != 0)
         ALDIT_FATAL_CODE(ALDIT_EXIT_USAGE, "cannot create the run folder %s ([run] dir): %s", path, strerror(failure));
+}
+
+static void metrics_path(const deck *config, char *path, size_t path_size)
+{
+    if (config->log.metrics[0] == '/') snprintf(path, path_size, "%s", config->log.metrics);
+    else snprintf(path, path_size, "%s/%s", config->run.dir, config->log.metrics);
 }
 
 static void format_duration(double seconds, char *text, size_t text_size)
@@ -200,6 +212,33 @@ static void print_store_line(const store *data, const deck *config)
            (long long)data->n_samples, (long long)total, (long long)shortest, (long long)longest, data->text_dim);
 }
 
+/* Collective (--check): what a run would find in its folder. Resuming: the newest checkpoint must be readable
+   and hold this model's parameters (names and shapes); a fresh start: no earlier run's files. 0 or 2. */
+static int check_run_folder(const deck *config, int rank)
+{
+    int status = 0;
+    if (rank == 0 && config->checkpoint.resume) {
+        char path[2 * DECK_PATH_MAX];
+        int found = checkpoint_find_latest(config, path, sizeof path, stderr);
+        if (found > 0) {
+            model table;
+            model_create_table(&table, config);
+            if (checkpoint_check_weights(path, &table, stderr) != 0) {
+                fprintf(stderr, "aldit: error: the run would resume from %s, which does not fit this model; use "
+                        "another [run] dir, or move the run folder's checkpoints away\n", path);
+                status = ALDIT_EXIT_USAGE;
+            }
+            model_free(&table);
+        } else if (found < 0) status = ALDIT_EXIT_USAGE;
+    } else if (rank == 0) {
+        char path[2 * DECK_PATH_MAX];
+        metrics_path(config, path, sizeof path);
+        status = rundir_check_fresh(config, path, stderr);
+    }
+    comm_bcast_bytes(&status, sizeof status);
+    return status;
+}
+
 int train_check(const deck *config, const comm_info *info)
 {
     int device = device_resolve(config, info);
@@ -216,6 +255,7 @@ int train_check(const deck *config, const comm_info *info)
         comm_bcast_bytes(&status, sizeof status);
         if (status != 0) return ALDIT_EXIT_USAGE;
     }
+    if (check_run_folder(config, info->rank) != 0) return ALDIT_EXIT_USAGE;
     store data;
     store_open_bcast(&data, config->data.store);
     check_store_fits_model(&data, config, info->rank);
@@ -288,10 +328,16 @@ typedef struct {
     int64_t total_steps;            /* for the LR schedule */
     int64_t steps_per_epoch;
     int64_t skipped_steps;
+    int skipped_in_a_row;           /* consecutive skipped steps ([train] max_skipped) */
+    int64_t corrupt_samples;        /* samples left out unread ([data] on_corrupt = skip), all ranks */
+    int checkpoint_failures;        /* consecutive failed periodic checkpoints ([checkpoint] max_failures) */
+    int64_t checkpoint_step;        /* step of the last checkpoint written or resumed from */
+    double checkpoint_s;            /* rank 0: when it was written (or the loop started), for [checkpoint] interval */
+    double step_timeout;            /* seconds the current step may take (the watchdog's; the same on all ranks) */
     double phase_s[N_PHASES];
     double started_s, loop_started_s;
     int64_t first_step;
-    FILE *metrics;                  /* rank 0 */
+    metrics_file *metrics;          /* rank 0 */
     int metrics_failed;             /* a write to it failed (warned once; training goes on) */
 } trainer;
 
@@ -394,44 +440,38 @@ static double compute_gradients(trainer *t, const sample_batch *batch)
     return loss_sum;
 }
 
-/* ---- metrics file -------------------------------------------------------------------------------- */
-
-static void metrics_path(const deck *config, char *path, size_t path_size)
-{
-    if (config->log.metrics[0] == '/') snprintf(path, path_size, "%s", config->log.metrics);
-    else snprintf(path, path_size, "%s/%s", config->run.dir, config->log.metrics);
-}
-
-/* Rank 0: a fresh run starts a new metrics file; a resumed run keeps the lines of steps up to the
-   checkpoint's and drops later ones (they are about to be recomputed), so no step appears twice. */
-static FILE *open_metrics(const deck *config, int64_t resumed_step)
-{
-    char path[2 * DECK_PATH_MAX], tmp_path[2 * DECK_PATH_MAX + 8];
-    metrics_path(config, path, sizeof path);
-    FILE *old = resumed_step > 0 ? fopen(path, "r") : NULL;
-    if (old) {
-        snprintf(tmp_path, sizeof tmp_path, "%s.tmp", path);
-        FILE *kept = fopen(tmp_path, "w");
-        ALDIT_CHECK(kept, "cannot write %s: %s", tmp_path, strerror(errno));
-        char *line = NULL;
-        size_t line_capacity = 0;
-        while (getline(&line, &line_capacity, old) > 0) {
-            const char *field = strstr(line, "\"step\":");
-            if (field && strtoll(field + 7, NULL, 10) <= resumed_step && strchr(line, '\n')) fputs(line, kept);
-        }
-        free(line);
-        fclose(old);
-        ALDIT_CHECK(fclose(kept) == 0 && rename(tmp_path, path) == 0, "cannot rewrite %s: %s", path, strerror(errno));
-    }
-    FILE *metrics = fopen(path, resumed_step > 0 ? "a" : "w");
-    ALDIT_CHECK(metrics, "cannot open the metrics file %s ([log] metrics): %s", path, strerror(errno));
-    return metrics;
-}
 
 /* ---- checkpoints --------------------------------------------------------------------------------- */
 
+/* After a checkpoint (the same outcome on every rank): say how it went; end the job when it must. */
+static void checkpoint_outcome(const trainer *t, int must_succeed, const char *path, double seconds)
+{
+    const int give_up = t->checkpoint_failures >= t->config->checkpoint.max_failures;
+    if (t->checkpoint_failures > 0 && (must_succeed || give_up)) {
+        char last_good[2 * DECK_PATH_MAX] = "none";
+        if (t->checkpoint_step > 0) checkpoint_path(t->config, t->checkpoint_step, last_good, sizeof last_good);
+        if (t->info->rank == 0 && must_succeed)
+            fprintf(stderr, "aldit: error: the checkpoint of step %lld could not be written (why: above); the last good "
+                    "checkpoint is %s\n", (long long)t->step, last_good);
+        else if (t->info->rank == 0)
+            fprintf(stderr, "aldit: error: %d checkpoints in a row failed (step %lld the last; why: above) "
+                    "([checkpoint] max_failures = %d): stopping rather than training on without checkpoints; the last "
+                    "good checkpoint is %s. Free space or fix the run folder, then restart to resume from it\n",
+                    t->checkpoint_failures, (long long)t->step, t->config->checkpoint.max_failures, last_good);
+        exit_all(ALDIT_EXIT_ERROR);
+    }
+    if (t->info->rank == 0) {
+        if (t->checkpoint_failures > 0)
+            aldit_warn("checkpoint of step %lld failed (%d in a row; the run stops at [checkpoint] max_failures = %d); "
+                       "training goes on", (long long)t->step, t->checkpoint_failures, t->config->checkpoint.max_failures);
+        else printf("aldit: checkpoint %s (%.2f s)\n", path, seconds);
+        fflush(stdout);
+    }
+}
+
 /* Collective: rank 0 writes (after the prefetch thread has left the HDF5 library), everyone learns the
-   outcome. A failed write is fatal when `must_succeed` (the final checkpoint), else a warning. */
+   outcome. A failed write is fatal when `must_succeed` (the final checkpoint) or when [checkpoint]
+   max_failures periodic ones in a row failed (the last good checkpoint stays); otherwise a warning. */
 static void save_checkpoint(trainer *t, int must_succeed)
 {
     double started = comm_time();
@@ -451,16 +491,10 @@ static void save_checkpoint(trainer *t, int must_succeed)
     }
     comm_bcast_bytes(&status, sizeof status);
     t->phase_s[PHASE_CHECKPOINT] += seconds_since(started);
-    if (status != 0 && must_succeed) {
-        if (t->info->rank == 0) fprintf(stderr, "aldit: error: the checkpoint of step %lld could not be written\n",
-                                        (long long)t->step);
-        exit_all(ALDIT_EXIT_ERROR);
-    }
-    if (t->info->rank == 0) {
-        if (status != 0) aldit_warn("checkpoint of step %lld failed; training goes on", (long long)t->step);
-        else printf("aldit: checkpoint %s (%.2f s)\n", path, seconds_since(started));
-        fflush(stdout);
-    }
+    t->checkpoint_failures = status != 0 ? t->checkpoint_failures + 1 : 0;
+    if (status == 0) t->checkpoint_step = t->step;
+    if (t->info->rank == 0) t->checkpoint_s = comm_time();
+    checkpoint_outcome(t, must_succeed, path, seconds_since(started));
 }
 
 /* Weights from [model] init, a checkpoint to resume from, or the random init; the same on every rank. */
@@ -575,35 +609,37 @@ static void write_metrics_line(trainer *t, const step_record *r)
     char loss[32], grad_norm[32];
     double imbalance = r->compute_max > 0.0 ? 1.0 - r->compute_mean / r->compute_max : 0.0;
     double imbalance_pred = t->current_pred_max > 0.0 ? 1.0 - t->current_pred_mean / t->current_pred_max : 0.0;
-    fprintf(t->metrics,
+    metrics_add(t->metrics,
             "{\"step\": %lld, \"epoch\": %lld, \"loss\": %s, \"lr\": %.17g, \"grad_norm\": %s, "
             "\"samples\": %lld, \"tokens\": %.0f, \"micro_batches\": %d, \"step_s\": %.6f, \"compute_s_max\": %.6f, "
             "\"compute_s_mean\": %.6f, \"imbalance\": %.6f, \"imbalance_pred\": %.6f, \"compute_s_pred\": %.6g, "
             "\"data_wait_s\": %.6f, \"comm_s\": %.6f, \"balancer_s\": %.6f, \"mem_peak\": %.0f, \"mem_pred\": %.0f, "
-            "\"mem_budget\": %.0f, \"model_flops\": %.6g, \"ranks\": %d, \"skipped\": %d",
+            "\"mem_budget\": %.0f, \"model_flops\": %.6g, \"ranks\": %d, \"skipped\": %d, \"corrupt_samples\": %lld",
             (long long)t->step, (long long)t->current.epoch, json_number(r->loss, loss, sizeof loss), r->lr,
             json_number(r->grad_norm, grad_norm, sizeof grad_norm),
             (long long)t->current.global_samples, r->tokens, t->current.n_micro, r->step_s, r->compute_max,
             r->compute_mean, imbalance, imbalance_pred, t->current_pred_max, r->wait_max, r->comm_s, r->balancer_s,
-            r->mem_peak, t->current_mem, t->mem_budget, r->model_flops, t->info->n_ranks, r->skipped);
+            r->mem_peak, t->current_mem, t->mem_budget, r->model_flops, t->info->n_ranks, r->skipped,
+            (long long)t->corrupt_samples);
     const int n_ranks = t->info->n_ranks;
     if (n_ranks <= METRICS_MAX_RANK_ARRAYS) {
-        fputs(", \"rank_compute_s\": [", t->metrics);
+        metrics_add(t->metrics, ", \"rank_compute_s\": [");
         for (int rank = 0; rank < n_ranks; rank++)
-            fprintf(t->metrics, "%s%.6f", rank ? ", " : "", t->rank_seconds[rank]);
-        fputs("], \"rank_pred_s\": [", t->metrics);
+            metrics_add(t->metrics, "%s%.6f", rank ? ", " : "", t->rank_seconds[rank]);
+        metrics_add(t->metrics, "], \"rank_pred_s\": [");
         for (int rank = 0; rank < n_ranks; rank++)
-            fprintf(t->metrics, "%s%.6g", rank ? ", " : "", t->current_rank_pred[rank]);
-        fputs("], \"rank_samples\": [", t->metrics);
+            metrics_add(t->metrics, "%s%.6g", rank ? ", " : "", t->current_rank_pred[rank]);
+        metrics_add(t->metrics, "], \"rank_samples\": [");
         for (int rank = 0; rank < n_ranks; rank++)
-            fprintf(t->metrics, "%s%lld", rank ? ", " : "", (long long)t->current_rank_samples[rank]);
-        fputc(']', t->metrics);
+            metrics_add(t->metrics, "%s%lld", rank ? ", " : "", (long long)t->current_rank_samples[rank]);
+        metrics_add(t->metrics, "]");
     }
-    fputs("}\n", t->metrics);
-    if (fflush(t->metrics) != 0 && !t->metrics_failed) {
+    metrics_add(t->metrics, "}");
+    int failure = metrics_end_line(t->metrics); /* whole lines only: a failed write leaves none of this one */
+    if (failure != 0 && !t->metrics_failed) {
         t->metrics_failed = 1;
-        aldit_warn("writing the metrics file of %s failed at step %lld (disk full?): later lines may be missing",
-                   t->config->run.dir, (long long)t->step);
+        aldit_warn("writing the metrics file of %s failed at step %lld: %s; the file keeps whole lines only, "
+                   "training goes on", t->config->run.dir, (long long)t->step, strerror(failure));
     }
 }
 
@@ -644,10 +680,52 @@ static void print_timing_table(const trainer *t)
     printf("  %-44s %9.3f\n", "wall", max_s[N_PHASES]);
     if (t->skipped_steps > 0) printf("  %lld step(s) skipped for a non-finite loss or gradient\n",
                                      (long long)t->skipped_steps);
+    if (t->corrupt_samples > 0) printf("  %lld corrupt sample(s) left out ([data] on_corrupt = skip; names above)\n",
+                                       (long long)t->corrupt_samples);
     fflush(stdout);
 }
 
 /* ---- the loop ------------------------------------------------------------------------------------ */
+
+/* Collective, after this step's samples are read: every rank learns how many failed. With [data] on_corrupt =
+   error the healthy state (the last step's) is checkpointed and the job ends with status 2; with skip, the
+   failed samples are left out of the step (and of its sample count) and counted. */
+static void handle_corrupt_samples(trainer *t, const sample_batch *batch)
+{
+    double failed[2] = {(double)batch->n_failed, 0.0}; /* count, lowest failed id */
+    comm_allreduce_sum_f64(failed, 1);
+    if (failed[0] == 0) return;
+    failed[1] = INFINITY;
+    for (int i = 0; i < batch->n_samples; i++)
+        if (batch->failed[i] && batch->ids[i] < failed[1]) failed[1] = (double)batch->ids[i];
+    comm_allreduce_min_f64(&failed[1], 1);
+    const int64_t step = t->step + 1;
+    if (t->config->data.on_corrupt == ON_CORRUPT_ERROR) {
+        watchdog_step_end();
+        if (t->info->rank == 0)
+            fprintf(stderr, "aldit: error: step %lld: %.0f sample(s) of the store %s cannot be read (sample %.0f and "
+                    "any others: messages above)%s\n", (long long)step, failed[0], t->data.path, failed[1],
+                    t->step > t->checkpoint_step ? "; checkpointing the last step first" : "");
+        if (t->step > t->checkpoint_step) save_checkpoint(t, 0);
+        if (t->info->rank == 0)
+            fprintf(stderr, "aldit: error: repair or rebuild the store, or set [data] on_corrupt = skip to train "
+                    "without such samples\n");
+        exit_all(ALDIT_EXIT_USAGE);
+    }
+    for (int i = 0; i < batch->n_samples; i++)
+        if (batch->failed[i])
+            aldit_warn("step %lld: leaving out sample %lld of the store %s, which cannot be read ([data] on_corrupt "
+                       "= skip)", (long long)step, (long long)batch->ids[i], t->data.path);
+    t->current.n_micro = prefetch_drop_failed(t->reader, t->current.micro_start, t->current.n_micro);
+    t->current.global_samples -= (int64_t)failed[0];
+    t->corrupt_samples += (int64_t)failed[0];
+    if (t->current.global_samples <= 0) {
+        if (t->info->rank == 0)
+            fprintf(stderr, "aldit: error: step %lld: every sample of the step is corrupt in the store %s\n",
+                    (long long)step, t->data.path);
+        exit_all(ALDIT_EXIT_USAGE);
+    }
+}
 
 /* One optimizer step on the current assignment. Returns 0, or 1 when the loss is not finite and the deck
    says error (every rank sees the same reduced values, so all return 1 together). */
@@ -658,6 +736,7 @@ static int train_step(trainer *t, step_record *r)
     double balancer_before = t->phase_s[PHASE_BALANCER], comm_before = t->phase_s[PHASE_COMM];
     const sample_batch *batch = prefetch_finish(t->reader, &wait_s);
     t->phase_s[PHASE_DATA_WAIT] += wait_s;
+    handle_corrupt_samples(t, batch);
 
     int64_t next_step = t->step + 2; /* 1-based number of the step after this one */
     int draw_next = config->run.steps <= 0 || next_step <= config->run.steps;
@@ -709,6 +788,14 @@ static int train_step(trainer *t, step_record *r)
         return 1;
     }
     if (r->skipped) t->skipped_steps++;
+    t->skipped_in_a_row = r->skipped ? t->skipped_in_a_row + 1 : 0;
+    if (config->train.max_skipped > 0 && t->skipped_in_a_row >= config->train.max_skipped) {
+        if (t->info->rank == 0)
+            fprintf(stderr, "aldit: error: step %lld: %d steps in a row skipped for a non-finite loss or gradient "
+                    "([train] max_skipped = %d): the model is not training. Lower [train] lr, or resume from an "
+                    "earlier checkpoint\n", (long long)t->step, t->skipped_in_a_row, config->train.max_skipped);
+        return 1;
+    }
 
     /* per-rank measurements to rank 0: compute seconds, data wait, peak memory (CPU: growth of the peak
        resident set since the loop started; GPU: workspace of the largest micro-batch) */
@@ -851,6 +938,21 @@ static void calibrate(trainer *t)
     free(distinct);
 }
 
+/* Collective: rank 0 locks the run folder ([run] lock) and, for a fresh start, checks that it holds no earlier
+   run's files; every rank exits with status 2 when either fails. */
+static void guard_run_folder(const deck *config)
+{
+    int status = 0;
+    if (comm_rank() == 0) {
+        if (config->run.lock) status = rundir_lock(config->run.dir, stderr, stdout);
+        char path[2 * DECK_PATH_MAX];
+        metrics_path(config, path, sizeof path);
+        if (status == 0 && !config->checkpoint.resume) status = rundir_check_fresh(config, path, stderr);
+    }
+    comm_bcast_bytes(&status, sizeof status);
+    if (status != 0) exit_all(ALDIT_EXIT_USAGE);
+}
+
 static void trainer_setup(trainer *t, const deck *config, const comm_info *info, int device, char *resumed_from,
                           size_t resumed_size)
 {
@@ -859,6 +961,7 @@ static void trainer_setup(trainer *t, const deck *config, const comm_info *info,
     t->info = info;
     t->started_s = comm_time();
     if (info->rank == 0) make_dirs(config->run.dir);
+    guard_run_folder(config);
     store_open_bcast(&t->data, config->data.store);
     check_store_fits_model(&t->data, config, info->rank);
     model_create(&t->net, config);
@@ -890,14 +993,18 @@ static void trainer_setup(trainer *t, const deck *config, const comm_info *info,
     t->steps_per_epoch = plan[0];
     t->total_steps = plan[1];
     initial_state(t, resumed_from, resumed_size);
-    t->first_step = t->step;
+    t->first_step = t->checkpoint_step = t->step;
     prefetch_noise noise = {.noise_seed = rng_hash(config->run.seed, NOISE_STREAM_TAG),
                             .timestep_shift = config->train.timestep_shift,
                             /* where the model runs on the rank's threads (the CPU), one draws the noise */
                             .threads = t->dev->ops->uses_host_threads ? 1 : threads_per_rank(config, info)};
     const int32_t text_rows = config->model.text_padding == TEXT_PADDING_WAN ? config->model.text_len : 0;
     t->reader = prefetch_create(&t->data, text_rows, config->data.prefetch, config->data.verify, noise);
-    if (info->rank == 0) t->metrics = open_metrics(config, t->step);
+    if (info->rank == 0) {
+        char path[2 * DECK_PATH_MAX];
+        metrics_path(config, path, sizeof path);
+        t->metrics = metrics_open(path, t->step);
+    }
 }
 
 /* Collective, while the first step's samples are read: the initial state becomes the backend's (a GPU's: uploaded,
@@ -922,7 +1029,7 @@ static void trainer_free(trainer *t)
     if (t->info->rank == 0) {
         balance_assignment_free(&t->drawn);
         balancer_free(t->packer);
-        if (fclose(t->metrics) != 0 && !t->metrics_failed)
+        if (metrics_close(t->metrics) != 0 && !t->metrics_failed)
             aldit_warn("closing the metrics file of %s failed: its last lines may be missing", t->config->run.dir);
     }
     free(t->samples);
@@ -967,23 +1074,41 @@ int train_run(const deck *config, const comm_info *info)
         prefetch_start(t.reader, t.upcoming.ids, t.upcoming.n_samples, t.upcoming.epoch);
         start_device(&t);
     }
-    t.loop_started_s = comm_time();
+    t.loop_started_s = t.checkpoint_s = comm_time();
+    /* the first step's deadline (later ones come with each step's end) */
+    if (info->rank == 0) t.step_timeout = watchdog_timeout(config, t.upcoming_pred_max, 1);
+    comm_bcast_bytes(&t.step_timeout, sizeof t.step_timeout);
     while (!finished) {
         swap_assignments(&t);
         step_record record = {0};
-        if (train_step(&t, &record) != 0) { status = ALDIT_EXIT_ERROR; break; }
+        watchdog_step_begin(info->rank, t.step + 1, t.step_timeout);
+        if (train_step(&t, &record) != 0) {
+            watchdog_step_end();
+            status = ALDIT_EXIT_ERROR;
+            break;
+        }
         double log_started = comm_time();
         if (info->rank == 0) {
             write_metrics_line(&t, &record);
             if (t.step % config->log.every == 0 || t.step == t.total_steps) print_progress(&t, &record);
         }
         t.phase_s[PHASE_LOG] += seconds_since(log_started);
-        int signalled = comm_allreduce_or_int(stop_signal != 0);
+        /* one reduction at the step's end: a stop signal on any rank; rank 0's checkpoint interval and the next
+           step's deadline */
+        double boundary[3] = {stop_signal != 0, 0.0, 0.0};
+        if (info->rank == 0) {
+            boundary[1] = config->checkpoint.interval > 0 && seconds_since(t.checkpoint_s) >= config->checkpoint.interval;
+            boundary[2] = watchdog_timeout(config, t.upcoming_pred_max, 0);
+        }
+        comm_allreduce_max_f64(boundary, 3);
+        watchdog_step_end();
+        t.step_timeout = boundary[2];
+        int signalled = boundary[0] != 0;
         int budget_done = config->run.steps > 0 ? t.step >= config->run.steps : t.upcoming.epoch >= config->run.epochs;
         finished = signalled || budget_done;
         if (signalled && info->rank == 0)
             printf("aldit: stop requested by a signal: checkpointing step %lld and exiting\n", (long long)t.step);
-        if (finished || (config->checkpoint.every > 0 && t.step % config->checkpoint.every == 0))
+        if (finished || boundary[1] != 0 || (config->checkpoint.every > 0 && t.step % config->checkpoint.every == 0))
             save_checkpoint(&t, finished);
     }
     prefetch_drain(t.reader);

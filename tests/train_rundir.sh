@@ -1,0 +1,54 @@
+#!/bin/sh
+# train_rundir.sh — the run folder's guards on 2 CPU ranks: a second live run on a folder is refused naming the
+# holder, a dead run's lock is taken over naming it; a fresh start ([checkpoint] resume = off) into a used folder
+# is refused, deleting nothing; --check finds a checkpoint of another model in the run folder.
+. "${top_srcdir:-.}/tests/train_lib.sh"
+tap_plan 9
+
+tap_ok "aldit-store synth makes the test store" make_store
+
+# 3. the lock: a live run holds it; a second one is refused (exit 2) naming host, pid and job id
+SLURM_JOB_ID=4242 start_aldit 2 shared run.steps=100000 log.every=1000
+first=$launcher
+wait_for 60 has_lines shared 2
+SLURM_JOB_ID=4343 $MPIEXEC -np 2 --oversubscribe "$ALDIT" "$TRAIN_DECK" data.store="$WORK/store.h5" run.dir="$WORK/shared" \
+    run.steps=10 > "$WORK/second.log" 2>&1; status=$?
+holder=$(cat "$WORK/shared/aldit.lock")
+case $status:$holder:$(cat "$WORK/second.log") in
+    2:"host $(hostname), pid "*", job 4242, started "*:*"the run folder $WORK/shared is in use by another run (host $(hostname), pid "*", job 4242"*) found=0 ;;
+    *) found=1 ;;
+esac
+tap_result $found "a second run on a locked folder: exit 2 naming the holder ($holder)" "$(cat "$WORK/second.log")"
+kill -0 $first 2>/dev/null
+tap_result $? "the first run goes on"
+# the first run dies without a normal exit (SIGKILL): the file still names it, the lock is free
+kill -KILL $(run_pids shared $first) 2>/dev/null
+wait $first
+lines=$(metrics_lines shared)
+run_aldit 2 shared run.steps=3 checkpoint.resume=on; status=$?
+case $status:$(cat "$WORK/shared.log") in
+    0:*"taking over the lock of the run folder $WORK/shared from a run that ended without a normal exit ($holder)"*) found=0 ;;
+    *) found=1 ;;
+esac
+tap_result $found "the stale lock of the killed run is taken over, naming it" "$(head -5 "$WORK/shared.log")"
+tap_is "a normal exit empties the lock file" "$(wc -c < "$WORK/shared/aldit.lock" | tr -d ' ')" 0
+
+# 4. a fresh start into a folder with an earlier run's checkpoints and metrics: refused, nothing deleted
+before=$(ls "$WORK/shared/checkpoints"; wc -c < "$WORK/shared/metrics.jsonl")
+run_aldit 2 shared run.steps=5 checkpoint.resume=off; status=$?
+case $status:$(cat "$WORK/shared.log") in
+    2:*"[checkpoint] resume = off (a fresh start), but the run folder $WORK/shared holds an earlier run's files: 1 checkpoint(s) in $WORK/shared/checkpoints (the newest step_00000003.h5) and the metrics file"*) found=0 ;;
+    *) found=1 ;;
+esac
+tap_result $found "resume = off into a used folder: exit 2 naming its checkpoints and metrics" "$(cat "$WORK/shared.log")"
+tap_is "its files are untouched" "$(ls "$WORK/shared/checkpoints"; wc -c < "$WORK/shared/metrics.jsonl")" "$before"
+
+# 9. --check looks at the checkpoint the run would resume from
+run_check() { $MPIEXEC -np 2 --oversubscribe "$ALDIT" --check "$TRAIN_DECK" data.store="$WORK/store.h5" run.dir="$WORK/shared" "$@"; }
+out=$(run_check model.ffn_dim=48 2>&1); status=$?
+case $status:$out in 2:*"ffn.0.weight has shape [64, 32] in the file, the model expects [48, 32]"*"the run would resume from $WORK/shared/checkpoints/step_00000003.h5, which does not fit this model"*) found=0 ;; *) found=1 ;; esac
+tap_result $found "--check: the run folder's checkpoint belongs to another model: exit 2 naming it" "$out"
+out=$(run_check checkpoint.resume=off 2>&1); status=$?
+case $status:$out in 2:*"holds an earlier run's files"*) found=0 ;; *) found=1 ;; esac
+tap_result $found "--check: a fresh start into the used folder: exit 2" "$out"
+tap_done
