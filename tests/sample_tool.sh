@@ -7,7 +7,7 @@
 python_needs torch diffusers transformers tokenizers h5py av PIL safetensors
 . "$top_srcdir/tests/train_lib.sh"
 tiny="$PYTHON $top_srcdir/tests/tiny_wan.py"
-tap_plan 10
+tap_plan 11
 
 $tiny models "$WORK/models" > "$WORK/models.log" 2>&1
 tap_result $? "tiny Wan VAE, umT5 encoder and tokenizer are made" "$(cat "$WORK/models.log")"
@@ -25,6 +25,8 @@ sample() {
 }
 out=$(sample "$checkpoint" --out "$WORK/a" --save-wan "$WORK/wan" 2>&1)
 tap_result $? "sample.py exits 0" "$out"
+case $out in *"text padding wan"*) found=0 ;; *) found=1 ;; esac
+tap_result $found "the checkpoint deck's text_padding (wan, the default) is used" "$out"
 
 cat > "$WORK/check.py" <<'PY'
 import sys, av, h5py, json, numpy as np

@@ -10,10 +10,10 @@ DIR). Then WanPipeline with the Wan 2.1 VAE and umT5 from local folders samples 
 classifier-free guidance (--guidance, --negative-prompt) and a flow-matching scheduler (UniPC, as Wan, or
 Euler) with timestep shift --shift, and writes OUT.mp4 and OUT.png (up to 16 frames, evenly spaced).
 
-Text padding: Wan pads every prompt with zeros to text_len and attends to all of it; aldit today attends
-to the real tokens only. --text-padding none (the default unless the checkpoint's deck says
-`text_padding = wan`) feeds the prompt embeddings trimmed to their tokens, as aldit trained on them;
---text-padding wan pads to the model's text_len as WanPipeline does (for Wan's own weights).
+Text padding: as the model was trained, the checkpoint deck's [model] text_padding: wan (aldit's default,
+and Wan's) pads each prompt's embedding with zeros to text_len as WanPipeline does; trim (also taken for
+a checkpoint whose deck has no such key, written before it existed) gives the transformer the embedding
+trimmed to its tokens. --text-padding overrides it.
 
     python3 tools/sample.py --checkpoint run/checkpoints/step_00010000.h5 --wan Wan2.1-T2V-1.3B-Diffusers \\
         --prompt "a red fox runs through snow" --out fox
@@ -63,7 +63,7 @@ def parse_args():
     parser.add_argument("--guidance", type=float, default=5.0, help="classifier-free guidance scale (1 = off)")
     parser.add_argument("--shift", type=float, default=5.0, help="flow-matching timestep shift (Wan: 5 at 720p, 3 at 480p)")
     parser.add_argument("--scheduler", choices=("unipc", "euler"), default="unipc")
-    parser.add_argument("--text-padding", choices=("none", "wan"), help="default: the checkpoint deck's, else none")
+    parser.add_argument("--text-padding", choices=("trim", "wan"), help="default: the checkpoint deck's [model] text_padding, else trim")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--fps", type=int, default=16)
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
@@ -138,7 +138,7 @@ def save_wan(state, dims, folder):
 
 
 def prompt_embeddings(pipe, text, device, padding, text_len):
-    """[1, L, D]: the prompt's umT5 embedding trimmed to its tokens (padding none), or zero-padded to text_len."""
+    """[1, L, D]: the prompt's umT5 embedding trimmed to its tokens (trim), or zero-padded to text_len (wan)."""
     import torch
     from diffusers.pipelines.wan.pipeline_wan import prompt_clean
 
@@ -198,7 +198,9 @@ def main():
     device = "cuda" if args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available()) else "cpu"
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     state, dims, deck_padding, source = read_weights(args)
-    padding = args.text_padding or deck_padding or "none"
+    padding = args.text_padding or deck_padding or "trim"
+    if padding not in ("trim", "wan"):
+        fail(f"{args.checkpoint}: the deck's text_padding is {padding}, not wan or trim")
     print(f"sample: weights {source} ({len(state)} tensors), model dims {dims}, text padding {padding}", file=sys.stderr)
     if args.save_wan:
         save_wan(state, dims, args.save_wan)

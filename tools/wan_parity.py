@@ -6,10 +6,11 @@ names (tools/wan_names.py) to an HDF5 weights file, runs both models on several 
 different shapes, timesteps and caption lengths, and prints the largest relative error of each sample,
 max |aldit - diffusers| / max |diffusers| over its output. Exit status 1 when any exceeds --tolerance.
 
-Captions: Wan pads every caption with zeros to text_len and attends to all text_len positions; aldit
-attends to the rows it is given. Each caption here has its own real length and is zero-padded to
-text_len, and aldit-forward gets the padded rows (text_len = the full length in its input file), so both
-compute the same thing. The timestep sinusoid is Wan's float64 one on both sides (wan_names.py).
+Captions: Wan pads every caption with zeros to text_len and attends to all text_len positions. Each
+caption here has its own real length; diffusers gets it zero-padded to text_len. aldit-forward gets its
+real rows and pads them itself ([model] text_padding = wan, the default, as training does), or with
+--text-padding trim gets the padded rows (text_len = the full length in its input file) and attends to
+exactly those. The timestep sinusoid is Wan's float64 one on both sides (wan_names.py).
 
     python3 tools/wan_parity.py --aldit-forward ./aldit-forward [--dim 32 --layers 2 ...]
 
@@ -53,6 +54,9 @@ def parse_args():
                         help="keep diffusers' float32 timestep sinusoid instead of Wan's float64 one")
     parser.add_argument("--perturb", metavar="NAME",
                         help="add 1e-3 to Wan parameter NAME in aldit's copy only (to see the check fail)")
+    parser.add_argument("--text-padding", choices=("wan", "trim"), default="wan",
+                        help="wan: aldit-forward gets each caption's real rows and pads them itself ([model] "
+                        "text_padding = wan); trim: it gets them already zero-padded to text_len")
     parser.add_argument("--keep", metavar="DIR", help="keep the weights, input and output files in DIR")
     return parser.parse_args()
 
@@ -106,12 +110,14 @@ def make_samples(dims, seed):
     return samples
 
 
-def write_input(samples, path):
+def write_input(samples, path, padded):
+    """aldit-forward's input: each caption zero-padded to text_len (padded) or its real rows only."""
+    texts = [text if padded else text[:caption] for (_, text, _), (*_, caption, _) in zip(samples, SAMPLES)]
     with h5py.File(path, "w") as f:
-        f["shapes"] = np.array([[*s[0].shape[1:], s[1].shape[0]] for s in samples], np.int64)
+        f["shapes"] = np.array([[*s[0].shape[1:], t.shape[0]] for s, t in zip(samples, texts)], np.int64)
         f["latents"] = np.concatenate([s[0].ravel() for s in samples])
         f["sigma"] = np.array([s[2] for s in samples], np.float32)
-        f["text"] = np.concatenate([s[1].ravel() for s in samples])
+        f["text"] = np.concatenate([t.ravel() for t in texts])
 
 
 def diffusers_outputs(model, samples, dtype):
@@ -127,7 +133,7 @@ def diffusers_outputs(model, samples, dtype):
 
 
 def aldit_outputs(args, dims, weights, inputs, output):
-    overrides = [f"model.{key}={value}" for key, value in dims.items()]
+    overrides = [f"model.{key}={value}" for key, value in dims.items()] + [f"model.text_padding={args.text_padding}"]
     command = [args.aldit_forward, "--weights", weights, "--input", inputs, "--output", output, "--self-check",
                *overrides]
     result = subprocess.run(command, capture_output=True, text=True)
@@ -155,7 +161,7 @@ def main():
     model = random_model(dims, args.seed, wan_sinusoid=not args.diffusers_sinusoid)
     write_weights(model, weights, args.perturb)
     samples = make_samples(dims, args.seed + 1)
-    write_input(samples, inputs)
+    write_input(samples, inputs, padded=args.text_padding == "trim")
     reference = diffusers_outputs(model, samples, getattr(torch, args.dtype))
     mine = aldit_outputs(args, dims, weights, inputs, output)
     worst = 0.0

@@ -20,7 +20,8 @@ static const char usage_text[] =
     "\n"
     "Run the CPU fp32 model's forward once on a packed micro-batch and write the prediction.\n"
     "The model's dims are the deck's [model] section (defaults, --deck FILE, then overrides such as\n"
-    "model.dim=64); its weights come from FILE, a dataset per Wan parameter name at the root (an aldit\n"
+    "model.dim=64), text_padding included: with wan (the default) each caption is zero-padded to text_len\n"
+    "rows and attended whole, as in training; with trim the given rows only. Its weights come from FILE, a dataset per Wan parameter name at the root (an aldit\n"
     "checkpoint or converted Wan weights, as [model] init reads them).\n"
     "\n"
     "input FILE (HDF5; docs/model.md, section Parity):\n"
@@ -155,6 +156,9 @@ static void read_input(const char *path, const model *m, forward_input *in)
                                  (long long)value);
             columns[c][b] = (int32_t)value;
         }
+        if (in->text_len[b] > m->text_len)
+            ALDIT_FATAL_CODE(ALDIT_EXIT_USAGE, "%s: sample %d has %d text tokens, the model's text_len is %d", path, b,
+                             in->text_len[b], m->text_len);
         if (!(in->sigma[b] >= 0.0f && in->sigma[b] <= 1.0f))
             ALDIT_FATAL_CODE(ALDIT_EXIT_USAGE, "%s: sample %d has sigma %g outside [0, 1]", path, b, in->sigma[b]);
         want_latents += (int64_t)m->in_dim * in->frames[b] * in->height[b] * in->width[b];
@@ -170,6 +174,23 @@ static void read_input(const char *path, const model *m, forward_input *in)
         if (!isfinite(in->latents[i])) ALDIT_FATAL_CODE(ALDIT_EXIT_USAGE, "%s: /latents[%lld] is not finite", path, (long long)i);
     for (int64_t i = 0; i < n_text; i++)
         if (!isfinite(in->text[i])) ALDIT_FATAL_CODE(ALDIT_EXIT_USAGE, "%s: /text[%lld] is not finite", path, (long long)i);
+}
+
+/* [model] text_padding = wan: every caption as text_len rows, its own followed by zero rows, as the training
+   data reader hands captions to the model (docs/model.md, Packing). */
+static void pad_text(const model *m, forward_input *in)
+{
+    int64_t row_values = m->text_dim;
+    float *padded = xcalloc((size_t)in->n_samples * m->text_len * row_values, sizeof(float));
+    int64_t offset = 0;
+    for (int b = 0; b < in->n_samples; b++) {
+        memcpy(padded + (int64_t)b * m->text_len * row_values, in->text + offset,
+               (size_t)(in->text_len[b] * row_values) * sizeof(float));
+        offset += in->text_len[b] * row_values;
+        in->text_len[b] = m->text_len;
+    }
+    free(in->text);
+    in->text = padded;
 }
 
 static void free_input(forward_input *in)
@@ -328,6 +349,7 @@ int main(int argc, char **argv)
     if (checkpoint_load_weights(opts.weights, &m, stderr)) return ALDIT_EXIT_USAGE;
     forward_input in;
     read_input(opts.input, &m, &in);
+    if (config.model.text_padding == TEXT_PADDING_WAN) pad_text(&m, &in);
     int64_t n_output = 0;
     for (int b = 0; b < in.n_samples; b++) n_output += (int64_t)m.out_dim * in.frames[b] * in.height[b] * in.width[b];
     float *output = xmalloc((size_t)n_output * sizeof(float));
