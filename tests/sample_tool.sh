@@ -1,0 +1,68 @@
+#!/bin/sh
+# sample_tool.sh — tools/sample.py on a real aldit checkpoint of a tiny model (2 CPU training steps) with tiny
+# random Wan VAE and umT5 (tests/tiny_wan.py): an mp4 of the asked frame count and size and a PNG grid, the
+# /ema weights preferred when present (and --no-ema), Wan's official safetensors + config.json, and the
+# Wan-name mapping loading every parameter (strict). Skips where torch, diffusers or transformers do not import.
+. "${top_srcdir:-.}/tests/python_lib.sh"
+python_needs torch diffusers transformers tokenizers h5py av PIL safetensors
+. "$top_srcdir/tests/train_lib.sh"
+tiny="$PYTHON $top_srcdir/tests/tiny_wan.py"
+tap_plan 11
+
+$tiny models "$WORK/models" > "$WORK/models.log" 2>&1
+tap_result $? "tiny Wan VAE, umT5 encoder and tokenizer are made" "$(cat "$WORK/models.log")"
+"$top_builddir/aldit-store" synth --spec "$top_srcdir/tests/decks/train_tiny.lengths" --samples 8 --text-len 16 \
+    --text-dim 24 --seed 3 --out "$WORK/store.h5" > /dev/null 2>&1
+$MPIEXEC -np 1 "$ALDIT" "$TRAIN_DECK" data.store="$WORK/store.h5" run.dir="$WORK/run" run.steps=2 \
+    model.text_dim=24 balance.global_batch=2 > "$WORK/train.log" 2>&1
+checkpoint=$(ls "$WORK"/run/checkpoints/step_*.h5 2> /dev/null | tail -1)
+tap_ok "aldit writes a checkpoint of the tiny model" test -n "$checkpoint"
+
+sample() {
+    weights=$1; shift
+    $PYTHON "$top_srcdir/tools/sample.py" --checkpoint "$weights" --wan "$WORK/models" --prompt "a red ball on the grass" \
+        --negative-prompt "blue" --height 32 --width 48 --frames 9 --steps 3 --guidance 4 --seed 1 --device cpu "$@"
+}
+out=$(sample "$checkpoint" --out "$WORK/a" --save-wan "$WORK/wan" 2>&1)
+tap_result $? "sample.py exits 0" "$out"
+case $out in *"text padding wan"*) found=0 ;; *) found=1 ;; esac
+tap_result $found "the checkpoint deck's text_padding (wan, the default) is used" "$out"
+
+cat > "$WORK/check.py" <<'PY'
+import sys, av, h5py, json, numpy as np
+from PIL import Image
+from safetensors.numpy import load_file
+work, checkpoint = sys.argv[1], sys.argv[2]
+with av.open(work + "/a.mp4") as c:
+    frames = [f.to_ndarray(format="rgb24") for f in c.decode(video=0)]
+print("mp4", len(frames), "x".join(str(v) for v in frames[0].shape))
+print("png", "x".join(str(v) for v in Image.open(work + "/a.png").size))
+state = load_file(work + "/wan/diffusion_pytorch_model.safetensors")
+with h5py.File(checkpoint) as f:
+    same = all(np.array_equal(state[k], f[k][()]) for k in state) and len(state) == len(f["optim/m"])
+config = json.load(open(work + "/wan/config.json"))
+print("wan", len(state), "same" if same else "differ", config["dim"], config["num_layers"], config["text_dim"])
+PY
+out=$($PYTHON "$WORK/check.py" "$WORK" "$checkpoint" 2>&1)
+tap_is "the mp4 holds 9 frames of 48x32" "$(printf '%s\n' "$out" | sed -n 's/^mp4 //p')" "9 32x48x3"
+tap_is "the PNG grid shows the 9 frames in 4 columns (192x96)" "$(printf '%s\n' "$out" | sed -n 's/^png //p')" "192x96"
+tap_is "Wan's format holds every parameter, as trained, with Wan's config" \
+    "$(printf '%s\n' "$out" | sed -n 's/^wan [0-9]* //p')" "same 32 2 24"
+
+# an /ema group is preferred: zero EMA weights give another video than the trained weights
+cp "$checkpoint" "$WORK/ema.h5"
+$PYTHON -c "
+import h5py, sys
+with h5py.File(sys.argv[1], 'a') as f:
+    for name in [n for n, d in f.items() if isinstance(d, h5py.Dataset)]:
+        f['ema/' + name] = f[name][()] * 0.5
+" "$WORK/ema.h5"
+out=$(sample "$WORK/ema.h5" --out "$WORK/e" 2>&1)
+case $out in *"ema.h5:/ema"*) found=0 ;; *) found=1 ;; esac
+tap_result $found "with /ema present its weights are used" "$out"
+cmp -s "$WORK/a.png" "$WORK/e.png"; tap_is "the EMA weights give another sample" "$?" 1
+out=$(sample "$WORK/ema.h5" --out "$WORK/n" --no-ema 2>&1)
+tap_ok "--no-ema uses the raw weights: the same sample as the checkpoint's" cmp "$WORK/a.png" "$WORK/n.png"
+sample "$checkpoint" --out "$WORK/bad" --frames 8 > "$WORK/bad.log" 2>&1
+tap_is "8 frames (not 4k+1) is a usage error (2)" "$?" 2
+tap_done

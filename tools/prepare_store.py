@@ -1,0 +1,469 @@
+#!/usr/bin/env python3
+"""prepare_store.py — videos and images with captions -> an aldit latent store (docs/store.md), with Wan 2.1's VAE and umT5.
+
+Inputs, either
+  --csv FILE     a CSV with a header row and columns `path` and `caption` (paths relative to the CSV's folder)
+  --media DIR    every image / video / frame folder under DIR that has a caption NAME.txt beside it
+Media: images (.png .jpg .jpeg .webp .bmp), videos (.mp4 .mov .mkv .webm .avi .gif, read with PyAV) and
+folders of image frames (in name order).
+
+Each clip becomes one sample: resized (to cover) and centre-cropped to the nearest bucket of a length spec
+(--lengths FILE, buckets in latent units as aldit-store synth reads them: pixels = 8 x height/width,
+frames = 4 (F - 1) + 1, the clip's first frames), or with --native kept at its own size, cropped to
+multiples of 16 pixels and 4k+1 frames. Latents: diffusers' AutoencoderKLWan (the Wan 2.1 VAE), the mean
+of its posterior normalised with the VAE's latents_mean / latents_std as Wan does. Text: transformers'
+UMT5EncoderModel on the caption tokenised to at most --text-len tokens (Wan's 512) with the EOS token; the
+embedding is trimmed to the caption's real token count (the store's text_len), as Wan's T5 encoder does.
+
+Weights come from local folders only (no hub downloads): --vae DIR, --text-encoder DIR, --tokenizer DIR,
+or --wan DIR for a diffusers Wan 2.1 folder holding vae/, text_encoder/ and tokenizer/.
+
+Resumable: each finished sample is kept in --work DIR (default OUT.parts) as NNNNNNNN.npy (latent
+[C, F, H, W]), NNNNNNNN.text.npy ([L, D]) and NNNNNNNN.json (its source, caption and shape, written last);
+a rerun skips samples whose .json matches, and once all are done packs the store (written as OUT.tmp,
+renamed to OUT). The work folder also suits `aldit-store pack`. Uses every visible GPU (one worker process
+each), the CPU otherwise.
+
+Needs torch, diffusers, transformers, h5py, numpy, Pillow, tqdm; PyAV (`av`) for video files.
+"""
+import argparse
+import csv
+import html
+import json
+import math
+import os
+import re
+import sys
+import zlib
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")   # local folders only: never reach for the hub
+
+import numpy as np
+
+IMAGE_EXTENSIONS = {".png", ".jpg", ".jpeg", ".webp", ".bmp"}
+VIDEO_EXTENSIONS = {".mp4", ".mov", ".mkv", ".webm", ".avi", ".gif"}
+COLUMNS = "channels,frames,height,width,text_len,latent_offset,text_offset,checksum"
+CHUNK = 1 << 18
+SPATIAL, TEMPORAL, PATCH = 8, 4, 2   # Wan VAE strides; the DiT's 2x2 patch needs even latent height and width
+
+
+def fail(message, status=2):
+    print(f"prepare_store: {message}", file=sys.stderr)
+    sys.exit(status)
+
+
+# ---- inputs ---------------------------------------------------------------------------------------
+
+
+def read_lengths(path):
+    """Buckets (frames, height, width) in latent units from a length spec, parsed as io/lengths.c does."""
+    buckets, errors = [], []
+    with open(path) as f:
+        for number, line in enumerate(f, 1):
+            fields = line.split("#", 1)[0].split()
+            if not fields:
+                continue
+            if len(fields) != 4:
+                errors.append(f"{path}:{number}: expected 4 fields `weight frames height width`, found {len(fields)}")
+                continue
+            try:
+                weight = float(fields[0])
+                dims = [int(x) for x in fields[1:]]
+            except ValueError:
+                errors.append(f"{path}:{number}: not `weight frames height width` numbers")
+                continue
+            if not (math.isfinite(weight) and weight > 0) or not all(1 <= d <= 65536 for d in dims):
+                errors.append(f"{path}:{number}: weight must be positive, frames/height/width in [1, 65536]")
+                continue
+            buckets.append(tuple(dims))
+    if not buckets and not errors:
+        errors.append(f"{path}: no buckets (expected lines `weight frames height width`)")
+    if errors:
+        fail("\n".join(errors))
+    return buckets
+
+
+def media_kind(path):
+    if os.path.isdir(path):
+        return "frames"
+    extension = os.path.splitext(path)[1].lower()
+    return "image" if extension in IMAGE_EXTENSIONS else "video" if extension in VIDEO_EXTENSIONS else None
+
+
+def list_inputs(args):
+    """[(path, caption)] in a fixed order: the CSV's row order, or media file names sorted."""
+    items = []
+    if args.csv:
+        root = os.path.dirname(os.path.abspath(args.csv))
+        with open(args.csv, newline="") as f:
+            reader = csv.DictReader(f)
+            if not reader.fieldnames or "path" not in reader.fieldnames or "caption" not in reader.fieldnames:
+                fail(f"{args.csv}: needs a header row with columns `path` and `caption`")
+            for row_number, row in enumerate(reader, 2):
+                path = os.path.join(root, row["path"])
+                if media_kind(path) is None:
+                    fail(f"{args.csv}:{row_number}: {row['path']} is not an image, video or frame folder")
+                items.append((path, row["caption"] or ""))
+    else:
+        for name in sorted(os.listdir(args.media)):
+            path = os.path.join(args.media, name)
+            stem = os.path.splitext(path)[0] if not os.path.isdir(path) else path
+            if media_kind(path) and os.path.exists(stem + ".txt"):
+                with open(stem + ".txt", encoding="utf-8") as f:
+                    items.append((path, f.read()))
+    if not items:
+        fail(f"{args.csv or args.media}: no media with captions found")
+    return items
+
+
+def read_media(path):
+    """uint8 frames [T, H, W, 3]. Images: Pillow; videos: PyAV (every frame of the first video stream)."""
+    from PIL import Image
+
+    kind = media_kind(path)
+    if kind == "image":
+        with Image.open(path) as image:
+            return np.asarray(image.convert("RGB"))[None]
+    if kind == "frames":
+        names = sorted(n for n in os.listdir(path) if os.path.splitext(n)[1].lower() in IMAGE_EXTENSIONS)
+        if not names:
+            raise ValueError("frame folder holds no images")
+        frames = []
+        for name in names:
+            with Image.open(os.path.join(path, name)) as image:
+                frames.append(np.asarray(image.convert("RGB")))
+        return np.stack(frames)
+    import av   # PyAV: FFmpeg's decoders
+
+    with av.open(path) as container:
+        frames = [frame.to_ndarray(format="rgb24") for frame in container.decode(video=0)]
+    if not frames:
+        raise ValueError("no video frames")
+    return np.stack(frames)
+
+
+def choose_shape(frames, height, width, buckets):
+    """(pixel frames, height, width) of the nearest bucket: same kind (image = 1 latent frame, video = more,
+    no more frames than the clip has), then the closest aspect ratio, then the closest area, then the most
+    frames. None when no bucket fits. Without buckets (--native): the clip's own size, cropped."""
+    if buckets is None:
+        f = 1 if frames == 1 else (frames - 1) // TEMPORAL * TEMPORAL + 1
+        h, w = height // (SPATIAL * PATCH) * SPATIAL * PATCH, width // (SPATIAL * PATCH) * SPATIAL * PATCH
+        return (f, h, w) if h and w else None
+    fitting = [b for b in buckets if (b[0] == 1) == (frames == 1) and TEMPORAL * (b[0] - 1) + 1 <= frames]
+    if not fitting:
+        return None
+
+    def cost(bucket):
+        aspect = abs(math.log((bucket[2] / bucket[1]) / (width / height)))
+        area = abs(math.log(bucket[1] * bucket[2] * SPATIAL * SPATIAL / (height * width)))
+        return (round(aspect, 6), round(area, 6), -bucket[0])
+
+    f, h, w = min(fitting, key=cost)
+    return TEMPORAL * (f - 1) + 1, SPATIAL * h, SPATIAL * w
+
+
+def fit_clip(frames, shape):
+    """frames [T, H, W, 3] uint8 -> float tensor [3, F, h, w] in [-1, 1]: the first F frames, resized to cover
+    (h, w) (bicubic, antialiased) and centre-cropped."""
+    import torch
+    import torch.nn.functional as F
+
+    f, h, w = shape
+    clip = torch.from_numpy(np.ascontiguousarray(frames[:f])).permute(0, 3, 1, 2).float() / 127.5 - 1.0
+    scale = max(h / clip.shape[2], w / clip.shape[3])
+    size = (max(h, round(clip.shape[2] * scale)), max(w, round(clip.shape[3] * scale)))
+    if size != tuple(clip.shape[2:]):
+        clip = F.interpolate(clip, size=size, mode="bicubic", antialias=True, align_corners=False).clamp(-1, 1)
+    top, left = (size[0] - h) // 2, (size[1] - w) // 2
+    return clip[:, :, top:top + h, left:left + w].permute(1, 0, 2, 3).contiguous()
+
+
+def clean_caption(text):
+    """Wan's prompt cleaning: ftfy where installed, HTML entities, runs of whitespace."""
+    try:
+        import ftfy
+
+        text = ftfy.fix_text(text)
+    except ImportError:
+        pass
+    text = html.unescape(html.unescape(text)).strip()
+    return re.sub(r"\s+", " ", text).strip()
+
+
+# ---- encoding -------------------------------------------------------------------------------------
+
+
+class Encoders:
+    """The Wan VAE and the umT5 encoder with its tokenizer, on one device."""
+
+    def __init__(self, args, device):
+        import torch
+        from diffusers import AutoencoderKLWan
+        from transformers import AutoTokenizer, UMT5EncoderModel
+
+        self.torch, self.device, self.text_len = torch, device, args.text_len
+        text_dtype = torch.float32 if device == "cpu" or args.text_dtype == "float32" else torch.bfloat16
+        self.vae = AutoencoderKLWan.from_pretrained(args.vae, local_files_only=True, torch_dtype=torch.float32)
+        self.vae = self.vae.to(device).eval()
+        if args.vae_tiling:
+            self.vae.enable_tiling()
+        self.tokenizer = AutoTokenizer.from_pretrained(args.tokenizer, local_files_only=True)
+        self.text_encoder = UMT5EncoderModel.from_pretrained(args.text_encoder, local_files_only=True,
+                                                             torch_dtype=text_dtype).to(device).eval()
+        config = self.vae.config
+        self.mean = torch.tensor(config.latents_mean, device=device).view(1, -1, 1, 1, 1)
+        self.std = torch.tensor(config.latents_std, device=device).view(1, -1, 1, 1, 1)
+
+    def latent(self, clip):
+        """[3, F, H, W] in [-1, 1] -> normalised latent [C, 1 + (F-1)/4, H/8, W/8], float32 numpy."""
+        torch = self.torch
+        with torch.no_grad():
+            z = self.vae.encode(clip[None].to(self.device)).latent_dist.mode()
+            return ((z - self.mean) / self.std)[0].float().cpu().numpy()
+
+    def text(self, caption):
+        """Caption -> [L, D] float32 numpy, L = its tokens with EOS (at most text_len)."""
+        torch = self.torch
+        tokens = self.tokenizer([clean_caption(caption)], padding="max_length", max_length=self.text_len,
+                                truncation=True, add_special_tokens=True, return_attention_mask=True,
+                                return_tensors="pt")
+        length = int(tokens.attention_mask.gt(0).sum())
+        with torch.no_grad():
+            hidden = self.text_encoder(tokens.input_ids.to(self.device),
+                                       tokens.attention_mask.to(self.device)).last_hidden_state
+        return hidden[0, :max(length, 1)].float().cpu().numpy()
+
+
+def sample_record(path, caption, args):
+    """What a finished sample was made from: a rerun reuses it only when all of this is unchanged."""
+    return {"source": os.path.abspath(path), "caption": caption, "shapes": args.shapes,
+            "vae": os.path.abspath(args.vae), "text_encoder": os.path.abspath(args.text_encoder),
+            "tokenizer": os.path.abspath(args.tokenizer), "text_len_max": args.text_len}
+
+
+def done(work, index, record):
+    """True when sample `index` is in the work folder, made from this very record."""
+    name = os.path.join(work, f"{index:08d}")
+    try:
+        with open(name + ".json") as f:
+            kept = json.load(f)
+    except (OSError, ValueError):
+        return False
+    return ({k: kept.get(k) for k in record} == record and os.path.exists(name + ".npy")
+            and os.path.exists(name + ".text.npy"))
+
+
+def save_sample(work, index, latent, text, record):
+    """Write the sample's arrays, then its .json (the mark that it is complete), each by rename."""
+    name = os.path.join(work, f"{index:08d}")
+    for suffix, array in ((".npy", latent), (".text.npy", text)):
+        with open(name + suffix + ".tmp", "wb") as f:
+            np.save(f, np.ascontiguousarray(array, dtype=np.float32))
+        os.replace(name + suffix + ".tmp", name + suffix)
+    with open(name + ".json.tmp", "w") as f:
+        json.dump({**record, "latent": list(latent.shape), "text_len": int(text.shape[0])}, f)
+    os.replace(name + ".json.tmp", name + ".json")
+
+
+def encode_items(args, device, todo, report):
+    """Encode (index, path, caption) items on `device`; report(index, status) after each, status "ok",
+    "unfit" (no bucket fits the clip) or an error message naming the file."""
+    encoders = Encoders(args, device)
+    for index, path, caption in todo:
+        try:
+            frames = read_media(path)
+            shape = choose_shape(frames.shape[0], frames.shape[1], frames.shape[2], args.buckets)
+            if shape is None:
+                report(index, "unfit")
+                continue
+            latent, text = encoders.latent(fit_clip(frames, shape)), encoders.text(caption)
+            if not (np.isfinite(latent).all() and np.isfinite(text).all()):
+                raise ValueError("the encoders gave values that are not finite")
+            save_sample(args.work, index, latent, text, sample_record(path, caption, args))
+            report(index, "ok")
+        except Exception as error:   # reported with the file's name; the caller stops or skips
+            report(index, f"{path}: {type(error).__name__}: {error}")
+
+
+def worker(args, device, todo, queue):
+    encode_items(args, device, todo, lambda index, status: queue.put((index, status)))
+    queue.put(None)
+
+
+def run_encoders(args, todo, progress):
+    """Encode on every visible GPU (one process each, items dealt round-robin) or on the CPU.
+    Returns {index: status} of the items done."""
+    import torch
+
+    statuses = {}
+    paths = {index: path for index, path, _ in todo}
+
+    def report(index, status):
+        progress.update(1)
+        statuses[index] = status
+        if status == "unfit":
+            progress.write(f"prepare_store: no bucket fits {paths[index]} (too few frames or too small); left out")
+        elif status != "ok":
+            if not args.skip_bad:
+                raise SystemExit(f"prepare_store: {status}")
+            progress.write(f"prepare_store: skipped {status}")
+
+    gpus = torch.cuda.device_count() if args.device in ("auto", "cuda") else 0
+    if args.device == "cuda" and gpus == 0:
+        fail("--device cuda but no GPU is visible")
+    if gpus <= 1 or len(todo) <= 1:
+        encode_items(args, "cuda" if gpus else "cpu", todo, report)
+        return statuses
+    context = torch.multiprocessing.get_context("spawn")
+    queue = context.Queue()
+    workers = [context.Process(target=worker, args=(args, f"cuda:{g}", todo[g::gpus], queue)) for g in range(gpus)]
+    for process in workers:
+        process.start()
+    finished = 0
+    try:
+        while finished < len(workers):
+            message = queue.get()
+            if message is None:
+                finished += 1
+            else:
+                report(*message)
+    finally:
+        for process in workers:
+            if finished < len(workers) and process.is_alive():
+                process.terminate()
+            process.join()
+    return statuses
+
+
+# ---- packing --------------------------------------------------------------------------------------
+
+
+def stored(values, precision):
+    """Values as stored (docs/store.md): bf16 bit patterns rounded to nearest even, float16 or float32."""
+    values = np.ascontiguousarray(values, dtype=np.float32).ravel()
+    if precision == "bf16":
+        bits = values.view(np.uint32).astype(np.uint64)
+        return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+    if precision == "f16" and np.abs(values).max(initial=0.0) > 65504.0:
+        raise ValueError("a value overflows float16")
+    return values.astype(np.float16 if precision == "f16" else np.float32)
+
+
+def pack(args, indices):
+    """Write the store from the work folder's samples (in index order) as OUT.tmp, then rename to OUT."""
+    import h5py
+    from tqdm import tqdm
+
+    element = {"bf16": np.uint16, "f16": np.float16, "f32": np.float32}[args.precision]
+    rows, channels, text_dim = [], None, None
+    with h5py.File(args.out + ".tmp", "w") as f:
+        latents = f.create_dataset("latents", shape=(0,), maxshape=(None,), chunks=(CHUNK,), dtype=element)
+        texts = f.create_dataset("text", shape=(0,), maxshape=(None,), chunks=(CHUNK,), dtype=element)
+        for index in tqdm(indices, desc="pack", unit="sample"):
+            name = os.path.join(args.work, f"{index:08d}")
+            latent, text = np.load(name + ".npy"), np.load(name + ".text.npy")
+            if channels is None:
+                channels, text_dim = latent.shape[0], text.shape[1]
+            if latent.shape[0] != channels or text.shape[1] != text_dim:
+                fail(f"{name}.npy: {latent.shape[0]} channels / text width {text.shape[1]}, the first sample has "
+                     f"{channels} / {text_dim}", 1)
+            try:
+                latent_values, text_values = stored(latent, args.precision), stored(text, args.precision)
+            except ValueError as error:
+                fail(f"{name}.npy: {error}", 1)
+            checksum = zlib.crc32(text_values.tobytes(), zlib.crc32(latent_values.tobytes()))
+            rows.append([*latent.shape, text.shape[0], latents.shape[0], texts.shape[0], checksum])
+            for dataset, values in ((latents, latent_values), (texts, text_values)):
+                start = dataset.shape[0]
+                dataset.resize((start + values.size,))
+                dataset[start:] = values
+        index = f.create_dataset("index", data=np.array(rows, dtype=np.int64))
+        index.attrs["columns"] = COLUMNS
+        f.attrs["aldit_store_version"] = 1
+        f.attrs["latent_dtype"] = args.precision
+        f.attrs["text_dtype"] = args.precision
+        f.attrs["text_dim"] = text_dim
+        f.attrs["latent_channels"] = channels
+    with open(args.out + ".tmp", "rb") as f:
+        os.fsync(f.fileno())
+    os.replace(args.out + ".tmp", args.out)   # publish only a complete file
+    return len(rows)
+
+
+# ---- main -----------------------------------------------------------------------------------------
+
+
+def parse_args():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--csv", help="CSV with `path` and `caption` columns")
+    source.add_argument("--media", help="folder of media files with a NAME.txt caption beside each")
+    parser.add_argument("--out", required=True, help="the store to write (HDF5)")
+    parser.add_argument("--wan", help="a diffusers Wan 2.1 folder with vae/, text_encoder/, tokenizer/")
+    parser.add_argument("--vae", help="AutoencoderKLWan folder (config.json + weights)")
+    parser.add_argument("--text-encoder", help="UMT5EncoderModel folder")
+    parser.add_argument("--tokenizer", help="its tokenizer folder")
+    shape = parser.add_mutually_exclusive_group(required=True)
+    shape.add_argument("--lengths", help="length spec: resize and crop each clip to its nearest bucket")
+    shape.add_argument("--native", action="store_true", help="keep each clip's size (cropped to 16 px, 4k+1 frames)")
+    parser.add_argument("--text-len", type=int, default=512, help="most text tokens per caption (Wan: 512)")
+    parser.add_argument("--precision", choices=("bf16", "f16", "f32"), default="bf16")
+    parser.add_argument("--work", help="folder of finished samples (default OUT.parts)")
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    parser.add_argument("--text-dtype", choices=("bfloat16", "float32"), default="bfloat16",
+                        help="umT5 precision on a GPU (the CPU always uses float32)")
+    parser.add_argument("--vae-tiling", action="store_true", help="encode large clips in tiles (less memory)")
+    parser.add_argument("--skip-bad", action="store_true", help="skip unreadable media (listed) instead of stopping")
+    parser.add_argument("--max-samples", type=int, help="encode at most this many new samples, then stop (resume later)")
+    args = parser.parse_args()
+    for part in ("vae", "text_encoder", "tokenizer"):
+        if getattr(args, part) is None and args.wan:
+            setattr(args, part, os.path.join(args.wan, part))
+        if getattr(args, part) is None:
+            parser.error(f"--{part.replace('_', '-')} DIR (or --wan DIR) is required")
+        if not os.path.isdir(getattr(args, part)):
+            parser.error(f"--{part.replace('_', '-')} {getattr(args, part)}: not a folder")
+    for option, path, isthere in (("--csv", args.csv, os.path.isfile), ("--media", args.media, os.path.isdir),
+                                  ("--lengths", args.lengths, os.path.isfile)):
+        if path is not None and not isthere(path):
+            parser.error(f"{option} {path}: no such {'folder' if option == '--media' else 'file'}")
+    if args.text_len < 1:
+        parser.error("--text-len must be at least 1")
+    args.work = args.work or args.out + ".parts"
+    return args
+
+
+def main():
+    args = parse_args()
+    from tqdm import tqdm
+
+    args.buckets = None if args.native else read_lengths(args.lengths)
+    args.shapes = "native" if args.native else [list(b) for b in sorted(set(args.buckets))]
+    items = list_inputs(args)
+    os.makedirs(args.work, exist_ok=True)
+    complete = [i for i, (path, caption) in enumerate(items) if done(args.work, i, sample_record(path, caption, args))]
+    kept = set(complete)
+    todo = [(i, path, caption) for i, (path, caption) in enumerate(items) if i not in kept]
+    print(f"prepare_store: {len(items)} inputs, {len(complete)} already done, {len(todo)} to encode",
+          file=sys.stderr)
+    limit = len(todo) if args.max_samples is None else min(args.max_samples, len(todo))
+    with tqdm(total=len(complete) + limit, initial=len(complete), unit="sample", desc="encode") as progress:
+        statuses = run_encoders(args, todo[:limit], progress)
+    if limit < len(todo):
+        print(f"prepare_store: stopped after {limit} new samples (--max-samples); run again to continue",
+              file=sys.stderr)
+        return 0
+    encoded = [index for index, status in statuses.items() if status == "ok"]
+    unfit = sum(status == "unfit" for status in statuses.values())
+    if not complete and not encoded:
+        fail("no sample could be made (no bucket fits any input?)", 1)
+    n = pack(args, sorted(complete + encoded))
+    print(f"prepare_store: wrote {args.out}: {n} samples ({unfit} without a bucket, "
+          f"{len(statuses) - len(encoded) - unfit} unreadable and skipped)", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

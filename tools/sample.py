@@ -1,0 +1,235 @@
+#!/usr/bin/env python3
+"""sample.py — samples from an aldit checkpoint: Wan-format weights, then a video (mp4) and a frame grid (PNG) with diffusers' WanPipeline.
+
+Reads the weights of an aldit checkpoint (or any HDF5 file with a dataset per Wan parameter name), or its
+`/ema/<name>` datasets when the file has an `/ema` group (--no-ema: the raw weights), and the model dims
+from its `/model` attributes (or --deck-dims for a plain weights file). The weights go into diffusers'
+WanTransformer3DModel under diffusers' names (tools/wan_names.py) and optionally out as Wan's official
+format (--save-wan DIR: diffusion_pytorch_model.safetensors + config.json) or diffusers' (--save-diffusers
+DIR). Then WanPipeline with the Wan 2.1 VAE and umT5 from local folders samples --prompt with
+classifier-free guidance (--guidance, --negative-prompt) and a flow-matching scheduler (UniPC, as Wan, or
+Euler) with timestep shift --shift, and writes OUT.mp4 and OUT.png (up to 16 frames, evenly spaced).
+
+Text padding: as the model was trained, the checkpoint deck's [model] text_padding: wan (aldit's default,
+and Wan's) pads each prompt's embedding with zeros to text_len as WanPipeline does; trim (also taken for
+a checkpoint whose deck has no such key, written before it existed) gives the transformer the embedding
+trimmed to its tokens. --text-padding overrides it.
+
+    python3 tools/sample.py --checkpoint run/checkpoints/step_00010000.h5 --wan Wan2.1-T2V-1.3B-Diffusers \\
+        --prompt "a red fox runs through snow" --out fox
+
+Needs torch, diffusers, transformers, h5py, numpy, Pillow and PyAV (`av`, for the mp4).
+"""
+import argparse
+import json
+import math
+import os
+import re
+import sys
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")   # local folders only: never reach for the hub
+
+import h5py
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import wan_names  # noqa: E402
+
+
+def fail(message, status=2):
+    print(f"sample: {message}", file=sys.stderr)
+    sys.exit(status)
+
+
+def parse_args():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog=__doc__.split("\n\n", 1)[1])
+    parser.add_argument("--checkpoint", required=True, help="aldit checkpoint or Wan-named HDF5 weights")
+    parser.add_argument("--no-ema", action="store_true", help="use the raw weights even where /ema exists")
+    parser.add_argument("--deck-dims", metavar="KEY=VALUE,...",
+                        help="model dims for a file without /model, e.g. dim=32,ffn_dim=64,num_heads=2,...")
+    parser.add_argument("--wan", help="a diffusers Wan 2.1 folder with vae/, text_encoder/, tokenizer/")
+    parser.add_argument("--vae", help="AutoencoderKLWan folder")
+    parser.add_argument("--text-encoder", help="UMT5EncoderModel folder")
+    parser.add_argument("--tokenizer", help="its tokenizer folder")
+    parser.add_argument("--prompt", required=True)
+    parser.add_argument("--negative-prompt", default="")
+    parser.add_argument("--out", required=True, help="writes OUT.mp4 and OUT.png")
+    parser.add_argument("--height", type=int, default=480, help="pixels, a multiple of 16")
+    parser.add_argument("--width", type=int, default=832, help="pixels, a multiple of 16")
+    parser.add_argument("--frames", type=int, default=81, help="4k+1 frames (1 = an image)")
+    parser.add_argument("--steps", type=int, default=50, help="sampling steps")
+    parser.add_argument("--guidance", type=float, default=5.0, help="classifier-free guidance scale (1 = off)")
+    parser.add_argument("--shift", type=float, default=5.0, help="flow-matching timestep shift (Wan: 5 at 720p, 3 at 480p)")
+    parser.add_argument("--scheduler", choices=("unipc", "euler"), default="unipc")
+    parser.add_argument("--text-padding", choices=("trim", "wan"), help="default: the checkpoint deck's [model] text_padding, else trim")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--fps", type=int, default=16)
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    parser.add_argument("--save-wan", metavar="DIR", help="also write Wan's official format here")
+    parser.add_argument("--save-diffusers", metavar="DIR", help="also write the WanTransformer3DModel here")
+    args = parser.parse_args()
+    for part in ("vae", "text_encoder", "tokenizer"):
+        if getattr(args, part) is None and args.wan:
+            setattr(args, part, os.path.join(args.wan, part))
+        if getattr(args, part) is None or not os.path.isdir(getattr(args, part)):
+            parser.error(f"--{part.replace('_', '-')} DIR (or --wan DIR) must name a folder")
+    if args.height % 16 or args.width % 16 or args.height <= 0 or args.width <= 0:
+        parser.error(f"--height {args.height} --width {args.width}: need positive multiples of 16")
+    if args.frames < 1 or (args.frames - 1) % 4:
+        parser.error(f"--frames {args.frames}: need 4k+1 frames (1, 5, 9, ..., 81)")
+    if not os.path.isfile(args.checkpoint):
+        parser.error(f"--checkpoint {args.checkpoint}: no such file")
+    return args
+
+
+def read_weights(args):
+    """(Wan-named float32 arrays, model dims, text padding of the deck or None, where the weights came from)."""
+    with h5py.File(args.checkpoint, "r") as f:
+        if "model" in f and f["model"].attrs:
+            dims = {k: int(f["model"].attrs[k]) for k in wan_names.MODEL_KEYS if k in f["model"].attrs}
+        elif args.deck_dims:
+            dims = {k: int(v) for k, v in (item.split("=", 1) for item in args.deck_dims.split(","))}
+        else:
+            fail(f"{args.checkpoint}: no /model attributes (not an aldit checkpoint): give --deck-dims")
+        missing = [k for k in wan_names.MODEL_KEYS if k not in dims]
+        if missing:
+            fail(f"{args.checkpoint}: model dims lack {', '.join(missing)}")
+        deck = f.attrs.get("deck", "")
+        deck = deck.decode() if isinstance(deck, bytes) else str(deck)
+        found = re.search(r"^\s*text_padding\s*=\s*(\w+)", deck, re.M)
+        group = f["ema"] if "ema" in f and isinstance(f["ema"], h5py.Group) and not args.no_ema else f
+        source = f"{args.checkpoint}:/ema" if group is not f else args.checkpoint
+        state = {name: np.asarray(item[()], np.float32) for name, item in group.items() if isinstance(item, h5py.Dataset)}
+    return state, dims, found.group(1) if found else None, source
+
+
+def build_transformer(state, dims, dtype):
+    import torch
+    from diffusers import WanTransformer3DModel
+
+    model = WanTransformer3DModel(**wan_names.diffusers_config(dims))
+    try:
+        diffusers_state = {}
+        for name, values in state.items():
+            try:
+                diffusers_state[wan_names.wan_to_diffusers(name)] = torch.from_numpy(values)
+            except KeyError:
+                continue   # datasets the model does not have (as [model] init ignores them)
+        model.load_state_dict(diffusers_state, strict=True)
+    except RuntimeError as error:
+        fail(f"the weights do not fit the model dims: {error}")
+    return wan_names.wan_sinusoid_timesteps(model.to(dtype).eval())
+
+
+def save_wan(state, dims, folder):
+    """Wan's official format: diffusion_pytorch_model.safetensors (Wan names, float32) and config.json."""
+    import torch
+    from safetensors.torch import save_file
+
+    os.makedirs(folder, exist_ok=True)
+    wanted = {name: torch.from_numpy(values).contiguous() for name, values in state.items()
+              if name.split(".")[0] in {"patch_embedding", "text_embedding", "time_embedding", "time_projection",
+                                        "blocks", "head"}}
+    save_file(wanted, os.path.join(folder, "diffusion_pytorch_model.safetensors"))
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump(wan_names.wan_config(dims), f, indent=2)
+
+
+def prompt_embeddings(pipe, text, device, padding, text_len):
+    """[1, L, D]: the prompt's umT5 embedding trimmed to its tokens (trim), or zero-padded to text_len (wan)."""
+    import torch
+    from diffusers.pipelines.wan.pipeline_wan import prompt_clean
+
+    tokens = pipe.tokenizer([prompt_clean(text)], padding="max_length", max_length=text_len, truncation=True,
+                            add_special_tokens=True, return_attention_mask=True, return_tensors="pt")
+    length = max(int(tokens.attention_mask.sum()), 1)
+    with torch.no_grad():
+        hidden = pipe.text_encoder(tokens.input_ids.to(device), tokens.attention_mask.to(device)).last_hidden_state
+    hidden = hidden[:, :length]
+    if padding == "wan":
+        hidden = torch.cat([hidden, hidden.new_zeros(1, text_len - length, hidden.shape[2])], dim=1)
+    return hidden
+
+
+def write_mp4(frames, path, fps):
+    """frames [T, H, W, 3] uint8 -> H.264 (or MPEG-4 part 2 where libx264 is missing) mp4 with PyAV."""
+    import av
+
+    with av.open(path + ".tmp.mp4", "w") as container:
+        try:
+            stream = container.add_stream("libx264", rate=fps)
+        except Exception:
+            stream = container.add_stream("mpeg4", rate=fps)
+        stream.width, stream.height, stream.pix_fmt = frames.shape[2], frames.shape[1], "yuv420p"
+        for frame in frames:
+            for packet in stream.encode(av.VideoFrame.from_ndarray(np.ascontiguousarray(frame), format="rgb24")):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+    os.replace(path + ".tmp.mp4", path)
+
+
+def write_grid(frames, path, most=16):
+    """Up to `most` frames, evenly spaced, in a grid of at most 4 columns, as one PNG."""
+    from PIL import Image
+
+    picks = np.unique(np.linspace(0, len(frames) - 1, min(most, len(frames))).round().astype(int))
+    columns = min(4, len(picks))
+    rows = math.ceil(len(picks) / columns)
+    height, width = frames.shape[1:3]
+    grid = np.zeros((rows * height, columns * width, 3), np.uint8)
+    for k, i in enumerate(picks):
+        r, c = divmod(k, columns)
+        grid[r * height:(r + 1) * height, c * width:(c + 1) * width] = frames[i]
+    Image.fromarray(grid).save(path)
+    return len(picks), grid.shape
+
+
+def main():
+    args = parse_args()
+    import torch
+    from diffusers import AutoencoderKLWan, FlowMatchEulerDiscreteScheduler, UniPCMultistepScheduler, WanPipeline
+    from diffusers.utils import logging as diffusers_logging
+    from transformers import AutoTokenizer, UMT5EncoderModel
+
+    diffusers_logging.set_verbosity_error()
+    device = "cuda" if args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available()) else "cpu"
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    state, dims, deck_padding, source = read_weights(args)
+    padding = args.text_padding or deck_padding or "trim"
+    if padding not in ("trim", "wan"):
+        fail(f"{args.checkpoint}: the deck's text_padding is {padding}, not wan or trim")
+    print(f"sample: weights {source} ({len(state)} tensors), model dims {dims}, text padding {padding}", file=sys.stderr)
+    if args.save_wan:
+        save_wan(state, dims, args.save_wan)
+    transformer = build_transformer(state, dims, dtype)
+    if args.save_diffusers:
+        transformer.save_pretrained(args.save_diffusers)
+    if args.scheduler == "unipc":
+        scheduler = UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True,
+                                            num_train_timesteps=1000, flow_shift=args.shift)
+    else:
+        scheduler = FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=args.shift)
+    pipe = WanPipeline(
+        tokenizer=AutoTokenizer.from_pretrained(args.tokenizer, local_files_only=True),
+        text_encoder=UMT5EncoderModel.from_pretrained(args.text_encoder, local_files_only=True, torch_dtype=dtype),
+        vae=AutoencoderKLWan.from_pretrained(args.vae, local_files_only=True, torch_dtype=torch.float32),
+        scheduler=scheduler, transformer=transformer).to(device)
+    positive = prompt_embeddings(pipe, args.prompt, device, padding, dims["text_len"]).to(dtype)
+    negative = prompt_embeddings(pipe, args.negative_prompt, device, padding, dims["text_len"]).to(dtype)
+    generator = torch.Generator(device="cpu").manual_seed(args.seed)
+    result = pipe(prompt_embeds=positive, negative_prompt_embeds=negative, height=args.height, width=args.width,
+                  num_frames=args.frames, num_inference_steps=args.steps, guidance_scale=args.guidance,
+                  generator=generator, output_type="np", max_sequence_length=dims["text_len"])
+    frames = (np.clip(np.asarray(result.frames[0], np.float32), 0.0, 1.0) * 255.0).round().astype(np.uint8)
+    write_mp4(frames, args.out + ".mp4", args.fps)
+    shown, shape = write_grid(frames, args.out + ".png")
+    print(f"sample: wrote {args.out}.mp4 ({len(frames)} frames of {frames.shape[2]}x{frames.shape[1]}) and "
+          f"{args.out}.png ({shown} frames, {shape[1]}x{shape[0]})", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
