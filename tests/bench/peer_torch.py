@@ -194,7 +194,7 @@ class Attention(nn.Module):
 
 
 class WanBlock(nn.Module):
-    """Wan 2.1's WanAttentionBlock (t2v), DESIGN.md section 4, with e = the time projection [B, 6, D] (fp32):
+    """Wan 2.1's WanAttentionBlock (t2v), as docs/model.md writes it, with e = the time projection [B, 6, D] (fp32):
         x = x + SelfAttn(LN(x)(1 + e1) + e0) e2      LN without affine, eps 1e-6, fp32
         x = x + CrossAttn(norm3(x), context)          norm3: LayerNorm with affine
         x = x + FFN(LN(x)(1 + e4) + e3) e5            Linear -> GELU(tanh) -> Linear
