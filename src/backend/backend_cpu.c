@@ -101,6 +101,10 @@ int backend_cpu_plan(const deck *config, const comm_info *info, const model *tab
         }
     }
     plan->state = state_bytes_of(plan->shard, table->n_weights, info->n_ranks);
+    /* the balancer plans with the CPU model's own activation bytes (also when [run] device = auto lands here) */
+    cost_model_init(&plan->memory_model, config);
+    cost_model_set_memory(&plan->memory_model, config, LAYOUT_BACKEND_CPU);
+    plan->has_memory_model = 1;
     if (plan->budget_measured) {
         plan->mem_budget = per_rank - shard_bytes_total(&plan->state);
         if (plan->mem_budget <= 0.0) {
@@ -132,6 +136,7 @@ static void cpu_free(backend *b)
 {
     if (!b) return;
     cpu_state *s = b->state;
+    if (s->plan.has_memory_model) cost_model_free(&s->plan.memory_model);
     free(s->grads);
     free(s->grad_shard);
     free(s->adam_m);
