@@ -95,7 +95,6 @@ struct attention_cudnn {
     cudnnHandle_t handle = nullptr;  // made at the first call that needs it
     int device = 0;                  // the GPU current at attention_cudnn_create
     bool autotune = false;
-    bool whole_queries = false;  // the backward never splits the query rows (attention_cudnn_set_query_batches(0))
     int64_t tune_least_rows = ATTENTION_CUDNN_TUNE_LEAST_ROWS;
     std::vector<plan_entry> plans = std::vector<plan_entry>(ATTENTION_CUDNN_PLAN_SLOTS);
     uint64_t clock = 0;
@@ -570,15 +569,7 @@ __global__ void __launch_bounds__(kRescaleThreads) rescale_padded_kernel(uint4 *
 
 } // namespace
 
-// The functions of attention_cudnn.h, which take a context (where the header is the one without contexts, the ones
-// at the end of the file serve it through these).
-#ifdef ATTENTION_CUDNN_AUTOTUNE_DEFAULT
-#define CONTEXT_API static
-#else
-#define CONTEXT_API extern "C"
-#endif
-
-CONTEXT_API attention_cudnn *attention_cudnn_create(int autotune, int64_t tune_least_rows)
+extern "C" attention_cudnn *attention_cudnn_create(int autotune, int64_t tune_least_rows)
 {
     attention_cudnn *s = new attention_cudnn();
     CUDA_CHECK(cudaGetDevice(&s->device));
@@ -587,7 +578,7 @@ CONTEXT_API attention_cudnn *attention_cudnn_create(int autotune, int64_t tune_l
     return s;
 }
 
-CONTEXT_API void attention_cudnn_free(attention_cudnn *context)
+extern "C" void attention_cudnn_free(attention_cudnn *context)
 {
     if (!context) return;
     if (context->handle) CUDA_CHECK(cudaDeviceSynchronize());
@@ -598,7 +589,7 @@ CONTEXT_API void attention_cudnn_free(attention_cudnn *context)
     delete context;
 }
 
-CONTEXT_API int attention_cudnn_available(attention_cudnn *context, int num_heads, int head_dim)
+extern "C" int attention_cudnn_available(attention_cudnn *context, int num_heads, int head_dim)
 {
     ALDIT_CHECK(context != nullptr, "attention_cudnn_available: no context (attention_cudnn_create)");
     attention_cudnn &s = *context;
@@ -625,7 +616,7 @@ CONTEXT_API int attention_cudnn_available(attention_cudnn *context, int num_head
     return available;
 }
 
-CONTEXT_API void attention_cudnn_cross_fwd(attention_cudnn *context, const gpu_bf16 *q, const gpu_bf16 *k,
+extern "C" void attention_cudnn_cross_fwd(attention_cudnn *context, const gpu_bf16 *q, const gpu_bf16 *k,
                                           const gpu_bf16 *v, int64_t seq_len_q, int64_t seq_len_kv, int num_heads,
                                           int head_dim, gpu_bf16 *out, float *stats, cudaStream_t stream)
 {
@@ -639,7 +630,7 @@ CONTEXT_API void attention_cudnn_cross_fwd(attention_cudnn *context, const gpu_b
     execute(*context, *e, pack, workspace, stream);
 }
 
-CONTEXT_API void attention_cudnn_cross_bwd(attention_cudnn *context, const gpu_bf16 *q, const gpu_bf16 *k,
+extern "C" void attention_cudnn_cross_bwd(attention_cudnn *context, const gpu_bf16 *q, const gpu_bf16 *k,
                                           const gpu_bf16 *v, const gpu_bf16 *out, const gpu_bf16 *dout,
                                           const float *stats, int64_t seq_len_q, int64_t seq_len_kv, int num_heads,
                                           int head_dim, gpu_bf16 *dq, gpu_bf16 *dk, gpu_bf16 *dv, cudaStream_t stream)
@@ -647,7 +638,7 @@ CONTEXT_API void attention_cudnn_cross_bwd(attention_cudnn *context, const gpu_b
     const void *tensors[] = {q, k, v, out, dout, stats, dq, dk, dv};
     const char *names[] = {"q", "k", "v", "out", "dout", "stats", "dq", "dk", "dv"};
     check_call(context, "attention_cudnn_cross_bwd", seq_len_q, seq_len_kv, num_heads, head_dim, tensors, names, 9);
-    const int batches = context->whole_queries ? 1 : query_batches_for(seq_len_q, seq_len_kv);
+    const int batches = query_batches_for(seq_len_q, seq_len_kv);
     plan_entry *e = need_plan(*context, kBackward, seq_len_q, seq_len_kv, num_heads, head_dim, batches);
     // the buffer: the graph's workspace; with query batches, the stats batch-major, K and V copies, dK and dV pieces
     const size_t key_values = static_cast<size_t>(seq_len_kv) * num_heads * head_dim;
@@ -687,14 +678,14 @@ CONTEXT_API void attention_cudnn_cross_bwd(attention_cudnn *context, const gpu_b
     }
 }
 
-CONTEXT_API void attention_cudnn_fwd(attention_cudnn *context, const gpu_bf16 *q, const gpu_bf16 *k, const gpu_bf16 *v,
+extern "C" void attention_cudnn_fwd(attention_cudnn *context, const gpu_bf16 *q, const gpu_bf16 *k, const gpu_bf16 *v,
                                     int64_t seq_len, int num_heads, int head_dim, gpu_bf16 *out, float *stats,
                                     cudaStream_t stream)
 {
     attention_cudnn_cross_fwd(context, q, k, v, seq_len, seq_len, num_heads, head_dim, out, stats, stream);
 }
 
-CONTEXT_API void attention_cudnn_bwd(attention_cudnn *context, const gpu_bf16 *q, const gpu_bf16 *k, const gpu_bf16 *v,
+extern "C" void attention_cudnn_bwd(attention_cudnn *context, const gpu_bf16 *q, const gpu_bf16 *k, const gpu_bf16 *v,
                                     const gpu_bf16 *out, const gpu_bf16 *dout, const float *stats, int64_t seq_len,
                                     int num_heads, int head_dim, gpu_bf16 *dq, gpu_bf16 *dk, gpu_bf16 *dv,
                                     cudaStream_t stream)
@@ -708,7 +699,7 @@ extern "C" int64_t attention_cudnn_padded_rows(int64_t seq_len)
     return (seq_len + ATTENTION_CUDNN_TILE - 1) / ATTENTION_CUDNN_TILE * ATTENTION_CUDNN_TILE;
 }
 
-CONTEXT_API void attention_cudnn_fwd_padded(attention_cudnn *context, const gpu_bf16 *q, const gpu_bf16 *k,
+extern "C" void attention_cudnn_fwd_padded(attention_cudnn *context, const gpu_bf16 *q, const gpu_bf16 *k,
                                            const gpu_bf16 *v, int64_t seq_len, int64_t padded_rows, int num_heads,
                                            int head_dim, gpu_bf16 *out, float *stats, cudaStream_t stream)
 {
@@ -725,7 +716,7 @@ CONTEXT_API void attention_cudnn_fwd_padded(attention_cudnn *context, const gpu_
     CUDA_CHECK_LAUNCH();
 }
 
-CONTEXT_API void attention_cudnn_bwd_padded(attention_cudnn *context, const gpu_bf16 *q, const gpu_bf16 *k,
+extern "C" void attention_cudnn_bwd_padded(attention_cudnn *context, const gpu_bf16 *q, const gpu_bf16 *k,
                                            const gpu_bf16 *v, const gpu_bf16 *out, const gpu_bf16 *dout,
                                            const float *stats, int64_t seq_len, int64_t padded_rows, int num_heads,
                                            int head_dim, gpu_bf16 *dq, gpu_bf16 *dk, gpu_bf16 *dv, cudaStream_t stream)
@@ -736,7 +727,7 @@ CONTEXT_API void attention_cudnn_bwd_padded(attention_cudnn *context, const gpu_
                               dv, stream);
 }
 
-CONTEXT_API void attention_cudnn_tuning_report(const attention_cudnn *context, FILE *out)
+extern "C" void attention_cudnn_tuning_report(const attention_cudnn *context, FILE *out)
 {
     if (!context) return;
     auto print_choice = [out](const engine_choice &choice) {
@@ -756,87 +747,3 @@ CONTEXT_API void attention_cudnn_tuning_report(const attention_cudnn *context, F
         fprintf(out, "); knobs [range/stride], + swept: %s\n", r.knob_ranges.c_str());
     }
 }
-
-#ifdef ATTENTION_CUDNN_AUTOTUNE_DEFAULT
-// ---- attention_cudnn.h without contexts (one per process, its switches global) ---------------------------------------
-// The functions above then serve through one process-wide context; delete this section with that contract.
-
-namespace {
-attention_cudnn *g_context;
-bool g_autotune = ATTENTION_CUDNN_AUTOTUNE_DEFAULT, g_whole_queries = false;
-int64_t g_tune_least_rows = ATTENTION_CUDNN_TUNE_LEAST_ROWS;
-
-attention_cudnn *global_context()
-{
-    if (!g_context) g_context = attention_cudnn_create(g_autotune, g_tune_least_rows);
-    g_context->whole_queries = g_whole_queries;
-    return g_context;
-}
-} // namespace
-
-extern "C" int attention_cudnn_available(int num_heads, int head_dim)
-{
-    return attention_cudnn_available(global_context(), num_heads, head_dim);
-}
-extern "C" void attention_cudnn_cross_fwd(const gpu_bf16 *q, const gpu_bf16 *k, const gpu_bf16 *v, int64_t seq_len_q,
-                                          int64_t seq_len_kv, int num_heads, int head_dim, gpu_bf16 *out, float *stats,
-                                          cudaStream_t stream)
-{
-    attention_cudnn_cross_fwd(global_context(), q, k, v, seq_len_q, seq_len_kv, num_heads, head_dim, out, stats, stream);
-}
-extern "C" void attention_cudnn_cross_bwd(const gpu_bf16 *q, const gpu_bf16 *k, const gpu_bf16 *v, const gpu_bf16 *out,
-                                          const gpu_bf16 *dout, const float *stats, int64_t seq_len_q,
-                                          int64_t seq_len_kv, int num_heads, int head_dim, gpu_bf16 *dq, gpu_bf16 *dk,
-                                          gpu_bf16 *dv, cudaStream_t stream)
-{
-    attention_cudnn_cross_bwd(global_context(), q, k, v, out, dout, stats, seq_len_q, seq_len_kv, num_heads, head_dim,
-                              dq, dk, dv, stream);
-}
-extern "C" void attention_cudnn_fwd_padded(const gpu_bf16 *q, const gpu_bf16 *k, const gpu_bf16 *v, int64_t seq_len,
-                                           int64_t padded_rows, int num_heads, int head_dim, gpu_bf16 *out,
-                                           float *stats, cudaStream_t stream)
-{
-    attention_cudnn_fwd_padded(global_context(), q, k, v, seq_len, padded_rows, num_heads, head_dim, out, stats, stream);
-}
-extern "C" void attention_cudnn_bwd_padded(const gpu_bf16 *q, const gpu_bf16 *k, const gpu_bf16 *v,
-                                           const gpu_bf16 *out, const gpu_bf16 *dout, const float *stats,
-                                           int64_t seq_len, int64_t padded_rows, int num_heads, int head_dim,
-                                           gpu_bf16 *dq, gpu_bf16 *dk, gpu_bf16 *dv, cudaStream_t stream)
-{
-    attention_cudnn_bwd_padded(global_context(), q, k, v, out, dout, stats, seq_len, padded_rows, num_heads, head_dim,
-                               dq, dk, dv, stream);
-}
-extern "C" void attention_cudnn_fwd(const gpu_bf16 *q, const gpu_bf16 *k, const gpu_bf16 *v, int64_t seq_len,
-                                    int num_heads, int head_dim, gpu_bf16 *out, float *stats, cudaStream_t stream)
-{
-    attention_cudnn_fwd(global_context(), q, k, v, seq_len, num_heads, head_dim, out, stats, stream);
-}
-extern "C" void attention_cudnn_bwd(const gpu_bf16 *q, const gpu_bf16 *k, const gpu_bf16 *v, const gpu_bf16 *out,
-                                    const gpu_bf16 *dout, const float *stats, int64_t seq_len, int num_heads,
-                                    int head_dim, gpu_bf16 *dq, gpu_bf16 *dk, gpu_bf16 *dv, cudaStream_t stream)
-{
-    attention_cudnn_bwd(global_context(), q, k, v, out, dout, stats, seq_len, num_heads, head_dim, dq, dk, dv, stream);
-}
-extern "C" void attention_cudnn_set_query_batches(int split)
-{
-    g_whole_queries = !split;
-}
-extern "C" void attention_cudnn_set_autotune(int autotune, int64_t least_rows)
-{
-    g_autotune = autotune != 0;
-    g_tune_least_rows = least_rows > 0 ? least_rows : ATTENTION_CUDNN_TUNE_LEAST_ROWS;
-    if (g_context) {  // applies to plans built afterwards
-        g_context->autotune = g_autotune;
-        g_context->tune_least_rows = g_tune_least_rows;
-    }
-}
-extern "C" void attention_cudnn_tuning_report(FILE *out)
-{
-    attention_cudnn_tuning_report(g_context, out);
-}
-extern "C" void attention_cudnn_release(void)
-{
-    attention_cudnn_free(g_context);
-    g_context = nullptr;
-}
-#endif
