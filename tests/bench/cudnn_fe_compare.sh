@@ -14,6 +14,8 @@ bench_args=${BENCH_ARGS:---sections block --seq 16384,75600 --backends cudnn,cud
 variants="backend frontend"
 jobs=$(( $(nproc) / 2 )); [ "$jobs" -ge 1 ] || jobs=1
 [ -f "$fe/cudnn_frontend.h" ] || { echo "cudnn_fe_compare.sh: no $fe/cudnn_frontend.h (run tools/fetch_cudnn_frontend.sh here first)" >&2; exit 2; }
+if [ -f config.status ]; then  # configured in place: out-of-tree builds refuse such a source folder
+    echo "cudnn_fe_compare.sh: make distclean first (the source folder is configured in place)" >&2; exit 2; fi
 [ -x configure ] || autoreconf -fi > "$out/autoreconf.log" 2>&1
 
 # 1. both builds at once (half the cores each)
