@@ -1,4 +1,4 @@
-/* attention_cudnn.h — cuDNN fused attention (self and cross) for one sample (unified SDPA forward, composite backward graph), plans cached by shape in a caller-owned context; implemented through cuDNN's C backend API (attention_cudnn.cu) or cudnn-frontend (attention_cudnn_fe.cu), configure --with-cudnn-attention picks. */
+/* attention_cudnn.h — cuDNN fused attention (self and cross) for one sample through cuDNN's C backend API (unified SDPA forward, composite backward graph), plans cached by shape in a caller-owned context. */
 #ifndef ALDIT_ATTENTION_CUDNN_H
 #define ALDIT_ATTENTION_CUDNN_H
 
