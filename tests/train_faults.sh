@@ -11,7 +11,9 @@ tap_ok "aldit-store synth makes the test store" make_store
 
 # 1. Rank 0's files are limited (RLIMIT_FSIZE, set after start-up) to the metrics file's size plus less than a
 # line: every later checkpoint fails ("File too large") and so does every metrics line.
-start_aldit 2 full run.steps=60 checkpoint.every=10 checkpoint.keep=10 checkpoint.max_failures=3 log.every=100
+# a wider model than the deck's (about 45 ms a step here instead of 7), so the limit lands well before step 20
+WIDER="model.dim=128 model.ffn_dim=256 model.num_heads=4 model.num_layers=4"
+start_aldit 2 full run.steps=60 checkpoint.every=10 checkpoint.keep=10 checkpoint.max_failures=3 log.every=100 $WIDER
 wait_for 60 test -f "$WORK/full/checkpoints/step_00000010.h5"
 rank0=$(rank_pid full $launcher 0)
 size=$(wc -c < "$WORK/full/metrics.jsonl")
@@ -35,7 +37,7 @@ tap_result $? "metrics.jsonl holds whole lines only after its writes failed ($li
 test -f "$WORK/full/checkpoints/step_00000010.h5" && ! ls "$WORK"/full/checkpoints/*.tmp > /dev/null 2>&1
 tap_result $? "the last good checkpoint stays, no temporary file" "$(ls -l "$WORK/full/checkpoints")"
 printf '{"step": 3, "epoch": 0, "loss": 1.2' >> "$WORK/full/metrics.jsonl" # a line torn by a crash
-run_aldit 2 full run.steps=60 checkpoint.every=10 checkpoint.keep=10 log.every=100; status=$?
+run_aldit 2 full run.steps=60 checkpoint.every=10 checkpoint.keep=10 log.every=100 $WIDER; status=$?
 tap_is "restarted without the limit it exits 0" "$status" 0
 grep -q "resumed .*step_00000010.h5 at step 10" "$WORK/full.log"
 tap_result $? "it resumed from the last good checkpoint" "$(head -12 "$WORK/full.log")"
