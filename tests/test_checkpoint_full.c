@@ -4,6 +4,8 @@
 #include <stddef.h>
 #include <cmocka.h>
 
+#include "checkpoint_test_util.h"
+
 #include "train/checkpoint.h"
 #include "core/check.h"
 #include "core/rng.h"
@@ -65,29 +67,6 @@ static void free_state(run_state *r)
     model_free(&r->net);
     free(r->adam_m);
     free(r->adam_v);
-}
-
-static char *captured(FILE *errors)
-{
-    long n_bytes = ftell(errors);
-    char *text = calloc((size_t)n_bytes + 1, 1);
-    rewind(errors);
-    assert_int_equal(fread(text, 1, (size_t)n_bytes, errors), (size_t)n_bytes);
-    return text;
-}
-
-static int count_files(const char *dir, const char *suffix)
-{
-    DIR *listing = opendir(dir);
-    assert_non_null(listing);
-    int n_files = 0;
-    struct dirent *entry;
-    while ((entry = readdir(listing)) != NULL) {
-        size_t length = strlen(entry->d_name), suffix_length = strlen(suffix);
-        if (length >= suffix_length && strcmp(entry->d_name + length - suffix_length, suffix) == 0) n_files++;
-    }
-    closedir(listing);
-    return n_files;
 }
 
 static int is_mounted(const char *dir); /* with the fixtures, below */
