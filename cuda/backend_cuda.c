@@ -57,6 +57,7 @@ typedef struct {
     gpu_model *net;
     gpu_model_buffers buffers;
     float *adam_m, *adam_v;       /* device, n_weights each */
+    shard_layout layout;          /* the values of each state array this rank holds (shard.h's units) */
     double *sumsq, *grad_norm;    /* device scalars */
     float *clip_scale;            /* device: the clip factor AdamW reads */
     void *sumsq_workspace;
@@ -297,10 +298,8 @@ static int resolve_shard(const deck *config, const comm_info *info, const model 
                     "has every mode); set train.shard = none or auto\n", shard_mode_name(config->train.shard));
         return ALDIT_EXIT_USAGE;
     }
-    const double n = (double)table->n_weights;
     plan->shard = SHARD_NONE;
-    plan->state = (shard_bytes){.weights = n * sizeof(gpu_bf16), .gradients = 4.0 * n, .master = 4.0 * n,
-                                .moments = 8.0 * n};
+    plan->state = model_layout_state_bytes(&table->layout, LAYOUT_BACKEND_GPU, plan->shard, info->n_ranks);
     return 0;
 }
 
@@ -350,6 +349,7 @@ backend *backend_cuda_create(const deck *config, const comm_info *info, model *h
     }
     gpu->config = config;
     gpu->host = host;
+    gpu->layout = shard_layout_units(gpu->summary.shard, &host->layout, info->rank, info->n_ranks);
     select_device(info, &gpu->plan);
     gpu->sync = gradsync_create(info, host->n_weights);
     cost_model_init(&gpu->cm, config);
@@ -424,36 +424,52 @@ static const char *cuda_device_key(const backend *b, int *ranks_per_device)
     return gpu->key;
 }
 
-static void upload(train_gpu *gpu, const float *weights, const float *adam_m, const float *adam_v)
+static const shard_layout *cuda_layout(const backend *b) { return &((const train_gpu *)b->state)->layout; }
+
+/* The device array of `group`, checked to hold values [first, first + count). */
+static float *state_array(const train_gpu *gpu, backend_group group, int64_t first, int64_t count)
 {
-    const size_t n_bytes = (size_t)gpu->host->n_weights * sizeof(float);
-    gpu_model_upload_weights(gpu->net, weights);
-    CUDA_CHECK(cudaMemcpy(gpu->adam_m, adam_m, n_bytes, cudaMemcpyHostToDevice));
-    CUDA_CHECK(cudaMemcpy(gpu->adam_v, adam_v, n_bytes, cudaMemcpyHostToDevice));
+    int64_t own_first, own_count;
+    shard_owned(&gpu->layout, gpu->rank, first, count, &own_first, &own_count);
+    ALDIT_CHECK(own_first == first && own_count == count, "cuda backend: values [%lld, %lld) are not all this rank's",
+                (long long)first, (long long)(first + count));
+    switch (group) {
+    case BACKEND_WEIGHTS: return gpu->buffers.master;
+    case BACKEND_ADAM_M: return gpu->adam_m;
+    case BACKEND_ADAM_V: return gpu->adam_v;
+    default: ALDIT_FATAL("cuda backend: this run keeps no state group %d", (int)group);
+    }
 }
 
-static void cuda_start(backend *b, const float *weights, const float *adam_m, const float *adam_v)
+static void cuda_set_range(backend *b, backend_group group, int64_t first, int64_t count, const float *values)
 {
     train_gpu *gpu = b->state;
-    upload(gpu, weights, adam_m, adam_v);
-    gradsync_connect(gpu->sync, gpu->host->n_weights);
+    float *array = state_array(gpu, group, first, count);
+    CUDA_CHECK(cudaMemcpy(array + first, values, (size_t)count * sizeof(float), cudaMemcpyHostToDevice));
 }
 
-static void cuda_read_state(const backend *b, float *weights, float *adam_m, float *adam_v)
+static void cuda_get_range(const backend *b, backend_group group, int64_t first, int64_t count, float *values)
 {
     const train_gpu *gpu = b->state;
-    if (gpu->rank != 0) return; /* every rank holds the whole state: rank 0's copy is the checkpoint's */
-    const size_t n_bytes = (size_t)gpu->host->n_weights * sizeof(float);
+    const float *array = state_array(gpu, group, first, count);
     CUDA_CHECK(cudaStreamSynchronize(gpu->stream));
-    gpu_model_download_weights(gpu->net, weights);
-    CUDA_CHECK(cudaMemcpy(adam_m, gpu->adam_m, n_bytes, cudaMemcpyDeviceToHost));
-    CUDA_CHECK(cudaMemcpy(adam_v, gpu->adam_v, n_bytes, cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(values, array + first, (size_t)count * sizeof(float), cudaMemcpyDeviceToHost));
+}
+
+/* The masters are set: the bf16 copies follow, and the ranks connect. */
+static void cuda_start(backend *b)
+{
+    train_gpu *gpu = b->state;
+    gpu_model_refresh_working(gpu->net, gpu->stream);
+    CUDA_CHECK(cudaStreamSynchronize(gpu->stream));
+    gradsync_connect(gpu->sync, gpu->host->n_weights);
 }
 
 /* ---- a step ------------------------------------------------------------------------------------------ */
 
-static void cuda_begin_step(backend *b)
+static void cuda_begin_step(backend *b, int rounds)
 {
+    (void)rounds; /* the all-reduce runs once a step, as the last micro-batch's backward finishes */
     train_gpu *gpu = b->state;
     gpu_model_zero_grads(gpu->net, gpu->stream);
     gradsync_begin(gpu->sync, gpu->buffers.grads, gpu->buffers.n_weights, gpu->config->train.allreduce_bucket);
@@ -639,8 +655,10 @@ static const backend_ops cuda_ops = {
     .name = "cuda",
     .free = cuda_free,
     .plan = cuda_plan,
+    .layout = cuda_layout,
+    .set_range = cuda_set_range,
     .start = cuda_start,
-    .read_state = cuda_read_state,
+    .get_range = cuda_get_range,
     .begin_step = cuda_begin_step,
     .micro_batch = cuda_micro_batch,
     .sum_gradients = cuda_sum_gradients,

@@ -627,7 +627,7 @@ static void test_memory_model(void **state)
     config.balance.recompute = RECOMPUTE_NONE;
     double none_75k = mem_of(&config, 75600);
     assert_true(block_75k < none_75k / 5);
-    assert_true(block_75k < 80.0 * 1073741824.0 - cost_model_state_bytes(&config));   /* fits an 80 GiB GPU */
+    assert_true(block_75k < 80.0 * 1073741824.0 - cost_model_state_bytes(&config, SHARD_NONE, 1));   /* fits an 80 GiB GPU */
     assert_true(none_75k > 80.0 * 1073741824.0);                                      /* ... only recomputing */
     cost_model cm;
     cost_model_init(&cm, &config);
@@ -663,7 +663,7 @@ static void test_memory_is_the_layout_formula(void **state)
             cost_model_free(&cm);
         }
         const double per_param = device ? 16.0 : 18.0;
-        assert_true(cost_model_state_bytes(&config) == per_param * 1418996800.0);
+        assert_true(cost_model_state_bytes(&config, SHARD_NONE, 1) == per_param * 1418996800.0);
     }
     /* block recomputation keeps less, on the GPU; the CPU model keeps everything either way */
     const layout_memory none = model_layout_memory(&layout, LAYOUT_BACKEND_GPU, RECOMPUTE_NONE, 0);

@@ -42,6 +42,16 @@ typedef struct { int32_t frames, height, width, text_len; } backend_shape;
 
 typedef struct backend backend;
 
+/* The arrays of the training state, each n_weights fp32 values in the layout's order (a rank holds the values its
+   shard layout says). */
+typedef enum {
+    BACKEND_WEIGHTS, /* the fp32 master weights */
+    BACKEND_ADAM_M,  /* AdamW's first moment */
+    BACKEND_ADAM_V,  /* AdamW's second moment */
+    BACKEND_EMA,     /* an exponential moving average of the weights ([train] ema_decay; absent where it is 0) */
+    BACKEND_N_GROUPS
+} backend_group;
+
 /* The operations of one device. Every function marked collective is called by every rank in the same order. */
 typedef struct {
     const char *name; /* "cpu", "cuda" */
@@ -49,15 +59,25 @@ typedef struct {
     void (*free)(backend *b);
     /* The plan this backend was created with (budget, memory model, summary lines). */
     const backend_plan *(*plan)(const backend *b);
-    /* Collective, once before the first step: the initial state (host arrays of n_weights fp32 values, the
-       same on every rank) becomes the backend's, and the gradient sum connects the ranks. */
-    void (*start)(backend *b, const float *weights, const float *adam_m, const float *adam_v);
-    /* Collective: the state as host arrays, for checkpoints (the arrays are rank 0's, which gets every rank's slice
-       of a sharded state; the other ranks may pass NULL); waits for queued work. */
-    void (*read_state)(const backend *b, float *weights, float *adam_m, float *adam_v);
+    /* Which values of each state array this rank holds (shard.h), for the whole run. */
+    const shard_layout *(*layout)(const backend *b);
+    /* Before start, not collective: values [first, first + count) of `group`, which this rank holds (inside one unit
+       of its layout, e.g. one parameter tensor or the part of it this rank holds), become the backend's. Every held
+       value of BACKEND_WEIGHTS must be set; a moment never set is zero (a fresh start). */
+    void (*set_range)(backend *b, backend_group group, int64_t first, int64_t count, const float *values);
+    /* Collective, once after the set_range calls and before the first step: the state is complete (a GPU's bf16
+       copies made; weights a mode keeps whole gathered from the holders), and the gradient sum connects the ranks. */
+    void (*start)(backend *b);
+    /* Between steps, not collective: waits for queued work, then copies values [first, first + count) of `group`
+       (held by this rank, as for set_range) to host memory; for checkpoints, which src/train/state.c gathers tensor by
+       tensor to rank 0. */
+    void (*get_range)(const backend *b, backend_group group, int64_t first, int64_t count, float *values);
     /* A step: begin_step, micro_batch for each of the rank's micro-batches (`last` on its last one), then
-       sum_gradients and finish_step on every rank (a rank without micro-batches calls those two as well). */
-    void (*begin_step)(backend *b);
+       sum_gradients and finish_step on every rank (a rank without micro-batches calls those two as well).
+       `rounds`: the most micro-batches any rank has in this step (rank_assignment.max_micro), so that a backend
+       whose gradient sum runs per micro-batch makes as many collective calls on every rank (a rank with fewer makes
+       the rest, with nothing to add, in sum_gradients). */
+    void (*begin_step)(backend *b, int rounds);
     /* Forward + backward of one micro-batch, gradients scaled by grad_scale added to the step's; returns the
        sum of its per-sample losses. */
     double (*micro_batch)(backend *b, const model_batch *batch, float grad_scale, int last);

@@ -68,13 +68,9 @@ static double peak_resident_bytes(void)
 }
 
 /* The state's bytes on one rank of the CPU backend in this mode (all fp32; see cpu_state). */
-static shard_bytes state_bytes_of(deck_shard mode, int64_t n_weights, int n_ranks)
+static shard_bytes state_bytes_of(const model *table, deck_shard mode, int n_ranks)
 {
-    const double n = (double)n_weights, slice = (double)comm_shard_values(n_weights, n_ranks);
-    shard_bytes bytes = {.weights = 4.0 * n, .gradients = 4.0 * n, .moments = 8.0 * n};
-    if (mode != SHARD_NONE) bytes.moments = 8.0 * slice;
-    if (mode == SHARD_GRADIENTS || mode == SHARD_FULL) bytes.gradients += 4.0 * slice;
-    return bytes;
+    return model_layout_state_bytes(&table->layout, LAYOUT_BACKEND_CPU, mode, n_ranks);
 }
 
 int backend_cpu_plan(const deck *config, const comm_info *info, const model *table, const balance_sample *samples,
@@ -96,11 +92,11 @@ int backend_cpu_plan(const deck *config, const comm_info *info, const model *tab
     if (plan->shard == SHARD_AUTO) {
         plan->shard = SHARD_FULL;
         for (deck_shard mode = SHARD_NONE; mode <= SHARD_FULL; mode++) {
-            shard_bytes bytes = state_bytes_of(mode, table->n_weights, info->n_ranks);
+            shard_bytes bytes = state_bytes_of(table, mode, info->n_ranks);
             if (per_rank - shard_bytes_total(&bytes) > room) { plan->shard = mode; break; }
         }
     }
-    plan->state = state_bytes_of(plan->shard, table->n_weights, info->n_ranks);
+    plan->state = state_bytes_of(table, plan->shard, info->n_ranks);
     /* the balancer plans with the CPU model's own activation bytes (also when [run] device = auto lands here) */
     cost_model_init(&plan->memory_model, config);
     cost_model_set_memory(&plan->memory_model, config, LAYOUT_BACKEND_CPU);
@@ -155,35 +151,44 @@ static int sharded_gradients(const cpu_state *s)
     return s->layout.mode == SHARD_GRADIENTS || s->layout.mode == SHARD_FULL;
 }
 
-static void cpu_start(backend *b, const float *weights, const float *adam_m, const float *adam_v)
-{
-    cpu_state *s = b->state;
-    if (weights != s->net->weights) memcpy(s->net->weights, weights, full_bytes(s));
-    const int64_t first = sharded_moments(s) ? s->layout.first : 0;
-    const size_t n_bytes = sharded_moments(s) ? (size_t)s->layout.count * sizeof(float) : full_bytes(s);
-    memcpy(s->adam_m, adam_m + first, n_bytes);
-    memcpy(s->adam_v, adam_v + first, n_bytes);
-    s->rss_base = resident_bytes();
-}
+static const shard_layout *cpu_layout(const backend *b) { return &((const cpu_state *)b->state)->layout; }
 
-static void cpu_read_state(const backend *b, float *weights, float *adam_m, float *adam_v)
+/* Where `group`'s values [first, first + count) live (held by this rank: checked). */
+static float *state_values(const cpu_state *s, backend_group group, int64_t first, int64_t count)
 {
-    const cpu_state *s = b->state;
-    const int64_t n = s->net->n_weights;
-    if (s->layout.mode == SHARD_FULL)
-        comm_gather_shards_f32(s->net->weights + s->layout.first, n, s->layout.rank == 0 ? weights : NULL);
-    else if (s->layout.rank == 0 && weights != s->net->weights) memcpy(weights, s->net->weights, full_bytes(s));
-    if (sharded_moments(s)) {
-        comm_gather_shards_f32(s->adam_m, n, s->layout.rank == 0 ? adam_m : NULL);
-        comm_gather_shards_f32(s->adam_v, n, s->layout.rank == 0 ? adam_v : NULL);
-    } else if (s->layout.rank == 0) {
-        memcpy(adam_m, s->adam_m, full_bytes(s));
-        memcpy(adam_v, s->adam_v, full_bytes(s));
+    const shard_layout *l = &s->layout;
+    ALDIT_CHECK(first >= l->first && count >= 0 && first + count <= l->first + l->count,
+                "cpu backend: values [%lld, %lld) are not this rank's [%lld, %lld)", (long long)first,
+                (long long)(first + count), (long long)l->first, (long long)(l->first + l->count));
+    switch (group) {
+    case BACKEND_WEIGHTS: return s->net->weights + first;
+    case BACKEND_ADAM_M: return s->adam_m + (first - l->first);
+    case BACKEND_ADAM_V: return s->adam_v + (first - l->first);
+    default: ALDIT_FATAL("cpu backend: this run keeps no state group %d", (int)group);
     }
 }
 
-static void cpu_begin_step(backend *b)
+static void cpu_set_range(backend *b, backend_group group, int64_t first, int64_t count, const float *values)
 {
+    memcpy(state_values(b->state, group, first, count), values, (size_t)count * sizeof(float));
+}
+
+static void cpu_get_range(const backend *b, backend_group group, int64_t first, int64_t count, float *values)
+{
+    memcpy(values, state_values(b->state, group, first, count), (size_t)count * sizeof(float));
+}
+
+/* Every rank set its slice of the weights: sharded modes gather the whole model (full: again each step). */
+static void cpu_start(backend *b)
+{
+    cpu_state *s = b->state;
+    if (s->layout.mode != SHARD_NONE) comm_allgather_f32(s->net->weights, s->net->n_weights);
+    s->rss_base = resident_bytes();
+}
+
+static void cpu_begin_step(backend *b, int rounds)
+{
+    (void)rounds; /* the gradient sum runs once a step, after the last micro-batch */
     cpu_state *s = b->state;
     memset(s->grads, 0, full_bytes(s));
     if (s->layout.mode == SHARD_FULL) comm_allgather_f32(s->net->weights, s->net->n_weights);
@@ -259,8 +264,10 @@ static const backend_ops cpu_ops = {
     .uses_host_threads = 1,
     .free = cpu_free,
     .plan = cpu_plan,
+    .layout = cpu_layout,
+    .set_range = cpu_set_range,
     .start = cpu_start,
-    .read_state = cpu_read_state,
+    .get_range = cpu_get_range,
     .begin_step = cpu_begin_step,
     .micro_batch = cpu_micro_batch,
     .sum_gradients = cpu_sum_gradients,
@@ -278,7 +285,8 @@ backend *backend_cpu_create(const deck *config, const comm_info *info, model *ne
         return NULL;
     }
     s->layout = shard_layout_of(s->plan.shard, net->n_weights, info->rank, info->n_ranks);
-    const int64_t n_moments = sharded_moments(s) ? s->layout.count : net->n_weights;
+    const int64_t n_moments = s->layout.count;
+    if (!net->weights) net->weights = xcalloc((size_t)net->n_weights, sizeof *net->weights); /* a table: the CPU computes */
     s->grads = xcalloc((size_t)net->n_weights, sizeof *s->grads);
     if (sharded_gradients(s)) s->grad_shard = xcalloc((size_t)(s->layout.count > 0 ? s->layout.count : 1), sizeof(float));
     s->adam_m = xcalloc((size_t)(n_moments > 0 ? n_moments : 1), sizeof *s->adam_m);

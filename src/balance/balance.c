@@ -1278,7 +1278,7 @@ int balancer_load_state(balancer *b, const void *buffer, size_t n_bytes)
 /* ---- distribution ------------------------------------------------------------------------------------- */
 
 /* Message to one rank: [step, epoch, global_samples, n_micro, n_micro + 1 offsets into its ids, ids...]. */
-enum { MESSAGE_HEADER = 4 };
+enum { MESSAGE_HEADER = 5 }; /* step, epoch, global samples, micro-batches, the most micro-batches of any rank */
 
 void balance_scatter(const balance_assignment *all_on_root, rank_assignment *mine)
 {
@@ -1298,6 +1298,10 @@ void balance_scatter(const balance_assignment *all_on_root, rank_assignment *min
             total += count;
         }
         send = xmalloc((size_t)total * sizeof(int64_t));
+        int64_t max_micro = 0;
+        for (int r = 0; r < a->n_ranks; r++)
+            if (a->rank_micro_start[r + 1] - a->rank_micro_start[r] > max_micro)
+                max_micro = a->rank_micro_start[r + 1] - a->rank_micro_start[r];
         for (int r = 0; r < a->n_ranks; r++) {
             int64_t *message = send + displs[r];
             int n_micro = a->rank_micro_start[r + 1] - a->rank_micro_start[r];
@@ -1305,6 +1309,7 @@ void balance_scatter(const balance_assignment *all_on_root, rank_assignment *min
             message[1] = a->epoch;
             message[2] = a->global_samples;
             message[3] = n_micro;
+            message[4] = max_micro;
             for (int m = 0; m <= n_micro; m++)
                 message[MESSAGE_HEADER + m] = (n_micro > 0 ? a->micro_start[a->rank_micro_start[r] + m] : a->rank_start[r]) - a->rank_start[r];
             memcpy(message + MESSAGE_HEADER + n_micro + 1, a->ids + a->rank_start[r],
@@ -1320,12 +1325,14 @@ void balance_scatter(const balance_assignment *all_on_root, rank_assignment *min
     int received = comm_scatterv_i64(send, counts, displs, mine->message, mine->capacity_message);
     free(send); free(counts); free(displs);
     const int64_t *message = mine->message;
-    ALDIT_CHECK(received >= MESSAGE_HEADER + 1 && message[3] >= 0 && MESSAGE_HEADER + message[3] + 1 <= received,
+    ALDIT_CHECK(received >= MESSAGE_HEADER + 1 && message[3] >= 0 && message[4] >= message[3] &&
+                    MESSAGE_HEADER + message[3] + 1 <= received,
                 "balance: malformed assignment message (%d values)", received);
     mine->step = message[0];
     mine->epoch = message[1];
     mine->global_samples = message[2];
     mine->n_micro = (int)message[3];
+    mine->max_micro = (int)message[4];
     mine->n_samples = received - MESSAGE_HEADER - mine->n_micro - 1;
     if (mine->n_micro + 1 > mine->capacity_micro) {
         mine->capacity_micro = mine->n_micro + 1;

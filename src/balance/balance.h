@@ -37,6 +37,7 @@ typedef struct {
     int n_samples;
     int64_t *ids;
     int n_micro;
+    int max_micro;                /* the most micro-batches any rank has this step (collectives per micro-batch) */
     int *micro_start;             /* n_micro + 1 offsets into ids */
     int capacity_ids, capacity_micro, capacity_message;
     int64_t *message;             /* receive buffer */

@@ -80,11 +80,11 @@ layout_backend cost_model_backend(const deck *config)
     return config->run.device == DEVICE_CPU ? LAYOUT_BACKEND_CPU : LAYOUT_BACKEND_GPU;
 }
 
-double cost_model_state_bytes(const deck *config)
+double cost_model_state_bytes(const deck *config, deck_shard mode, int n_ranks)
 {
-    /* GPU: bf16 weights + fp32 master + fp32 gradients + two fp32 moments; CPU: the fp32 weights are the master */
-    const double per_parameter = cost_model_backend(config) == LAYOUT_BACKEND_GPU ? 2.0 + 4.0 * 4.0 : 4.0 * 4.0;
-    return per_parameter * (double)cost_model_param_count(config);
+    const model_layout layout = layout_of(config);
+    layout_state_bytes bytes = model_layout_state_bytes(&layout, cost_model_backend(config), mode, n_ranks);
+    return layout_state_total(&bytes);
 }
 
 void cost_model_set_memory(cost_model *cm, const deck *config, layout_backend backend)

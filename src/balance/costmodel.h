@@ -86,10 +86,10 @@ void cost_model_set_memory(cost_model *cm, const deck *config, layout_backend ba
 /* The backend the deck's memory model describes: CPU for [run] device = cpu, else the GPU. */
 layout_backend cost_model_backend(const deck *config);
 
-/* Bytes of weights, gradients and AdamW state of the configured model on one rank without sharding, on
-   cost_model_backend's device (GPU: bf16 weights + fp32 master, fp32 gradients, two fp32 moments: 18 bytes
-   per parameter; CPU: 16), for deriving a memory budget from device memory. */
-double cost_model_state_bytes(const deck *config);
+/* Bytes of the training state of the configured model on one rank on cost_model_backend's device, with the state
+   sharded as `mode` (resolved: not auto) over n_ranks: model_layout_state_bytes's total (model/layout.h), for deriving
+   a memory budget from device memory. */
+double cost_model_state_bytes(const deck *config, deck_shard mode, int n_ranks);
 /* Parameters of the configured model: the layout table's n_weights. */
 int64_t cost_model_param_count(const deck *config);
 

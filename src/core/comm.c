@@ -151,6 +151,13 @@ int comm_rank(void)
     return rank;
 }
 
+int comm_size(void)
+{
+    int size = 1;
+    MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &size));
+    return size;
+}
+
 void comm_bcast_bytes(void *buffer, size_t n_bytes)
 {
     char *bytes = buffer;
@@ -279,18 +286,46 @@ void comm_allgather_f32(float *values, int64_t n_values)
     free(counts);
 }
 
-void comm_gather_shards_f32(const float *mine, int64_t n_values, float *all)
+/* int counts and displacements for MPI (fatal, naming the sizes, past INT_MAX); the caller frees *counts. */
+static void int_counts(const int64_t *counts, const int64_t *displs, int **counts_out, int **displs_out)
 {
-    int *counts, *displs, rank = 0;
+    int n_ranks = 0;
+    MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &n_ranks));
+    *counts_out = xmalloc(2 * (size_t)n_ranks * sizeof **counts_out);
+    *displs_out = *counts_out + n_ranks;
+    for (int r = 0; r < n_ranks; r++) {
+        ALDIT_CHECK(counts[r] >= 0 && displs[r] >= 0 && counts[r] + displs[r] < INT_MAX,
+                    "a range of %lld values at %lld exceeds what one MPI call takes (%d values)", (long long)counts[r],
+                    (long long)displs[r], INT_MAX);
+        (*counts_out)[r] = (int)counts[r];
+        (*displs_out)[r] = (int)displs[r];
+    }
+}
+
+void comm_scatterv_f32(const float *root_values, const int64_t *counts, const int64_t *displs, float *mine)
+{
+    int *n, *at, rank = 0;
     MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
-    shard_counts(n_values, &counts, &displs);
-    const void *send = rank == 0 && mine == all + displs[0] ? MPI_IN_PLACE : (const void *)mine; /* no aliasing */
+    int_counts(counts, displs, &n, &at);
     if (watch.on) {
         MPI_Request request;
-        MPI_CHECK(MPI_Igatherv(send, counts[rank], MPI_FLOAT, all, counts, displs, MPI_FLOAT, 0, MPI_COMM_WORLD, &request));
+        MPI_CHECK(MPI_Iscatterv(root_values, n, at, MPI_FLOAT, mine, n[rank], MPI_FLOAT, 0, MPI_COMM_WORLD, &request));
         wait_request(&request);
-    } else MPI_CHECK(MPI_Gatherv(send, counts[rank], MPI_FLOAT, all, counts, displs, MPI_FLOAT, 0, MPI_COMM_WORLD));
-    free(counts);
+    } else MPI_CHECK(MPI_Scatterv(root_values, n, at, MPI_FLOAT, mine, n[rank], MPI_FLOAT, 0, MPI_COMM_WORLD));
+    free(n);
+}
+
+void comm_gatherv_f32(const float *mine, const int64_t *counts, const int64_t *displs, float *root_values)
+{
+    int *n, *at, rank = 0;
+    MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
+    int_counts(counts, displs, &n, &at);
+    if (watch.on) {
+        MPI_Request request;
+        MPI_CHECK(MPI_Igatherv(mine, n[rank], MPI_FLOAT, root_values, n, at, MPI_FLOAT, 0, MPI_COMM_WORLD, &request));
+        wait_request(&request);
+    } else MPI_CHECK(MPI_Gatherv(mine, n[rank], MPI_FLOAT, root_values, n, at, MPI_FLOAT, 0, MPI_COMM_WORLD));
+    free(n);
 }
 
 double comm_time(void) { return MPI_Wtime(); }

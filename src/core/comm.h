@@ -17,6 +17,8 @@ comm_info comm_init(int *argc, char ***argv);
 void comm_finalize(void);
 /* Rank in MPI_COMM_WORLD (after comm_init), for code that is not handed comm_info. */
 int comm_rank(void);
+/* Ranks in MPI_COMM_WORLD. */
+int comm_size(void);
 
 /* Broadcast n_bytes from rank 0 to every rank (any size; sent in pieces below INT_MAX). */
 void comm_bcast_bytes(void *buffer, size_t n_bytes);
@@ -46,9 +48,12 @@ int64_t comm_shard_values(int64_t n_values, int n_ranks);
 void comm_reduce_scatter_sum_f32(const float *values, int64_t n_values, float *mine);
 /* In place: every rank's own shard of values (full length on every rank) reaches every rank: MPI_Allgatherv. */
 void comm_allgather_f32(float *values, int64_t n_values);
-/* Every rank's shard (mine, count_r values) into all[0 .. n_values) on rank 0 (others may pass NULL): MPI_Gatherv.
-   Rank 0's mine may be its own place in all (then it is not copied). */
-void comm_gather_shards_f32(const float *mine, int64_t n_values, float *all);
+/* One range of values spread over the ranks, counts[r] of them on rank r (counts and displs, n_ranks each, the same on
+   every rank; each below INT_MAX): comm_scatterv_f32 sends root_values[displs[r] .. + counts[r]) from rank 0 to rank r's
+   mine (rank 0's own part is copied; root_values may be NULL elsewhere); comm_gatherv_f32 the reverse, every rank's
+   mine into root_values on rank 0. MPI_Scatterv / MPI_Gatherv. */
+void comm_scatterv_f32(const float *root_values, const int64_t *counts, const int64_t *displs, float *mine);
+void comm_gatherv_f32(const float *mine, const int64_t *counts, const int64_t *displs, float *root_values);
 
 /* Wall-clock seconds (MPI_Wtime). */
 double comm_time(void);

@@ -332,3 +332,42 @@ int64_t layout_memory_bytes(const layout_memory *memory, int64_t tokens, int64_t
 {
     return memory->fixed + memory->per_token * tokens + memory->per_sample * samples + memory->per_text * text;
 }
+
+/* ---- the training state ------------------------------------------------------------------------------ */
+
+static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+int64_t layout_shard_values(const model_layout *layout, layout_backend backend, int n_ranks)
+{
+    const int64_t n = layout->n_weights, blocks_end = layout->blocks_offset + layout->dims.num_layers * layout->block_stride;
+    if (backend == LAYOUT_BACKEND_CPU) return ceil_div(n, n_ranks);
+    return ceil_div(layout->blocks_offset, n_ranks) + layout->dims.num_layers * ceil_div(layout->block_stride, n_ranks) +
+           ceil_div(n - blocks_end, n_ranks);
+}
+
+layout_state_bytes model_layout_state_bytes(const model_layout *layout, layout_backend backend, deck_shard mode,
+                                            int n_ranks)
+{
+    const double n = (double)layout->n_weights, b = (double)layout->block_stride;
+    const double e = n - (double)layout->dims.num_layers * b;
+    const double s = mode == SHARD_NONE ? n : (double)layout_shard_values(layout, backend, n_ranks);
+    layout_state_bytes bytes = {.gradients = 4.0 * n, .moments = 8.0 * s};
+    if (backend == LAYOUT_BACKEND_CPU) {
+        bytes.weights = 4.0 * n;
+        if (mode == SHARD_GRADIENTS || mode == SHARD_FULL) bytes.gradients = 4.0 * n + 4.0 * s;
+        return bytes;
+    }
+    bytes.weights = 2.0 * n;
+    bytes.master = 4.0 * s;
+    if (mode == SHARD_GRADIENTS || mode == SHARD_FULL) bytes.gradients = 4.0 * (e + 2.0 * b) + 4.0 * s;
+    if (mode == SHARD_FULL) {
+        bytes.weights = 2.0 * e;
+        bytes.gathered = 2.0 * 2.0 * b;
+    }
+    return bytes;
+}
+
+double layout_state_total(const layout_state_bytes *bytes)
+{
+    return bytes->weights + bytes->gathered + bytes->gradients + bytes->master + bytes->moments;
+}

@@ -167,25 +167,27 @@ static uint64_t param_stream(uint64_t seed, int index)
     return state;
 }
 
-void model_init_random(model *m, uint64_t seed)
+void model_init_random_param(const model *m, uint64_t seed, int index, float *values)
 {
-    for (int i = 0; i < m->n_params; i++) {
-        const param_info *p = &m->params[i];
-        float *values = m->weights + p->offset;
-        uint64_t state = param_stream(seed, i);
-        /* Linear weights are [out, in]; the 5-D patch embedding counts as [dim, in_dim * patch]. */
-        double fan_out = (double)p->shape[0], fan_in = (double)p->n_elements / p->shape[0];
-        double bound = sqrt(6.0 / (fan_in + fan_out));
-        for (int64_t j = 0; j < p->n_elements; j++) {
-            switch (m->workspace->init[i]) {
-            case LAYOUT_INIT_XAVIER: values[j] = (float)((2.0 * uniform_open(&state) - 1.0) * bound); break;
-            case LAYOUT_INIT_NORMAL_STD: values[j] = (float)(normal(&state) * m->init_std); break;
-            case LAYOUT_INIT_MODULATION: values[j] = (float)(normal(&state) / sqrt((double)m->dim)); break;
-            case LAYOUT_INIT_ZERO: values[j] = 0.0f; break;
-            case LAYOUT_INIT_ONE: values[j] = 1.0f; break;
-            }
+    const param_info *p = &m->params[index];
+    uint64_t state = param_stream(seed, index);
+    /* Linear weights are [out, in]; the 5-D patch embedding counts as [dim, in_dim * patch]. */
+    double fan_out = (double)p->shape[0], fan_in = (double)p->n_elements / p->shape[0];
+    double bound = sqrt(6.0 / (fan_in + fan_out));
+    for (int64_t j = 0; j < p->n_elements; j++) {
+        switch (m->workspace->init[index]) {
+        case LAYOUT_INIT_XAVIER: values[j] = (float)((2.0 * uniform_open(&state) - 1.0) * bound); break;
+        case LAYOUT_INIT_NORMAL_STD: values[j] = (float)(normal(&state) * m->init_std); break;
+        case LAYOUT_INIT_MODULATION: values[j] = (float)(normal(&state) / sqrt((double)m->dim)); break;
+        case LAYOUT_INIT_ZERO: values[j] = 0.0f; break;
+        case LAYOUT_INIT_ONE: values[j] = 1.0f; break;
         }
     }
+}
+
+void model_init_random(model *m, uint64_t seed)
+{
+    for (int i = 0; i < m->n_params; i++) model_init_random_param(m, seed, i, m->weights + m->params[i].offset);
 }
 
 void model_init_gaussian(model *m, uint64_t seed, float std)

@@ -48,6 +48,9 @@ void model_create_table(model *m, const deck *config);
    [dim, in_dim*patch] matrix), zero biases, text/time embedding weights normal(0, init_std), modulations
    normal(0, 1/dim), RMSNorm and norm3 weights one, head.head.weight zero. */
 void model_init_random(model *m, uint64_t seed);
+/* Parameter `index`'s values of that init into values (its n_elements), one tensor at a time (m may be a table:
+   the whole init is these, parameter by parameter). */
+void model_init_random_param(const model *m, uint64_t seed, int index, float *values);
 /* Every value random (for gradient checks, so that nothing starts at zero): normal(0, std), plus 1 for
    the weights of norms. Deterministic in seed. */
 void model_init_gaussian(model *m, uint64_t seed, float std);

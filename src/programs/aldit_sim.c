@@ -234,7 +234,7 @@ static void print_memory(const deck *config, const cost_model *cm)
            cm->memory.per_sample / 1024.0, cm->memory.per_text / 1024.0,
            cm->backend == LAYOUT_BACKEND_GPU ? " (and the GPU's own scratch constant)" : "");
     printf("training state %.2f GiB per rank (weights, gradients, AdamW moments; shard = none)\n",
-           cost_model_state_bytes(config) / 1073741824.0);
+           cost_model_state_bytes(config, SHARD_NONE, 1) / 1073741824.0);
 }
 
 int main(int argc, char **argv)
@@ -262,11 +262,11 @@ int main(int argc, char **argv)
     /* memory budget: the deck's, or the assumed device memory less the margin and the training state */
     double mem_budget = config.balance.mem_budget;
     if (!(mem_budget > 0)) {
-        mem_budget = config.balance.device_mem * (1.0 - config.balance.mem_margin) - cost_model_state_bytes(&config);
+        mem_budget = config.balance.device_mem * (1.0 - config.balance.mem_margin) - cost_model_state_bytes(&config, SHARD_NONE, 1);
         if (!(mem_budget > 0)) {
             fprintf(stderr, "aldit-sim: %s: the model's weights, gradients and optimizer state (%.1f GiB) leave no room in "
                     "balance.device_mem; set balance.device_mem or balance.mem_budget\n", args.deck_path,
-                    cost_model_state_bytes(&config) / 1073741824.0);
+                    cost_model_state_bytes(&config, SHARD_NONE, 1) / 1073741824.0);
             return ALDIT_EXIT_USAGE;
         }
     }

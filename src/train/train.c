@@ -5,6 +5,7 @@
 #include "balance/calibration.h"
 #include "core/check.h"
 #include "train/checkpoint.h"
+#include "train/state.h"
 #include "balance/costmodel.h"
 #include "model/model.h"
 #include "model/ops_cpu.h"
@@ -302,9 +303,8 @@ typedef struct {
     cost_features *calibration_features;
     double *calibration_seconds;
     store data;
-    model net;                      /* parameter table and the host copy of the weights (the CPU backend's own) */
+    model net;                      /* the parameter table (the CPU backend allocates its weights) */
     backend *dev;                   /* the device's backend: it holds the training state */
-    float *adam_m, *adam_v;         /* host copies of the moments: the initial state, then checkpoints (rank 0) */
     balancer *packer;               /* rank 0 */
     balance_sample *samples;        /* every sample as the balancer sees it (backends plan their capacity with it) */
     unsigned char *snapshot;        /* rank 0: balancer state before the lookahead draw (what a checkpoint holds) */
@@ -421,7 +421,7 @@ static void prepare_samples(trainer *t, const sample_batch *batch)
    global sample count. Returns this rank's sum of per-sample losses. */
 static double compute_gradients(trainer *t, const sample_batch *batch)
 {
-    t->dev->ops->begin_step(t->dev);
+    t->dev->ops->begin_step(t->dev, t->current.max_micro);
     const float grad_scale = (float)(1.0 / (double)t->current.global_samples);
     double loss_sum = 0.0;
     for (int micro = 0; micro < t->current.n_micro; micro++) {
@@ -469,27 +469,45 @@ static void checkpoint_outcome(const trainer *t, int must_succeed, const char *p
     }
 }
 
-/* Collective: rank 0 writes (after the prefetch thread has left the HDF5 library), everyone learns the
-   outcome. A failed write is fatal when `must_succeed` (the final checkpoint) or when [checkpoint]
-   max_failures periodic ones in a row failed (the last good checkpoint stays); otherwise a warning. */
+/* The state groups a checkpoint of this run holds. */
+static unsigned checkpoint_groups(const trainer *t)
+{
+    (void)t;
+    return CHECKPOINT_TRAINING_GROUPS;
+}
+
+/* Collective: rank 0 writes (after the prefetch thread has left the HDF5 library) what every rank's part of the
+   state streams to it tensor by tensor (state.h), and everyone learns the outcome. A failed write is fatal when
+   `must_succeed` (the final checkpoint) or when [checkpoint] max_failures periodic ones in a row failed (the last
+   good checkpoint stays); otherwise a warning. */
 static void save_checkpoint(trainer *t, int must_succeed)
 {
     double started = comm_time();
     int status = 0;
     char path[2 * DECK_PATH_MAX] = "";
-    if (t->info->rank == 0) prefetch_drain(t->reader);
-    t->dev->ops->read_state(t->dev, t->net.weights, t->adam_m, t->adam_v); /* collective: a sharded state's slices */
+    const unsigned groups = checkpoint_groups(t);
+    checkpoint_writer *writer = NULL;
+    checkpoint_state state = {
+        .step = t->step, .epoch = t->current.epoch, .seed = t->config->run.seed,
+        .steps_per_epoch = t->steps_per_epoch,
+        .balancer_state = t->snapshot, .balancer_bytes = t->snapshot_bytes,
+        .rank_seconds = t->rank_seconds, .n_ranks = t->info->n_ranks,
+    };
     if (t->info->rank == 0) {
-        checkpoint_state state = {
-            .step = t->step, .epoch = t->current.epoch, .seed = t->config->run.seed,
-            .steps_per_epoch = t->steps_per_epoch,
-            .adam_m = t->adam_m, .adam_v = t->adam_v,
-            .balancer_state = t->snapshot, .balancer_bytes = t->snapshot_bytes,
-            .rank_seconds = t->rank_seconds, .n_ranks = t->info->n_ranks,
-        };
-        status = checkpoint_save(t->config, &t->net, &state, path, sizeof path, stderr);
+        prefetch_drain(t->reader);
+        const size_t state_bytes = t->snapshot_bytes + sizeof(double) * (size_t)t->info->n_ranks;
+        writer = checkpoint_writer_open(t->config, &t->net, t->step, groups, state_bytes, stderr);
+        status = writer == NULL;
     }
     comm_bcast_bytes(&status, sizeof status);
+    if (status == 0) {
+        status = state_save(t->dev, &t->net, writer, groups); /* collective: every rank's part of each tensor */
+        if (t->info->rank == 0) {
+            if (status == 0) status = checkpoint_write_state(writer, &state);
+            status = checkpoint_writer_commit(writer, path, sizeof path) != 0 || status != 0; /* discards a failed file */
+        }
+        comm_bcast_bytes(&status, sizeof status);
+    }
     t->phase_s[PHASE_CHECKPOINT] += seconds_since(started);
     t->checkpoint_failures = status != 0 ? t->checkpoint_failures + 1 : 0;
     if (status == 0) t->checkpoint_step = t->step;
@@ -497,7 +515,46 @@ static void save_checkpoint(trainer *t, int must_succeed)
     checkpoint_outcome(t, must_succeed, path, seconds_since(started));
 }
 
-/* Weights from [model] init, a checkpoint to resume from, or the random init; the same on every rank. */
+/* Rank 0: opens the checkpoint to resume from and reads its run state (the tensors stream later); non-zero after
+   printing why it cannot be resumed. */
+static int open_resume(trainer *t, const char *path, checkpoint_reader **reader, int64_t *resumed_step,
+                       int64_t *resumed_plan)
+{
+    const deck *config = t->config;
+    checkpoint_state state = {0};
+    checkpoint_reader *r = checkpoint_reader_open(path, config, &t->net, stderr);
+    int status = r == NULL;
+    if (status == 0 && (!checkpoint_reader_has(r, CHECKPOINT_ADAM_M) || !checkpoint_reader_has(r, CHECKPOINT_ADAM_V))) {
+        fprintf(stderr, "%s: missing optimizer moments /optim/m or /optim/v\n", path);
+        status = 1;
+    }
+    if (status == 0) status = checkpoint_read_state(r, &state);
+    if (status == 0 && state.seed != config->run.seed) {
+        fprintf(stderr, "aldit: error: %s was written with [run] seed = %" PRIu64 ", the deck says %" PRIu64
+                "; set that seed to resume, or [checkpoint] resume = off\n", path, state.seed, config->run.seed);
+        status = 1;
+    }
+    if (status == 0 && balancer_load_state(t->packer, state.balancer_state, state.balancer_bytes) != 0) {
+        fprintf(stderr, "aldit: error: %s: the balancer state does not match this deck and store\n", path);
+        status = 1;
+    }
+    *resumed_step = state.step;
+    /* keep the schedule the run started with (a new plan would rest on other measured times) */
+    if (state.steps_per_epoch > 0) *resumed_plan = state.steps_per_epoch;
+    /* the balancer drops unobserved steps of another rank count on load; then so do we */
+    if (status == 0 && state.n_ranks == t->info->n_ranks) t->resumed_seconds = state.rank_seconds;
+    else free(state.rank_seconds);
+    free(state.balancer_state);
+    if (status != 0) {
+        checkpoint_reader_close(r);
+        r = NULL;
+    }
+    *reader = r;
+    return status;
+}
+
+/* Collective: the backend's state from a checkpoint to resume from, [model] init's weights, or the random init,
+   streamed tensor by tensor (state.h). */
 static void initial_state(trainer *t, char *resumed_from, size_t resumed_size)
 {
     const deck *config = t->config;
@@ -507,40 +564,29 @@ static void initial_state(trainer *t, char *resumed_from, size_t resumed_size)
     comm_bcast_bytes(&found, sizeof found);
     if (found < 0) exit_all(ALDIT_EXIT_USAGE);
     int64_t resumed_step = 0, resumed_plan = 0; /* steps per epoch of the run resumed, 0 = none */
+    checkpoint_reader *reader = NULL;
+    unsigned groups = 0;
     if (found) {
+        groups = CHECKPOINT_TRAINING_GROUPS;
+        if (rank == 0) status = open_resume(t, resumed_from, &reader, &resumed_step, &resumed_plan);
+        if (rank == 0 && status != 0)
+            fprintf(stderr, "aldit: error: cannot resume from %s; move it away or set [checkpoint] resume = off\n",
+                    resumed_from);
+    } else if (config->model.init[0]) {
+        groups = CHECKPOINT_GROUP_BIT(CHECKPOINT_WEIGHTS);
         if (rank == 0) {
-            checkpoint_state state = {.adam_m = t->adam_m, .adam_v = t->adam_v};
-            status = checkpoint_load(resumed_from, config, &t->net, &state, stderr);
-            if (status == 0 && state.seed != config->run.seed) {
-                fprintf(stderr, "aldit: error: %s was written with [run] seed = %" PRIu64 ", the deck says %" PRIu64
-                        "; set that seed to resume, or [checkpoint] resume = off\n", resumed_from, state.seed,
-                        config->run.seed);
-                status = 1;
-            }
-            if (status == 0 && balancer_load_state(t->packer, state.balancer_state, state.balancer_bytes) != 0) {
-                fprintf(stderr, "aldit: error: %s: the balancer state does not match this deck and store\n",
-                        resumed_from);
-                status = 1;
-            }
-            if (status != 0)
-                fprintf(stderr, "aldit: error: cannot resume from %s; move it away or set [checkpoint] resume = off\n",
-                        resumed_from);
-            resumed_step = state.step;
-            /* keep the schedule the run started with (a new plan would rest on other measured times) */
-            if (state.steps_per_epoch > 0) resumed_plan = state.steps_per_epoch;
-            /* the balancer drops unobserved steps of another rank count on load; then so do we */
-            if (state.n_ranks == t->info->n_ranks) t->resumed_seconds = state.rank_seconds;
-            else free(state.rank_seconds);
-            free(state.balancer_state);
-        }
-    } else {
-        model_init_random(&t->net, config->run.seed);
-        if (rank == 0 && config->model.init[0]) {
-            status = checkpoint_load_weights(config->model.init, &t->net, stderr);
-            if (status != 0) fprintf(stderr, "aldit: error: cannot start from [model] init = %s\n", config->model.init);
+            reader = checkpoint_reader_open_init(config->model.init, &t->net, stderr);
+            status = reader == NULL;
         }
     }
     comm_bcast_bytes(&status, sizeof status);
+    if (status == 0) status = state_load(t->dev, &t->net, reader, groups, config->run.seed);
+    if (status != 0 && rank == 0 && !found && config->model.init[0])
+        fprintf(stderr, "aldit: error: cannot start from [model] init = %s\n", config->model.init);
+    else if (status != 0 && rank == 0 && reader)
+        fprintf(stderr, "aldit: error: cannot resume from %s; move it away or set [checkpoint] resume = off\n",
+                resumed_from);
+    checkpoint_reader_close(reader);
     if (status != 0) exit_all(ALDIT_EXIT_USAGE);
     comm_bcast_bytes(&resumed_step, sizeof resumed_step);
     comm_bcast_bytes(&resumed_plan, sizeof resumed_plan);
@@ -548,9 +594,6 @@ static void initial_state(trainer *t, char *resumed_from, size_t resumed_size)
         t->steps_per_epoch = resumed_plan;
         t->total_steps = config->run.epochs * resumed_plan;
     }
-    comm_bcast_bytes(t->net.weights, (size_t)t->net.n_weights * sizeof(float));
-    comm_bcast_bytes(t->adam_m, (size_t)t->net.n_weights * sizeof(float));
-    comm_bcast_bytes(t->adam_v, (size_t)t->net.n_weights * sizeof(float));
     t->step = resumed_step;
 }
 
@@ -964,9 +1007,7 @@ static void trainer_setup(trainer *t, const deck *config, const comm_info *info,
     guard_run_folder(config);
     store_open_bcast(&t->data, config->data.store);
     check_store_fits_model(&t->data, config, info->rank);
-    model_create(&t->net, config);
-    t->adam_m = xcalloc((size_t)t->net.n_weights, sizeof *t->adam_m);
-    t->adam_v = xcalloc((size_t)t->net.n_weights, sizeof *t->adam_v);
+    model_create_table(&t->net, config); /* the CPU backend allocates the weights it computes with */
     t->samples = balance_samples(&t->data, config);
     t->dev = device_create_fn(device)(config, info, &t->net, t->samples, t->data.n_samples);
     if (!t->dev) exit_all(ALDIT_EXIT_USAGE);
@@ -1007,17 +1048,9 @@ static void trainer_setup(trainer *t, const deck *config, const comm_info *info,
     }
 }
 
-/* Collective, while the first step's samples are read: the initial state becomes the backend's (a GPU's: uploaded,
-   and NCCL connects the ranks). Only rank 0 writes checkpoints: the others need no host moments after it. */
-static void start_device(trainer *t)
-{
-    t->dev->ops->start(t->dev, t->net.weights, t->adam_m, t->adam_v);
-    if (t->info->rank != 0) {
-        free(t->adam_m);
-        free(t->adam_v);
-        t->adam_m = t->adam_v = NULL;
-    }
-}
+/* Collective, while the first step's samples are read: the state set in initial_state is complete (a GPU's bf16
+   copies made, and NCCL connects the ranks). */
+static void start_device(trainer *t) { t->dev->ops->start(t->dev); }
 
 static void trainer_free(trainer *t)
 {
@@ -1045,8 +1078,6 @@ static void trainer_free(trainer *t)
     free(t->height);
     free(t->width);
     free(t->text_len);
-    free(t->adam_m);
-    free(t->adam_v);
     if (t->dev) t->dev->ops->free(t->dev);
     model_free(&t->net);
     store_close(&t->data);
