@@ -269,8 +269,13 @@ def save_sample(work, index, latent, text, record):
 def encode_items(args, device, todo, report):
     """Encode (index, path, caption) items on `device`; report(index, status) after each, status "ok",
     "unfit" (no bucket fits the clip) or an error message naming the file."""
+    import time
+    started = time.time()
     encoders = Encoders(args, device)
+    print(f"prepare_store: {device}: models loaded in {time.time() - started:.1f} s", file=sys.stderr)
+    seconds = []
     for index, path, caption in todo:
+        sample_started = time.time()
         try:
             frames = read_media(path)
             shape = choose_shape(frames.shape[0], frames.shape[1], frames.shape[2], args.buckets)
@@ -281,9 +286,13 @@ def encode_items(args, device, todo, report):
             if not (np.isfinite(latent).all() and np.isfinite(text).all()):
                 raise ValueError("the encoders gave values that are not finite")
             save_sample(args.work, index, latent, text, sample_record(path, caption, args))
+            seconds.append(time.time() - sample_started)
             report(index, "ok")
         except Exception as error:   # reported with the file's name; the caller stops or skips
             report(index, f"{path}: {type(error).__name__}: {error}")
+    if len(seconds) > 1:   # the first sample also warms up the kernels
+        print(f"prepare_store: {device}: {len(seconds)} samples encoded, {seconds[0]:.2f} s the first, "
+              f"{sum(seconds[1:]) / (len(seconds) - 1):.2f} s each after it", file=sys.stderr)
 
 
 def worker(args, device, todo, queue):

@@ -7,12 +7,13 @@ Builds in DIR a Wan 2.1 VAE (diffusers' AutoencoderKLWan with its default, i.e. 
 encoder (transformers' UMT5EncoderModel: d_model 4096, 24 layers, 64 heads, d_ff 10240, vocabulary 256384), both
 random-initialised (no download: the timing depends on the shapes, not on the values), a word-level tokenizer,
 N captioned 81-frame 480x832 clips (JPEG frame folders) and N 480x832 images; then runs prepare_store.py into
-stores with a length spec of those two buckets, once over one clip (or image) and once over all N, and prints one
-JSON line: seconds per clip and per image, (t_N - t_1) / (N - 1), so that loading the models cancels out.
+stores with a length spec of those two buckets (clips, then images), and prints one JSON line with what
+prepare_store.py reports: the seconds to load the models, the first sample's (kernel warm-up) and each one's after.
 """
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -84,7 +85,7 @@ def main():
     tool = os.path.join(HERE, "..", "..", "tools", "prepare_store.py")
 
     def run(kind, count):
-        """Seconds of prepare_store.py over the first `count` media of a kind (model loading included)."""
+        """prepare_store.py over the first `count` media of a kind: its timing line."""
         media = os.path.join(args.dir, f"media_{kind}_{count}")
         os.makedirs(media, exist_ok=True)
         names = sorted(n for n in os.listdir(os.path.join(args.dir, "media")) if n.startswith(kind))
@@ -95,15 +96,18 @@ def main():
         command = [sys.executable, tool, "--media", media, "--out", os.path.join(args.dir, f"store_{kind}_{count}.h5"),
                    "--vae", os.path.join(args.dir, "vae"), "--text-encoder", os.path.join(args.dir, "text_encoder"),
                    "--tokenizer", tokenizer, "--lengths", lengths]
-        t0 = time.time()
-        subprocess.run(command, check=True)
-        return time.time() - t0
+        done = subprocess.run(command, check=True, stderr=subprocess.PIPE, text=True)
+        sys.stderr.write(done.stderr)
+        found = re.findall(r"(\d+) samples encoded, ([0-9.]+) s the first, ([0-9.]+) s each after it", done.stderr)
+        loaded = re.findall(r"models loaded in ([0-9.]+) s", done.stderr)
+        if not found:
+            raise SystemExit(f"prepare_timing: no timing line from prepare_store.py for {kind}")
+        return {"samples": int(found[0][0]), "first_s": float(found[0][1]), "s_each": float(found[0][2]),
+                "load_s": float(loaded[0]) if loaded else None}
 
     result = {"setup_s": round(setup_s, 1)}
     for kind, count in (("clip", args.clips), ("image", args.images)):
-        one, many = run(kind, 1), run(kind, count)
-        result[f"{kind}_runs_s"] = [round(one, 1), round(many, 1)]
-        result[f"s_per_{kind}"] = round((many - one) / max(1, count - 1), 2)  # model loading cancels out
+        result[kind] = run(kind, count)
     print(json.dumps(result))
 
 
