@@ -299,7 +299,8 @@ static int resolve_shard(const deck *config, const comm_info *info, const model 
         return ALDIT_EXIT_USAGE;
     }
     plan->shard = SHARD_NONE;
-    plan->state = model_layout_state_bytes(&table->layout, LAYOUT_BACKEND_GPU, plan->shard, info->n_ranks);
+    plan->state = model_layout_state_bytes(&table->layout, LAYOUT_BACKEND_GPU, plan->shard, info->n_ranks,
+                                           config->train.ema_decay > 0.0);
     return 0;
 }
 
