@@ -1,4 +1,4 @@
-/* backend_cuda.c — the CUDA backend: GPU choice, memory budget and GPU-model capacity, device state, a step's forward/backward, all-reduce, clip and AdamW, start-up timings. */
+/* backend_cuda.c — the CUDA backend: GPU choice, memory budget and GPU-model capacity, device state, a step's forward/backward, all-reduce, clip, AdamW and the weights' EMA, start-up timings. */
 #include "config.h"
 #include "cuda/backend_cuda.h"
 
@@ -14,6 +14,7 @@
 #include "cuda/gemm.h"
 #include "cuda/gpu.h"
 #include "cuda/gradsync.h"
+#include "cuda/kernels_misc.h"
 #include "cuda/model_gpu.h"
 #ifdef HAVE_CUDNN
 #include "cuda/attention_cudnn.h"
@@ -32,7 +33,7 @@ typedef struct {
     char description[160];        /* gpu_describe() of that GPU */
     int ranks_per_gpu;            /* ranks of this node on that GPU (they share its memory evenly) */
     double free_bytes;            /* free device memory per rank when planned, smallest over ranks */
-    double state_bytes;           /* fp32 master weights, bf16 copies, fp32 gradients, fp32 AdamW m and v */
+    double state_bytes;           /* fp32 master weights, bf16 copies, fp32 gradients, fp32 AdamW m and v (and EMA) */
     double reserve_bytes;         /* kept for cuBLASLt, lazily loaded kernels and NCCL's buffers */
     double mem_budget;            /* activation bytes per rank the balancer plans with (its cost model's bytes) */
     int budget_measured;          /* 1: derived from free memory less [balance] mem_margin; 0: [balance] mem_budget */
@@ -57,6 +58,8 @@ typedef struct {
     gpu_model *net;
     gpu_model_buffers buffers;
     float *adam_m, *adam_v;       /* device, n_weights each */
+    float *ema;                   /* device, as the moments: the master's EMA ([train] ema_decay; else NULL) */
+    int ema_set;                  /* set_range gave the EMA (else start copies the master) */
     shard_layout layout;          /* the values of each state array this rank holds (shard.h's units) */
     double *sumsq, *grad_norm;    /* device scalars */
     float *clip_scale;            /* device: the clip factor AdamW reads */
@@ -188,7 +191,8 @@ static int plan_memory(const deck *config, const comm_info *info, const cost_mod
     gpu_memory_info(&free_bytes, &total_bytes);
     plan->free_bytes = (double)free_bytes / plan->ranks_per_gpu;
     comm_allreduce_min_f64(&plan->free_bytes, 1);
-    plan->state_bytes = (double)table->n_weights * (2.0 * sizeof(float) + sizeof(gpu_bf16) + 2.0 * sizeof(float));
+    plan->state_bytes = (double)table->n_weights * (2.0 * sizeof(float) + sizeof(gpu_bf16) + 2.0 * sizeof(float) +
+                                                    (config->train.ema_decay > 0.0 ? sizeof(float) : 0.0));
     plan->reserve_bytes = RUNTIME_RESERVE_BYTES;
     plan->budget_measured = config->balance.mem_budget <= 0.0;
     const double usable = plan->budget_measured ? plan->free_bytes * (1.0 - config->balance.mem_margin)
@@ -299,7 +303,8 @@ static int resolve_shard(const deck *config, const comm_info *info, const model 
         return ALDIT_EXIT_USAGE;
     }
     plan->shard = SHARD_NONE;
-    plan->state = model_layout_state_bytes(&table->layout, LAYOUT_BACKEND_GPU, plan->shard, info->n_ranks);
+    plan->state = model_layout_state_bytes(&table->layout, LAYOUT_BACKEND_GPU, plan->shard, info->n_ranks,
+                                           config->train.ema_decay > 0.0);
     return 0;
 }
 
@@ -374,6 +379,7 @@ backend *backend_cuda_create(const deck *config, const comm_info *info, model *h
     CUDA_CHECK(cudaMalloc((void **)&gpu->adam_v, n_bytes));
     CUDA_CHECK(cudaMemset(gpu->adam_m, 0, n_bytes));
     CUDA_CHECK(cudaMemset(gpu->adam_v, 0, n_bytes));
+    if (config->train.ema_decay > 0.0) CUDA_CHECK(cudaMalloc((void **)&gpu->ema, n_bytes));
     CUDA_CHECK(cudaMalloc((void **)&gpu->sumsq, 2 * sizeof(double)));
     gpu->grad_norm = gpu->sumsq + 1;
     CUDA_CHECK(cudaMalloc((void **)&gpu->clip_scale, sizeof(float)));
@@ -401,6 +407,7 @@ static void cuda_free(backend *b)
     gpu_model_free(gpu->net);
     CUDA_CHECK(cudaFree(gpu->adam_m));
     CUDA_CHECK(cudaFree(gpu->adam_v));
+    CUDA_CHECK(cudaFree(gpu->ema));
     CUDA_CHECK(cudaFree(gpu->sumsq));
     CUDA_CHECK(cudaFree(gpu->clip_scale));
     CUDA_CHECK(cudaFree(gpu->sumsq_workspace));
@@ -437,6 +444,9 @@ static float *state_array(const train_gpu *gpu, backend_group group, int64_t fir
     case BACKEND_WEIGHTS: return gpu->buffers.master;
     case BACKEND_ADAM_M: return gpu->adam_m;
     case BACKEND_ADAM_V: return gpu->adam_v;
+    case BACKEND_EMA:
+        if (gpu->ema) return gpu->ema;
+        ALDIT_FATAL("cuda backend: this run keeps no EMA ([train] ema_decay = off)");
     default: ALDIT_FATAL("cuda backend: this run keeps no state group %d", (int)group);
     }
 }
@@ -446,6 +456,7 @@ static void cuda_set_range(backend *b, backend_group group, int64_t first, int64
     train_gpu *gpu = b->state;
     float *array = state_array(gpu, group, first, count);
     CUDA_CHECK(cudaMemcpy(array + first, values, (size_t)count * sizeof(float), cudaMemcpyHostToDevice));
+    if (group == BACKEND_EMA) gpu->ema_set = 1;
 }
 
 static void cuda_get_range(const backend *b, backend_group group, int64_t first, int64_t count, float *values)
@@ -456,10 +467,13 @@ static void cuda_get_range(const backend *b, backend_group group, int64_t first,
     CUDA_CHECK(cudaMemcpy(values, array + first, (size_t)count * sizeof(float), cudaMemcpyDeviceToHost));
 }
 
-/* The masters are set: the bf16 copies follow, and the ranks connect. */
+/* The masters are set: an EMA not set starts as them, the bf16 copies follow, and the ranks connect. */
 static void cuda_start(backend *b)
 {
     train_gpu *gpu = b->state;
+    if (gpu->ema && !gpu->ema_set)
+        CUDA_CHECK(cudaMemcpyAsync(gpu->ema, gpu->buffers.master, (size_t)gpu->host->n_weights * sizeof(float),
+                                   cudaMemcpyDeviceToDevice, gpu->stream));
     gpu_model_refresh_working(gpu->net, gpu->stream);
     CUDA_CHECK(cudaStreamSynchronize(gpu->stream));
     gradsync_connect(gpu->sync, gpu->host->n_weights);
@@ -539,13 +553,18 @@ static void cuda_finish_step(backend *b, const adamw_step *hyper, int update, ba
     fused_sumsq(buffers->grads, buffers->n_weights, gpu->sumsq, gpu->sumsq_workspace, gpu->stream);
     /* the gradients already carry 1 / global samples (grad_scale of the micro-batches), as on the CPU */
     fused_clip_scale(gpu->sumsq, 1.0, config->train.grad_clip, gpu->clip_scale, gpu->grad_norm, gpu->stream);
-    if (update)
+    if (update) {
         for (int r = 0; r < gpu->n_runs; r++) {
             const adamw_run *run = &gpu->runs[r];
             fused_adamw(hyper, run->decays ? config->train.weight_decay : 0.0, buffers->master + run->offset,
                         buffers->working + run->offset, buffers->grads + run->offset, gpu->adam_m + run->offset,
                         gpu->adam_v + run->offset, run->n_values, 1.0f, gpu->clip_scale, gpu->stream);
         }
+        /* queued behind AdamW; a non-finite clip scale (AdamW skipped on the device) skips it too */
+        if (gpu->ema)
+            misc_ema_update(gpu->ema, buffers->master, buffers->n_weights, optim_ema_decay(config, hyper->step),
+                            gpu->clip_scale, gpu->stream);
+    }
     CUDA_CHECK(cudaEventRecord(gpu->optimizer_done, gpu->stream));
     CUDA_CHECK(cudaMemcpyAsync(gpu->grad_norm_host, gpu->grad_norm, sizeof(double), cudaMemcpyDeviceToHost,
                                gpu->stream));

@@ -1,4 +1,4 @@
-// kernels_misc.cu — the small CUDA kernels of the GPU model: casts, patchify + flow mixing, the fp32 time path, modulation tables and their gradients.
+// kernels_misc.cu — the small CUDA kernels of the GPU model: casts, patchify + flow mixing, the fp32 time path, modulation tables and their gradients, the weights' EMA.
 //
 // None of these is on the hot path of a block (they touch per-sample vectors, the 64 values of a token's
 // patch, or are element-wise passes the big fused ops could not absorb), so they favour plain, exact code:
@@ -52,6 +52,14 @@ __global__ void accumulate_bf16_kernel(const gpu_bf16 *src, int64_t n, float *ds
 __global__ void accumulate_f32_kernel(const float *src, int64_t n, float *dst)
 {
     FOR_EACH_INDEX(i, n) dst[i] += src[i];
+}
+
+// Rounded as optim_ema on the host: two products and a sum in double, each rounded (no fma), then to fp32.
+__global__ void ema_update_kernel(float *ema, const float *weights, int64_t n, double keep, double take, const float *gate)
+{
+    if (gate && !isfinite(*gate)) return;
+    FOR_EACH_INDEX(i, n)
+    ema[i] = __double2float_rn(__dadd_rn(__dmul_rn(keep, (double)ema[i]), __dmul_rn(take, (double)weights[i])));
 }
 
 __global__ void silu_fwd_kernel(const float *x, int64_t n, float *y)
@@ -257,6 +265,14 @@ void misc_fill_f32(float *dst, int64_t n, float value, cudaStream_t stream)
 {
     if (n <= 0) return;
     fill_f32_kernel<<<blocks_for(n), kThreads, 0, stream>>>(dst, n, value);
+    CUDA_CHECK_LAUNCH();
+}
+
+void misc_ema_update(float *ema, const float *weights, int64_t n, double decay, const float *gate,
+                     cudaStream_t stream)
+{
+    if (n <= 0) return;
+    ema_update_kernel<<<blocks_for(n), kThreads, 0, stream>>>(ema, weights, n, decay, 1.0 - decay, gate);
     CUDA_CHECK_LAUNCH();
 }
 

@@ -1,4 +1,4 @@
-/* kernels_misc.h — the small CUDA kernels of the GPU model: casts, patchify + flow mixing, the fp32 time path, modulation tables and their gradients, element-wise helpers. */
+/* kernels_misc.h — the small CUDA kernels of the GPU model: casts, patchify + flow mixing, the fp32 time path, modulation tables and their gradients, element-wise helpers, the weights' EMA. */
 #ifndef ALDIT_KERNELS_MISC_H
 #define ALDIT_KERNELS_MISC_H
 
@@ -27,6 +27,13 @@ void misc_add_bf16(const gpu_bf16 *a, const gpu_bf16 *b, int64_t n, gpu_bf16 *ou
 void misc_accumulate_bf16(const gpu_bf16 *src, int64_t n, float *dst, cudaStream_t stream);
 /* dst += src (fp32). */
 void misc_accumulate_f32(const float *src, int64_t n, float *dst, cudaStream_t stream);
+
+/* One update of the weights' EMA in place, after the step's AdamW: ema = (float)(decay * ema + (1 - decay) * w),
+   in double without fused multiply-adds, so the bits are model/optim.h's optim_ema's. gate (device fp32, e.g. the
+   step's clip scale from fused_clip_scale; NULL = none): when it is not finite the AdamW step was skipped on the
+   device, and so is this (nothing written). */
+void misc_ema_update(float *ema, const float *weights, int64_t n, double decay, const float *gate,
+                     cudaStream_t stream);
 
 /* ---- patchify and rectified-flow inputs ------------------------------------------------------------
    latents, noise: fp32, sample b's [channels, frames_b, height_b, width_b] values from latent_start[b]

@@ -1,13 +1,14 @@
 #!/bin/sh
 # sample_tool.sh — tools/sample.py on a real aldit checkpoint of a tiny model (2 CPU training steps) with tiny
 # random Wan VAE and umT5 (tests/tiny_wan.py): an mp4 of the asked frame count and size and a PNG grid, the
-# /ema weights preferred when present (and --no-ema), Wan's official safetensors + config.json, and the
-# Wan-name mapping loading every parameter (strict). Skips where torch, diffusers or transformers do not import.
+# /ema weights preferred when present (--no-ema: the raw ones; --ema: those, exported as such, and an error where
+# there are none), Wan's official safetensors + config.json, and the Wan-name mapping loading every parameter
+# (strict). Skips where torch, diffusers or transformers do not import.
 . "${top_srcdir:-.}/tests/python_lib.sh"
 python_needs torch diffusers transformers tokenizers h5py av PIL safetensors
 . "$top_srcdir/tests/train_lib.sh"
 tiny="$PYTHON $top_srcdir/tests/tiny_wan.py"
-tap_plan 11
+tap_plan 14
 
 $tiny models "$WORK/models" > "$WORK/models.log" 2>&1
 tap_result $? "tiny Wan VAE, umT5 encoder and tokenizer are made" "$(cat "$WORK/models.log")"
@@ -63,6 +64,19 @@ tap_result $found "with /ema present its weights are used" "$out"
 cmp -s "$WORK/a.png" "$WORK/e.png"; tap_is "the EMA weights give another sample" "$?" 1
 out=$(sample "$WORK/ema.h5" --out "$WORK/n" --no-ema 2>&1)
 tap_ok "--no-ema uses the raw weights: the same sample as the checkpoint's" cmp "$WORK/a.png" "$WORK/n.png"
+out=$(sample "$WORK/ema.h5" --out "$WORK/m" --ema --save-wan "$WORK/wan-ema" 2>&1)
+tap_ok "--ema uses the /ema weights: the same sample as the default's with /ema present" cmp "$WORK/e.png" "$WORK/m.png"
+out=$($PYTHON -c "
+import h5py, sys
+from safetensors.numpy import load_file
+state = load_file(sys.argv[2] + '/diffusion_pytorch_model.safetensors')
+with h5py.File(sys.argv[1]) as f:
+    print('ema' if all((state[k] == f['ema/' + k][()]).all() for k in state) and len(state) == len(f['ema']) else 'not ema')
+" "$WORK/ema.h5" "$WORK/wan-ema" 2>&1)
+tap_is "--ema --save-wan exports the /ema weights in Wan's format" "$out" "ema"
+out=$(sample "$checkpoint" --out "$WORK/none" --ema 2>&1); status=$?
+case $status:$out in 2:*"--ema, but the file has no /ema group"*) found=0 ;; *) found=1 ;; esac
+tap_result $found "--ema on a checkpoint without /ema is a usage error (2) saying so" "$status: $out"
 sample "$checkpoint" --out "$WORK/bad" --frames 8 > "$WORK/bad.log" 2>&1
 tap_is "8 frames (not 4k+1) is a usage error (2)" "$?" 2
 tap_done

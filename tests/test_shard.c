@@ -104,17 +104,29 @@ static void test_wan14b_full_state(void **unused)
     model_layout ml;
     model_layout_init(&ml, &dims);
     const double n = (double)ml.n_weights, b = (double)ml.block_stride, e = n - 40.0 * b;
-    layout_state_bytes none = model_layout_state_bytes(&ml, LAYOUT_BACKEND_GPU, SHARD_NONE, 8);
+    layout_state_bytes none = model_layout_state_bytes(&ml, LAYOUT_BACKEND_GPU, SHARD_NONE, 8, 0);
     assert_true(layout_state_total(&none) == 18.0 * n);
     const double s = (double)layout_shard_values(&ml, LAYOUT_BACKEND_GPU, 8);
     assert_true(s >= n / 8.0 && s < n / 8.0 + 42.0 * 8.0);
-    layout_state_bytes full = model_layout_state_bytes(&ml, LAYOUT_BACKEND_GPU, SHARD_FULL, 8);
+    layout_state_bytes full = model_layout_state_bytes(&ml, LAYOUT_BACKEND_GPU, SHARD_FULL, 8, 0);
     assert_true(layout_state_total(&full) == 2.0 * e + 4.0 * b + 4.0 * (e + 2.0 * b) + 16.0 * s);
     assert_true(layout_state_total(&full) <= 32.0 * 1073741824.0);
-    layout_state_bytes optimizer = model_layout_state_bytes(&ml, LAYOUT_BACKEND_GPU, SHARD_OPTIMIZER, 8);
+    layout_state_bytes optimizer = model_layout_state_bytes(&ml, LAYOUT_BACKEND_GPU, SHARD_OPTIMIZER, 8, 0);
     assert_true(layout_state_total(&optimizer) == 6.0 * n + 12.0 * s);
-    layout_state_bytes cpu = model_layout_state_bytes(&ml, LAYOUT_BACKEND_CPU, SHARD_FULL, 8);
+    layout_state_bytes cpu = model_layout_state_bytes(&ml, LAYOUT_BACKEND_CPU, SHARD_FULL, 8, 0);
     assert_true(layout_state_total(&cpu) == 8.0 * n + 12.0 * (double)((ml.n_weights + 7) / 8));
+    /* the EMA: 4 bytes per held value, as the master */
+    layout_state_bytes ema_full = model_layout_state_bytes(&ml, LAYOUT_BACKEND_GPU, SHARD_FULL, 8, 1);
+    assert_true(ema_full.ema == 4.0 * s && layout_state_total(&ema_full) == layout_state_total(&full) + 4.0 * s);
+    layout_state_bytes ema_none = model_layout_state_bytes(&ml, LAYOUT_BACKEND_CPU, SHARD_NONE, 8, 1);
+    assert_true(ema_none.ema == 4.0 * n && layout_state_total(&ema_none) == 20.0 * n);
+    layout_state_bytes ema_cpu = model_layout_state_bytes(&ml, LAYOUT_BACKEND_CPU, SHARD_FULL, 8, 1);
+    assert_true(ema_cpu.ema == 4.0 * (double)((ml.n_weights + 7) / 8));
+    char text[512];
+    shard_describe(SHARD_FULL, 8, &ema_full, 0, text, sizeof text);
+    assert_non_null(strstr(text, ", EMA weights "));
+    shard_describe(SHARD_FULL, 8, &full, 0, text, sizeof text);
+    assert_null(strstr(text, "EMA"));
 }
 
 int main(void)

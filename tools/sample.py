@@ -2,7 +2,8 @@
 """sample.py — samples from an aldit checkpoint: Wan-format weights, then a video (mp4) and a frame grid (PNG) with diffusers' WanPipeline.
 
 Reads the weights of an aldit checkpoint (or any HDF5 file with a dataset per Wan parameter name), or its
-`/ema/<name>` datasets when the file has an `/ema` group (--no-ema: the raw weights), and the model dims
+`/ema/<name>` datasets when the file has an `/ema` group (a run with [train] ema_decay writes one; --ema: those,
+an error where the file has none; --no-ema: the raw weights), and the model dims
 from its `/model` attributes (or --deck-dims for a plain weights file). The weights go into diffusers'
 WanTransformer3DModel under diffusers' names (tools/wan_names.py) and optionally out as Wan's official
 format (--save-wan DIR: diffusion_pytorch_model.safetensors + config.json) or diffusers' (--save-diffusers
@@ -46,7 +47,10 @@ def parse_args():
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
                                      epilog=__doc__.split("\n\n", 1)[1])
     parser.add_argument("--checkpoint", required=True, help="aldit checkpoint or Wan-named HDF5 weights")
-    parser.add_argument("--no-ema", action="store_true", help="use the raw weights even where /ema exists")
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--ema", action="store_true",
+                       help="use the /ema weights ([train] ema_decay); an error where the file has none")
+    which.add_argument("--no-ema", action="store_true", help="use the raw weights even where /ema exists")
     parser.add_argument("--deck-dims", metavar="KEY=VALUE,...",
                         help="model dims for a file without /model, e.g. dim=32,ffn_dim=64,num_heads=2,...")
     parser.add_argument("--wan", help="a diffusers Wan 2.1 folder with vae/, text_encoder/, tokenizer/")
@@ -99,7 +103,10 @@ def read_weights(args):
         deck = f.attrs.get("deck", "")
         deck = deck.decode() if isinstance(deck, bytes) else str(deck)
         found = re.search(r"^\s*text_padding\s*=\s*(\w+)", deck, re.M)
-        group = f["ema"] if "ema" in f and isinstance(f["ema"], h5py.Group) and not args.no_ema else f
+        has_ema = "ema" in f and isinstance(f["ema"], h5py.Group)
+        if args.ema and not has_ema:
+            fail(f"{args.checkpoint}: --ema, but the file has no /ema group (its run kept no EMA: [train] ema_decay = off)")
+        group = f["ema"] if has_ema and not args.no_ema else f
         source = f"{args.checkpoint}:/ema" if group is not f else args.checkpoint
         state = {name: np.asarray(item[()], np.float32) for name, item in group.items() if isinstance(item, h5py.Dataset)}
     return state, dims, found.group(1) if found else None, source

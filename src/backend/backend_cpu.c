@@ -1,4 +1,4 @@
-/* backend_cpu.c — the CPU backend: forward/backward on the CPU model, the gradient sum through MPI, clip and AdamW over host arrays. */
+/* backend_cpu.c — the CPU backend: forward/backward on the CPU model, the gradient sum through MPI, clip, AdamW and the weights' EMA over host arrays. */
 #include "config.h"
 #include "backend/backend_cpu.h"
 
@@ -23,7 +23,8 @@
    - gradients: also the gradients' sum is reduce-scattered: each rank keeps only its slice of it (grad_shard);
    - full: also the weights: a rank's slice of net's weights is its own, the rest is gathered before the step's
      first micro-batch (on the host the whole model at once: the CPU has no per-block memory to save).
-   The norm for clipping is summed from the slices where the gradients are sharded. */
+   The norm for clipping is summed from the slices where the gradients are sharded. The EMA ([train] ema_decay > 0)
+   covers the values a rank updates, as the moments: the whole array in mode none, else this rank's slice. */
 typedef struct {
     const deck *config;
     model *net;           /* the trainer's: its weights are the state */
@@ -32,6 +33,8 @@ typedef struct {
     float *grads;         /* n_weights: the step's gradients on this rank */
     float *grad_shard;    /* gradients, full: this rank's slice of their sum (count values) */
     float *adam_m, *adam_v; /* none: n_weights; sharded: this rank's slice */
+    float *ema;           /* the same values' EMA; NULL without [train] ema_decay */
+    int ema_set;          /* set_range gave the EMA (else start copies the weights) */
     double rss_base;      /* resident bytes when the state was started (mem_peak: growth of the peak over it) */
 } cpu_state;
 
@@ -68,9 +71,9 @@ static double peak_resident_bytes(void)
 }
 
 /* The state's bytes on one rank of the CPU backend in this mode (all fp32; see cpu_state). */
-static shard_bytes state_bytes_of(const model *table, deck_shard mode, int n_ranks)
+static shard_bytes state_bytes_of(const deck *config, const model *table, deck_shard mode, int n_ranks)
 {
-    return model_layout_state_bytes(&table->layout, LAYOUT_BACKEND_CPU, mode, n_ranks);
+    return model_layout_state_bytes(&table->layout, LAYOUT_BACKEND_CPU, mode, n_ranks, config->train.ema_decay > 0.0);
 }
 
 int backend_cpu_plan(const deck *config, const comm_info *info, const model *table, const balance_sample *samples,
@@ -92,11 +95,11 @@ int backend_cpu_plan(const deck *config, const comm_info *info, const model *tab
     if (plan->shard == SHARD_AUTO) {
         plan->shard = SHARD_FULL;
         for (deck_shard mode = SHARD_NONE; mode <= SHARD_FULL; mode++) {
-            shard_bytes bytes = state_bytes_of(table, mode, info->n_ranks);
+            shard_bytes bytes = state_bytes_of(config, table, mode, info->n_ranks);
             if (per_rank - shard_bytes_total(&bytes) > room) { plan->shard = mode; break; }
         }
     }
-    plan->state = state_bytes_of(table, plan->shard, info->n_ranks);
+    plan->state = state_bytes_of(config, table, plan->shard, info->n_ranks);
     /* the balancer plans with the CPU model's own activation bytes (also when [run] device = auto lands here) */
     cost_model_init(&plan->memory_model, config);
     cost_model_set_memory(&plan->memory_model, config, LAYOUT_BACKEND_CPU);
@@ -137,6 +140,7 @@ static void cpu_free(backend *b)
     free(s->grad_shard);
     free(s->adam_m);
     free(s->adam_v);
+    free(s->ema);
     free(s);
     free(b);
 }
@@ -164,13 +168,18 @@ static float *state_values(const cpu_state *s, backend_group group, int64_t firs
     case BACKEND_WEIGHTS: return s->net->weights + first;
     case BACKEND_ADAM_M: return s->adam_m + (first - l->first);
     case BACKEND_ADAM_V: return s->adam_v + (first - l->first);
+    case BACKEND_EMA:
+        if (s->ema) return s->ema + (first - l->first);
+        ALDIT_FATAL("cpu backend: this run keeps no EMA ([train] ema_decay = off)");
     default: ALDIT_FATAL("cpu backend: this run keeps no state group %d", (int)group);
     }
 }
 
 static void cpu_set_range(backend *b, backend_group group, int64_t first, int64_t count, const float *values)
 {
-    memcpy(state_values(b->state, group, first, count), values, (size_t)count * sizeof(float));
+    cpu_state *s = b->state;
+    memcpy(state_values(s, group, first, count), values, (size_t)count * sizeof(float));
+    if (group == BACKEND_EMA) s->ema_set = 1;
 }
 
 static void cpu_get_range(const backend *b, backend_group group, int64_t first, int64_t count, float *values)
@@ -178,10 +187,13 @@ static void cpu_get_range(const backend *b, backend_group group, int64_t first, 
     memcpy(values, state_values(b->state, group, first, count), (size_t)count * sizeof(float));
 }
 
-/* Every rank set its slice of the weights: sharded modes gather the whole model (full: again each step). */
+/* Every rank set its slice of the weights: an EMA not set starts as them; sharded modes gather the whole model
+   (full: again each step). */
 static void cpu_start(backend *b)
 {
     cpu_state *s = b->state;
+    if (s->ema && !s->ema_set)
+        memcpy(s->ema, s->net->weights + s->layout.first, (size_t)s->layout.count * sizeof(float));
     if (s->layout.mode != SHARD_NONE) comm_allgather_f32(s->net->weights, s->net->n_weights);
     s->rss_base = resident_bytes();
 }
@@ -252,6 +264,8 @@ static void cpu_finish_step(backend *b, const adamw_step *hyper, int update, bac
             optim_clip(s->grads, n, result->grad_norm, s->config->train.grad_clip);
             adamw_range(s, hyper, 0, n, s->grads);
         }
+        if (s->ema) /* the values this rank updated (mode none: all) */
+            optim_ema(s->ema, s->net->weights + s->layout.first, s->layout.count, optim_ema_decay(s->config, hyper->step));
         /* full gathers at the next step's start; optimizer and gradients now */
         if (s->layout.mode == SHARD_OPTIMIZER || s->layout.mode == SHARD_GRADIENTS) comm_allgather_f32(s->net->weights, n);
     }
@@ -291,6 +305,7 @@ backend *backend_cpu_create(const deck *config, const comm_info *info, model *ne
     if (sharded_gradients(s)) s->grad_shard = xcalloc((size_t)(s->layout.count > 0 ? s->layout.count : 1), sizeof(float));
     s->adam_m = xcalloc((size_t)(n_moments > 0 ? n_moments : 1), sizeof *s->adam_m);
     s->adam_v = xcalloc((size_t)(n_moments > 0 ? n_moments : 1), sizeof *s->adam_v);
+    if (config->train.ema_decay > 0.0) s->ema = xcalloc((size_t)(n_moments > 0 ? n_moments : 1), sizeof *s->ema);
     backend *b = xcalloc(1, sizeof *b);
     b->ops = &cpu_ops;
     b->state = s;

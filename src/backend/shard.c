@@ -92,15 +92,20 @@ const char *shard_mode_name(deck_shard mode) { return deck_shard_name(mode); }
 void shard_describe(deck_shard mode, int n_ranks, const shard_bytes *bytes, int chosen_by_auto, char *text,
                     size_t text_size)
 {
-    char weights[32], gathered[32], gradients[32], master[32], moments[32], total[32];
+    char weights[32], gathered[32], gradients[32], master[32], moments[32], ema[48] = "", total[32];
     format_size(bytes->weights, weights, sizeof weights);
     format_size(bytes->gathered, gathered, sizeof gathered);
     format_size(bytes->gradients, gradients, sizeof gradients);
     format_size(bytes->master, master, sizeof master);
     format_size(bytes->moments, moments, sizeof moments);
     format_size(shard_bytes_total(bytes), total, sizeof total);
+    if (bytes->ema > 0.0) {
+        char ema_size[32];
+        format_size(bytes->ema, ema_size, sizeof ema_size);
+        snprintf(ema, sizeof ema, ", EMA weights %s", ema_size);
+    }
     snprintf(text, text_size, "  state      shard = %s%s over %d rank(s): %s per rank (weights %s, gathered blocks %s, "
-             "gradients %s, master weights %s, AdamW moments %s)\n", shard_mode_name(mode),
+             "gradients %s, master weights %s, AdamW moments %s%s)\n", shard_mode_name(mode),
              chosen_by_auto ? " (auto: the least that fits)" : "", n_ranks, total, weights, gathered, gradients, master,
-             moments);
+             moments, ema);
 }

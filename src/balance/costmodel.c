@@ -83,7 +83,8 @@ layout_backend cost_model_backend(const deck *config)
 double cost_model_state_bytes(const deck *config, deck_shard mode, int n_ranks)
 {
     const model_layout layout = layout_of(config);
-    layout_state_bytes bytes = model_layout_state_bytes(&layout, cost_model_backend(config), mode, n_ranks);
+    layout_state_bytes bytes = model_layout_state_bytes(&layout, cost_model_backend(config), mode, n_ranks,
+                                                         config->train.ema_decay > 0.0);
     return layout_state_total(&bytes);
 }
 

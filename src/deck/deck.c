@@ -200,6 +200,13 @@ static const deck_key deck_keys[] = {
     {KEY("train", "shard", KEY_ENUM, train.shard), .choices = shard_names, .default_text = "auto",
      .help = "training state split across the ranks: none, optimizer (fp32 master weights and AdamW moments), "
              "gradients (also the summed gradients), full (also the weights), or auto (the least that fits)"},
+    {KEY("train", "ema_decay", KEY_DOUBLE, train.ema_decay), .min = 0, .max = 1, .max_open = 1, .zero_word = "off",
+     .default_text = "off",
+     .help = "keep an fp32 exponential moving average of the weights, ema = d ema + (1 - d) w after each optimizer "
+             "update (e.g. 0.9999), in the checkpoints as /ema (off = 0: none)"},
+    {KEY("train", "ema_warmup", KEY_BOOL, train.ema_warmup), .default_text = "off",
+     .help = "the EMA update of optimizer step k + 1 (step 1: k = 0) uses min(ema_decay, (1 + k) / (10 + k)), "
+             "so the first weights fade fast (off: ema_decay from the first update)"},
     /* [checkpoint] */
     {KEY("checkpoint", "every", KEY_INT64, checkpoint.every), .min = 0, .max = 1e12, .default_text = "0",
      .help = "checkpoint every N steps (0 = only at the end, on a signal and by interval)"},

@@ -93,6 +93,8 @@ typedef struct {
         int autotune;                  /* CUDA: time cuBLASLt's and cuDNN's candidate configurations (1) */
         double allreduce_bucket;       /* CUDA: bytes per overlapped gradient all-reduce; 0 = one after the backward */
         deck_shard shard;              /* auto | none | optimizer | gradients | full */
+        double ema_decay;              /* EMA of the fp32 weights: ema = d ema + (1 - d) w per update (0 = off) */
+        int ema_warmup;                /* 1: step k + 1 (k from 0) uses min(ema_decay, (1 + k) / (10 + k)) */
     } train;
     struct {
         int64_t every;                 /* checkpoint every N steps (0 = only at the end / on a signal) */

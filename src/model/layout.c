@@ -346,12 +346,12 @@ int64_t layout_shard_values(const model_layout *layout, layout_backend backend, 
 }
 
 layout_state_bytes model_layout_state_bytes(const model_layout *layout, layout_backend backend, deck_shard mode,
-                                            int n_ranks)
+                                            int n_ranks, int ema)
 {
     const double n = (double)layout->n_weights, b = (double)layout->block_stride;
     const double e = n - (double)layout->dims.num_layers * b;
     const double s = mode == SHARD_NONE ? n : (double)layout_shard_values(layout, backend, n_ranks);
-    layout_state_bytes bytes = {.gradients = 4.0 * n, .moments = 8.0 * s};
+    layout_state_bytes bytes = {.gradients = 4.0 * n, .moments = 8.0 * s, .ema = ema ? 4.0 * s : 0.0};
     if (backend == LAYOUT_BACKEND_CPU) {
         bytes.weights = 4.0 * n;
         if (mode == SHARD_GRADIENTS || mode == SHARD_FULL) bytes.gradients = 4.0 * n + 4.0 * s;
@@ -369,5 +369,5 @@ layout_state_bytes model_layout_state_bytes(const model_layout *layout, layout_b
 
 double layout_state_total(const layout_state_bytes *bytes)
 {
-    return bytes->weights + bytes->gathered + bytes->gradients + bytes->master + bytes->moments;
+    return bytes->weights + bytes->gathered + bytes->gradients + bytes->master + bytes->moments + bytes->ema;
 }

@@ -114,7 +114,7 @@ int64_t layout_gpu_scratch_bytes(const model_layout *layout, int64_t device_scra
 
 /* ---- the training state ------------------------------------------------------------------------------
    Bytes of the training state on one rank, by what it holds, for [train] shard = `mode` (resolved: not auto) over
-   n_ranks ranks: the one formula both backends allocate by and plan with (aldit --check, aldit-sim, the balancer's
+   n_ranks ranks, with the weights' EMA when `ema` is 1 ([train] ema_decay > 0): the one formula both backends allocate by and plan with (aldit --check, aldit-sim, the balancer's
    budget). n = n_weights, L = num_layers, b = block_stride, e = n - L b (embeddings and head), s = the values a rank
    holds of a sharded array, as backend/shard.h cuts it: CPU: ceil(n / R) (one unit); GPU: the sum over the units
    (embeddings, each block, head) of ceil(unit / R) (pieces padded to equal size).
@@ -124,17 +124,19 @@ int64_t layout_gpu_scratch_bytes(const model_layout *layout, int64_t device_scra
    GPU: none: weights 2n (bf16), gradients 4n (fp32), master 4n, moments 8n; optimizer: master 4s, moments 8s;
      gradients: also gradients 4 (e + 2 b) + 4 s (the embeddings' and head's whole, two staging slots of one block's,
      this rank's slice of the sum); full: also weights 2 e (only the embeddings' and head's bf16 stay whole) and
-     gathered 2 * 2 b (two bf16 slots of one block's weights). */
+     gathered 2 * 2 b (two bf16 slots of one block's weights).
+   Either backend, with the EMA: ema 4 s (fp32, held as the master is; 4 n in mode none). */
 typedef struct {
     double weights;    /* the weights the model computes with (CPU: fp32; GPU: bf16), whole or gathered */
     double gathered;   /* GPU, full: the bf16 weights of the blocks gathered at once (0 elsewhere) */
     double gradients;  /* the step's gradients (and, sharded, this rank's slice of their sum) */
     double master;     /* fp32 master weights apart from `weights` (0 where they are the same array) */
     double moments;    /* AdamW m and v, fp32 */
+    double ema;        /* the weights' exponential moving average, fp32 (0 without [train] ema_decay) */
 } layout_state_bytes;
 
 layout_state_bytes model_layout_state_bytes(const model_layout *layout, layout_backend backend, deck_shard mode,
-                                            int n_ranks);
+                                            int n_ranks, int ema);
 double layout_state_total(const layout_state_bytes *bytes);
 /* s above: the values of one sharded array a rank holds (the largest over ranks), as shard.h cuts it. */
 int64_t layout_shard_values(const model_layout *layout, layout_backend backend, int n_ranks);

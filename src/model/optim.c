@@ -1,4 +1,4 @@
-/* optim.c — warmup + cosine learning rate, global-norm gradient clipping and AdamW with decoupled weight decay. */
+/* optim.c — warmup + cosine learning rate, global-norm gradient clipping, AdamW with decoupled weight decay, the weights' EMA. */
 #include "model/optim.h"
 
 #include <math.h>
@@ -55,4 +55,19 @@ void optim_adamw(const adamw_step *hyper, double weight_decay, float *weights, c
         float m_hat = m[i] * m_correction, v_hat = v[i] * v_correction;
         weights[i] = weights[i] * decay - lr * m_hat / (sqrtf(v_hat) + eps);
     }
+}
+
+double optim_ema_decay(const deck *config, int64_t step)
+{
+    const double decay = config->train.ema_decay;
+    if (!config->train.ema_warmup) return decay;
+    const double k = (double)(step > 1 ? step - 1 : 0), ramp = (1.0 + k) / (10.0 + k);
+    return ramp < decay ? ramp : decay;
+}
+
+void optim_ema(float *ema, const float *weights, int64_t n_values, double decay)
+{
+    const double keep = decay, take = 1.0 - decay;
+    /* ISO C (-std=c11) keeps GCC from contracting this into a fused multiply-add */
+    for (int64_t i = 0; i < n_values; i++) ema[i] = (float)(keep * (double)ema[i] + take * (double)weights[i]);
 }

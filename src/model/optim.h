@@ -36,4 +36,12 @@ typedef struct {
 void optim_adamw(const adamw_step *hyper, double weight_decay, float *weights, const float *grads,
                  float *m, float *v, int64_t n_values);
 
+/* The EMA decay of optimizer step `step` (1-based): [train] ema_decay, or with ema_warmup
+   min(ema_decay, (1 + k) / (10 + k)) for k = step - 1. 0 when the EMA is off. */
+double optim_ema_decay(const deck *config, int64_t step);
+
+/* One EMA update of n_values in place: ema = (float)(decay * ema + (1 - decay) * w), computed in double
+   as written (two products, one sum, no fused multiply-add), so the CUDA kernel gives the same bits. */
+void optim_ema(float *ema, const float *weights, int64_t n_values, double decay);
+
 #endif

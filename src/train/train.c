@@ -339,6 +339,7 @@ typedef struct {
     int64_t first_step;
     metrics_file *metrics;          /* rank 0 */
     int metrics_failed;             /* a write to it failed (warned once; training goes on) */
+    int ema_resumed;                /* [train] ema_decay: the EMA came from the checkpoint resumed (else the weights) */
 } trainer;
 
 static double seconds_since(double start) { return comm_time() - start; }
@@ -469,11 +470,10 @@ static void checkpoint_outcome(const trainer *t, int must_succeed, const char *p
     }
 }
 
-/* The state groups a checkpoint of this run holds. */
+/* The state groups a checkpoint of this run holds: weights, moments and, with [train] ema_decay, the EMA. */
 static unsigned checkpoint_groups(const trainer *t)
 {
-    (void)t;
-    return CHECKPOINT_TRAINING_GROUPS;
+    return CHECKPOINT_TRAINING_GROUPS | (t->config->train.ema_decay > 0.0 ? CHECKPOINT_GROUP_BIT(CHECKPOINT_EMA) : 0u);
 }
 
 /* Collective: rank 0 writes (after the prefetch thread has left the HDF5 library) what every rank's part of the
@@ -572,6 +572,13 @@ static void initial_state(trainer *t, char *resumed_from, size_t resumed_size)
         if (rank == 0 && status != 0)
             fprintf(stderr, "aldit: error: cannot resume from %s; move it away or set [checkpoint] resume = off\n",
                     resumed_from);
+        /* the EMA resumes from /ema where the file has it; else (a run that kept none) it starts at the weights */
+        if (rank == 0 && status == 0 && config->train.ema_decay > 0.0)
+            t->ema_resumed = checkpoint_reader_has(reader, CHECKPOINT_EMA);
+        comm_bcast_bytes(&t->ema_resumed, sizeof t->ema_resumed);
+        if (t->ema_resumed) groups |= CHECKPOINT_GROUP_BIT(CHECKPOINT_EMA);
+        else if (rank == 0 && status == 0 && config->train.ema_decay > 0.0)
+            printf("aldit: note: %s has no /ema (its run kept no EMA): the EMA starts at its weights\n", resumed_from);
     } else if (config->model.init[0]) {
         groups = CHECKPOINT_GROUP_BIT(CHECKPOINT_WEIGHTS);
         if (rank == 0) {
@@ -625,6 +632,11 @@ static void print_summary(const trainer *t, const char *resumed_from)
            (long long)t->total_steps, (long long)t->steps_per_epoch, config->train.lr,
            (long long)config->train.warmup_steps, config->train.lr_schedule == LR_COSINE ? "cosine" : "constant",
            config->train.min_lr, config->train.weight_decay, config->train.grad_clip);
+    if (config->train.ema_decay > 0.0)
+        printf("  ema        fp32 EMA of the weights, decay %g%s, from %s\n", config->train.ema_decay,
+               config->train.ema_warmup ? " (warm-up: min(decay, (1 + k) / (10 + k)) at step k + 1)" : "",
+               t->ema_resumed ? "the checkpoint's /ema" : resumed_from[0] ? "the checkpoint's weights (it has no /ema)"
+               : config->model.init[0] ? "the [model] init weights" : "the initial weights");
     char path[2 * DECK_PATH_MAX];
     metrics_path(config, path, sizeof path);
     printf("  metrics    %s\n", path);
