@@ -5,12 +5,13 @@
 # weights with lr = 1e-30 (no weight moves in fp32): the same loss at every pass and on 1, 2 and 3 ranks (within
 # 1e-12 relative: fixed noise levels, noise keyed by the seed and the sample; only the order of the sums
 # differs), and the oracle's. A fully sharded state validates the unsharded run's weights (within 1e-6); a
-# resumed run's validation losses equal an uninterrupted run's. Bad eval stores and [eval] samples are refused
-# with exit 2 before training, also by --check.
+# resumed run's validation losses equal an uninterrupted run's. On GPUs (skipped without): the forward-only
+# pass within 2e-2 of the CPU's, 2 GPU ranks the same as 1 within 1e-12. Bad eval stores and [eval] samples are
+# refused with exit 2 before training, also by --check.
 . "${top_srcdir:-.}/tests/train_lib.sh"
 ORACLE="$top_builddir/tests/eval_oracle"
 FROZEN="train.lr=1e-30 train.min_lr=0"
-tap_plan 24
+tap_plan 27
 
 tap_ok "aldit-store synth makes the test store" make_store
 "$top_builddir/aldit-store" synth --spec "$top_srcdir/tests/decks/train_tiny.lengths" --samples 12 --text-len 16 \
@@ -82,6 +83,33 @@ run_aldit 2 resumed run.steps=4 $EVAL eval.every=4 train.shard=none && \
 tap_is "a run of 4 steps resumed to 8: exit 0" "$?" 0
 same_vals none2 resumed 0
 tap_result $? "its validation losses equal the uninterrupted run's" "$(cat "$WORK/compare.none2.resumed")"
+
+# ---- on GPUs: the forward-only pass (bf16) near the CPU's on the frozen weights; 2 GPU ranks the same as 1 ----
+n_gpus=0
+probe="$top_builddir/tests/gpu_present"
+if [ -x "$probe" ]; then n_gpus=$("$probe" 2> /dev/null) || n_gpus=0; fi
+case $n_gpus in ''|*[!0-9]*) n_gpus=0 ;; esac
+echo "# GPUs visible: $n_gpus"
+if [ "$n_gpus" -ge 1 ]; then
+    run_aldit 1 gpu1 run.device=cuda run.steps=6 $FROZEN model.init="$WORK/moving/checkpoints/step_00000008.h5" $EVAL \
+        eval.every=2 eval.samples=10 train.autotune=off; status=$?
+    tap_is "1 GPU, frozen weights: exit 0" "$status" 0
+    same_vals frozen1 gpu1 2e-2
+    tap_result $? "its validation losses within 2e-2 of the CPU's (largest $(tail -1 "$WORK/compare.frozen1.gpu1"))" \
+        "$(cat "$WORK/compare.frozen1.gpu1"; tail -5 "$WORK/gpu1.log")"
+else
+    tap_result 0 "1 GPU, frozen weights: exit 0 # SKIP no GPU visible"
+    tap_result 0 "its validation losses within 2e-2 of the CPU's # SKIP no GPU visible"
+fi
+if [ "$n_gpus" -ge 2 ]; then
+    run_aldit 2 gpu2 run.device=cuda run.steps=6 $FROZEN model.init="$WORK/moving/checkpoints/step_00000008.h5" $EVAL \
+        eval.every=2 eval.samples=10 train.autotune=off
+    same_vals gpu1 gpu2 1e-12
+    tap_result $? "2 GPU ranks: the validation losses of 1 within 1e-12 (largest $(tail -1 "$WORK/compare.gpu1.gpu2"))" \
+        "$(cat "$WORK/compare.gpu1.gpu2"; tail -5 "$WORK/gpu2.log")"
+else
+    tap_result 0 "2 GPU ranks: the validation losses of 1 within 1e-12 # SKIP fewer than 2 GPUs visible"
+fi
 
 # ---- bad eval stores: exit 2 naming [eval] store before training, also under --check ----
 "$top_builddir/aldit-store" synth --spec "$top_srcdir/tests/decks/train_tiny.lengths" --samples 4 --text-len 16 \
