@@ -499,9 +499,10 @@ static void gradient_range_ready(void *context, int64_t first, int64_t count, cu
     gradsync_ready(((train_gpu *)context)->sync, first, count, stream);
 }
 
-static double cuda_micro_batch(backend *b, const model_batch *batch, float grad_scale, int last)
+/* The micro-batch's tokens and text rows, checked against the GPU model's capacity (fatal: the balancer and the
+   plan disagree); returns its bytes by the memory model. */
+static double checked_micro_batch(const train_gpu *gpu, const model_batch *batch, int64_t *tokens_out, int64_t *text_out)
 {
-    train_gpu *gpu = b->state;
     const model *host = gpu->host;
     int64_t tokens = 0, text = 0;
     double mem_estimate = 0.0;
@@ -519,6 +520,16 @@ static double cuda_micro_batch(backend *b, const model_batch *batch, float grad_
                     "memory budget of %.0f bytes: the balancer and the GPU plan disagree", (long long)tokens,
                     batch->n_samples, (long long)text, mem_estimate, (long long)plan->max_tokens, plan->max_samples,
                     (long long)plan->max_text, plan->mem_budget);
+    *tokens_out = tokens;
+    *text_out = text;
+    return mem_estimate;
+}
+
+static double cuda_micro_batch(backend *b, const model_batch *batch, float grad_scale, int last)
+{
+    train_gpu *gpu = b->state;
+    int64_t tokens = 0, text = 0;
+    const double mem_estimate = checked_micro_batch(gpu, batch, &tokens, &text);
     if (mem_estimate > gpu->step_mem_estimate) {
         gpu->step_mem_estimate = mem_estimate;
         gpu->step_tokens = tokens;
@@ -531,6 +542,15 @@ static double cuda_micro_batch(backend *b, const model_batch *batch, float grad_
     gpu_model_set_grads_ready(gpu->net, NULL, NULL);
     gpu->grads_reported = 1;
     return loss_sum;
+}
+
+/* Forward only on the GPU model (every rank holds the whole state: no begin_eval). */
+static double cuda_eval_batch(backend *b, const model_batch *batch, double *sample_loss)
+{
+    train_gpu *gpu = b->state;
+    int64_t tokens = 0, text = 0;
+    checked_micro_batch(gpu, batch, &tokens, &text);
+    return gpu_model_forward_loss(gpu->net, batch, sample_loss, gpu->stream);
 }
 
 static void cuda_sum_gradients(backend *b)
@@ -680,6 +700,7 @@ static const backend_ops cuda_ops = {
     .get_range = cuda_get_range,
     .begin_step = cuda_begin_step,
     .micro_batch = cuda_micro_batch,
+    .eval_batch = cuda_eval_batch,
     .sum_gradients = cuda_sum_gradients,
     .finish_step = cuda_finish_step,
     .calibration_copies = cuda_calibration_copies,

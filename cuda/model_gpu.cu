@@ -650,8 +650,9 @@ void block_forward(gpu_model *gm, const batch_dims &d, int l, bool recomputing, 
     linear_fwd(gm, s.ffn_act, N, F, D, bo.ffn_out, s.y_ffn, stream);
 }
 
-// Embeddings, blocks and head; ends with the per-sample losses and the gradient of the prediction.
-void forward(gpu_model *gm, const batch_dims &d, float grad_scale, cudaStream_t stream)
+// Embeddings, blocks and head; ends with the per-sample losses and, unless loss_only, the gradient of the
+// prediction.
+void forward(gpu_model *gm, const batch_dims &d, float grad_scale, bool loss_only, cudaStream_t stream)
 {
     const int64_t N = d.n_tokens, L = d.n_text;
     const int B = d.n_samples, D = gm->dim;
@@ -703,7 +704,7 @@ void forward(gpu_model *gm, const batch_dims &d, float grad_scale, cudaStream_t 
     }
     linear_fwd(gm, gm->head_h, N, D, gm->patch_out, gm->head, gm->pred, stream);
     fused_flow_loss_bf16(gm->pred, gm->x0_tokens, gm->noise_tokens, t.pred_start, B, grad_scale, gm->sample_loss,
-                         gm->d_pred, gm->scratch, stream);
+                         loss_only ? nullptr : gm->d_pred, gm->scratch, stream);
 }
 
 // Tell the caller that gradient values [first, first + count) are final for this call (gpu_model_set_grads_ready).
@@ -1127,23 +1128,36 @@ void gpu_model_zero_grads(gpu_model *gm, cudaStream_t stream)
     CUDA_CHECK(cudaMemsetAsync(gm->grads, 0, (size_t)gm->n_weights * sizeof(float), stream));
 }
 
+// The per-sample losses of the call queued on `stream` to the host (sample_loss may be NULL); returns their sum.
+static double wait_for_losses(gpu_model *gm, int n_samples, double *sample_loss, cudaStream_t stream)
+{
+    CUDA_CHECK(cudaMemcpyAsync(gm->loss_pinned, gm->sample_loss, (size_t)n_samples * sizeof(float),
+                               cudaMemcpyDeviceToHost, stream));
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    double total = 0.0;
+    for (int b = 0; b < n_samples; ++b) {
+        if (sample_loss) sample_loss[b] = gm->loss_pinned[b];
+        total += gm->loss_pinned[b];
+    }
+    return total;
+}
+
 double gpu_model_forward_backward(gpu_model *gm, const model_batch *batch, float grad_scale, double *sample_loss,
                                   cudaStream_t stream)
 {
     timespec queue_start, queue_end;
     clock_gettime(CLOCK_MONOTONIC, &queue_start);
     const batch_dims dims = stage_batch(gm, batch, stream);
-    forward(gm, dims, grad_scale, stream);
+    forward(gm, dims, grad_scale, false, stream);
     backward(gm, dims, stream);
     clock_gettime(CLOCK_MONOTONIC, &queue_end);
     gm->enqueue_seconds = (double)(queue_end.tv_sec - queue_start.tv_sec) + 1e-9 * (queue_end.tv_nsec - queue_start.tv_nsec);
-    CUDA_CHECK(cudaMemcpyAsync(gm->loss_pinned, gm->sample_loss, (size_t)dims.n_samples * sizeof(float),
-                               cudaMemcpyDeviceToHost, stream));
-    CUDA_CHECK(cudaStreamSynchronize(stream));
-    double total = 0.0;
-    for (int b = 0; b < dims.n_samples; ++b) {
-        if (sample_loss) sample_loss[b] = gm->loss_pinned[b];
-        total += gm->loss_pinned[b];
-    }
-    return total;
+    return wait_for_losses(gm, dims.n_samples, sample_loss, stream);
+}
+
+double gpu_model_forward_loss(gpu_model *gm, const model_batch *batch, double *sample_loss, cudaStream_t stream)
+{
+    const batch_dims dims = stage_batch(gm, batch, stream);
+    forward(gm, dims, 0.0f, true, stream);
+    return wait_for_losses(gm, dims.n_samples, sample_loss, stream);
 }

@@ -122,6 +122,10 @@ void gpu_model_zero_grads(gpu_model *gm, cudaStream_t stream);
    call waits for it once at the end (to return the loss); the gradients are complete then. */
 double gpu_model_forward_backward(gpu_model *gm, const model_batch *batch, float grad_scale, double *sample_loss,
                                   cudaStream_t stream);
+/* The same loss, forward only (validation): the batch staged and checked as above, the forward's kernels, the
+   per-sample losses into sample_loss (may be NULL) and their sum returned; no gradient of the prediction, no
+   backward, the gradient buffer and the grads_ready callback untouched. Waits for its work. */
+double gpu_model_forward_loss(gpu_model *gm, const model_batch *batch, double *sample_loss, cudaStream_t stream);
 
 #ifdef __cplusplus
 }

@@ -1,7 +1,8 @@
 /* test_cuda_model.c — cmocka tests of the whole GPU model against the CPU model (loss, per-sample losses, every
    parameter's gradient) on a tiny Wan-shaped model over packed batches, with attention on our own kernel and,
    for the longer samples, on cuDNN; gradient accumulation and determinism; block recomputation against none
-   (bit for bit); and a timing (not an assertion) of one Wan-1.3B block forward+backward. */
+   (bit for bit); the forward-only loss against the forward + backward's (bit for bit); and a timing (not an
+   assertion) of one Wan-1.3B block forward+backward. */
 #include "config.h"
 
 #include <setjmp.h>
@@ -369,6 +370,65 @@ static void test_grads_ready_ranges(void **state)
     model_free(&m);
 }
 
+static void count_ready(void *context, int64_t first, int64_t count, cudaStream_t stream)
+{
+    (void)first;
+    (void)count;
+    (void)stream;
+    ++*(int *)context;
+}
+
+/* gpu_model_forward_loss (validation) against gpu_model_forward_backward on the same weights and batch, in both
+   recomputation modes: the same forward kernels, so the loss and each sample's equal to the bit; the forward
+   alone reports no gradient range and leaves the gradients as they were (zero before, the backward's after),
+   and it is within the bf16 tolerance of the CPU model's model_forward_loss. */
+static void test_forward_loss_matches(void **state)
+{
+    (void)state;
+    model m;
+    host_batch hb;
+    batch_spec spec;
+    four_layer_case(0x5eed0009ull, &m, &spec, &hb);
+    double cpu_loss = model_forward_loss(&m, &hb.batch, NULL);
+    gpu_select(0);
+    const gpu_recompute modes[2] = {GPU_RECOMPUTE_NONE, GPU_RECOMPUTE_BLOCK};
+    float *grads = xmalloc((size_t)m.n_weights * sizeof(float));
+    float *after = xmalloc((size_t)m.n_weights * sizeof(float));
+    for (int i = 0; i < 2; ++i) {
+        gpu_model *gm = gpu_model_create_with_recompute(&m, 256, 4, 0, modes[i]);
+        gpu_model_upload_weights(gm, m.weights);
+        int reported = 0;
+        gpu_model_set_grads_ready(gm, count_ready, &reported);
+        double only_samples[4], both_samples[4], again_samples[4];
+        const double only = gpu_model_forward_loss(gm, &hb.batch, only_samples, 0);
+        assert_int_equal(reported, 0);
+        gpu_model_download_grads(gm, grads);
+        int64_t nonzero = 0;
+        for (int64_t j = 0; j < m.n_weights; ++j) nonzero += grads[j] != 0.0f;
+        if (nonzero > 0) fail_msg("the forward alone wrote %lld gradient values", (long long)nonzero);
+        gpu_model_set_grads_ready(gm, NULL, NULL);
+        const double both = gpu_model_forward_backward(gm, &hb.batch, 1.0f / (float)spec.n_samples, both_samples, 0);
+        gpu_model_download_grads(gm, grads);
+        const double again = gpu_model_forward_loss(gm, &hb.batch, again_samples, 0);
+        gpu_model_download_grads(gm, after);
+        printf("# forward only, recompute %s: loss %.9g, forward + backward %.9g, again %.9g, CPU fp32 %.9g\n",
+               modes[i] == GPU_RECOMPUTE_BLOCK ? "block" : "none", only, both, again, cpu_loss);
+        if (only != both || again != both) fail_msg("forward-only loss %.9g / %.9g vs forward + backward %.9g", only, again, both);
+        for (int b = 0; b < spec.n_samples; ++b)
+            if (only_samples[b] != both_samples[b] || again_samples[b] != both_samples[b])
+                fail_msg("sample %d: forward-only loss %.9g vs %.9g", b, only_samples[b], both_samples[b]);
+        if (memcmp(grads, after, (size_t)m.n_weights * sizeof(float)) != 0)
+            fail_msg("the forward alone changed the gradients of the forward + backward before it");
+        if (fabs(only - cpu_loss) > kLossTolerance * fabs(cpu_loss))
+            fail_msg("forward-only loss %.9g vs the CPU's %.9g", only, cpu_loss);
+        gpu_model_free(gm);
+    }
+    free(grads);
+    free(after);
+    free_batch(&hb);
+    model_free(&m);
+}
+
 static double seconds_now(void)
 {
     struct timespec now;
@@ -480,6 +540,7 @@ int main(void)
         cmocka_unit_test(test_cudnn_attention),
         cmocka_unit_test(test_recompute_match),
         cmocka_unit_test(test_grads_ready_ranges),
+        cmocka_unit_test(test_forward_loss_matches),
         cmocka_unit_test(test_workspace_is_the_formula),
         cmocka_unit_test(test_wan13b_block_timing),
     };

@@ -149,6 +149,11 @@ static void test_defaults(void **state)
     assert_int_equal(config.checkpoint.resume, 1);
     assert_int_equal(config.log.every, 1);
     assert_string_equal(config.log.metrics, "metrics.jsonl");
+    assert_string_equal(config.eval.store, "");
+    assert_int_equal(config.eval.every, 100);
+    assert_int_equal(config.eval.samples, 0);
+    assert_int_equal(config.eval.sigmas.n, 9);
+    for (int i = 0; i < 9; i++) assert_true(config.eval.sigmas.values[i] == (i + 1) / 10.0);
 }
 
 static void test_no_deck_is_defaults(void **state)
@@ -547,6 +552,42 @@ static void test_enums(void **state)
     load_free(&result);
 }
 
+static void test_lists(void **state)
+{
+    (void)state;
+    deck config;
+    assert_int_equal(load_one("eval.sigmas=0.5, 0.25 1,0", &config), 0);
+    assert_int_equal(config.eval.sigmas.n, 4);
+    assert_true(config.eval.sigmas.values[0] == 0.5 && config.eval.sigmas.values[1] == 0.25);
+    assert_true(config.eval.sigmas.values[2] == 1.0 && config.eval.sigmas.values[3] == 0.0);
+    assert_int_equal(load_one("eval.sigmas=0.3", &config), 0);
+    assert_int_equal(config.eval.sigmas.n, 1);
+    assert_true(config.eval.sigmas.values[1] == 0.0); /* the rest of the list is zero: decks compare as bytes */
+    char many[512] = "eval.sigmas=";
+    for (int i = 0; i <= DECK_LIST_MAX; i++) strcat(many, "0.5,");
+    char *overrides[] = {"eval.sigmas=", "eval.every=-1", "eval.samples=x", "eval.sigmas=0.1, 1.5",
+                         "eval.sigmas=0.1;0.2"};
+    const char *messages[] = {"eval.sigmas: needs at least one number", "eval.every: -1 is out of range",
+                              "eval.samples: 'x' is not an integer or all", "eval.sigmas: 1.5 is out of range [0, 1]",
+                              "eval.sigmas: '0.1;0.2' is not a list of numbers"};
+    for (int i = 0; i < 5; i++) {
+        load_result result = {0};
+        load_path(&result, NULL, 1, &overrides[i]);
+        assert_int_equal(result.n_errors, 1);
+        assert_message(&result, "command line", 0, messages[i]);
+        load_free(&result);
+    }
+    char *too_many[] = {many};
+    load_result result = {0};
+    load_path(&result, NULL, 1, too_many);
+    assert_message(&result, "command line", 0, "eval.sigmas: more than 32 numbers");
+    load_free(&result);
+    assert_int_equal(load_one("eval.every=off", &config), 0);
+    assert_int_equal(config.eval.every, 0);
+    assert_int_equal(load_one("eval.samples=all", &config), 0);
+    assert_int_equal(config.eval.samples, 0);
+}
+
 static void test_strings(void **state)
 {
     (void)state;
@@ -656,9 +697,10 @@ static void test_print_reparses_awkward_values(void **state)
     (void)state;
     char *overrides[] = {"train.lr=3.3333333333333335e-07", "balance.mem_budget=1234567", "run.seed=18446744073709551615",
                          "balance.device_mem=1.5GiB", "balance.compute_budget=0.1", "model.init=/a/b c.h5",
-                         "balance.global_batch=7", "train.min_lr=1e-300"};
+                         "balance.global_batch=7", "train.min_lr=1e-300",
+                         "eval.sigmas=0.1 0.30000000000000004,1e-300", "eval.samples=5", "eval.every=off"};
     load_result result = {0};
-    load_path(&result, NULL, 8, overrides);
+    load_path(&result, NULL, 11, overrides);
     assert_int_equal(result.n_errors, 0);
     assert_print_reparses(&result.config);
     deck defaults;
@@ -684,6 +726,9 @@ static void test_print_spelling(void **state)
     assert_non_null(strstr(text, "\nlr               = 0.0001\n"));
     assert_non_null(strstr(text, "\nqk_norm          = on\n"));
     assert_non_null(strstr(text, "\nstrategy         = global\n"));
+    assert_non_null(strstr(text, "\n[eval]\n"));
+    assert_non_null(strstr(text, "\nsigmas           = 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9\n"));
+    assert_non_null(strstr(text, "\nsamples          = all\n"));
     free(text);
 }
 
@@ -869,6 +914,7 @@ int main(void)
         cmocka_unit_test(test_numbers),
         cmocka_unit_test(test_global_batch),
         cmocka_unit_test(test_enums),
+        cmocka_unit_test(test_lists),
         cmocka_unit_test(test_strings),
         cmocka_unit_test(test_cross_key_checks),
         cmocka_unit_test(test_cross_key_lines),

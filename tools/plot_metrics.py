@@ -4,7 +4,9 @@
 usage: tools/plot_metrics.py RUN_DIR/metrics.jsonl [--out DIR] [--smooth N]
        tools/plot_metrics.py --compare RUN_A/metrics.jsonl RUN_B/metrics.jsonl ... --out DIR
 
-Writes loss.png, throughput.png and imbalance.png into DIR (default: the metrics file's folder). With
+Writes loss.png (the training loss and, where the run validated ([eval] store), the validation loss
+against it), throughput.png and imbalance.png into DIR (default: the metrics file's folder), and with
+validations also val_sigma.png (the validation loss at each noise level of [eval] sigmas). With
 --compare (runs over the same samples, e.g. one per balance strategy; each labelled by its run folder's
 name) it writes compare_progress.png (samples done against elapsed step time) and compare_imbalance.png.
 Needs matplotlib (pip install matplotlib). Steps skipped for a non-finite loss (loss null) are left out.
@@ -47,7 +49,8 @@ def column(rows, key):
     return [(row["step"], row[key]) for row in rows if row.get(key) is not None]
 
 
-def plot(pyplot, series, title, ylabel, path, smooth):
+def plot(pyplot, series, title, ylabel, path, smooth, marked=()):
+    """Curves of (label, points); those in `series` smoothed, those in `marked` drawn as they are, with markers."""
     figure, axes = pyplot.subplots(figsize=(8, 4.5))
     for label, points in series:
         if not points:
@@ -56,15 +59,31 @@ def plot(pyplot, series, title, ylabel, path, smooth):
         axes.plot(steps, values, alpha=0.35 if smooth > 1 else 1.0, linewidth=1, label=label)
         if smooth > 1:
             axes.plot(steps, moving_mean(list(values), smooth), linewidth=2, label=f"{label} (mean of {smooth})")
+    for label, points in marked:
+        if not points:
+            continue
+        steps, values = zip(*points)
+        axes.plot(steps, values, marker="o", linewidth=2, label=label)
     axes.set_xlabel("step")
     axes.set_ylabel(ylabel)
     axes.set_title(title)
     axes.grid(alpha=0.3)
-    axes.legend()
+    axes.legend(ncol=3 if len(series) + len(marked) > 6 else 1, fontsize="small")
     figure.tight_layout()
     figure.savefig(path, dpi=120)
     pyplot.close(figure)
     print(f"wrote {path}")
+
+
+def plot_validation_levels(pyplot, rows, path):
+    """The validation loss at each noise level against the step (val_sigmas, val_loss_sigma of the metrics lines)."""
+    levels = {}
+    for row in rows:
+        for sigma, loss in zip(row.get("val_sigmas") or [], row.get("val_loss_sigma") or []):
+            if loss is not None:
+                levels.setdefault(sigma, []).append((row["step"], loss))
+    plot(pyplot, [], "validation loss at each noise level", "loss (mean per sample)", path, 1,
+         [(f"sigma {sigma:g}", points) for sigma, points in sorted(levels.items())])
 
 
 def compare(pyplot, paths, out):
@@ -116,8 +135,12 @@ def main():
         sys.exit("plot_metrics.py: several metrics files need --compare")
     rows = read_metrics(args.metrics[0])
     throughput = [(row["step"], row["tokens"] / row["step_s"]) for row in rows if row.get("step_s")]
-    plot(pyplot, [("loss", column(rows, "loss"))], "training loss", "loss (mean per sample)",
-         os.path.join(out, "loss.png"), args.smooth)
+    validation = column(rows, "val_loss")
+    plot(pyplot, [("training loss", column(rows, "loss"))],
+         "training and validation loss" if validation else "training loss", "loss (mean per sample)",
+         os.path.join(out, "loss.png"), args.smooth, [("validation loss (fixed noise levels and noise)", validation)])
+    if validation:
+        plot_validation_levels(pyplot, rows, os.path.join(out, "val_sigma.png"))
     plot(pyplot, [("tokens/s", throughput)], "throughput", "tokens per second (all ranks)",
          os.path.join(out, "throughput.png"), args.smooth)
     plot(pyplot, [("measured", [(s, 100 * v) for s, v in column(rows, "imbalance")]),

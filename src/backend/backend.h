@@ -81,6 +81,12 @@ typedef struct {
     /* Forward + backward of one micro-batch, gradients scaled by grad_scale added to the step's; returns the
        sum of its per-sample losses. */
     double (*micro_batch)(backend *b, const model_batch *batch, float grad_scale, int last);
+    /* Validation, forward only (no gradients, no update): begin_eval (collective; NULL where there is nothing to
+       do) makes the weights every rank's forward needs whole (a fully sharded state's); then any number of
+       eval_batch calls on each rank, each returning the sum of its micro-batch's per-sample losses (each into
+       sample_loss, which may be NULL). A step's begin_step comes after them as usual. */
+    void (*begin_eval)(backend *b);
+    double (*eval_batch)(backend *b, const model_batch *batch, double *sample_loss);
     /* Collective: the step's gradients summed over ranks (a device backend may only queue it). */
     void (*sum_gradients)(backend *b);
     /* The global norm, the clip factor ([train] grad_clip) and, when `update` is 1 and the norm is finite,

@@ -213,6 +213,19 @@ static double cpu_micro_batch(backend *b, const model_batch *batch, float grad_s
     return model_forward_backward(s->net, batch, s->grads, grad_scale, NULL);
 }
 
+/* A fully sharded state holds only this rank's slice of the weights up to date after a step: gather them all. */
+static void cpu_begin_eval(backend *b)
+{
+    cpu_state *s = b->state;
+    if (s->layout.mode == SHARD_FULL) comm_allgather_f32(s->net->weights, s->net->n_weights);
+}
+
+static double cpu_eval_batch(backend *b, const model_batch *batch, double *sample_loss)
+{
+    cpu_state *s = b->state;
+    return model_forward_loss(s->net, batch, sample_loss);
+}
+
 static void cpu_sum_gradients(backend *b)
 {
     cpu_state *s = b->state;
@@ -284,6 +297,8 @@ static const backend_ops cpu_ops = {
     .get_range = cpu_get_range,
     .begin_step = cpu_begin_step,
     .micro_batch = cpu_micro_batch,
+    .begin_eval = cpu_begin_eval,
+    .eval_batch = cpu_eval_batch,
     .sum_gradients = cpu_sum_gradients,
     .finish_step = cpu_finish_step,
 };

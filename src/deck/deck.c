@@ -13,7 +13,7 @@
 #include <string.h>
 #include <strings.h>
 
-typedef enum { KEY_INT, KEY_INT64, KEY_UINT64, KEY_DOUBLE, KEY_BYTES, KEY_BOOL, KEY_STRING, KEY_ENUM } key_type;
+typedef enum { KEY_INT, KEY_INT64, KEY_UINT64, KEY_DOUBLE, KEY_BYTES, KEY_BOOL, KEY_STRING, KEY_ENUM, KEY_REAL_LIST } key_type;
 
 /* One row per deck key. Defaults are text parsed by the same code as a deck, so --help, the docs and
    deck_print show exactly what a user would write. */
@@ -32,7 +32,7 @@ typedef struct {
     const char *help;
 } deck_key;
 
-static const char *const section_names[] = {"run", "model", "data", "balance", "train", "checkpoint", "log"};
+static const char *const section_names[] = {"run", "model", "data", "balance", "train", "checkpoint", "log", "eval"};
 enum { N_SECTIONS = sizeof section_names / sizeof section_names[0] };
 
 static const char *const device_names[] = {"auto", "cpu", "cuda", NULL};
@@ -224,6 +224,18 @@ static const deck_key deck_keys[] = {
      .help = "progress line every N steps"},
     {KEY("log", "metrics", KEY_STRING, log.metrics), .nonempty = 1, .default_text = "metrics.jsonl",
      .help = "JSON-lines metrics file, one line per step; a relative path is inside run.dir"},
+    /* [eval] */
+    {KEY("eval", "store", KEY_STRING, eval.store), .default_text = "",
+     .help = "held-out HDF5 latent store (the training store's format and dims) whose loss is measured during "
+             "training; empty = no validation"},
+    {KEY("eval", "every", KEY_INT64, eval.every), .min = 0, .max = 1e12, .zero_word = "off", .default_text = "100",
+     .help = "validate after every N steps and after the run's last step (0 or off = never)"},
+    {KEY("eval", "samples", KEY_INT64, eval.samples), .min = 0, .max = 1e12, .zero_word = "all", .default_text = "all",
+     .help = "validate on the store's first K samples (0 or all = every sample); more than the store holds is an error"},
+    {KEY("eval", "sigmas", KEY_REAL_LIST, eval.sigmas), .min = 0, .max = 1,
+     .default_text = "0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9",
+     .help = "noise levels (timestep 1000 sigma): every validation sample is evaluated at each of them, with noise "
+             "fixed by run.seed and the sample; the validation loss is the mean over samples and levels"},
 };
 enum { N_KEYS = sizeof deck_keys / sizeof deck_keys[0] };
 
@@ -450,6 +462,42 @@ static int has_control_characters(const char *text)
     return 0;
 }
 
+/* A list of numbers separated by commas and/or spaces ("0.1, 0.5 0.9") into `list`, each in the key's range.
+   Returns 1, or 0 after reporting at `line`. */
+static int parse_real_list(load_context *ctx, const deck_key *key, const char *text, int line, deck_real_list *list)
+{
+    char range[96];
+    describe_range(key, range, sizeof range);
+    memset(list, 0, sizeof *list); /* padding too: the deck is compared as bytes */
+    const char *next = text;
+    for (;;) {
+        while (*next == ',' || isspace((unsigned char)*next)) next++;
+        if (*next == '\0') break;
+        char *end = NULL;
+        errno = 0;
+        double value = strtod(next, &end);
+        if (end == next || errno != 0 || !isfinite(value) || (*end && *end != ',' && !isspace((unsigned char)*end))) {
+            report(ctx, line, "%s.%s: '%s' is not a list of numbers (e.g. 0.1, 0.5, 0.9)", key->section, key->name, text);
+            return 0;
+        }
+        if (!in_range(key, value)) {
+            report(ctx, line, "%s.%s: %.*s is out of range %s", key->section, key->name, (int)(end - next), next, range);
+            return 0;
+        }
+        if (list->n == DECK_LIST_MAX) {
+            report(ctx, line, "%s.%s: more than %d numbers", key->section, key->name, DECK_LIST_MAX);
+            return 0;
+        }
+        list->values[list->n++] = value;
+        next = end;
+    }
+    if (list->n == 0) {
+        report(ctx, line, "%s.%s: needs at least one number", key->section, key->name);
+        return 0;
+    }
+    return 1;
+}
+
 /* Parse `text` into the key's field of ctx->config; on failure report at `line` and leave the field. */
 static int set_key(load_context *ctx, int index, const char *text, int line)
 {
@@ -548,6 +596,12 @@ static int set_key(load_context *ctx, int index, const char *text, int line)
         *(int *)field = choice;
         break;
     }
+    case KEY_REAL_LIST: {
+        deck_real_list list;
+        if (!parse_real_list(ctx, key, text, line, &list)) return 0;
+        memcpy(field, &list, sizeof list);
+        break;
+    }
     }
     ctx->origin[index] = line;
     return 1;
@@ -585,6 +639,17 @@ static void format_value(const deck *config, const deck_key *key, char *text, si
     case KEY_ENUM:
         snprintf(text, text_size, "%s", key->choices[*(const int *)field]);
         break;
+    case KEY_REAL_LIST: {
+        const deck_real_list *list = (const deck_real_list *)field;
+        text[0] = '\0';
+        for (int i = 0; i < list->n; i++) {
+            char number[32];
+            format_real(list->values[i], number, sizeof number);
+            size_t used = strlen(text);
+            snprintf(text + used, text_size - used, "%s%s", i ? ", " : "", number);
+        }
+        break;
+    }
     }
 }
 
@@ -628,7 +693,7 @@ static char *read_line(char *buffer, int buffer_size, void *user)
             if (is_section(name)) {
                 ctx->section = SECTION_OK;
             } else {
-                report(ctx, ctx->line, "unknown section [%s] (sections: run, model, data, balance, train, checkpoint, log)",
+                report(ctx, ctx->line, "unknown section [%s] (sections: run, model, data, balance, train, checkpoint, log, eval)",
                        name);
                 ctx->section = SECTION_BAD;
             }
@@ -815,6 +880,7 @@ static size_t type_size(key_type type)
     case KEY_UINT64: return sizeof(uint64_t);
     case KEY_DOUBLE: case KEY_BYTES: return sizeof(double);
     case KEY_STRING: return 0;
+    case KEY_REAL_LIST: return sizeof(deck_real_list);
     }
     return 0;
 }
@@ -891,7 +957,8 @@ static void describe_type(const deck_key *key, char *text, size_t text_size)
 {
     static const char *const type_names[] = {
         [KEY_INT] = "integer", [KEY_INT64] = "integer", [KEY_UINT64] = "integer", [KEY_DOUBLE] = "number",
-        [KEY_BYTES] = "bytes", [KEY_BOOL] = "boolean", [KEY_STRING] = "string", [KEY_ENUM] = "one of"};
+        [KEY_BYTES] = "bytes", [KEY_BOOL] = "boolean", [KEY_STRING] = "string", [KEY_ENUM] = "one of",
+        [KEY_REAL_LIST] = "list"};
     char detail[128];
     switch (key->type) {
     case KEY_INT: case KEY_INT64: case KEY_DOUBLE: case KEY_BYTES:
@@ -911,6 +978,10 @@ static void describe_type(const deck_key *key, char *text, size_t text_size)
         break;
     case KEY_BOOL:
         snprintf(text, text_size, "%s", type_names[key->type]);
+        break;
+    case KEY_REAL_LIST:
+        describe_range(key, detail, sizeof detail);
+        snprintf(text, text_size, "list of 1 to %d numbers in %s", DECK_LIST_MAX, detail);
         break;
     }
 }

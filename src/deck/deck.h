@@ -21,6 +21,10 @@ typedef enum { LR_COSINE, LR_CONSTANT } deck_lr_schedule;
 typedef enum { ATTENTION_AUTO, ATTENTION_CUDNN, ATTENTION_OWN } deck_attention;
 typedef enum { ON_CORRUPT_ERROR, ON_CORRUPT_SKIP } deck_on_corrupt;
 
+/* A list of numbers (e.g. [eval] sigmas): n values in order, at most DECK_LIST_MAX. */
+#define DECK_LIST_MAX 32
+typedef struct { int n; double values[DECK_LIST_MAX]; } deck_real_list;
+
 /* Plain data only (fixed-size strings, no pointers), so rank 0 can broadcast it as bytes. */
 typedef struct {
     struct {
@@ -107,6 +111,12 @@ typedef struct {
         int64_t every;                 /* progress line every N steps */
         char metrics[DECK_PATH_MAX];   /* JSON lines file, relative to run.dir */
     } log;
+    struct {
+        char store[DECK_PATH_MAX];     /* held-out HDF5 latent store validated during training ("" = none) */
+        int64_t every;                 /* validate after every N steps and after the last one (0 = off) */
+        int64_t samples;               /* the store's first K samples (0 = all of them) */
+        deck_real_list sigmas;         /* noise levels at which every validation sample is evaluated */
+    } eval;
     char source[DECK_PATH_MAX];        /* the deck file it was read from */
 } deck;
 

@@ -27,12 +27,14 @@ static const char usage_text[] =
     "Make, inspect and check aldit latent stores (HDF5; format in docs/store.md).\n"
     "\n"
     "commands:\n"
-    "  synth --spec FILE --samples N --out FILE [--seed S] [--text-len L] [--text-dim D]\n"
+    "  synth --spec FILE --samples N --out FILE [--seed S] [--draw-seed T] [--text-len L] [--text-dim D]\n"
     "        [--precision bf16|f16|f32] [--channels C]\n"
     "      a synthetic mixed-mode store: shapes drawn from the length spec FILE; each sample's latent is a\n"
     "      smooth pattern set by a class that its text embedding encodes, so a model can learn it.\n"
-    "      Defaults: --seed 0 --text-len 32 (lengths vary in [L/2, L]) --text-dim 4096 --precision bf16\n"
-    "      --channels 16.\n"
+    "      --seed sets the classes' patterns, --draw-seed the samples drawn from them (shapes, classes,\n"
+    "      noise): another T with the same S makes held-out samples of the same classes.\n"
+    "      Defaults: --seed 0 --draw-seed S --text-len 32 (lengths vary in [L/2, L]) --text-dim 4096\n"
+    "      --precision bf16 --channels 16.\n"
     "  pack --out FILE [--precision bf16|f16|f32] DIR\n"
     "      a store from DIR/NAME.npy latents [C, F, H, W] and DIR/NAME.text.npy text embeddings [L, D]\n"
     "      (float16/32/64, little-endian, C order); samples in byte order of NAME.\n"
@@ -192,18 +194,19 @@ static void synth_sample(const synth_model *m, int k, int32_t frames, int32_t he
 static int command_synth(int argc, char **argv)
 {
     const char *spec = NULL, *samples_text = NULL, *out = NULL, *seed_text = "0", *text_len_text = "32",
-               *text_dim_text = "4096", *precision_text = "bf16", *channels_text = "16";
+               *text_dim_text = "4096", *precision_text = "bf16", *channels_text = "16", *draw_seed_text = NULL;
     option_slot slots[] = {{"spec", &spec}, {"samples", &samples_text}, {"out", &out}, {"seed", &seed_text},
                            {"text-len", &text_len_text}, {"text-dim", &text_dim_text},
-                           {"precision", &precision_text}, {"channels", &channels_text}};
+                           {"precision", &precision_text}, {"channels", &channels_text}, {"draw-seed", &draw_seed_text}};
     const char *positional[1];
-    int n_positional = 0, status = parse_options(argc, argv, slots, 8, positional, 0, &n_positional);
+    int n_positional = 0, status = parse_options(argc, argv, slots, 9, positional, 0, &n_positional);
     if (status) return status;
     if (!spec || !samples_text || !out) return usage_error("synth needs --spec FILE, --samples N and --out FILE");
-    int64_t n_samples = 0, text_len = 0, text_dim = 0, channels = 0, seed = 0;
+    int64_t n_samples = 0, text_len = 0, text_dim = 0, channels = 0, seed = 0, draw_seed = 0;
     store_precision precision = STORE_BF16;
     if ((status = parse_integer("samples", samples_text, 1, INT64_C(1) << 40, &n_samples)) ||
         (status = parse_integer("seed", seed_text, 0, INT64_MAX, &seed)) ||
+        (status = parse_integer("draw-seed", draw_seed_text ? draw_seed_text : seed_text, 0, INT64_MAX, &draw_seed)) ||
         (status = parse_integer("text-len", text_len_text, 1, 1 << 16, &text_len)) ||
         (status = parse_integer("text-dim", text_dim_text, 1, 1 << 16, &text_dim)) ||
         (status = parse_integer("channels", channels_text, 1, 4096, &channels)) ||
@@ -215,7 +218,7 @@ static int command_synth(int argc, char **argv)
     if (lengths_load(spec, &buckets, &n_buckets, stderr)) return EXIT_BAD_USAGE;
     int32_t *frames = xmalloc((size_t)n_samples * sizeof *frames), *height = xmalloc((size_t)n_samples * sizeof *height),
             *width = xmalloc((size_t)n_samples * sizeof *width);
-    lengths_draw(buckets, n_buckets, n_samples, (uint64_t)seed, frames, height, width);
+    lengths_draw(buckets, n_buckets, n_samples, (uint64_t)draw_seed, frames, height, width);
     int64_t max_latent = 0, n_images = 0;
     for (int64_t i = 0; i < n_samples; i++) {
         int64_t elements = channels * frames[i] * height[i] * width[i];
@@ -228,7 +231,7 @@ static int command_synth(int argc, char **argv)
     float *latent = xmalloc((size_t)max_latent * sizeof *latent), *text = xmalloc((size_t)(text_len * text_dim) * sizeof *text);
     store_writer *writer = store_writer_create(out, (int32_t)text_dim, precision, stderr);
     status = writer ? 0 : EXIT_BAD_DATA;
-    uint64_t state = rng_hash((uint64_t)seed, 7);
+    uint64_t state = rng_hash((uint64_t)draw_seed, 7);
     int32_t text_len_min = (int32_t)((text_len + 1) / 2);
     for (int64_t i = 0; writer && i < n_samples; i++) {
         int k = (int)(rng_next_u64(&state) % SYNTH_CLASSES);

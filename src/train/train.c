@@ -15,6 +15,7 @@
 #include "io/store.h"
 #include "backend/backend.h"
 #include "train/device.h"
+#include "train/eval.h"
 #include "train/metrics.h"
 #include "train/rundir.h"
 #include "train/watchdog.h"
@@ -111,8 +112,9 @@ static void format_duration(double seconds, char *text, size_t text_size)
 /* ---- set-up shared by --check and training ------------------------------------------------------- */
 
 /* Every sample must fit the model: latent channels, patch multiples, text width and length. All ranks
-   hold the index, so all detect the same problem; rank 0 names it and every rank exits with status 2. */
-static void check_store_fits_model(const store *data, const deck *config, int rank)
+   hold the index, so all detect the same problem; rank 0 names it (`what`: "store" or "[eval] store =", then
+   the path) and every rank exits with status 2. */
+static void check_store_fits_model(const store *data, const deck *config, int rank, const char *what)
 {
     char problem[512] = "";
     if (data->latent_channels != config->model.in_dim || config->model.out_dim != config->model.in_dim)
@@ -133,7 +135,7 @@ static void check_store_fits_model(const store *data, const deck *config, int ra
                      (long long)id, sample->text_len, config->model.text_len);
     }
     if (!problem[0]) return;
-    if (rank == 0) fprintf(stderr, "aldit: error: store %s does not fit the model: %s\n", data->path, problem);
+    if (rank == 0) fprintf(stderr, "aldit: error: %s %s does not fit the model: %s\n", what, data->path, problem);
     exit_all(ALDIT_EXIT_USAGE);
 }
 
@@ -154,6 +156,20 @@ static balance_sample *balance_samples(const store *data, const deck *config)
         samples[id].text_len = text_rows_of(&data->samples[id], config);
     }
     return samples;
+}
+
+/* The samples a backend plans its capacity for: the training store's, then the validation store's (when there is
+   one): micro-batches of both must fit it. Free with free(). */
+static balance_sample *plan_samples(const balance_sample *samples, int64_t n_samples, const evaluator *eval,
+                                    int64_t *n_planned)
+{
+    int64_t n_eval = 0;
+    const balance_sample *eval_part = eval ? eval_samples(eval, &n_eval) : NULL;
+    *n_planned = n_samples + n_eval;
+    balance_sample *all = xmalloc((size_t)(*n_planned > 0 ? *n_planned : 1) * sizeof *all);
+    memcpy(all, samples, (size_t)n_samples * sizeof *all);
+    if (n_eval > 0) memcpy(all + n_samples, eval_part, (size_t)n_eval * sizeof *all);
+    return all;
 }
 
 /* balancer_create for this run's backend plan: its budget, its memory model (or the deck's), and [balance]
@@ -259,12 +275,18 @@ int train_check(const deck *config, const comm_info *info)
     if (check_run_folder(config, info->rank) != 0) return ALDIT_EXIT_USAGE;
     store data;
     store_open_bcast(&data, config->data.store);
-    check_store_fits_model(&data, config, info->rank);
+    check_store_fits_model(&data, config, info->rank, "store");
+    evaluator *eval = eval_open(config);
+    if (eval) check_store_fits_model(eval_store(eval), config, info->rank, "[eval] store =");
     model table;
     model_create_table(&table, config);
     balance_sample *samples = balance_samples(&data, config);
+    int64_t n_planned = 0;
+    balance_sample *planned = plan_samples(samples, data.n_samples, eval, &n_planned);
     backend_plan plan;
-    int status = device_plan_fn(device)(config, info, &table, samples, data.n_samples, &plan);
+    int status = device_plan_fn(device)(config, info, &table, planned, n_planned, &plan);
+    free(planned);
+    if (status == 0 && eval) status = eval_plan(eval, &plan, info->n_ranks, 1, 0, NULL, NULL);
     if (status == 0 && info->rank == 0) {
         deck_print(config, stdout);
         epoch_plan epoch = plan_epoch(config, samples, data.n_samples, info->n_ranks, &plan, 0, NULL, NULL);
@@ -279,7 +301,13 @@ int train_check(const deck *config, const comm_info *info)
         if (config->run.steps > 0) printf("  run        %lld steps\n", (long long)config->run.steps);
         else printf("  run        %lld epochs = %lld steps\n", (long long)config->run.epochs,
                     (long long)(config->run.epochs * epoch.steps));
+        if (eval) {
+            char line[2 * DECK_PATH_MAX];
+            eval_describe(eval, line, sizeof line);
+            fputs(line, stdout);
+        }
     }
+    eval_close(eval);
     if (plan.has_memory_model) cost_model_free(&plan.memory_model);
     free(samples);
     model_free(&table);
@@ -290,10 +318,10 @@ int train_check(const deck *config, const comm_info *info)
 /* ---- training state ------------------------------------------------------------------------------ */
 
 typedef enum { PHASE_COMPUTE, PHASE_DATA_WAIT, PHASE_COMM, PHASE_BALANCER, PHASE_OPTIMIZER,
-               PHASE_CHECKPOINT, PHASE_LOG, N_PHASES } phase;
+               PHASE_CHECKPOINT, PHASE_EVAL, PHASE_LOG, N_PHASES } phase;
 static const char *const phase_names[N_PHASES] = {
     "compute (forward + backward)", "data wait (prefetch + noise)", "communication (all-reduce)",
-    "balancer (assign + scatter)", "optimizer (clip + AdamW)", "checkpoint", "logging"};
+    "balancer (assign + scatter)", "optimizer (clip + AdamW)", "checkpoint", "validation (forward only)", "logging"};
 
 typedef struct {
     const deck *config;
@@ -340,6 +368,9 @@ typedef struct {
     metrics_file *metrics;          /* rank 0 */
     int metrics_failed;             /* a write to it failed (warned once; training goes on) */
     int ema_resumed;                /* [train] ema_decay: the EMA came from the checkpoint resumed (else the weights) */
+    evaluator *eval;                /* [eval]: NULL when off */
+    eval_result last_eval;          /* the last validation pass (has_eval: there was one in this process) */
+    int has_eval;
 } trainer;
 
 static double seconds_since(double start) { return comm_time() - start; }
@@ -637,6 +668,11 @@ static void print_summary(const trainer *t, const char *resumed_from)
                config->train.ema_warmup ? " (warm-up: min(decay, (1 + k) / (10 + k)) at step k + 1)" : "",
                t->ema_resumed ? "the checkpoint's /ema" : resumed_from[0] ? "the checkpoint's weights (it has no /ema)"
                : config->model.init[0] ? "the [model] init weights" : "the initial weights");
+    if (t->eval) {
+        char line[2 * DECK_PATH_MAX];
+        eval_describe(t->eval, line, sizeof line);
+        fputs(line, stdout);
+    }
     char path[2 * DECK_PATH_MAX];
     metrics_path(config, path, sizeof path);
     printf("  metrics    %s\n", path);
@@ -649,6 +685,7 @@ static void print_summary(const trainer *t, const char *resumed_from)
 typedef struct {
     double loss, lr, grad_norm, tokens, model_flops, step_s, compute_max, compute_mean, wait_max, comm_s, balancer_s, mem_peak;
     int skipped;
+    int validated;                  /* a validation pass ran after this step (trainer.last_eval) */
 } step_record;
 
 /* A double as JSON: shortest exact form (%.17g), or null when not finite (a skipped step). */
@@ -656,6 +693,16 @@ static const char *json_number(double value, char *text, size_t text_size)
 {
     if (isfinite(value)) snprintf(text, text_size, "%.17g", value);
     else snprintf(text, text_size, "null");
+    return text;
+}
+
+/* A finite double as the shortest of %.15g..%.17g that reads back to it (the deck's spelling of [eval] sigmas). */
+static const char *json_short(double value, char *text, size_t text_size)
+{
+    for (int digits = 15; digits <= 17; digits++) {
+        snprintf(text, text_size, "%.*g", digits, value);
+        if (strtod(text, NULL) == value) break;
+    }
     return text;
 }
 
@@ -689,6 +736,19 @@ static void write_metrics_line(trainer *t, const step_record *r)
             metrics_add(t->metrics, "%s%lld", rank ? ", " : "", (long long)t->current_rank_samples[rank]);
         metrics_add(t->metrics, "]");
     }
+    if (r->validated) {
+        const eval_result *v = &t->last_eval;
+        char number[32];
+        metrics_add(t->metrics, ", \"val_loss\": %s, \"val_samples\": %lld, \"val_s\": %.6f, \"val_sigmas\": [",
+                    json_number(v->loss, number, sizeof number), (long long)v->samples, v->seconds);
+        for (int level = 0; level < v->n_sigmas; level++)
+            metrics_add(t->metrics, "%s%s", level ? ", " : "", json_short(t->config->eval.sigmas.values[level], number,
+                                                                          sizeof number));
+        metrics_add(t->metrics, "], \"val_loss_sigma\": [");
+        for (int level = 0; level < v->n_sigmas; level++)
+            metrics_add(t->metrics, "%s%s", level ? ", " : "", json_number(v->sigma_loss[level], number, sizeof number));
+        metrics_add(t->metrics, "]");
+    }
     metrics_add(t->metrics, "}");
     int failure = metrics_end_line(t->metrics); /* whole lines only: a failed write leaves none of this one */
     if (failure != 0 && !t->metrics_failed) {
@@ -706,8 +766,10 @@ static void print_progress(const trainer *t, const step_record *r)
     int64_t done = t->step - t->first_step, left = t->total_steps - t->step;
     char eta[32];
     format_duration(done > 0 ? elapsed / (double)done * (double)(left > 0 ? left : 0) : 0.0, eta, sizeof eta);
-    printf("step %lld/%lld epoch %lld loss %.5f lr %.3e tok/s %.0f imbalance %.1f%% (pred %.1f%%) wait %.3fs ETA %s%s\n",
-           (long long)t->step, (long long)t->total_steps, (long long)t->current.epoch, r->loss, r->lr,
+    char val[48] = "";
+    if (t->has_eval) snprintf(val, sizeof val, " val %.5f", t->last_eval.loss);
+    printf("step %lld/%lld epoch %lld loss %.5f%s lr %.3e tok/s %.0f imbalance %.1f%% (pred %.1f%%) wait %.3fs ETA %s%s\n",
+           (long long)t->step, (long long)t->total_steps, (long long)t->current.epoch, r->loss, val, r->lr,
            r->step_s > 0.0 ? r->tokens / r->step_s : 0.0, 100.0 * imbalance, 100.0 * imbalance_pred, r->wait_max,
            eta, r->skipped ? " (skipped: non-finite)" : "");
     fflush(stdout);
@@ -741,6 +803,20 @@ static void print_timing_table(const trainer *t)
 }
 
 /* ---- the loop ------------------------------------------------------------------------------------ */
+
+/* Collective, after step t->step when a validation pass is due: outside the step's watch (the pass has its own
+   deadline), with the training reader drained (HDF5 is not thread-safe); the step's watch then resumes for the
+   rest of the step's collectives. */
+static void validate(trainer *t, step_record *r)
+{
+    const double started = comm_time();
+    watchdog_step_end();
+    prefetch_drain(t->reader);
+    eval_run(t->eval, t->dev, t->step, &t->last_eval);
+    t->has_eval = r->validated = 1;
+    watchdog_step_begin(t->info->rank, t->step, t->step_timeout);
+    t->phase_s[PHASE_EVAL] += seconds_since(started);
+}
 
 /* Collective, after this step's samples are read: every rank learns how many failed. With [data] on_corrupt =
    error the healthy state (the last step's) is checkpointed and the job ends with status 2; with skip, the
@@ -1018,10 +1094,15 @@ static void trainer_setup(trainer *t, const deck *config, const comm_info *info,
     if (info->rank == 0) make_dirs(config->run.dir);
     guard_run_folder(config);
     store_open_bcast(&t->data, config->data.store);
-    check_store_fits_model(&t->data, config, info->rank);
+    check_store_fits_model(&t->data, config, info->rank, "store");
+    t->eval = eval_open(config);
+    if (t->eval) check_store_fits_model(eval_store(t->eval), config, info->rank, "[eval] store =");
     model_create_table(&t->net, config); /* the CPU backend allocates the weights it computes with */
     t->samples = balance_samples(&t->data, config);
-    t->dev = device_create_fn(device)(config, info, &t->net, t->samples, t->data.n_samples);
+    int64_t n_planned = 0;
+    balance_sample *planned = plan_samples(t->samples, t->data.n_samples, t->eval, &n_planned);
+    t->dev = device_create_fn(device)(config, info, &t->net, planned, n_planned);
+    free(planned);
     if (!t->dev) exit_all(ALDIT_EXIT_USAGE);
     const backend_plan *memory = t->dev->ops->plan(t->dev);
     t->mem_budget = memory->mem_budget;
@@ -1053,6 +1134,9 @@ static void trainer_setup(trainer *t, const deck *config, const comm_info *info,
                             .threads = t->dev->ops->uses_host_threads ? 1 : threads_per_rank(config, info)};
     const int32_t text_rows = config->model.text_padding == TEXT_PADDING_WAN ? config->model.text_len : 0;
     t->reader = prefetch_create(&t->data, text_rows, config->data.prefetch, config->data.verify, noise);
+    if (t->eval && eval_plan(t->eval, memory, info->n_ranks, noise.threads, t->n_calibration, t->calibration_features,
+                             t->calibration_seconds) != 0)
+        exit_all(ALDIT_EXIT_USAGE);
     if (info->rank == 0) {
         char path[2 * DECK_PATH_MAX];
         metrics_path(config, path, sizeof path);
@@ -1091,6 +1175,7 @@ static void trainer_free(trainer *t)
     free(t->width);
     free(t->text_len);
     if (t->dev) t->dev->ops->free(t->dev);
+    eval_close(t->eval);
     model_free(&t->net);
     store_close(&t->data);
 }
@@ -1130,6 +1215,9 @@ int train_run(const deck *config, const comm_info *info)
             status = ALDIT_EXIT_ERROR;
             break;
         }
+        const int last_step = config->run.steps > 0 ? t.step >= config->run.steps
+                                                    : t.upcoming.epoch >= config->run.epochs;
+        if (eval_due(t.eval, t.step, last_step)) validate(&t, &record);
         double log_started = comm_time();
         if (info->rank == 0) {
             write_metrics_line(&t, &record);
