@@ -17,12 +17,14 @@ shuffled with run.seed; one optimizer step per batch. Each sample: sigma = shift
 1000 sigma, loss = the mean square error against noise - x0 (the batch's samples weigh alike, as in aldit's step).
 
 Activation checkpointing only where memory needs it (--checkpoint auto): before the timed epoch every batch shape
-runs once (compiling it; its gradients are dropped), largest first, with the fewest blocks checkpointed that fit
-(out of memory: L/4 more); the timed epoch uses that count per shape. Model FLOPs per sample are aldit's
+runs once (compiling it; its gradients are dropped), largest first, each from the previous shape's count of
+checkpointed blocks less L/4, with L/4 more each time it runs out of memory; the timed epoch uses the count that
+fitted per shape (none, all or N: that many for every shape). Model FLOPs per sample are aldit's
 (train_table.py: 3x the forward's GEMM and attention FLOPs). Peak memory: torch.cuda.max_memory_reserved over the
 timed epoch (the dataset on the device included, also given alone); on the CPU the process's peak resident set.
 """
 import argparse
+import gc
 import json
 import os
 import random
@@ -232,9 +234,11 @@ def plan_checkpointing(trainer, batches, mode, n_layers):
             except (torch.cuda.OutOfMemoryError, RuntimeError) as error:
                 if not is_oom(error) or mode != "auto" or k == n_layers:
                     raise
-                trainer.optimizer.zero_grad(set_to_none=True)
-                torch.cuda.empty_cache()
-                k = min(n_layers, k + step)
+            # out of memory: the failed step's tensors go with the exception (left behind here), then more blocks
+            trainer.optimizer.zero_grad(set_to_none=True)
+            gc.collect()
+            torch.cuda.empty_cache()
+            k = min(n_layers, k + step)
         plan[key] = k
         print(f"peer_train.py: warm-up: {key[0]} x {'x'.join(map(str, key[1]))}: {k} of {n_layers} blocks "
               f"checkpointed", file=sys.stderr, flush=True)
