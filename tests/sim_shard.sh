@@ -8,7 +8,7 @@
 spec="$top_srcdir/inputs/mixed.lengths"
 deck14="$top_srcdir/inputs/wan14b.ini"
 deck13="$top_srcdir/inputs/wan1.3b.ini"
-tap_plan 13
+tap_plan 14
 
 # sim RANKS DECK OVERRIDE...: aldit-sim's JSON line for the global strategy
 sim() {
@@ -80,6 +80,11 @@ for mode in none optimizer gradients full; do
 "; }
 done
 tap_result $ok "CPU backend, 1.3B on 3 ranks: every mode equals the count" "$detail"
+
+out=$(sim 8 "$deck14" train.shard=full train.ema_decay=0.999 2>&1)
+check=$(awk -v e="$(value state_ema_bytes "$out")" -v t="$(value state_bytes "$out")" -v m="$(value state_master_bytes "$out")" \
+    -v s="$state" 'BEGIN {print (e == m && t == s + e) ? 0 : 1}')
+tap_result "$check" "with train.ema_decay the fp32 EMA adds 4 bytes per held value (as the master)" "$out"
 
 out=$(sim 8 "$deck14" train.shard=auto 2>&1); status=$?
 auto_mode=$(value shard "$out")

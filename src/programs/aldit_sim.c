@@ -47,8 +47,9 @@ static void print_usage(FILE *out)
             "Runs aldit's balancer for R virtual ranks over one epoch, without training, and reports per strategy\n"
             "the predicted imbalance, the epoch time against its lower bound, memory use and balancer time. First it\n"
             "plans one rank's memory: the training state under [train] shard (auto: the least sharding whose activation\n"
-            "budget holds the largest sample; none, optimizer, gradients, full) with its breakdown, and the budget that\n"
-            "balance.device_mem x (1 - balance.mem_margin) leaves beside it (or a fixed balance.mem_budget).\n"
+            "budget holds the largest sample; none, optimizer, gradients, full) and [train] ema_decay with its breakdown,\n"
+            "and the budget that balance.device_mem x (1 - balance.mem_margin) leaves beside it (or a fixed\n"
+            "balance.mem_budget).\n"
             "  --spec FILE       length spec (weight frames height width per line); N samples are drawn from it\n"
             "  --store FILE      an aldit latent store: its index gives the samples\n"
             "  --model DECK      input deck; its [model] and [balance] sections are used (overrides may follow)\n"
@@ -265,6 +266,7 @@ static sim_plan plan_memory(const sim_args *args, const deck *config, const cost
     const layout_dims dims = layout_dims_of(config);
     model_layout layout;
     model_layout_init(&layout, &dims);
+    const int ema = config->train.ema_decay > 0.0;
     sim_plan plan = {.mode = config->train.shard, .device_bytes = config->balance.device_mem *
                                                                   (1.0 - config->balance.mem_margin)};
     for (int64_t i = 0; i < n_samples; i++) {
@@ -275,11 +277,11 @@ static sim_plan plan_memory(const sim_args *args, const deck *config, const cost
         plan.chosen_by_auto = 1;
         plan.mode = SHARD_FULL;
         for (deck_shard mode = SHARD_NONE; mode <= SHARD_FULL; mode++) {
-            const layout_state_bytes state = model_layout_state_bytes(&layout, cm->backend, mode, args->n_ranks);
+            const layout_state_bytes state = model_layout_state_bytes(&layout, cm->backend, mode, args->n_ranks, ema);
             if (mode_fits(config, &plan, &state)) { plan.mode = mode; break; }
         }
     }
-    plan.state = model_layout_state_bytes(&layout, cm->backend, plan.mode, args->n_ranks);
+    plan.state = model_layout_state_bytes(&layout, cm->backend, plan.mode, args->n_ranks, ema);
     plan.mem_budget = budget_of(config, &plan, &plan.state);
     if (!(plan.mem_budget > 0)) {
         fprintf(stderr, "aldit-sim: %s: the training state (%.1f GiB per rank with train.shard = %s over %d ranks) "
@@ -305,10 +307,10 @@ static void print_memory(const sim_args *args, const deck *config, const cost_mo
     const layout_state_bytes *s = &plan->state;
     printf("training state %.2f GiB per rank (%s backend, train.shard = %s over %d ranks%s):\n"
            "  weights %.2f GiB (%s), gathered blocks %.2f GiB, gradients %.2f GiB, master weights %.2f GiB, "
-           "AdamW moments %.2f GiB\n", layout_state_total(s) / gib, gpu ? "GPU" : "CPU", deck_shard_name(plan->mode),
+           "AdamW moments %.2f GiB, EMA %.2f GiB\n", layout_state_total(s) / gib, gpu ? "GPU" : "CPU", deck_shard_name(plan->mode),
            args->n_ranks, plan->chosen_by_auto ? "; auto: the least sharding that fits" : "", s->weights / gib,
            gpu ? "bf16" : "fp32, also the master", s->gathered / gib, s->gradients / gib, s->master / gib,
-           s->moments / gib);
+           s->moments / gib, s->ema / gib);
     if (config->balance.mem_budget > 0)
         printf("  activation budget %.2f GiB per rank (balance.mem_budget)\n", plan->mem_budget / gib);
     else
@@ -319,9 +321,10 @@ static void print_memory(const sim_args *args, const deck *config, const cost_mo
     const layout_dims dims = layout_dims_of(config);
     model_layout layout;
     model_layout_init(&layout, &dims);
+    const int ema = config->train.ema_decay > 0.0;
     printf("  by mode:");
     for (deck_shard mode = SHARD_NONE; mode <= SHARD_FULL; mode++) {
-        const layout_state_bytes state = model_layout_state_bytes(&layout, cm->backend, mode, args->n_ranks);
+        const layout_state_bytes state = model_layout_state_bytes(&layout, cm->backend, mode, args->n_ranks, ema);
         const double budget = budget_of(config, plan, &state);
         printf("%s %s %.2f GiB (budget %.2f GiB, %s)", mode == SHARD_NONE ? "" : ";", deck_shard_name(mode),
                layout_state_total(&state) / gib, budget / gib, mode_fits(config, plan, &state) ? "fits" : "does not fit");
@@ -391,13 +394,14 @@ int main(int argc, char **argv)
                    "\"compute_budget\":%.6g,\"dual_p\":%.4f,\"observe_ms_per_step\":%.4f,\"shard\":\"%s\","
                    "\"shard_auto\":%d,\"state_bytes\":%.0f,\"state_weights_bytes\":%.0f,\"state_gathered_bytes\":%.0f,"
                    "\"state_gradients_bytes\":%.0f,\"state_master_bytes\":%.0f,\"state_moments_bytes\":%.0f,"
+                   "\"state_ema_bytes\":%.0f,"
                    "\"mem_budget_bytes\":%.0f,\"largest_sample_bytes\":%.0f,\"parameters\":%lld}\n",
                    name, args.n_ranks, (long long)r.steps, r.imbalance_sum / steps, r.epoch_time, lower_bound,
                    r.mem_util_sum / steps, 1e3 * r.balancer_seconds / steps, r.predicted_imbalance_sum / steps, r.mem_peak,
                    r.micro_per_rank_sum / steps, r.micro_max, (long long)r.samples, args.noise, compute_budget, dual_p,
                    1e3 * r.observe_seconds / steps, deck_shard_name(plan.mode), plan.chosen_by_auto,
                    layout_state_total(&plan.state), plan.state.weights, plan.state.gathered, plan.state.gradients,
-                   plan.state.master, plan.state.moments, plan.mem_budget, plan.largest_bytes,
+                   plan.state.master, plan.state.moments, plan.state.ema, plan.mem_budget, plan.largest_bytes,
                    (long long)cost_model_param_count(&config));
         } else {
             printf("%-13s %6lld %9.1f %8.2f%% %8.2f%% %11.1f %11.1f %7.2f%% %7.1f%% %7.1f%% %4.2f/%-4d %11.3f\n", name,
