@@ -1,7 +1,7 @@
 /* aldit_bench.c — aldit-bench: GPU microbenchmarks (device copy bandwidth; LayerNorm-Modulate forward and backward,
    plain and gated-residual, in GB/s against their byte floors and as % of the copy bandwidth of the same run;
-   the cuBLASLt linear layers of a Wan-1.3B block, forward and both backward GEMMs, in TFLOP/s; self- and
-   cross-attention forward and backward in TFLOP/s; one whole Wan-1.3B block forward+backward against the floor
+   the cuBLASLt linear layers of a Wan 2.1 block (1.3B or 14B dims), forward and both backward GEMMs, in TFLOP/s;
+   self- and cross-attention forward and backward in TFLOP/s; one whole block forward+backward against the floor
    of its GEMMs and attentions measured in the same run). */
 #include "config.h"
 
@@ -28,6 +28,13 @@
 
 enum { kMaxDims = 8, kMaxSeq = 8 };
 
+/* The block dims of the gemm, attention and block sections (--wan): Wan 2.1's 1.3B and 14B; heads of 128. */
+typedef struct {
+    const char *name;
+    int dim, ffn_dim, heads, head_dim;
+} wan_dims;
+static const wan_dims kWanModels[] = {{"1.3b", 1536, 8960, 12, 128}, {"14b", 5120, 13824, 40, 128}};
+
 typedef struct {
     int run_lnmod, run_gemm, run_attention, run_block; /* --sections (block also runs gemm and attention) */
     int n_samples;
@@ -45,6 +52,7 @@ typedef struct {
     int attention_autotune; /* cuDNN's engine configurations timed once per size class (attention_cudnn_create) */
     int block_layers;      /* block: K, the blocks the deeper model has beyond the 1-layer one */
     const char *json_path;
+    const wan_dims *wan;   /* --wan */
 } bench_options;
 
 static void usage(FILE *out)
@@ -53,24 +61,26 @@ static void usage(FILE *out)
             "usage: aldit-bench [--sections lnmod,gemm,attention,block] [--samples B] [--rows S] [--dims D1,D2,...]\n"
             "                   [--repeats N] [--seq S1,S2,...] [--text-rows T] [--profile-step 0|1]\n"
             "                   [--backends own,cudnn,cudnn-tiles] [--block-layers K]\n"
-            "                   [--gemm-autotune 0|1] [--attention-autotune 0|1] [--json FILE]\n"
+            "                   [--gemm-autotune 0|1] [--attention-autotune 0|1] [--wan 1.3b|14b] [--json FILE]\n"
             "  Device copy bandwidth, then the sections (default lnmod,gemm):\n"
             "  lnmod: LayerNorm-Modulate (forward, backward, gated-residual variants) on B packed samples of S rows\n"
             "    each (default B=2, S=32760, D=1536,3072,5120). The kernel and row-group shape of each forward are\n"
             "    printed per D.\n"
-            "  gemm: the cuBLASLt linear layers of one Wan-1.3B block (D=1536, FFN 8960) on one sample of S rows\n"
+            "  --wan 1.3b|14b: the block dims of the gemm, attention and block sections: Wan-1.3B (dim 1536, FFN 8960,\n"
+            "    12 heads of 128; the default) or Wan-14B (dim 5120, FFN 13824, 40 heads of 128).\n"
+            "  gemm: the cuBLASLt linear layers of one block (--wan; default D=1536, FFN 8960) on one sample of S rows\n"
             "    (--seq, default S=4096,16384,32760,75600) and T text rows (default 512): forward, backward data and\n"
             "    backward weight (fp32 dW and db accumulated) in TFLOP/s, the block's GEMM sum, and an 8192^3\n"
             "    reference. --gemm-autotune 1 takes the fastest of cuBLASLt's candidates timed on first use instead\n"
             "    of its first heuristic choice (gemm_create's autotune, [train] autotune), here and in the block.\n"
             "  attention: aldit's flash attention (cuda/attention.h) and, where built with it, cuDNN's fused SDPA\n"
-            "    (cuda/attention_cudnn.h), forward and backward, 12 heads of 128, on one sample: self-attention\n"
+            "    (cuda/attention_cudnn.h), forward and backward, the block's heads (12 or 40 of 128), on one sample: self-attention\n"
             "    S x S and cross-attention S x T, in TFLOP/s; cudnn-tiles is cuDNN's self-attention over whole tiles of\n"
             "    128 rows, zero-padded (what the GPU model runs for a micro-batch's last sample). --backends (default\n"
             "    all three) names the ones timed. --attention-autotune 1 takes the fastest of cuDNN's candidate engine\n"
             "    configurations, timed once per size class, instead of its heuristic first (attention_cudnn_create's\n"
             "    autotune, [train] autotune; the tuned ones are listed), here and in the block.\n"
-            "  block: one Wan-1.3B block forward+backward (GPU model, recompute none) on one sample of S tokens\n"
+            "  block: one block forward+backward (GPU model, recompute none; --wan dims) on one sample of S tokens\n"
             "    and T text tokens: ((1 + K)-layer model step - 1-layer model step) / K, the two steps timed in\n"
             "    turn (--block-layers K, default 8), against the floor of its GEMMs and attentions at the rates of\n"
             "    the gemm and attention sections (which it runs too). --profile-step 1 then runs one more\n"
@@ -106,10 +116,10 @@ enum { kDefaultBlockLayers = 8 };
 static bench_options parse_options(int argc, char **argv)
 {
     bench_options o = {1, 1, 0, 0, 2, 32760, 3, {1536, 3072, 5120}, 21, 10, 4, {4096, 16384, 32760, 75600}, 512, 0,
-                       "own,cudnn,cudnn-tiles", 0, 0, kDefaultBlockLayers, NULL};
+                       "own,cudnn,cudnn-tiles", 0, 0, kDefaultBlockLayers, NULL, &kWanModels[0]};
     enum {
         kSections = 256, kSamples, kRows, kDims, kRepeats, kSeq, kTextRows, kProfileStep, kBackends, kBlockLayers,
-        kGemmAutotune, kAttentionAutotune, kJson
+        kGemmAutotune, kAttentionAutotune, kJson, kWan
     };
     static const struct option options[] = {
         {"help", no_argument, NULL, 'h'},
@@ -126,6 +136,7 @@ static bench_options parse_options(int argc, char **argv)
         {"gemm-autotune", required_argument, NULL, kGemmAutotune},
         {"attention-autotune", required_argument, NULL, kAttentionAutotune},
         {"json", required_argument, NULL, kJson},
+        {"wan", required_argument, NULL, kWan},
         {NULL, 0, NULL, 0},
     };
     opterr = 0; /* the messages below name the option and exit 2 */
@@ -140,6 +151,16 @@ static bench_options parse_options(int argc, char **argv)
         case kRows: o.rows_per_sample = parse_long(value, "--rows", 1, 1L << 22); break;
         case kRepeats: o.repeats = (int)parse_long(value, "--repeats", 1, 1000); break;
         case kJson: o.json_path = value; break;
+        case kWan: {
+            size_t k = 0;
+            while (k < sizeof kWanModels / sizeof kWanModels[0] && strcmp(value, kWanModels[k].name)) ++k;
+            if (k == sizeof kWanModels / sizeof kWanModels[0]) {
+                fprintf(stderr, "aldit-bench: --wan %s: unknown dims (1.3b, 14b)\n", value);
+                exit(ALDIT_EXIT_USAGE);
+            }
+            o.wan = &kWanModels[k];
+            break;
+        }
         case kTextRows: o.text_rows = (int)parse_long(value, "--text-rows", 1, 1L << 20); break;
         case kProfileStep: o.profile_step = (int)parse_long(value, "--profile-step", 0, 1); break;
         case kBlockLayers: o.block_layers = (int)parse_long(value, "--block-layers", 1, 29); break;
@@ -475,9 +496,9 @@ static void run_lnmod_section(const bench_options *o, double copy_gbs, cudaStrea
 
 /* ---- GEMM section ----------------------------------------------------------------------------------- */
 
-enum { kGemmOps = 3, kWanDim = 1536, kWanFfn = 8960, kSquare = 8192 };
+enum { kGemmOps = 3, kSquare = 8192 };
 
-/* A linear layer of a Wan-1.3B block, and how many of that shape the block has. */
+/* A linear layer of a Wan 2.1 block, and how many of that shape the block has. */
 typedef struct {
     const char *name;
     int in_dim, out_dim;
@@ -488,12 +509,15 @@ typedef struct {
 } wan_linear;
 
 enum { kWanLinears = 4 };
-static const wan_linear kWanLinearSpecs[kWanLinears] = {
-    {"self q,k,v,o; cross q,o", kWanDim, kWanDim, 0, GEMM_EPILOGUE_BIAS, 0, 6},
-    {"cross k,v (text rows)", kWanDim, kWanDim, 1, GEMM_EPILOGUE_BIAS, 0, 2},
-    {"ffn up (+bias+GELU)", kWanDim, kWanFfn, 0, GEMM_EPILOGUE_GELU_AUX_BIAS, 0, 1},
-    {"ffn down (dx with dGELU)", kWanFfn, kWanDim, 0, GEMM_EPILOGUE_BIAS, 1, 1},
-};
+
+/* The block's linear layers at these dims. */
+static void wan_linears(const wan_dims *w, wan_linear specs[kWanLinears])
+{
+    specs[0] = (wan_linear){"self q,k,v,o; cross q,o", w->dim, w->dim, 0, GEMM_EPILOGUE_BIAS, 0, 6};
+    specs[1] = (wan_linear){"cross k,v (text rows)", w->dim, w->dim, 1, GEMM_EPILOGUE_BIAS, 0, 2};
+    specs[2] = (wan_linear){"ffn up (+bias+GELU)", w->dim, w->ffn_dim, 0, GEMM_EPILOGUE_GELU_AUX_BIAS, 0, 1};
+    specs[3] = (wan_linear){"ffn down (dx with dGELU)", w->ffn_dim, w->dim, 0, GEMM_EPILOGUE_BIAS, 1, 1};
+}
 static const char *const kGemmOpNames[kGemmOps] = {"fwd", "bwd_data", "bwd_weight"};
 
 /* Device tensors of one GEMM shape (views of the section's buffers). */
@@ -554,12 +578,15 @@ static gpu_bf16 *device_tiled_bf16(size_t n, const gpu_bf16 *pattern, size_t n_p
 
 static double tflops(double flops, double ms) { return flops / (ms * 1e9); }
 
-/* Times the three GEMMs of every linear of a Wan-1.3B block at every S, and the 8192^3 reference. */
+/* Times the three GEMMs of every linear of a block (--wan dims) at every S, and the 8192^3 reference. */
 static void run_gemm_section(const bench_options *o, cudaStream_t stream, gemm_results *r)
 {
     int64_t max_rows = o->text_rows;
     for (int i = 0; i < o->n_seq; ++i) max_rows = o->seq[i] > max_rows ? o->seq[i] : max_rows;
-    size_t n_act = (size_t)max_rows * kWanFfn, n_weight = (size_t)kWanFfn * kWanDim;
+    const int dim = o->wan->dim, ffn = o->wan->ffn_dim;
+    wan_linear specs[kWanLinears];
+    wan_linears(o->wan, specs);
+    size_t n_act = (size_t)max_rows * ffn, n_weight = (size_t)ffn * dim;
     const size_t n_square = (size_t)kSquare * kSquare;
     n_act = n_act > n_square ? n_act : n_square;
     n_weight = n_weight > n_square ? n_weight : n_square;
@@ -571,24 +598,24 @@ static void run_gemm_section(const bench_options *o, cudaStream_t stream, gemm_r
     c.dy = device_tiled_bf16(n_act, pattern, n_pattern, 1013);
     c.pre_gelu = device_tiled_bf16(n_act, pattern, n_pattern, 2027);
     c.weight = device_tiled_bf16(n_weight, pattern, n_pattern, 3041);
-    c.bias = device_tiled_bf16(kWanFfn, pattern, n_pattern, 4093);
+    c.bias = device_tiled_bf16((size_t)ffn, pattern, n_pattern, 4093);
     c.y = device_alloc(n_act * sizeof *c.y), c.dx = device_alloc(n_act * sizeof *c.dx);
-    c.dweight = device_alloc((size_t)kWanFfn * kWanDim * sizeof *c.dweight);
-    c.dbias = device_alloc((size_t)kWanFfn * sizeof *c.dbias);
-    CUDA_CHECK(cudaMemset(c.dweight, 0, (size_t)kWanFfn * kWanDim * sizeof *c.dweight));
-    CUDA_CHECK(cudaMemset(c.dbias, 0, (size_t)kWanFfn * sizeof *c.dbias));
+    c.dweight = device_alloc((size_t)ffn * dim * sizeof *c.dweight);
+    c.dbias = device_alloc((size_t)ffn * sizeof *c.dbias);
+    CUDA_CHECK(cudaMemset(c.dweight, 0, (size_t)ffn * dim * sizeof *c.dweight));
+    CUDA_CHECK(cudaMemset(c.dbias, 0, (size_t)ffn * sizeof *c.dbias));
     free(pattern);
     gemm_stats stats_before;
     gemm_get_stats(c.gemm, &stats_before);
 
-    printf("GEMMs of a Wan-1.3B block (cuBLASLt, bf16 in and out, fp32 accumulation; dW, db fp32 accumulated; "
-           "epilogues\n  fused in cuBLASLt but the bias gradients, own column sums), one sample of S rows and %d text "
-           "rows:\n", o->text_rows);
+    printf("GEMMs of a Wan-%s block (dim %d, FFN %d; cuBLASLt, bf16 in and out, fp32 accumulation; dW, db fp32 "
+           "accumulated;\n  epilogues fused in cuBLASLt but the bias gradients, own column sums), one sample of S rows "
+           "and %d text rows:\n", o->wan->name, dim, ffn, o->text_rows);
     printf("%-6s %-25s %6s %5s %5s %-11s %9s %8s\n", "S", "layer", "rows", "in", "out", "op", "ms", "TFLOP/s");
     for (int si = 0; si < o->n_seq; ++si) {
         r->block_ms[si][0] = r->block_ms[si][1] = r->block_flops[si][0] = r->block_flops[si][1] = 0.0;
         for (int l = 0; l < kWanLinears; ++l) {
-            const wan_linear *spec = &kWanLinearSpecs[l];
+            const wan_linear *spec = &specs[l];
             c.rows = spec->on_text ? o->text_rows : o->seq[si];
             c.in_dim = spec->in_dim, c.out_dim = spec->out_dim, c.epilogue = spec->epilogue;
             c.gelu_before = spec->gelu_before;
@@ -604,8 +631,8 @@ static void run_gemm_section(const bench_options *o, cudaStream_t stream, gemm_r
         }
     }
     if (o->n_seq > 0) {
-        printf("The block's GEMMs summed (each layer times its count: 6 + 2 text projections 1536x1536, FFN up, down):"
-               "\n%-6s %10s %10s %12s %9s %8s\n", "S", "fwd ms", "bwd ms", "fwd+bwd ms", "TFLOP", "TFLOP/s");
+        printf("The block's GEMMs summed (each layer times its count: 6 + 2 text projections %dx%d, FFN up, down):"
+               "\n%-6s %10s %10s %12s %9s %8s\n", dim, dim, "S", "fwd ms", "bwd ms", "fwd+bwd ms", "TFLOP", "TFLOP/s");
         for (int si = 0; si < o->n_seq; ++si) {
             const double ms = r->block_ms[si][0] + r->block_ms[si][1];
             const double flops = r->block_flops[si][0] + r->block_flops[si][1];
@@ -634,13 +661,14 @@ static void run_gemm_section(const bench_options *o, cudaStream_t stream, gemm_r
 
 /* ---- attention section --------------------------------------------------------------------------------- */
 
-enum { kWanHeads = 12, kWanHeadDim = 128, kAttentionKinds = 2, kAttentionOps = 2 };
+enum { kAttentionKinds = 2, kAttentionOps = 2 };
 static const char *const kAttentionKindNames[kAttentionKinds] = {"self", "cross"};
 static const double kLongOpBudgetSeconds = 3.0;  /* timed groups per attention figure */
 static const double kStepBudgetSeconds = 6.0;    /* timed groups per model step */
 
 /* Device tensors of one attention shape: the n_q query rows of one sample attend to its n_kv key rows. */
 typedef struct {
+    int heads, head_dim;         /* the block's (--wan) */
     int64_t n_q, n_kv;
     int64_t *q_start, *kv_start; /* device offsets {0, n_q}, {0, n_kv} */
     gpu_bf16 *q, *k, *v, *out, *dout, *dq, *dk, *dv;
@@ -652,49 +680,49 @@ typedef struct {
 static void run_attention_fwd(void *context, cudaStream_t stream)
 {
     attention_context *c = context;
-    attention_fwd(c->q, c->k, c->v, kWanHeads, kWanHeadDim, c->q_start, c->kv_start, 1, c->n_q, c->n_kv, c->out,
+    attention_fwd(c->q, c->k, c->v, c->heads, c->head_dim, c->q_start, c->kv_start, 1, c->n_q, c->n_kv, c->out,
                   c->lse, stream);
 }
 
 static void run_attention_bwd(void *context, cudaStream_t stream)
 {
     attention_context *c = context;
-    attention_bwd(c->q, c->k, c->v, c->out, c->dout, c->lse, kWanHeads, kWanHeadDim, c->q_start, c->kv_start, 1,
+    attention_bwd(c->q, c->k, c->v, c->out, c->dout, c->lse, c->heads, c->head_dim, c->q_start, c->kv_start, 1,
                   c->n_q, c->n_kv, c->dq, c->dk, c->dv, c->workspace, stream);
 }
 
 static int own_attention_available(attention_context *c)
 {
-    (void)c;
-    return attention_head_dim_supported(kWanHeadDim);
+    return attention_head_dim_supported(c->head_dim);
 }
 
 #ifdef HAVE_CUDNN
 static int cudnn_attention_available(attention_context *c)
 {
-    return attention_cudnn_available(c->cudnn, kWanHeads, kWanHeadDim);
+    return attention_cudnn_available(c->cudnn, c->heads, c->head_dim);
 }
 
 /* cuDNN's fused SDPA on the one sample (self: n_kv == n_q); its stats fill the lse buffer (same size). */
 static void run_cudnn_attention_fwd(void *context, cudaStream_t stream)
 {
     attention_context *c = context;
-    attention_cudnn_cross_fwd(c->cudnn, c->q, c->k, c->v, c->n_q, c->n_kv, kWanHeads, kWanHeadDim, c->out, c->lse, stream);
+    attention_cudnn_cross_fwd(c->cudnn, c->q, c->k, c->v, c->n_q, c->n_kv, c->heads, c->head_dim, c->out, c->lse, stream);
 }
 
 static void run_cudnn_attention_bwd(void *context, cudaStream_t stream)
 {
     attention_context *c = context;
-    attention_cudnn_cross_bwd(c->cudnn, c->q, c->k, c->v, c->out, c->dout, c->lse, c->n_q, c->n_kv, kWanHeads,
-                              kWanHeadDim, c->dq, c->dk, c->dv, stream);
+    attention_cudnn_cross_bwd(c->cudnn, c->q, c->k, c->v, c->out, c->dout, c->lse, c->n_q, c->n_kv, c->heads,
+                              c->head_dim, c->dq, c->dk, c->dv, stream);
 }
 
 /* Self-attention over whole tiles, zero-padded (the model's default for a micro-batch's last sample): the
    buffers have the rows to spare; zeroing the pad rows is part of the op, as in the model. Cross-attention
    (512 keys: whole tiles already) runs as cudnn. */
-static void zero_rows_past(gpu_bf16 *buffer, int64_t rows, int64_t padded, cudaStream_t stream)
+static void zero_rows_past(const attention_context *c, gpu_bf16 *buffer, int64_t rows, int64_t padded,
+                           cudaStream_t stream)
 {
-    const size_t width = (size_t)kWanHeads * kWanHeadDim;
+    const size_t width = (size_t)c->heads * c->head_dim;
     CUDA_CHECK(cudaMemsetAsync(buffer + (size_t)rows * width, 0, (size_t)(padded - rows) * width * sizeof *buffer,
                                stream));
 }
@@ -708,8 +736,8 @@ static void run_cudnn_tiles_attention_fwd(void *context, cudaStream_t stream)
     }
     const int64_t padded = attention_cudnn_padded_rows(c->n_q);
     gpu_bf16 *const inputs[] = {c->q, c->k, c->v};
-    for (int i = 0; i < 3; ++i) zero_rows_past(inputs[i], c->n_q, padded, stream);
-    attention_cudnn_fwd_padded(c->cudnn, c->q, c->k, c->v, c->n_q, padded, kWanHeads, kWanHeadDim, c->out, c->lse,
+    for (int i = 0; i < 3; ++i) zero_rows_past(c, inputs[i], c->n_q, padded, stream);
+    attention_cudnn_fwd_padded(c->cudnn, c->q, c->k, c->v, c->n_q, padded, c->heads, c->head_dim, c->out, c->lse,
                                stream);
 }
 
@@ -721,9 +749,9 @@ static void run_cudnn_tiles_attention_bwd(void *context, cudaStream_t stream)
         return;
     }
     const int64_t padded = attention_cudnn_padded_rows(c->n_q);
-    zero_rows_past(c->dout, c->n_q, padded, stream);
-    attention_cudnn_bwd_padded(c->cudnn, c->q, c->k, c->v, c->out, c->dout, c->lse, c->n_q, padded, kWanHeads,
-                               kWanHeadDim, c->dq, c->dk, c->dv, stream);
+    zero_rows_past(c, c->dout, c->n_q, padded, stream);
+    attention_cudnn_bwd_padded(c->cudnn, c->q, c->k, c->v, c->out, c->dout, c->lse, c->n_q, padded, c->heads,
+                               c->head_dim, c->dq, c->dk, c->dv, stream);
 }
 #endif
 
@@ -764,11 +792,11 @@ static void run_attention_section(const bench_options *o, cudaStream_t stream, a
 {
     int64_t max_rows = o->text_rows;
     for (int i = 0; i < o->n_seq; ++i) max_rows = o->seq[i] > max_rows ? o->seq[i] : max_rows;
-    const int width = kWanHeads * kWanHeadDim;
+    attention_context c = {.heads = o->wan->heads, .head_dim = o->wan->head_dim};
+    const int width = c.heads * c.head_dim;
     /* a tile of rows to spare: cudnn-tiles runs over whole tiles */
     const size_t n = (size_t)(max_rows + 128) * (size_t)width, n_pattern = (size_t)1 << 22, pattern_extra = 4096;
     gpu_bf16 *pattern = random_bf16(n_pattern + pattern_extra, 0xa77e47104eull, -1.0, 1.0);
-    attention_context c = {0};
     c.q = device_tiled_bf16(n, pattern, n_pattern, 0);
     c.k = device_tiled_bf16(n, pattern, n_pattern, 1019);
     c.v = device_tiled_bf16(n, pattern, n_pattern, 2039);
@@ -776,8 +804,8 @@ static void run_attention_section(const bench_options *o, cudaStream_t stream, a
     free(pattern);
     gpu_bf16 **outputs[] = {&c.out, &c.dq, &c.dk, &c.dv};
     for (size_t i = 0; i < sizeof outputs / sizeof outputs[0]; ++i) *outputs[i] = device_alloc(n * sizeof(gpu_bf16));
-    c.lse = device_alloc((size_t)(max_rows + 128) * kWanHeads * sizeof *c.lse);
-    c.workspace = device_alloc(attention_bwd_workspace_bytes(max_rows, kWanHeads));
+    c.lse = device_alloc((size_t)(max_rows + 128) * c.heads * sizeof *c.lse);
+    c.workspace = device_alloc(attention_bwd_workspace_bytes(max_rows, c.heads));
     c.q_start = device_alloc(2 * sizeof *c.q_start);
     c.kv_start = device_alloc(2 * sizeof *c.kv_start);
 #ifdef HAVE_CUDNN
@@ -792,9 +820,9 @@ static void run_attention_section(const bench_options *o, cudaStream_t stream, a
                    o->attention_backends);
         } else if (!(available[b] = kAttentionBackends[b].available(&c)))
             printf("attention backend %s: not available for %d heads of %d, not timed\n", kAttentionBackends[b].name,
-                   kWanHeads, kWanHeadDim);
+                   c.heads, c.head_dim);
     printf("Attention (%d heads x %d, bf16, fp32 accumulation), one sample: self S x S and cross S x %d text rows;\n"
-           "  FLOPs: forward 4*Sq*Skv*%d, backward 2.5x that:\n", kWanHeads, kWanHeadDim, o->text_rows, width);
+           "  FLOPs: forward 4*Sq*Skv*%d, backward 2.5x that:\n", c.heads, c.head_dim, o->text_rows, width);
     printf("%-6s %-6s %-11s %8s %10s %10s %10s %10s %10s\n", "S", "kind", "backend", "kv rows", "fwd ms", "fwd TF/s",
            "bwd ms", "bwd TF/s", "f+b TF/s");
     for (int si = 0; si < o->n_seq; ++si)
@@ -804,8 +832,8 @@ static void run_attention_section(const bench_options *o, cudaStream_t stream, a
             const int64_t q_start[2] = {0, c.n_q}, kv_start[2] = {0, c.n_kv};
             CUDA_CHECK(cudaMemcpy(c.q_start, q_start, sizeof q_start, cudaMemcpyHostToDevice));
             CUDA_CHECK(cudaMemcpy(c.kv_start, kv_start, sizeof kv_start, cudaMemcpyHostToDevice));
-            const double fwd_flops = attention_fwd_flops(q_start, kv_start, 1, kWanHeads, kWanHeadDim);
-            const double bwd_flops = attention_bwd_flops(q_start, kv_start, 1, kWanHeads, kWanHeadDim);
+            const double fwd_flops = attention_fwd_flops(q_start, kv_start, 1, c.heads, c.head_dim);
+            const double bwd_flops = attention_bwd_flops(q_start, kv_start, 1, c.heads, c.head_dim);
             r->flops[si][kind][0] = fwd_flops;
             r->flops[si][kind][1] = bwd_flops;
             for (size_t b = 0; b < ATTENTION_BACKENDS; ++b) {
@@ -920,7 +948,7 @@ typedef struct {
 static const double kGiB = 1073741824.0;
 static const size_t kBlockMemoryMargin = (size_t)2 << 30; /* cuBLASLt, CUDA context, fragmentation */
 
-/* One Wan-1.3B block forward+backward at every S: the GPU model's step (one sample of S tokens and T text
+/* One block (--wan dims) forward+backward at every S: the GPU model's step (one sample of S tokens and T text
    tokens, recompute none) with 1 + K layers minus the same with 1 layer, over K (embeddings, head, loss, the
    batch's staging and the final synchronisation cancel; the text embedding too: only the blocks are counted).
    With K > 1 the deeper step runs mostly at the clocks a many-layer training step holds, and whatever the two
@@ -932,7 +960,10 @@ static void run_block_section(const bench_options *o, const gemm_results *gemm, 
                               cudaStream_t stream, block_results *r)
 {
     deck config;
-    deck_defaults(&config); /* Wan-1.3B: dim 1536, ffn 8960, 12 heads, text_dim 4096, 16 channels, patch 1x2x2 */
+    deck_defaults(&config); /* Wan 2.1: text_dim 4096, 16 channels, patch 1x2x2, qk_norm, cross_attn_norm */
+    config.model.dim = o->wan->dim;
+    config.model.ffn_dim = o->wan->ffn_dim;
+    config.model.num_heads = o->wan->heads;
     config.model.text_len = o->text_rows;
     const int K = o->block_layers;
     model layers[2];
@@ -942,15 +973,14 @@ static void run_block_section(const bench_options *o, const gemm_results *gemm, 
         model_init_gaussian(&layers[l], 0xb10c0001ull + (uint64_t)l, 0.02f);
     }
     const model *deep = &layers[1];
-    if (deep->dim != kWanDim || deep->ffn_dim != kWanFfn || deep->num_heads != kWanHeads)
-        ALDIT_FATAL("aldit-bench: the deck defaults are not Wan-1.3B's (dim %d, ffn %d, heads %d)", deep->dim,
-                    deep->ffn_dim, deep->num_heads);
+    if (deep->dim / deep->num_heads != o->wan->head_dim)
+        ALDIT_FATAL("aldit-bench: the model's heads are %d wide, not %d", deep->dim / deep->num_heads, o->wan->head_dim);
 
-    printf("Wan-1.3B block forward+backward (dim %d, ffn %d, %d heads; one sample of S tokens, %d text tokens of "
+    printf("Wan-%s block forward+backward (dim %d, ffn %d, %d heads; one sample of S tokens, %d text tokens of "
            "%d;\n  block = (%d-layer step - 1-layer step) / %d, medians of steps timed in turn; TFLOP/s over 3x the forward's "
            "FLOPs; floor = the block's GEMMs + self + cross attention\n  forward+backward at the rates measured above, "
            "each attention by its fastest backend):\n",
-           deep->dim, deep->ffn_dim, deep->num_heads, o->text_rows, deep->text_dim, 1 + K, K);
+           o->wan->name, deep->dim, deep->ffn_dim, deep->num_heads, o->text_rows, deep->text_dim, 1 + K, K);
     char deep_label[24];
     snprintf(deep_label, sizeof deep_label, "%d-layer", 1 + K);
     printf("%-6s %-10s %9s %9s %9s %8s %8s | %8s %8s %8s %9s %9s\n", "S", "grid", "1-layer", deep_label, "block ms",
@@ -1042,7 +1072,8 @@ static void write_json(FILE *json, const bench_options *o, const char *device, d
                        double lnmod[kMaxDims][kLnmodOps][2], const gemm_results *gemm, const attention_results *attn,
                        const block_results *block)
 {
-    fprintf(json, "{\"device\": \"%s\", \"copy_gbs\": %.1f", device, copy_gbs);
+    fprintf(json, "{\"device\": \"%s\", \"copy_gbs\": %.1f, \"wan\": \"%s\", \"dim\": %d, \"ffn_dim\": %d, "
+            "\"heads\": %d", device, copy_gbs, o->wan->name, o->wan->dim, o->wan->ffn_dim, o->wan->heads);
     if (o->run_lnmod) {
         fprintf(json, ", \"samples\": %d, \"rows_per_sample\": %lld, \"lnmod\": [", o->n_samples,
                 (long long)o->rows_per_sample);
@@ -1058,9 +1089,11 @@ static void write_json(FILE *json, const bench_options *o, const char *device, d
                 "\"text_rows\": %d, \"gemm\": [", o->gemm_autotune, (long long)gemm->unfused_calls,
                 o->text_rows);
         int first = 1;
+        wan_linear specs[kWanLinears];
+        wan_linears(o->wan, specs);
         for (int si = 0; si < o->n_seq; ++si)
             for (int l = 0; l < kWanLinears; ++l) {
-                const wan_linear *spec = &kWanLinearSpecs[l];
+                const wan_linear *spec = &specs[l];
                 const int64_t rows = spec->on_text ? o->text_rows : o->seq[si];
                 const double flops = gemm_linear_flops(rows, spec->in_dim, spec->out_dim);
                 for (int op = 0; op < kGemmOps; ++op, first = 0)
@@ -1081,7 +1114,8 @@ static void write_json(FILE *json, const bench_options *o, const char *device, d
                 tflops(gemm_linear_flops(kSquare, kSquare, kSquare), gemm->square_ms));
     }
     if (o->run_attention) {
-        fprintf(json, ", \"attention_heads\": %d, \"attention_head_dim\": %d, \"attention\": [", kWanHeads, kWanHeadDim);
+        fprintf(json, ", \"attention_heads\": %d, \"attention_head_dim\": %d, \"attention\": [", o->wan->heads,
+                o->wan->head_dim);
         int first = 1;
         for (int si = 0; si < o->n_seq; ++si)
             for (int kind = 0; kind < kAttentionKinds; ++kind)

@@ -1,4 +1,5 @@
-/* aldit_sim.c — aldit-sim: runs the balancer for R virtual ranks over a length spec or a store's index and
+/* aldit_sim.c — aldit-sim: plans one rank's memory ([train] shard: the training state's breakdown and the
+   activation budget it leaves), runs the balancer for R virtual ranks over a length spec or a store's index and
    reports per strategy the imbalance, epoch time against its lower bound, memory use and balancer time. */
 #include "config.h"
 #include "balance/balance.h"
@@ -6,6 +7,7 @@
 #include "balance/costmodel.h"
 #include "deck/deck.h"
 #include "io/lengths.h"
+#include "model/layout.h"
 #include "core/rng.h"
 #include "io/store.h"
 
@@ -43,7 +45,11 @@ static void print_usage(FILE *out)
             "usage: aldit-sim (--spec FILE | --store FILE) --model DECK --ranks R [--strategy NAME|all]\n"
             "                 [--samples N] [--noise F] [--seed S] [--json] [section.key=value ...]\n"
             "Runs aldit's balancer for R virtual ranks over one epoch, without training, and reports per strategy\n"
-            "the predicted imbalance, the epoch time against its lower bound, memory use and balancer time.\n"
+            "the predicted imbalance, the epoch time against its lower bound, memory use and balancer time. First it\n"
+            "plans one rank's memory: the training state under [train] shard (auto: the least sharding whose activation\n"
+            "budget holds the largest sample; none, optimizer, gradients, full) and [train] ema_decay with its breakdown,\n"
+            "and the budget that balance.device_mem x (1 - balance.mem_margin) leaves beside it (or a fixed\n"
+            "balance.mem_budget).\n"
             "  --spec FILE       length spec (weight frames height width per line); N samples are drawn from it\n"
             "  --store FILE      an aldit latent store: its index gives the samples\n"
             "  --model DECK      input deck; its [model] and [balance] sections are used (overrides may follow)\n"
@@ -225,16 +231,105 @@ static sim_result simulate(const deck *config, const balance_sample *samples, in
     return result;
 }
 
-/* The memory formula the balancer plans with (model/layout.h) and what one rank's training state takes. */
-static void print_memory(const deck *config, const cost_model *cm)
+/* One rank's memory plan: the state under the chosen mode and the activation budget beside it. */
+typedef struct {
+    deck_shard mode;
+    int chosen_by_auto;
+    layout_state_bytes state;
+    double mem_budget;        /* activation bytes per rank: the deck's, or what the device memory leaves */
+    double device_bytes;      /* balance.device_mem x (1 - mem_margin) */
+    double largest_bytes;     /* the activation bytes of the sample that needs the most (cost_model_mem) */
+    int64_t largest_id;
+} sim_plan;
+
+/* The budget `mode` leaves: a fixed [balance] mem_budget, or the device memory less the margin and the state. */
+static double budget_of(const deck *config, const sim_plan *plan, const layout_state_bytes *state)
 {
+    if (config->balance.mem_budget > 0) return config->balance.mem_budget;
+    return plan->device_bytes - layout_state_total(state);
+}
+
+/* Whether `state` fits: beside a fixed budget, inside the device memory; else the budget it leaves holds the
+   largest sample (the balancer refuses or skips samples over the budget). */
+static int mode_fits(const deck *config, const sim_plan *plan, const layout_state_bytes *state)
+{
+    if (config->balance.mem_budget > 0)
+        return plan->device_bytes - layout_state_total(state) >= config->balance.mem_budget;
+    return budget_of(config, plan, state) >= plan->largest_bytes;
+}
+
+/* [train] shard resolved for R ranks (auto: the least sharding that fits; full where none does) and the budget;
+   exits 2 where the mode leaves no memory for activations. */
+static sim_plan plan_memory(const sim_args *args, const deck *config, const cost_model *cm,
+                            const balance_sample *samples, int64_t n_samples)
+{
+    const layout_dims dims = layout_dims_of(config);
+    model_layout layout;
+    model_layout_init(&layout, &dims);
+    const int ema = config->train.ema_decay > 0.0;
+    sim_plan plan = {.mode = config->train.shard, .device_bytes = config->balance.device_mem *
+                                                                  (1.0 - config->balance.mem_margin)};
+    for (int64_t i = 0; i < n_samples; i++) {
+        const double bytes = cost_model_mem(cm, samples[i].tokens, samples[i].text_len);
+        if (bytes > plan.largest_bytes) plan.largest_bytes = bytes, plan.largest_id = i;
+    }
+    if (plan.mode == SHARD_AUTO) {
+        plan.chosen_by_auto = 1;
+        plan.mode = SHARD_FULL;
+        for (deck_shard mode = SHARD_NONE; mode <= SHARD_FULL; mode++) {
+            const layout_state_bytes state = model_layout_state_bytes(&layout, cm->backend, mode, args->n_ranks, ema);
+            if (mode_fits(config, &plan, &state)) { plan.mode = mode; break; }
+        }
+    }
+    plan.state = model_layout_state_bytes(&layout, cm->backend, plan.mode, args->n_ranks, ema);
+    plan.mem_budget = budget_of(config, &plan, &plan.state);
+    if (!(plan.mem_budget > 0)) {
+        fprintf(stderr, "aldit-sim: %s: the training state (%.1f GiB per rank with train.shard = %s over %d ranks) "
+                "leaves no room in balance.device_mem x (1 - mem_margin) = %.1f GiB; shard more (train.shard = full), "
+                "use more ranks, or set balance.device_mem or balance.mem_budget\n", args->deck_path,
+                layout_state_total(&plan.state) / 1073741824.0, deck_shard_name(plan.mode), args->n_ranks,
+                plan.device_bytes / 1073741824.0);
+        exit(ALDIT_EXIT_USAGE);
+    }
+    return plan;
+}
+
+/* The memory formula the balancer plans with (model/layout.h), the state's breakdown per rank and each mode's. */
+static void print_memory(const sim_args *args, const deck *config, const cost_model *cm, const sim_plan *plan)
+{
+    const double gib = 1073741824.0;
+    const int gpu = cm->backend == LAYOUT_BACKEND_GPU;
     printf("activation memory (%s model, recompute %s): %.1f MiB per micro-batch + %.1f KiB per token + %.1f KiB "
-           "per sample + %.1f KiB per text token%s\n", cm->backend == LAYOUT_BACKEND_GPU ? "GPU" : "CPU",
+           "per sample + %.1f KiB per text token%s\n", gpu ? "GPU" : "CPU",
            cm->recompute_block ? "block" : "none", cm->memory.fixed / 1048576.0, cm->memory.per_token / 1024.0,
            cm->memory.per_sample / 1024.0, cm->memory.per_text / 1024.0,
-           cm->backend == LAYOUT_BACKEND_GPU ? " (and the GPU's own scratch constant)" : "");
-    printf("training state %.2f GiB per rank (weights, gradients, AdamW moments; shard = none)\n",
-           cost_model_state_bytes(config, SHARD_NONE, 1) / 1073741824.0);
+           gpu ? " (and the GPU's own scratch constant)" : "");
+    const layout_state_bytes *s = &plan->state;
+    printf("training state %.2f GiB per rank (%s backend, train.shard = %s over %d ranks%s):\n"
+           "  weights %.2f GiB (%s), gathered blocks %.2f GiB, gradients %.2f GiB, master weights %.2f GiB, "
+           "AdamW moments %.2f GiB, EMA %.2f GiB\n", layout_state_total(s) / gib, gpu ? "GPU" : "CPU", deck_shard_name(plan->mode),
+           args->n_ranks, plan->chosen_by_auto ? "; auto: the least sharding that fits" : "", s->weights / gib,
+           gpu ? "bf16" : "fp32, also the master", s->gathered / gib, s->gradients / gib, s->master / gib,
+           s->moments / gib, s->ema / gib);
+    if (config->balance.mem_budget > 0)
+        printf("  activation budget %.2f GiB per rank (balance.mem_budget)\n", plan->mem_budget / gib);
+    else
+        printf("  activation budget %.2f GiB per rank: balance.device_mem %.2f GiB x (1 - mem_margin %g) less the "
+               "state\n", plan->mem_budget / gib, config->balance.device_mem / gib, config->balance.mem_margin);
+    printf("  the largest sample (%lld) needs %.2f GiB of activations\n", (long long)plan->largest_id,
+           plan->largest_bytes / gib);
+    const layout_dims dims = layout_dims_of(config);
+    model_layout layout;
+    model_layout_init(&layout, &dims);
+    const int ema = config->train.ema_decay > 0.0;
+    printf("  by mode:");
+    for (deck_shard mode = SHARD_NONE; mode <= SHARD_FULL; mode++) {
+        const layout_state_bytes state = model_layout_state_bytes(&layout, cm->backend, mode, args->n_ranks, ema);
+        const double budget = budget_of(config, plan, &state);
+        printf("%s %s %.2f GiB (budget %.2f GiB, %s)", mode == SHARD_NONE ? "" : ";", deck_shard_name(mode),
+               layout_state_total(&state) / gib, budget / gib, mode_fits(config, plan, &state) ? "fits" : "does not fit");
+    }
+    printf("\n");
 }
 
 int main(int argc, char **argv)
@@ -259,21 +354,11 @@ int main(int argc, char **argv)
     int64_t n_samples = 0;
     balance_sample *samples = load_samples(&args, &config, &n_samples);
 
-    /* memory budget: the deck's, or the assumed device memory less the margin and the training state */
-    double mem_budget = config.balance.mem_budget;
-    if (!(mem_budget > 0)) {
-        mem_budget = config.balance.device_mem * (1.0 - config.balance.mem_margin) - cost_model_state_bytes(&config, SHARD_NONE, 1);
-        if (!(mem_budget > 0)) {
-            fprintf(stderr, "aldit-sim: %s: the model's weights, gradients and optimizer state (%.1f GiB) leave no room in "
-                    "balance.device_mem; set balance.device_mem or balance.mem_budget\n", args.deck_path,
-                    cost_model_state_bytes(&config, SHARD_NONE, 1) / 1073741824.0);
-            return ALDIT_EXIT_USAGE;
-        }
-    }
-
     /* true cost: the seed model's prediction with a fixed per-sample relative error */
     cost_model truth;
     cost_model_init(&truth, &config);
+    const sim_plan plan = plan_memory(&args, &config, &truth, samples, n_samples);
+    const double mem_budget = plan.mem_budget;
     double *true_cost = xmalloc((size_t)n_samples * sizeof(double));
     uint64_t noise_state = rng_hash(config.run.seed, 0x6e6f697365ull);
     for (int64_t i = 0; i < n_samples; i++) {
@@ -290,7 +375,7 @@ int main(int argc, char **argv)
                mem_budget / 1073741824.0,
                (long long)balancer_max_tokens_in_budget(&truth, mem_budget, config.model.text_len),
                config.model.text_len, config.balance.global_batch > 0 ? "fixed" : "budget");
-        print_memory(&config, &truth);
+        print_memory(&args, &config, &truth, &plan);
         printf("%-13s %6s %9s %9s %9s %11s %11s %8s %8s %8s %9s %11s\n", "strategy", "steps", "samples/", "imbalance",
                "(predict)", "epoch_time", "lower_bound", "vs_bound", "mem_util", "mem_peak", "micro/rk", "balancer");
         printf("%-13s %6s %9s %9s %9s %11s %11s %8s %8s %8s %9s %11s\n", "", "", "step", "", "", "s", "s", "", "", "",
@@ -306,11 +391,18 @@ int main(int argc, char **argv)
             printf("{\"strategy\":\"%s\",\"ranks\":%d,\"steps\":%lld,\"imbalance\":%.6f,\"epoch_time\":%.6g,"
                    "\"lower_bound\":%.6g,\"mem_util\":%.4f,\"balancer_ms_per_step\":%.4f,\"predicted_imbalance\":%.6f,"
                    "\"mem_peak\":%.4f,\"micro_per_rank\":%.3f,\"micro_max\":%d,\"samples\":%lld,\"noise\":%g,"
-                   "\"compute_budget\":%.6g,\"dual_p\":%.4f,\"observe_ms_per_step\":%.4f}\n",
+                   "\"compute_budget\":%.6g,\"dual_p\":%.4f,\"observe_ms_per_step\":%.4f,\"shard\":\"%s\","
+                   "\"shard_auto\":%d,\"state_bytes\":%.0f,\"state_weights_bytes\":%.0f,\"state_gathered_bytes\":%.0f,"
+                   "\"state_gradients_bytes\":%.0f,\"state_master_bytes\":%.0f,\"state_moments_bytes\":%.0f,"
+                   "\"state_ema_bytes\":%.0f,"
+                   "\"mem_budget_bytes\":%.0f,\"largest_sample_bytes\":%.0f,\"parameters\":%lld}\n",
                    name, args.n_ranks, (long long)r.steps, r.imbalance_sum / steps, r.epoch_time, lower_bound,
                    r.mem_util_sum / steps, 1e3 * r.balancer_seconds / steps, r.predicted_imbalance_sum / steps, r.mem_peak,
                    r.micro_per_rank_sum / steps, r.micro_max, (long long)r.samples, args.noise, compute_budget, dual_p,
-                   1e3 * r.observe_seconds / steps);
+                   1e3 * r.observe_seconds / steps, deck_shard_name(plan.mode), plan.chosen_by_auto,
+                   layout_state_total(&plan.state), plan.state.weights, plan.state.gathered, plan.state.gradients,
+                   plan.state.master, plan.state.moments, plan.state.ema, plan.mem_budget, plan.largest_bytes,
+                   (long long)cost_model_param_count(&config));
         } else {
             printf("%-13s %6lld %9.1f %8.2f%% %8.2f%% %11.1f %11.1f %7.2f%% %7.1f%% %7.1f%% %4.2f/%-4d %11.3f\n", name,
                    (long long)r.steps, r.samples / steps, 100 * r.imbalance_sum / steps, 100 * r.predicted_imbalance_sum / steps,

@@ -2,11 +2,12 @@
 """peer_torch.py — the PyTorch peer of aldit-bench: device copy bandwidth; LayerNorm-Modulate (F.layer_norm
 without affine in fp32, then * (1 + scale) + shift, bf16 out), forward and backward in GB/s over the same byte
 floors that aldit-bench counts; F.scaled_dot_product_attention forward and backward (self S x S, cross S x T);
-one Wan 2.1 block with Wan-1.3B's dims, forward+backward. Eager mode and torch.compile.
+one Wan 2.1 block with Wan-1.3B's or Wan-14B's dims (--wan), forward+backward. Eager mode and torch.compile.
 
 Run it in the same device call as aldit-bench so both measure the same machine:
     python3 tests/bench/peer_torch.py [--sections lnmod,attention,block] [--samples 2] [--rows 32760]
-        [--dims 1536,3072,5120] [--seq 4096,16384,32760,75600] [--text-rows 512] [--json FILE]
+        [--dims 1536,3072,5120] [--seq 4096,16384,32760,75600] [--text-rows 512] [--wan 1.3b|14b] [--json FILE]
+(--wan picks the attention and block sections' dims as aldit-bench's --wan does.)
 """
 import argparse
 import gc
@@ -19,7 +20,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-DIM, FFN, HEADS, HEAD_DIM, EPS = 1536, 8960, 12, 128, 1e-6  # Wan-1.3B
+# The block dims (--wan): dim, ffn_dim, heads (of HEAD_DIM), as aldit-bench's kWanModels.
+WAN_DIMS = {"1.3b": (1536, 8960, 12), "14b": (5120, 13824, 40)}
+HEAD_DIM, EPS = 128, 1e-6
 ACTIVATION_DTYPE = torch.bfloat16  # of the LN-modulate outputs and the block's residual stream
 BLOCK_WARMUP, BLOCK_REPEATS = 3, 10
 
@@ -93,12 +96,13 @@ def run_lnmod(args, device, copy_gbs):
 # ---- attention ------------------------------------------------------------------------------------------
 
 
-def attention_fwd_flops(n_q, n_kv):
+def attention_fwd_flops(n_q, n_kv, heads):
     """aldit's count (attention_fwd_flops): the two products, 4 * Sq * Skv * head_dim * heads; backward 2.5x."""
-    return 4.0 * n_q * n_kv * HEAD_DIM * HEADS
+    return 4.0 * n_q * n_kv * HEAD_DIM * heads
 
 
 def run_attention(args, device, seqs):
+    HEADS = WAN_DIMS[args.wan][2]
     print(f"F.scaled_dot_product_attention ({HEADS} heads x {HEAD_DIM}, bf16, [B, S, heads, d] viewed as "
           f"[B, heads, S, d]), one sample; backward = (forward + backward) - forward with autograd recording:")
     print(f"{'S':<6} {'kind':<6} {'kv rows':>8} {'fwd ms':>10} {'fwd TF/s':>10} {'bwd ms':>10} {'bwd TF/s':>10} {'f+b TF/s':>10}")
@@ -122,7 +126,7 @@ def run_attention(args, device, seqs):
                     fwd_ms = time_ms(forward, BLOCK_REPEATS, 1)
                 fwd_rec_ms = time_ms(forward, BLOCK_REPEATS, 1)
                 bwd_ms = time_ms(fwd_bwd, BLOCK_REPEATS, 1) - fwd_rec_ms
-                flops = attention_fwd_flops(S, n_kv)
+                flops = attention_fwd_flops(S, n_kv, HEADS)
                 row.update(fwd_ms=fwd_ms, fwd_tflops=flops / (fwd_ms * 1e9), bwd_ms=bwd_ms,
                            bwd_tflops=2.5 * flops / (bwd_ms * 1e9), fwd_bwd_tflops=3.5 * flops / ((fwd_ms + bwd_ms) * 1e9))
                 print(f"{S:<6} {kind:<6} {n_kv:>8} {fwd_ms:>10.3f} {row['fwd_tflops']:>10.1f} {bwd_ms:>10.3f} "
@@ -177,16 +181,17 @@ class Attention(nn.Module):
     """Wan's WanSelfAttention / WanT2VCrossAttention: q, k, v, o Linear(D, D); q and k RMSNorm over all of D
     before the split into heads; 3D RoPE on q and k in self-attention; non-causal softmax attention."""
 
-    def __init__(self):
+    def __init__(self, dim, heads):
         super().__init__()
-        self.q, self.k, self.v, self.o = (nn.Linear(DIM, DIM) for _ in range(4))
-        self.norm_q, self.norm_k = RMSNorm(DIM), RMSNorm(DIM)
+        self.heads = heads
+        self.q, self.k, self.v, self.o = (nn.Linear(dim, dim) for _ in range(4))
+        self.norm_q, self.norm_k = RMSNorm(dim), RMSNorm(dim)
 
     def forward(self, x, context, cos=None, sin=None):
-        B, S, L = x.shape[0], x.shape[1], context.shape[1]
-        q = self.norm_q(self.q(x)).view(B, S, HEADS, HEAD_DIM)
-        k = self.norm_k(self.k(context)).view(B, L, HEADS, HEAD_DIM)
-        v = self.v(context).view(B, L, HEADS, HEAD_DIM)
+        B, S, L, H = x.shape[0], x.shape[1], context.shape[1], self.heads
+        q = self.norm_q(self.q(x)).view(B, S, H, HEAD_DIM)
+        k = self.norm_k(self.k(context)).view(B, L, H, HEAD_DIM)
+        v = self.v(context).view(B, L, H, HEAD_DIM)
         if cos is not None:
             q, k = rope(q, cos, sin), rope(k, cos, sin)
         out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
@@ -201,19 +206,20 @@ class WanBlock(nn.Module):
     bf16 weights and activations (the residual stream too, as in aldit); LayerNorm/RMSNorm statistics, the
     modulation and the gated residual sums in fp32."""
 
-    def __init__(self):
+    def __init__(self, dim, ffn_dim, heads):
         super().__init__()
-        self.modulation = nn.Parameter(torch.randn(1, 6, DIM) / DIM ** 0.5)
-        self.self_attn = Attention()
-        self.norm3 = nn.LayerNorm(DIM, eps=EPS)
-        self.cross_attn = Attention()
-        self.ffn = nn.Sequential(nn.Linear(DIM, FFN), nn.GELU(approximate="tanh"), nn.Linear(FFN, DIM))
+        self.dim = dim
+        self.modulation = nn.Parameter(torch.randn(1, 6, dim) / dim ** 0.5)
+        self.self_attn = Attention(dim, heads)
+        self.norm3 = nn.LayerNorm(dim, eps=EPS)
+        self.cross_attn = Attention(dim, heads)
+        self.ffn = nn.Sequential(nn.Linear(dim, ffn_dim), nn.GELU(approximate="tanh"), nn.Linear(ffn_dim, dim))
 
     def forward(self, x, e, context, cos, sin):
         m = (self.modulation + e).chunk(6, dim=1)  # fp32 [B, 1, D] each
         h = lnmod(x, m[0], m[1])
         x = (x + self.self_attn(h, h, cos, sin) * m[2]).to(ACTIVATION_DTYPE)
-        normed = F.layer_norm(x.float(), (DIM,), self.norm3.weight.float(), self.norm3.bias.float(), EPS)
+        normed = F.layer_norm(x.float(), (self.dim,), self.norm3.weight.float(), self.norm3.bias.float(), EPS)
         x = x + self.cross_attn(normed.type_as(x), context)
         h = lnmod(x, m[3], m[4])
         return (x + self.ffn(h) * m[5]).to(ACTIVATION_DTYPE)
@@ -232,29 +238,30 @@ def block_grid(S):
     return (frames, rows, plane // rows)
 
 
-def block_flops(S, T):
+def block_flops(S, T, dim, ffn_dim, heads):
     """3x the forward's FLOPs (issue 5's convention): GEMMs (self q, k, v, o and cross q, o on S rows, cross k, v
     on T rows, the FFN) and both attentions' two products."""
-    gemm = 2.0 * S * DIM * DIM * 6 + 2.0 * T * DIM * DIM * 2 + 2.0 * 2 * S * DIM * FFN
-    return 3.0 * (gemm + attention_fwd_flops(S, S) + attention_fwd_flops(S, T))
+    gemm = 2.0 * S * dim * dim * 6 + 2.0 * T * dim * dim * 2 + 2.0 * 2 * S * dim * ffn_dim
+    return 3.0 * (gemm + attention_fwd_flops(S, S, heads) + attention_fwd_flops(S, T, heads))
 
 
 def run_block(args, device, seqs):
     T = args.text_rows
-    print(f"Wan-1.3B block forward+backward in PyTorch (dim {DIM}, ffn {FFN}, {HEADS} heads; one sample of S tokens "
+    DIM, FFN, HEADS = WAN_DIMS[args.wan]
+    print(f"Wan-{args.wan} block forward+backward in PyTorch (dim {DIM}, ffn {FFN}, {HEADS} heads; one sample of S tokens "
           f"and {T} text tokens of dim {DIM} (the text embedding's output);\n  bf16 weights and activations; "
           f"gradients of the weights, x, e and the context; {BLOCK_WARMUP} warm-up steps, median of {BLOCK_REPEATS}; "
           f"TFLOP/s over 3x the forward's FLOPs):")
     print(f"{'S':<6} {'grid':<10} {'mode':<8} {'ms':>10} {'GFLOP':>9} {'TFLOP/s':>9}")
     torch.manual_seed(0)
-    block = WanBlock().to(device=device, dtype=torch.bfloat16)
+    block = WanBlock(DIM, FFN, HEADS).to(device=device, dtype=torch.bfloat16)
     block.modulation.data = block.modulation.data.float()  # Wan keeps the modulation path in fp32
-    modes = (("eager", block), ("compile", torch.compile(block, dynamic=False)))
+    modes = [(mode, block if mode == "eager" else torch.compile(block, dynamic=False)) for mode in args.modes.split(",")]
     results = []
     for S in seqs:
         grid = block_grid(S)
         grid_text = "x".join(str(n) for n in grid)
-        flops = block_flops(S, T)
+        flops = block_flops(S, T, DIM, FFN, HEADS)
         for mode, fn in modes:
             row = {"S": S, "grid": list(grid), "mode": mode, "gflop": flops / 1e9}
             try:
@@ -296,6 +303,9 @@ def main():
     parser.add_argument("--repeats", type=int, default=21, help="lnmod: timed groups of 10 launches")
     parser.add_argument("--seq", default="4096,16384,32760,75600", help="attention, block: tokens S of the sample")
     parser.add_argument("--text-rows", type=int, default=512, help="attention, block: text tokens T")
+    parser.add_argument("--wan", choices=sorted(WAN_DIMS), default="1.3b",
+                        help="attention, block: Wan-1.3B's dims (1536, ffn 8960, 12 heads) or Wan-14B's (5120, 13824, 40)")
+    parser.add_argument("--modes", default="eager,compile", help="block: eager, compile or both")
     parser.add_argument("--json")
     args = parser.parse_args()
     sys.stdout.reconfigure(line_buffering=True)  # rows show up as they are measured, also through a pipe
@@ -304,6 +314,8 @@ def main():
     if unknown:
         parser.error(f"--sections {args.sections}: unknown section {unknown[0]} (lnmod, attention, block)")
     seqs = [int(s) for s in args.seq.split(",")]
+    if not args.modes or any(mode not in ("eager", "compile") for mode in args.modes.split(",")):
+        parser.error(f"--modes {args.modes}: eager, compile or eager,compile")
     json_out = open(args.json, "w") if args.json else None  # a bad path fails before the measurements
     device = torch.device("cuda")
     torch.manual_seed(0)
@@ -318,7 +330,9 @@ def main():
     print(f"torch {torch.__version__} on {torch.cuda.get_device_name()}", flush=True)
     print(f"device copy (torch copy_, 2 GiB, read + write): {copy_ms:.3f} ms, {copy_gbs:.0f} GB/s", flush=True)
 
-    report = {"torch": torch.__version__, "device": torch.cuda.get_device_name(), "copy_gbs": copy_gbs}
+    dim, ffn_dim, heads = WAN_DIMS[args.wan]
+    report = {"torch": torch.__version__, "device": torch.cuda.get_device_name(), "copy_gbs": copy_gbs,
+              "wan": args.wan, "dim": dim, "ffn_dim": ffn_dim, "heads": heads}
     if "lnmod" in sections:
         report.update(samples=args.samples, rows_per_sample=args.rows, lnmod=run_lnmod(args, device, copy_gbs))
     if "attention" in sections:

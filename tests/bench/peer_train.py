@@ -1,0 +1,329 @@
+#!/usr/bin/env python3
+"""peer_train.py — aldit's training peer: the same model trained the way a good PyTorch user would, over the same
+store and samples as an aldit run, timed; one JSON line with samples/s, tokens/s, model TFLOP/s and peak memory.
+
+    python3 tests/bench/peer_train.py --deck DECK [section.key=value ...] [--device cuda|cpu]
+        [--bucket-tokens 76032] [--compile blocks|model|none] [--checkpoint auto|none|all|N] [--json FILE]
+
+The model: diffusers' WanTransformer3DModel with the deck's [model] dims (tools/wan_names.py's config), fp32
+parameters under bf16 autocast, fused AdamW (the deck's lr, betas, eps, weight decay; constant lr), the deck's
+grad_clip, torch.compile on each transformer block (regional compilation, diffusers' compile_repeated_blocks;
+--compile model compiles the whole model). Data: the deck's store read with h5py as docs/store.md defines it, every
+sample once (one epoch, as the aldit run over the same store), held on the device; captions zero-padded to
+text_len as [model] text_padding = wan does. Batches: Open-Sora-style buckets, samples of one shape (frames x
+height x width), B = floor(bucket_tokens / S) per batch (the last batch of a shape holds the rest), the batches
+shuffled with run.seed; one optimizer step per batch. Each sample: sigma = shift u / (1 + (shift - 1) u), u uniform
+(aldit's timestep distribution, shift = train.timestep_shift), x_t = (1 - sigma) x0 + sigma noise, timestep
+1000 sigma, loss = the mean square error against noise - x0 (the batch's samples weigh alike, as in aldit's step).
+
+Activation checkpointing only where memory needs it (--checkpoint auto): before the timed epoch every batch shape
+runs once (compiling it; its gradients are dropped), largest first, each from the previous shape's count of
+checkpointed blocks less L/4, with L/4 more each time it runs out of memory; the timed epoch uses the count that
+fitted per shape (none, all or N: that many for every shape). Model FLOPs per sample are aldit's
+(train_table.py: 3x the forward's GEMM and attention FLOPs). Peak memory: torch.cuda.max_memory_reserved over the
+timed epoch (the dataset on the device included, also given alone); on the CPU the process's peak resident set.
+"""
+import argparse
+import gc
+import json
+import os
+import random
+import resource
+import sys
+import time
+
+import h5py
+import numpy as np
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "..", "..", "tools"))
+import train_table  # noqa: E402  (the deck, aldit's FLOP count)
+import wan_names  # noqa: E402  (WanTransformer3DModel's config for aldit's dims)
+
+GIB = 1024.0 ** 3
+
+
+def fail(message):
+    print(f"peer_train.py: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def as_float32(values, dtype_name, where):
+    """A stored array as float32 (docs/store.md: bf16 = uint16 bit patterns, f16, f32)."""
+    if dtype_name == "bf16":
+        if values.dtype != np.uint16:
+            fail(f"{where}: latent/text dtype bf16 needs uint16 values, found {values.dtype}")
+        return (values.astype(np.uint32) << 16).view(np.float32)
+    return values.astype(np.float32)
+
+
+def text_attr(value):
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def load_store(deck, dims, device):
+    """Every sample of the store on `device`: a list of dicts (shape, tokens, latent [C, F, H, W], text [L, D])."""
+    path = deck["data.store"]
+    if not path:
+        fail("the deck names no store (data.store)")
+    samples = []
+    try:
+        f = h5py.File(path, "r")
+    except OSError as e:
+        fail(f"{path}: {e}")
+    with f:
+        version = int(f.attrs.get("aldit_store_version", -1))
+        if version != 1:
+            fail(f"{path}: store format version {version}, this peer reads version 1")
+        latent_dtype, text_dtype = text_attr(f.attrs["latent_dtype"]).strip(), text_attr(f.attrs["text_dtype"]).strip()
+        if int(f.attrs["latent_channels"]) != dims["in_dim"] or int(f.attrs["text_dim"]) != dims["text_dim"]:
+            fail(f"{path}: latent_channels {int(f.attrs['latent_channels'])} and text_dim {int(f.attrs['text_dim'])} "
+                 f"differ from the deck's in_dim {dims['in_dim']} and text_dim {dims['text_dim']}")
+        index, latents, texts = f["index"][:], f["latents"], f["text"]
+        for sample, (channels, frames, height, width, text_len, latent_at, text_at, _) in enumerate(index):
+            n_latent = int(channels * frames * height * width)
+            latent = as_float32(latents[latent_at:latent_at + n_latent], latent_dtype, f"{path} sample {sample}")
+            text = as_float32(texts[text_at:text_at + int(text_len) * dims["text_dim"]], text_dtype,
+                              f"{path} sample {sample}")
+            shape = (int(frames), int(height), int(width))
+            if frames % dims["patch_t"] or height % dims["patch_h"] or width % dims["patch_w"]:
+                fail(f"{path}: sample {sample}: shape {shape} is not a multiple of the patch")
+            tokens = frames // dims["patch_t"] * (height // dims["patch_h"]) * (width // dims["patch_w"])
+            samples.append({"id": sample, "shape": shape, "tokens": int(tokens), "text_len": int(text_len),
+                            "latent": torch.from_numpy(latent.reshape(int(channels), *shape)).to(device),
+                            "text": torch.from_numpy(text.reshape(int(text_len), dims["text_dim"])).to(device)})
+    return samples
+
+
+def bucket_batches(samples, bucket_tokens, seed):
+    """Open-Sora-style buckets: samples of one shape, B = max(1, bucket_tokens // S) per batch, batches shuffled."""
+    rng = random.Random(seed)
+    by_shape = {}
+    for i, sample in enumerate(samples):
+        by_shape.setdefault(sample["shape"], []).append(i)
+    batches = []
+    for shape in sorted(by_shape):
+        members = by_shape[shape]
+        rng.shuffle(members)
+        size = max(1, bucket_tokens // samples[members[0]]["tokens"])
+        batches += [members[k:k + size] for k in range(0, len(members), size)]
+    rng.shuffle(batches)
+    return batches
+
+
+class Checkpointable(torch.nn.Module):
+    """A transformer block that recomputes its activations in the backward while `checkpoint` is set."""
+
+    def __init__(self, block):
+        super().__init__()
+        self.block = block
+        self.checkpoint = False
+
+    def forward(self, *args):
+        if self.checkpoint and torch.is_grad_enabled():
+            return torch.utils.checkpoint.checkpoint(self.block, *args, use_reentrant=False)
+        return self.block(*args)
+
+
+def build_model(dims, deck, device, compile_mode):
+    from diffusers import WanTransformer3DModel
+    from diffusers.utils import logging
+
+    logging.set_verbosity_error()
+    torch.manual_seed(int(deck["run.seed"]))
+    model = WanTransformer3DModel(**wan_names.diffusers_config(dims, eps=float(deck["model.eps"])))
+    model.blocks = torch.nn.ModuleList(Checkpointable(block) for block in model.blocks)
+    model.to(device).train()
+    if compile_mode != "none":
+        for name in ("cache_size_limit", "recompile_limit"):   # 2 graphs (checkpointed or not) x shapes, per block
+            if hasattr(torch._dynamo.config, name):
+                setattr(torch._dynamo.config, name, 64)
+        if compile_mode == "blocks":
+            for block in model.blocks:
+                block.compile()
+        else:
+            model.compile()
+    return model
+
+
+def make_optimizer(model, deck, device):
+    options = dict(lr=float(deck["train.lr"]), betas=(float(deck["train.beta1"]), float(deck["train.beta2"])),
+                   eps=float(deck["train.adam_eps"]), weight_decay=float(deck["train.weight_decay"]))
+    try:
+        return torch.optim.AdamW(model.parameters(), fused=True, **options), "fused"
+    except (RuntimeError, ValueError):   # a build without the fused kernel for this device
+        return torch.optim.AdamW(model.parameters(), foreach=True, **options), "foreach"
+
+
+class Trainer:
+    def __init__(self, model, optimizer, samples, dims, deck, device):
+        self.model, self.optimizer, self.samples, self.dims, self.device = model, optimizer, samples, dims, device
+        self.shift, self.grad_clip = float(deck["train.timestep_shift"]), float(deck["train.grad_clip"])
+        self.text_len = dims["text_len"]
+        self.generator = torch.Generator(device=device)
+        self.generator.manual_seed(int(deck["run.seed"]) + 1)
+        self.autocast = torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16)
+
+    def set_checkpointing(self, n_blocks):
+        for i, block in enumerate(self.model.blocks):
+            block.checkpoint = i < n_blocks
+
+    def loss(self, batch):
+        """The batch's flow-matching loss (fp32 scalar)."""
+        x0 = torch.stack([self.samples[i]["latent"] for i in batch])
+        text = torch.zeros(len(batch), self.text_len, self.dims["text_dim"], device=self.device)
+        for row, i in enumerate(batch):   # text_padding = wan: zero rows after the caption
+            caption = self.samples[i]["text"][:self.text_len]
+            text[row, :caption.shape[0]] = caption
+        u = torch.rand(len(batch), device=self.device, generator=self.generator, dtype=torch.float64)
+        sigma = (self.shift * u / (1.0 + (self.shift - 1.0) * u)).float()
+        noise = torch.randn(x0.shape, device=self.device, generator=self.generator)
+        s = sigma.view(-1, 1, 1, 1, 1)
+        x_t = (1.0 - s) * x0 + s * noise
+        with self.autocast:
+            pred = self.model(hidden_states=x_t, timestep=1000.0 * sigma, encoder_hidden_states=text,
+                              return_dict=False)[0]
+        return torch.nn.functional.mse_loss(pred.float(), noise - x0)
+
+    def step(self, batch):
+        loss = self.loss(batch)
+        loss.backward()
+        if self.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip, foreach=True)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return loss.detach()
+
+    def warm(self, batch):
+        """Forward and backward of one batch, gradients dropped (compiles the shape, probes its memory)."""
+        self.loss(batch).backward()
+        self.optimizer.zero_grad(set_to_none=True)
+        synchronize(self.device)
+
+
+def synchronize(device):
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def is_oom(error):
+    return isinstance(error, torch.cuda.OutOfMemoryError) or "out of memory" in str(error)
+
+
+def plan_checkpointing(trainer, batches, mode, n_layers):
+    """{batch shape: blocks checkpointed}, every shape warmed up once (largest first)."""
+    shapes = {}
+    for batch in batches:
+        key = (len(batch), trainer.samples[batch[0]]["shape"])
+        shapes.setdefault(key, batch)
+    order = sorted(shapes, key=lambda k: k[0] * trainer.samples[shapes[k][0]]["tokens"], reverse=True)
+    step = max(1, n_layers // 4)
+    plan, k = {}, 0
+    for key in order:
+        if mode == "auto":
+            k = max(0, k - step)   # a shape with fewer tokens may need fewer
+        else:
+            k = {"none": 0, "all": n_layers}.get(mode, min(n_layers, int(mode)))
+        while True:
+            trainer.set_checkpointing(k)
+            try:
+                trainer.warm(shapes[key])
+                break
+            except (torch.cuda.OutOfMemoryError, RuntimeError) as error:
+                if not is_oom(error) or mode != "auto" or k == n_layers:
+                    raise
+            # out of memory: the failed step's tensors go with the exception (left behind here), then more blocks
+            trainer.optimizer.zero_grad(set_to_none=True)
+            gc.collect()
+            torch.cuda.empty_cache()
+            k = min(n_layers, k + step)
+        plan[key] = k
+        print(f"peer_train.py: warm-up: {key[0]} x {'x'.join(map(str, key[1]))}: {k} of {n_layers} blocks "
+              f"checkpointed", file=sys.stderr, flush=True)
+    return plan
+
+
+def peak_gib(device):
+    if torch.device(device).type == "cuda":
+        return torch.cuda.max_memory_reserved() / GIB, torch.cuda.max_memory_allocated() / GIB
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024.0 / GIB   # Linux: KiB
+    return rss, rss
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--deck", required=True, help="the aldit deck of the run to compare with")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--bucket-tokens", type=int, default=76032, help="B = floor(this / S) per batch")
+    parser.add_argument("--compile", choices=("blocks", "model", "none"), default="blocks")
+    parser.add_argument("--checkpoint", default="auto", help="auto, none, all or N blocks")
+    parser.add_argument("--json", help="also write the JSON line to FILE")
+    parser.add_argument("overrides", nargs="*", help="section.key=value, as given to aldit")
+    args = parser.parse_args()
+    if args.checkpoint not in ("auto", "none", "all") and not args.checkpoint.isdigit():
+        fail(f"--checkpoint {args.checkpoint}: auto, none, all or a block count")
+    deck = train_table.read_deck(args.deck, args.overrides)
+    dims = train_table.model_dims(deck)
+    if deck["model.text_padding"] != "wan":
+        fail("model.text_padding = trim: diffusers' model attends to every text row it is given; the peer pads "
+             "captions to text_len (text_padding = wan)")
+    if int(deck["run.epochs"]) != 1:
+        fail(f"run.epochs = {deck['run.epochs']}: the peer trains one epoch (set run.epochs = 1 for both runs)")
+    json_out = open(args.json, "w") if args.json else None   # a bad path fails before the work
+    device = args.device
+
+    started = time.perf_counter()
+    samples = load_store(deck, dims, device)
+    dataset_gib = sum(s["latent"].numel() + s["text"].numel() for s in samples) * 4 / GIB
+    model = build_model(dims, deck, device, args.compile)
+    optimizer, adamw = make_optimizer(model, deck, device)
+    trainer = Trainer(model, optimizer, samples, dims, deck, device)
+    batches = bucket_batches(samples, args.bucket_tokens, int(deck["run.seed"]))
+    load_s = time.perf_counter() - started
+
+    started = time.perf_counter()
+    plan = plan_checkpointing(trainer, batches, args.checkpoint, dims["num_layers"])
+    warmup_s = time.perf_counter() - started
+
+    if torch.device(device).type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    losses = []
+    synchronize(device)
+    started = time.perf_counter()
+    for batch in batches:
+        trainer.set_checkpointing(plan[(len(batch), samples[batch[0]]["shape"])])
+        losses.append(trainer.step(batch))
+    synchronize(device)
+    time_s = time.perf_counter() - started
+    losses = [float(x) for x in losses]
+    reserved, allocated = peak_gib(device)
+
+    coef = train_table.forward_flops(dims)
+    tokens = sum(s["tokens"] for s in samples)
+    flops = sum(sum(train_table.model_flops(coef, s["tokens"], train_table.text_rows(deck, s["text_len"])))
+                for s in samples)
+    tenth = max(1, len(losses) // 10)
+    report = {
+        "peer": "diffusers WanTransformer3DModel", "torch": torch.__version__,
+        "diffusers": __import__("diffusers").__version__,
+        "device": torch.cuda.get_device_name() if torch.device(device).type == "cuda" else "cpu",
+        "layers": dims["num_layers"], "dim": dims["dim"], "compile": args.compile, "adamw": adamw,
+        "autocast": "bf16", "bucket_tokens": args.bucket_tokens, "samples": len(samples), "tokens": tokens,
+        "steps": len(batches), "time_s": time_s, "samples_per_s": len(samples) / time_s, "tokens_per_s": tokens / time_s,
+        "model_flops": flops, "model_tflops": flops / time_s / 1e12, "peak_gib": reserved,
+        "peak_allocated_gib": allocated, "dataset_gib": dataset_gib, "load_s": load_s, "warmup_s": warmup_s,
+        "checkpointed_shapes": sum(1 for k in plan.values() if k > 0), "batch_shapes": len(plan),
+        "max_checkpointed_blocks": max(plan.values()), "loss_first_tenth": sum(losses[:tenth]) / tenth,
+        "loss_last_tenth": sum(losses[-tenth:]) / tenth,
+    }
+    line = json.dumps(report)
+    print(line, flush=True)
+    if json_out:
+        with json_out:
+            json_out.write(line + "\n")
+
+
+if __name__ == "__main__":
+    main()

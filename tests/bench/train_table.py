@@ -1,0 +1,246 @@
+#!/usr/bin/env python3
+"""train_table.py — aldit's training run against its PyTorch peer (tests/bench/peer_train.py) and the floor, as one
+table: samples/s, tokens/s, model TFLOP/s and peak memory of each, aldit/peer, and the epoch's floor (its GEMM and
+attention FLOPs at the rates aldit-bench measured in the same call). Plain Python (json, configparser); h5py to read
+the store's index. peer_train.py takes the deck reading and the FLOP count from here.
+
+usage: tests/bench/train_table.py --deck DECK [section.key=value ...] --aldit RUN_DIR/metrics.jsonl --peer PEER_JSON
+           [--bench BENCH_JSON] [--aldit-peak-gib X] [--peer-peak-gib Y] [--aldit-wall-s S] [--json FILE]
+
+Time of aldit: the sum of its steps' step_s (set-up, start-up calibration and the final checkpoint left out, as
+tools/runs_table.py counts); of the peer: its timed epoch (loading, compilation and warm-up left out). Model
+FLOPs: 3x the forward's GEMM and attention FLOPs per sample (aldit's cost_model_model_flops, model_flops in
+metrics.jsonl); the table checks that both runs trained the same samples, tokens and FLOPs.
+
+The floor (with --bench, aldit-bench --sections gemm,attention --json on the same GPU): every GEMM FLOP of the
+epoch at the rate of the block's GEMMs (gemm_block, fwd+bwd) measured at the epoch's mean micro-batch rows, and
+each sample's self- and cross-attention, forward and backward, at the fastest backend's time measured at the
+nearest S (interpolated per FLOP in log S between measured S, held at the ends), times the layers.
+"""
+import argparse
+import configparser
+import json
+import math
+import sys
+
+# aldit's deck defaults (src/deck/deck.c) of the keys the peer reads
+DECK_DEFAULTS = {
+    "run.seed": "1234", "run.epochs": "1", "run.device": "auto",
+    "model.dim": "1536", "model.ffn_dim": "8960", "model.num_heads": "12", "model.num_layers": "30",
+    "model.in_dim": "16", "model.out_dim": "16", "model.patch_t": "1", "model.patch_h": "2", "model.patch_w": "2",
+    "model.text_len": "512", "model.text_padding": "wan", "model.text_dim": "4096", "model.freq_dim": "256",
+    "model.eps": "1e-6", "model.qk_norm": "on", "model.cross_attn_norm": "on",
+    "data.store": "",
+    "train.lr": "1e-4", "train.weight_decay": "0.01", "train.beta1": "0.9", "train.beta2": "0.999",
+    "train.adam_eps": "1e-8", "train.grad_clip": "1", "train.timestep_shift": "5",
+}
+MODEL_INTS = ("dim", "ffn_dim", "num_heads", "num_layers", "in_dim", "out_dim", "patch_t", "patch_h", "patch_w",
+              "text_len", "text_dim", "freq_dim")
+
+
+def read_deck(path, overrides):
+    """An aldit deck (INI, ';' comments) with section.key=value overrides, as {"section.key": "text"}."""
+    parser = configparser.ConfigParser(inline_comment_prefixes=(";", "#"), interpolation=None)
+    try:
+        with open(path) as f:
+            parser.read_file(f)
+    except (OSError, configparser.Error) as e:
+        sys.exit(f"{path}: {e}")
+    deck = dict(DECK_DEFAULTS)
+    for section in parser.sections():
+        for key, value in parser.items(section):
+            deck[f"{section}.{key}"] = value.strip()
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if not sep or "." not in key:
+            sys.exit(f"{item}: an override is section.key=value")
+        deck[key.strip()] = value.strip()
+    return deck
+
+
+def on(text):
+    return text.lower() in ("1", "on", "yes", "true")
+
+
+def model_dims(deck):
+    """The deck's [model] dims as ints (qk_norm, cross_attn_norm as 0/1)."""
+    dims = {key: int(deck[f"model.{key}"]) for key in MODEL_INTS}
+    dims["qk_norm"] = int(on(deck["model.qk_norm"]))
+    dims["cross_attn_norm"] = int(on(deck["model.cross_attn_norm"]))
+    return dims
+
+
+def forward_flops(dims):
+    """Forward FLOPs per token, text row and sample of aldit's layout table (src/model/layout.c: 2 per weight of
+    each Linear and row it multiplies) and the attentions' per token^2 and token x text row (4 D each, all layers)."""
+    d, f, layers = dims["dim"], dims["ffn_dim"], dims["num_layers"]
+    patch = dims["patch_t"] * dims["patch_h"] * dims["patch_w"]
+    per_token = 2.0 * (d * dims["in_dim"] * patch + layers * (6 * d * d + 2 * d * f) + dims["out_dim"] * patch * d)
+    per_text = 2.0 * (d * dims["text_dim"] + d * d + layers * 2 * d * d)
+    per_sample = 2.0 * (d * dims["freq_dim"] + d * d + 6 * d * d)
+    return {"per_token": per_token, "per_text": per_text, "per_sample": per_sample,
+            "attention_per_token2": layers * 4.0 * d, "attention_per_token_text": layers * 4.0 * d}
+
+
+def model_flops(coef, tokens, text_rows):
+    """(GEMM, attention) model FLOPs of one sample: 3x the forward's (aldit's cost_model_model_flops)."""
+    s, l = float(tokens), float(text_rows)
+    gemm = 3.0 * (coef["per_token"] * s + coef["per_text"] * l + coef["per_sample"])
+    attention = 3.0 * (coef["attention_per_token2"] * s * s + coef["attention_per_token_text"] * s * l)
+    return gemm, attention
+
+
+def text_rows(deck, text_len):
+    """The text rows the model sees: text_len under [model] text_padding = wan, the caption's own under trim."""
+    return int(deck["model.text_len"]) if deck["model.text_padding"] == "wan" else int(text_len)
+
+
+def store_samples(deck):
+    """(tokens, text_len) of each sample of the deck's store, from its /index."""
+    import h5py
+
+    dims = model_dims(deck)
+    with h5py.File(deck["data.store"], "r") as f:
+        index = f["index"][:]
+    return [(int(r[1]) // dims["patch_t"] * (int(r[2]) // dims["patch_h"]) * (int(r[3]) // dims["patch_w"]), int(r[4]))
+            for r in index]
+
+
+def interpolate(points, x):
+    """Piecewise-linear in log x through sorted (x, y) points, held at the ends."""
+    if x <= points[0][0]:
+        return points[0][1]
+    if x >= points[-1][0]:
+        return points[-1][1]
+    for (x0, y0), (x1, y1) in zip(points, points[1:]):
+        if x <= x1:
+            t = (math.log(x) - math.log(x0)) / (math.log(x1) - math.log(x0))
+            return y0 + t * (y1 - y0)
+    return points[-1][1]
+
+
+def attention_seconds_per_flop(bench, kind):
+    """[(S, seconds per forward FLOP of one fwd+bwd)] of the fastest backend aldit-bench measured per S."""
+    best = {}
+    for entry in bench.get("attention", []):
+        if entry["kind"] != kind:
+            continue
+        seconds = 1e-3 * (entry["fwd_ms"] + entry["bwd_ms"])
+        fwd_flops = 4.0 * entry["S"] * entry["kv_rows"] * bench["attention_heads"] * bench["attention_head_dim"]
+        per_flop = seconds / fwd_flops
+        if entry["S"] not in best or per_flop < best[entry["S"]]:
+            best[entry["S"]] = per_flop
+    return sorted(best.items())
+
+
+def floor_seconds(deck, bench, samples, mean_rows):
+    """The epoch's floor: GEMM FLOPs at the block GEMMs' rate at mean_rows, attentions at their measured times."""
+    dims = model_dims(deck)
+    if bench.get("dim") not in (None, dims["dim"]):
+        sys.exit(f"--bench: measured at dim {bench.get('dim')}, the deck's model has dim {dims['dim']}")
+    coef = forward_flops(dims)
+    gemm_rates = sorted((e["S"], e["tflops"] * 1e12) for e in bench["gemm_block"])
+    self_cost, cross_cost = attention_seconds_per_flop(bench, "self"), attention_seconds_per_flop(bench, "cross")
+    if not gemm_rates or not self_cost or not cross_cost:
+        sys.exit("--bench: needs aldit-bench's gemm and attention sections (gemm_block, attention self and cross)")
+    gemm_flops = sum(model_flops(coef, s, text_rows(deck, l))[0] for s, l in samples)
+    gemm_s = gemm_flops / interpolate(gemm_rates, mean_rows)
+    attention_s = 0.0
+    for s, l in samples:
+        rows = text_rows(deck, l)
+        attention_s += dims["num_layers"] * 4.0 * dims["dim"] * (
+            s * s * interpolate(self_cost, s) + s * rows * interpolate(cross_cost, s))
+    return gemm_s, attention_s
+
+
+def aldit_summary(path):
+    rows = []
+    try:
+        with open(path) as f:
+            rows = [json.loads(line) for line in f if line.strip()]
+    except (OSError, ValueError) as e:
+        sys.exit(f"{path}: {e}")
+    if not rows:
+        sys.exit(f"{path}: no steps")
+    return {"time_s": sum(r["step_s"] for r in rows), "samples": sum(r["samples"] for r in rows),
+            "tokens": sum(r["tokens"] for r in rows), "model_flops": sum(r["model_flops"] for r in rows),
+            "micro_batches": sum(r["micro_batches"] for r in rows), "steps": len(rows)}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--deck", required=True)
+    parser.add_argument("--aldit", required=True, help="aldit's metrics.jsonl")
+    parser.add_argument("--peer", required=True, help="peer_train.py's JSON")
+    parser.add_argument("--bench", help="aldit-bench --sections gemm,attention --json of the same call")
+    parser.add_argument("--aldit-peak-gib", type=float, help="aldit's peak device memory (e.g. from nvidia-smi)")
+    parser.add_argument("--peer-peak-gib", type=float, help="the peer's peak device memory (default: its own count)")
+    parser.add_argument("--aldit-wall-s", type=float, help="aldit's whole run, start-up included")
+    parser.add_argument("--json")
+    parser.add_argument("overrides", nargs="*", help="section.key=value, as given to aldit")
+    args = parser.parse_args()
+    deck = read_deck(args.deck, args.overrides)
+    aldit = aldit_summary(args.aldit)
+    try:
+        with open(args.peer) as f:
+            peer = json.load(f)
+    except (OSError, ValueError) as e:
+        sys.exit(f"{args.peer}: {e}")
+
+    # samples and tokens exactly; model FLOPs within metrics.jsonl's 6 significant digits per step
+    same = {key: (aldit[key], peer[key]) for key in ("samples", "tokens", "model_flops")}
+    tolerance = {"samples": 0.0, "tokens": 0.0, "model_flops": 1e-5}
+    mismatch = [k for k, (a, p) in same.items() if abs(a - p) > tolerance[k] * abs(a)]
+    rows = []
+    for name, run, peak in (("aldit", aldit, args.aldit_peak_gib),
+                            (f"peer (diffusers, compile {peer.get('compile')})", peer,
+                             args.peer_peak_gib or peer.get("peak_gib"))):
+        t = run["time_s"]
+        rows.append({"run": name, "time_s": t, "samples_per_s": run["samples"] / t, "tokens_per_s": run["tokens"] / t,
+                     "model_tflops": run["model_flops"] / t / 1e12, "peak_gib": peak})
+    floor = None
+    if args.bench:
+        with open(args.bench) as f:
+            bench = json.load(f)
+        gemm_s, attention_s = floor_seconds(deck, bench, store_samples(deck), aldit["tokens"] / aldit["micro_batches"])
+        floor = {"gemm_s": gemm_s, "attention_s": attention_s, "time_s": gemm_s + attention_s,
+                 "model_tflops": aldit["model_flops"] / (gemm_s + attention_s) / 1e12}
+
+    def cell(value, fmt):
+        return "-" if value is None else format(value, fmt)
+
+    print("| run | time (s) | samples/s | tokens/s | model TFLOP/s | peak GiB |")
+    print("|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['run']} | {r['time_s']:.2f} | {r['samples_per_s']:.2f} | {r['tokens_per_s']:,.0f} | "
+              f"{r['model_tflops']:.1f} | {cell(r['peak_gib'], '.1f')} |")
+    a, p = rows
+    peak_ratio = a["peak_gib"] / p["peak_gib"] if a["peak_gib"] and p["peak_gib"] else None
+    print(f"| aldit / peer | {a['time_s'] / p['time_s']:.3f} | {a['samples_per_s'] / p['samples_per_s']:.3f}x | "
+          f"{a['tokens_per_s'] / p['tokens_per_s']:.3f}x | {a['model_tflops'] / p['model_tflops']:.3f}x | "
+          f"{cell(peak_ratio, '.3f')} |")
+    if floor:
+        print(f"| floor (GEMM {floor['gemm_s']:.2f} s + attention {floor['attention_s']:.2f} s) | {floor['time_s']:.2f} | "
+              f"{aldit['samples'] / floor['time_s']:.2f} | {aldit['tokens'] / floor['time_s']:,.0f} | "
+              f"{floor['model_tflops']:.1f} | |")
+        print(f"aldit's model TFLOP/s is {100 * a['model_tflops'] / floor['model_tflops']:.1f}% of the floor's "
+              f"(issue 20's target: within 10%); aldit / peer samples/s {a['samples_per_s'] / p['samples_per_s']:.3f}x "
+              f"(target 1.3x)")
+    else:
+        print("floor: - (no --bench: aldit-bench's GEMM and attention rates are measured on a GPU)")
+    print(f"both runs: {aldit['samples']} samples, {aldit['tokens']:.0f} tokens, {aldit['model_flops'] / 1e12:.3f} "
+          f"model TFLOP; aldit {aldit['steps']} steps, peer {peer['steps']} steps"
+          + (f"; aldit's whole run {args.aldit_wall_s:.1f} s" if args.aldit_wall_s else "")
+          + f"; the peer's loading and warm-up {peer.get('load_s', 0) + peer.get('warmup_s', 0):.1f} s")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"rows": rows, "floor": floor, "same": same}, f, indent=1)
+    if mismatch:
+        for key in mismatch:
+            print(f"train_table: the runs differ in {key}: aldit {same[key][0]:.17g}, peer {same[key][1]:.17g}",
+                  file=sys.stderr)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

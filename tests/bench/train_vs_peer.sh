@@ -1,0 +1,123 @@
+#!/bin/sh
+# train_vs_peer.sh — aldit against its PyTorch peer (tests/bench/peer_train.py) on the same store and samples, in one
+# call, and the floor: aldit-bench's GEMM and attention rates measured in the same call. Prints the table of
+# tests/bench/train_table.py (samples/s, tokens/s, model TFLOP/s, peak GiB, aldit/peer, the floor).
+#
+# usage: tests/bench/train_vs_peer.sh [--smoke] [BUILD_DIR]     (BUILD_DIR: default the current directory)
+#   GPU (default): the store of docs/PERFORMANCE.md (aldit-store synth, inputs/mixed.lengths, 800 samples, 64 text
+#     tokens of 4096, seed 11), inputs/wan1.3b-8layers.ini (Wan-1.3B dims, 8 layers, recompute none, one epoch),
+#     aldit-bench --sections gemm,attention at S = 256 ... 76032, aldit on one GPU, the peer on the same GPU; each
+#     run's peak memory is the largest memory.used nvidia-smi reports while it runs (every 0.2 s).
+#   --smoke: the same steps at toy size on the CPU (a 2-layer model of dim 32, 40 samples of
+#     tests/decks/train_tiny.lengths, the peer eager with one block checkpointed; no aldit-bench, so no floor),
+#     as TAP: both runs finish, train the same samples, tokens and model FLOPs, and the table prints. Skips (exit 77)
+#     where torch, diffusers or h5py do not import. make check runs it (tests/bench/train_smoke.sh).
+# Environment: WORK (scratch folder; default a new one under /tmp, kept), ALDIT_LAUNCH (default "mpirun -np 1";
+# --smoke: none), PEER_ARGS (more peer_train.py options, e.g. "--compile model"), SAMPLES (800), SMOKE_COMPILE
+# (--smoke: the peer's --compile, default none: inductor's first CPU compile takes minutes).
+set -u
+smoke=0
+[ "${1:-}" = "--smoke" ] && { smoke=1; shift; }
+build=$(cd "${1:-.}" && pwd)
+srcdir=${SRCDIR:-$(cd "$(dirname "$0")/../.." && pwd)}
+PYTHON=${PYTHON:-python3}
+deck="$srcdir/inputs/wan1.3b-8layers.ini"
+
+missing=
+for module in torch diffusers h5py numpy; do
+    "$PYTHON" -c "import $module" > /dev/null 2>&1 || missing="$missing $module"
+done
+if [ -n "$missing" ]; then
+    if [ "$smoke" = 1 ]; then echo "1..0 # SKIP $PYTHON cannot import:$missing"; else echo "train_vs_peer.sh: $PYTHON cannot import:$missing" >&2; fi
+    [ "${CMOCKA_MESSAGE_OUTPUT:-}" = TAP ] && exit 0
+    exit 77
+fi
+for program in aldit aldit-store; do
+    [ -x "$build/$program" ] || { echo "train_vs_peer.sh: $build/$program not found (build it: make $program)" >&2; exit 2; }
+done
+work=${WORK:-$(mktemp -d /tmp/train_vs_peer.XXXXXX)}
+mkdir -p "$work" || exit 2
+
+# peak MiB of GPU 0 while COMMAND runs: peak_watch FILE COMMAND...; the peak goes to FILE ("-" without nvidia-smi)
+peak_watch() {
+    out=$1; shift
+    if [ "$smoke" = 1 ] || ! command -v nvidia-smi > /dev/null 2>&1; then echo - > "$out"; "$@"; return; fi
+    ( peak=0
+      while :; do
+          used=$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -i 0 2>/dev/null | tr -d ' ')
+          [ -n "$used" ] && [ "$used" -gt "$peak" ] && { peak=$used; echo "$peak" > "$out"; }
+          sleep 0.2
+      done ) &
+    watcher=$!
+    "$@"; status=$?
+    kill "$watcher" 2> /dev/null; wait "$watcher" 2> /dev/null
+    return $status
+}
+gib_of() { v=$(cat "$1" 2>/dev/null); case $v in ''|-) echo "" ;; *) awk -v m="$v" 'BEGIN {printf "%.2f", m / 1024}' ;; esac; }
+
+if [ "$smoke" = 1 ]; then
+    store="$work/smoke.h5"
+    set -- run.device=cpu run.threads=1 model.dim=32 model.ffn_dim=64 model.num_heads=2 model.num_layers=2 \
+        model.text_len=16 model.text_dim=16 model.freq_dim=32 balance.mem_budget=256MiB balance.calibrate=0 \
+        balance.global_batch=8 "data.store=$store" "run.dir=$work/aldit"
+    "$build/aldit-store" synth --spec "$srcdir/tests/decks/train_tiny.lengths" --samples 40 --text-len 8 --text-dim 16 \
+        --seed 11 --out "$store" > "$work/store.log" 2>&1 || { echo "Bail out! aldit-store synth failed: $(cat "$work/store.log")"; exit 1; }
+    launch=${ALDIT_LAUNCH:-}
+    peer_options="--device cpu --bucket-tokens 64 --compile ${SMOKE_COMPILE:-none} --checkpoint 1"
+else
+    store="$work/peer.h5"
+    set -- "data.store=$store" "run.dir=$work/aldit"
+    [ -f "$store" ] || "$build/aldit-store" synth --spec "$srcdir/inputs/mixed.lengths" --samples "${SAMPLES:-800}" \
+        --text-len 64 --text-dim 4096 --seed 11 --out "$store" || exit 2
+    [ -x "$build/aldit-bench" ] || { echo "train_vs_peer.sh: $build/aldit-bench not found (a CUDA build: make aldit-bench)" >&2; exit 2; }
+    echo "== aldit-bench: the block's GEMMs and attention at the store's S (the floor's rates)"
+    "$build/aldit-bench" --sections gemm,attention --seq 256,1024,4096,16384,32760,76032 --backends own,cudnn \
+        --repeats 5 --json "$work/bench.json" || exit 1
+    launch=${ALDIT_LAUNCH:-mpirun -np 1}
+    peer_options="--device cuda"
+fi
+rm -rf "$work/aldit"
+
+[ "$smoke" = 1 ] || echo "== aldit: $deck $*"
+started=$(date +%s.%N)
+# shellcheck disable=SC2086
+peak_watch "$work/aldit.peak" $launch "$build/aldit" "$deck" "$@" > "$work/aldit.log" 2>&1; aldit_status=$?
+aldit_wall=$(awk -v a="$started" -v b="$(date +%s.%N)" 'BEGIN {printf "%.1f", b - a}')
+[ "$smoke" = 1 ] || { tail -n 25 "$work/aldit.log"; echo "== peer_train.py"; }
+# shellcheck disable=SC2086
+peak_watch "$work/peer.peak" "$PYTHON" "$srcdir/tests/bench/peer_train.py" --deck "$deck" $peer_options ${PEER_ARGS:-} \
+    --json "$work/peer.json" "$@" > "$work/peer.log" 2>&1; peer_status=$?
+[ "$smoke" = 1 ] || tail -n 5 "$work/peer.log"
+
+table_options=
+[ "$smoke" = 1 ] || table_options="--bench $work/bench.json"
+aldit_gib=$(gib_of "$work/aldit.peak"); peer_gib=$(gib_of "$work/peer.peak")
+[ -n "$aldit_gib" ] && table_options="$table_options --aldit-peak-gib $aldit_gib"
+[ -n "$peer_gib" ] && table_options="$table_options --peer-peak-gib $peer_gib"
+# shellcheck disable=SC2086
+"$PYTHON" "$srcdir/tests/bench/train_table.py" --deck "$deck" --aldit "$work/aldit/metrics.jsonl" --peer "$work/peer.json" \
+    --aldit-wall-s "$aldit_wall" --json "$work/table.json" $table_options "$@" > "$work/table.txt" 2>&1; table_status=$?
+
+if [ "$smoke" = 0 ]; then
+    cat "$work/table.txt"
+    echo "(files in $work; aldit exit $aldit_status, peer exit $peer_status)"
+    [ $aldit_status = 0 ] && [ $peer_status = 0 ] && [ $table_status = 0 ]
+    exit $?
+fi
+
+. "$srcdir/tests/tap.sh"
+tap_plan 5
+tap_result $aldit_status "aldit trains one epoch of the toy store (CPU)" "$(tail -n 20 "$work/aldit.log")"
+tap_result $peer_status "peer_train.py trains the same store (CPU, bf16 autocast, fused AdamW, buckets, checkpointing)" \
+    "$(tail -n 20 "$work/peer.log")"
+keys=0
+for key in samples_per_s tokens_per_s model_tflops peak_gib model_flops steps; do
+    grep -q "\"$key\":" "$work/peer.json" 2>/dev/null || keys=1
+done
+tap_result $keys "the peer's JSON line has samples_per_s, tokens_per_s, model_tflops, peak_gib, model_flops, steps" \
+    "$(cat "$work/peer.json" 2>/dev/null)"
+tap_result $table_status "the table: both runs trained the same samples, tokens and model FLOPs" "$(cat "$work/table.txt")"
+case $(cat "$work/table.txt") in *"| aldit |"*"| peer (diffusers, compile "*"| aldit / peer |"*"40 samples"*) found=0 ;; *) found=1 ;; esac
+tap_result $found "the table has aldit's, the peer's and the ratio row, over the 40 samples" "$(cat "$work/table.txt")"
+[ -n "${WORK:-}" ] || rm -rf "$work"
+tap_done
