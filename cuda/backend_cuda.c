@@ -706,8 +706,8 @@ static void room_free(calibration_batch *room)
 }
 
 /* A model of `layers` blocks (fewer than the backend's) for micro-batches up to `most`, in the memory of the
-   backend's own model, which it replaces: that model (not started, its weights not uploaded) is freed, its
-   contexts (plans and caches) go to the small one. The small model's table goes into *table. */
+   backend's own model, which it replaces: that model (no state set yet: time_shapes comes before set_range) is
+   freed, its contexts (plans and caches) go to the small one. The small model's table goes into *table. */
 static gpu_model *swap_in_small_model(train_gpu *gpu, int layers, calibration_sizes most, model *table)
 {
     deck *small = xmalloc(sizeof *small);
