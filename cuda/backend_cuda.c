@@ -340,6 +340,23 @@ static void make_adamw_runs(train_gpu *gpu)
     }
 }
 
+/* A GPU model of `table` for micro-batches of up to these sizes, with the deck's recomputation, autotuning and
+   attention, and the contexts (plans, caches) of an earlier model when `contexts` is not NULL;
+   *cudnn_min_tokens gets the length from which cuDNN runs self-attention (0: never). */
+static gpu_model *make_gpu_model(const deck *config, const model *table, int64_t max_tokens, int max_samples,
+                                 int64_t max_text, gpu_model_contexts *contexts, int64_t *cudnn_min_tokens)
+{
+    gpu_model *net = gpu_model_create_with_recompute(table, max_tokens, max_samples, max_text, recompute_of(config));
+    gpu_model_set_autotune(net, config->train.autotune, config->train.autotune);
+    gpu_model_give_contexts(net, contexts);
+    const gpu_attention_choice attention[] = {[ATTENTION_AUTO] = GPU_ATTENTION_AUTO,
+                                              [ATTENTION_CUDNN] = GPU_ATTENTION_CUDNN,
+                                              [ATTENTION_OWN] = GPU_ATTENTION_OWN};
+    const int cudnn = gpu_model_set_attention(net, attention[config->train.attention], GPU_ATTENTION_CUDNN_MIN_TOKENS);
+    *cudnn_min_tokens = cudnn ? GPU_ATTENTION_CUDNN_MIN_TOKENS : 0;
+    return net;
+}
+
 static const backend_ops cuda_ops;
 
 backend *backend_cuda_create(const deck *config, const comm_info *info, model *host, const balance_sample *samples,
@@ -365,14 +382,8 @@ backend *backend_cuda_create(const deck *config, const comm_info *info, model *h
         free(gpu);
         return NULL;
     }
-    gpu->net = gpu_model_create_with_recompute(host, gpu->plan.max_tokens, gpu->plan.max_samples, gpu->plan.max_text,
-                                               recompute_of(config));
-    const gpu_attention_choice attention[] = {[ATTENTION_AUTO] = GPU_ATTENTION_AUTO,
-                                              [ATTENTION_CUDNN] = GPU_ATTENTION_CUDNN,
-                                              [ATTENTION_OWN] = GPU_ATTENTION_OWN};
-    if (gpu_model_set_attention(gpu->net, attention[config->train.attention], GPU_ATTENTION_CUDNN_MIN_TOKENS))
-        gpu->plan.cudnn_min_tokens = GPU_ATTENTION_CUDNN_MIN_TOKENS;
-    gpu_model_set_autotune(gpu->net, config->train.autotune, config->train.autotune);
+    gpu->net = make_gpu_model(config, host, gpu->plan.max_tokens, gpu->plan.max_samples, gpu->plan.max_text, NULL,
+                              &gpu->plan.cudnn_min_tokens);
     gpu->buffers = gpu_model_get_buffers(gpu->net);
     const size_t n_bytes = (size_t)host->n_weights * sizeof(float);
     CUDA_CHECK(cudaMalloc((void **)&gpu->adam_m, n_bytes));
@@ -616,9 +627,10 @@ static int64_t shape_tokens(const model *host, const backend_shape *shape)
     return (int64_t)(shape->frames / host->patch_t) * (shape->height / host->patch_h) * (shape->width / host->patch_w);
 }
 
-/* Seconds of one forward + backward of a micro-batch of `copies` samples of this shape (only the time
-   counts), after a warm-up call of the same micro-batch. */
-static double time_micro_batch(train_gpu *gpu, const backend_shape *shape, int copies, const calibration_batch *room)
+/* Seconds of one forward + backward of a micro-batch of `copies` samples of this shape on `net` (only the time
+   counts), after a warm-up call of the same micro-batch when warm_up is 1 (its first run builds plans and caches). */
+static double time_micro_batch(train_gpu *gpu, gpu_model *net, const backend_shape *shape, int copies,
+                               const calibration_batch *room, int warm_up)
 {
     for (int i = 0; i < copies; i++) {
         room->frames[i] = shape->frames;
@@ -630,9 +642,9 @@ static double time_micro_batch(train_gpu *gpu, const backend_shape *shape, int c
     model_batch batch = {.n_samples = copies, .frames = room->frames, .height = room->height, .width = room->width,
                          .text_len = room->text_len, .latents = room->latents, .noise = room->noise,
                          .sigma = room->sigma, .text = room->text};
-    gpu_model_forward_backward(gpu->net, &batch, 1.0f, NULL, gpu->stream); /* warm-up: plans, caches */
+    if (warm_up) gpu_model_forward_backward(net, &batch, 1.0f, NULL, gpu->stream);
     double started = comm_time();
-    gpu_model_forward_backward(gpu->net, &batch, 1.0f, NULL, gpu->stream); /* returns after the GPU is done */
+    gpu_model_forward_backward(net, &batch, 1.0f, NULL, gpu->stream); /* returns after the GPU is done */
     return comm_time() - started;
 }
 
@@ -650,43 +662,98 @@ static void cuda_calibration_copies(const backend *b, const backend_shape *shape
                                                   gpu->plan.mem_budget, fill * gpu->plan.mem_budget, max_copies);
 }
 
-static double cuda_time_shapes(backend *b, const backend_shape *shapes, int n_shapes, const int *copies,
-                               double *seconds)
+/* The largest of the micro-batches to time: tokens, samples, text rows and latent values, each on its own. */
+typedef struct { int64_t tokens, text, latent; int samples; } calibration_sizes;
+
+static calibration_sizes sizes_of(const model *host, const backend_shape *shapes, int n_shapes, const int *copies)
+{
+    calibration_sizes most = {1, 1, 1, 1};
+    for (int i = 0; i < n_shapes; i++) {
+        const int64_t tokens = (int64_t)copies[i] * shape_tokens(host, &shapes[i]);
+        const int64_t text = (int64_t)copies[i] * shapes[i].text_len;
+        const int64_t latent = (int64_t)copies[i] * host->in_dim * shapes[i].frames * shapes[i].height * shapes[i].width;
+        if (tokens > most.tokens) most.tokens = tokens;
+        if (text > most.text) most.text = text;
+        if (latent > most.latent) most.latent = latent;
+        if (copies[i] > most.samples) most.samples = copies[i];
+    }
+    return most;
+}
+
+static calibration_batch room_for(const model *host, calibration_sizes most)
+{
+    return (calibration_batch){
+        .frames = xmalloc((size_t)most.samples * sizeof(int32_t)),
+        .height = xmalloc((size_t)most.samples * sizeof(int32_t)),
+        .width = xmalloc((size_t)most.samples * sizeof(int32_t)),
+        .text_len = xmalloc((size_t)most.samples * sizeof(int32_t)),
+        .sigma = xmalloc((size_t)most.samples * sizeof(float)),
+        .latents = xcalloc((size_t)most.latent, sizeof(float)),
+        .noise = xcalloc((size_t)most.latent, sizeof(float)),
+        .text = xcalloc((size_t)(most.text * host->text_dim), sizeof(float))};
+}
+
+static void room_free(calibration_batch *room)
+{
+    free(room->frames);
+    free(room->height);
+    free(room->width);
+    free(room->text_len);
+    free(room->sigma);
+    free(room->latents);
+    free(room->noise);
+    free(room->text);
+}
+
+/* A model of `layers` blocks (fewer than the backend's) for micro-batches up to `most`, in the memory of the
+   backend's own model, which it replaces: that model (no state set yet: time_shapes comes before set_range) is
+   freed, its contexts (plans and caches) go to the small one. The small model's table goes into *table. */
+static gpu_model *swap_in_small_model(train_gpu *gpu, int layers, calibration_sizes most, model *table)
+{
+    deck *small = xmalloc(sizeof *small);
+    *small = *gpu->config;
+    small->model.num_layers = layers;
+    model_create_table(table, small);
+    gpu_model_contexts *contexts = gpu_model_take_contexts(gpu->net);
+    gpu_model_free(gpu->net);
+    gpu->net = NULL;
+    int64_t cudnn_min_tokens = 0;
+    gpu_model *net = make_gpu_model(small, table, most.tokens, most.samples, most.text, contexts, &cudnn_min_tokens);
+    free(small);
+    return net;
+}
+
+/* The small model freed and the backend's own made again as backend_cuda_create made it, with the contexts. */
+static void swap_out_small_model(train_gpu *gpu, gpu_model *net, model *table)
+{
+    gpu_model_contexts *contexts = gpu_model_take_contexts(net);
+    gpu_model_free(net);
+    model_free(table);
+    gpu->net = make_gpu_model(gpu->config, gpu->host, gpu->plan.max_tokens, gpu->plan.max_samples, gpu->plan.max_text,
+                              contexts, &gpu->plan.cudnn_min_tokens);
+    gpu->buffers = gpu_model_get_buffers(gpu->net);
+}
+
+static double cuda_time_shapes(backend *b, int layers, const backend_shape *shapes, int n_shapes, const int *copies,
+                               double *seconds, int warm_up, backend_timing_progress_fn progress, void *context)
 {
     train_gpu *gpu = b->state;
-    const int n_ranks = gpu->n_ranks;
     const model *host = gpu->host;
+    ALDIT_CHECK(layers >= 1 && layers <= host->num_layers, "calibration: %d blocks asked of a model of %d", layers,
+                host->num_layers);
     const double started = comm_time();
-    int most_copies = 1;
-    int64_t max_latent = 0, max_text = 0;
+    const calibration_sizes most = sizes_of(host, shapes, n_shapes, copies);
+    calibration_batch room = room_for(host, most);
+    model small_table;
+    gpu_model *net = layers < host->num_layers ? swap_in_small_model(gpu, layers, most, &small_table) : gpu->net;
     for (int i = 0; i < n_shapes; i++) {
-        int64_t latent = (int64_t)copies[i] * host->in_dim * shapes[i].frames * shapes[i].height * shapes[i].width;
-        int64_t text = (int64_t)copies[i] * shapes[i].text_len;
-        if (copies[i] > most_copies) most_copies = copies[i];
-        if (latent > max_latent) max_latent = latent;
-        if (text > max_text) max_text = text;
+        seconds[i] = copies[i] > 0 ? time_micro_batch(gpu, net, &shapes[i], copies[i], &room, warm_up) : -1.0;
+        if (progress) progress(context, i, seconds[i]);
     }
-    calibration_batch room = {
-        .frames = xmalloc((size_t)most_copies * sizeof *room.frames),
-        .height = xmalloc((size_t)most_copies * sizeof *room.height),
-        .width = xmalloc((size_t)most_copies * sizeof *room.width),
-        .text_len = xmalloc((size_t)most_copies * sizeof *room.text_len),
-        .sigma = xmalloc((size_t)most_copies * sizeof *room.sigma),
-        .latents = xcalloc((size_t)(max_latent > 0 ? max_latent : 1), sizeof *room.latents),
-        .noise = xcalloc((size_t)(max_latent > 0 ? max_latent : 1), sizeof *room.noise),
-        .text = xcalloc((size_t)(max_text > 0 ? max_text * host->text_dim : 1), sizeof *room.text)};
-    for (int i = 0; i < n_shapes; i++)
-        seconds[i] = copies[i] > 0 ? time_micro_batch(gpu, &shapes[i], copies[i], &room) : -1.0;
+    if (net != gpu->net) swap_out_small_model(gpu, net, &small_table);
+    room_free(&room);
     comm_allreduce_sum_f64(seconds, (size_t)n_shapes); /* every rank times the same micro-batches */
-    for (int i = 0; i < n_shapes; i++) seconds[i] /= n_ranks;
-    free(room.frames);
-    free(room.height);
-    free(room.width);
-    free(room.text_len);
-    free(room.sigma);
-    free(room.latents);
-    free(room.noise);
-    free(room.text);
+    for (int i = 0; i < n_shapes; i++) seconds[i] /= gpu->n_ranks;
     return comm_time() - started;
 }
 

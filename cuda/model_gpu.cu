@@ -1066,6 +1066,30 @@ void gpu_model_set_autotune(gpu_model *gm, int gemm_autotune, int attention_auto
     make_contexts(gm, gemm_autotune, attention_autotune);
 }
 
+struct gpu_model_contexts {
+    gemm_context *gemm;
+    struct attention_cudnn *cudnn;
+};
+
+gpu_model_contexts *gpu_model_take_contexts(gpu_model *gm)
+{
+    gpu_model_contexts *contexts = static_cast<gpu_model_contexts *>(xmalloc(sizeof *contexts));
+    contexts->gemm = gm->gemm;
+    contexts->cudnn = gm->cudnn;
+    gm->gemm = nullptr;
+    gm->cudnn = nullptr;
+    return contexts;
+}
+
+void gpu_model_give_contexts(gpu_model *gm, gpu_model_contexts *contexts)
+{
+    if (!contexts) return;
+    free_contexts(gm);
+    gm->gemm = contexts->gemm;
+    gm->cudnn = contexts->cudnn;
+    free(contexts);
+}
+
 void gpu_model_free(gpu_model *gm)
 {
     if (!gm) return;

@@ -83,6 +83,15 @@ int gpu_model_set_attention(gpu_model *gm, gpu_attention_choice choice, int64_t 
    sample over whole tiles of ATTENTION_CUDNN_TILE rows, zero-padded (attention_cudnn_fwd_padded), and the
    backward runs in order on the caller's stream. */
 void gpu_model_set_autotune(gpu_model *gm, int gemm_autotune, int attention_autotune);
+/* The model's GEMM and cuDNN contexts (handles, plan caches, cuDNN's buffer, their autotuning), handed from one
+   model to the next of the same dims and settings on the same GPU and host thread, so that the later model runs the
+   shapes the earlier one ran without building their plans again (the start-up calibration's models of one and two
+   blocks, then the training model), though the two models never exist at once. gpu_model_take_contexts leaves the
+   model without contexts: it may only be freed then. gpu_model_give_contexts frees the model's own and takes these
+   (NULL: none taken, a no-op). */
+typedef struct gpu_model_contexts gpu_model_contexts;
+gpu_model_contexts *gpu_model_take_contexts(gpu_model *gm);
+void gpu_model_give_contexts(gpu_model *gm, gpu_model_contexts *contexts);
 /* Host seconds the last gpu_model_forward_backward call spent queuing its work (staging the batch, every
    launch), before it waited for the GPU: where this approaches the GPU's time the step is launch-bound. */
 double gpu_model_enqueue_seconds(const gpu_model *gm);

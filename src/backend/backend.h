@@ -52,6 +52,10 @@ typedef enum {
     BACKEND_N_GROUPS
 } backend_group;
 
+/* A start-up timing's progress: called on every rank after each shape of a time_shapes call is timed, with its
+   position in the call's shapes and this rank's seconds (-1: not timed). */
+typedef void (*backend_timing_progress_fn)(void *context, int shape, double seconds);
+
 /* The operations of one device. Every function marked collective is called by every rank in the same order. */
 typedef struct {
     const char *name; /* "cpu", "cuda" */
@@ -94,10 +98,18 @@ typedef struct {
     void (*finish_step)(backend *b, const adamw_step *hyper, int update, backend_step_result *result);
     /* Start-up calibration, NULL where the backend times nothing (the deck's cost model then stands):
        calibration_copies gives the copies of each shape one timed micro-batch holds (0: beyond the capacity);
-       time_shapes (collective) the seconds of one forward + backward of each, averaged over the ranks (-1 where
-       copies is 0), and returns the seconds spent. The gradients are dirty after it (begin_step clears them). */
+       time_shapes (collective, before set_range and start) the seconds of one forward + backward of each on a
+       model of `layers` blocks, averaged over the ranks (-1 where copies is 0), calling progress (may be NULL)
+       after each, and returns the seconds spent. layers is 1 to [model] num_layers: fewer than the model's builds,
+       for these micro-batches, a model of that many blocks with the same dims, embeddings, head, recomputation and
+       attention in the memory the backend's own model frees meanwhile (that model is back, its state not set yet,
+       on return). With warm_up 1 each micro-batch is timed after a warm-up call of it, which builds its plans and
+       caches; these stay with the backend at any depth (the later models and training keep them), so a later
+       call of micro-batches an earlier one ran may pass 0. The gradients are dirty after it (begin_step clears
+       them). */
     void (*calibration_copies)(const backend *b, const backend_shape *shapes, int n_shapes, int max_copies, int *copies);
-    double (*time_shapes)(backend *b, const backend_shape *shapes, int n_shapes, const int *copies, double *seconds);
+    double (*time_shapes)(backend *b, int layers, const backend_shape *shapes, int n_shapes, const int *copies,
+                          double *seconds, int warm_up, backend_timing_progress_fn progress, void *context);
     /* The key under which start-up timings of this device are cached in the run folder (calibration.h). */
     const char *(*device_key)(const backend *b, int *ranks_per_device);
 } backend_ops;

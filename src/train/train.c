@@ -637,7 +637,8 @@ static void initial_state(trainer *t, char *resumed_from, size_t resumed_size)
 
 /* ---- output -------------------------------------------------------------------------------------- */
 
-static void print_summary(const trainer *t, const char *resumed_from)
+/* The start-up summary's first part, printed before the start-up calibration: what the run is and where it runs. */
+static void print_summary_head(const trainer *t)
 {
     const deck *config = t->config;
     const backend_plan *plan = t->dev->ops->plan(t->dev);
@@ -645,9 +646,6 @@ static void print_summary(const trainer *t, const char *resumed_from)
     format_size(4.0 * (double)t->net.n_weights, weights_text, sizeof weights_text);
     printf("aldit %s: training\n", PACKAGE_VERSION);
     printf("  deck       %s\n", config->source[0] ? config->source : "(defaults)");
-    printf("  run dir    %s (%s)\n", config->run.dir, resumed_from[0] ? "resuming" : "fresh start");
-    if (resumed_from[0]) printf("  resumed    %s at step %lld\n", resumed_from, (long long)t->step);
-    else if (config->model.init[0]) printf("  init       weights from %s\n", config->model.init);
     fputs(plan->device_text, stdout);
     printf("  model      %s: dim %d, ffn %d, %d heads, %d layers; %lld parameters (%s fp32)\n", config->model.name,
            config->model.dim, config->model.ffn_dim, config->model.num_heads, config->model.num_layers,
@@ -659,6 +657,17 @@ static void print_summary(const trainer *t, const char *resumed_from)
                (long long)config->balance.global_batch);
     else printf("  strategy   %s, budget-filled steps\n", deck_strategy_name(config->balance.strategy));
     fputs(plan->memory_text, stdout);
+    fflush(stdout);
+}
+
+/* The summary's rest, once the calibration planned the epoch and the state is loaded: the run folder, where the
+   state comes from, the schedule, the metrics file. */
+static void print_summary(const trainer *t, const char *resumed_from)
+{
+    const deck *config = t->config;
+    printf("  run dir    %s (%s)\n", config->run.dir, resumed_from[0] ? "resuming" : "fresh start");
+    if (resumed_from[0]) printf("  resumed    %s at step %lld\n", resumed_from, (long long)t->step);
+    else if (config->model.init[0]) printf("  init       weights from %s\n", config->model.init);
     printf("  schedule   %lld steps (%lld per epoch), lr %g, warmup %lld, %s to %g, weight decay %g, clip %g\n",
            (long long)t->total_steps, (long long)t->steps_per_epoch, config->train.lr,
            (long long)config->train.warmup_steps, config->train.lr_schedule == LR_COSINE ? "cosine" : "constant",
@@ -985,11 +994,74 @@ static int compare_shapes(const void *a, const void *b)
     return (x->width > y->width) - (x->width < y->width);
 }
 
+/* What calibration_time times with: the backend, the shapes and their copies. */
+typedef struct {
+    trainer *t;
+    const backend_shape *shapes;
+    const calibration_entry *entries;
+} calibration_device;
+
+/* The progress of one backend call, passed on to calibration_time's. */
+typedef struct {
+    calibration_progress_fn progress;
+    void *context;
+} calibration_relay;
+
+static void relay_progress(void *context, int shape, double seconds)
+{
+    const calibration_relay *relay = context;
+    (void)seconds;
+    relay->progress(relay->context, shape);
+}
+
+/* calibration_time_fn on the backend (backend_ops.time_shapes). */
+static void time_on_device(void *context, int layers, const int *which, int n, int warm_up, double *seconds,
+                           calibration_progress_fn progress, void *progress_context)
+{
+    const calibration_device *device = context;
+    backend_shape shapes[CALIBRATION_MAX_SHAPES];
+    int copies[CALIBRATION_MAX_SHAPES];
+    for (int k = 0; k < n; k++) {
+        shapes[k] = device->shapes[which[k]];
+        copies[k] = device->entries[which[k]].copies;
+    }
+    calibration_relay relay = {progress, progress_context};
+    backend *dev = device->t->dev;
+    dev->ops->time_shapes(dev, layers, shapes, n, copies, seconds, warm_up, relay_progress, &relay);
+}
+
+static void agree_bytes(void *bytes, size_t size) { comm_bcast_bytes(bytes, size); }
+
+/* Collective: the entries' seconds at full depth, timed on the device (calibration_time: on models of one and two
+   blocks, scaled to the depth and checked at full depth, rank 0 printing the progress); returns the checks. */
+static int time_calibration(trainer *t, const backend_shape *shapes, calibration_entry *entries, int n_shapes,
+                            calibration_check *checks)
+{
+    const deck *config = t->config;
+    double seed[CALIBRATION_MAX_SHAPES];
+    cost_model seed_model;
+    cost_model_init(&seed_model, config);
+    for (int i = 0; i < n_shapes; i++) {
+        const int64_t tokens = (int64_t)(shapes[i].frames / config->model.patch_t) *
+                               (shapes[i].height / config->model.patch_h) * (shapes[i].width / config->model.patch_w);
+        seed[i] = entries[i].copies > 0 ? entries[i].copies * cost_model_predict(&seed_model, tokens, shapes[i].text_len)
+                                        : 0.0;
+    }
+    cost_model_free(&seed_model);
+    calibration_device device = {t, shapes, entries};
+    calibration_timer timer = {.num_layers = config->model.num_layers,
+                               .recompute_block = config->train.recompute == RECOMPUTE_BLOCK,
+                               .time = time_on_device, .context = &device, .agree = agree_bytes, .clock = comm_time,
+                               .progress = t->info->rank == 0 ? stdout : NULL};
+    return calibration_time(&timer, entries, n_shapes, seed, checks);
+}
+
 /* Time the store's distinct sample shapes (at most CALIBRATION_MAX_SHAPES, spread over the length range;
    each with its mean text length) on the backend's device, each packed into a micro-batch of as many copies as
-   training would pack (backend_ops.time_shapes; one copy with [balance] calibrate_packed off), so that the timings
-   carry the per-micro-batch fixed cost as training does; rank 0 keeps them for the balancer's cost model,
-   and in the run folder (calibration.h), from where a restarted run on the same device and model reads them. */
+   training would pack (one copy with [balance] calibrate_packed off), so that the timings carry the
+   per-micro-batch fixed cost as training does (time_calibration: on models of one and two blocks, scaled to
+   the depth and checked at full depth); rank 0 prints the progress and keeps the timings for the balancer's cost
+   model, and in the run folder (calibration.h), from where a restarted run on the same device and model reads them. */
 static void calibrate(trainer *t)
 {
     /* every sample's shape, sorted (by tokens, then frames, height, width), then one entry per distinct
@@ -1035,14 +1107,14 @@ static void calibrate(trainer *t)
         cached = calibration_load(path, key, entries, n_shapes) == CALIBRATION_CACHE_HIT;
     }
     comm_bcast_bytes(&cached, sizeof cached);
-    double spent = 0.0;
-    int saved = 0;
+    const double started = comm_time();
+    calibration_check checks[CALIBRATION_MAX_CHECKS];
+    int n_checks = 0, saved = 0;
     if (!cached) {
-        double seconds[CALIBRATION_MAX_SHAPES];
-        spent = t->dev->ops->time_shapes(t->dev, shapes, n_shapes, copies, seconds);
-        for (int i = 0; i < n_shapes; i++) entries[i].seconds = seconds[i];
+        n_checks = time_calibration(t, shapes, entries, n_shapes, checks);
         if (t->info->rank == 0) saved = calibration_save(path, key, entries, n_shapes) == 0;
     }
+    const double spent = comm_time() - started;
     if (t->info->rank == 0) {
         t->calibration_features = xcalloc((size_t)n_shapes, sizeof *t->calibration_features);
         t->calibration_seconds = xmalloc((size_t)n_shapes * sizeof *t->calibration_seconds);
@@ -1056,14 +1128,21 @@ static void calibrate(trainer *t)
             t->calibration_seconds[t->n_calibration++] = entries[i].seconds;
             if (entries[i].copies > most_copies) most_copies = entries[i].copies;
         }
-        char packing[48];
+        char packing[48], scaling[64] = "";
         if (most_copies > 1) snprintf(packing, sizeof packing, "packed up to %d per micro-batch", most_copies);
         else snprintf(packing, sizeof packing, "one per micro-batch");
+        const int num_layers = t->config->model.num_layers;
+        if (num_layers > 2) snprintf(scaling, sizeof scaling, " on 1 and 2 blocks, scaled to %d,", num_layers);
         if (cached)
             printf("  calibrate  %d of %d sample shapes (%s): timings read from %s (same device and model; delete "
                    "it to time them again)\n", t->n_calibration, n_shapes, packing, path);
-        else printf("  calibrate  %d of %d sample shapes timed on the GPU (%s) in %.1f s%s%s\n", t->n_calibration,
-                    n_shapes, packing, spent, saved ? ", kept in " : "", saved ? path : "");
+        else printf("  calibrate  %d of %d sample shapes timed on the GPU (%s)%s in %.1f s%s%s\n", t->n_calibration,
+                    n_shapes, packing, scaling, spent, saved ? ", kept in " : "", saved ? path : "");
+        if (n_checks > 0) {
+            char misfit[512];
+            calibration_misfit_text(misfit, sizeof misfit, checks, n_checks, entries, num_layers);
+            printf("             %s\n", misfit);
+        }
         fflush(stdout);
     }
     free(distinct);
@@ -1106,6 +1185,7 @@ static void trainer_setup(trainer *t, const deck *config, const comm_info *info,
     if (!t->dev) exit_all(ALDIT_EXIT_USAGE);
     const backend_plan *memory = t->dev->ops->plan(t->dev);
     t->mem_budget = memory->mem_budget;
+    if (info->rank == 0) print_summary_head(t);
     if (config->balance.calibrate && t->dev->ops->time_shapes) calibrate(t);
     int64_t plan[2] = {0, 0}; /* steps per epoch, total steps */
     if (info->rank == 0) {
