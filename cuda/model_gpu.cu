@@ -55,7 +55,7 @@ static_assert(kTileSlack >= ATTENTION_CUDNN_TILE - 1, "room for the last sample'
 // entries are computed from.
 using linear_offsets = layout_linear;
 
-struct block_offsets : layout_block {
+struct block_offsets : layout_block {  // the tensors' offsets from the block's first value
     int64_t first, end; // the block's parameters are values [first, end) of the flat buffers
 };
 
@@ -123,11 +123,17 @@ struct gpu_model {
     int64_t max_tokens, max_text;
     int max_samples;
     gpu_recompute recompute;
-    // parameters: one flat buffer each, the host table's offsets
+    // parameters: the model's own flat buffers, the host table's offsets (NULL when created without them)
     float *master, *grads;
     gpu_bf16 *working;
+    // where the forward/backward reads and writes them (gpu_model_set_params; by default the own buffers)
+    gpu_model_params params;
+    const float **own_modulation, **own_norm3;         // [num_layers]: the default params' fp32 pointers
+    // offsets: the embeddings' and the time path's in the flat buffer; the head's from head_first; a block's
+    // (blocks[l], the same for every l) from the block's first value
     linear_offsets patch, text_in, text_out, time_in, time_out, time_projection, head;
     int64_t head_modulation;
+    int64_t time_first, head_first;                    // the time path [time_first, blocks_offset); the head from head_first
     block_offsets *blocks;
     // activations and scratch, carved from one allocation
     char *arena;
@@ -411,32 +417,50 @@ batch_dims stage_batch(gpu_model *gm, const model_batch *batch, cudaStream_t str
 
 namespace {
 
-// y = x W^T + b with the bf16 copies of a Linear's parameters.
-void linear_fwd(const gpu_model *gm, const gpu_bf16 *x, int64_t n_rows, int in_dim, int out_dim, linear_offsets lin,
-                gpu_bf16 *y, cudaStream_t stream)
+// y = x W^T + b with the bf16 copies of a Linear's parameters (lin's offsets into the unit's weights w).
+void linear_fwd(const gpu_model *gm, const gpu_bf16 *w, const gpu_bf16 *x, int64_t n_rows, int in_dim, int out_dim,
+                linear_offsets lin, gpu_bf16 *y, cudaStream_t stream)
 {
-    gemm_linear_fwd(gm->gemm, x, n_rows, in_dim, out_dim, gm->working + lin.weight, gm->working + lin.bias,
-                    GEMM_EPILOGUE_BIAS, y, nullptr, stream);
+    gemm_linear_fwd(gm->gemm, x, n_rows, in_dim, out_dim, w + lin.weight, w + lin.bias, GEMM_EPILOGUE_BIAS, y, nullptr,
+                    stream);
 }
 
 // act = gelu_tanh(pre), pre = x W^T + b (both kept for the backward).
-void linear_gelu_fwd(const gpu_model *gm, const gpu_bf16 *x, int64_t n_rows, int in_dim, int out_dim,
-                     linear_offsets lin, gpu_bf16 *pre, gpu_bf16 *act, cudaStream_t stream)
+void linear_gelu_fwd(const gpu_model *gm, const gpu_bf16 *w, const gpu_bf16 *x, int64_t n_rows, int in_dim,
+                     int out_dim, linear_offsets lin, gpu_bf16 *pre, gpu_bf16 *act, cudaStream_t stream)
 {
-    gemm_linear_fwd(gm->gemm, x, n_rows, in_dim, out_dim, gm->working + lin.weight, gm->working + lin.bias,
-                    GEMM_EPILOGUE_GELU_AUX_BIAS, act, pre, stream);
+    gemm_linear_fwd(gm->gemm, x, n_rows, in_dim, out_dim, w + lin.weight, w + lin.bias, GEMM_EPILOGUE_GELU_AUX_BIAS,
+                    act, pre, stream);
 }
 
-// dW, db added into the fp32 gradients; dx (skipped when NULL) overwritten or, with accumulate_dx, added
+// dW, db added into the unit's fp32 gradients g; dx (skipped when NULL) overwritten or, with accumulate_dx, added
 // into; with gelu_input, dx is the gradient of the GELU's input instead (see gemm.h).
-void linear_bwd(gpu_model *gm, const gpu_bf16 *x, const gpu_bf16 *dy, int64_t n_rows, int in_dim, int out_dim,
-                linear_offsets lin, const gpu_bf16 *gelu_input, gpu_bf16 *dx, int accumulate_dx, cudaStream_t stream)
+void linear_bwd(gpu_model *gm, const gpu_bf16 *w, float *g, const gpu_bf16 *x, const gpu_bf16 *dy, int64_t n_rows,
+                int in_dim, int out_dim, linear_offsets lin, const gpu_bf16 *gelu_input, gpu_bf16 *dx,
+                int accumulate_dx, cudaStream_t stream)
 {
-    gemm_linear_bwd_weight(gm->gemm, x, dy, n_rows, in_dim, out_dim, gm->grads + lin.weight, gm->grads + lin.bias, 1,
-                           stream);
-    if (dx)
-        gemm_linear_bwd_data(gm->gemm, dy, n_rows, in_dim, out_dim, gm->working + lin.weight, gelu_input, dx,
-                             accumulate_dx, stream);
+    gemm_linear_bwd_weight(gm->gemm, x, dy, n_rows, in_dim, out_dim, g + lin.weight, g + lin.bias, 1, stream);
+    if (dx) gemm_linear_bwd_data(gm->gemm, dy, n_rows, in_dim, out_dim, w + lin.weight, gelu_input, dx, accumulate_dx,
+                                 stream);
+}
+
+// The fp32 value of the time path at flat offset `offset` (time_first <= offset < blocks_offset).
+const float *time_weight(const gpu_model *gm, int64_t offset)
+{
+    return gm->params.time_weights + (offset - gm->time_first);
+}
+
+// The block that asks for its weights after block `layer`'s forward (-1: none): the next one, and after the
+// last the one before it (the backward starts with the last block, which is in place).
+int forward_next(const gpu_model *gm, int layer)
+{
+    return layer + 1 < gm->num_layers ? layer + 1 : layer - 1;
+}
+
+// Block `layer`'s bf16 weights for the work queued from now (gpu_block_weights_fn), `next` the block asked for after it.
+const gpu_bf16 *block_weights(const gpu_model *gm, int layer, int next, cudaStream_t stream)
+{
+    return gm->params.block_weights(gm->params.context, layer, next, stream);
 }
 
 float *chunk_of(float *table, int chunk, const batch_dims &d, int dim)
@@ -600,6 +624,8 @@ void block_forward(gpu_model *gm, const batch_dims &d, int l, bool recomputing, 
     const float eps = gm->eps;
     const block_offsets &bo = gm->blocks[l];
     block_saved &s = gm->saved[l];
+    // the weights for this block's work; a re-run (inside block l + 1's backward) is followed by block l's backward
+    const gpu_bf16 *w = block_weights(gm, l, recomputing ? l - 1 : forward_next(gm, l), stream);
     float *mod[6];
     for (int c = 0; c < 6; ++c) mod[c] = chunk_of(s.modulation, c, d, D);
 
@@ -614,40 +640,40 @@ void block_forward(gpu_model *gm, const batch_dims &d, int l, bool recomputing, 
     }
 
     // self-attention: q, k RMSNorm + 3D RoPE; each sample attends to its own tokens
-    linear_fwd(gm, s.h1, N, D, D, bo.self_q, s.q_pre, stream);
-    linear_fwd(gm, s.h1, N, D, D, bo.self_k, s.k_pre, stream);
-    linear_fwd(gm, s.h1, N, D, D, bo.self_v, s.v, stream);
-    fused_qk_norm_rope_fwd(s.q_pre, N, H, hd, gm->working + bo.self_norm_q, eps, t.positions, s.q, s.q_rstd,
+    linear_fwd(gm, w, s.h1, N, D, D, bo.self_q, s.q_pre, stream);
+    linear_fwd(gm, w, s.h1, N, D, D, bo.self_k, s.k_pre, stream);
+    linear_fwd(gm, w, s.h1, N, D, D, bo.self_v, s.v, stream);
+    fused_qk_norm_rope_fwd(s.q_pre, N, H, hd, w + bo.self_norm_q, eps, t.positions, s.q, s.q_rstd,
                            stream);
-    fused_qk_norm_rope_fwd(s.k_pre, N, H, hd, gm->working + bo.self_norm_k, eps, t.positions, s.k, s.k_rstd,
+    fused_qk_norm_rope_fwd(s.k_pre, N, H, hd, w + bo.self_norm_k, eps, t.positions, s.k, s.k_rstd,
                            stream);
     self_attention_fwd(gm, d, s, stream);
-    linear_fwd(gm, s.attn, N, D, D, bo.self_o, s.y_attn, stream);
+    linear_fwd(gm, w, s.attn, N, D, D, bo.self_o, s.y_attn, stream);
 
     // x1 = x_in + y_attn e2; n3 = norm3(x1) (affine LN as LN-modulate with shift = bias, scale = weight - 1)
     lnmod_residual_fwd(s.x_in, s.y_attn, N, D, t.token_start, B, mod[2], s.n3_shift, s.n3_scale, eps, s.x1, s.n3,
                        s.n3_mean, s.n3_rstd, stream);
 
     // cross-attention: each sample's tokens attend to its own text rows; q, k RMSNorm (no RoPE)
-    linear_fwd(gm, s.n3, N, D, D, bo.cross_q, s.cq_pre, stream);
-    fused_qk_norm_rope_fwd(s.cq_pre, N, H, hd, gm->working + bo.cross_norm_q, eps, nullptr, s.cq, s.cq_rstd,
+    linear_fwd(gm, w, s.n3, N, D, D, bo.cross_q, s.cq_pre, stream);
+    fused_qk_norm_rope_fwd(s.cq_pre, N, H, hd, w + bo.cross_norm_q, eps, nullptr, s.cq, s.cq_rstd,
                            stream);
     if (L > 0) {
-        linear_fwd(gm, gm->context, L, D, D, bo.cross_k, s.ck_pre, stream);
-        fused_qk_norm_rope_fwd(s.ck_pre, L, H, hd, gm->working + bo.cross_norm_k, eps, nullptr, s.ck, s.ck_rstd,
+        linear_fwd(gm, w, gm->context, L, D, D, bo.cross_k, s.ck_pre, stream);
+        fused_qk_norm_rope_fwd(s.ck_pre, L, H, hd, w + bo.cross_norm_k, eps, nullptr, s.ck, s.ck_rstd,
                                stream);
-        linear_fwd(gm, gm->context, L, D, D, bo.cross_v, s.cv, stream);
+        linear_fwd(gm, w, gm->context, L, D, D, bo.cross_v, s.cv, stream);
     }
     cross_attention_fwd(gm, d, s, stream);
-    linear_fwd(gm, s.cattn, N, D, D, bo.cross_o, s.y_cross, stream);
+    linear_fwd(gm, w, s.cattn, N, D, D, bo.cross_o, s.y_cross, stream);
 
     // x2 = x1 + y_cross (gate 1); h2 = LN(x2) (1 + e4) + e3
     lnmod_residual_fwd(s.x1, s.y_cross, N, D, t.token_start, B, gm->ones, mod[3], mod[4], eps, s.x2, s.h2,
                        s.ln2_mean, s.ln2_rstd, stream);
 
     // FFN: Linear, GELU-tanh (epilogue), Linear; its gated residual opens the next block
-    linear_gelu_fwd(gm, s.h2, N, D, F, bo.ffn_in, s.ffn_pre, s.ffn_act, stream);
-    linear_fwd(gm, s.ffn_act, N, F, D, bo.ffn_out, s.y_ffn, stream);
+    linear_gelu_fwd(gm, w, s.h2, N, D, F, bo.ffn_in, s.ffn_pre, s.ffn_act, stream);
+    linear_fwd(gm, w, s.ffn_act, N, F, D, bo.ffn_out, s.y_ffn, stream);
 }
 
 // Embeddings, blocks and head; ends with the per-sample losses and, unless loss_only, the gradient of the
@@ -666,29 +692,28 @@ void forward(gpu_model *gm, const batch_dims &d, float grad_scale, bool loss_onl
     misc_f32_to_bf16(gm->text_f32, L * gm->text_dim, gm->text, stream);
 
     // embeddings: patches; text (Linear, GELU-tanh, Linear); time in fp32 (sinusoid, Linear, SiLU, Linear), projection
+    const gpu_model_params &p = gm->params;
     gpu_bf16 *x_embedded = gm->num_layers > 0 ? gm->saved[0].x_in : gm->x_final;
-    linear_fwd(gm, gm->tokens_in, N, gm->patch_in, D, gm->patch, x_embedded, stream);
+    linear_fwd(gm, p.embedding_weights, gm->tokens_in, N, gm->patch_in, D, gm->patch, x_embedded, stream);
     if (L > 0) {
-        linear_gelu_fwd(gm, gm->text, L, gm->text_dim, D, gm->text_in, gm->text_pre, gm->text_act, stream);
-        linear_fwd(gm, gm->text_act, L, D, D, gm->text_out, gm->context, stream);
+        linear_gelu_fwd(gm, p.embedding_weights, gm->text, L, gm->text_dim, D, gm->text_in, gm->text_pre, gm->text_act,
+                        stream);
+        linear_fwd(gm, p.embedding_weights, gm->text_act, L, D, D, gm->text_out, gm->context, stream);
     }
-    const float *master = gm->master;
-    misc_linear_f32_fwd(t.sinusoid, B, gm->freq_dim, D, master + gm->time_in.weight, master + gm->time_in.bias,
-                        gm->time_pre, stream);
+    misc_linear_f32_fwd(t.sinusoid, B, gm->freq_dim, D, time_weight(gm, gm->time_in.weight),
+                        time_weight(gm, gm->time_in.bias), gm->time_pre, stream);
     misc_silu_f32_fwd(gm->time_pre, (int64_t)B * D, gm->time_act, stream);
-    misc_linear_f32_fwd(gm->time_act, B, D, D, master + gm->time_out.weight, master + gm->time_out.bias,
+    misc_linear_f32_fwd(gm->time_act, B, D, D, time_weight(gm, gm->time_out.weight), time_weight(gm, gm->time_out.bias),
                         gm->time_emb, stream);
     misc_silu_f32_fwd(gm->time_emb, (int64_t)B * D, gm->time_silu, stream);
-    misc_linear_f32_fwd(gm->time_silu, B, D, 6 * D, master + gm->time_projection.weight,
-                        master + gm->time_projection.bias, gm->e0, stream);
+    misc_linear_f32_fwd(gm->time_silu, B, D, 6 * D, time_weight(gm, gm->time_projection.weight),
+                        time_weight(gm, gm->time_projection.bias), gm->e0, stream);
     for (int l = 0; l < gm->num_layers; ++l) {
-        const block_offsets &bo = gm->blocks[l];
         block_saved &s = gm->saved[l];
-        misc_block_modulation(master + bo.modulation, gm->e0, B, D, s.modulation, stream);
-        misc_affine_as_modulation(master + bo.norm3_weight, master + bo.norm3_bias, B, D, s.n3_shift, s.n3_scale,
-                                  stream);
+        misc_block_modulation(p.block_modulation[l], gm->e0, B, D, s.modulation, stream);
+        misc_affine_as_modulation(p.block_norm3[l], p.block_norm3[l] + D, B, D, s.n3_shift, s.n3_scale, stream);
     }
-    misc_head_modulation(master + gm->head_modulation, gm->time_emb, B, D, gm->head_shift, gm->head_scale, stream);
+    misc_head_modulation(p.head_modulation, gm->time_emb, B, D, gm->head_shift, gm->head_scale, stream);
     misc_fill_f32(gm->ones, (int64_t)B * D, 1.0f, stream);
 
     for (int l = 0; l < gm->num_layers; ++l) block_forward(gm, d, l, false, stream);
@@ -702,7 +727,7 @@ void forward(gpu_model *gm, const batch_dims &d, float grad_scale, bool loss_onl
         lnmod_fwd(gm->x_final, N, D, t.token_start, B, gm->head_shift, gm->head_scale, eps, gm->head_h, gm->head_mean,
                   gm->head_rstd, stream);
     }
-    linear_fwd(gm, gm->head_h, N, D, gm->patch_out, gm->head, gm->pred, stream);
+    linear_fwd(gm, p.head_weights, gm->head_h, N, D, gm->patch_out, gm->head, gm->pred, stream);
     fused_flow_loss_bf16(gm->pred, gm->x0_tokens, gm->noise_tokens, t.pred_start, B, grad_scale, gm->sample_loss,
                          loss_only ? nullptr : gm->d_pred, gm->scratch, stream);
 }
@@ -723,19 +748,20 @@ void head_and_embedding_grads_ready(const gpu_model *gm, cudaStream_t stream)
     grads_ready(gm, 0, blocks_first, stream);
 }
 
-// Backward of everything `forward` did, from d_pred; parameter gradients are added into gm->grads, and the
-// caller is told as each block's range, then the head's and the embeddings', is final.
+// Backward of everything `forward` did, from d_pred; parameter gradients are added into the params' gradients
+// (a block's: those its block_grads gave), and the caller is told as each block's range, then the head's and
+// the embeddings', is final.
 void backward(gpu_model *gm, const batch_dims &d, cudaStream_t stream)
 {
     const int64_t N = d.n_tokens, L = d.n_text;
     const int B = d.n_samples, D = gm->dim, F = gm->ffn_dim, H = gm->num_heads, hd = gm->head_dim;
     const batch_tables &t = gm->tables_device;
-    float *grads = gm->grads;
-    const gpu_bf16 *working = gm->working;
+    const gpu_model_params &params = gm->params;
     void *scratch = gm->scratch;
 
     // head; then the residual of the last block's FFN, which the head's LN opened
-    linear_bwd(gm, gm->head_h, gm->d_pred, N, D, gm->patch_out, gm->head, nullptr, gm->d_h, 0, stream);
+    linear_bwd(gm, params.head_weights, params.head_grads, gm->head_h, gm->d_pred, N, D, gm->patch_out, gm->head,
+               nullptr, gm->d_h, 0, stream);
     if (gm->num_layers > 0) {
         block_saved &p = gm->saved[gm->num_layers - 1];
         lnmod_residual_bwd(gm->x_final, p.y_ffn, gm->d_h, nullptr, N, D, t.token_start, B,
@@ -746,8 +772,8 @@ void backward(gpu_model *gm, const batch_dims &d, cudaStream_t stream)
         lnmod_bwd(gm->x_final, gm->d_h, N, D, t.token_start, B, gm->head_scale, gm->head_mean, gm->head_rstd, gm->d_x,
                   gm->d_head_shift, gm->d_head_scale, scratch, stream);
     }
-    misc_head_modulation_bwd(gm->d_head_shift, gm->d_head_scale, B, D, grads + gm->head_modulation, gm->d_time_emb,
-                             stream);
+    misc_head_modulation_bwd(gm->d_head_shift, gm->d_head_scale, B, D, params.head_grads + gm->head_modulation,
+                             gm->d_time_emb, stream);
     if (L > 0) CUDA_CHECK(cudaMemsetAsync(gm->d_context, 0, (size_t)(L * D) * sizeof(float), stream));
     CUDA_CHECK(cudaMemsetAsync(gm->d_e0, 0, (size_t)B * 6 * D * sizeof(float), stream));
 
@@ -755,6 +781,9 @@ void backward(gpu_model *gm, const batch_dims &d, cudaStream_t stream)
     for (int l = gm->num_layers - 1; l >= 0; --l) {
         const block_offsets &bo = gm->blocks[l];
         block_saved &s = gm->saved[l];
+        // this block's weights and the gradients its backward adds into, until grads_ready reports them
+        const gpu_bf16 *w = block_weights(gm, l, l - 1, stream);
+        float *g = params.block_grads(params.context, l, stream);
         float *mod[6], *d_mod[6];
         for (int c = 0; c < 6; ++c) {
             mod[c] = chunk_of(s.modulation, c, d, D);
@@ -762,44 +791,44 @@ void backward(gpu_model *gm, const batch_dims &d, cudaStream_t stream)
         }
 
         // FFN: the second Linear's dx comes out as the gradient of the GELU's input (DGELU epilogue)
-        linear_bwd(gm, s.ffn_act, gm->d_y, N, F, D, bo.ffn_out, s.ffn_pre, gm->d_ffn, 0, stream);
-        linear_bwd(gm, s.h2, gm->d_ffn, N, D, F, bo.ffn_in, nullptr, gm->d_h, 0, stream);
+        linear_bwd(gm, w, g, s.ffn_act, gm->d_y, N, F, D, bo.ffn_out, s.ffn_pre, gm->d_ffn, 0, stream);
+        linear_bwd(gm, w, g, s.h2, gm->d_ffn, N, D, F, bo.ffn_in, nullptr, gm->d_h, 0, stream);
         // x2 = x1 + y_cross, h2 = LN-modulate(x2): d_x becomes dL/dx1, d_y dL/dy_cross
         lnmod_residual_bwd(s.x2, s.y_cross, gm->d_h, gm->d_x, N, D, t.token_start, B, gm->ones, mod[4], s.ln2_mean,
                            s.ln2_rstd, gm->d_x, gm->d_y, d_mod[3], d_mod[4], gm->d_unused_gate, scratch, stream);
 
         // cross-attention
-        linear_bwd(gm, s.cattn, gm->d_y, N, D, D, bo.cross_o, nullptr, gm->d_t, 0, stream);
+        linear_bwd(gm, w, g, s.cattn, gm->d_y, N, D, D, bo.cross_o, nullptr, gm->d_t, 0, stream);
         cross_attention_bwd(gm, d, s, stream);
         if (L > 0) {
-            linear_bwd(gm, gm->context, gm->d_cv, L, D, D, bo.cross_v, nullptr, gm->d_ctx_part, 0,
+            linear_bwd(gm, w, g, gm->context, gm->d_cv, L, D, D, bo.cross_v, nullptr, gm->d_ctx_part, 0,
                              stream);
-            fused_qk_norm_rope_bwd(s.ck_pre, gm->d_ck, L, H, hd, working + bo.cross_norm_k, nullptr, s.ck_rstd,
-                                   gm->d_ck, grads + bo.cross_norm_k, scratch, stream);
-            linear_bwd(gm, gm->context, gm->d_ck, L, D, D, bo.cross_k, nullptr, gm->d_ctx_part, 1,
+            fused_qk_norm_rope_bwd(s.ck_pre, gm->d_ck, L, H, hd, w + bo.cross_norm_k, nullptr, s.ck_rstd,
+                                   gm->d_ck, g + bo.cross_norm_k, scratch, stream);
+            linear_bwd(gm, w, g, gm->context, gm->d_ck, L, D, D, bo.cross_k, nullptr, gm->d_ctx_part, 1,
                              stream);
             misc_accumulate_bf16(gm->d_ctx_part, L * D, gm->d_context, stream);
         }
-        fused_qk_norm_rope_bwd(s.cq_pre, gm->d_q, N, H, hd, working + bo.cross_norm_q, nullptr, s.cq_rstd, gm->d_q,
-                               grads + bo.cross_norm_q, scratch, stream);
-        linear_bwd(gm, s.n3, gm->d_q, N, D, D, bo.cross_q, nullptr, gm->d_h, 0, stream);
+        fused_qk_norm_rope_bwd(s.cq_pre, gm->d_q, N, H, hd, w + bo.cross_norm_q, nullptr, s.cq_rstd, gm->d_q,
+                               g + bo.cross_norm_q, scratch, stream);
+        linear_bwd(gm, w, g, s.n3, gm->d_q, N, D, D, bo.cross_q, nullptr, gm->d_h, 0, stream);
         // x1 = x_in + y_attn e2, n3 = norm3(x1): d_x becomes dL/dx_in, d_y dL/dy_attn; norm3's weight and
         // bias gradients are the per-sample dscale and dshift summed over the samples
         lnmod_residual_bwd(s.x1, s.y_attn, gm->d_h, gm->d_x, N, D, t.token_start, B, mod[2], s.n3_scale, s.n3_mean,
                            s.n3_rstd, gm->d_x, gm->d_y, gm->d_n3_shift, gm->d_n3_scale, d_mod[2], scratch, stream);
-        misc_sum_samples_into(gm->d_n3_scale, B, D, grads + bo.norm3_weight, stream);
-        misc_sum_samples_into(gm->d_n3_shift, B, D, grads + bo.norm3_bias, stream);
+        misc_sum_samples_into(gm->d_n3_scale, B, D, g + bo.norm3_weight, stream);
+        misc_sum_samples_into(gm->d_n3_shift, B, D, g + bo.norm3_bias, stream);
 
         // self-attention
-        linear_bwd(gm, s.attn, gm->d_y, N, D, D, bo.self_o, nullptr, gm->d_t, 0, stream);
+        linear_bwd(gm, w, g, s.attn, gm->d_y, N, D, D, bo.self_o, nullptr, gm->d_t, 0, stream);
         self_attention_bwd(gm, d, s, stream);
-        fused_qk_norm_rope_bwd(s.q_pre, gm->d_q, N, H, hd, working + bo.self_norm_q, t.positions, s.q_rstd, gm->d_q,
-                               grads + bo.self_norm_q, scratch, stream);
-        fused_qk_norm_rope_bwd(s.k_pre, gm->d_k, N, H, hd, working + bo.self_norm_k, t.positions, s.k_rstd, gm->d_k,
-                               grads + bo.self_norm_k, scratch, stream);
-        linear_bwd(gm, s.h1, gm->d_q, N, D, D, bo.self_q, nullptr, gm->d_h, 0, stream);
-        linear_bwd(gm, s.h1, gm->d_k, N, D, D, bo.self_k, nullptr, gm->d_h, 1, stream);
-        linear_bwd(gm, s.h1, gm->d_v, N, D, D, bo.self_v, nullptr, gm->d_h, 1, stream);
+        fused_qk_norm_rope_bwd(s.q_pre, gm->d_q, N, H, hd, w + bo.self_norm_q, t.positions, s.q_rstd, gm->d_q,
+                               g + bo.self_norm_q, scratch, stream);
+        fused_qk_norm_rope_bwd(s.k_pre, gm->d_k, N, H, hd, w + bo.self_norm_k, t.positions, s.k_rstd, gm->d_k,
+                               g + bo.self_norm_k, scratch, stream);
+        linear_bwd(gm, w, g, s.h1, gm->d_q, N, D, D, bo.self_q, nullptr, gm->d_h, 0, stream);
+        linear_bwd(gm, w, g, s.h1, gm->d_k, N, D, D, bo.self_k, nullptr, gm->d_h, 1, stream);
+        linear_bwd(gm, w, g, s.h1, gm->d_v, N, D, D, bo.self_v, nullptr, gm->d_h, 1, stream);
 
         // h1 = LN-modulate(x_in): with l > 0, x_in = x2 + y_ffn e5 of block l - 1, whose gradients come out
         // here. With block recomputation block l - 1's activations are rebuilt first: this needs its y_ffn,
@@ -817,30 +846,33 @@ void backward(gpu_model *gm, const batch_dims &d, cudaStream_t stream)
         }
         // block l's modulation gradient is complete now (chunk 5 came from block l + 1 or the head), and with
         // it every gradient of the block's parameters
-        misc_block_modulation_bwd(s.d_modulation, B, D, grads + bo.modulation, gm->d_e0, stream);
+        misc_block_modulation_bwd(s.d_modulation, B, D, g + bo.modulation, gm->d_e0, stream);
         grads_ready(gm, bo.first, bo.end - bo.first, stream);
     }
 
     // embeddings: d_x is now the gradient of the patch embedding's output
-    linear_bwd(gm, gm->tokens_in, gm->d_x, N, gm->patch_in, D, gm->patch, nullptr, nullptr, 0, stream);
+    const gpu_bf16 *embedding_w = params.embedding_weights;
+    float *grads = params.embedding_grads;
+    linear_bwd(gm, embedding_w, grads, gm->tokens_in, gm->d_x, N, gm->patch_in, D, gm->patch, nullptr, nullptr, 0,
+               stream);
     if (L > 0) {
         misc_f32_to_bf16(gm->d_context, L * D, gm->d_context_bf16, stream);
-        linear_bwd(gm, gm->text_act, gm->d_context_bf16, L, D, D, gm->text_out, gm->text_pre, gm->d_text_pre, 0,
-                   stream);
-        linear_bwd(gm, gm->text, gm->d_text_pre, L, gm->text_dim, D, gm->text_in, nullptr, nullptr, 0, stream);
+        linear_bwd(gm, embedding_w, grads, gm->text_act, gm->d_context_bf16, L, D, D, gm->text_out, gm->text_pre,
+                   gm->d_text_pre, 0, stream);
+        linear_bwd(gm, embedding_w, grads, gm->text, gm->d_text_pre, L, gm->text_dim, D, gm->text_in, nullptr, nullptr,
+                   0, stream);
     }
 
     // time path (fp32): e0 (its gradient summed over the blocks above) feeds every block's modulation; e
     // feeds the head's and the projection
-    const float *master = gm->master;
-    misc_linear_f32_bwd(gm->time_silu, gm->d_e0, B, D, 6 * D, master + gm->time_projection.weight, gm->d_time_b,
-                        grads + gm->time_projection.weight, grads + gm->time_projection.bias, stream);
+    misc_linear_f32_bwd(gm->time_silu, gm->d_e0, B, D, 6 * D, time_weight(gm, gm->time_projection.weight),
+                        gm->d_time_b, grads + gm->time_projection.weight, grads + gm->time_projection.bias, stream);
     misc_silu_f32_bwd(gm->time_emb, gm->d_time_b, (int64_t)B * D, gm->d_time_b, stream);
     misc_accumulate_f32(gm->d_time_b, (int64_t)B * D, gm->d_time_emb, stream);
-    misc_linear_f32_bwd(gm->time_act, gm->d_time_emb, B, D, D, master + gm->time_out.weight, gm->d_time_b,
+    misc_linear_f32_bwd(gm->time_act, gm->d_time_emb, B, D, D, time_weight(gm, gm->time_out.weight), gm->d_time_b,
                         grads + gm->time_out.weight, grads + gm->time_out.bias, stream);
     misc_silu_f32_bwd(gm->time_pre, gm->d_time_b, (int64_t)B * D, gm->d_time_b, stream);
-    misc_linear_f32_bwd(t.sinusoid, gm->d_time_b, B, gm->freq_dim, D, master + gm->time_in.weight, nullptr,
+    misc_linear_f32_bwd(t.sinusoid, gm->d_time_b, B, gm->freq_dim, D, time_weight(gm, gm->time_in.weight), nullptr,
                         grads + gm->time_in.weight, grads + gm->time_in.bias, stream);
     head_and_embedding_grads_ready(gm, stream);
 }
@@ -889,15 +921,26 @@ gpu_model *describe(const model *m, int64_t max_tokens, int max_samples, int64_t
     gm->time_in = layout.time_in;
     gm->time_out = layout.time_out;
     gm->time_projection = layout.time_projection;
-    gm->head = layout.head;
-    gm->head_modulation = layout.head_modulation;
+    gm->time_first = layout.time_in.weight;
+    gm->head_first = layout.blocks_offset + (int64_t)m->num_layers * layout.block_stride;
+    gm->head = {layout.head.weight - gm->head_first, layout.head.bias - gm->head_first};
+    gm->head_modulation = layout.head_modulation - gm->head_first;
+    // The parameter sets the model reads in pieces (gpu_model_params): the time path one range at the end of the
+    // embeddings, norm3's bias right after its weight, the head after the last block.
+    const int64_t D = m->dim;
+    ALDIT_CHECK(layout.time_in.bias > gm->time_first && layout.time_out.weight > gm->time_first &&
+                layout.time_projection.weight > gm->time_first &&
+                layout.time_projection.bias + 6 * D == layout.blocks_offset &&
+                layout.block.norm3_bias == layout.block.norm3_weight + D && gm->head_modulation >= 0 &&
+                gm->head.weight >= 0 && gm->head.bias >= 0,
+                "gpu model: the parameter table's order is not the one the GPU model reads its parameters in");
     gm->blocks = static_cast<block_offsets *>(xcalloc((size_t)(m->num_layers > 0 ? m->num_layers : 1),
                                                       sizeof(block_offsets)));
     // Each block's parameters lie back to back, one stride apart; the gradient all-reduce relies on it
-    // (gpu_model_set_grads_ready).
+    // (gpu_model_set_grads_ready). Its tensors' offsets are from its first value (block_weights, block_grads).
     for (int l = 0; l < m->num_layers; ++l) {
         block_offsets &bo = gm->blocks[l];
-        static_cast<layout_block &>(bo) = model_layout_block(&layout, l);
+        static_cast<layout_block &>(bo) = layout.block;
         bo.first = layout.blocks_offset + (int64_t)l * layout.block_stride;
         bo.end = bo.first + layout.block_stride;
     }
@@ -979,19 +1022,60 @@ void free_contexts(gpu_model *gm)
 
 } // namespace
 
-gpu_model *gpu_model_create_with_recompute(const model *host_model, int64_t max_tokens, int max_samples,
-                                           int64_t max_text, gpu_recompute recompute)
+namespace {
+
+// The default parameter source: the model's own whole buffers.
+const gpu_bf16 *own_block_weights(void *context, int layer, int next, cudaStream_t stream)
 {
-    const model *m = host_model;
-    gpu_model *gm = describe(m, max_tokens, max_samples, max_text, recompute);
-    const size_t n = (size_t)m->n_weights;
+    (void)next;
+    (void)stream;
+    const gpu_model *gm = static_cast<const gpu_model *>(context);
+    return gm->working + gm->blocks[layer].first;
+}
+
+float *own_block_grads(void *context, int layer, cudaStream_t stream)
+{
+    (void)stream;
+    const gpu_model *gm = static_cast<const gpu_model *>(context);
+    return gm->grads + gm->blocks[layer].first;
+}
+
+// Allocate the whole master, bf16 and gradient buffers and point the parameters at them.
+void own_params(gpu_model *gm)
+{
+    const size_t n = (size_t)gm->n_weights, layers = (size_t)(gm->num_layers > 0 ? gm->num_layers : 1);
     CUDA_CHECK(cudaMalloc(&gm->master, n * sizeof(float)));
     CUDA_CHECK(cudaMalloc(&gm->grads, n * sizeof(float)));
     CUDA_CHECK(cudaMalloc(&gm->working, n * sizeof(gpu_bf16)));
     CUDA_CHECK(cudaMemset(gm->master, 0, n * sizeof(float)));
     CUDA_CHECK(cudaMemset(gm->grads, 0, n * sizeof(float)));
     CUDA_CHECK(cudaMemset(gm->working, 0, n * sizeof(gpu_bf16)));
+    gm->own_modulation = static_cast<const float **>(xcalloc(layers, sizeof(float *)));
+    gm->own_norm3 = static_cast<const float **>(xcalloc(layers, sizeof(float *)));
+    for (int l = 0; l < gm->num_layers; ++l) {
+        gm->own_modulation[l] = gm->master + gm->blocks[l].first + gm->blocks[l].modulation;
+        gm->own_norm3[l] = gm->master + gm->blocks[l].first + gm->blocks[l].norm3_weight;
+    }
+    gpu_model_params &p = gm->params;
+    p.embedding_weights = gm->working;
+    p.head_weights = gm->working + gm->head_first;
+    p.embedding_grads = gm->grads;
+    p.head_grads = gm->grads + gm->head_first;
+    p.time_weights = gm->master + gm->time_first;
+    p.head_modulation = gm->master + gm->head_first + gm->head_modulation;
+    p.block_modulation = gm->own_modulation;
+    p.block_norm3 = gm->own_norm3;
+    p.block_weights = own_block_weights;
+    p.block_grads = own_block_grads;
+    p.context = gm;
+}
 
+// The model's workspace, staging and contexts (both ways of creating it).
+gpu_model *create(const model *m, int64_t max_tokens, int max_samples, int64_t max_text, gpu_recompute recompute,
+                  bool with_params)
+{
+    gpu_model *gm = describe(m, max_tokens, max_samples, max_text, recompute);
+    if (with_params) own_params(gm);
     CUDA_CHECK(cudaMalloc(&gm->arena, gm->arena_bytes));
     // Poisoned (all bits set is NaN in bf16 and fp32): a value read before it is written shows up as NaN.
     CUDA_CHECK(cudaMemset(gm->arena, 0xff, gm->arena_bytes));
@@ -1018,6 +1102,30 @@ gpu_model *gpu_model_create_with_recompute(const model *host_model, int64_t max_
     return gm;
 }
 
+} // namespace
+
+gpu_model *gpu_model_create_with_recompute(const model *host_model, int64_t max_tokens, int max_samples,
+                                           int64_t max_text, gpu_recompute recompute)
+{
+    return create(host_model, max_tokens, max_samples, max_text, recompute, true);
+}
+
+gpu_model *gpu_model_create_without_params(const model *host_model, int64_t max_tokens, int max_samples,
+                                           int64_t max_text, gpu_recompute recompute)
+{
+    return create(host_model, max_tokens, max_samples, max_text, recompute, false);
+}
+
+void gpu_model_set_params(gpu_model *gm, const gpu_model_params *params)
+{
+    ALDIT_CHECK(!gm->master, "gpu model: gpu_model_set_params on a model that holds its own parameters");
+    ALDIT_CHECK(params->embedding_weights && params->head_weights && params->embedding_grads && params->head_grads &&
+                params->time_weights && params->head_modulation && params->block_weights && params->block_grads &&
+                (gm->num_layers == 0 || (params->block_modulation && params->block_norm3)),
+                "gpu model: gpu_model_set_params needs every pointer and both block functions");
+    gm->params = *params;
+}
+
 gpu_model *gpu_model_create(const model *host_model, int64_t max_tokens, int max_samples, int64_t max_text)
 {
     return gpu_model_create_with_recompute(host_model, max_tokens, max_samples, max_text, GPU_RECOMPUTE_NONE);
@@ -1031,8 +1139,15 @@ void gpu_model_set_grads_ready(gpu_model *gm, gpu_grads_ready_fn ready, void *co
 
 void gpu_model_grads_ready_all(const gpu_model *gm, cudaStream_t stream)
 {
-    for (int l = gm->num_layers - 1; l >= 0; --l)
+    // the calls block_forward and backward make, in their order
+    const gpu_model_params &p = gm->params;
+    for (int l = 0; l < gm->num_layers; ++l) block_weights(gm, l, forward_next(gm, l), stream);
+    for (int l = gm->num_layers - 1; l >= 0; --l) {
+        block_weights(gm, l, l - 1, stream);
+        p.block_grads(p.context, l, stream);
+        if (l > 0 && gm->recompute == GPU_RECOMPUTE_BLOCK) block_weights(gm, l - 1, l - 2, stream);
         grads_ready(gm, gm->blocks[l].first, gm->blocks[l].end - gm->blocks[l].first, stream);
+    }
     head_and_embedding_grads_ready(gm, stream);
 }
 
@@ -1097,6 +1212,8 @@ void gpu_model_free(gpu_model *gm)
     CUDA_CHECK(cudaFree(gm->master));
     CUDA_CHECK(cudaFree(gm->grads));
     CUDA_CHECK(cudaFree(gm->working));
+    free(gm->own_modulation);
+    free(gm->own_norm3);
     CUDA_CHECK(cudaFree(gm->arena));
     CUDA_CHECK(cudaFreeHost(gm->tables_pinned));
     CUDA_CHECK(cudaFreeHost(gm->latents_pinned));
@@ -1122,11 +1239,22 @@ gpu_model_buffers gpu_model_get_buffers(const gpu_model *gm)
 
 size_t gpu_model_device_bytes(const gpu_model *gm)
 {
-    return (size_t)gm->n_weights * (2 * sizeof(float) + sizeof(gpu_bf16)) + gm->arena_bytes;
+    const size_t params = gm->master ? (size_t)gm->n_weights * (2 * sizeof(float) + sizeof(gpu_bf16)) : 0;
+    return params + gm->arena_bytes;
 }
+
+namespace {
+
+void check_own_params(const gpu_model *gm, const char *what)
+{
+    if (!gm->master) ALDIT_FATAL("gpu model: %s on a model created without its parameters", what);
+}
+
+} // namespace
 
 void gpu_model_upload_weights(gpu_model *gm, const float *weights)
 {
+    check_own_params(gm, "gpu_model_upload_weights");
     CUDA_CHECK(cudaMemcpy(gm->master, weights, (size_t)gm->n_weights * sizeof(float), cudaMemcpyHostToDevice));
     gpu_model_refresh_working(gm, 0);
     CUDA_CHECK(cudaStreamSynchronize(0));
@@ -1134,21 +1262,25 @@ void gpu_model_upload_weights(gpu_model *gm, const float *weights)
 
 void gpu_model_download_weights(const gpu_model *gm, float *weights)
 {
+    check_own_params(gm, "gpu_model_download_weights");
     CUDA_CHECK(cudaMemcpy(weights, gm->master, (size_t)gm->n_weights * sizeof(float), cudaMemcpyDeviceToHost));
 }
 
 void gpu_model_download_grads(const gpu_model *gm, float *grads)
 {
+    check_own_params(gm, "gpu_model_download_grads");
     CUDA_CHECK(cudaMemcpy(grads, gm->grads, (size_t)gm->n_weights * sizeof(float), cudaMemcpyDeviceToHost));
 }
 
 void gpu_model_refresh_working(gpu_model *gm, cudaStream_t stream)
 {
+    check_own_params(gm, "gpu_model_refresh_working");
     misc_f32_to_bf16(gm->master, gm->n_weights, gm->working, stream);
 }
 
 void gpu_model_zero_grads(gpu_model *gm, cudaStream_t stream)
 {
+    check_own_params(gm, "gpu_model_zero_grads");
     CUDA_CHECK(cudaMemsetAsync(gm->grads, 0, (size_t)gm->n_weights * sizeof(float), stream));
 }
 
@@ -1171,6 +1303,7 @@ double gpu_model_forward_backward(gpu_model *gm, const model_batch *batch, float
 {
     timespec queue_start, queue_end;
     clock_gettime(CLOCK_MONOTONIC, &queue_start);
+    ALDIT_CHECK(gm->params.block_weights, "gpu model: a forward_backward before gpu_model_set_params");
     const batch_dims dims = stage_batch(gm, batch, stream);
     forward(gm, dims, grad_scale, false, stream);
     backward(gm, dims, stream);

@@ -52,6 +52,46 @@ gpu_model *gpu_model_create_with_recompute(const model *host_model, int64_t max_
                                            int64_t max_text, gpu_recompute recompute);
 gpu_model *gpu_model_create(const model *host_model, int64_t max_tokens, int max_samples, int64_t max_text);
 void gpu_model_free(gpu_model *gm);
+
+/* Where the forward/backward finds the parameters: the model's own whole buffers (gpu_model_create), or what a
+   caller that holds the training state itself (a sharded one, cuda/shard_gpu.h) says with gpu_model_set_params.
+   With the flat parameter array's parts (model_layout): the embeddings [0, blocks_offset), block l
+   [blocks_offset + l block_stride, + block_stride), the head [head_first = blocks_offset + num_layers block_stride,
+   n_weights), and within the embeddings the time path [time_first = time_in.weight, blocks_offset):
+   - bf16 weights the GEMMs and norms read: the embeddings' (embedding_weights[i] is value i) and the head's
+     (head_weights[i] is value head_first + i), whole; a block's from block_weights;
+   - fp32 weights the time path and the modulations read (in fp32, on the B rows of a micro-batch): the time path
+     (time_weights[i] is value time_first + i), head.modulation [2 dim], each block's modulation [6 dim] and
+     norm3.weight followed by norm3.bias [2 dim] (block_modulation[l], block_norm3[l]: num_layers pointers each);
+   - fp32 gradients the backward ADDS into: the embeddings' and the head's (as their weights), a block's from
+     block_grads.
+   block_weights(context, layer, next, stream): called on the host as the model is about to queue block `layer`'s
+   forward, re-run or backward on `stream`; returns its bf16 weights (block_stride values, the block's own offsets)
+   for the work queued on `stream` from now until it asks for another block's (the pointer may be reused then).
+   `next` is the block it will ask for after this one (-1: none in this call), for a prefetch.
+   block_grads(context, layer, stream): called just after block_weights as block `layer`'s backward begins; returns
+   the fp32 array (block_stride values) its gradients are added into from now until gpu_grads_ready_fn reports
+   the block's range. Both are called in the same order on every call with the same model (gpu_model_grads_ready_all
+   replays them). */
+typedef const gpu_bf16 *(*gpu_block_weights_fn)(void *context, int layer, int next, cudaStream_t stream);
+typedef float *(*gpu_block_grads_fn)(void *context, int layer, cudaStream_t stream);
+typedef struct {
+    const gpu_bf16 *embedding_weights, *head_weights;
+    const float *time_weights, *head_modulation;
+    const float *const *block_modulation, *const *block_norm3;  /* arrays the caller keeps while they are set */
+    float *embedding_grads, *head_grads;
+    gpu_block_weights_fn block_weights;
+    gpu_block_grads_fn block_grads;
+    void *context;
+} gpu_model_params;
+
+/* gpu_model_create_with_recompute without the parameter buffers (master, bf16 and gradients: 10 bytes per
+   parameter fewer): gpu_model_set_params must come before the first forward_backward; upload, download,
+   refresh_working, zero_grads and get_buffers are not available (fatal; get_buffers gives NULLs). */
+gpu_model *gpu_model_create_without_params(const model *host_model, int64_t max_tokens, int max_samples,
+                                           int64_t max_text, gpu_recompute recompute);
+/* Fatal on a model with its own buffers, or when a pointer or function is missing. */
+void gpu_model_set_params(gpu_model *gm, const gpu_model_params *params);
 /* Device bytes of the activation workspace gpu_model_create_with_recompute allocates for this capacity and
    mode, without allocating anything: exactly layout_memory_bytes of model_layout_memory(host_model->layout,
    LAYOUT_BACKEND_GPU, recompute, gpu_model_device_scratch_bytes(host_model)) at (max_tokens, max_samples,
@@ -104,13 +144,14 @@ double gpu_model_enqueue_seconds(const gpu_model *gm);
    of the call's work queued on `stream` does not touch them again. NULL turns it off (the default). */
 typedef void (*gpu_grads_ready_fn)(void *context, int64_t first, int64_t count, cudaStream_t stream);
 void gpu_model_set_grads_ready(gpu_model *gm, gpu_grads_ready_fn ready, void *context);
-/* Report every range in the order a forward_backward call would, computing nothing: for a rank with no
-   micro-batch in a step, whose all-reduce must make the same bucket calls as the others'. */
+/* Make every call to the parameter source (block_weights, block_grads) and report every range, in the order a
+   forward_backward call would, computing nothing: for a rank with no micro-batch in a step (or fewer than another
+   rank), whose collectives must be the same calls as the others'. */
 void gpu_model_grads_ready_all(const gpu_model *gm, cudaStream_t stream);
 
 gpu_model_buffers gpu_model_get_buffers(const gpu_model *gm);
-/* Device bytes this model holds: weights, bf16 copies, gradients and the workspace (not its cuBLASLt and cuDNN
-   contexts'). */
+/* Device bytes this model holds: weights, bf16 copies, gradients (where it has its own) and the workspace (not its
+   cuBLASLt and cuDNN contexts'). */
 size_t gpu_model_device_bytes(const gpu_model *gm);
 
 /* Host fp32 weights [n_weights] -> master and bf16 copies. Synchronous. */
