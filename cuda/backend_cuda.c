@@ -373,7 +373,7 @@ backend *backend_cuda_create(const deck *config, const comm_info *info, model *h
     gpu->host = host;
     gpu->layout = shard_layout_units(gpu->summary.shard, &host->layout, info->rank, info->n_ranks);
     select_device(info, &gpu->plan);
-    gpu->sync = gradsync_create(info, host->n_weights);
+    gpu->sync = gradsync_create(info, host->n_weights, 0);
     cost_model_init(&gpu->cm, config);
     use_gpu_memory(&gpu->cm, config);
     if (plan_memory(config, info, &gpu->cm, host, samples, n_samples, &gpu->plan) != 0) {

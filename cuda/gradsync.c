@@ -22,7 +22,8 @@
 #define GRADSYNC_WARMUP_VALUES ((int64_t)16 << 20)
 
 struct gradsync {
-    int n_ranks;
+    int n_ranks, rank;
+    int nccl;                           /* an NCCL communicator was made (more than one rank, or shard collectives) */
     char method[96];
     /* the sum under way (gradsync_begin .. gradsync_finish) */
     float *values;
@@ -42,16 +43,18 @@ struct gradsync {
 #endif
 };
 
-gradsync *gradsync_create(const comm_info *info, int64_t n_values)
+gradsync *gradsync_create(const comm_info *info, int64_t n_values, int shard_collectives)
 {
     gradsync *sync = xcalloc(1, sizeof *sync);
     sync->n_ranks = info->n_ranks;
-    if (info->n_ranks == 1) {
+    sync->rank = info->rank;
+#ifdef HAVE_NCCL
+    if (info->n_ranks == 1 && !shard_collectives) {
         snprintf(sync->method, sizeof sync->method, "none (1 rank)");
         return sync;
     }
-#ifdef HAVE_NCCL
     (void)n_values;
+    sync->nccl = 1;
     ncclUniqueId id;
     if (info->rank == 0) NCCL_CHECK(ncclGetUniqueId(&id));
     comm_bcast_bytes(&id, sizeof id);
@@ -65,9 +68,14 @@ gradsync *gradsync_create(const comm_info *info, int64_t n_values)
     CUDA_CHECK(cudaEventCreate(&sync->done));
     int version = 0;
     NCCL_CHECK(ncclGetVersion(&version));
-    snprintf(sync->method, sizeof sync->method, "NCCL %d.%d.%d (%d ranks)", version / 10000, version / 100 % 100,
-             version % 100, info->n_ranks);
+    snprintf(sync->method, sizeof sync->method, "NCCL %d.%d.%d (%d rank%s)", version / 10000, version / 100 % 100,
+             version % 100, info->n_ranks, info->n_ranks == 1 ? "" : "s");
 #else
+    if (info->n_ranks == 1) {
+        snprintf(sync->method, sizeof sync->method, "none (1 rank)");
+        return sync;
+    }
+    ALDIT_CHECK(!shard_collectives, "gradsync: the sharded state's collectives need NCCL with more than one rank");
     sync->host_capacity = n_values;
     CUDA_CHECK(cudaMallocHost((void **)&sync->host, (size_t)(n_values > 0 ? n_values : 1) * sizeof(float)));
     snprintf(sync->method, sizeof sync->method, "MPI through host memory (%d ranks; this build has no NCCL)",
@@ -99,17 +107,17 @@ void gradsync_connect(gradsync *sync, int64_t n_values)
 void gradsync_free(gradsync *sync)
 {
     if (!sync) return;
-    if (sync->n_ranks > 1) {
 #ifdef HAVE_NCCL
+    if (sync->nccl) {
         NCCL_CHECK(ncclCommDestroy(sync->comm));
         CUDA_CHECK(cudaStreamDestroy(sync->stream));
         CUDA_CHECK(cudaEventDestroy(sync->ready));
         CUDA_CHECK(cudaEventDestroy(sync->compute_done));
         CUDA_CHECK(cudaEventDestroy(sync->done));
-#else
-        CUDA_CHECK(cudaFreeHost(sync->host));
-#endif
     }
+#else
+    if (sync->n_ranks > 1) CUDA_CHECK(cudaFreeHost(sync->host));
+#endif
     free(sync);
 }
 
@@ -212,3 +220,61 @@ double gradsync_device_seconds(const gradsync *sync)
 }
 
 int gradsync_buckets(const gradsync *sync) { return sync->buckets; }
+
+/* ---- the sharded state's collectives --------------------------------------------------------------- */
+
+int gradsync_has_stream(const gradsync *sync) { return sync->nccl; }
+
+cudaStream_t gradsync_stream(const gradsync *sync)
+{
+    ALDIT_CHECK(sync->nccl, "gradsync: no communication stream (made without shard collectives)");
+#ifdef HAVE_NCCL
+    return sync->stream;
+#else
+    return 0;
+#endif
+}
+
+/* Fatal unless the shard collectives can run: NCCL's, or nothing to do for one rank without it. */
+static int shard_collective_runs(const gradsync *sync, const char *what)
+{
+    if (sync->nccl) return 1;
+    ALDIT_CHECK(sync->n_ranks == 1, "gradsync: %s over %d ranks needs NCCL", what, sync->n_ranks);
+    return 0; /* one rank, in place: nothing moves */
+}
+
+void gradsync_all_gather_bf16(gradsync *sync, gpu_bf16 *values, int64_t piece)
+{
+    ALDIT_CHECK(piece >= 0, "gradsync: an all-gather of %lld values per rank", (long long)piece);
+    if (piece == 0 || !shard_collective_runs(sync, "an all-gather")) return;
+#ifdef HAVE_NCCL
+    NCCL_CHECK(ncclAllGather(values + (int64_t)sync->rank * piece, values, (size_t)piece, ncclBfloat16, sync->comm,
+                             sync->stream));
+#endif
+}
+
+void gradsync_reduce_scatter_f32(gradsync *sync, float *values, int64_t piece)
+{
+    ALDIT_CHECK(piece >= 0, "gradsync: a reduce-scatter of %lld values per rank", (long long)piece);
+    if (piece == 0 || !shard_collective_runs(sync, "a reduce-scatter")) return;
+#ifdef HAVE_NCCL
+    NCCL_CHECK(ncclReduceScatter(values, values + (int64_t)sync->rank * piece, (size_t)piece, ncclFloat32, ncclSum,
+                                 sync->comm, sync->stream));
+#endif
+}
+
+void gradsync_sum_f32(gradsync *sync, float *values, int64_t n_values)
+{
+    if (n_values <= 0 || !shard_collective_runs(sync, "an all-reduce")) return;
+#ifdef HAVE_NCCL
+    NCCL_CHECK(ncclAllReduce(values, values, (size_t)n_values, ncclFloat32, ncclSum, sync->comm, sync->stream));
+#endif
+}
+
+void gradsync_sum_f64(gradsync *sync, double *values, int64_t n_values)
+{
+    if (n_values <= 0 || !shard_collective_runs(sync, "an all-reduce")) return;
+#ifdef HAVE_NCCL
+    NCCL_CHECK(ncclAllReduce(values, values, (size_t)n_values, ncclFloat64, ncclSum, sync->comm, sync->stream));
+#endif
+}

@@ -1,4 +1,4 @@
-/* gradsync.h — the gradient all-reduce of the CUDA path: NCCL on the device buffer when built with NCCL, else through host memory and MPI. */
+/* gradsync.h — the GPU ranks' collectives: the gradient all-reduce (NCCL on the device buffer when built with NCCL, else through host memory and MPI) and the sharded state's in-place all-gather, reduce-scatter and small sums on NCCL's stream. */
 #ifndef ALDIT_GRADSYNC_H
 #define ALDIT_GRADSYNC_H
 
@@ -8,14 +8,17 @@
 #include <cuda_runtime_api.h>
 
 #include "core/comm.h"
+#include "cuda/gpu.h"
 
 typedef struct gradsync gradsync;
 
 /* Collective, after the rank's GPU is selected: ready to sum fp32 device buffers of up to n_values
-   values over all ranks. With NCCL and more than one rank: rank 0 makes the unique id, comm_bcast_bytes
+   values over all ranks. With NCCL and more than one rank (or shard_collectives 1: also with one rank, so that a
+   sharded state's collectives run through NCCL there too): rank 0 makes the unique id, comm_bcast_bytes
    sends it, every rank joins with ncclCommInitRank and gets its own NCCL stream. Without NCCL: a pinned
-   host buffer of n_values floats for MPI. With one rank nothing is made. */
-gradsync *gradsync_create(const comm_info *info, int64_t n_values);
+   host buffer of n_values floats for MPI (shard_collectives with more than one rank is then fatal: the CUDA
+   backend refuses a sharded mode before). With one rank otherwise nothing is made. */
+gradsync *gradsync_create(const comm_info *info, int64_t n_values, int shard_collectives);
 /* Collective: with NCCL and more than one rank, one all-reduce of up to 64 MiB (zeros, on a temporary
    buffer; min(n_values, 16 Mi) floats) makes NCCL connect the ranks now rather than in the first sum,
    which would otherwise pay for it (about 2 s on two H200s); waits for it. Otherwise nothing. */
@@ -54,5 +57,22 @@ void gradsync_finish(gradsync *sync, cudaStream_t stream);
    host), and the number of all-reduce calls it took. */
 double gradsync_device_seconds(const gradsync *sync);
 int gradsync_buckets(const gradsync *sync);
+
+/* ---- the sharded state's collectives (cuda/shard_gpu.h) -------------------------------------------
+   Each queues one NCCL call on the NCCL stream, gradsync_stream, and returns: the caller orders it against its
+   own streams with events (nothing here synchronises), and every rank makes the same calls in the same order.
+   In place; `piece` values per rank, rank r's piece at values + r * piece of a buffer of n_ranks * piece values.
+   Built without NCCL, with one rank, they do nothing (in place, nothing moves); with more, they are fatal. */
+/* 1 when gradsync_stream exists (an NCCL communicator was made). */
+int gradsync_has_stream(const gradsync *sync);
+cudaStream_t gradsync_stream(const gradsync *sync);
+/* Every rank's piece (bf16) to every rank: ncclAllGather from this rank's piece into the whole buffer. */
+void gradsync_all_gather_bf16(gradsync *sync, gpu_bf16 *values, int64_t piece);
+/* The sum over ranks of the whole buffer (fp32), of which this rank gets its piece (ncclReduceScatter, sum, into
+   values + rank * piece; the rest of the buffer is left as NCCL leaves it). */
+void gradsync_reduce_scatter_f32(gradsync *sync, float *values, int64_t piece);
+/* values[0 .. n_values) summed over ranks, in place (ncclAllReduce). */
+void gradsync_sum_f32(gradsync *sync, float *values, int64_t n_values);
+void gradsync_sum_f64(gradsync *sync, double *values, int64_t n_values);
 
 #endif
