@@ -103,16 +103,19 @@ static void test_wan14b_full_state(void **unused)
     const layout_dims dims = layout_dims_of(&config);
     model_layout ml;
     model_layout_init(&ml, &dims);
-    const double n = (double)ml.n_weights, b = (double)ml.block_stride, e = n - 40.0 * b;
+    /* the GPU's sharded units are padded to 8 equal pieces; the fp32 reads f stay whole */
+    const int64_t head = ml.n_weights - ml.blocks_offset - 40 * ml.block_stride;
+    const double n = (double)ml.n_weights, b = 8.0 * (double)((ml.block_stride + 7) / 8);
+    const double e = 8.0 * (double)((ml.blocks_offset + 7) / 8 + (head + 7) / 8), f = (double)layout_gpu_fp32_read_values(&ml);
     layout_state_bytes none = model_layout_state_bytes(&ml, LAYOUT_BACKEND_GPU, SHARD_NONE, 8, 0);
     assert_true(layout_state_total(&none) == 18.0 * n);
-    const double s = (double)layout_shard_values(&ml, LAYOUT_BACKEND_GPU, 8);
+    const double s = (double)layout_shard_values(&ml, LAYOUT_BACKEND_GPU, 8, 0);
     assert_true(s >= n / 8.0 && s < n / 8.0 + 42.0 * 8.0);
     layout_state_bytes full = model_layout_state_bytes(&ml, LAYOUT_BACKEND_GPU, SHARD_FULL, 8, 0);
-    assert_true(layout_state_total(&full) == 2.0 * e + 4.0 * b + 4.0 * (e + 2.0 * b) + 16.0 * s);
+    assert_true(layout_state_total(&full) == 2.0 * e + 4.0 * b + 4.0 * (e + 2.0 * b) + 16.0 * s + 4.0 * f);
     assert_true(layout_state_total(&full) <= 32.0 * 1073741824.0);
     layout_state_bytes optimizer = model_layout_state_bytes(&ml, LAYOUT_BACKEND_GPU, SHARD_OPTIMIZER, 8, 0);
-    assert_true(layout_state_total(&optimizer) == 6.0 * n + 12.0 * s);
+    assert_true(layout_state_total(&optimizer) == 2.0 * (e + 40.0 * b) + 4.0 * n + 12.0 * s + 4.0 * f);
     layout_state_bytes cpu = model_layout_state_bytes(&ml, LAYOUT_BACKEND_CPU, SHARD_FULL, 8, 0);
     assert_true(layout_state_total(&cpu) == 8.0 * n + 12.0 * (double)((ml.n_weights + 7) / 8));
     /* the EMA: 4 bytes per held value, as the master */

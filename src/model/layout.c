@@ -345,11 +345,16 @@ int64_t layout_shard_values(const model_layout *layout, layout_backend backend, 
            ceil_div(n - blocks_end, n_ranks);
 }
 
+int64_t layout_gpu_fp32_read_values(const model_layout *layout)
+{
+    const int64_t D = layout->dims.dim;
+    return layout->blocks_offset - layout->time_in.weight + 2 * D + layout->dims.num_layers * 8 * D;
+}
+
 layout_state_bytes model_layout_state_bytes(const model_layout *layout, layout_backend backend, deck_shard mode,
                                             int n_ranks, int ema)
 {
-    const double n = (double)layout->n_weights, b = (double)layout->block_stride;
-    const double e = n - (double)layout->dims.num_layers * b;
+    const double n = (double)layout->n_weights;
     const double s = mode == SHARD_NONE ? n : (double)layout_shard_values(layout, backend, n_ranks);
     layout_state_bytes bytes = {.gradients = 4.0 * n, .moments = 8.0 * s, .ema = ema ? 4.0 * s : 0.0};
     if (backend == LAYOUT_BACKEND_CPU) {
@@ -359,10 +364,18 @@ layout_state_bytes model_layout_state_bytes(const model_layout *layout, layout_b
     }
     bytes.weights = 2.0 * n;
     bytes.master = 4.0 * s;
-    if (mode == SHARD_GRADIENTS || mode == SHARD_FULL) bytes.gradients = 4.0 * (e + 2.0 * b) + 4.0 * s;
+    if (mode == SHARD_NONE) return bytes;
+    /* sharded: units padded to R pieces (embeddings e_p, a block b_p, all n_p), the fp32 reads f kept whole */
+    const int64_t blocks_end = layout->blocks_offset + layout->dims.num_layers * layout->block_stride;
+    const double R = n_ranks, b_p = R * (double)ceil_div(layout->block_stride, n_ranks);
+    const double e_p = R * (double)(ceil_div(layout->blocks_offset, n_ranks) + ceil_div(layout->n_weights - blocks_end, n_ranks));
+    const double n_p = e_p + (double)layout->dims.num_layers * b_p;
+    bytes.weights = 2.0 * n_p;
+    bytes.master = 4.0 * (s + (double)layout_gpu_fp32_read_values(layout));
+    if (mode == SHARD_GRADIENTS || mode == SHARD_FULL) bytes.gradients = 4.0 * (e_p + 2.0 * b_p) + 4.0 * s;
     if (mode == SHARD_FULL) {
-        bytes.weights = 2.0 * e;
-        bytes.gathered = 2.0 * 2.0 * b;
+        bytes.weights = 2.0 * e_p;
+        bytes.gathered = 2.0 * 2.0 * b_p;
     }
     return bytes;
 }

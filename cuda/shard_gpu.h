@@ -1,0 +1,73 @@
+/* shard_gpu.h — the sharded training state of the CUDA backend ([train] shard = optimizer | gradients | full, ZeRO-1/2/3): its device buffers, the parameters it hands the GPU model, and a step's reduce-scatters, all-gathers, norm and AdamW on the held values. */
+#ifndef ALDIT_SHARD_GPU_H
+#define ALDIT_SHARD_GPU_H
+
+#include <stdint.h>
+
+#include "backend/backend.h"
+#include "backend/shard.h"
+#include "cuda/gpu.h"
+#include "cuda/gradsync.h"
+#include "cuda/model_gpu.h"
+#include "model/model.h"
+#include "model/optim.h"
+
+/* The cut is shard.h's units (shard_layout_units): the embeddings, each block, the head; unit u of len_u values in
+   pieces of c_u = ceil(len_u / R), rank r holding piece r. This rank's pieces lie back to back (padded to c_u each,
+   s = sum c_u values) in the held arrays: fp32 master weights, both AdamW moments and (gradients, full) the step's
+   summed gradient. What the model computes with, by mode:
+   - optimizer: bf16 weights of every unit whole (each unit padded to R c_u, so that its all-gather is one in-place
+     call), fp32 gradients whole (n, the flat order: the bucketed all-reduce of gradsync sums them as in mode none);
+     AdamW updates the held values, whose bf16 copies are then all-gathered unit by unit.
+   - gradients: bf16 weights as optimizer; the embeddings' and head's fp32 gradients whole (padded), a block's
+     backward writes into one of two staging slots (R c_b each, block l in slot l mod 2) which, as the block's
+     backward finishes, is reduce-scattered (sum) on the NCCL stream and this rank's piece added into the summed
+     gradient; the slot is reused (zeroed on the compute stream) only after an event says its reduce-scatter is done.
+     The embeddings' and head's are reduce-scattered as a micro-batch's backward ends. Every micro-batch does this;
+     a rank with fewer micro-batches than the step's rounds replays the rest with zeros (gpu_model_grads_ready_all).
+   - full: as gradients, and only the embeddings' and head's bf16 weights stay whole: a block's are all-gathered into
+     one of two bf16 slots (R c_b each) when the model asks for them (block_weights), from this rank's piece written
+     from its fp32 master into the slot's own segment; the block it will ask for next is gathered into the other
+     slot at once on the NCCL stream (a prefetch), after an event recorded on the compute stream says the work
+     reading that slot's previous block is done. No host synchronisation inside a step.
+   In every mode the fp32 values the model reads in fp32 (the time path, head.modulation, each block's modulation
+   and norm3) are kept whole in one fp32 array (refreshed from the held masters by a zero-padded all-reduce).
+   Device bytes: model_layout_state_bytes (model/layout.h) for the mode, exactly (shard_gpu_bytes). */
+typedef struct shard_gpu shard_gpu;
+
+/* A sharded state (layout->mode not none, shard_layout_units of the host's layout) for `net`, created with
+   gpu_model_create_without_params; sets net's parameters. `sync` made with shard_collectives (its NCCL stream is the
+   communication stream; without NCCL, one rank: a stream of its own and no collectives). `compute` is the stream the
+   model runs on. Masters and moments start at zero. */
+shard_gpu *shard_gpu_create(const model *host, const shard_layout *layout, gpu_model *net, gradsync *sync,
+                            cudaStream_t compute);
+void shard_gpu_free(shard_gpu *sh);
+
+/* The device bytes it allocated, by the state formula's parts (model_layout_state_bytes's). */
+layout_state_bytes shard_gpu_bytes(const shard_gpu *sh);
+
+/* The device fp32 values of `group` (weights = master, moments) for the held values [first, first + count) (inside
+   one unit, all held by this rank: fatal otherwise). BACKEND_EMA is not kept here (fatal). */
+float *shard_gpu_range(const shard_gpu *sh, backend_group group, int64_t first, int64_t count);
+
+/* Collective, after the masters are set: the bf16 copies and fp32 reads made from them (gathered); waits. */
+void shard_gpu_start(shard_gpu *sh);
+
+/* A step (backend.h's order; every function on every rank):
+   begin_step: the step's gradients start at zero; `rounds` micro-batches on the rank with the most;
+   before_micro_batch: before each micro-batch's forward_backward (gradients, full: installs the reduce-scatter
+     hook, the embeddings' and head's gradients zeroed once their last reduce-scatter is done); optimizer: nothing;
+   sum_gradients: gradients, full: the missing rounds replayed, then the compute stream waits for the sums;
+   finish_step: the global norm from the held gradients (all-reduced), clip, AdamW on the held values when `update`
+     (decay per parameter as optim_param_decays), then the bf16 copies and fp32 reads refreshed and gathered. All is
+     queued on the compute stream (norm into *grad_norm, a device double); the caller synchronises it. */
+void shard_gpu_begin_step(shard_gpu *sh, int rounds);
+void shard_gpu_before_micro_batch(shard_gpu *sh);
+void shard_gpu_sum_gradients(shard_gpu *sh);
+void shard_gpu_finish_step(shard_gpu *sh, const adamw_step *hyper, double weight_decay, double grad_clip, int update,
+                           double *sumsq, double *grad_norm, float *clip_scale, void *sumsq_workspace);
+
+/* optimizer: the whole fp32 gradient array (n values, flat order) the bucketed all-reduce sums; NULL elsewhere. */
+float *shard_gpu_whole_grads(const shard_gpu *sh);
+
+#endif
