@@ -16,6 +16,7 @@
 #include "cuda/gradsync.h"
 #include "cuda/kernels_misc.h"
 #include "cuda/model_gpu.h"
+#include "cuda/shard_gpu.h"
 #ifdef HAVE_CUDNN
 #include "cuda/attention_cudnn.h"
 #endif
@@ -33,7 +34,7 @@ typedef struct {
     char description[160];        /* gpu_describe() of that GPU */
     int ranks_per_gpu;            /* ranks of this node on that GPU (they share its memory evenly) */
     double free_bytes;            /* free device memory per rank when planned, smallest over ranks */
-    double state_bytes;           /* fp32 master weights, bf16 copies, fp32 gradients, fp32 AdamW m and v (and EMA) */
+    double state_bytes;           /* the training state in [train] shard's mode (model_layout_state_bytes) */
     double reserve_bytes;         /* kept for cuBLASLt, lazily loaded kernels and NCCL's buffers */
     double mem_budget;            /* activation bytes per rank the balancer plans with (its cost model's bytes) */
     int budget_measured;          /* 1: derived from free memory less [balance] mem_margin; 0: [balance] mem_budget */
@@ -57,10 +58,11 @@ typedef struct {
     gradsync *sync;
     gpu_model *net;
     gpu_model_buffers buffers;
-    float *adam_m, *adam_v;       /* device, n_weights each */
-    float *ema;                   /* device, as the moments: the master's EMA ([train] ema_decay; else NULL) */
+    float *adam_m, *adam_v;       /* device, n_weights each (mode none) */
+    float *ema;                   /* device, as the moments: the master's EMA ([train] ema_decay; else NULL; mode none) */
     int ema_set;                  /* set_range gave the EMA (else start copies the master) */
     shard_layout layout;          /* the values of each state array this rank holds (shard.h's units) */
+    shard_gpu *shard;             /* [train] shard = optimizer, gradients, full: the state (NULL in mode none) */
     double *sumsq, *grad_norm;    /* device scalars */
     float *clip_scale;            /* device: the clip factor AdamW reads */
     void *sumsq_workspace;
@@ -183,20 +185,25 @@ static void select_device(const comm_info *info, gpu_plan *plan)
 
 /* Collective, after select_device: the budget and capacity, the same on every rank. Returns 0 or
    ALDIT_EXIT_USAGE (rank 0 printed why). */
+static int choose_shard(const deck *config, const comm_info *info, const cost_model *cm, const model *table,
+                        const balance_sample *samples, int64_t n_samples, double usable, double reserve,
+                        backend_plan *out);
+
 static int plan_memory(const deck *config, const comm_info *info, const cost_model *cm, const model *table,
-                       const balance_sample *samples, int64_t n_samples, gpu_plan *plan)
+                       const balance_sample *samples, int64_t n_samples, gpu_plan *plan, backend_plan *out)
 {
     const double gib = 1024.0 * 1024.0 * 1024.0;
     size_t free_bytes = 0, total_bytes = 0;
     gpu_memory_info(&free_bytes, &total_bytes);
     plan->free_bytes = (double)free_bytes / plan->ranks_per_gpu;
     comm_allreduce_min_f64(&plan->free_bytes, 1);
-    plan->state_bytes = (double)table->n_weights * (2.0 * sizeof(float) + sizeof(gpu_bf16) + 2.0 * sizeof(float) +
-                                                    (config->train.ema_decay > 0.0 ? sizeof(float) : 0.0));
     plan->reserve_bytes = RUNTIME_RESERVE_BYTES;
     plan->budget_measured = config->balance.mem_budget <= 0.0;
     const double usable = plan->budget_measured ? plan->free_bytes * (1.0 - config->balance.mem_margin)
                                                 : plan->free_bytes;
+    if (choose_shard(config, info, cm, table, samples, n_samples, usable, plan->reserve_bytes, out) != 0)
+        return ALDIT_EXIT_USAGE;
+    plan->state_bytes = layout_state_total(&out->state);
     const double available = usable - plan->state_bytes - plan->reserve_bytes;
     if (plan->budget_measured) {
         /* the largest budget whose GPU model fits: the workspace grows with the budget, so bisect */
@@ -292,19 +299,68 @@ static void describe(const deck *config, const gpu_plan *gpu, const char *gradie
     out->fills_memory = 1;
 }
 
-/* [train] shard on the GPU: every rank holds the whole state (none). The sharded modes run on the CPU backend so
-   far; asking for one here is an error (ALDIT_EXIT_USAGE, rank 0 says why). */
-static int resolve_shard(const deck *config, const comm_info *info, const model *table, backend_plan *plan)
+/* The sharded modes' collectives need NCCL with more than one rank (gradsync.h). */
+static int sharding_available(const comm_info *info)
 {
-    if (config->train.shard != SHARD_AUTO && config->train.shard != SHARD_NONE) {
+#ifdef HAVE_NCCL
+    (void)info;
+    return 1;
+#else
+    return info->n_ranks == 1;
+#endif
+}
+
+/* [train] shard on the GPU, before any memory is measured: a sharded mode needs NCCL over more than one rank
+   (ALDIT_EXIT_USAGE, rank 0 says why). */
+static int resolve_shard(const deck *config, const comm_info *info, backend_plan *plan)
+{
+    if (config->train.shard != SHARD_AUTO && config->train.shard != SHARD_NONE && !sharding_available(info)) {
         if (info->rank == 0)
-            fprintf(stderr, "aldit: error: [train] shard = %s is not available on the CUDA backend yet (the CPU backend "
-                    "has every mode); set train.shard = none or auto\n", shard_mode_name(config->train.shard));
+            fprintf(stderr, "aldit: error: [train] shard = %s over %d GPU ranks needs NCCL, and this build of aldit has "
+                    "none (configure --with-nccl); set train.shard = none\n", shard_mode_name(config->train.shard),
+                    info->n_ranks);
         return ALDIT_EXIT_USAGE;
     }
-    plan->shard = SHARD_NONE;
-    plan->state = model_layout_state_bytes(&table->layout, LAYOUT_BACKEND_GPU, plan->shard, info->n_ranks,
-                                           config->train.ema_decay > 0.0);
+    plan->shard = config->train.shard;
+    return 0;
+}
+
+/* The activation budget below which training is of no use: the largest sample the store has, alone (or [balance]
+   mem_budget where the deck sets one). */
+static double least_useful_budget(const deck *config, const cost_model *cm, const balance_sample *samples,
+                                  int64_t n_samples)
+{
+    if (config->balance.mem_budget > 0.0) return config->balance.mem_budget;
+    double largest = 0.0;
+    for (int64_t i = 0; i < n_samples; i++)
+        largest = fmax(largest, cost_model_mem(cm, samples[i].tokens, samples[i].text_len));
+    return largest;
+}
+
+/* out->shard and out->state: [train] shard, or for auto the least sharding whose state leaves the GPU model room for
+   the least useful budget in `usable` bytes less `reserve` (the most sharding where none does: plan_memory then says
+   what does not fit). The same on every rank (usable is). */
+static int choose_shard(const deck *config, const comm_info *info, const cost_model *cm, const model *table,
+                        const balance_sample *samples, int64_t n_samples, double usable, double reserve,
+                        backend_plan *out)
+{
+    if (resolve_shard(config, info, out) != 0) return ALDIT_EXIT_USAGE;
+    if (out->shard == SHARD_AUTO) {
+        const double least = least_useful_budget(config, cm, samples, n_samples);
+        const deck_shard most = sharding_available(info) ? SHARD_FULL : SHARD_NONE;
+        out->shard = most;
+        for (deck_shard mode = SHARD_NONE; mode < most; mode++) {
+            layout_state_bytes bytes = model_layout_state_bytes(&table->layout, LAYOUT_BACKEND_GPU, mode, info->n_ranks,
+                                                                config->train.ema_decay > 0.0);
+            const double available = usable - layout_state_total(&bytes) - reserve;
+            if (available > least && budget_fits(config, cm, table, samples, n_samples, least, available)) {
+                out->shard = mode;
+                break;
+            }
+        }
+    }
+    out->state = model_layout_state_bytes(&table->layout, LAYOUT_BACKEND_GPU, out->shard, info->n_ranks,
+                                          config->train.ema_decay > 0.0);
     return 0;
 }
 
@@ -313,12 +369,12 @@ int backend_cuda_plan(const deck *config, const comm_info *info, const model *ta
 {
     gpu_plan gpu;
     memset(plan, 0, sizeof *plan);
-    if (resolve_shard(config, info, table, plan) != 0) return ALDIT_EXIT_USAGE;
+    if (resolve_shard(config, info, plan) != 0) return ALDIT_EXIT_USAGE;
     select_device(info, &gpu);
     cost_model_init(&plan->memory_model, config);
     plan->has_memory_model = 1;
     use_gpu_memory(&plan->memory_model, config);
-    int status = plan_memory(config, info, &plan->memory_model, table, samples, n_samples, &gpu);
+    int status = plan_memory(config, info, &plan->memory_model, table, samples, n_samples, &gpu, plan);
     if (status == 0) describe(config, &gpu, NULL, info->n_ranks, plan);
     return status;
 }
@@ -344,9 +400,13 @@ static void make_adamw_runs(train_gpu *gpu)
    attention, and the contexts (plans, caches) of an earlier model when `contexts` is not NULL;
    *cudnn_min_tokens gets the length from which cuDNN runs self-attention (0: never). */
 static gpu_model *make_gpu_model(const deck *config, const model *table, int64_t max_tokens, int max_samples,
-                                 int64_t max_text, gpu_model_contexts *contexts, int64_t *cudnn_min_tokens)
+                                 int64_t max_text, gpu_model_contexts *contexts, int64_t *cudnn_min_tokens,
+                                 int with_params)
 {
-    gpu_model *net = gpu_model_create_with_recompute(table, max_tokens, max_samples, max_text, recompute_of(config));
+    /* without its parameters where a sharded state (shard_gpu.h) gives them */
+    gpu_model *net = with_params
+        ? gpu_model_create_with_recompute(table, max_tokens, max_samples, max_text, recompute_of(config))
+        : gpu_model_create_without_params(table, max_tokens, max_samples, max_text, recompute_of(config));
     gpu_model_set_autotune(net, config->train.autotune, config->train.autotune);
     gpu_model_give_contexts(net, contexts);
     const gpu_attention_choice attention[] = {[ATTENTION_AUTO] = GPU_ATTENTION_AUTO,
@@ -365,38 +425,42 @@ backend *backend_cuda_create(const deck *config, const comm_info *info, model *h
     train_gpu *gpu = xcalloc(1, sizeof *gpu);
     gpu->rank = info->rank;
     gpu->n_ranks = info->n_ranks;
-    if (resolve_shard(config, info, host, &gpu->summary) != 0) {
+    if (resolve_shard(config, info, &gpu->summary) != 0) {
         free(gpu);
         return NULL;
     }
     gpu->config = config;
     gpu->host = host;
-    gpu->layout = shard_layout_units(gpu->summary.shard, &host->layout, info->rank, info->n_ranks);
     select_device(info, &gpu->plan);
-    gpu->sync = gradsync_create(info, host->n_weights, 0);
     cost_model_init(&gpu->cm, config);
     use_gpu_memory(&gpu->cm, config);
-    if (plan_memory(config, info, &gpu->cm, host, samples, n_samples, &gpu->plan) != 0) {
-        gradsync_free(gpu->sync);
+    if (plan_memory(config, info, &gpu->cm, host, samples, n_samples, &gpu->plan, &gpu->summary) != 0) {
         cost_model_free(&gpu->cm);
         free(gpu);
         return NULL;
     }
+    const int sharded = gpu->summary.shard != SHARD_NONE;
+    gpu->layout = shard_layout_units(gpu->summary.shard, &host->layout, info->rank, info->n_ranks);
+    gpu->sync = gradsync_create(info, host->n_weights, sharded);
+    CUDA_CHECK(cudaStreamCreate(&gpu->stream));
     gpu->net = make_gpu_model(config, host, gpu->plan.max_tokens, gpu->plan.max_samples, gpu->plan.max_text, NULL,
-                              &gpu->plan.cudnn_min_tokens);
+                              &gpu->plan.cudnn_min_tokens, !sharded);
     gpu->buffers = gpu_model_get_buffers(gpu->net);
-    const size_t n_bytes = (size_t)host->n_weights * sizeof(float);
-    CUDA_CHECK(cudaMalloc((void **)&gpu->adam_m, n_bytes));
-    CUDA_CHECK(cudaMalloc((void **)&gpu->adam_v, n_bytes));
-    CUDA_CHECK(cudaMemset(gpu->adam_m, 0, n_bytes));
-    CUDA_CHECK(cudaMemset(gpu->adam_v, 0, n_bytes));
-    if (config->train.ema_decay > 0.0) CUDA_CHECK(cudaMalloc((void **)&gpu->ema, n_bytes));
+    if (sharded)
+        gpu->shard = shard_gpu_create(host, &gpu->layout, gpu->net, gpu->sync, gpu->stream, config->train.ema_decay > 0.0);
+    else {
+        const size_t n_bytes = (size_t)host->n_weights * sizeof(float);
+        CUDA_CHECK(cudaMalloc((void **)&gpu->adam_m, n_bytes));
+        CUDA_CHECK(cudaMalloc((void **)&gpu->adam_v, n_bytes));
+        CUDA_CHECK(cudaMemset(gpu->adam_m, 0, n_bytes));
+        CUDA_CHECK(cudaMemset(gpu->adam_v, 0, n_bytes));
+        if (config->train.ema_decay > 0.0) CUDA_CHECK(cudaMalloc((void **)&gpu->ema, n_bytes));
+    }
     CUDA_CHECK(cudaMalloc((void **)&gpu->sumsq, 2 * sizeof(double)));
     gpu->grad_norm = gpu->sumsq + 1;
     CUDA_CHECK(cudaMalloc((void **)&gpu->clip_scale, sizeof(float)));
     CUDA_CHECK(cudaMalloc(&gpu->sumsq_workspace, fused_sumsq_workspace_bytes()));
     CUDA_CHECK(cudaMallocHost((void **)&gpu->grad_norm_host, sizeof(double)));
-    CUDA_CHECK(cudaStreamCreate(&gpu->stream));
     CUDA_CHECK(cudaEventCreate(&gpu->optimizer_started));
     CUDA_CHECK(cudaEventCreate(&gpu->optimizer_done));
     make_adamw_runs(gpu);
@@ -415,6 +479,7 @@ static void cuda_free(backend *b)
     if (!b) return;
     train_gpu *gpu = b->state;
     CUDA_CHECK(cudaStreamSynchronize(gpu->stream));
+    shard_gpu_free(gpu->shard);
     gpu_model_free(gpu->net);
     CUDA_CHECK(cudaFree(gpu->adam_m));
     CUDA_CHECK(cudaFree(gpu->adam_v));
@@ -444,19 +509,20 @@ static const char *cuda_device_key(const backend *b, int *ranks_per_device)
 
 static const shard_layout *cuda_layout(const backend *b) { return &((const train_gpu *)b->state)->layout; }
 
-/* The device array of `group`, checked to hold values [first, first + count). */
+/* Where value `first` of `group` is on the device, checked to hold values [first, first + count). */
 static float *state_array(const train_gpu *gpu, backend_group group, int64_t first, int64_t count)
 {
+    if (gpu->shard) return shard_gpu_range(gpu->shard, group, first, count);
     int64_t own_first, own_count;
     shard_owned(&gpu->layout, gpu->rank, first, count, &own_first, &own_count);
     ALDIT_CHECK(own_first == first && own_count == count, "cuda backend: values [%lld, %lld) are not all this rank's",
                 (long long)first, (long long)(first + count));
     switch (group) {
-    case BACKEND_WEIGHTS: return gpu->buffers.master;
-    case BACKEND_ADAM_M: return gpu->adam_m;
-    case BACKEND_ADAM_V: return gpu->adam_v;
+    case BACKEND_WEIGHTS: return gpu->buffers.master + first;
+    case BACKEND_ADAM_M: return gpu->adam_m + first;
+    case BACKEND_ADAM_V: return gpu->adam_v + first;
     case BACKEND_EMA:
-        if (gpu->ema) return gpu->ema;
+        if (gpu->ema) return gpu->ema + first;
         ALDIT_FATAL("cuda backend: this run keeps no EMA ([train] ema_decay = off)");
     default: ALDIT_FATAL("cuda backend: this run keeps no state group %d", (int)group);
     }
@@ -466,7 +532,7 @@ static void cuda_set_range(backend *b, backend_group group, int64_t first, int64
 {
     train_gpu *gpu = b->state;
     float *array = state_array(gpu, group, first, count);
-    CUDA_CHECK(cudaMemcpy(array + first, values, (size_t)count * sizeof(float), cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(array, values, (size_t)count * sizeof(float), cudaMemcpyHostToDevice));
     if (group == BACKEND_EMA) gpu->ema_set = 1;
 }
 
@@ -475,18 +541,21 @@ static void cuda_get_range(const backend *b, backend_group group, int64_t first,
     const train_gpu *gpu = b->state;
     const float *array = state_array(gpu, group, first, count);
     CUDA_CHECK(cudaStreamSynchronize(gpu->stream));
-    CUDA_CHECK(cudaMemcpy(values, array + first, (size_t)count * sizeof(float), cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(values, array, (size_t)count * sizeof(float), cudaMemcpyDeviceToHost));
 }
 
 /* The masters are set: an EMA not set starts as them, the bf16 copies follow, and the ranks connect. */
 static void cuda_start(backend *b)
 {
     train_gpu *gpu = b->state;
-    if (gpu->ema && !gpu->ema_set)
-        CUDA_CHECK(cudaMemcpyAsync(gpu->ema, gpu->buffers.master, (size_t)gpu->host->n_weights * sizeof(float),
-                                   cudaMemcpyDeviceToDevice, gpu->stream));
-    gpu_model_refresh_working(gpu->net, gpu->stream);
-    CUDA_CHECK(cudaStreamSynchronize(gpu->stream));
+    if (gpu->shard) shard_gpu_start(gpu->shard, gpu->ema_set);
+    else {
+        if (gpu->ema && !gpu->ema_set)
+            CUDA_CHECK(cudaMemcpyAsync(gpu->ema, gpu->buffers.master, (size_t)gpu->host->n_weights * sizeof(float),
+                                       cudaMemcpyDeviceToDevice, gpu->stream));
+        gpu_model_refresh_working(gpu->net, gpu->stream);
+        CUDA_CHECK(cudaStreamSynchronize(gpu->stream));
+    }
     gradsync_connect(gpu->sync, gpu->host->n_weights);
 }
 
@@ -494,10 +563,13 @@ static void cuda_start(backend *b)
 
 static void cuda_begin_step(backend *b, int rounds)
 {
-    (void)rounds; /* the all-reduce runs once a step, as the last micro-batch's backward finishes */
     train_gpu *gpu = b->state;
-    gpu_model_zero_grads(gpu->net, gpu->stream);
-    gradsync_begin(gpu->sync, gpu->buffers.grads, gpu->buffers.n_weights, gpu->config->train.allreduce_bucket);
+    /* none, optimizer: the all-reduce runs once a step, as the last micro-batch's backward finishes; gradients,
+       full: a reduce-scatter per micro-batch, `rounds` of them on every rank (shard_gpu.h) */
+    if (gpu->shard) shard_gpu_begin_step(gpu->shard, rounds);
+    else gpu_model_zero_grads(gpu->net, gpu->stream);
+    float *grads = gpu->shard ? shard_gpu_whole_grads(gpu->shard) : gpu->buffers.grads;
+    if (grads) gradsync_begin(gpu->sync, grads, gpu->host->n_weights, gpu->config->train.allreduce_bucket);
     gpu->grads_reported = 0;
     gpu->step_mem_estimate = 0.0;
     gpu->step_tokens = gpu->step_text = 0;
@@ -547,6 +619,9 @@ static double cuda_micro_batch(backend *b, const model_batch *batch, float grad_
         gpu->step_text = text;
         gpu->step_samples = batch->n_samples;
     }
+    if (gpu->shard) shard_gpu_before_micro_batch(gpu->shard);
+    if (gpu->shard && !shard_gpu_whole_grads(gpu->shard)) /* gradients, full: reduce-scattered by the shard's hook */
+        return gpu_model_forward_backward(gpu->net, batch, grad_scale, NULL, gpu->stream);
     if (!last) return gpu_model_forward_backward(gpu->net, batch, grad_scale, NULL, gpu->stream);
     gpu_model_set_grads_ready(gpu->net, gradient_range_ready, gpu);
     double loss_sum = gpu_model_forward_backward(gpu->net, batch, grad_scale, NULL, gpu->stream);
@@ -567,6 +642,10 @@ static double cuda_eval_batch(backend *b, const model_batch *batch, double *samp
 static void cuda_sum_gradients(backend *b)
 {
     train_gpu *gpu = b->state;
+    if (gpu->shard && !shard_gpu_whole_grads(gpu->shard)) {
+        shard_gpu_sum_gradients(gpu->shard);
+        return;
+    }
     if (!gpu->grads_reported) { /* no micro-batch here this step: the same bucket calls as the other ranks */
         gpu_model_set_grads_ready(gpu->net, gradient_range_ready, gpu);
         gpu_model_grads_ready_all(gpu->net, gpu->stream);
@@ -581,10 +660,16 @@ static void cuda_finish_step(backend *b, const adamw_step *hyper, int update, ba
     const deck *config = gpu->config;
     const gpu_model_buffers *buffers = &gpu->buffers;
     CUDA_CHECK(cudaEventRecord(gpu->optimizer_started, gpu->stream));
-    fused_sumsq(buffers->grads, buffers->n_weights, gpu->sumsq, gpu->sumsq_workspace, gpu->stream);
-    /* the gradients already carry 1 / global samples (grad_scale of the micro-batches), as on the CPU */
-    fused_clip_scale(gpu->sumsq, 1.0, config->train.grad_clip, gpu->clip_scale, gpu->grad_norm, gpu->stream);
-    if (update) {
+    if (gpu->shard)
+        shard_gpu_finish_step(gpu->shard, hyper, config->train.weight_decay, config->train.grad_clip, update,
+                              optim_ema_decay(config, hyper->step), gpu->sumsq, gpu->grad_norm, gpu->clip_scale,
+                              gpu->sumsq_workspace);
+    else {
+        fused_sumsq(buffers->grads, buffers->n_weights, gpu->sumsq, gpu->sumsq_workspace, gpu->stream);
+        /* the gradients already carry 1 / global samples (grad_scale of the micro-batches), as on the CPU */
+        fused_clip_scale(gpu->sumsq, 1.0, config->train.grad_clip, gpu->clip_scale, gpu->grad_norm, gpu->stream);
+    }
+    if (update && !gpu->shard) {
         for (int r = 0; r < gpu->n_runs; r++) {
             const adamw_run *run = &gpu->runs[r];
             fused_adamw(hyper, run->decays ? config->train.weight_decay : 0.0, buffers->master + run->offset,
@@ -718,7 +803,8 @@ static gpu_model *swap_in_small_model(train_gpu *gpu, int layers, calibration_si
     gpu_model_free(gpu->net);
     gpu->net = NULL;
     int64_t cudnn_min_tokens = 0;
-    gpu_model *net = make_gpu_model(small, table, most.tokens, most.samples, most.text, contexts, &cudnn_min_tokens);
+    gpu_model *net = make_gpu_model(small, table, most.tokens, most.samples, most.text, contexts, &cudnn_min_tokens,
+                                    1);
     free(small);
     return net;
 }
@@ -730,8 +816,9 @@ static void swap_out_small_model(train_gpu *gpu, gpu_model *net, model *table)
     gpu_model_free(net);
     model_free(table);
     gpu->net = make_gpu_model(gpu->config, gpu->host, gpu->plan.max_tokens, gpu->plan.max_samples, gpu->plan.max_text,
-                              contexts, &gpu->plan.cudnn_min_tokens);
+                              contexts, &gpu->plan.cudnn_min_tokens, gpu->shard == NULL);
     gpu->buffers = gpu_model_get_buffers(gpu->net);
+    if (gpu->shard) shard_gpu_set_model(gpu->shard, gpu->net);
 }
 
 static double cuda_time_shapes(backend *b, int layers, const backend_shape *shapes, int n_shapes, const int *copies,

@@ -38,7 +38,7 @@ struct shard_gpu {
     int own_comm;            /* comm is a stream of our own (no NCCL stream) */
     gpu_model *net;
     /* held, fp32 [s] */
-    float *master, *adam_m, *adam_v, *summed;
+    float *master, *adam_m, *adam_v, *summed, *ema; /* ema: NULL where [train] ema_decay is off */
     /* bf16 weights kept whole (units back to back, R c each) */
     gpu_bf16 *whole;
     int64_t whole_values;
@@ -325,7 +325,7 @@ static void set_model_params(shard_gpu *sh)
 /* ---- creation ----------------------------------------------------------------------------------------------- */
 
 shard_gpu *shard_gpu_create(const model *host, const shard_layout *layout, gpu_model *net, gradsync *sync,
-                            cudaStream_t compute)
+                            cudaStream_t compute, int ema)
 {
     ALDIT_CHECK(layout->mode != SHARD_NONE && layout->mode != SHARD_AUTO && layout->n_values == host->n_weights &&
                 layout->n_blocks == host->num_layers, "cuda backend: a sharded state needs a resolved unit layout");
@@ -352,6 +352,7 @@ shard_gpu *shard_gpu_create(const model *host, const shard_layout *layout, gpu_m
     sh->master = device_zeros(s * f);
     sh->adam_m = device_zeros(s * f);
     sh->adam_v = device_zeros(s * f);
+    if (ema) sh->ema = device_zeros(s * f);
     sh->whole = device_zeros(sh->whole_values * (int64_t)sizeof(gpu_bf16));
     const int64_t block_values = sh->num_layers > 0 ? sh->n_ranks * sh->units[1].piece : 0;
     sh->slot_block[0] = sh->slot_block[1] = sh->asked_last = -1;
@@ -385,6 +386,7 @@ void shard_gpu_free(shard_gpu *sh)
     void *buffers[] = {sh->master, sh->adam_m, sh->adam_v, sh->summed, sh->whole, sh->slot[0], sh->slot[1],
                        sh->whole_grads, sh->outside_grads, sh->staging[0], sh->staging[1], sh->fp32_reads};
     for (size_t i = 0; i < sizeof buffers / sizeof buffers[0]; i++) CUDA_CHECK(cudaFree(buffers[i]));
+    CUDA_CHECK(cudaFree(sh->ema));
     cudaEvent_t events[] = {sh->slot_free[0], sh->slot_free[1], sh->slot_ready[0], sh->slot_ready[1],
                             sh->staging_filled[0], sh->staging_filled[1], sh->staging_reduced[0],
                             sh->staging_reduced[1], sh->outside_filled, sh->outside_reduced, sh->compute_ready,
@@ -405,6 +407,7 @@ layout_state_bytes shard_gpu_bytes(const shard_gpu *sh)
     const double block_values = sh->num_layers > 0 ? (double)sh->n_ranks * (double)sh->units[1].piece : 0.0;
     layout_state_bytes bytes = {.weights = h * (double)sh->whole_values, .master = f * (s + (double)sh->fp32_values),
                                 .moments = 2.0 * f * s};
+    if (sh->ema) bytes.ema = f * s;
     if (sh->mode == SHARD_FULL) bytes.gathered = 2.0 * h * block_values;
     if (sharded_grads(sh)) bytes.gradients = f * ((double)sh->outside_values + 2.0 * block_values + s);
     else bytes.gradients = f * (double)sh->host->n_weights;
@@ -421,11 +424,20 @@ float *shard_gpu_range(const shard_gpu *sh, backend_group group, int64_t first, 
     case BACKEND_WEIGHTS: return sh->master + at;
     case BACKEND_ADAM_M: return sh->adam_m + at;
     case BACKEND_ADAM_V: return sh->adam_v + at;
+    case BACKEND_EMA:
+        if (sh->ema) return sh->ema + at;
+        ALDIT_FATAL("cuda backend: this run keeps no EMA ([train] ema_decay = off)");
     default: ALDIT_FATAL("cuda backend: the sharded state keeps no state group %d", (int)group);
     }
 }
 
 float *shard_gpu_whole_grads(const shard_gpu *sh) { return sh->whole_grads; }
+
+void shard_gpu_set_model(shard_gpu *sh, gpu_model *net)
+{
+    sh->net = net;
+    set_model_params(sh);
+}
 
 /* ---- the weights the model computes with, from the held masters -------------------------------------------------- */
 
@@ -462,9 +474,11 @@ static void publish_weights(shard_gpu *sh)
     sh->slot_block[0] = sh->slot_block[1] = sh->asked_last = -1;
 }
 
-void shard_gpu_start(shard_gpu *sh)
+void shard_gpu_start(shard_gpu *sh, int ema_set)
 {
     CUDA_CHECK(cudaDeviceSynchronize()); /* the set_range copies */
+    if (sh->ema && !ema_set)
+        CUDA_CHECK(cudaMemcpy(sh->ema, sh->master, (size_t)sh->held * sizeof(float), cudaMemcpyDeviceToDevice));
     publish_weights(sh);
     CUDA_CHECK(cudaStreamSynchronize(sh->compute));
 }
@@ -506,7 +520,8 @@ void shard_gpu_sum_gradients(shard_gpu *sh)
 }
 
 void shard_gpu_finish_step(shard_gpu *sh, const adamw_step *hyper, double weight_decay, double grad_clip, int update,
-                           double *sumsq, double *grad_norm, float *clip_scale, void *sumsq_workspace)
+                           double ema_decay, double *sumsq, double *grad_norm, float *clip_scale,
+                           void *sumsq_workspace)
 {
     if (sharded_grads(sh)) { /* this rank's pieces (zero past its values), summed over the ranks */
         fused_sumsq(sh->summed, sh->held, sumsq, sumsq_workspace, sh->compute);
@@ -525,5 +540,7 @@ void shard_gpu_finish_step(shard_gpu *sh, const adamw_step *hyper, double weight
         fused_adamw(hyper, run->decays ? weight_decay : 0.0, sh->master + run->held, NULL, grads, sh->adam_m + run->held,
                     sh->adam_v + run->held, run->count, 1.0f, clip_scale, sh->compute);
     }
+    /* queued behind AdamW; a non-finite clip scale (AdamW skipped on the device) skips it too */
+    if (sh->ema) misc_ema_update(sh->ema, sh->master, sh->held, ema_decay, clip_scale, sh->compute);
     publish_weights(sh);
 }

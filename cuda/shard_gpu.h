@@ -38,20 +38,24 @@ typedef struct shard_gpu shard_gpu;
 /* A sharded state (layout->mode not none, shard_layout_units of the host's layout) for `net`, created with
    gpu_model_create_without_params; sets net's parameters. `sync` made with shard_collectives (its NCCL stream is the
    communication stream; without NCCL, one rank: a stream of its own and no collectives). `compute` is the stream the
-   model runs on. Masters and moments start at zero. */
+   model runs on. Masters and moments start at zero. `ema`: the master's EMA ([train] ema_decay) is kept as well, held
+   as the master is. */
 shard_gpu *shard_gpu_create(const model *host, const shard_layout *layout, gpu_model *net, gradsync *sync,
-                            cudaStream_t compute);
+                            cudaStream_t compute, int ema);
 void shard_gpu_free(shard_gpu *sh);
+/* `net` (made again, as backend_cuda_create made the one it replaces) takes the parameters. */
+void shard_gpu_set_model(shard_gpu *sh, gpu_model *net);
 
 /* The device bytes it allocated, by the state formula's parts (model_layout_state_bytes's). */
 layout_state_bytes shard_gpu_bytes(const shard_gpu *sh);
 
 /* The device fp32 values of `group` (weights = master, moments) for the held values [first, first + count) (inside
-   one unit, all held by this rank: fatal otherwise). BACKEND_EMA is not kept here (fatal). */
+   one unit, all held by this rank: fatal otherwise). BACKEND_EMA: fatal where it is not kept. */
 float *shard_gpu_range(const shard_gpu *sh, backend_group group, int64_t first, int64_t count);
 
-/* Collective, after the masters are set: the bf16 copies and fp32 reads made from them (gathered); waits. */
-void shard_gpu_start(shard_gpu *sh);
+/* Collective, after the masters are set: the bf16 copies and fp32 reads made from them (gathered), the EMA from them
+   unless ema_set (set_range gave it); waits. */
+void shard_gpu_start(shard_gpu *sh, int ema_set);
 
 /* A step (backend.h's order; every function on every rank):
    begin_step: the step's gradients start at zero; `rounds` micro-batches on the rank with the most;
@@ -59,13 +63,15 @@ void shard_gpu_start(shard_gpu *sh);
      hook, the embeddings' and head's gradients zeroed once their last reduce-scatter is done); optimizer: nothing;
    sum_gradients: gradients, full: the missing rounds replayed, then the compute stream waits for the sums;
    finish_step: the global norm from the held gradients (all-reduced), clip, AdamW on the held values when `update`
-     (decay per parameter as optim_param_decays), then the bf16 copies and fp32 reads refreshed and gathered. All is
+     (decay per parameter as optim_param_decays) and the EMA's update (ema_decay, where kept), then the bf16 copies and
+     fp32 reads refreshed and gathered. All is
      queued on the compute stream (norm into *grad_norm, a device double); the caller synchronises it. */
 void shard_gpu_begin_step(shard_gpu *sh, int rounds);
 void shard_gpu_before_micro_batch(shard_gpu *sh);
 void shard_gpu_sum_gradients(shard_gpu *sh);
 void shard_gpu_finish_step(shard_gpu *sh, const adamw_step *hyper, double weight_decay, double grad_clip, int update,
-                           double *sumsq, double *grad_norm, float *clip_scale, void *sumsq_workspace);
+                           double ema_decay, double *sumsq, double *grad_norm, float *clip_scale,
+                           void *sumsq_workspace);
 
 /* optimizer: the whole fp32 gradient array (n values, flat order) the bucketed all-reduce sums; NULL elsewhere. */
 float *shard_gpu_whole_grads(const shard_gpu *sh);
