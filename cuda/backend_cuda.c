@@ -861,3 +861,17 @@ static const backend_ops cuda_ops = {
     .time_shapes = cuda_time_shapes,
     .device_key = cuda_device_key,
 };
+
+layout_state_bytes backend_cuda_state_bytes(const backend *b)
+{
+    const train_gpu *gpu = b->state;
+    if (gpu->shard) return shard_gpu_bytes(gpu->shard);
+    const double n = (double)gpu->host->n_weights;
+    /* the model's own buffers (gpu_model_device_bytes less its workspace) and the moments */
+    const double model_bytes = (double)gpu_model_device_bytes(gpu->net) - (double)gpu->plan.workspace_bytes;
+    layout_state_bytes bytes = {.weights = n * sizeof(gpu_bf16), .gradients = n * sizeof(float),
+                                .master = model_bytes - n * (sizeof(gpu_bf16) + sizeof(float)),
+                                .moments = (gpu->adam_m ? n * sizeof(float) : 0.0) + (gpu->adam_v ? n * sizeof(float) : 0.0),
+                                .ema = gpu->ema ? n * sizeof(float) : 0.0};
+    return bytes;
+}

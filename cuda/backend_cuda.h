@@ -1,4 +1,4 @@
-/* backend_cuda.h — the CUDA backend (one GPU per rank: bf16 GPU model, fp32 master weights and AdamW moments, gradients summed by gradsync): backend.h's interface. Built only with CUDA. */
+/* backend_cuda.h — the CUDA backend (one GPU per rank: bf16 GPU model, fp32 master weights and AdamW moments, gradients summed by gradsync, or that state sharded by [train] shard through cuda/shard_gpu.h): backend.h's interface. Built only with CUDA. */
 #ifndef ALDIT_BACKEND_CUDA_H
 #define ALDIT_BACKEND_CUDA_H
 
@@ -7,7 +7,8 @@
 /* backend_plan_fn of the GPU: selects this rank's GPU (node-local rank mod the GPUs visible) and plans its memory
    as backend_cuda_create would, allocating nothing. The budget is [balance] mem_budget, or the largest whose GPU
    model (at the capacity the balancer can form under it) fits the free memory per rank less [balance] mem_margin,
-   the state (fp32 master weights, bf16 copies, fp32 gradients, fp32 AdamW m and v) and a reserve for the CUDA
+   the state in [train] shard's mode (model_layout_state_bytes; auto: the least sharding whose state leaves room
+   for the largest sample alone; a sharded mode over more than one rank needs NCCL) and a reserve for the CUDA
    libraries and NCCL's buffers. The plan's memory model is the GPU model's own activation bytes per sample, token
    and text token for [train] recompute. Returns 0, or ALDIT_EXIT_USAGE after rank 0 printed why it does not fit. */
 int backend_cuda_plan(const deck *config, const comm_info *info, const model *table, const balance_sample *samples,
@@ -19,5 +20,9 @@ int backend_cuda_plan(const deck *config, const comm_info *info, const model *ta
    its weights are not used. Its start-up calibration times packed micro-batches on the GPU. */
 backend *backend_cuda_create(const deck *config, const comm_info *info, model *net, const balance_sample *samples,
                              int64_t n_samples);
+
+/* The training state's device bytes a backend of backend_cuda_create allocated, by the state formula's parts
+   (model_layout_state_bytes, which its plan's `state` holds): for tests that the two agree to the byte. */
+layout_state_bytes backend_cuda_state_bytes(const backend *b);
 
 #endif

@@ -17,7 +17,8 @@ typedef struct {
                                 [own_first, own_first + own_count), own_count <= c) */
     int64_t own_count;
     int64_t held_at;         /* the piece's place in the held arrays (master, moments, summed gradients) */
-    int64_t whole_at;        /* the unit's place (R c values) in the whole bf16 array; -1: not kept whole (full's blocks) */
+    int whole;               /* its bf16 weights are kept whole (R c values, an allocation of their own so that every
+                                tensor in it is as aligned as the GEMMs need); 0: full's blocks */
 } gpu_unit;
 
 /* A run of held values with one weight decay: one AdamW launch. */
@@ -39,8 +40,8 @@ struct shard_gpu {
     gpu_model *net;
     /* held, fp32 [s] */
     float *master, *adam_m, *adam_v, *summed, *ema; /* ema: NULL where [train] ema_decay is off */
-    /* bf16 weights kept whole (units back to back, R c each) */
-    gpu_bf16 *whole;
+    /* bf16 weights kept whole: whole[u] (R c values) of each unit kept whole, NULL elsewhere */
+    gpu_bf16 **whole;
     int64_t whole_values;
     /* full: two bf16 slots of one block's weights (R c_b each), the block each holds (-1: none), and the block the
        model asked for last */
@@ -50,8 +51,7 @@ struct shard_gpu {
     cudaEvent_t slot_ready[2];  /* recorded on comm after the gather into the slot */
     /* gradients: optimizer: whole fp32 [n]; gradients, full: the embeddings' and head's whole (R c each) and two
        staging slots of one block's (R c_b each) */
-    float *whole_grads, *outside_grads, *staging[2];
-    int64_t outside_values;
+    float *whole_grads, *embedding_grads, *head_grads, *staging[2];
     int staging_block[2];
     cudaEvent_t staging_filled[2];   /* recorded on compute when the block's backward is queued */
     cudaEvent_t staging_reduced[2];  /* recorded on comm after the slot's reduce-scatter and accumulation */
@@ -108,7 +108,7 @@ static void make_units(shard_gpu *sh)
     const int64_t blocks_end = layout->blocks_offset + (int64_t)sh->num_layers * layout->block_stride;
     sh->n_units = sh->num_layers + 2;
     sh->units = xcalloc((size_t)sh->n_units, sizeof *sh->units);
-    int64_t held_at = 0, whole_at = 0;
+    int64_t held_at = 0, whole_values = 0;
     for (int u = 0; u < sh->n_units; u++) {
         gpu_unit *unit = &sh->units[u];
         if (u == 0) unit->first = 0, unit->len = layout->blocks_offset;
@@ -128,14 +128,11 @@ static void make_units(shard_gpu *sh)
         unit->held_at = held_at;
         held_at += unit->piece;
         const int is_block = u >= 1 && u <= sh->num_layers;
-        if (sh->mode == SHARD_FULL && is_block) unit->whole_at = -1;
-        else {
-            unit->whole_at = whole_at;
-            whole_at += (int64_t)sh->n_ranks * unit->piece;
-        }
+        unit->whole = !(sh->mode == SHARD_FULL && is_block);
+        if (unit->whole) whole_values += (int64_t)sh->n_ranks * unit->piece;
     }
     sh->held = held_at;
-    sh->whole_values = whole_at;
+    sh->whole_values = whole_values;
     ALDIT_CHECK(sh->held == layout_shard_values(layout, LAYOUT_BACKEND_GPU, sh->n_ranks),
                 "cuda backend: %lld held values, not the state formula's %lld", (long long)sh->held,
                 (long long)layout_shard_values(layout, LAYOUT_BACKEND_GPU, sh->n_ranks));
@@ -245,7 +242,8 @@ static const gpu_bf16 *whole_block_weights(void *context, int layer, int next, c
     (void)next;
     (void)stream;
     const shard_gpu *sh = context;
-    return sh->whole + block_unit(sh, layer)->whole_at;
+    block_unit(sh, layer);
+    return sh->whole[1 + layer];
 }
 
 static float *whole_block_grads(void *context, int layer, cudaStream_t stream)
@@ -293,17 +291,17 @@ static void unit_grads_ready(void *context, int64_t first, int64_t count, cudaSt
                     index - 1);
         reduce_unit(sh, unit, sh->staging[k], sh->staging_filled[k], sh->staging_reduced[k], stream);
     } else {
-        const int64_t at = index == 0 ? 0 : sh->n_ranks * sh->units[0].piece;
-        reduce_unit(sh, unit, sh->outside_grads + at, sh->outside_filled, sh->outside_reduced, stream);
+        reduce_unit(sh, unit, index == 0 ? sh->embedding_grads : sh->head_grads, sh->outside_filled,
+                    sh->outside_reduced, stream);
     }
 }
 
 static void set_model_params(shard_gpu *sh)
 {
-    const gpu_unit *embeddings = &sh->units[0], *head = &sh->units[sh->n_units - 1];
+    const gpu_unit *head = &sh->units[sh->n_units - 1];
     gpu_model_params p = {
-        .embedding_weights = sh->whole + embeddings->whole_at,
-        .head_weights = sh->whole + head->whole_at,
+        .embedding_weights = sh->whole[0],
+        .head_weights = sh->whole[sh->n_units - 1],
         .time_weights = sh->fp32_reads + sh->fp32_ranges[0].at,
         .head_modulation = sh->fp32_reads + sh->fp32_ranges[1].at,
         .block_modulation = sh->block_modulation,
@@ -313,8 +311,8 @@ static void set_model_params(shard_gpu *sh)
         .context = sh,
     };
     if (sharded_grads(sh)) {
-        p.embedding_grads = sh->outside_grads;
-        p.head_grads = sh->outside_grads + sh->n_ranks * embeddings->piece;
+        p.embedding_grads = sh->embedding_grads;
+        p.head_grads = sh->head_grads;
     } else {
         p.embedding_grads = sh->whole_grads;
         p.head_grads = sh->whole_grads + head->first;
@@ -353,7 +351,10 @@ shard_gpu *shard_gpu_create(const model *host, const shard_layout *layout, gpu_m
     sh->adam_m = device_zeros(s * f);
     sh->adam_v = device_zeros(s * f);
     if (ema) sh->ema = device_zeros(s * f);
-    sh->whole = device_zeros(sh->whole_values * (int64_t)sizeof(gpu_bf16));
+    sh->whole = xcalloc((size_t)sh->n_units, sizeof *sh->whole);
+    for (int u = 0; u < sh->n_units; u++)
+        if (sh->units[u].whole)
+            sh->whole[u] = device_zeros(sh->n_ranks * sh->units[u].piece * (int64_t)sizeof(gpu_bf16));
     const int64_t block_values = sh->num_layers > 0 ? sh->n_ranks * sh->units[1].piece : 0;
     sh->slot_block[0] = sh->slot_block[1] = sh->asked_last = -1;
     sh->staging_block[0] = sh->staging_block[1] = -1;
@@ -366,8 +367,8 @@ shard_gpu *shard_gpu_create(const model *host, const shard_layout *layout, gpu_m
         sh->staging_reduced[k] = new_event();
     }
     if (sharded_grads(sh)) {
-        sh->outside_values = sh->n_ranks * (sh->units[0].piece + sh->units[sh->n_units - 1].piece);
-        sh->outside_grads = device_zeros(sh->outside_values * f);
+        sh->embedding_grads = device_zeros(sh->n_ranks * sh->units[0].piece * f);
+        sh->head_grads = device_zeros(sh->n_ranks * sh->units[sh->n_units - 1].piece * f);
         sh->summed = device_zeros(s * f);
     } else sh->whole_grads = device_zeros(host->n_weights * f);
     sh->outside_filled = new_event();
@@ -375,6 +376,7 @@ shard_gpu *shard_gpu_create(const model *host, const shard_layout *layout, gpu_m
     sh->compute_ready = new_event();
     sh->comm_done = new_event();
     set_model_params(sh);
+    CUDA_CHECK(cudaDeviceSynchronize()); /* the zeroing (legacy stream) before any work on the NCCL stream */
     return sh;
 }
 
@@ -383,10 +385,12 @@ void shard_gpu_free(shard_gpu *sh)
     if (!sh) return;
     CUDA_CHECK(cudaStreamSynchronize(sh->comm));
     CUDA_CHECK(cudaStreamSynchronize(sh->compute));
-    void *buffers[] = {sh->master, sh->adam_m, sh->adam_v, sh->summed, sh->whole, sh->slot[0], sh->slot[1],
-                       sh->whole_grads, sh->outside_grads, sh->staging[0], sh->staging[1], sh->fp32_reads};
+    void *buffers[] = {sh->master, sh->adam_m, sh->adam_v, sh->summed, sh->slot[0], sh->slot[1], sh->whole_grads,
+                       sh->embedding_grads, sh->head_grads, sh->staging[0], sh->staging[1], sh->fp32_reads};
     for (size_t i = 0; i < sizeof buffers / sizeof buffers[0]; i++) CUDA_CHECK(cudaFree(buffers[i]));
     CUDA_CHECK(cudaFree(sh->ema));
+    for (int u = 0; u < sh->n_units; u++) CUDA_CHECK(cudaFree(sh->whole[u]));
+    free(sh->whole);
     cudaEvent_t events[] = {sh->slot_free[0], sh->slot_free[1], sh->slot_ready[0], sh->slot_ready[1],
                             sh->staging_filled[0], sh->staging_filled[1], sh->staging_reduced[0],
                             sh->staging_reduced[1], sh->outside_filled, sh->outside_reduced, sh->compute_ready,
@@ -409,7 +413,8 @@ layout_state_bytes shard_gpu_bytes(const shard_gpu *sh)
                                 .moments = 2.0 * f * s};
     if (sh->ema) bytes.ema = f * s;
     if (sh->mode == SHARD_FULL) bytes.gathered = 2.0 * h * block_values;
-    if (sharded_grads(sh)) bytes.gradients = f * ((double)sh->outside_values + 2.0 * block_values + s);
+    const double outside = (double)sh->n_ranks * (double)(sh->units[0].piece + sh->units[sh->n_units - 1].piece);
+    if (sharded_grads(sh)) bytes.gradients = f * (outside + 2.0 * block_values + s);
     else bytes.gradients = f * (double)sh->host->n_weights;
     return bytes;
 }
@@ -447,9 +452,9 @@ static void publish_weights(shard_gpu *sh)
 {
     for (int u = 0; u < sh->n_units; u++) {
         const gpu_unit *unit = &sh->units[u];
-        if (unit->whole_at >= 0)
-            misc_f32_to_bf16(sh->master + unit->held_at, unit->piece,
-                             sh->whole + unit->whole_at + (int64_t)sh->rank * unit->piece, sh->compute);
+        if (unit->whole)
+            misc_f32_to_bf16(sh->master + unit->held_at, unit->piece, sh->whole[u] + (int64_t)sh->rank * unit->piece,
+                             sh->compute);
     }
     /* the fp32 reads: this rank's values, zeros elsewhere, summed over the ranks (exact: one value and zeros) */
     CUDA_CHECK(cudaMemsetAsync(sh->fp32_reads, 0, (size_t)sh->fp32_values * sizeof(float), sh->compute));
@@ -466,8 +471,7 @@ static void publish_weights(shard_gpu *sh)
     CUDA_CHECK(cudaStreamWaitEvent(sh->comm, sh->compute_ready, 0));
     gradsync_sum_f32(sh->sync, sh->fp32_reads, sh->fp32_values);
     for (int u = 0; u < sh->n_units; u++) {
-        gpu_unit *unit = &sh->units[u];
-        if (unit->whole_at >= 0) gradsync_all_gather_bf16(sh->sync, sh->whole + unit->whole_at, unit->piece);
+        if (sh->units[u].whole) gradsync_all_gather_bf16(sh->sync, sh->whole[u], sh->units[u].piece);
     }
     CUDA_CHECK(cudaEventRecord(sh->comm_done, sh->comm));
     CUDA_CHECK(cudaStreamWaitEvent(sh->compute, sh->comm_done, 0));
@@ -500,7 +504,10 @@ void shard_gpu_before_micro_batch(shard_gpu *sh)
 {
     if (!sharded_grads(sh)) return;
     CUDA_CHECK(cudaStreamWaitEvent(sh->compute, sh->outside_reduced, 0));
-    CUDA_CHECK(cudaMemsetAsync(sh->outside_grads, 0, (size_t)sh->outside_values * sizeof(float), sh->compute));
+    const size_t f = sizeof(float);
+    CUDA_CHECK(cudaMemsetAsync(sh->embedding_grads, 0, (size_t)(sh->n_ranks * sh->units[0].piece) * f, sh->compute));
+    CUDA_CHECK(cudaMemsetAsync(sh->head_grads, 0, (size_t)(sh->n_ranks * sh->units[sh->n_units - 1].piece) * f,
+                               sh->compute));
     gpu_model_set_grads_ready(sh->net, unit_grads_ready, sh);
     sh->rounds_done++;
 }

@@ -1,0 +1,277 @@
+/* gpu_shard.c — the CUDA backend's [train] shard modes against none: the device state each allocates is the state formula to the byte, and 5 steps of every mode (both recomputation modes, uneven micro-batch counts across ranks) give none's losses within 1e-6 and its weights and EMA within 1e-5. Runs on any number of MPI ranks with a GPU each (tests/gpu_shard_ranks.sh: 2). */
+#include "config.h"
+
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "cuda_test_util.h"
+
+#ifdef HAVE_CUDA
+
+#include "backend/backend.h"
+#include "backend/shard.h"
+#include "core/check.h"
+#include "core/comm.h"
+#include "core/rng.h"
+#include "cuda/backend_cuda.h"
+#include "cuda/gpu.h"
+#include "model/model.h"
+
+enum { kSteps = 5, kMaxMicro = 2, kSamplesPerMicro = 2 };
+
+static comm_info info;
+
+/* The quick-start dims (D 64, F 128, 4 heads, 16 text tokens of 32) with 3 layers. */
+static void tiny_deck(deck *config, deck_shard shard, deck_recompute recompute)
+{
+    deck_defaults(config);
+    config->model.dim = 64;
+    config->model.ffn_dim = 128;
+    config->model.num_heads = 4;
+    config->model.num_layers = 3;
+    config->model.text_len = 16;
+    config->model.text_dim = 32;
+    config->model.freq_dim = 32;
+    config->train.shard = shard;
+    config->train.recompute = config->balance.recompute = recompute;
+    config->train.autotune = 0;               /* the same GEMM configurations in every run */
+    config->train.grad_clip = 1.0;
+    config->train.ema_decay = 0.9;            /* the EMA is held as the master is */
+    config->balance.mem_budget = 256.0 * 1024.0 * 1024.0;
+}
+
+/* Every sample: latent 2 x 8 x 8 (32 tokens at patch 1x2x2) and 16 text rows. */
+static const int32_t kFrames = 2, kHeight = 8, kWidth = 8, kText = 16;
+
+static void store_samples(balance_sample *samples, int n)
+{
+    for (int i = 0; i < n; i++) samples[i] = (balance_sample){.id = i, .tokens = 32, .text_len = kText};
+}
+
+/* Micro-batches of step `step` on `rank`: rank 0 has 2 on odd steps, every other count 1 (so a rank replays). */
+static int micro_batches(int step, int rank) { return rank == 0 && step % 2 == 1 ? 2 : 1; }
+
+typedef struct {
+    int32_t frames[kSamplesPerMicro], height[kSamplesPerMicro], width[kSamplesPerMicro], text_len[kSamplesPerMicro];
+    float sigma[kSamplesPerMicro];
+    float *latents, *noise, *text;
+    model_batch batch;
+} micro;
+
+static void make_micro(const model *m, uint64_t seed, micro *mb)
+{
+    const int64_t latent = (int64_t)m->in_dim * kFrames * kHeight * kWidth * kSamplesPerMicro;
+    const int64_t text = (int64_t)kText * m->text_dim * kSamplesPerMicro;
+    mb->latents = xmalloc((size_t)latent * sizeof(float));
+    mb->noise = xmalloc((size_t)latent * sizeof(float));
+    mb->text = xmalloc((size_t)text * sizeof(float));
+    for (int64_t i = 0; i < latent; i++) {
+        mb->latents[i] = (float)rng_normal(&seed);
+        mb->noise[i] = (float)rng_normal(&seed);
+    }
+    for (int64_t i = 0; i < text; i++) mb->text[i] = (float)rng_normal(&seed);
+    for (int b = 0; b < kSamplesPerMicro; b++) {
+        mb->frames[b] = kFrames, mb->height[b] = kHeight, mb->width[b] = kWidth, mb->text_len[b] = kText;
+        mb->sigma[b] = (float)(0.2 + 0.6 * rng_uniform(&seed));
+    }
+    mb->batch = (model_batch){.n_samples = kSamplesPerMicro, .frames = mb->frames, .height = mb->height,
+                              .width = mb->width, .text_len = mb->text_len, .latents = mb->latents,
+                              .noise = mb->noise, .sigma = mb->sigma, .text = mb->text};
+}
+
+static void free_micro(micro *mb)
+{
+    free(mb->latents);
+    free(mb->noise);
+    free(mb->text);
+}
+
+/* The held values of every tensor of `weights` (n_weights, the same on every rank) set on the backend. */
+static void set_weights(backend *dev, const model *m, const float *weights)
+{
+    const shard_layout *layout = dev->ops->layout(dev);
+    for (int p = 0; p < m->n_params; p++) {
+        int64_t own_first = 0, own_count = 0;
+        shard_owned(layout, info.rank, m->params[p].offset, m->params[p].n_elements, &own_first, &own_count);
+        if (own_count > 0) dev->ops->set_range(dev, BACKEND_WEIGHTS, own_first, own_count, weights + own_first);
+    }
+}
+
+/* The held values of every tensor of `group` after the run, NaN where this rank holds none. */
+static void get_held(const backend *dev, const model *m, backend_group group, float *weights)
+{
+    const shard_layout *layout = dev->ops->layout(dev);
+    for (int64_t i = 0; i < m->n_weights; i++) weights[i] = NAN;
+    for (int p = 0; p < m->n_params; p++) {
+        int64_t own_first = 0, own_count = 0;
+        shard_owned(layout, info.rank, m->params[p].offset, m->params[p].n_elements, &own_first, &own_count);
+        if (own_count > 0) dev->ops->get_range(dev, group, own_first, own_count, weights + own_first);
+    }
+}
+
+/* kSteps steps of `shard` from the same weights; the mean loss of each step (over every rank) into losses and the
+   held weights and EMA after them into weights and ema. */
+static void run_steps(deck_shard shard, deck_recompute recompute, double *losses, float *weights, float *ema)
+{
+    deck config;
+    tiny_deck(&config, shard, recompute);
+    model m;
+    model_create(&m, &config);
+    model_init_gaussian(&m, 0x5eed5a4dull, 0.1f);
+    balance_sample samples[2 * kMaxMicro * kSamplesPerMicro];
+    store_samples(samples, (int)(sizeof samples / sizeof samples[0]));
+    backend *dev = backend_cuda_create(&config, &info, &m, samples, (int64_t)(sizeof samples / sizeof samples[0]));
+    assert_non_null(dev);
+    assert_int_equal(dev->ops->plan(dev)->shard, shard);
+    set_weights(dev, &m, m.weights);
+    dev->ops->start(dev);
+    for (int step = 1; step <= kSteps; step++) {
+        int rounds = 0;
+        int64_t global = 0;
+        for (int r = 0; r < info.n_ranks; r++) {
+            rounds = micro_batches(step, r) > rounds ? micro_batches(step, r) : rounds;
+            global += (int64_t)micro_batches(step, r) * kSamplesPerMicro;
+        }
+        dev->ops->begin_step(dev, rounds);
+        double loss = 0.0;
+        const int mine = micro_batches(step, info.rank);
+        for (int k = 0; k < mine; k++) {
+            micro mb;
+            make_micro(&m, rng_hash(0x5eedba7cull, (uint64_t)(step * 64 + info.rank * 4 + k)), &mb);
+            loss += dev->ops->micro_batch(dev, &mb.batch, 1.0f / (float)global, k == mine - 1);
+            free_micro(&mb);
+        }
+        dev->ops->sum_gradients(dev);
+        adamw_step hyper = {.lr = 1e-3, .beta1 = config.train.beta1, .beta2 = config.train.beta2,
+                            .eps = config.train.adam_eps, .step = step};
+        backend_step_result result;
+        dev->ops->finish_step(dev, &hyper, 1, &result);
+        comm_allreduce_sum_f64(&loss, 1);
+        losses[step - 1] = loss / (double)global;
+        assert_true(isfinite(result.grad_norm) && result.grad_norm > 0.0);
+    }
+    get_held(dev, &m, BACKEND_WEIGHTS, weights);
+    get_held(dev, &m, BACKEND_EMA, ema);
+    dev->ops->free(dev);
+    model_free(&m);
+}
+
+static const char *mode_name(deck_shard shard) { return deck_shard_name(shard); }
+
+/* Every mode's device state is model_layout_state_bytes to the byte, part by part (the plan's `state`). */
+static void test_state_is_the_formula(void **unused)
+{
+    (void)unused;
+    const deck_shard modes[] = {SHARD_NONE, SHARD_OPTIMIZER, SHARD_GRADIENTS, SHARD_FULL};
+    for (size_t i = 0; i < sizeof modes / sizeof modes[0]; i++) {
+        deck config;
+        tiny_deck(&config, modes[i], RECOMPUTE_NONE);
+        model m;
+        model_create_table(&m, &config);
+        balance_sample samples[4];
+        store_samples(samples, 4);
+        backend *dev = backend_cuda_create(&config, &info, &m, samples, 4);
+        assert_non_null(dev);
+        const backend_plan *plan = dev->ops->plan(dev);
+        const layout_state_bytes formula = model_layout_state_bytes(&m.layout, LAYOUT_BACKEND_GPU, modes[i], info.n_ranks,
+                                                                    config.train.ema_decay > 0.0);
+        const layout_state_bytes got = backend_cuda_state_bytes(dev);
+        if (info.rank == 0)
+            printf("# %s over %d rank(s): %.0f bytes allocated (weights %.0f, gathered %.0f, gradients %.0f, master %.0f, "
+                   "moments %.0f), formula %.0f; activation budget %.0f\n", mode_name(modes[i]), info.n_ranks,
+                   layout_state_total(&got), got.weights, got.gathered, got.gradients, got.master, got.moments,
+                   layout_state_total(&formula), plan->mem_budget);
+        assert_true(got.weights == formula.weights && got.gathered == formula.gathered &&
+                    got.gradients == formula.gradients && got.master == formula.master &&
+                    got.moments == formula.moments && got.ema == formula.ema && got.ema > 0.0);
+        assert_true(layout_state_total(&plan->state) == layout_state_total(&formula));
+        dev->ops->free(dev);
+        model_free(&m);
+    }
+}
+
+/* 5 steps of each sharded mode against none's, with and without block recomputation. */
+static void test_losses_match_none(void **unused)
+{
+    (void)unused;
+    deck config;
+    tiny_deck(&config, SHARD_NONE, RECOMPUTE_NONE);
+    model table;
+    model_create_table(&table, &config);
+    const int64_t n = table.n_weights;
+    float *none_weights = xmalloc((size_t)n * sizeof(float)), *weights = xmalloc((size_t)n * sizeof(float));
+    float *none_ema = xmalloc((size_t)n * sizeof(float)), *ema = xmalloc((size_t)n * sizeof(float));
+    const deck_recompute recomputes[] = {RECOMPUTE_NONE, RECOMPUTE_BLOCK};
+    const deck_shard modes[] = {SHARD_OPTIMIZER, SHARD_GRADIENTS, SHARD_FULL};
+    for (size_t r = 0; r < 2; r++) {
+        double none_losses[kSteps], losses[kSteps];
+        run_steps(SHARD_NONE, recomputes[r], none_losses, none_weights, none_ema);
+        for (size_t i = 0; i < sizeof modes / sizeof modes[0]; i++) {
+            run_steps(modes[i], recomputes[r], losses, weights, ema);
+            double worst_loss = 0.0, diff2 = 0.0, norm2 = 0.0, ema_diff2 = 0.0, ema_norm2 = 0.0;
+            for (int s = 0; s < kSteps; s++)
+                worst_loss = fmax(worst_loss, fabs(losses[s] - none_losses[s]) / fabs(none_losses[s]));
+            int64_t held = 0;
+            for (int64_t j = 0; j < n; j++) {
+                if (isnan(weights[j])) continue;
+                held++;
+                diff2 += ((double)weights[j] - none_weights[j]) * ((double)weights[j] - none_weights[j]);
+                norm2 += (double)none_weights[j] * none_weights[j];
+                ema_diff2 += ((double)ema[j] - none_ema[j]) * ((double)ema[j] - none_ema[j]);
+                ema_norm2 += (double)none_ema[j] * none_ema[j];
+            }
+            const double weight_error = sqrt(diff2 / (norm2 > 0.0 ? norm2 : 1.0));
+            const double ema_error = sqrt(ema_diff2 / (ema_norm2 > 0.0 ? ema_norm2 : 1.0));
+            if (info.rank == 0)
+                printf("# %s, recompute %s, %d rank(s): losses %.6f .. %.6f, largest relative difference from none "
+                       "%.3g; held weights after %d steps within %.3g, their EMA within %.3g (relative L2)\n",
+                       mode_name(modes[i]), deck_recompute_name(recomputes[r]), info.n_ranks, losses[0],
+                       losses[kSteps - 1], worst_loss, kSteps, weight_error, ema_error);
+            assert_true(held > 0 || info.n_ranks > 1);
+            assert_true(worst_loss <= 1e-6);
+            assert_true(weight_error <= 1e-5);
+            assert_true(ema_error <= 1e-5);
+            assert_true(losses[kSteps - 1] != losses[0]); /* the steps changed the weights */
+        }
+    }
+    free(none_weights);
+    free(weights);
+    free(none_ema);
+    free(ema);
+    model_free(&table);
+}
+
+int main(int argc, char **argv)
+{
+    info = comm_init(&argc, &argv);
+    int status;
+    if (gpu_count() == 0) status = skip_test_program("no GPU visible (cudaGetDeviceCount found none)");
+    else if (gpu_count() < info.n_local_ranks) status = skip_test_program("fewer GPUs than ranks on this node");
+    else {
+        gpu_select(info.local_rank);
+        const struct CMUnitTest tests[] = {
+            cmocka_unit_test(test_state_is_the_formula),
+            cmocka_unit_test(test_losses_match_none),
+        };
+        status = cmocka_run_group_tests(tests, NULL, NULL);
+    }
+    comm_finalize();
+    return status;
+}
+
+#else /* built without CUDA */
+
+int main(void)
+{
+    return skip_test_program("built without CUDA");
+}
+
+#endif
