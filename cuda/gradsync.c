@@ -245,6 +245,7 @@ static int shard_collective_runs(const gradsync *sync, const char *what)
 
 void gradsync_all_gather_bf16(gradsync *sync, gpu_bf16 *values, int64_t piece)
 {
+    (void)values; /* without NCCL nothing moves */
     ALDIT_CHECK(piece >= 0, "gradsync: an all-gather of %lld values per rank", (long long)piece);
     if (piece == 0 || !shard_collective_runs(sync, "an all-gather")) return;
 #ifdef HAVE_NCCL
@@ -255,6 +256,7 @@ void gradsync_all_gather_bf16(gradsync *sync, gpu_bf16 *values, int64_t piece)
 
 void gradsync_reduce_scatter_f32(gradsync *sync, float *values, int64_t piece)
 {
+    (void)values; /* without NCCL nothing moves */
     ALDIT_CHECK(piece >= 0, "gradsync: a reduce-scatter of %lld values per rank", (long long)piece);
     if (piece == 0 || !shard_collective_runs(sync, "a reduce-scatter")) return;
 #ifdef HAVE_NCCL
@@ -265,6 +267,7 @@ void gradsync_reduce_scatter_f32(gradsync *sync, float *values, int64_t piece)
 
 void gradsync_sum_f32(gradsync *sync, float *values, int64_t n_values)
 {
+    (void)values; /* without NCCL nothing moves */
     if (n_values <= 0 || !shard_collective_runs(sync, "an all-reduce")) return;
 #ifdef HAVE_NCCL
     NCCL_CHECK(ncclAllReduce(values, values, (size_t)n_values, ncclFloat32, ncclSum, sync->comm, sync->stream));
@@ -273,6 +276,7 @@ void gradsync_sum_f32(gradsync *sync, float *values, int64_t n_values)
 
 void gradsync_sum_f64(gradsync *sync, double *values, int64_t n_values)
 {
+    (void)values; /* without NCCL nothing moves */
     if (n_values <= 0 || !shard_collective_runs(sync, "an all-reduce")) return;
 #ifdef HAVE_NCCL
     NCCL_CHECK(ncclAllReduce(values, values, (size_t)n_values, ncclFloat64, ncclSum, sync->comm, sync->stream));
