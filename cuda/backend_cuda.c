@@ -310,10 +310,21 @@ static int sharding_available(const comm_info *info)
 #endif
 }
 
-/* [train] shard on the GPU, before any memory is measured: a sharded mode needs NCCL over more than one rank
-   (ALDIT_EXIT_USAGE, rank 0 says why). */
+/* [eval] runs during training: its forward-only calls differ in number between ranks, so they cannot make the
+   collective per-block gathers of shard = full. */
+static int eval_on(const deck *config) { return config->eval.store[0] != '\0' && config->eval.every > 0; }
+
+/* [train] shard on the GPU, before any memory is measured: a sharded mode needs NCCL over more than one rank, and
+   full no [eval] (ALDIT_EXIT_USAGE, rank 0 says why). */
 static int resolve_shard(const deck *config, const comm_info *info, backend_plan *plan)
 {
+    if (config->train.shard == SHARD_FULL && eval_on(config)) {
+        if (info->rank == 0)
+            fprintf(stderr, "aldit: error: [train] shard = full on the CUDA backend cannot run [eval] (%s) yet: its "
+                    "per-block gathers are collective and the ranks' validation batches differ in number; set "
+                    "train.shard = gradients or eval.every = off\n", config->eval.store);
+        return ALDIT_EXIT_USAGE;
+    }
     if (config->train.shard != SHARD_AUTO && config->train.shard != SHARD_NONE && !sharding_available(info)) {
         if (info->rank == 0)
             fprintf(stderr, "aldit: error: [train] shard = %s over %d GPU ranks needs NCCL, and this build of aldit has "
@@ -347,7 +358,9 @@ static int choose_shard(const deck *config, const comm_info *info, const cost_mo
     if (resolve_shard(config, info, out) != 0) return ALDIT_EXIT_USAGE;
     if (out->shard == SHARD_AUTO) {
         const double least = least_useful_budget(config, cm, samples, n_samples);
-        const deck_shard most = sharding_available(info) ? SHARD_FULL : SHARD_NONE;
+        const deck_shard most = !sharding_available(info) ? SHARD_NONE
+                                : eval_on(config)        ? SHARD_GRADIENTS
+                                                         : SHARD_FULL;
         out->shard = most;
         for (deck_shard mode = SHARD_NONE; mode < most; mode++) {
             layout_state_bytes bytes = model_layout_state_bytes(&table->layout, LAYOUT_BACKEND_GPU, mode, info->n_ranks,
@@ -630,7 +643,8 @@ static double cuda_micro_batch(backend *b, const model_batch *batch, float grad_
     return loss_sum;
 }
 
-/* Forward only on the GPU model (every rank holds the whole state: no begin_eval). */
+/* Forward only on the GPU model (every mode but full, which refuses [eval], keeps the bf16 weights whole: no
+   begin_eval, and no collective). */
 static double cuda_eval_batch(backend *b, const model_batch *batch, double *sample_loss)
 {
     train_gpu *gpu = b->state;
