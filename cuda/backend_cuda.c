@@ -34,6 +34,7 @@ typedef struct {
     char description[160];        /* gpu_describe() of that GPU */
     int ranks_per_gpu;            /* ranks of this node on that GPU (they share its memory evenly) */
     double free_bytes;            /* free device memory per rank when planned, smallest over ranks */
+    int offline;                  /* planned without a GPU: free_bytes is balance.device_mem */
     double state_bytes;           /* the training state in [train] shard's mode (model_layout_state_bytes) */
     double reserve_bytes;         /* kept for cuBLASLt, lazily loaded kernels and NCCL's buffers */
     double mem_budget;            /* activation bytes per rank the balancer plans with (its cost model's bytes) */
@@ -183,6 +184,18 @@ static void select_device(const comm_info *info, gpu_plan *plan)
     plan->ranks_per_gpu = ranks_on_device(info, plan->device);
 }
 
+/* As select_device, for a plan without a GPU: one rank per GPU of balance.device_mem bytes, free. */
+static void plan_without_device(const deck *config, gpu_plan *plan)
+{
+    char size[32];
+    memset(plan, 0, sizeof *plan);
+    plan->offline = 1;
+    plan->ranks_per_gpu = 1;
+    format_size(config->balance.device_mem, size, sizeof size);
+    snprintf(plan->description, sizeof plan->description, "none on this node: planned as GPUs of balance.device_mem "
+             "= %s each, one rank per GPU", size);
+}
+
 /* Collective, after select_device: the budget and capacity, the same on every rank. Returns 0 or
    ALDIT_EXIT_USAGE (rank 0 printed why). */
 static int choose_shard(const deck *config, const comm_info *info, const cost_model *cm, const model *table,
@@ -194,7 +207,8 @@ static int plan_memory(const deck *config, const comm_info *info, const cost_mod
 {
     const double gib = 1024.0 * 1024.0 * 1024.0;
     size_t free_bytes = 0, total_bytes = 0;
-    gpu_memory_info(&free_bytes, &total_bytes);
+    if (plan->offline) free_bytes = (size_t)config->balance.device_mem;
+    else gpu_memory_info(&free_bytes, &total_bytes);
     plan->free_bytes = (double)free_bytes / plan->ranks_per_gpu;
     comm_allreduce_min_f64(&plan->free_bytes, 1);
     plan->reserve_bytes = RUNTIME_RESERVE_BYTES;
@@ -260,8 +274,11 @@ static void describe(const deck *config, const gpu_plan *gpu, const char *gradie
                      backend_plan *out)
 {
     const char *chosen = config->run.device == DEVICE_AUTO ? " (auto)" : "";
-    char buckets[96] = "", attention[160] = "";
-    if (gradient_sum && n_ranks > 1 && config->train.allreduce_bucket > 0) {
+    const int sharded_grads = out->shard == SHARD_GRADIENTS || out->shard == SHARD_FULL;
+    char buckets[96] = "", attention[160] = "", gpu_text[sizeof gpu->description + 64];
+    if (gradient_sum && n_ranks > 1 && sharded_grads)
+        snprintf(buckets, sizeof buckets, ", reduce-scattered block by block as the backward ends each");
+    else if (gradient_sum && n_ranks > 1 && config->train.allreduce_bucket > 0) {
         char bucket_text[32];
         format_size(config->train.allreduce_bucket, bucket_text, sizeof bucket_text);
         snprintf(buckets, sizeof buckets, ", buckets of %s overlapping the backward", bucket_text);
@@ -270,8 +287,11 @@ static void describe(const deck *config, const gpu_plan *gpu, const char *gradie
         snprintf(attention, sizeof attention, "  attention  cuDNN's fused attention (self and cross) for samples of "
                  "%lld tokens or more, our flash attention below\n", (long long)gpu->cudnn_min_tokens);
     else if (gradient_sum) snprintf(attention, sizeof attention, "  attention  our flash attention\n");
-    snprintf(out->device_text, sizeof out->device_text, "  device     cuda%s: GPU %d, %s; %d rank(s) per GPU%s%s%s\n%s",
-             chosen, gpu->device, gpu->description, gpu->ranks_per_gpu, gradient_sum ? "; gradient all-reduce: " : "",
+    if (gpu->offline) snprintf(gpu_text, sizeof gpu_text, "GPU %s", gpu->description);
+    else snprintf(gpu_text, sizeof gpu_text, "GPU %d, %s; %d rank(s) per GPU", gpu->device, gpu->description,
+                  gpu->ranks_per_gpu);
+    snprintf(out->device_text, sizeof out->device_text, "  device     cuda%s: %s%s%s%s\n%s", chosen, gpu_text,
+             gradient_sum ? (sharded_grads ? "; gradient sum: " : "; gradient all-reduce: ") : "",
              gradient_sum ? gradient_sum : "", buckets, attention);
 
     char budget_text[32], free_text[32], state_text[32], workspace_text[32], buffer_text[32];
@@ -285,8 +305,9 @@ static void describe(const deck *config, const gpu_plan *gpu, const char *gradie
         "gradients and AdamW moments\n"
         "  capacity   GPU model for micro-batches of up to %lld tokens, %d samples and %lld text rows: %s of "
         "activation workspace\n", budget_text,
-        gpu->budget_measured ? "measured: the largest whose GPU model fits the free memory less mem_margin"
-                             : "[balance] mem_budget", free_text, state_text, (long long)gpu->max_tokens,
+        !gpu->budget_measured ? "[balance] mem_budget"
+        : gpu->offline        ? "planned: the largest whose GPU model fits balance.device_mem less mem_margin"
+                              : "measured: the largest whose GPU model fits the free memory less mem_margin", free_text, state_text, (long long)gpu->max_tokens,
         gpu->max_samples, (long long)gpu->max_text, workspace_text);
     if (gpu->attention_buffer_bytes > 0.0 && used > 0 && (size_t)used < sizeof out->memory_text)
         snprintf(out->memory_text + used, sizeof out->memory_text - (size_t)used,
@@ -377,19 +398,33 @@ static int choose_shard(const deck *config, const comm_info *info, const cost_mo
     return 0;
 }
 
-int backend_cuda_plan(const deck *config, const comm_info *info, const model *table, const balance_sample *samples,
-                      int64_t n_samples, backend_plan *plan)
+/* backend_cuda_plan, on this node's GPU or (offline) on none. */
+static int plan_run(const deck *config, const comm_info *info, const model *table, const balance_sample *samples,
+                    int64_t n_samples, int offline, backend_plan *plan)
 {
     gpu_plan gpu;
     memset(plan, 0, sizeof *plan);
     if (resolve_shard(config, info, plan) != 0) return ALDIT_EXIT_USAGE;
-    select_device(info, &gpu);
+    if (offline) plan_without_device(config, &gpu);
+    else select_device(info, &gpu);
     cost_model_init(&plan->memory_model, config);
     plan->has_memory_model = 1;
     use_gpu_memory(&plan->memory_model, config);
     int status = plan_memory(config, info, &plan->memory_model, table, samples, n_samples, &gpu, plan);
     if (status == 0) describe(config, &gpu, NULL, info->n_ranks, plan);
     return status;
+}
+
+int backend_cuda_plan(const deck *config, const comm_info *info, const model *table, const balance_sample *samples,
+                      int64_t n_samples, backend_plan *plan)
+{
+    return plan_run(config, info, table, samples, n_samples, 0, plan);
+}
+
+int backend_cuda_plan_offline(const deck *config, const comm_info *info, const model *table,
+                              const balance_sample *samples, int64_t n_samples, backend_plan *plan)
+{
+    return plan_run(config, info, table, samples, n_samples, 1, plan);
 }
 
 /* ---- the device state ------------------------------------------------------------------------------ */

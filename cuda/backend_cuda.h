@@ -13,6 +13,10 @@
    and text token for [train] recompute. Returns 0, or ALDIT_EXIT_USAGE after rank 0 printed why it does not fit. */
 int backend_cuda_plan(const deck *config, const comm_info *info, const model *table, const balance_sample *samples,
                       int64_t n_samples, backend_plan *plan);
+/* backend_cuda_plan for GPUs this process does not have (aldit --check on a login node, device_resolve_check): each
+   rank planned as the only rank of a GPU with balance.device_mem bytes free; nothing is measured, no GPU touched. */
+int backend_cuda_plan_offline(const deck *config, const comm_info *info, const model *table, const balance_sample *samples,
+                      int64_t n_samples, backend_plan *plan);
 
 /* backend_create_fn of the GPU: the plan above, the gradient sum (NCCL when built with it: buckets of
    [train] allreduce_bucket bytes launched as the last micro-batch's backward finishes them, no host

@@ -55,7 +55,13 @@ extern "C" int gpu_attribute(enum cudaDeviceAttr attribute)
                                                       cudaDevAttrMaxSharedMemoryPerBlockOptin};
     static int values[kDevices][kAttributes];  // 0: not asked yet (both are positive on every GPU)
     int device = 0, value = 0;
-    CUDA_CHECK(cudaGetDevice(&device));
+    const cudaError_t status = cudaGetDevice(&device);
+    if (status != cudaSuccess && gpu_count() == 0) {  // sizing without a GPU (aldit --check on a login node)
+        (void)cudaGetLastError();
+        if (attribute == cudaDevAttrMultiProcessorCount) return GPU_PLAN_SMS;
+        if (attribute == cudaDevAttrMaxSharedMemoryPerBlockOptin) return GPU_PLAN_SHARED_BYTES;
+    }
+    CUDA_CHECK(status);
     for (int a = 0; a < kAttributes; ++a)
         if (kept[a] == attribute && device < kDevices) {
             if (values[device][a] == 0) CUDA_CHECK(cudaDeviceGetAttribute(&values[device][a], attribute, device));

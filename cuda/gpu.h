@@ -39,7 +39,11 @@ int gpu_count(void);
 int gpu_select(int local_rank);
 
 /* An attribute of the current GPU (cudaDeviceGetAttribute), asked once per GPU and attribute and then kept:
-   for launch code that sizes grids by it on every launch (SM count, shared memory per block). */
+   for launch code that sizes grids by it on every launch (SM count, shared memory per block).
+   Where the process sees no GPU (workspaces sized for a plan, aldit --check on a login node) the SM count and the
+   shared memory are those of GPU_PLAN_*, an H200's; any other attribute is then an error. */
+#define GPU_PLAN_SMS 132
+#define GPU_PLAN_SHARED_BYTES 232448
 int gpu_attribute(enum cudaDeviceAttr attribute);
 
 /* Blocks of `threads_per_block` for a grid-stride pass over n_items items, one item per thread: enough to cover

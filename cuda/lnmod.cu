@@ -752,7 +752,9 @@ RowShape row_shape(int dim, int limit, const char *what)
     return {kBlockThreads, (nvec + kBlockThreads - 1) / kBlockThreads};
 }
 
-// A persistent grid: as many blocks as fit on the GPU at once, each with one contiguous chunk of rows.
+// A persistent grid: as many blocks as fit on the GPU at once, each with one contiguous chunk of rows. Without a GPU
+// (a workspace sized for a plan) the grid that fills every thread slot of the planning GPU (gpu.h's GPU_PLAN_SMS).
+constexpr int kPlanThreadsPerSm = 2048;
 struct GridPlan {
     int64_t blocks, rows_per_block;
 };
@@ -760,10 +762,17 @@ struct GridPlan {
 template <class Kernel>
 GridPlan grid_plan(Kernel kernel, int &occupancy_cache, int64_t n_rows, int rows_per_step, size_t shared_bytes = 0)
 {
-    if (occupancy_cache == 0)
-        CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occupancy_cache, kernel, kBlockThreads, shared_bytes));
-    const int sms = gpu_attribute(cudaDevAttrMultiProcessorCount);
-    const int64_t resident = (int64_t)(occupancy_cache > 0 ? occupancy_cache : 1) * sms;
+    int64_t resident = 0;
+    if (occupancy_cache == 0 && gpu_count() == 0) {
+        // sized without a GPU (aldit --check on a login node): every thread slot of the planning GPU's SMs
+        resident = (int64_t)gpu_attribute(cudaDevAttrMultiProcessorCount) * (kPlanThreadsPerSm / kBlockThreads);
+    } else {
+        if (occupancy_cache == 0)
+            CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occupancy_cache, kernel, kBlockThreads,
+                                                                     shared_bytes));
+        const int sms = gpu_attribute(cudaDevAttrMultiProcessorCount);
+        resident = (int64_t)(occupancy_cache > 0 ? occupancy_cache : 1) * sms;
+    }
     if (n_rows <= 0) return {0, rows_per_step};
     int64_t rows_per_block = (n_rows + resident - 1) / resident;
     rows_per_block = (rows_per_block + rows_per_step - 1) / rows_per_step * rows_per_step;

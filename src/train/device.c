@@ -45,6 +45,27 @@ int device_resolve(const deck *config, const comm_info *info)
     return -2;
 }
 
+int device_resolve_check(const deck *config, const comm_info *info, int *offline)
+{
+    *offline = 0;
+#ifdef HAVE_CUDA
+    if (config->run.device == DEVICE_CUDA && comm_allreduce_or_int(gpu_count() == 0)) {
+        *offline = 1;
+        return DEVICE_CUDA;
+    }
+#endif
+    return device_resolve(config, info);
+}
+
+backend_plan_fn device_check_plan_fn(int device, int offline)
+{
+#ifdef HAVE_CUDA
+    if (device == DEVICE_CUDA && offline) return backend_cuda_plan_offline;
+#endif
+    (void)offline;
+    return device_plan_fn(device);
+}
+
 backend_plan_fn device_plan_fn(int device)
 {
 #ifdef HAVE_CUDA

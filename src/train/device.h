@@ -12,6 +12,12 @@ int device_resolve(const deck *config, const comm_info *info);
 
 /* The plan and create functions of the backend of a resolved device. */
 backend_plan_fn device_plan_fn(int device);
+
+/* For aldit --check (collective): device_resolve, except that [run] device = cuda on a node where some rank sees no
+   GPU (a login node planning a GPU job) resolves to cuda with *offline = 1: device_check_plan_fn then plans each
+   rank as one GPU of balance.device_mem bytes of its own, nothing measured. */
+int device_resolve_check(const deck *config, const comm_info *info, int *offline);
+backend_plan_fn device_check_plan_fn(int device, int offline);
 backend_create_fn device_create_fn(int device);
 
 #endif

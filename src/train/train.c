@@ -258,7 +258,8 @@ static int check_run_folder(const deck *config, int rank)
 
 int train_check(const deck *config, const comm_info *info)
 {
-    int device = device_resolve(config, info);
+    int offline = 0;
+    int device = device_resolve_check(config, info, &offline);
     if (device < 0) return device == -1 ? ALDIT_EXIT_ERROR : ALDIT_EXIT_USAGE;
     if (config->model.init[0]) { /* the names and shapes of [model] init's weights, as a run would load them */
         int status = 0;
@@ -284,7 +285,7 @@ int train_check(const deck *config, const comm_info *info)
     int64_t n_planned = 0;
     balance_sample *planned = plan_samples(samples, data.n_samples, eval, &n_planned);
     backend_plan plan;
-    int status = device_plan_fn(device)(config, info, &table, planned, n_planned, &plan);
+    int status = device_check_plan_fn(device, offline)(config, info, &table, planned, n_planned, &plan);
     free(planned);
     if (status == 0 && eval) status = eval_plan(eval, &plan, info->n_ranks, 1, 0, NULL, NULL);
     if (status == 0 && info->rank == 0) {
