@@ -852,7 +852,7 @@ void backward(gpu_model *gm, const batch_dims &d, cudaStream_t stream)
 
     // embeddings: d_x is now the gradient of the patch embedding's output
     const gpu_bf16 *embedding_w = params.embedding_weights;
-    float *grads = params.embedding_grads;
+    float *grads = params.embedding_grads(params.context, stream);
     linear_bwd(gm, embedding_w, grads, gm->tokens_in, gm->d_x, N, gm->patch_in, D, gm->patch, nullptr, nullptr, 0,
                stream);
     if (L > 0) {
@@ -1040,6 +1040,12 @@ float *own_block_grads(void *context, int layer, cudaStream_t stream)
     return gm->grads + gm->blocks[layer].first;
 }
 
+float *own_embedding_grads(void *context, cudaStream_t stream)
+{
+    (void)stream;
+    return static_cast<const gpu_model *>(context)->grads;
+}
+
 // Allocate the whole master, bf16 and gradient buffers and point the parameters at them.
 void own_params(gpu_model *gm)
 {
@@ -1059,7 +1065,6 @@ void own_params(gpu_model *gm)
     gpu_model_params &p = gm->params;
     p.embedding_weights = gm->working;
     p.head_weights = gm->working + gm->head_first;
-    p.embedding_grads = gm->grads;
     p.head_grads = gm->grads + gm->head_first;
     p.time_weights = gm->master + gm->time_first;
     p.head_modulation = gm->master + gm->head_first + gm->head_modulation;
@@ -1067,6 +1072,7 @@ void own_params(gpu_model *gm)
     p.block_norm3 = gm->own_norm3;
     p.block_weights = own_block_weights;
     p.block_grads = own_block_grads;
+    p.embedding_grads = own_embedding_grads;
     p.context = gm;
 }
 
@@ -1119,10 +1125,10 @@ gpu_model *gpu_model_create_without_params(const model *host_model, int64_t max_
 void gpu_model_set_params(gpu_model *gm, const gpu_model_params *params)
 {
     ALDIT_CHECK(!gm->master, "gpu model: gpu_model_set_params on a model that holds its own parameters");
-    ALDIT_CHECK(params->embedding_weights && params->head_weights && params->embedding_grads && params->head_grads &&
-                params->time_weights && params->head_modulation && params->block_weights && params->block_grads &&
+    ALDIT_CHECK(params->embedding_weights && params->head_weights && params->head_grads && params->time_weights &&
+                params->head_modulation && params->block_weights && params->block_grads && params->embedding_grads &&
                 (gm->num_layers == 0 || (params->block_modulation && params->block_norm3)),
-                "gpu model: gpu_model_set_params needs every pointer and both block functions");
+                "gpu model: gpu_model_set_params needs every pointer and every function");
     gm->params = *params;
 }
 
@@ -1148,6 +1154,7 @@ void gpu_model_grads_ready_all(const gpu_model *gm, cudaStream_t stream)
         if (l > 0 && gm->recompute == GPU_RECOMPUTE_BLOCK) block_weights(gm, l - 1, l - 2, stream);
         grads_ready(gm, gm->blocks[l].first, gm->blocks[l].end - gm->blocks[l].first, stream);
     }
+    p.embedding_grads(p.context, stream);
     head_and_embedding_grads_ready(gm, stream);
 }
 

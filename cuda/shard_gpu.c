@@ -49,13 +49,14 @@ struct shard_gpu {
     int slot_block[2], asked_last;
     cudaEvent_t slot_free[2];   /* recorded on compute before a gather into the slot: its previous block's work */
     cudaEvent_t slot_ready[2];  /* recorded on comm after the gather into the slot */
-    /* gradients: optimizer: whole fp32 [n]; gradients, full: the embeddings' and head's whole (R c each) and two
-       staging slots of one block's (R c_b each) */
-    float *whole_grads, *embedding_grads, *head_grads, *staging[2];
-    int staging_block[2];
-    cudaEvent_t staging_filled[2];   /* recorded on compute when the block's backward is queued */
+    /* gradients: optimizer: whole fp32 [n]; gradients, full: the head's whole (R c_h) and two staging slots
+       (stage_values = max(R c_b, R c_e) each) that take a block's, and the embeddings' in slot STAGE_EMBEDDINGS */
+    float *whole_grads, *head_grads, *staging[2];
+    int64_t stage_values;
+    int staging_unit[2];             /* the unit whose gradients the slot takes (-1: none yet) */
+    cudaEvent_t staging_filled[2];   /* recorded on compute when the unit's backward is queued */
     cudaEvent_t staging_reduced[2];  /* recorded on comm after the slot's reduce-scatter and accumulation */
-    cudaEvent_t outside_filled, outside_reduced;
+    cudaEvent_t head_filled, head_reduced;
     cudaEvent_t compute_ready, comm_done; /* compute -> comm and comm -> compute at the step's edges */
     int rounds, rounds_done;
     /* the fp32 values the model reads in fp32, whole */
@@ -69,6 +70,10 @@ struct shard_gpu {
 };
 
 static int sharded_grads(const shard_gpu *sh) { return sh->mode == SHARD_GRADIENTS || sh->mode == SHARD_FULL; }
+
+/* The staging slot of the embeddings' gradients: their backward comes after block 0's (slot 0, still being
+   reduce-scattered then), when block 1's slot is free again once its reduce-scatter is done. */
+enum { STAGE_EMBEDDINGS = 1 };
 
 static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -253,16 +258,36 @@ static float *whole_block_grads(void *context, int layer, cudaStream_t stream)
     return sh->whole_grads + block_unit(sh, layer)->first;
 }
 
-/* Staging slot layer mod 2, zeroed once its last reduce-scatter is done. */
+static float *whole_embedding_grads(void *context, cudaStream_t stream)
+{
+    (void)stream;
+    return ((const shard_gpu *)context)->whole_grads;
+}
+
+/* Staging slot k for unit `index`'s gradients (R c values used), zeroed on `stream` once the slot's last
+   reduce-scatter is done. */
+static float *stage(shard_gpu *sh, int k, int index, cudaStream_t stream)
+{
+    ALDIT_CHECK(stream == sh->compute, "cuda backend: the model runs on another stream than the sharded state's");
+    CUDA_CHECK(cudaStreamWaitEvent(stream, sh->staging_reduced[k], 0));
+    CUDA_CHECK(cudaMemsetAsync(sh->staging[k], 0, (size_t)(sh->n_ranks * sh->units[index].piece) * sizeof(float),
+                               stream));
+    sh->staging_unit[k] = index;
+    return sh->staging[k];
+}
+
+/* Staging slot layer mod 2. */
 static float *staged_block_grads(void *context, int layer, cudaStream_t stream)
 {
     shard_gpu *sh = context;
-    const gpu_unit *unit = block_unit(sh, layer);
-    const int k = layer % 2;
-    CUDA_CHECK(cudaStreamWaitEvent(stream, sh->staging_reduced[k], 0));
-    CUDA_CHECK(cudaMemsetAsync(sh->staging[k], 0, (size_t)(sh->n_ranks * unit->piece) * sizeof(float), stream));
-    sh->staging_block[k] = layer;
-    return sh->staging[k];
+    block_unit(sh, layer);
+    return stage(sh, layer % 2, 1 + layer, stream);
+}
+
+/* Staging slot STAGE_EMBEDDINGS (the embedding unit starts at value 0: the slot's value i is value i). */
+static float *staged_embedding_grads(void *context, cudaStream_t stream)
+{
+    return stage(context, STAGE_EMBEDDINGS, 0, stream);
 }
 
 /* The reduce-scatter of one unit's gradients in `values` (R c), after `filled` (recorded now on compute), and this
@@ -277,7 +302,7 @@ static void reduce_unit(shard_gpu *sh, const gpu_unit *unit, float *values, cuda
     CUDA_CHECK(cudaEventRecord(reduced, sh->comm));
 }
 
-/* gpu_grads_ready_fn (gradients, full): a block's staging slot, or the head's or embeddings' gradients. */
+/* gpu_grads_ready_fn (gradients, full): a block's or the embeddings' staging slot, or the head's gradients. */
 static void unit_grads_ready(void *context, int64_t first, int64_t count, cudaStream_t stream)
 {
     shard_gpu *sh = context;
@@ -285,15 +310,13 @@ static void unit_grads_ready(void *context, int64_t first, int64_t count, cudaSt
     ALDIT_CHECK(first == unit->first && count == unit->len, "cuda backend: gradients [%lld, +%lld) reported, not a unit",
                 (long long)first, (long long)count);
     const int index = (int)(unit - sh->units);
-    if (index >= 1 && index <= sh->num_layers) {
-        const int k = (index - 1) % 2;
-        ALDIT_CHECK(sh->staging_block[k] == index - 1, "cuda backend: block %d's gradients are not in its staging slot",
-                    index - 1);
-        reduce_unit(sh, unit, sh->staging[k], sh->staging_filled[k], sh->staging_reduced[k], stream);
-    } else {
-        reduce_unit(sh, unit, index == 0 ? sh->embedding_grads : sh->head_grads, sh->outside_filled,
-                    sh->outside_reduced, stream);
+    if (index == sh->n_units - 1) {
+        reduce_unit(sh, unit, sh->head_grads, sh->head_filled, sh->head_reduced, stream);
+        return;
     }
+    const int k = index == 0 ? STAGE_EMBEDDINGS : (index - 1) % 2;
+    ALDIT_CHECK(sh->staging_unit[k] == index, "cuda backend: unit %d's gradients are not in its staging slot", index);
+    reduce_unit(sh, unit, sh->staging[k], sh->staging_filled[k], sh->staging_reduced[k], stream);
 }
 
 static void set_model_params(shard_gpu *sh)
@@ -308,15 +331,10 @@ static void set_model_params(shard_gpu *sh)
         .block_norm3 = sh->block_norm3,
         .block_weights = sh->mode == SHARD_FULL ? gathered_block_weights : whole_block_weights,
         .block_grads = sharded_grads(sh) ? staged_block_grads : whole_block_grads,
+        .embedding_grads = sharded_grads(sh) ? staged_embedding_grads : whole_embedding_grads,
+        .head_grads = sharded_grads(sh) ? sh->head_grads : sh->whole_grads + head->first,
         .context = sh,
     };
-    if (sharded_grads(sh)) {
-        p.embedding_grads = sh->embedding_grads;
-        p.head_grads = sh->head_grads;
-    } else {
-        p.embedding_grads = sh->whole_grads;
-        p.head_grads = sh->whole_grads + head->first;
-    }
     gpu_model_set_params(sh->net, &p);
 }
 
@@ -356,23 +374,24 @@ shard_gpu *shard_gpu_create(const model *host, const shard_layout *layout, gpu_m
         if (sh->units[u].whole)
             sh->whole[u] = device_zeros(sh->n_ranks * sh->units[u].piece * (int64_t)sizeof(gpu_bf16));
     const int64_t block_values = sh->num_layers > 0 ? sh->n_ranks * sh->units[1].piece : 0;
+    const int64_t embedding_values = sh->n_ranks * sh->units[0].piece;
+    sh->stage_values = sharded_grads(sh) ? (block_values > embedding_values ? block_values : embedding_values) : 0;
     sh->slot_block[0] = sh->slot_block[1] = sh->asked_last = -1;
-    sh->staging_block[0] = sh->staging_block[1] = -1;
+    sh->staging_unit[0] = sh->staging_unit[1] = -1;
     for (int k = 0; k < 2; k++) {
         if (sh->mode == SHARD_FULL) sh->slot[k] = device_zeros(block_values * (int64_t)sizeof(gpu_bf16));
-        if (sharded_grads(sh)) sh->staging[k] = device_zeros(block_values * f);
+        sh->staging[k] = device_zeros(sh->stage_values * f);
         sh->slot_free[k] = new_event();
         sh->slot_ready[k] = new_event();
         sh->staging_filled[k] = new_event();
         sh->staging_reduced[k] = new_event();
     }
     if (sharded_grads(sh)) {
-        sh->embedding_grads = device_zeros(sh->n_ranks * sh->units[0].piece * f);
         sh->head_grads = device_zeros(sh->n_ranks * sh->units[sh->n_units - 1].piece * f);
         sh->summed = device_zeros(s * f);
     } else sh->whole_grads = device_zeros(host->n_weights * f);
-    sh->outside_filled = new_event();
-    sh->outside_reduced = new_event();
+    sh->head_filled = new_event();
+    sh->head_reduced = new_event();
     sh->compute_ready = new_event();
     sh->comm_done = new_event();
     set_model_params(sh);
@@ -386,14 +405,14 @@ void shard_gpu_free(shard_gpu *sh)
     CUDA_CHECK(cudaStreamSynchronize(sh->comm));
     CUDA_CHECK(cudaStreamSynchronize(sh->compute));
     void *buffers[] = {sh->master, sh->adam_m, sh->adam_v, sh->summed, sh->slot[0], sh->slot[1], sh->whole_grads,
-                       sh->embedding_grads, sh->head_grads, sh->staging[0], sh->staging[1], sh->fp32_reads};
+                       sh->head_grads, sh->staging[0], sh->staging[1], sh->fp32_reads};
     for (size_t i = 0; i < sizeof buffers / sizeof buffers[0]; i++) CUDA_CHECK(cudaFree(buffers[i]));
     CUDA_CHECK(cudaFree(sh->ema));
     for (int u = 0; u < sh->n_units; u++) CUDA_CHECK(cudaFree(sh->whole[u]));
     free(sh->whole);
     cudaEvent_t events[] = {sh->slot_free[0], sh->slot_free[1], sh->slot_ready[0], sh->slot_ready[1],
                             sh->staging_filled[0], sh->staging_filled[1], sh->staging_reduced[0],
-                            sh->staging_reduced[1], sh->outside_filled, sh->outside_reduced, sh->compute_ready,
+                            sh->staging_reduced[1], sh->head_filled, sh->head_reduced, sh->compute_ready,
                             sh->comm_done};
     for (size_t i = 0; i < sizeof events / sizeof events[0]; i++) CUDA_CHECK(cudaEventDestroy(events[i]));
     if (sh->own_comm) CUDA_CHECK(cudaStreamDestroy(sh->comm));
@@ -413,8 +432,8 @@ layout_state_bytes shard_gpu_bytes(const shard_gpu *sh)
                                 .moments = 2.0 * f * s};
     if (sh->ema) bytes.ema = f * s;
     if (sh->mode == SHARD_FULL) bytes.gathered = 2.0 * h * block_values;
-    const double outside = (double)sh->n_ranks * (double)(sh->units[0].piece + sh->units[sh->n_units - 1].piece);
-    if (sharded_grads(sh)) bytes.gradients = f * (outside + 2.0 * block_values + s);
+    const double head = (double)sh->n_ranks * (double)sh->units[sh->n_units - 1].piece;
+    if (sharded_grads(sh)) bytes.gradients = f * (head + 2.0 * (double)sh->stage_values + s);
     else bytes.gradients = f * (double)sh->host->n_weights;
     return bytes;
 }
@@ -503,11 +522,9 @@ void shard_gpu_begin_step(shard_gpu *sh, int rounds)
 void shard_gpu_before_micro_batch(shard_gpu *sh)
 {
     if (!sharded_grads(sh)) return;
-    CUDA_CHECK(cudaStreamWaitEvent(sh->compute, sh->outside_reduced, 0));
-    const size_t f = sizeof(float);
-    CUDA_CHECK(cudaMemsetAsync(sh->embedding_grads, 0, (size_t)(sh->n_ranks * sh->units[0].piece) * f, sh->compute));
-    CUDA_CHECK(cudaMemsetAsync(sh->head_grads, 0, (size_t)(sh->n_ranks * sh->units[sh->n_units - 1].piece) * f,
-                               sh->compute));
+    CUDA_CHECK(cudaStreamWaitEvent(sh->compute, sh->head_reduced, 0));
+    CUDA_CHECK(cudaMemsetAsync(sh->head_grads, 0, (size_t)(sh->n_ranks * sh->units[sh->n_units - 1].piece) *
+                               sizeof(float), sh->compute));
     gpu_model_set_grads_ready(sh->net, unit_grads_ready, sh);
     sh->rounds_done++;
 }

@@ -19,12 +19,14 @@
    - optimizer: bf16 weights of every unit whole (each unit padded to R c_u, so that its all-gather is one in-place
      call), fp32 gradients whole (n, the flat order: the bucketed all-reduce of gradsync sums them as in mode none);
      AdamW updates the held values, whose bf16 copies are then all-gathered unit by unit.
-   - gradients: bf16 weights as optimizer; the embeddings' and head's fp32 gradients whole (padded), a block's
-     backward writes into one of two staging slots (R c_b each, block l in slot l mod 2) which, as the block's
+   - gradients: bf16 weights as optimizer; the head's fp32 gradients whole (padded); a block's backward writes into
+     one of two staging slots (max(R c_b, R c_e) values each, block l in slot l mod 2) which, as the block's
      backward finishes, is reduce-scattered (sum) on the NCCL stream and this rank's piece added into the summed
      gradient; the slot is reused (zeroed on the compute stream) only after an event says its reduce-scatter is done.
-     The embeddings' and head's are reduce-scattered as a micro-batch's backward ends. Every micro-batch does this;
-     a rank with fewer micro-batches than the step's rounds replays the rest with zeros (gpu_model_grads_ready_all).
+     The embeddings' backward, which follows block 0's, writes into slot 1 the same way (block 1's reduce-scatter is
+     done or queued before it by then; the compute stream waits for its event); the embeddings' and the head's are
+     reduce-scattered as a micro-batch's backward ends. Every micro-batch does this; a rank with fewer micro-batches
+     than the step's rounds replays the rest with zeros (gpu_model_grads_ready_all).
    - full: as gradients, and only the embeddings' and head's bf16 weights stay whole: a block's are all-gathered into
      one of two bf16 slots (R c_b each) when the model asks for them (block_weights), from this rank's piece written
      from its fp32 master into the slot's own segment; the block it will ask for next is gathered into the other

@@ -36,11 +36,13 @@ expected() {
             if (mode == "gradients" || mode == "full") g += 4 * s
         } else {
             w = 2 * n; g = 4 * n; gath = 0; mast = 4 * n; mom = 8 * n
-            # sharded: each unit padded to R equal pieces; the fp32 reads f (time path, modulations, norm3) whole
+            # sharded: each unit padded to R equal pieces; the fp32 reads f (time path, modulations, norm3) whole;
+            # two staging slots, each taking the gradients of a block or of the embeddings
             ep = R * (up(emb) + up(head)); bp = R * up(block); np = ep + L * bp
+            stage = (bp > R * up(emb)) ? bp : R * up(emb)
             f = (256 * D + D) + (D * D + D) + (6 * D * D + 6 * D) + 2 * D + L * 8 * D
             if (mode != "none") { w = 2 * np; mast = 4 * s + 4 * f; mom = 8 * s }
-            if (mode == "gradients" || mode == "full") g = 4 * (ep + 2 * bp) + 4 * s
+            if (mode == "gradients" || mode == "full") g = 4 * (R * up(head) + 2 * stage) + 4 * s
             if (mode == "full") { w = 2 * ep; gath = 4 * bp }
         }
         printf "%.0f %.0f %.0f %.0f %.0f %.0f\n", n, w, gath, g, mast, mom
