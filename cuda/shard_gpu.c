@@ -59,11 +59,16 @@ struct shard_gpu {
     cudaEvent_t head_filled, head_reduced;
     cudaEvent_t compute_ready, comm_done; /* compute -> comm and comm -> compute at the step's edges */
     int rounds, rounds_done;
-    /* the fp32 values the model reads in fp32, whole */
+    /* full: staging slot STAGE_TIME holds the embeddings' fp32 masters, gathered since they last changed and not
+       written since (time_gathered); time_free recorded on compute before the gather, time_ready on comm after it */
+    int time_gathered;
+    cudaEvent_t time_free, time_ready;
+    /* the fp32 values the model reads in fp32, whole (the time path's not in full) */
     float *fp32_reads;
     int64_t fp32_values;
     fp32_range *fp32_ranges;
     int n_fp32_ranges;
+    const float *time_reads, *head_modulation_reads; /* time_reads: NULL in full */
     const float **block_modulation, **block_norm3;
     held_run *runs;
     int n_runs;
@@ -72,8 +77,9 @@ struct shard_gpu {
 static int sharded_grads(const shard_gpu *sh) { return sh->mode == SHARD_GRADIENTS || sh->mode == SHARD_FULL; }
 
 /* The staging slot of the embeddings' gradients: their backward comes after block 0's (slot 0, still being
-   reduce-scattered then), when block 1's slot is free again once its reduce-scatter is done. */
-enum { STAGE_EMBEDDINGS = 1 };
+   reduce-scattered then), when block 1's slot is free again once its reduce-scatter is done. In full, the time
+   path's weights are gathered into the other one. */
+enum { STAGE_TIME = 0, STAGE_EMBEDDINGS = 1 };
 
 static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -165,36 +171,45 @@ static void make_runs(shard_gpu *sh)
     }
 }
 
-/* The fp32-reads array: the time path, head.modulation, then each block's modulation and norm3 (gpu_model_params). */
+static fp32_range next_range(int64_t first, int64_t count, int64_t *at)
+{
+    const fp32_range range = {first, count, *at};
+    *at += count;
+    return range;
+}
+
+/* The fp32-reads array: the time path (not in full: gathered when the model asks, gathered_time_weights),
+   head.modulation, then each block's modulation and norm3 (gpu_model_params). */
 static void make_fp32_reads(shard_gpu *sh)
 {
     const model_layout *layout = &sh->host->layout;
     const int64_t D = layout->dims.dim;
-    sh->n_fp32_ranges = 2 + 2 * sh->num_layers;
+    const int time_whole = sh->mode != SHARD_FULL;
+    sh->n_fp32_ranges = time_whole + 1 + 2 * sh->num_layers;
     sh->fp32_ranges = xcalloc((size_t)sh->n_fp32_ranges, sizeof *sh->fp32_ranges);
     int64_t at = 0;
     int n = 0;
-    sh->fp32_ranges[n++] = (fp32_range){layout->time_in.weight, layout->blocks_offset - layout->time_in.weight, at};
-    at += sh->fp32_ranges[0].count;
-    sh->fp32_ranges[n++] = (fp32_range){layout->head_modulation, 2 * D, at};
-    at += 2 * D;
+    if (time_whole)
+        sh->fp32_ranges[n++] = next_range(layout->time_in.weight, layout->blocks_offset - layout->time_in.weight, &at);
+    sh->fp32_ranges[n++] = next_range(layout->head_modulation, 2 * D, &at);
+    const int first_block = n;
     for (int l = 0; l < sh->num_layers; l++) {
         const layout_block block = model_layout_block(layout, l);
-        sh->fp32_ranges[n++] = (fp32_range){block.modulation, 6 * D, at};
-        at += 6 * D;
-        sh->fp32_ranges[n++] = (fp32_range){block.norm3_weight, 2 * D, at};
-        at += 2 * D;
+        sh->fp32_ranges[n++] = next_range(block.modulation, 6 * D, &at);
+        sh->fp32_ranges[n++] = next_range(block.norm3_weight, 2 * D, &at);
     }
     sh->fp32_values = at;
-    ALDIT_CHECK(at == layout_gpu_fp32_read_values(layout), "cuda backend: %lld fp32 values read whole, not the state "
-                "formula's %lld", (long long)at, (long long)layout_gpu_fp32_read_values(layout));
+    ALDIT_CHECK(at == layout_gpu_fp32_read_values(layout, sh->mode), "cuda backend: %lld fp32 values read whole, not "
+                "the state formula's %lld", (long long)at, (long long)layout_gpu_fp32_read_values(layout, sh->mode));
     sh->fp32_reads = device_zeros(at * (int64_t)sizeof(float));
+    sh->time_reads = time_whole ? sh->fp32_reads + sh->fp32_ranges[0].at : NULL;
+    sh->head_modulation_reads = sh->fp32_reads + sh->fp32_ranges[time_whole].at;
     const size_t layers = (size_t)(sh->num_layers > 0 ? sh->num_layers : 1);
     sh->block_modulation = xcalloc(layers, sizeof *sh->block_modulation);
     sh->block_norm3 = xcalloc(layers, sizeof *sh->block_norm3);
     for (int l = 0; l < sh->num_layers; l++) {
-        sh->block_modulation[l] = sh->fp32_reads + sh->fp32_ranges[2 + 2 * l].at;
-        sh->block_norm3[l] = sh->fp32_reads + sh->fp32_ranges[3 + 2 * l].at;
+        sh->block_modulation[l] = sh->fp32_reads + sh->fp32_ranges[first_block + 2 * l].at;
+        sh->block_norm3[l] = sh->fp32_reads + sh->fp32_ranges[first_block + 1 + 2 * l].at;
     }
 }
 
@@ -270,6 +285,10 @@ static float *stage(shard_gpu *sh, int k, int index, cudaStream_t stream)
 {
     ALDIT_CHECK(stream == sh->compute, "cuda backend: the model runs on another stream than the sharded state's");
     CUDA_CHECK(cudaStreamWaitEvent(stream, sh->staging_reduced[k], 0));
+    if (k == STAGE_TIME) { /* full: the time path's gather there is done and read (it was, before any backward) */
+        CUDA_CHECK(cudaStreamWaitEvent(stream, sh->time_ready, 0));
+        sh->time_gathered = 0;
+    }
     CUDA_CHECK(cudaMemsetAsync(sh->staging[k], 0, (size_t)(sh->n_ranks * sh->units[index].piece) * sizeof(float),
                                stream));
     sh->staging_unit[k] = index;
@@ -284,10 +303,49 @@ static float *staged_block_grads(void *context, int layer, cudaStream_t stream)
     return stage(sh, layer % 2, 1 + layer, stream);
 }
 
-/* Staging slot STAGE_EMBEDDINGS (the embedding unit starts at value 0: the slot's value i is value i). */
+/* full: the embedding unit's fp32 masters all-gathered into staging slot STAGE_TIME (R c_e values, in place from
+   this rank's piece) on the NCCL stream, after the work queued on compute so far (every earlier use of the slot on
+   compute; the slot's reduce-scatters are earlier on the NCCL stream itself); time_ready recorded after it. */
+static void gather_time(shard_gpu *sh)
+{
+    const gpu_unit *unit = &sh->units[0];
+    float *slot = sh->staging[STAGE_TIME];
+    CUDA_CHECK(cudaEventRecord(sh->time_free, sh->compute));
+    CUDA_CHECK(cudaStreamWaitEvent(sh->comm, sh->time_free, 0));
+    CUDA_CHECK(cudaMemcpyAsync(slot + (int64_t)sh->rank * unit->piece, sh->master + unit->held_at,
+                               (size_t)unit->piece * sizeof(float), cudaMemcpyDeviceToDevice, sh->comm));
+    gradsync_all_gather_f32(sh->sync, slot, unit->piece);
+    CUDA_CHECK(cudaEventRecord(sh->time_ready, sh->comm));
+    sh->time_gathered = 1;
+}
+
+/* Staging slot STAGE_EMBEDDINGS (the embedding unit starts at value 0: the slot's value i is value i). In full,
+   the time path's gather for the backward that follows is queued now (after block 0's reduce-scatter). */
 static float *staged_embedding_grads(void *context, cudaStream_t stream)
 {
-    return stage(context, STAGE_EMBEDDINGS, 0, stream);
+    shard_gpu *sh = context;
+    float *grads = stage(sh, STAGE_EMBEDDINGS, 0, stream);
+    if (sh->mode == SHARD_FULL && !sh->time_gathered) gather_time(sh);
+    return grads;
+}
+
+static const float *whole_time_weights(void *context, int backward, cudaStream_t stream)
+{
+    (void)backward;
+    (void)stream;
+    return ((const shard_gpu *)context)->time_reads;
+}
+
+/* full: the time path's fp32 weights from staging slot STAGE_TIME, gathered now unless a gather is there (the
+   compute stream waits for it). Exact: the held masters themselves. */
+static const float *gathered_time_weights(void *context, int backward, cudaStream_t stream)
+{
+    (void)backward;
+    shard_gpu *sh = context;
+    ALDIT_CHECK(stream == sh->compute, "cuda backend: the model runs on another stream than the sharded state's");
+    if (!sh->time_gathered) gather_time(sh);
+    CUDA_CHECK(cudaStreamWaitEvent(stream, sh->time_ready, 0));
+    return sh->staging[STAGE_TIME] + sh->host->layout.time_in.weight;
 }
 
 /* The reduce-scatter of one unit's gradients in `values` (R c), after `filled` (recorded now on compute), and this
@@ -325,13 +383,13 @@ static void set_model_params(shard_gpu *sh)
     gpu_model_params p = {
         .embedding_weights = sh->whole[0],
         .head_weights = sh->whole[sh->n_units - 1],
-        .time_weights = sh->fp32_reads + sh->fp32_ranges[0].at,
-        .head_modulation = sh->fp32_reads + sh->fp32_ranges[1].at,
+        .head_modulation = sh->head_modulation_reads,
         .block_modulation = sh->block_modulation,
         .block_norm3 = sh->block_norm3,
         .block_weights = sh->mode == SHARD_FULL ? gathered_block_weights : whole_block_weights,
         .block_grads = sharded_grads(sh) ? staged_block_grads : whole_block_grads,
         .embedding_grads = sharded_grads(sh) ? staged_embedding_grads : whole_embedding_grads,
+        .time_weights = sh->mode == SHARD_FULL ? gathered_time_weights : whole_time_weights,
         .head_grads = sharded_grads(sh) ? sh->head_grads : sh->whole_grads + head->first,
         .context = sh,
     };
@@ -394,6 +452,8 @@ shard_gpu *shard_gpu_create(const model *host, const shard_layout *layout, gpu_m
     sh->head_reduced = new_event();
     sh->compute_ready = new_event();
     sh->comm_done = new_event();
+    sh->time_free = new_event();
+    sh->time_ready = new_event();
     set_model_params(sh);
     CUDA_CHECK(cudaDeviceSynchronize()); /* the zeroing (legacy stream) before any work on the NCCL stream */
     return sh;
@@ -413,7 +473,7 @@ void shard_gpu_free(shard_gpu *sh)
     cudaEvent_t events[] = {sh->slot_free[0], sh->slot_free[1], sh->slot_ready[0], sh->slot_ready[1],
                             sh->staging_filled[0], sh->staging_filled[1], sh->staging_reduced[0],
                             sh->staging_reduced[1], sh->head_filled, sh->head_reduced, sh->compute_ready,
-                            sh->comm_done};
+                            sh->comm_done, sh->time_free, sh->time_ready};
     for (size_t i = 0; i < sizeof events / sizeof events[0]; i++) CUDA_CHECK(cudaEventDestroy(events[i]));
     if (sh->own_comm) CUDA_CHECK(cudaStreamDestroy(sh->comm));
     free(sh->units);
@@ -466,9 +526,12 @@ void shard_gpu_set_model(shard_gpu *sh, gpu_model *net)
 /* ---- the weights the model computes with, from the held masters -------------------------------------------------- */
 
 /* Queued on compute, then comm, then compute again: the bf16 copies of the whole units and the fp32 reads, made from
-   the held masters and gathered over the ranks; the full mode's gathered blocks are stale after it. */
+   the held masters and gathered over the ranks; the full mode's gathered blocks and time path are stale after it,
+   and the time path's gather for the next forward is queued on comm behind it (the compute stream does not wait
+   for that one here). */
 static void publish_weights(shard_gpu *sh)
 {
+    sh->time_gathered = 0;
     for (int u = 0; u < sh->n_units; u++) {
         const gpu_unit *unit = &sh->units[u];
         if (unit->whole)
@@ -495,6 +558,7 @@ static void publish_weights(shard_gpu *sh)
     CUDA_CHECK(cudaEventRecord(sh->comm_done, sh->comm));
     CUDA_CHECK(cudaStreamWaitEvent(sh->compute, sh->comm_done, 0));
     sh->slot_block[0] = sh->slot_block[1] = sh->asked_last = -1;
+    if (sh->mode == SHARD_FULL) gather_time(sh);
 }
 
 void shard_gpu_start(shard_gpu *sh, int ema_set)

@@ -345,10 +345,10 @@ int64_t layout_shard_values(const model_layout *layout, layout_backend backend, 
            ceil_div(n - blocks_end, n_ranks);
 }
 
-int64_t layout_gpu_fp32_read_values(const model_layout *layout)
+int64_t layout_gpu_fp32_read_values(const model_layout *layout, deck_shard mode)
 {
-    const int64_t D = layout->dims.dim;
-    return layout->blocks_offset - layout->time_in.weight + 2 * D + layout->dims.num_layers * 8 * D;
+    const int64_t D = layout->dims.dim, time = mode == SHARD_FULL ? 0 : layout->blocks_offset - layout->time_in.weight;
+    return time + 2 * D + layout->dims.num_layers * 8 * D;
 }
 
 layout_state_bytes model_layout_state_bytes(const model_layout *layout, layout_backend backend, deck_shard mode,
@@ -373,7 +373,7 @@ layout_state_bytes model_layout_state_bytes(const model_layout *layout, layout_b
     const double head_p = R * (double)ceil_div(layout->n_weights - blocks_end, n_ranks), e_p = emb_p + head_p;
     const double n_p = e_p + (double)L * b_p, stage = b_p > emb_p ? b_p : emb_p;
     bytes.weights = 2.0 * n_p;
-    bytes.master = 4.0 * (s + (double)layout_gpu_fp32_read_values(layout));
+    bytes.master = 4.0 * (s + (double)layout_gpu_fp32_read_values(layout, mode));
     if (mode == SHARD_GRADIENTS || mode == SHARD_FULL) bytes.gradients = 4.0 * (head_p + 2.0 * stage) + 4.0 * s;
     if (mode == SHARD_FULL) {
         bytes.weights = 2.0 * e_p;

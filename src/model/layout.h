@@ -127,7 +127,8 @@ int64_t layout_gpu_scratch_bytes(const model_layout *layout, int64_t device_scra
      stay whole) and gathered 2 * 2 b (two bf16 slots of one block's weights). In the sharded GPU modes n, e, b and
      the embeddings m and head h (e = m + h) count each unit padded to R equal pieces (R ceil(unit / R): what one
      in-place all-gather or reduce-scatter of it takes; the same at R = 1; b = 0 without blocks), and
-     f = layout_gpu_fp32_read_values, the fp32 weights the GPU model reads in fp32, kept whole.
+     f = layout_gpu_fp32_read_values, the fp32 weights the GPU model reads in fp32 kept whole (in full without the
+     time path, which is all-gathered into a staging slot when the model needs it).
    Either backend, with the EMA: ema 4 s (fp32, held as the master is; 4 n in mode none). */
 typedef struct {
     double weights;    /* the weights the model computes with (CPU: fp32; GPU: bf16), whole or gathered */
@@ -141,9 +142,10 @@ typedef struct {
 layout_state_bytes model_layout_state_bytes(const model_layout *layout, layout_backend backend, deck_shard mode,
                                             int n_ranks, int ema);
 double layout_state_total(const layout_state_bytes *bytes);
-/* f above: the values the GPU model reads in fp32 (gpu_model_params): the time path (time_embedding.0.weight to the
-   end of the embeddings), head.modulation (2 dim) and each block's modulation and norm3 (8 dim). */
-int64_t layout_gpu_fp32_read_values(const model_layout *layout);
+/* f above: the values the GPU model reads in fp32 (gpu_model_params) kept whole under `mode` (sharded):
+   head.modulation (2 dim), each block's modulation and norm3 (8 dim) and, but in full, the time path
+   (time_embedding.0.weight to the end of the embeddings). */
+int64_t layout_gpu_fp32_read_values(const model_layout *layout, deck_shard mode);
 /* s above: the values of one sharded array a rank holds (the largest over ranks), as shard.h cuts it. */
 int64_t layout_shard_values(const model_layout *layout, layout_backend backend, int n_ranks);
 
