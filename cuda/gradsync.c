@@ -254,6 +254,17 @@ void gradsync_all_gather_bf16(gradsync *sync, gpu_bf16 *values, int64_t piece)
 #endif
 }
 
+void gradsync_all_gather_f32(gradsync *sync, float *values, int64_t piece)
+{
+    (void)values; /* without NCCL nothing moves */
+    ALDIT_CHECK(piece >= 0, "gradsync: an all-gather of %lld values per rank", (long long)piece);
+    if (piece == 0 || !shard_collective_runs(sync, "an all-gather")) return;
+#ifdef HAVE_NCCL
+    NCCL_CHECK(ncclAllGather(values + (int64_t)sync->rank * piece, values, (size_t)piece, ncclFloat32, sync->comm,
+                             sync->stream));
+#endif
+}
+
 void gradsync_reduce_scatter_f32(gradsync *sync, float *values, int64_t piece)
 {
     (void)values; /* without NCCL nothing moves */

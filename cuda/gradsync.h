@@ -68,6 +68,7 @@ int gradsync_has_stream(const gradsync *sync);
 cudaStream_t gradsync_stream(const gradsync *sync);
 /* Every rank's piece (bf16) to every rank: ncclAllGather from this rank's piece into the whole buffer. */
 void gradsync_all_gather_bf16(gradsync *sync, gpu_bf16 *values, int64_t piece);
+void gradsync_all_gather_f32(gradsync *sync, float *values, int64_t piece);
 /* The sum over ranks of the whole buffer (fp32), of which this rank gets its piece (ncclReduceScatter, sum, into
    values + rank * piece; the rest of the buffer is left as NCCL leaves it). */
 void gradsync_reduce_scatter_f32(gradsync *sync, float *values, int64_t piece);

@@ -444,10 +444,11 @@ void linear_bwd(gpu_model *gm, const gpu_bf16 *w, float *g, const gpu_bf16 *x, c
                                  stream);
 }
 
-// The fp32 value of the time path at flat offset `offset` (time_first <= offset < blocks_offset).
-const float *time_weight(const gpu_model *gm, int64_t offset)
+// The fp32 value of the time path at flat offset `offset` (time_first <= offset < blocks_offset), of the time path's
+// weights `time_w` (from gpu_model_params.time_weights).
+const float *time_weight(const gpu_model *gm, const float *time_w, int64_t offset)
 {
-    return gm->params.time_weights + (offset - gm->time_first);
+    return time_w + (offset - gm->time_first);
 }
 
 // The block that asks for its weights after block `layer`'s forward (-1: none): the next one, and after the
@@ -700,14 +701,15 @@ void forward(gpu_model *gm, const batch_dims &d, float grad_scale, bool loss_onl
                         stream);
         linear_fwd(gm, p.embedding_weights, gm->text_act, L, D, D, gm->text_out, gm->context, stream);
     }
-    misc_linear_f32_fwd(t.sinusoid, B, gm->freq_dim, D, time_weight(gm, gm->time_in.weight),
-                        time_weight(gm, gm->time_in.bias), gm->time_pre, stream);
+    const float *tw = p.time_weights(p.context, 0, stream);
+    misc_linear_f32_fwd(t.sinusoid, B, gm->freq_dim, D, time_weight(gm, tw, gm->time_in.weight),
+                        time_weight(gm, tw, gm->time_in.bias), gm->time_pre, stream);
     misc_silu_f32_fwd(gm->time_pre, (int64_t)B * D, gm->time_act, stream);
-    misc_linear_f32_fwd(gm->time_act, B, D, D, time_weight(gm, gm->time_out.weight), time_weight(gm, gm->time_out.bias),
-                        gm->time_emb, stream);
+    misc_linear_f32_fwd(gm->time_act, B, D, D, time_weight(gm, tw, gm->time_out.weight),
+                        time_weight(gm, tw, gm->time_out.bias), gm->time_emb, stream);
     misc_silu_f32_fwd(gm->time_emb, (int64_t)B * D, gm->time_silu, stream);
-    misc_linear_f32_fwd(gm->time_silu, B, D, 6 * D, time_weight(gm, gm->time_projection.weight),
-                        time_weight(gm, gm->time_projection.bias), gm->e0, stream);
+    misc_linear_f32_fwd(gm->time_silu, B, D, 6 * D, time_weight(gm, tw, gm->time_projection.weight),
+                        time_weight(gm, tw, gm->time_projection.bias), gm->e0, stream);
     for (int l = 0; l < gm->num_layers; ++l) {
         block_saved &s = gm->saved[l];
         misc_block_modulation(p.block_modulation[l], gm->e0, B, D, s.modulation, stream);
@@ -852,7 +854,7 @@ void backward(gpu_model *gm, const batch_dims &d, cudaStream_t stream)
 
     // embeddings: d_x is now the gradient of the patch embedding's output
     const gpu_bf16 *embedding_w = params.embedding_weights;
-    float *grads = params.embedding_grads;
+    float *grads = params.embedding_grads(params.context, stream);
     linear_bwd(gm, embedding_w, grads, gm->tokens_in, gm->d_x, N, gm->patch_in, D, gm->patch, nullptr, nullptr, 0,
                stream);
     if (L > 0) {
@@ -865,14 +867,15 @@ void backward(gpu_model *gm, const batch_dims &d, cudaStream_t stream)
 
     // time path (fp32): e0 (its gradient summed over the blocks above) feeds every block's modulation; e
     // feeds the head's and the projection
-    misc_linear_f32_bwd(gm->time_silu, gm->d_e0, B, D, 6 * D, time_weight(gm, gm->time_projection.weight),
+    const float *tw = params.time_weights(params.context, 1, stream);
+    misc_linear_f32_bwd(gm->time_silu, gm->d_e0, B, D, 6 * D, time_weight(gm, tw, gm->time_projection.weight),
                         gm->d_time_b, grads + gm->time_projection.weight, grads + gm->time_projection.bias, stream);
     misc_silu_f32_bwd(gm->time_emb, gm->d_time_b, (int64_t)B * D, gm->d_time_b, stream);
     misc_accumulate_f32(gm->d_time_b, (int64_t)B * D, gm->d_time_emb, stream);
-    misc_linear_f32_bwd(gm->time_act, gm->d_time_emb, B, D, D, time_weight(gm, gm->time_out.weight), gm->d_time_b,
+    misc_linear_f32_bwd(gm->time_act, gm->d_time_emb, B, D, D, time_weight(gm, tw, gm->time_out.weight), gm->d_time_b,
                         grads + gm->time_out.weight, grads + gm->time_out.bias, stream);
     misc_silu_f32_bwd(gm->time_pre, gm->d_time_b, (int64_t)B * D, gm->d_time_b, stream);
-    misc_linear_f32_bwd(t.sinusoid, gm->d_time_b, B, gm->freq_dim, D, time_weight(gm, gm->time_in.weight), nullptr,
+    misc_linear_f32_bwd(t.sinusoid, gm->d_time_b, B, gm->freq_dim, D, time_weight(gm, tw, gm->time_in.weight), nullptr,
                         grads + gm->time_in.weight, grads + gm->time_in.bias, stream);
     head_and_embedding_grads_ready(gm, stream);
 }
@@ -1040,6 +1043,20 @@ float *own_block_grads(void *context, int layer, cudaStream_t stream)
     return gm->grads + gm->blocks[layer].first;
 }
 
+float *own_embedding_grads(void *context, cudaStream_t stream)
+{
+    (void)stream;
+    return static_cast<const gpu_model *>(context)->grads;
+}
+
+const float *own_time_weights(void *context, int backward, cudaStream_t stream)
+{
+    (void)backward;
+    (void)stream;
+    const gpu_model *gm = static_cast<const gpu_model *>(context);
+    return gm->master + gm->time_first;
+}
+
 // Allocate the whole master, bf16 and gradient buffers and point the parameters at them.
 void own_params(gpu_model *gm)
 {
@@ -1059,14 +1076,14 @@ void own_params(gpu_model *gm)
     gpu_model_params &p = gm->params;
     p.embedding_weights = gm->working;
     p.head_weights = gm->working + gm->head_first;
-    p.embedding_grads = gm->grads;
     p.head_grads = gm->grads + gm->head_first;
-    p.time_weights = gm->master + gm->time_first;
     p.head_modulation = gm->master + gm->head_first + gm->head_modulation;
     p.block_modulation = gm->own_modulation;
     p.block_norm3 = gm->own_norm3;
     p.block_weights = own_block_weights;
     p.block_grads = own_block_grads;
+    p.embedding_grads = own_embedding_grads;
+    p.time_weights = own_time_weights;
     p.context = gm;
 }
 
@@ -1119,10 +1136,10 @@ gpu_model *gpu_model_create_without_params(const model *host_model, int64_t max_
 void gpu_model_set_params(gpu_model *gm, const gpu_model_params *params)
 {
     ALDIT_CHECK(!gm->master, "gpu model: gpu_model_set_params on a model that holds its own parameters");
-    ALDIT_CHECK(params->embedding_weights && params->head_weights && params->embedding_grads && params->head_grads &&
-                params->time_weights && params->head_modulation && params->block_weights && params->block_grads &&
+    ALDIT_CHECK(params->embedding_weights && params->head_weights && params->head_grads && params->head_modulation &&
+                params->block_weights && params->block_grads && params->embedding_grads && params->time_weights &&
                 (gm->num_layers == 0 || (params->block_modulation && params->block_norm3)),
-                "gpu model: gpu_model_set_params needs every pointer and both block functions");
+                "gpu model: gpu_model_set_params needs every pointer and every function");
     gm->params = *params;
 }
 
@@ -1141,6 +1158,7 @@ void gpu_model_grads_ready_all(const gpu_model *gm, cudaStream_t stream)
 {
     // the calls block_forward and backward make, in their order
     const gpu_model_params &p = gm->params;
+    p.time_weights(p.context, 0, stream);
     for (int l = 0; l < gm->num_layers; ++l) block_weights(gm, l, forward_next(gm, l), stream);
     for (int l = gm->num_layers - 1; l >= 0; --l) {
         block_weights(gm, l, l - 1, stream);
@@ -1148,6 +1166,8 @@ void gpu_model_grads_ready_all(const gpu_model *gm, cudaStream_t stream)
         if (l > 0 && gm->recompute == GPU_RECOMPUTE_BLOCK) block_weights(gm, l - 1, l - 2, stream);
         grads_ready(gm, gm->blocks[l].first, gm->blocks[l].end - gm->blocks[l].first, stream);
     }
+    p.embedding_grads(p.context, stream);
+    p.time_weights(p.context, 1, stream);
     head_and_embedding_grads_ready(gm, stream);
 }
 

@@ -60,28 +60,39 @@ void gpu_model_free(gpu_model *gm);
    n_weights), and within the embeddings the time path [time_first = time_in.weight, blocks_offset):
    - bf16 weights the GEMMs and norms read: the embeddings' (embedding_weights[i] is value i) and the head's
      (head_weights[i] is value head_first + i), whole; a block's from block_weights;
-   - fp32 weights the time path and the modulations read (in fp32, on the B rows of a micro-batch): the time path
-     (time_weights[i] is value time_first + i), head.modulation [2 dim], each block's modulation [6 dim] and
-     norm3.weight followed by norm3.bias [2 dim] (block_modulation[l], block_norm3[l]: num_layers pointers each);
-   - fp32 gradients the backward ADDS into: the embeddings' and the head's (as their weights), a block's from
-     block_grads.
+   - fp32 weights the time path and the modulations read (in fp32, on the B rows of a micro-batch): the time path's
+     from time_weights, head.modulation [2 dim], each block's modulation [6 dim] and norm3.weight followed by
+     norm3.bias [2 dim] (block_modulation[l], block_norm3[l]: num_layers pointers each);
+   - fp32 gradients the backward ADDS into: the head's (as its weights), the embeddings' from embedding_grads, a
+     block's from block_grads.
    block_weights(context, layer, next, stream): called on the host as the model is about to queue block `layer`'s
    forward, re-run or backward on `stream`; returns its bf16 weights (block_stride values, the block's own offsets)
    for the work queued on `stream` from now until it asks for another block's (the pointer may be reused then).
    `next` is the block it will ask for after this one (-1: none in this call), for a prefetch.
    block_grads(context, layer, stream): called just after block_weights as block `layer`'s backward begins; returns
    the fp32 array (block_stride values) its gradients are added into from now until gpu_grads_ready_fn reports
-   the block's range. Both are called in the same order on every call with the same model (gpu_model_grads_ready_all
-   replays them). */
+   the block's range.
+   embedding_grads(context, stream): called as the embeddings' backward begins (after the first block's range is
+   reported); returns the fp32 array (blocks_offset values, embedding_grads[i] is value i) the embeddings' gradients
+   are added into from now until gpu_grads_ready_fn reports their range.
+   time_weights(context, backward, stream): called as the time path's forward (backward 0: the first call of a
+   forward, before any block_weights) and its backward (backward 1: after embedding_grads) are about to be queued;
+   returns its fp32 weights (blocks_offset - time_first values, time_weights[i] is value time_first + i) for the time
+   path's work queued from now (the model asks again before the next).
+   All are called in the same order on every call with the same model (gpu_model_grads_ready_all replays them). */
 typedef const gpu_bf16 *(*gpu_block_weights_fn)(void *context, int layer, int next, cudaStream_t stream);
 typedef float *(*gpu_block_grads_fn)(void *context, int layer, cudaStream_t stream);
+typedef float *(*gpu_embedding_grads_fn)(void *context, cudaStream_t stream);
+typedef const float *(*gpu_time_weights_fn)(void *context, int backward, cudaStream_t stream);
 typedef struct {
     const gpu_bf16 *embedding_weights, *head_weights;
-    const float *time_weights, *head_modulation;
+    const float *head_modulation;
     const float *const *block_modulation, *const *block_norm3;  /* arrays the caller keeps while they are set */
-    float *embedding_grads, *head_grads;
+    float *head_grads;
     gpu_block_weights_fn block_weights;
     gpu_block_grads_fn block_grads;
+    gpu_embedding_grads_fn embedding_grads;
+    gpu_time_weights_fn time_weights;
     void *context;
 } gpu_model_params;
 
@@ -144,9 +155,9 @@ double gpu_model_enqueue_seconds(const gpu_model *gm);
    of the call's work queued on `stream` does not touch them again. NULL turns it off (the default). */
 typedef void (*gpu_grads_ready_fn)(void *context, int64_t first, int64_t count, cudaStream_t stream);
 void gpu_model_set_grads_ready(gpu_model *gm, gpu_grads_ready_fn ready, void *context);
-/* Make every call to the parameter source (block_weights, block_grads) and report every range, in the order a
-   forward_backward call would, computing nothing: for a rank with no micro-batch in a step (or fewer than another
-   rank), whose collectives must be the same calls as the others'. */
+/* Make every call to the parameter source (block_weights, block_grads, embedding_grads, time_weights) and report every range, in
+   the order a forward_backward call would, computing nothing: for a rank with no micro-batch in a step (or fewer
+   than another rank), whose collectives must be the same calls as the others'. */
 void gpu_model_grads_ready_all(const gpu_model *gm, cudaStream_t stream);
 
 gpu_model_buffers gpu_model_get_buffers(const gpu_model *gm);

@@ -49,26 +49,37 @@ struct shard_gpu {
     int slot_block[2], asked_last;
     cudaEvent_t slot_free[2];   /* recorded on compute before a gather into the slot: its previous block's work */
     cudaEvent_t slot_ready[2];  /* recorded on comm after the gather into the slot */
-    /* gradients: optimizer: whole fp32 [n]; gradients, full: the embeddings' and head's whole (R c each) and two
-       staging slots of one block's (R c_b each) */
-    float *whole_grads, *embedding_grads, *head_grads, *staging[2];
-    int staging_block[2];
-    cudaEvent_t staging_filled[2];   /* recorded on compute when the block's backward is queued */
+    /* gradients: optimizer: whole fp32 [n]; gradients, full: the head's whole (R c_h) and two staging slots
+       (stage_values = max(R c_b, R c_e) each) that take a block's, and the embeddings' in slot STAGE_EMBEDDINGS */
+    float *whole_grads, *head_grads, *staging[2];
+    int64_t stage_values;
+    int staging_unit[2];             /* the unit whose gradients the slot takes (-1: none yet) */
+    cudaEvent_t staging_filled[2];   /* recorded on compute when the unit's backward is queued */
     cudaEvent_t staging_reduced[2];  /* recorded on comm after the slot's reduce-scatter and accumulation */
-    cudaEvent_t outside_filled, outside_reduced;
+    cudaEvent_t head_filled, head_reduced;
     cudaEvent_t compute_ready, comm_done; /* compute -> comm and comm -> compute at the step's edges */
     int rounds, rounds_done;
-    /* the fp32 values the model reads in fp32, whole */
+    /* full: staging slot STAGE_TIME holds the embeddings' fp32 masters, gathered since they last changed and not
+       written since (time_gathered); time_free recorded on compute before the gather, time_ready on comm after it */
+    int time_gathered;
+    cudaEvent_t time_free, time_ready;
+    /* the fp32 values the model reads in fp32, whole (the time path's not in full) */
     float *fp32_reads;
     int64_t fp32_values;
     fp32_range *fp32_ranges;
     int n_fp32_ranges;
+    const float *time_reads, *head_modulation_reads; /* time_reads: NULL in full */
     const float **block_modulation, **block_norm3;
     held_run *runs;
     int n_runs;
 };
 
 static int sharded_grads(const shard_gpu *sh) { return sh->mode == SHARD_GRADIENTS || sh->mode == SHARD_FULL; }
+
+/* The staging slot of the embeddings' gradients: their backward comes after block 0's (slot 0, still being
+   reduce-scattered then), when block 1's slot is free again once its reduce-scatter is done. In full, the time
+   path's weights are gathered into the other one. */
+enum { STAGE_TIME = 0, STAGE_EMBEDDINGS = 1 };
 
 static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -160,36 +171,45 @@ static void make_runs(shard_gpu *sh)
     }
 }
 
-/* The fp32-reads array: the time path, head.modulation, then each block's modulation and norm3 (gpu_model_params). */
+static fp32_range next_range(int64_t first, int64_t count, int64_t *at)
+{
+    const fp32_range range = {first, count, *at};
+    *at += count;
+    return range;
+}
+
+/* The fp32-reads array: the time path (not in full: gathered when the model asks, gathered_time_weights),
+   head.modulation, then each block's modulation and norm3 (gpu_model_params). */
 static void make_fp32_reads(shard_gpu *sh)
 {
     const model_layout *layout = &sh->host->layout;
     const int64_t D = layout->dims.dim;
-    sh->n_fp32_ranges = 2 + 2 * sh->num_layers;
+    const int time_whole = sh->mode != SHARD_FULL;
+    sh->n_fp32_ranges = time_whole + 1 + 2 * sh->num_layers;
     sh->fp32_ranges = xcalloc((size_t)sh->n_fp32_ranges, sizeof *sh->fp32_ranges);
     int64_t at = 0;
     int n = 0;
-    sh->fp32_ranges[n++] = (fp32_range){layout->time_in.weight, layout->blocks_offset - layout->time_in.weight, at};
-    at += sh->fp32_ranges[0].count;
-    sh->fp32_ranges[n++] = (fp32_range){layout->head_modulation, 2 * D, at};
-    at += 2 * D;
+    if (time_whole)
+        sh->fp32_ranges[n++] = next_range(layout->time_in.weight, layout->blocks_offset - layout->time_in.weight, &at);
+    sh->fp32_ranges[n++] = next_range(layout->head_modulation, 2 * D, &at);
+    const int first_block = n;
     for (int l = 0; l < sh->num_layers; l++) {
         const layout_block block = model_layout_block(layout, l);
-        sh->fp32_ranges[n++] = (fp32_range){block.modulation, 6 * D, at};
-        at += 6 * D;
-        sh->fp32_ranges[n++] = (fp32_range){block.norm3_weight, 2 * D, at};
-        at += 2 * D;
+        sh->fp32_ranges[n++] = next_range(block.modulation, 6 * D, &at);
+        sh->fp32_ranges[n++] = next_range(block.norm3_weight, 2 * D, &at);
     }
     sh->fp32_values = at;
-    ALDIT_CHECK(at == layout_gpu_fp32_read_values(layout), "cuda backend: %lld fp32 values read whole, not the state "
-                "formula's %lld", (long long)at, (long long)layout_gpu_fp32_read_values(layout));
+    ALDIT_CHECK(at == layout_gpu_fp32_read_values(layout, sh->mode), "cuda backend: %lld fp32 values read whole, not "
+                "the state formula's %lld", (long long)at, (long long)layout_gpu_fp32_read_values(layout, sh->mode));
     sh->fp32_reads = device_zeros(at * (int64_t)sizeof(float));
+    sh->time_reads = time_whole ? sh->fp32_reads + sh->fp32_ranges[0].at : NULL;
+    sh->head_modulation_reads = sh->fp32_reads + sh->fp32_ranges[time_whole].at;
     const size_t layers = (size_t)(sh->num_layers > 0 ? sh->num_layers : 1);
     sh->block_modulation = xcalloc(layers, sizeof *sh->block_modulation);
     sh->block_norm3 = xcalloc(layers, sizeof *sh->block_norm3);
     for (int l = 0; l < sh->num_layers; l++) {
-        sh->block_modulation[l] = sh->fp32_reads + sh->fp32_ranges[2 + 2 * l].at;
-        sh->block_norm3[l] = sh->fp32_reads + sh->fp32_ranges[3 + 2 * l].at;
+        sh->block_modulation[l] = sh->fp32_reads + sh->fp32_ranges[first_block + 2 * l].at;
+        sh->block_norm3[l] = sh->fp32_reads + sh->fp32_ranges[first_block + 1 + 2 * l].at;
     }
 }
 
@@ -253,16 +273,79 @@ static float *whole_block_grads(void *context, int layer, cudaStream_t stream)
     return sh->whole_grads + block_unit(sh, layer)->first;
 }
 
-/* Staging slot layer mod 2, zeroed once its last reduce-scatter is done. */
+static float *whole_embedding_grads(void *context, cudaStream_t stream)
+{
+    (void)stream;
+    return ((const shard_gpu *)context)->whole_grads;
+}
+
+/* Staging slot k for unit `index`'s gradients (R c values used), zeroed on `stream` once the slot's last
+   reduce-scatter is done. */
+static float *stage(shard_gpu *sh, int k, int index, cudaStream_t stream)
+{
+    ALDIT_CHECK(stream == sh->compute, "cuda backend: the model runs on another stream than the sharded state's");
+    CUDA_CHECK(cudaStreamWaitEvent(stream, sh->staging_reduced[k], 0));
+    if (k == STAGE_TIME) { /* full: the time path's gather there is done and read (it was, before any backward) */
+        CUDA_CHECK(cudaStreamWaitEvent(stream, sh->time_ready, 0));
+        sh->time_gathered = 0;
+    }
+    CUDA_CHECK(cudaMemsetAsync(sh->staging[k], 0, (size_t)(sh->n_ranks * sh->units[index].piece) * sizeof(float),
+                               stream));
+    sh->staging_unit[k] = index;
+    return sh->staging[k];
+}
+
+/* Staging slot layer mod 2. */
 static float *staged_block_grads(void *context, int layer, cudaStream_t stream)
 {
     shard_gpu *sh = context;
-    const gpu_unit *unit = block_unit(sh, layer);
-    const int k = layer % 2;
-    CUDA_CHECK(cudaStreamWaitEvent(stream, sh->staging_reduced[k], 0));
-    CUDA_CHECK(cudaMemsetAsync(sh->staging[k], 0, (size_t)(sh->n_ranks * unit->piece) * sizeof(float), stream));
-    sh->staging_block[k] = layer;
-    return sh->staging[k];
+    block_unit(sh, layer);
+    return stage(sh, layer % 2, 1 + layer, stream);
+}
+
+/* full: the embedding unit's fp32 masters all-gathered into staging slot STAGE_TIME (R c_e values, in place from
+   this rank's piece) on the NCCL stream, after the work queued on compute so far (every earlier use of the slot on
+   compute; the slot's reduce-scatters are earlier on the NCCL stream itself); time_ready recorded after it. */
+static void gather_time(shard_gpu *sh)
+{
+    const gpu_unit *unit = &sh->units[0];
+    float *slot = sh->staging[STAGE_TIME];
+    CUDA_CHECK(cudaEventRecord(sh->time_free, sh->compute));
+    CUDA_CHECK(cudaStreamWaitEvent(sh->comm, sh->time_free, 0));
+    CUDA_CHECK(cudaMemcpyAsync(slot + (int64_t)sh->rank * unit->piece, sh->master + unit->held_at,
+                               (size_t)unit->piece * sizeof(float), cudaMemcpyDeviceToDevice, sh->comm));
+    gradsync_all_gather_f32(sh->sync, slot, unit->piece);
+    CUDA_CHECK(cudaEventRecord(sh->time_ready, sh->comm));
+    sh->time_gathered = 1;
+}
+
+/* Staging slot STAGE_EMBEDDINGS (the embedding unit starts at value 0: the slot's value i is value i). In full,
+   the time path's gather for the backward that follows is queued now (after block 0's reduce-scatter). */
+static float *staged_embedding_grads(void *context, cudaStream_t stream)
+{
+    shard_gpu *sh = context;
+    float *grads = stage(sh, STAGE_EMBEDDINGS, 0, stream);
+    if (sh->mode == SHARD_FULL && !sh->time_gathered) gather_time(sh);
+    return grads;
+}
+
+static const float *whole_time_weights(void *context, int backward, cudaStream_t stream)
+{
+    (void)backward;
+    (void)stream;
+    return ((const shard_gpu *)context)->time_reads;
+}
+
+/* full: the time path's fp32 weights from staging slot STAGE_TIME, gathered now unless a gather is there (the
+   compute stream waits for it). Exact: the held masters themselves. */
+static const float *gathered_time_weights(void *context, int backward, cudaStream_t stream)
+{
+    (void)backward;
+    shard_gpu *sh = context;
+    ALDIT_CHECK(stream == sh->compute, "cuda backend: the model runs on another stream than the sharded state's");
+    if (!sh->time_gathered) gather_time(sh);
+    CUDA_CHECK(cudaStreamWaitEvent(stream, sh->time_ready, 0));
+    return sh->staging[STAGE_TIME] + sh->host->layout.time_in.weight;
 }
 
 /* The reduce-scatter of one unit's gradients in `values` (R c), after `filled` (recorded now on compute), and this
@@ -277,7 +360,7 @@ static void reduce_unit(shard_gpu *sh, const gpu_unit *unit, float *values, cuda
     CUDA_CHECK(cudaEventRecord(reduced, sh->comm));
 }
 
-/* gpu_grads_ready_fn (gradients, full): a block's staging slot, or the head's or embeddings' gradients. */
+/* gpu_grads_ready_fn (gradients, full): a block's or the embeddings' staging slot, or the head's gradients. */
 static void unit_grads_ready(void *context, int64_t first, int64_t count, cudaStream_t stream)
 {
     shard_gpu *sh = context;
@@ -285,15 +368,13 @@ static void unit_grads_ready(void *context, int64_t first, int64_t count, cudaSt
     ALDIT_CHECK(first == unit->first && count == unit->len, "cuda backend: gradients [%lld, +%lld) reported, not a unit",
                 (long long)first, (long long)count);
     const int index = (int)(unit - sh->units);
-    if (index >= 1 && index <= sh->num_layers) {
-        const int k = (index - 1) % 2;
-        ALDIT_CHECK(sh->staging_block[k] == index - 1, "cuda backend: block %d's gradients are not in its staging slot",
-                    index - 1);
-        reduce_unit(sh, unit, sh->staging[k], sh->staging_filled[k], sh->staging_reduced[k], stream);
-    } else {
-        reduce_unit(sh, unit, index == 0 ? sh->embedding_grads : sh->head_grads, sh->outside_filled,
-                    sh->outside_reduced, stream);
+    if (index == sh->n_units - 1) {
+        reduce_unit(sh, unit, sh->head_grads, sh->head_filled, sh->head_reduced, stream);
+        return;
     }
+    const int k = index == 0 ? STAGE_EMBEDDINGS : (index - 1) % 2;
+    ALDIT_CHECK(sh->staging_unit[k] == index, "cuda backend: unit %d's gradients are not in its staging slot", index);
+    reduce_unit(sh, unit, sh->staging[k], sh->staging_filled[k], sh->staging_reduced[k], stream);
 }
 
 static void set_model_params(shard_gpu *sh)
@@ -302,21 +383,16 @@ static void set_model_params(shard_gpu *sh)
     gpu_model_params p = {
         .embedding_weights = sh->whole[0],
         .head_weights = sh->whole[sh->n_units - 1],
-        .time_weights = sh->fp32_reads + sh->fp32_ranges[0].at,
-        .head_modulation = sh->fp32_reads + sh->fp32_ranges[1].at,
+        .head_modulation = sh->head_modulation_reads,
         .block_modulation = sh->block_modulation,
         .block_norm3 = sh->block_norm3,
         .block_weights = sh->mode == SHARD_FULL ? gathered_block_weights : whole_block_weights,
         .block_grads = sharded_grads(sh) ? staged_block_grads : whole_block_grads,
+        .embedding_grads = sharded_grads(sh) ? staged_embedding_grads : whole_embedding_grads,
+        .time_weights = sh->mode == SHARD_FULL ? gathered_time_weights : whole_time_weights,
+        .head_grads = sharded_grads(sh) ? sh->head_grads : sh->whole_grads + head->first,
         .context = sh,
     };
-    if (sharded_grads(sh)) {
-        p.embedding_grads = sh->embedding_grads;
-        p.head_grads = sh->head_grads;
-    } else {
-        p.embedding_grads = sh->whole_grads;
-        p.head_grads = sh->whole_grads + head->first;
-    }
     gpu_model_set_params(sh->net, &p);
 }
 
@@ -356,25 +432,28 @@ shard_gpu *shard_gpu_create(const model *host, const shard_layout *layout, gpu_m
         if (sh->units[u].whole)
             sh->whole[u] = device_zeros(sh->n_ranks * sh->units[u].piece * (int64_t)sizeof(gpu_bf16));
     const int64_t block_values = sh->num_layers > 0 ? sh->n_ranks * sh->units[1].piece : 0;
+    const int64_t embedding_values = sh->n_ranks * sh->units[0].piece;
+    sh->stage_values = sharded_grads(sh) ? (block_values > embedding_values ? block_values : embedding_values) : 0;
     sh->slot_block[0] = sh->slot_block[1] = sh->asked_last = -1;
-    sh->staging_block[0] = sh->staging_block[1] = -1;
+    sh->staging_unit[0] = sh->staging_unit[1] = -1;
     for (int k = 0; k < 2; k++) {
         if (sh->mode == SHARD_FULL) sh->slot[k] = device_zeros(block_values * (int64_t)sizeof(gpu_bf16));
-        if (sharded_grads(sh)) sh->staging[k] = device_zeros(block_values * f);
+        sh->staging[k] = device_zeros(sh->stage_values * f);
         sh->slot_free[k] = new_event();
         sh->slot_ready[k] = new_event();
         sh->staging_filled[k] = new_event();
         sh->staging_reduced[k] = new_event();
     }
     if (sharded_grads(sh)) {
-        sh->embedding_grads = device_zeros(sh->n_ranks * sh->units[0].piece * f);
         sh->head_grads = device_zeros(sh->n_ranks * sh->units[sh->n_units - 1].piece * f);
         sh->summed = device_zeros(s * f);
     } else sh->whole_grads = device_zeros(host->n_weights * f);
-    sh->outside_filled = new_event();
-    sh->outside_reduced = new_event();
+    sh->head_filled = new_event();
+    sh->head_reduced = new_event();
     sh->compute_ready = new_event();
     sh->comm_done = new_event();
+    sh->time_free = new_event();
+    sh->time_ready = new_event();
     set_model_params(sh);
     CUDA_CHECK(cudaDeviceSynchronize()); /* the zeroing (legacy stream) before any work on the NCCL stream */
     return sh;
@@ -386,15 +465,15 @@ void shard_gpu_free(shard_gpu *sh)
     CUDA_CHECK(cudaStreamSynchronize(sh->comm));
     CUDA_CHECK(cudaStreamSynchronize(sh->compute));
     void *buffers[] = {sh->master, sh->adam_m, sh->adam_v, sh->summed, sh->slot[0], sh->slot[1], sh->whole_grads,
-                       sh->embedding_grads, sh->head_grads, sh->staging[0], sh->staging[1], sh->fp32_reads};
+                       sh->head_grads, sh->staging[0], sh->staging[1], sh->fp32_reads};
     for (size_t i = 0; i < sizeof buffers / sizeof buffers[0]; i++) CUDA_CHECK(cudaFree(buffers[i]));
     CUDA_CHECK(cudaFree(sh->ema));
     for (int u = 0; u < sh->n_units; u++) CUDA_CHECK(cudaFree(sh->whole[u]));
     free(sh->whole);
     cudaEvent_t events[] = {sh->slot_free[0], sh->slot_free[1], sh->slot_ready[0], sh->slot_ready[1],
                             sh->staging_filled[0], sh->staging_filled[1], sh->staging_reduced[0],
-                            sh->staging_reduced[1], sh->outside_filled, sh->outside_reduced, sh->compute_ready,
-                            sh->comm_done};
+                            sh->staging_reduced[1], sh->head_filled, sh->head_reduced, sh->compute_ready,
+                            sh->comm_done, sh->time_free, sh->time_ready};
     for (size_t i = 0; i < sizeof events / sizeof events[0]; i++) CUDA_CHECK(cudaEventDestroy(events[i]));
     if (sh->own_comm) CUDA_CHECK(cudaStreamDestroy(sh->comm));
     free(sh->units);
@@ -413,8 +492,8 @@ layout_state_bytes shard_gpu_bytes(const shard_gpu *sh)
                                 .moments = 2.0 * f * s};
     if (sh->ema) bytes.ema = f * s;
     if (sh->mode == SHARD_FULL) bytes.gathered = 2.0 * h * block_values;
-    const double outside = (double)sh->n_ranks * (double)(sh->units[0].piece + sh->units[sh->n_units - 1].piece);
-    if (sharded_grads(sh)) bytes.gradients = f * (outside + 2.0 * block_values + s);
+    const double head = (double)sh->n_ranks * (double)sh->units[sh->n_units - 1].piece;
+    if (sharded_grads(sh)) bytes.gradients = f * (head + 2.0 * (double)sh->stage_values + s);
     else bytes.gradients = f * (double)sh->host->n_weights;
     return bytes;
 }
@@ -447,9 +526,12 @@ void shard_gpu_set_model(shard_gpu *sh, gpu_model *net)
 /* ---- the weights the model computes with, from the held masters -------------------------------------------------- */
 
 /* Queued on compute, then comm, then compute again: the bf16 copies of the whole units and the fp32 reads, made from
-   the held masters and gathered over the ranks; the full mode's gathered blocks are stale after it. */
+   the held masters and gathered over the ranks; the full mode's gathered blocks and time path are stale after it,
+   and the time path's gather for the next forward is queued on comm behind it (the compute stream does not wait
+   for that one here). */
 static void publish_weights(shard_gpu *sh)
 {
+    sh->time_gathered = 0;
     for (int u = 0; u < sh->n_units; u++) {
         const gpu_unit *unit = &sh->units[u];
         if (unit->whole)
@@ -476,6 +558,7 @@ static void publish_weights(shard_gpu *sh)
     CUDA_CHECK(cudaEventRecord(sh->comm_done, sh->comm));
     CUDA_CHECK(cudaStreamWaitEvent(sh->compute, sh->comm_done, 0));
     sh->slot_block[0] = sh->slot_block[1] = sh->asked_last = -1;
+    if (sh->mode == SHARD_FULL) gather_time(sh);
 }
 
 void shard_gpu_start(shard_gpu *sh, int ema_set)
@@ -503,11 +586,9 @@ void shard_gpu_begin_step(shard_gpu *sh, int rounds)
 void shard_gpu_before_micro_batch(shard_gpu *sh)
 {
     if (!sharded_grads(sh)) return;
-    CUDA_CHECK(cudaStreamWaitEvent(sh->compute, sh->outside_reduced, 0));
-    const size_t f = sizeof(float);
-    CUDA_CHECK(cudaMemsetAsync(sh->embedding_grads, 0, (size_t)(sh->n_ranks * sh->units[0].piece) * f, sh->compute));
-    CUDA_CHECK(cudaMemsetAsync(sh->head_grads, 0, (size_t)(sh->n_ranks * sh->units[sh->n_units - 1].piece) * f,
-                               sh->compute));
+    CUDA_CHECK(cudaStreamWaitEvent(sh->compute, sh->head_reduced, 0));
+    CUDA_CHECK(cudaMemsetAsync(sh->head_grads, 0, (size_t)(sh->n_ranks * sh->units[sh->n_units - 1].piece) *
+                               sizeof(float), sh->compute));
     gpu_model_set_grads_ready(sh->net, unit_grads_ready, sh);
     sh->rounds_done++;
 }

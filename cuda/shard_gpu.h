@@ -19,20 +19,31 @@
    - optimizer: bf16 weights of every unit whole (each unit padded to R c_u, so that its all-gather is one in-place
      call), fp32 gradients whole (n, the flat order: the bucketed all-reduce of gradsync sums them as in mode none);
      AdamW updates the held values, whose bf16 copies are then all-gathered unit by unit.
-   - gradients: bf16 weights as optimizer; the embeddings' and head's fp32 gradients whole (padded), a block's
-     backward writes into one of two staging slots (R c_b each, block l in slot l mod 2) which, as the block's
+   - gradients: bf16 weights as optimizer; the head's fp32 gradients whole (padded); a block's backward writes into
+     one of two staging slots (max(R c_b, R c_e) values each, block l in slot l mod 2) which, as the block's
      backward finishes, is reduce-scattered (sum) on the NCCL stream and this rank's piece added into the summed
      gradient; the slot is reused (zeroed on the compute stream) only after an event says its reduce-scatter is done.
-     The embeddings' and head's are reduce-scattered as a micro-batch's backward ends. Every micro-batch does this;
-     a rank with fewer micro-batches than the step's rounds replays the rest with zeros (gpu_model_grads_ready_all).
+     The embeddings' backward, which follows block 0's, writes into slot 1 the same way (block 1's reduce-scatter is
+     done or queued before it by then; the compute stream waits for its event); the embeddings' and the head's are
+     reduce-scattered as a micro-batch's backward ends. Every micro-batch does this; a rank with fewer micro-batches
+     than the step's rounds replays the rest with zeros (gpu_model_grads_ready_all).
    - full: as gradients, and only the embeddings' and head's bf16 weights stay whole: a block's are all-gathered into
      one of two bf16 slots (R c_b each) when the model asks for them (block_weights), from this rank's piece written
      from its fp32 master into the slot's own segment; the block it will ask for next is gathered into the other
      slot at once on the NCCL stream (a prefetch), after an event recorded on the compute stream says the work
-     reading that slot's previous block is done. No host synchronisation inside a step.
-   In every mode the fp32 values the model reads in fp32 (the time path, head.modulation, each block's modulation
-   and norm3) are kept whole in one fp32 array (refreshed from the held masters by a zero-padded all-reduce).
-   Device bytes: model_layout_state_bytes (model/layout.h) for the mode, exactly (shard_gpu_bytes). */
+     reading that slot's previous block is done. The time path's fp32 weights are not kept whole: when the model asks
+     for them (time_weights: every forward's, and each backward's after block 0's), the embeddings' fp32 masters are
+     all-gathered (R c_e values, in place from this rank's piece) into staging slot 0 on the NCCL stream, after an
+     event on the compute stream (the slot's earlier uses) and behind the slot's reduce-scatters already on the NCCL
+     stream; the compute stream waits for an event after it. The values are the masters themselves, so the numerics
+     are none's. The backward's gather is queued as the embeddings' backward begins; it stays valid until a block's
+     gradients are next staged in slot 0, so the next micro-batch's forward reuses it; finish_step queues a fresh one
+     for the next step. Cost: one all-gather of 4 R c_e bytes per micro-batch and one per step, against the
+     micro-batch's 2 L - 1 block gathers of 2 R c_b bytes each (14B at 8 ranks: 0.87 GiB against 51 GiB), and the
+     time path's backward waits for block 0's reduce-scatter and that gather. No host synchronisation inside a step.
+   The other fp32 values the model reads in fp32 (head.modulation, each block's modulation and norm3, and but in
+   full the time path) are kept whole in one fp32 array (refreshed from the held masters by a zero-padded
+   all-reduce). Device bytes: model_layout_state_bytes (model/layout.h) for the mode, exactly (shard_gpu_bytes). */
 typedef struct shard_gpu shard_gpu;
 
 /* A sharded state (layout->mode not none, shard_layout_units of the host's layout) for `net`, created with

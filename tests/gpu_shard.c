@@ -1,4 +1,4 @@
-/* gpu_shard.c — the CUDA backend's [train] shard modes against none: the device state each allocates is the state formula to the byte, and 5 steps of every mode (both recomputation modes, uneven micro-batch counts across ranks) give none's losses within 1e-6 and its weights and EMA within 1e-5. Runs on any number of MPI ranks with a GPU each (tests/gpu_shard_ranks.sh: 2). */
+/* gpu_shard.c — the CUDA backend's [train] shard modes against none: the device state each allocates is the state formula to the byte, and 5 steps of every mode (both recomputation modes, uneven micro-batch counts across ranks; also a one-block model whose embeddings outweigh its block) give none's losses within 1e-6 and its weights and EMA within 1e-5. Runs on any number of MPI ranks with a GPU each (tests/gpu_shard_ranks.sh: 2). */
 #include "config.h"
 
 #include <math.h>
@@ -29,16 +29,22 @@ enum { kSteps = 5, kMaxMicro = 2, kSamplesPerMicro = 2 };
 
 static comm_info info;
 
-/* The quick-start dims (D 64, F 128, 4 heads, 16 text tokens of 32) with 3 layers. */
-static void tiny_deck(deck *config, deck_shard shard, deck_recompute recompute)
+/* The dims of a run: the quick-start's (D 64, F 128, 4 heads, 16 text tokens of 32) with 3 layers, or one layer
+   with text of 256 dims, whose embeddings (56 k values) are more than its block (51 k): the staging slots are
+   the embeddings' size then. */
+typedef enum { DIMS_THREE_BLOCKS, DIMS_ONE_BLOCK } tiny_dims;
+static const tiny_dims kAllDims[] = {DIMS_THREE_BLOCKS, DIMS_ONE_BLOCK};
+static const char *dims_name(tiny_dims dims) { return dims == DIMS_ONE_BLOCK ? "1 block, text 256" : "3 blocks"; }
+
+static void tiny_deck(deck *config, tiny_dims dims, deck_shard shard, deck_recompute recompute)
 {
     deck_defaults(config);
     config->model.dim = 64;
     config->model.ffn_dim = 128;
     config->model.num_heads = 4;
-    config->model.num_layers = 3;
+    config->model.num_layers = dims == DIMS_ONE_BLOCK ? 1 : 3;
     config->model.text_len = 16;
-    config->model.text_dim = 32;
+    config->model.text_dim = dims == DIMS_ONE_BLOCK ? 256 : 32;
     config->model.freq_dim = 32;
     config->train.shard = shard;
     config->train.recompute = config->balance.recompute = recompute;
@@ -119,10 +125,11 @@ static void get_held(const backend *dev, const model *m, backend_group group, fl
 
 /* kSteps steps of `shard` from the same weights; the mean loss of each step (over every rank) into losses and the
    held weights and EMA after them into weights and ema. */
-static void run_steps(deck_shard shard, deck_recompute recompute, double *losses, float *weights, float *ema)
+static void run_steps(tiny_dims dims, deck_shard shard, deck_recompute recompute, double *losses, float *weights,
+                      float *ema)
 {
     deck config;
-    tiny_deck(&config, shard, recompute);
+    tiny_deck(&config, dims, shard, recompute);
     model m;
     model_create(&m, &config);
     model_init_gaussian(&m, 0x5eed5a4dull, 0.1f);
@@ -166,14 +173,18 @@ static void run_steps(deck_shard shard, deck_recompute recompute, double *losses
 
 static const char *mode_name(deck_shard shard) { return deck_shard_name(shard); }
 
-/* Every mode's device state is model_layout_state_bytes to the byte, part by part (the plan's `state`). */
+/* Every mode's device state is model_layout_state_bytes to the byte, part by part (the plan's `state`), for both
+   dims. */
 static void test_state_is_the_formula(void **unused)
 {
     (void)unused;
     const deck_shard modes[] = {SHARD_NONE, SHARD_OPTIMIZER, SHARD_GRADIENTS, SHARD_FULL};
-    for (size_t i = 0; i < sizeof modes / sizeof modes[0]; i++) {
+    const size_t n_modes = sizeof modes / sizeof modes[0];
+    for (size_t c = 0; c < n_modes * (sizeof kAllDims / sizeof kAllDims[0]); c++) {
+        const tiny_dims dims = kAllDims[c / n_modes];
+        const size_t i = c % n_modes;
         deck config;
-        tiny_deck(&config, modes[i], RECOMPUTE_NONE);
+        tiny_deck(&config, dims, modes[i], RECOMPUTE_NONE);
         model m;
         model_create_table(&m, &config);
         balance_sample samples[4];
@@ -185,8 +196,9 @@ static void test_state_is_the_formula(void **unused)
                                                                     config.train.ema_decay > 0.0);
         const layout_state_bytes got = backend_cuda_state_bytes(dev);
         if (info.rank == 0)
-            printf("# %s over %d rank(s): %.0f bytes allocated (weights %.0f, gathered %.0f, gradients %.0f, master %.0f, "
-                   "moments %.0f), formula %.0f; activation budget %.0f\n", mode_name(modes[i]), info.n_ranks,
+            printf("# %s, %s over %d rank(s): %.0f bytes allocated (weights %.0f, gathered %.0f, gradients %.0f, master "
+                   "%.0f, moments %.0f), formula %.0f; activation budget %.0f\n", dims_name(dims),
+                   mode_name(modes[i]), info.n_ranks,
                    layout_state_total(&got), got.weights, got.gathered, got.gradients, got.master, got.moments,
                    layout_state_total(&formula), plan->mem_budget);
         assert_true(got.weights == formula.weights && got.gathered == formula.gathered &&
@@ -199,13 +211,13 @@ static void test_state_is_the_formula(void **unused)
 }
 
 /* 5 steps of each sharded mode against none's, with and without block recomputation. */
-static void test_losses_match_none(void **unused)
+static void check_losses_match_none(tiny_dims dims)
 {
-    (void)unused;
     deck config;
-    tiny_deck(&config, SHARD_NONE, RECOMPUTE_NONE);
+    tiny_deck(&config, dims, SHARD_NONE, RECOMPUTE_NONE);
     model table;
     model_create_table(&table, &config);
+    if (dims == DIMS_ONE_BLOCK) assert_true(table.layout.blocks_offset > table.layout.block_stride);
     const int64_t n = table.n_weights;
     float *none_weights = xmalloc((size_t)n * sizeof(float)), *weights = xmalloc((size_t)n * sizeof(float));
     float *none_ema = xmalloc((size_t)n * sizeof(float)), *ema = xmalloc((size_t)n * sizeof(float));
@@ -213,9 +225,9 @@ static void test_losses_match_none(void **unused)
     const deck_shard modes[] = {SHARD_OPTIMIZER, SHARD_GRADIENTS, SHARD_FULL};
     for (size_t r = 0; r < 2; r++) {
         double none_losses[kSteps], losses[kSteps];
-        run_steps(SHARD_NONE, recomputes[r], none_losses, none_weights, none_ema);
+        run_steps(dims, SHARD_NONE, recomputes[r], none_losses, none_weights, none_ema);
         for (size_t i = 0; i < sizeof modes / sizeof modes[0]; i++) {
-            run_steps(modes[i], recomputes[r], losses, weights, ema);
+            run_steps(dims, modes[i], recomputes[r], losses, weights, ema);
             double worst_loss = 0.0, diff2 = 0.0, norm2 = 0.0, ema_diff2 = 0.0, ema_norm2 = 0.0;
             for (int s = 0; s < kSteps; s++)
                 worst_loss = fmax(worst_loss, fabs(losses[s] - none_losses[s]) / fabs(none_losses[s]));
@@ -231,9 +243,9 @@ static void test_losses_match_none(void **unused)
             const double weight_error = sqrt(diff2 / (norm2 > 0.0 ? norm2 : 1.0));
             const double ema_error = sqrt(ema_diff2 / (ema_norm2 > 0.0 ? ema_norm2 : 1.0));
             if (info.rank == 0)
-                printf("# %s, recompute %s, %d rank(s): losses %.6f .. %.6f, largest relative difference from none "
-                       "%.3g; held weights after %d steps within %.3g, their EMA within %.3g (relative L2)\n",
-                       mode_name(modes[i]), deck_recompute_name(recomputes[r]), info.n_ranks, losses[0],
+                printf("# %s, %s, recompute %s, %d rank(s): losses %.6f .. %.6f, largest relative difference from "
+                       "none %.3g; held weights after %d steps within %.3g, their EMA within %.3g (relative L2)\n",
+                       dims_name(dims), mode_name(modes[i]), deck_recompute_name(recomputes[r]), info.n_ranks, losses[0],
                        losses[kSteps - 1], worst_loss, kSteps, weight_error, ema_error);
             assert_true(held > 0 || info.n_ranks > 1);
             assert_true(worst_loss <= 1e-6);
@@ -249,6 +261,18 @@ static void test_losses_match_none(void **unused)
     model_free(&table);
 }
 
+static void test_losses_match_none(void **unused)
+{
+    (void)unused;
+    check_losses_match_none(DIMS_THREE_BLOCKS);
+}
+
+static void test_one_block_losses_match_none(void **unused)
+{
+    (void)unused;
+    check_losses_match_none(DIMS_ONE_BLOCK);
+}
+
 int main(int argc, char **argv)
 {
     info = comm_init(&argc, &argv);
@@ -260,6 +284,7 @@ int main(int argc, char **argv)
         const struct CMUnitTest tests[] = {
             cmocka_unit_test(test_state_is_the_formula),
             cmocka_unit_test(test_losses_match_none),
+            cmocka_unit_test(test_one_block_losses_match_none),
         };
         status = cmocka_run_group_tests(tests, NULL, NULL);
     }

@@ -345,10 +345,10 @@ int64_t layout_shard_values(const model_layout *layout, layout_backend backend, 
            ceil_div(n - blocks_end, n_ranks);
 }
 
-int64_t layout_gpu_fp32_read_values(const model_layout *layout)
+int64_t layout_gpu_fp32_read_values(const model_layout *layout, deck_shard mode)
 {
-    const int64_t D = layout->dims.dim;
-    return layout->blocks_offset - layout->time_in.weight + 2 * D + layout->dims.num_layers * 8 * D;
+    const int64_t D = layout->dims.dim, time = mode == SHARD_FULL ? 0 : layout->blocks_offset - layout->time_in.weight;
+    return time + 2 * D + layout->dims.num_layers * 8 * D;
 }
 
 layout_state_bytes model_layout_state_bytes(const model_layout *layout, layout_backend backend, deck_shard mode,
@@ -365,14 +365,16 @@ layout_state_bytes model_layout_state_bytes(const model_layout *layout, layout_b
     bytes.weights = 2.0 * n;
     bytes.master = 4.0 * s;
     if (mode == SHARD_NONE) return bytes;
-    /* sharded: units padded to R pieces (embeddings e_p, a block b_p, all n_p), the fp32 reads f kept whole */
-    const int64_t blocks_end = layout->blocks_offset + layout->dims.num_layers * layout->block_stride;
-    const double R = n_ranks, b_p = R * (double)ceil_div(layout->block_stride, n_ranks);
-    const double e_p = R * (double)(ceil_div(layout->blocks_offset, n_ranks) + ceil_div(layout->n_weights - blocks_end, n_ranks));
-    const double n_p = e_p + (double)layout->dims.num_layers * b_p;
+    /* sharded: units padded to R pieces (the embeddings emb_p, the head head_p, a block b_p, all n_p), the fp32
+       reads f kept whole; a staging slot takes a block's gradients or the embeddings' */
+    const int64_t L = layout->dims.num_layers, blocks_end = layout->blocks_offset + L * layout->block_stride;
+    const double R = n_ranks, b_p = L > 0 ? R * (double)ceil_div(layout->block_stride, n_ranks) : 0.0;
+    const double emb_p = R * (double)ceil_div(layout->blocks_offset, n_ranks);
+    const double head_p = R * (double)ceil_div(layout->n_weights - blocks_end, n_ranks), e_p = emb_p + head_p;
+    const double n_p = e_p + (double)L * b_p, stage = b_p > emb_p ? b_p : emb_p;
     bytes.weights = 2.0 * n_p;
-    bytes.master = 4.0 * (s + (double)layout_gpu_fp32_read_values(layout));
-    if (mode == SHARD_GRADIENTS || mode == SHARD_FULL) bytes.gradients = 4.0 * (e_p + 2.0 * b_p) + 4.0 * s;
+    bytes.master = 4.0 * (s + (double)layout_gpu_fp32_read_values(layout, mode));
+    if (mode == SHARD_GRADIENTS || mode == SHARD_FULL) bytes.gradients = 4.0 * (head_p + 2.0 * stage) + 4.0 * s;
     if (mode == SHARD_FULL) {
         bytes.weights = 2.0 * e_p;
         bytes.gathered = 2.0 * 2.0 * b_p;

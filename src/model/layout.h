@@ -122,11 +122,13 @@ int64_t layout_gpu_scratch_bytes(const model_layout *layout, int64_t device_scra
      gradients and full: also gradients 4n + 4s (the step's, and this rank's slice of their sum; full gathers the
      whole model for a step on the host).
    GPU: none: weights 2n (bf16), gradients 4n (fp32), master 4n, moments 8n; optimizer: master 4s + 4f, moments 8s;
-     gradients: also gradients 4 (e + 2 b) + 4 s (the embeddings' and head's whole, two staging slots of one block's,
-     this rank's slice of the sum); full: also weights 2 e (only the embeddings' and head's bf16 stay whole) and
-     gathered 2 * 2 b (two bf16 slots of one block's weights). In the sharded GPU modes n, e and b count each unit
-     padded to R equal pieces (R ceil(unit / R): what one in-place all-gather or reduce-scatter of it takes; the same
-     at R = 1), and f = layout_gpu_fp32_read_values, the fp32 weights the GPU model reads in fp32, kept whole.
+     gradients: also gradients 4 (h + 2 max(b, m)) + 4 s (the head's whole, two staging slots that take a block's
+     or the embeddings', this rank's slice of the sum); full: also weights 2 e (only the embeddings' and head's bf16
+     stay whole) and gathered 2 * 2 b (two bf16 slots of one block's weights). In the sharded GPU modes n, e, b and
+     the embeddings m and head h (e = m + h) count each unit padded to R equal pieces (R ceil(unit / R): what one
+     in-place all-gather or reduce-scatter of it takes; the same at R = 1; b = 0 without blocks), and
+     f = layout_gpu_fp32_read_values, the fp32 weights the GPU model reads in fp32 kept whole (in full without the
+     time path, which is all-gathered into a staging slot when the model needs it).
    Either backend, with the EMA: ema 4 s (fp32, held as the master is; 4 n in mode none). */
 typedef struct {
     double weights;    /* the weights the model computes with (CPU: fp32; GPU: bf16), whole or gathered */
@@ -140,9 +142,10 @@ typedef struct {
 layout_state_bytes model_layout_state_bytes(const model_layout *layout, layout_backend backend, deck_shard mode,
                                             int n_ranks, int ema);
 double layout_state_total(const layout_state_bytes *bytes);
-/* f above: the values the GPU model reads in fp32 (gpu_model_params): the time path (time_embedding.0.weight to the
-   end of the embeddings), head.modulation (2 dim) and each block's modulation and norm3 (8 dim). */
-int64_t layout_gpu_fp32_read_values(const model_layout *layout);
+/* f above: the values the GPU model reads in fp32 (gpu_model_params) kept whole under `mode` (sharded):
+   head.modulation (2 dim), each block's modulation and norm3 (8 dim) and, but in full, the time path
+   (time_embedding.0.weight to the end of the embeddings). */
+int64_t layout_gpu_fp32_read_values(const model_layout *layout, deck_shard mode);
 /* s above: the values of one sharded array a rank holds (the largest over ranks), as shard.h cuts it. */
 int64_t layout_shard_values(const model_layout *layout, layout_backend backend, int n_ranks);
 
