@@ -1,4 +1,4 @@
-/* test_calibration.c — cmocka tests of the start-up calibration: the cache (its key, round trips, stale and corrupt files, atomic writes), the scaling from models of one and two blocks to the depth, the full-depth checks and the progress lines. */
+/* test_calibration.c — cmocka tests of the start-up calibration: the cache (its key, round trips, stale and corrupt files, atomic writes), the scaling from models of one and two blocks to the depth, the choice of the shapes timed at full depth, the progress lines and the cost model's fit to packed timings. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "balance/calibration.h"
+#include "balance/costmodel.h"
 #include "deck/deck.h"
 
 enum { N_SHAPES = 3 };
@@ -97,6 +98,10 @@ static void test_key_names_what_the_timings_depend_on(void **state)
     assert_string_not_equal(key, other);
     changed = config;
     changed.balance.calibrate_packed = !config.balance.calibrate_packed;
+    calibration_key(&changed, "NVIDIA H200, 132 SMs", 1, other, sizeof other);
+    assert_string_not_equal(key, other);
+    changed = config; /* another target times other shapes at full depth */
+    changed.balance.calibrate_seconds = 120;
     calibration_key(&changed, "NVIDIA H200, 132 SMs", 1, other, sizeof other);
     assert_string_not_equal(key, other);
     changed = config; /* what the timings do not depend on leaves the key alone */
@@ -207,24 +212,49 @@ static void test_depth_scaling(void **state)
     assert_true(calibration_depth_work(30, 0) == 90.0 && calibration_depth_work(0, 1) == 0.0);
 }
 
-static void test_pick_checks(void **state)
+static void test_full_depth_budget(void **state)
 {
     (void)state;
-    int picked[CALIBRATION_MAX_CHECKS];
-    const double predicted[] = {0.2, -1.0, 3.0, 12.0, 6.0, 0.5};
-    assert_int_equal(calibration_pick_checks(predicted, 6, 10.0, picked), 2);
-    assert_int_equal(picked[0], 0); /* the cheapest */
-    assert_int_equal(picked[1], 4); /* the costliest in the 9.8 s left */
-    assert_int_equal(calibration_pick_checks(predicted, 6, 3.2, picked), 2);
-    assert_int_equal(picked[1], 2);
-    assert_int_equal(calibration_pick_checks(predicted, 6, 0.1, picked), 1); /* the cheapest whatever it costs */
-    assert_int_equal(picked[0], 0);
+    assert_float_equal(calibration_full_depth_budget(60.0, 30.0), 20.0, 1e-12);  /* a third of the target */
+    assert_float_equal(calibration_full_depth_budget(60.0, 40.0), 15.0, 1e-12);  /* 3/4 of the 20 s left */
+    assert_true(calibration_full_depth_budget(60.0, 70.0) == 0.0);
+    assert_true(calibration_full_depth_budget(0.0, 10.0) == 0.0);
+    assert_float_equal(calibration_full_depth_budget(300.0, 30.0), 100.0, 1e-12);
+}
+
+/* The picks' roles and order against what the rule gives by hand. */
+static void expect_picks(const double *predicted, int n, double budget, int want_n, const int *want_order,
+                         const int *want_role)
+{
+    int role[8], order[8];
+    assert_int_equal(calibration_pick_full_depth(predicted, n, budget, role, order), want_n);
+    for (int c = 0; c < want_n; c++) assert_int_equal(order[c], want_order[c]);
+    for (int i = 0; i < n; i++) assert_int_equal(role[i], want_role[i]);
+}
+
+static void test_pick_full_depth(void **state)
+{
+    (void)state;
+    enum { S = CALIBRATION_SCALED, A = CALIBRATION_AT_DEPTH, C = CALIBRATION_CHECK };
+    const double predicted[] = {0.2, -1.0, 3.0, 12.0, 6.0, 0.5, 1.0};
+    /* 24 s: the cheap ones up to 12 s (0.2 + 0.5 + 1 + 3 + 6 = 10.7), then the costliest in the 13.3 s left */
+    expect_picks(predicted, 7, 24.0, 6, (const int[]){0, 5, 6, 2, 4, 3}, (const int[]){A, S, A, C, A, A, A});
+    /* 12 s: the cheap ones up to 6 s (4.7), the 6 s shape in the 7.3 s left, nothing in the 1.3 s after it */
+    expect_picks(predicted, 7, 12.0, 5, (const int[]){0, 5, 6, 2, 4}, (const int[]){A, S, A, S, C, A, A});
+    /* 10 s: 4.7 s of cheap ones; neither 6 s nor 12 s fits the 5.3 s left: both stay scaled, unchecked */
+    expect_picks(predicted, 7, 10.0, 4, (const int[]){0, 5, 6, 2}, (const int[]){A, S, A, S, S, A, A});
+    /* no budget: the cheapest whatever it costs */
+    expect_picks(predicted, 7, 0.0, 1, (const int[]){0}, (const int[]){A, S, S, S, S, S, S});
+    expect_picks(predicted, 7, 0.1, 1, (const int[]){0}, (const int[]){A, S, S, S, S, S, S});
+    /* everything fits half the budget: all at full depth, nothing left to check */
+    expect_picks(predicted, 7, 100.0, 6, (const int[]){0, 5, 6, 2, 4, 3}, (const int[]){A, S, A, A, A, A, A});
+    /* at most CALIBRATION_MAX_CHECKS checks, each the costliest that fits what is left: 9 s of 17, then 8 of 8 */
+    const double two[] = {1.0, 2.0, 8.0, 9.0, 30.0, 100.0};
+    expect_picks(two, 6, 20.0, 4, (const int[]){0, 1, 3, 2}, (const int[]){A, A, C, C, S, S});
     const double none[] = {-1.0, 0.0};
-    assert_int_equal(calibration_pick_checks(none, 2, 10.0, picked), 0);
-    const double ties[] = {1.0, 1.0, 1.0};
-    assert_int_equal(calibration_pick_checks(ties, 3, 10.0, picked), 2);
-    assert_int_equal(picked[0], 0);
-    assert_int_equal(picked[1], 1);
+    expect_picks(none, 2, 10.0, 0, NULL, (const int[]){S, S});
+    const double ties[] = {1.0, 1.0, 1.0}; /* ties go to the lower index */
+    expect_picks(ties, 3, 2.5, 2, (const int[]){0, 1}, (const int[]){A, C, S});
 }
 
 static void test_time_left_and_lines(void **state)
@@ -240,25 +270,40 @@ static void test_time_left_and_lines(void **state)
     calibration_progress_text(text, sizeof text, 0, 5, 22, &shape, 1, 30.2);
     assert_string_equal(text, "calibration: shape 5/22 (13 x 60 x 104, 28 per micro-batch) on 1 block, about 31 s left");
     calibration_progress_text(text, sizeof text, 1, 1, 2, &shape, 30, 4.0);
-    assert_string_equal(text, "calibration: check 1/2 (13 x 60 x 104, 28 per micro-batch) at 30 blocks, about 4 s left");
+    assert_string_equal(text, "calibration: full depth 1/2 (13 x 60 x 104, 28 per micro-batch) at 30 blocks, about 4 s "
+                              "left");
     calibration_progress_text(text, sizeof text, 0, 1, 22, &shape, 2, -1.0);
     assert_string_equal(text, "calibration: shape 1/22 (13 x 60 x 104, 28 per micro-batch) on 2 blocks, time left unknown");
-    const calibration_entry entries[] = {{1, 32, 32, 64, 32, 0.1}, {9, 60, 104, 64, 6, 2.0}};
-    const calibration_check checks[] = {{0, 0.1024, 0.1}, {1, 1.9, 2.0}};
+    const calibration_entry entries[] = {{1, 32, 32, 64, 32, 0.1}, {1, 56, 32, 64, 32, 0.2}, {9, 60, 104, 64, 6, 2.0},
+                                         {13, 64, 64, 64, 4, 3.0}};
+    const calibration_check checks[] = {{0, CALIBRATION_AT_DEPTH, 0.1024, 0.1}, {1, CALIBRATION_AT_DEPTH, 0.15, 0.2},
+                                        {2, CALIBRATION_CHECK, 1.9, 2.0}, {3, CALIBRATION_CHECK, 3.03, 3.0}};
     assert_float_equal(calibration_misfit(1.9, 2.0), -0.05, 1e-12);
     assert_true(calibration_misfit(1.0, -1.0) == 0.0);
-    assert_float_equal(calibration_misfit_text(text, sizeof text, checks, 2, entries, 30), 0.05, 1e-12);
-    assert_string_equal(text, "misfit at 30 blocks +2.4% (1 x 32 x 32, 32 per micro-batch), -5.0% (9 x 60 x 104, 6 "
-                              "per micro-batch); worst 5.0%");
+    assert_float_equal(calibration_misfit_text(text, sizeof text, checks, 4, entries, 30, 6), 0.25, 1e-12);
+    assert_string_equal(text, "misfit of the scaling at 30 blocks: worst -25.0% (1 x 56 x 32, 32 per micro-batch) of "
+                              "the 2 cheapest shapes timed there; checks of the 6 scaled: -5.0% (9 x 60 x 104, 6 "
+                              "per micro-batch), +1.0% (13 x 64 x 64, 4 per micro-batch); worst 25.0%");
+    assert_float_equal(calibration_misfit_text(text, sizeof text, checks, 2, entries, 30, 0), 0.25, 1e-12);
+    assert_string_equal(text, "misfit of the scaling at 30 blocks: worst -25.0% (1 x 56 x 32, 32 per micro-batch) of "
+                              "the 2 cheapest shapes timed there; none scaled; worst 25.0%");
+    assert_float_equal(calibration_misfit_text(text, sizeof text, checks, 1, entries, 30, 3), 0.024, 1e-12);
+    assert_string_equal(text, "misfit of the scaling at 30 blocks: worst +2.4% (1 x 32 x 32, 32 per micro-batch) of "
+                              "the cheapest shape timed there; 3 scaled, not checked; worst 2.4%");
+    char small[24];
+    calibration_misfit_text(small, sizeof small, checks, 4, entries, 30, 6); /* cut, not overrun */
+    assert_int_equal(strlen(small), sizeof small - 1);
 }
 
 /* A fake device for calibration_time: entry i's micro-batch takes seed[i] * work(layers) / work(L) seconds, that
    is exactly E + L B + (L - 1) R with E = 0, B = 3 and R = 1 units, except at full depth, where it takes
-   FULL_DEPTH_EXCESS more (the misfit the checks must report); a warm-up call takes as long again. Its clock is the
-   seconds spent so far. */
+   FULL_DEPTH_EXCESS more (the misfit the checks must report); a warm-up call takes as long again. The first
+   micro-batch run on a model in a call (a warm-up or not) takes FIRST_CALL seconds more (one-off costs of a model
+   just built), which must reach no timing. Its clock is the seconds spent so far. */
 #define FAKE_LAYERS 30
 #define FULL_DEPTH_EXCESS 0.03
-enum { FAKE_SHAPES = 5, FAKE_MAX_CALLS = 4 };
+#define FIRST_CALL 0.4
+enum { FAKE_SHAPES = 5, FAKE_MAX_CALLS = 4, FAKE_MAX_RUNS = 32 };
 static const double fake_seed[FAKE_SHAPES] = {0.5, 4.0, 0.0, 8.0, 300.0};
 static const calibration_entry fake_shapes[FAKE_SHAPES] = {
     {1, 32, 32, 64, 32, -1.0}, {5, 60, 104, 64, 16, -1.0}, {33, 96, 96, 64, 0, -1.0}, {9, 96, 96, 64, 6, -1.0},
@@ -268,7 +313,10 @@ typedef struct {
     int num_layers;
     double clock;
     int n_calls;
-    int layers[FAKE_MAX_CALLS], n[FAKE_MAX_CALLS], warm_up[FAKE_MAX_CALLS];
+    int layers[FAKE_MAX_CALLS], n[FAKE_MAX_CALLS], warm_up[FAKE_MAX_CALLS], first[FAKE_MAX_CALLS];
+    /* the clock after each micro-batch a call reports (its call, its position in the call) */
+    int n_runs, run_call[FAKE_MAX_RUNS], run_position[FAKE_MAX_RUNS];
+    double run_clock[FAKE_MAX_RUNS];
 } fake_device;
 static fake_device fake;
 
@@ -284,35 +332,35 @@ static void fake_time(void *context, int layers, const int *shapes, int n, int w
 {
     (void)context;
     assert_true(fake.n_calls < FAKE_MAX_CALLS);
-    fake.layers[fake.n_calls] = layers;
-    fake.n[fake.n_calls] = n;
-    fake.warm_up[fake.n_calls++] = warm_up;
+    const int call = fake.n_calls++;
+    fake.layers[call] = layers;
+    fake.n[call] = n;
+    fake.warm_up[call] = warm_up;
+    fake.first[call] = shapes[0];
     for (int k = 0; k < n; k++) {
         seconds[k] = fake_seconds(layers, shapes[k]);
-        if (seconds[k] > 0.0) fake.clock += (warm_up ? 2.0 : 1.0) * seconds[k];
+        if (seconds[k] > 0.0) {
+            fake.clock += (warm_up ? 2.0 : 1.0) * seconds[k] + (k == 0 ? FIRST_CALL : 0.0);
+            if (k == 0 && !warm_up) seconds[k] += FIRST_CALL; /* timed cold */
+        }
+        assert_true(fake.n_runs < FAKE_MAX_RUNS);
+        fake.run_call[fake.n_runs] = call, fake.run_position[fake.n_runs] = k, fake.run_clock[fake.n_runs++] = fake.clock;
         progress(progress_context, k);
     }
 }
 
 static double fake_clock(void) { return fake.clock; }
 
-/* The time left as the fake device spends it, after unit `k` (1-based) of the call the line names. */
-static double true_time_left(int check, int k, int layers, const int *checked, int n_checked)
+/* The clock after micro-batch k (1-based, warm-ups of a call not counted) of the call on `layers` blocks. */
+static double clock_after(int layers, int k)
 {
-    double spent = 0.0, total = 0.0;
-    for (int i = 0; i < FAKE_SHAPES; i++) { /* 1 block with warm-ups, then 2 blocks */
-        const double pass0 = fake_shapes[i].copies ? 2.0 * fake_seconds(1, i) : 0.0;
-        const double pass1 = fake_shapes[i].copies ? fake_seconds(2, i) : 0.0;
-        total += pass0 + pass1;
-        if (!check && layers == 1 && i < k) spent += pass0;
-        if (check || layers == 2) spent += pass0;
-        if (check || (layers == 2 && i < k)) spent += pass1;
+    for (int r = 0; r < fake.n_runs; r++) {
+        const int call = fake.run_call[r];
+        if (fake.layers[call] == layers && fake.run_position[r] - (fake.warm_up[call] ? 0 : 1) == k - 1)
+            return fake.run_clock[r];
     }
-    for (int c = 0; c < n_checked; c++) {
-        total += fake_seconds(FAKE_LAYERS, checked[c]);
-        if (check && c < k) spent += fake_seconds(FAKE_LAYERS, checked[c]);
-    }
-    return total - spent;
+    fail_msg("no micro-batch %d on %d blocks", k, layers);
+    return 0.0;
 }
 
 static void test_timing_pass(void **state)
@@ -322,60 +370,104 @@ static void test_timing_pass(void **state)
     fake.num_layers = FAKE_LAYERS;
     FILE *lines = tmpfile();
     assert_non_null(lines);
-    calibration_timer timer = {.num_layers = FAKE_LAYERS, .recompute_block = 1, .time = fake_time,
-                               .clock = fake_clock, .progress = lines};
+    calibration_timer timer = {.num_layers = FAKE_LAYERS, .recompute_block = 1, .target_seconds = 60.0,
+                               .time = fake_time, .clock = fake_clock, .progress = lines};
     calibration_entry entries[FAKE_SHAPES];
     memcpy(entries, fake_shapes, sizeof entries);
-    calibration_check checks[CALIBRATION_MAX_CHECKS];
-    const int n_checks = calibration_time(&timer, entries, FAKE_SHAPES, fake_seed, checks);
+    calibration_check checks[FAKE_SHAPES];
+    const int n_full = calibration_time(&timer, entries, FAKE_SHAPES, fake_seed, checks);
 
-    /* 1 block after warm-ups, 2 blocks, then the checks at full depth, without warm-ups */
+    /* 1 block after warm-ups, 2 blocks, then the picked shapes at full depth, cheapest first; the calls without
+       warm-ups run their first micro-batch once more first */
     assert_int_equal(fake.n_calls, 3);
     assert_true(fake.layers[0] == 1 && fake.n[0] == FAKE_SHAPES && fake.warm_up[0] == 1);
-    assert_true(fake.layers[1] == 2 && fake.n[1] == FAKE_SHAPES && fake.warm_up[1] == 0);
-    assert_true(fake.layers[2] == FAKE_LAYERS && fake.n[2] == 2 && fake.warm_up[2] == 0);
-    /* the cheapest (0.5 s) and the costliest other within the 9.5 s left (8 s; 300 s is not checked) */
-    assert_int_equal(n_checks, 2);
-    assert_int_equal(checks[0].shape, 0);
-    assert_int_equal(checks[1].shape, 3);
+    assert_true(fake.layers[1] == 2 && fake.n[1] == FAKE_SHAPES + 1 && fake.warm_up[1] == 0 && fake.first[1] == 0);
+    assert_true(fake.layers[2] == FAKE_LAYERS && fake.n[2] == n_full + 1 && fake.warm_up[2] == 0 && fake.first[2] == 0);
+    /* the passes on 1 and 2 blocks took 2 (0.5 + 4 + 8 + 300) 3 / 119 + (0.5 + 0.5 + 4 + 8 + 300) 7 / 119 s and
+       their first calls' 2 x 0.4 s: 35.0 s, which leaves a budget of 3/4 of 25 s, 18.8 s. The cheap ones within
+       half of it: 0.5 + 4 s (not 8 s more); the costliest in the 14.3 s left: 8 s; 300 s stays scaled */
+    const double passes = 2.0 * 312.5 * 3.0 / 119.0 + 313.0 * 7.0 / 119.0 + 2.0 * FIRST_CALL;
+    const double budget = calibration_full_depth_budget(60.0, passes);
+    assert_true(budget > 12.5 && budget < 25.0);
+    assert_int_equal(n_full, 3);
+    const int want_shape[] = {0, 1, 3};
+    const calibration_role want_role[] = {CALIBRATION_AT_DEPTH, CALIBRATION_AT_DEPTH, CALIBRATION_CHECK};
     const double excess = 1.0 + FULL_DEPTH_EXCESS;
-    assert_float_equal(checks[0].predicted, 0.5, 1e-12);
-    assert_float_equal(checks[1].measured, 8.0 * excess, 1e-12);
-    assert_float_equal(calibration_misfit(checks[1].predicted, checks[1].measured), 1.0 / excess - 1.0, 1e-12);
-    /* scaled where not checked, measured where checked, -1 where not timed */
+    for (int c = 0; c < n_full; c++) {
+        assert_int_equal(checks[c].shape, want_shape[c]);
+        assert_int_equal(checks[c].role, want_role[c]);
+        assert_float_equal(checks[c].predicted, fake_seed[want_shape[c]], 1e-12);          /* no one-off cost */
+        assert_float_equal(checks[c].measured, fake_seed[want_shape[c]] * excess, 1e-12); /* nor here */
+        assert_float_equal(calibration_misfit(checks[c].predicted, checks[c].measured), 1.0 / excess - 1.0, 1e-12);
+    }
+    /* measured where timed at full depth, scaled elsewhere, -1 where not timed */
     assert_float_equal(entries[0].seconds, 0.5 * excess, 1e-12);
-    assert_float_equal(entries[1].seconds, 4.0, 1e-12);
+    assert_float_equal(entries[1].seconds, 4.0 * excess, 1e-12);
     assert_true(entries[2].seconds == -1.0);
     assert_float_equal(entries[3].seconds, 8.0 * excess, 1e-12);
     assert_float_equal(entries[4].seconds, 300.0, 1e-9);
     for (int i = 0; i < FAKE_SHAPES; i++) assert_int_equal(entries[i].copies, fake_shapes[i].copies);
 
-    /* the lines: what is timed, then progress at most every 5 s, each with the time the fake device had left */
+    /* the lines: what is timed, progress at most every 5 s with the time the fake device had left, which shapes
+       run at full depth */
     rewind(lines);
     char line[512];
     assert_non_null(fgets(line, sizeof line, lines));
-    assert_string_equal(line, "calibration: timing 5 sample shapes on models of 1 and 2 blocks, scaled to 30 blocks, "
-                              "then up to 2 of them at 30 blocks to check\n");
-    const int checked[] = {0, 3};
-    const double total = true_time_left(0, 0, 1, checked, 2);
-    assert_float_equal(total, fake.clock, 1e-9);
-    int n_lines = 0;
+    assert_string_equal(line, "calibration: timing 5 sample shapes on models of 1 and 2 blocks, then the cheapest and "
+                              "up to 2 checks at 30 blocks within the time target (60 s), the others scaled to 30 "
+                              "blocks\n");
+    const double total = fake.clock;
+    int n_lines = 0, announced = 0;
     double last_spent = 0.0;
     while (fgets(line, sizeof line, lines)) {
+        if (strcmp(line, "calibration: 3 shapes at 30 blocks (the 2 cheapest and 1 check, about 13 s), 1 scaled\n") ==
+            0) {
+            assert_false(announced);
+            announced = 1;
+            continue;
+        }
         char what[16], unit[16], kind[8];
         int k, n, frames, height, width, copies, layers, left;
-        assert_int_equal(sscanf(line, "calibration: %15s %d/%d (%d x %d x %d, %d per micro-batch) %7s %d %15s about %d s "
-                                "left", what, &k, &n, &frames, &height, &width, &copies, kind, &layers, unit, &left), 11);
-        const int check = strcmp(what, "check") == 0;
-        const double truly_left = true_time_left(check, k, layers, checked, 2);
-        /* ceil, and the checks taken as scaled (3% short of what they take) */
-        assert_true(fabs(left - truly_left) <= 1.0 + FULL_DEPTH_EXCESS * 8.5);
-        assert_true(total - truly_left - last_spent >= CALIBRATION_PROGRESS_EVERY - 1e-9); /* rate-limited */
-        last_spent = total - truly_left;
+        const int full_depth = strncmp(line, "calibration: full depth ", 24) == 0;
+        const char *rest = full_depth ? line + 24 : line + 13;
+        if (!full_depth) assert_int_equal(sscanf(rest, "%15s", what), 1);
+        assert_int_equal(sscanf(full_depth ? rest : rest + strlen(what) + 1, "%d/%d (%d x %d x %d, %d per micro-batch) "
+                                "%7s %d %15s about %d s left", &k, &n, &frames, &height, &width, &copies, kind,
+                                &layers, unit, &left), 10);
+        assert_true(full_depth == announced);
+        const double spent = clock_after(layers, k), truly_left = total - spent;
+        /* ceil; the full-depth pass taken as scaled (3% short) and without the one-off costs */
+        assert_true(fabs(left - truly_left) <= 1.0 + FULL_DEPTH_EXCESS * 12.5 + 2.0 * FIRST_CALL);
+        assert_true(spent - last_spent >= CALIBRATION_PROGRESS_EVERY - 1e-9); /* rate-limited */
+        last_spent = spent;
         n_lines++;
     }
+    assert_true(announced);
     assert_true(n_lines >= 2 && n_lines <= (int)(total / CALIBRATION_PROGRESS_EVERY));
     fclose(lines);
+}
+
+/* A time target of 0 times only the cheapest shape at full depth; a large one every shape. */
+static void test_timing_pass_follows_the_target(void **state)
+{
+    (void)state;
+    const double targets[] = {0.0, 2000.0};
+    const int want_full[] = {1, 4};
+    for (int t = 0; t < 2; t++) {
+        memset(&fake, 0, sizeof fake);
+        fake.num_layers = FAKE_LAYERS;
+        calibration_timer timer = {.num_layers = FAKE_LAYERS, .recompute_block = 1, .target_seconds = targets[t],
+                                   .time = fake_time, .clock = fake_clock};
+        calibration_entry entries[FAKE_SHAPES];
+        memcpy(entries, fake_shapes, sizeof entries);
+        calibration_check checks[FAKE_SHAPES];
+        assert_int_equal(calibration_time(&timer, entries, FAKE_SHAPES, fake_seed, checks), want_full[t]);
+        assert_int_equal(checks[0].shape, 0);
+        for (int c = 0; c < want_full[t]; c++) assert_int_equal(checks[c].role, CALIBRATION_AT_DEPTH);
+        for (int i = 0; i < FAKE_SHAPES; i++) /* measured at full depth, or exactly scaled */
+            if (i != 2) assert_float_equal(entries[i].seconds, fake_seconds(i == 0 || t == 1 ? FAKE_LAYERS : 1, i) *
+                                           (i == 0 || t == 1 ? 1.0 : calibration_depth_work(FAKE_LAYERS, 1) / 3.0), 1e-9);
+    }
 }
 
 static void test_shallow_model_is_timed_as_it_is(void **state)
@@ -383,14 +475,104 @@ static void test_shallow_model_is_timed_as_it_is(void **state)
     (void)state;
     memset(&fake, 0, sizeof fake);
     fake.num_layers = 2;
-    calibration_timer timer = {.num_layers = 2, .recompute_block = 1, .time = fake_time, .clock = fake_clock};
+    calibration_timer timer = {.num_layers = 2, .recompute_block = 1, .target_seconds = 60.0, .time = fake_time,
+                               .clock = fake_clock};
     calibration_entry entries[FAKE_SHAPES];
     memcpy(entries, fake_shapes, sizeof entries);
-    calibration_check checks[CALIBRATION_MAX_CHECKS];
+    calibration_check checks[FAKE_SHAPES];
     assert_int_equal(calibration_time(&timer, entries, FAKE_SHAPES, fake_seed, checks), 0);
     assert_int_equal(fake.n_calls, 1);
-    assert_true(fake.layers[0] == 2 && fake.warm_up[0] == 1);
+    assert_true(fake.layers[0] == 2 && fake.warm_up[0] == 1 && fake.n[0] == FAKE_SHAPES);
     for (int i = 0; i < FAKE_SHAPES; i++) assert_true(entries[i].seconds == fake_seconds(2, i));
+}
+
+/* ---- the cost model's fit to the timings ---- */
+
+/* Wan-1.3B's dims, 30 blocks, recompute = block, as the 30-layer calibration runs it. */
+static deck wan_deck(void)
+{
+    deck config;
+    deck_defaults(&config);
+    config.model.dim = 1536, config.model.ffn_dim = 8960, config.model.num_heads = 12, config.model.num_layers = 30;
+    config.model.text_len = 512, config.model.text_dim = 4096;
+    config.balance.recompute = config.train.recompute = RECOMPUTE_BLOCK;
+    return config;
+}
+
+/* inputs/mixed.lengths' 22 shapes in latent frames x height x width, their tokens after the 1x2x2 patchify */
+enum { MIXED_SHAPES = 22 };
+static int64_t mixed_tokens(int i)
+{
+    static const int shape[MIXED_SHAPES][3] = {
+        {1, 32, 32}, {1, 32, 56}, {1, 56, 32}, {1, 64, 64}, {1, 48, 64}, {1, 64, 48}, {1, 60, 104}, {1, 104, 60},
+        {1, 96, 96}, {1, 54, 96}, {5, 32, 32}, {9, 32, 32}, {13, 32, 56}, {5, 60, 104}, {9, 60, 104}, {13, 64, 64},
+        {9, 96, 96}, {17, 64, 64}, {21, 60, 104}, {17, 96, 96}, {33, 54, 96}, {33, 96, 96}};
+    return (int64_t)shape[i][0] * (shape[i][1] / 2) * (shape[i][2] / 2);
+}
+
+/* Timings of packed micro-batches (copies: as many of a shape as 250k tokens hold, 1 to 32; every sample padded to
+   512 text rows) by a known per-sample law (the FLOP seed with slower GEMMs, faster attention and a per-sample
+   constant) plus a fixed cost per micro-batch; the cost model fitted to them as balancer_calibrate fits it. */
+static void fit_mixed(cost_model *cm, const deck *config, double per_micro_batch, double inflate_first,
+                      cost_features *features, double *seconds, double *truth)
+{
+    cost_model_init(cm, config);
+    const double law[COST_N_FEATURES] = {3e-4, 1.4 * cm->seed_coef[1], 0.7 * cm->seed_coef[2], cm->seed_coef[3],
+                                         1.2 * cm->seed_coef[4]};
+    for (int i = 0; i < MIXED_SHAPES; i++) {
+        const int64_t tokens = mixed_tokens(i);
+        int copies = (int)(250000 / tokens);
+        copies = copies < 1 ? 1 : copies > 32 ? 32 : copies;
+        memset(&features[i], 0, sizeof features[i]);
+        for (int c = 0; c < copies; c++) cost_features_add(&features[i], tokens, 512);
+        truth[i] = per_micro_batch;
+        for (int j = 0; j < COST_N_FEATURES; j++) truth[i] += law[j] * features[i].value[j];
+        seconds[i] = i == 0 ? inflate_first * truth[i] : truth[i];
+    }
+    assert_int_equal(cost_model_calibrate(cm, MIXED_SHAPES, features, seconds), 1);
+}
+
+/* The fit of a law it can express, plus a fixed cost per micro-batch it cannot (the per-sample constant absorbs
+   it, amortised over the copies): every timed shape within 1%, and the misfit reported is the worst shape's. */
+static void test_fit_of_packed_timings(void **state)
+{
+    (void)state;
+    const deck config = wan_deck();
+    cost_model cm;
+    cost_features features[MIXED_SHAPES];
+    double seconds[MIXED_SHAPES], truth[MIXED_SHAPES];
+    fit_mixed(&cm, &config, 0.05, 1.0, features, seconds, truth);
+    int at = -2;
+    const double worst = cost_model_worst_misfit(&cm, MIXED_SHAPES, features, seconds, &at);
+    assert_true(worst < 0.01);
+    assert_true(at >= 0 && at < MIXED_SHAPES);
+    for (int i = 0; i < MIXED_SHAPES; i++)
+        assert_true(fabs(cost_model_predict_features(&cm, &features[i]) / seconds[i] - 1.0) <= worst);
+    cost_model_free(&cm);
+    /* none timed: 0, no index */
+    cost_model_init(&cm, &config);
+    const double untimed[2] = {-1.0, 0.0};
+    assert_true(cost_model_worst_misfit(&cm, 2, features, untimed, &at) == 0.0 && at == -1);
+    cost_model_free(&cm);
+}
+
+/* One bad timing (the smallest shape's 15 times too long: the 2-block model's cold first call, scaled by 29) is
+   the worst misfit, named as such, while the robust fit keeps the other shapes within 0.5% of the truth. */
+static void test_fit_names_a_bad_timing(void **state)
+{
+    (void)state;
+    const deck config = wan_deck();
+    cost_model cm;
+    cost_features features[MIXED_SHAPES];
+    double seconds[MIXED_SHAPES], truth[MIXED_SHAPES];
+    fit_mixed(&cm, &config, 0.05, 15.0, features, seconds, truth);
+    int at = -1;
+    const double worst = cost_model_worst_misfit(&cm, MIXED_SHAPES, features, seconds, &at);
+    assert_int_equal(at, 0);
+    assert_true(worst > 0.8);
+    for (int i = 1; i < MIXED_SHAPES; i++) /* a plain least squares: the next shapes 4% off */
+        assert_true(fabs(cost_model_predict_features(&cm, &features[i]) / truth[i] - 1.0) < 0.005);
+    cost_model_free(&cm);
 }
 
 int main(void)
@@ -402,10 +584,14 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_corrupt_cache_is_reported, make_scratch, remove_scratch),
         cmocka_unit_test(test_unwritable_folder_is_a_warning),
         cmocka_unit_test(test_depth_scaling),
-        cmocka_unit_test(test_pick_checks),
+        cmocka_unit_test(test_full_depth_budget),
+        cmocka_unit_test(test_pick_full_depth),
         cmocka_unit_test(test_time_left_and_lines),
         cmocka_unit_test(test_timing_pass),
+        cmocka_unit_test(test_timing_pass_follows_the_target),
         cmocka_unit_test(test_shallow_model_is_timed_as_it_is),
+        cmocka_unit_test(test_fit_of_packed_timings),
+        cmocka_unit_test(test_fit_names_a_bad_timing),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

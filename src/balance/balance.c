@@ -1059,8 +1059,7 @@ void balancer_free(balancer *b)
 
 int balancer_calibrate(balancer *b, int n_observations, const cost_features *features, const double *seconds)
 {
-    for (int i = 0; i < n_observations; i++) cost_model_observe_step(&b->cm, 1, &features[i], &seconds[i]);
-    if (!cost_model_refit(&b->cm)) return 0;
+    if (!cost_model_calibrate(&b->cm, n_observations, features, seconds)) return 0;
     update_max_sample_cost(b);
     fit_dual(b);
     return 1;

@@ -80,9 +80,10 @@ void rank_assignment_free(rank_assignment *mine);
    observing step t. Refits the cost model when [balance] calibrate is on. */
 void balancer_observe(balancer *b, const double *rank_seconds);
 
-/* Start-up calibration: each (features, seconds) pair is a timed sample (or set of samples); each enters
-   the online refit's window as a step of one rank, and the cost model is refit at once (the dual
-   strategy's fit follows it). Returns 1 when the coefficients changed. */
+/* Start-up calibration: each (features, seconds) pair is a timed sample (or set of samples); the cost model is
+   fitted to them robustly (cost_model_calibrate: each enters the online refit's window as a step of one rank, with
+   the weight its error gives it) and refit at once (the dual strategy's fit follows it). Returns 1 when the
+   coefficients changed. */
 int balancer_calibrate(balancer *b, int n_observations, const cost_features *features, const double *seconds);
 
 /* Replace [balance] mem_fill, which balancer_create takes from the deck (the CPU trainer sets 0: host

@@ -1,9 +1,10 @@
-/* calibration.c — the start-up calibration's cached timings (calibration.txt in the run folder), its scaling from models of one and two blocks to the model's depth, and its progress text. */
+/* calibration.c — the start-up calibration's cached timings (calibration.txt in the run folder), its scaling from models of one and two blocks to the model's depth, the choice of the shapes timed at full depth, and its progress text. */
 #include "config.h"
 #include "balance/calibration.h"
 
 #include <errno.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,13 +26,13 @@ void calibration_key(const deck *config, const char *device, int ranks_per_gpu, 
     snprintf(key, key_size,
              "aldit %s | %s | %d rank(s) per GPU | model dim %d ffn %d heads %d layers %d in %d out %d "
              "patch %dx%dx%d text %d x %d freq %d qk_norm %d cross_attn_norm %d | recompute %s attention %s | "
-             "packed %d",
+             "packed %d target %g s",
              PACKAGE_VERSION, device, ranks_per_gpu, config->model.dim, config->model.ffn_dim,
              config->model.num_heads, config->model.num_layers, config->model.in_dim, config->model.out_dim,
              config->model.patch_t, config->model.patch_h, config->model.patch_w, config->model.text_len,
              config->model.text_dim, config->model.freq_dim, config->model.qk_norm, config->model.cross_attn_norm,
              deck_recompute_name(config->train.recompute), deck_attention_name(config->train.attention),
-             config->balance.calibrate_packed);
+             config->balance.calibrate_packed, config->balance.calibrate_seconds);
     for (char *c = key; *c; c++)
         if (*c == '\n' || *c == '\r') *c = ' '; /* one line in the file */
 }
@@ -161,28 +162,51 @@ double calibration_depth_work(int layers, int recompute_block)
     return 3.0 * layers + (recompute_block ? layers - 1 : 0);
 }
 
-/* The timed shape with the most predicted seconds within `limit`, other than `skip` (-1 when none). */
-static int costliest_within(const double *predicted, int n, double limit, int skip)
+double calibration_full_depth_budget(double target_seconds, double elapsed)
+{
+    const double budget = fmin(CALIBRATION_FULL_DEPTH_SHARE * target_seconds,
+                               CALIBRATION_FULL_DEPTH_REST * (target_seconds - elapsed));
+    return budget > 0.0 ? budget : 0.0;
+}
+
+/* The unpicked timed shape with the least predicted seconds (-1 when none). */
+static int cheapest_left(const double *predicted, int n, const int *picked)
 {
     int best = -1;
     for (int i = 0; i < n; i++)
-        if (i != skip && predicted[i] > 0.0 && predicted[i] <= limit && (best < 0 || predicted[i] > predicted[best]))
+        if (!picked[i] && predicted[i] > 0.0 && (best < 0 || predicted[i] < predicted[best])) best = i;
+    return best;
+}
+
+/* The unpicked timed shape with the most predicted seconds within `limit` (-1 when none). */
+static int costliest_within(const double *predicted, int n, double limit, const int *picked)
+{
+    int best = -1;
+    for (int i = 0; i < n; i++)
+        if (!picked[i] && predicted[i] > 0.0 && predicted[i] <= limit && (best < 0 || predicted[i] > predicted[best]))
             best = i;
     return best;
 }
 
-int calibration_pick_checks(const double *predicted, int n, double budget_seconds, int *picked)
+int calibration_pick_full_depth(const double *predicted, int n, double budget_seconds, int *role, int *order)
 {
-    int cheapest = -1;
-    for (int i = 0; i < n; i++)
-        if (predicted[i] > 0.0 && (cheapest < 0 || predicted[i] < predicted[cheapest])) cheapest = i;
-    if (cheapest < 0) return 0;
-    picked[0] = cheapest;
-    int n_picked = 1;
-    if (CALIBRATION_MAX_CHECKS > 1) {
-        int other = costliest_within(predicted, n, budget_seconds - predicted[cheapest], cheapest);
-        if (other >= 0) picked[n_picked++] = other;
+    int *picked = xcalloc((size_t)(n > 0 ? n : 1), sizeof *picked);
+    for (int i = 0; i < n; i++) role[i] = CALIBRATION_SCALED;
+    int n_picked = 0;
+    double total = 0.0;
+    for (;;) { /* the cheap ones */
+        const int next = cheapest_left(predicted, n, picked);
+        if (next < 0 || (n_picked > 0 && total + predicted[next] > 0.5 * budget_seconds)) break;
+        picked[next] = 1, role[next] = CALIBRATION_AT_DEPTH, order[n_picked++] = next;
+        total += predicted[next];
     }
+    for (int c = 0; c < CALIBRATION_MAX_CHECKS; c++) { /* the checks of the scaled ones */
+        const int next = costliest_within(predicted, n, budget_seconds - total, picked);
+        if (next < 0) break;
+        picked[next] = 1, role[next] = CALIBRATION_CHECK, order[n_picked++] = next;
+        total += predicted[next];
+    }
+    free(picked);
     return n_picked;
 }
 
@@ -194,15 +218,15 @@ double calibration_seconds_left(double elapsed, double done_work, double left_wo
 
 int calibration_line_due(double now, double last_line, double every) { return now - last_line >= every; }
 
-void calibration_progress_text(char *text, size_t text_size, int check, int k, int n, const calibration_entry *shape,
-                               int layers, double seconds_left)
+void calibration_progress_text(char *text, size_t text_size, int full_depth, int k, int n,
+                               const calibration_entry *shape, int layers, double seconds_left)
 {
     char left[48];
     if (seconds_left < 0.0) snprintf(left, sizeof left, "time left unknown");
     else snprintf(left, sizeof left, "about %.0f s left", ceil(seconds_left));
     snprintf(text, text_size, "calibration: %s %d/%d (%d x %d x %d, %d per micro-batch) %s %d block%s, %s",
-             check ? "check" : "shape", k, n, (int)shape->frames, (int)shape->height, (int)shape->width,
-             shape->copies, check ? "at" : "on", layers, layers == 1 ? "" : "s", left);
+             full_depth ? "full depth" : "shape", k, n, (int)shape->frames, (int)shape->height, (int)shape->width,
+             shape->copies, full_depth ? "at" : "on", layers, layers == 1 ? "" : "s", left);
 }
 
 double calibration_misfit(double predicted, double measured)
@@ -210,21 +234,61 @@ double calibration_misfit(double predicted, double measured)
     return measured > 0.0 ? predicted / measured - 1.0 : 0.0;
 }
 
-double calibration_misfit_text(char *text, size_t text_size, const calibration_check *checks, int n_checks,
-                               const calibration_entry *entries, int layers)
+/* Append to text at *used (a no-op once full). */
+static void append(char *text, size_t text_size, size_t *used, const char *format, ...)
 {
-    double worst = 0.0;
-    size_t used = (size_t)snprintf(text, text_size, "misfit at %d blocks", layers);
+    if (*used >= text_size) return;
+    va_list args;
+    va_start(args, format);
+    const int n = vsnprintf(text + *used, text_size - *used, format, args);
+    va_end(args);
+    if (n > 0) *used += (size_t)n;
+}
+
+static void append_misfit(char *text, size_t text_size, size_t *used, const calibration_check *check,
+                          const calibration_entry *entries)
+{
+    const calibration_entry *e = &entries[check->shape];
+    append(text, text_size, used, "%+.1f%% (%d x %d x %d, %d per micro-batch)",
+           100.0 * calibration_misfit(check->predicted, check->measured), (int)e->frames, (int)e->height,
+           (int)e->width, e->copies);
+}
+
+double calibration_misfit_text(char *text, size_t text_size, const calibration_check *checks, int n_checks,
+                               const calibration_entry *entries, int layers, int n_scaled)
+{
+    double worst = 0.0, worst_cheap = -1.0;
+    int n_cheap = 0, n_costly = 0, cheap = -1;
     for (int c = 0; c < n_checks; c++) {
-        const double misfit = calibration_misfit(checks[c].predicted, checks[c].measured);
-        if (fabs(misfit) > worst) worst = fabs(misfit);
-        const calibration_entry *e = &entries[checks[c].shape];
-        if (used < text_size)
-            used += (size_t)snprintf(text + used, text_size - used, "%s %+.1f%% (%d x %d x %d, %d per micro-batch)",
-                                     c == 0 ? "" : ",", 100.0 * misfit, (int)e->frames, (int)e->height, (int)e->width,
-                                     e->copies);
+        const double misfit = fabs(calibration_misfit(checks[c].predicted, checks[c].measured));
+        if (misfit > worst) worst = misfit;
+        if (checks[c].role == CALIBRATION_CHECK) {
+            n_costly++;
+            continue;
+        }
+        n_cheap++;
+        if (misfit > worst_cheap) worst_cheap = misfit, cheap = c;
     }
-    if (used < text_size) snprintf(text + used, text_size - used, "; worst %.1f%%", 100.0 * worst);
+    size_t used = 0;
+    text[0] = '\0';
+    append(text, text_size, &used, "misfit of the scaling at %d blocks: ", layers);
+    if (cheap >= 0) {
+        append(text, text_size, &used, "worst ");
+        append_misfit(text, text_size, &used, &checks[cheap], entries);
+        if (n_cheap == 1) append(text, text_size, &used, " of the cheapest shape timed there; ");
+        else append(text, text_size, &used, " of the %d cheapest shapes timed there; ", n_cheap);
+    }
+    if (n_scaled == 0) append(text, text_size, &used, "none scaled");
+    else if (n_costly == 0) append(text, text_size, &used, "%d scaled, not checked", n_scaled);
+    else {
+        append(text, text_size, &used, "checks of the %d scaled: ", n_scaled);
+        for (int c = 0, k = 0; c < n_checks; c++)
+            if (checks[c].role == CALIBRATION_CHECK) {
+                append(text, text_size, &used, k++ ? ", " : "");
+                append_misfit(text, text_size, &used, &checks[c], entries);
+            }
+    }
+    append(text, text_size, &used, "; worst %.1f%%", 100.0 * worst);
     return worst;
 }
 
@@ -238,16 +302,18 @@ typedef struct {
     const calibration_entry *entries;
     int n_entries;
     const double *seed;
-    int n_passes;                    /* 1: timed at full depth; 3: on 1 and 2 blocks, then the checks */
-    int pass;                        /* the call running: 0, 1 or 2 (the checks) */
-    const calibration_check *checks; /* pass 2 */
-    int n_checks;
+    int deep;             /* 1: on 1 and 2 blocks, then the picked shapes at full depth; 0: at full depth only */
+    int pass;             /* the call running: 0 (1 block, or the only one), 1 (2 blocks) or 2 (full depth) */
+    const int *which;     /* the call's shapes (indices of entries), n_which of them */
+    int n_which;
+    int offset;           /* 1 when the call runs a warm-up of which[0] first (its position 0) */
+    const double *scaled; /* pass 2: the scaled seconds of each entry */
     double started, last_line, done_work;
 } calibration_watch;
 
 static int pass_layers(const calibration_watch *w, int pass)
 {
-    return w->n_passes == 1 || pass == 2 ? w->timer->num_layers : pass + 1;
+    return !w->deep || pass == 2 ? w->timer->num_layers : pass + 1;
 }
 
 static double pass_work(const calibration_watch *w, int pass, int i)
@@ -258,50 +324,80 @@ static double pass_work(const calibration_watch *w, int pass, int i)
     return (pass == 0 ? 2.0 : 1.0) * w->seed[i] * depth;
 }
 
-/* Seconds left after `position` of the current call: passes 0 and 1 at the rate of the work done so far, with the
-   checks as calibration_pick_checks would pick them at that rate; the checks by their scaled seconds. */
-static double watch_seconds_left(const calibration_watch *w, int position, double elapsed)
+/* Predicted seconds of the full-depth pass when it would be decided `elapsed` seconds from the start, with
+   the seconds of each shape at full depth taken as its seed seconds at `rate`. */
+static double full_depth_seconds(const calibration_watch *w, double rate, double elapsed)
+{
+    double *predicted = xmalloc((size_t)w->n_entries * sizeof *predicted);
+    int *role = xmalloc((size_t)w->n_entries * sizeof *role), *order = xmalloc((size_t)w->n_entries * sizeof *order);
+    for (int i = 0; i < w->n_entries; i++) predicted[i] = w->seed[i] > 0.0 ? w->seed[i] * rate : -1.0;
+    const int n_picked = calibration_pick_full_depth(
+        predicted, w->n_entries, calibration_full_depth_budget(w->timer->target_seconds, elapsed), role, order);
+    double seconds = 0.0;
+    for (int c = 0; c < n_picked; c++) seconds += predicted[order[c]];
+    free(predicted);
+    free(role);
+    free(order);
+    return seconds;
+}
+
+/* Seconds left after shape k of the current call: passes 0 and 1 at the rate of the work done so far, with the
+   full-depth pass as calibration_pick_full_depth would pick it at that rate; the full-depth pass by the scaled
+   seconds of the shapes it has left. */
+static double watch_seconds_left(const calibration_watch *w, int k, double elapsed)
 {
     double left = 0.0;
     if (w->pass == 2) {
-        for (int c = position + 1; c < w->n_checks; c++) left += w->checks[c].predicted;
+        for (int j = k + 1; j < w->n_which; j++) left += w->scaled[w->which[j]];
         return left;
     }
     double left_work = 0.0;
-    for (int i = position + 1; i < w->n_entries; i++) left_work += pass_work(w, w->pass, i);
-    if (w->pass == 0 && w->n_passes == 3)
+    for (int j = k + 1; j < w->n_which; j++) left_work += pass_work(w, w->pass, w->which[j]);
+    if (w->pass == 0 && w->deep)
         for (int i = 0; i < w->n_entries; i++) left_work += pass_work(w, 1, i);
     left = calibration_seconds_left(elapsed, w->done_work, left_work);
-    if (left >= 0.0 && w->n_passes == 3) {
-        double *predicted = xmalloc((size_t)w->n_entries * sizeof *predicted);
-        for (int i = 0; i < w->n_entries; i++)
-            predicted[i] = w->seed[i] > 0.0 ? w->seed[i] * elapsed / w->done_work : -1.0;
-        int picked[CALIBRATION_MAX_CHECKS];
-        const int n_picked = calibration_pick_checks(predicted, w->n_entries, CALIBRATION_CHECK_SECONDS, picked);
-        for (int c = 0; c < n_picked; c++) left += predicted[picked[c]];
-        free(predicted);
-    }
+    if (left >= 0.0 && w->deep) left += full_depth_seconds(w, elapsed / w->done_work, elapsed + left);
     return left;
 }
 
 /* calibration_progress_fn: count the shape done; print a line when one is due (not after the last: the caller's
-   final line follows). */
+   final line follows). A call's warm-up (position 0 when offset is 1) counts for nothing. */
 static void watch_progress(void *context, int position)
 {
     calibration_watch *w = context;
-    const int check = w->pass == 2;
-    if (!check) w->done_work += pass_work(w, w->pass, position);
-    const int last_pass = check || w->n_passes == 1;
-    if (!w->timer->progress || (last_pass && position + 1 == (check ? w->n_checks : w->n_entries))) return;
+    const int k = position - w->offset;
+    if (k < 0) return;
+    const int full_depth = w->pass == 2;
+    if (!full_depth) w->done_work += pass_work(w, w->pass, w->which[k]);
+    const int last_pass = full_depth || !w->deep;
+    if (!w->timer->progress || (last_pass && k + 1 == w->n_which)) return;
     const double now = w->timer->clock();
     if (!calibration_line_due(now, w->last_line, CALIBRATION_PROGRESS_EVERY)) return;
     w->last_line = now;
     char text[256];
-    calibration_progress_text(text, sizeof text, check, position + 1, check ? w->n_checks : w->n_entries,
-                              &w->entries[check ? w->checks[position].shape : position], pass_layers(w, w->pass),
-                              watch_seconds_left(w, position, now - w->started));
+    calibration_progress_text(text, sizeof text, full_depth && w->deep, k + 1, w->n_which, &w->entries[w->which[k]],
+                              pass_layers(w, w->pass), watch_seconds_left(w, k, now - w->started));
     fprintf(w->timer->progress, "%s\n", text);
     fflush(w->timer->progress);
+}
+
+/* One timing call of pass w->pass: the n shapes of which[] on a model of that pass' blocks, their seconds into
+   seconds[]. With warm_up 0 the first micro-batch runs once more before them, untimed. */
+static void time_call(calibration_watch *w, int warm_up, const int *which, int n, double *seconds)
+{
+    if (n < 1) return;
+    const calibration_timer *timer = w->timer;
+    w->which = which;
+    w->n_which = n;
+    w->offset = warm_up ? 0 : 1;
+    int *list = xmalloc((size_t)(n + 1) * sizeof *list);
+    double *timed = xmalloc((size_t)(n + 1) * sizeof *timed);
+    list[0] = which[0];
+    memcpy(list + w->offset, which, (size_t)n * sizeof *list);
+    timer->time(timer->context, pass_layers(w, w->pass), list, n + w->offset, warm_up, timed, watch_progress, w);
+    memcpy(seconds, timed + w->offset, (size_t)n * sizeof *seconds);
+    free(list);
+    free(timed);
 }
 
 static void announce(const calibration_timer *timer, int n_entries)
@@ -310,9 +406,31 @@ static void announce(const calibration_timer *timer, int n_entries)
     const int layers = timer->num_layers;
     if (layers <= 2) fprintf(timer->progress, "calibration: timing %d sample shapes at %d block%s\n", n_entries, layers,
                              layers == 1 ? "" : "s");
-    else fprintf(timer->progress, "calibration: timing %d sample shapes on models of 1 and 2 blocks, scaled to %d "
-                 "blocks, then up to %d of them at %d blocks to check\n", n_entries, layers, CALIBRATION_MAX_CHECKS,
-                 layers);
+    else fprintf(timer->progress, "calibration: timing %d sample shapes on models of 1 and 2 blocks, then the "
+                 "cheapest and up to %d checks at %d blocks within the time target (%.0f s), the others scaled to "
+                 "%d blocks\n", n_entries, CALIBRATION_MAX_CHECKS, layers, timer->target_seconds, layers);
+    fflush(timer->progress);
+}
+
+/* The line that says which shapes the full-depth pass times. */
+static void announce_full_depth(const calibration_timer *timer, const int *role, const double *scaled, int n_entries)
+{
+    if (!timer->progress) return;
+    int n_cheap = 0, n_checks = 0, n_scaled = 0;
+    double seconds = 0.0;
+    for (int i = 0; i < n_entries; i++) {
+        if (!(scaled[i] > 0.0)) continue;
+        n_cheap += role[i] == CALIBRATION_AT_DEPTH;
+        n_checks += role[i] == CALIBRATION_CHECK;
+        n_scaled += role[i] == CALIBRATION_SCALED;
+        if (role[i] != CALIBRATION_SCALED) seconds += scaled[i];
+    }
+    char cheap[32] = "the cheapest", costly[32] = "";
+    if (n_cheap != 1) snprintf(cheap, sizeof cheap, "the %d cheapest", n_cheap);
+    if (n_checks > 0) snprintf(costly, sizeof costly, " and %d check%s", n_checks, n_checks == 1 ? "" : "s");
+    fprintf(timer->progress, "calibration: %d shape%s at %d blocks (%s%s, about %.0f s), %d scaled\n",
+            n_cheap + n_checks, n_cheap + n_checks == 1 ? "" : "s", timer->num_layers, cheap, costly, ceil(seconds),
+            n_scaled);
     fflush(timer->progress);
 }
 
@@ -321,42 +439,49 @@ int calibration_time(const calibration_timer *timer, calibration_entry *entries,
 {
     const int num_layers = timer->num_layers;
     calibration_watch w = {.timer = timer, .entries = entries, .n_entries = n_entries, .seed = seed,
-                           .n_passes = num_layers > 2 ? 3 : 1};
-    const size_t n_bytes = (size_t)(n_entries > 0 ? n_entries : 1) * sizeof(double);
-    int *all = xmalloc((size_t)(n_entries > 0 ? n_entries : 1) * sizeof *all);
-    double *one = xmalloc(n_bytes), *two = xmalloc(n_bytes);
+                           .deep = num_layers > 2};
+    const size_t n_room = (size_t)(n_entries > 0 ? n_entries : 1);
+    int *all = xmalloc(n_room * sizeof *all), *role = xmalloc(n_room * sizeof *role),
+        *order = xmalloc(n_room * sizeof *order);
+    double *one = xmalloc(n_room * sizeof *one), *two = xmalloc(n_room * sizeof *two),
+           *scaled = xmalloc(n_room * sizeof *scaled);
     for (int i = 0; i < n_entries; i++) all[i] = i;
     announce(timer, n_entries);
     w.started = w.last_line = timer->clock();
-    timer->time(timer->context, pass_layers(&w, 0), all, n_entries, 1, one, watch_progress, &w);
-    int n_checks = 0;
-    if (w.n_passes == 1) {
+    time_call(&w, 1, all, n_entries, one);
+    int n_full = 0;
+    if (!w.deep) {
         for (int i = 0; i < n_entries; i++) entries[i].seconds = entries[i].copies > 0 ? one[i] : -1.0;
     } else {
         w.pass = 1;
-        timer->time(timer->context, 2, all, n_entries, 0, two, watch_progress, &w);
-        for (int i = 0; i < n_entries; i++)
-            entries[i].seconds = entries[i].copies > 0 ? calibration_depth_seconds(one[i], two[i], num_layers) : -1.0;
-        for (int i = 0; i < n_entries; i++) one[i] = entries[i].seconds; /* the scaled seconds */
-        int picked[CALIBRATION_MAX_CHECKS] = {0};
-        n_checks = calibration_pick_checks(one, n_entries, CALIBRATION_CHECK_SECONDS, picked);
-        if (timer->agree) { /* rank 0 decides: every rank times the same micro-batches */
-            timer->agree(&n_checks, sizeof n_checks);
-            timer->agree(picked, sizeof picked);
+        time_call(&w, 0, all, n_entries, two);
+        for (int i = 0; i < n_entries; i++) {
+            scaled[i] = entries[i].copies > 0 ? calibration_depth_seconds(one[i], two[i], num_layers) : -1.0;
+            entries[i].seconds = scaled[i];
         }
-        double measured[CALIBRATION_MAX_CHECKS];
-        for (int c = 0; c < n_checks; c++) checks[c] = (calibration_check){picked[c], one[picked[c]], -1.0};
+        n_full = calibration_pick_full_depth(
+            scaled, n_entries, calibration_full_depth_budget(timer->target_seconds, timer->clock() - w.started), role,
+            order);
+        if (timer->agree) { /* rank 0 decides: every rank times the same micro-batches */
+            timer->agree(&n_full, sizeof n_full);
+            timer->agree(role, n_room * sizeof *role);
+            timer->agree(order, n_room * sizeof *order);
+        }
+        announce_full_depth(timer, role, scaled, n_entries);
         w.pass = 2;
-        w.checks = checks;
-        w.n_checks = n_checks;
-        if (n_checks > 0) timer->time(timer->context, num_layers, picked, n_checks, 0, measured, watch_progress, &w);
-        for (int c = 0; c < n_checks; c++) {
-            checks[c].measured = measured[c];
-            if (measured[c] > 0.0) entries[picked[c]].seconds = measured[c];
+        w.scaled = scaled;
+        time_call(&w, 0, order, n_full, one); /* one[c]: the measured seconds of order[c] */
+        for (int c = 0; c < n_full; c++) {
+            const int i = order[c];
+            checks[c] = (calibration_check){i, (calibration_role)role[i], scaled[i], one[c]};
+            if (one[c] > 0.0) entries[i].seconds = one[c];
         }
     }
     free(all);
+    free(role);
+    free(order);
     free(one);
     free(two);
-    return n_checks;
+    free(scaled);
+    return n_full;
 }

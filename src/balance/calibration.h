@@ -21,8 +21,9 @@ typedef struct {
 } calibration_entry;
 
 /* What the timings depend on, as one line of text: aldit's version, the GPU (its description), the ranks
-   sharing it, every [model] key that shapes the network, [train] recompute and attention, and whether the
-   micro-batches were packed. Cached timings are reused only under the same key. */
+   sharing it, every [model] key that shapes the network, [train] recompute and attention, whether the
+   micro-batches were packed and the time target (which decides the shapes timed at full depth). Cached timings
+   are reused only under the same key. */
 void calibration_key(const deck *config, const char *device, int ranks_per_gpu, char *key, size_t key_size);
 
 typedef enum {
@@ -41,12 +42,15 @@ calibration_cache_status calibration_load(const char *path, const char *key, cal
    Returns 0, or -1 after a warning naming the file (the run goes on without a cache). */
 int calibration_save(const char *path, const char *key, const calibration_entry *entries, int n_entries);
 
-/* ---- the timing pass: models of one and two blocks scaled to the model's depth, checked at full depth ------ */
+/* ---- the timing pass: models of one and two blocks scaled to the model's depth, the cheap shapes and a few
+   checks of the scaling timed at full depth ------------------------------------------------------------------ */
 
-/* Shapes timed at full depth as well, to check the scaling; the predicted seconds those checks may take in all
-   (the cheapest shape is checked whatever it costs); the least seconds between two progress lines. */
+/* Checks of the scaling on shapes that stay scaled otherwise (the costliest that fit the budget); the share of the
+   time target ([balance] calibrate_seconds) that full-depth timings may take in all, and the share of what the
+   passes on 1 and 2 blocks left of it; the least seconds between two progress lines. */
 enum { CALIBRATION_MAX_CHECKS = 2 };
-#define CALIBRATION_CHECK_SECONDS 10.0
+#define CALIBRATION_FULL_DEPTH_SHARE (1.0 / 3.0)
+#define CALIBRATION_FULL_DEPTH_REST 0.75
 #define CALIBRATION_PROGRESS_EVERY 5.0
 
 /* Seconds of a micro-batch on the model of num_layers blocks from its seconds on models of one and of two blocks
@@ -61,10 +65,25 @@ double calibration_depth_seconds(double one_block, double two_blocks, int num_la
    recompute_block, 1 per re-run forward (all but the last block). For the progress' time left. */
 double calibration_depth_work(int layers, int recompute_block);
 
-/* The shapes to time at full depth as well, by their predicted seconds (<= 0: not timed, never picked): the
-   cheapest, then the costliest other whose seconds fit what budget_seconds leaves after it. Writes their indices
-   into picked[] (cheapest first) and returns how many (0 to CALIBRATION_MAX_CHECKS). Ties go to the lower index. */
-int calibration_pick_checks(const double *predicted, int n, double budget_seconds, int *picked);
+/* The predicted seconds that full-depth timings may take when the passes on 1 and 2 blocks took `elapsed` of a
+   target of target_seconds: CALIBRATION_FULL_DEPTH_SHARE of the target, at most CALIBRATION_FULL_DEPTH_REST of what
+   is left of it, at least 0. */
+double calibration_full_depth_budget(double target_seconds, double elapsed);
+
+/* What the timing pass of a model deeper than two blocks does with a shape. */
+typedef enum {
+    CALIBRATION_SCALED = 0,   /* its seconds scaled from the models of 1 and 2 blocks (or not timed at all) */
+    CALIBRATION_AT_DEPTH = 1, /* cheap: timed at full depth in place of the scaling */
+    CALIBRATION_CHECK = 2     /* costly: timed at full depth to check the scaling of the shapes left scaled */
+} calibration_role;
+
+/* The shapes to time at full depth, by their predicted (scaled) seconds (<= 0: not timed, never picked): the
+   cheapest first while their running total stays within half of budget_seconds (the cheapest whatever it costs;
+   small micro-batches are where the scaling is least reliable, and they cost little), then, CALIBRATION_MAX_CHECKS
+   times, the costliest other whose seconds fit what the budget leaves. role[i] gets each shape's role; order[]
+   the indices of the picked ones, the cheap ones cheapest first, then the checks; returns how many were picked.
+   Ties go to the lower index. */
+int calibration_pick_full_depth(const double *predicted, int n, double budget_seconds, int *role, int *order);
 
 /* Seconds left of work of which done_work units took `elapsed` seconds and left_work units remain (any unit that
    scales with the time). -1 while nothing is done. */
@@ -74,24 +93,28 @@ double calibration_seconds_left(double elapsed, double done_work, double left_wo
 int calibration_line_due(double now, double last_line, double every);
 
 /* A progress line, without a newline: "calibration: shape k/n (F x H x W, C per micro-batch) on L block(s), about
-   T s left"; `check` 1 says "check k/n ... at L blocks" (a full-depth timing). seconds_left < 0: "time left
-   unknown". */
-void calibration_progress_text(char *text, size_t text_size, int check, int k, int n, const calibration_entry *shape,
-                               int layers, double seconds_left);
+   T s left"; `full_depth` 1 says "full depth k/n ... at L blocks" (the pass at the model's depth). seconds_left < 0:
+   "time left unknown". */
+void calibration_progress_text(char *text, size_t text_size, int full_depth, int k, int n,
+                               const calibration_entry *shape, int layers, double seconds_left);
 
-/* One full-depth check of the scaling: the shape's index, its scaled and its measured seconds. */
+/* One full-depth timing of a shape that the scaling predicted: the shape's index, its role (CALIBRATION_AT_DEPTH
+   or CALIBRATION_CHECK), its scaled and its measured seconds. */
 typedef struct {
     int shape;
+    calibration_role role;
     double predicted, measured;
 } calibration_check;
 
 /* How far a prediction is off: predicted / measured - 1 (0 when measured is not a timing). */
 double calibration_misfit(double predicted, double measured);
 
-/* The checks as text, without a newline: "misfit at L blocks +1.2% (1 x 32 x 32, 32 per micro-batch), -2.5% (...);
-   worst 2.5%". Returns the worst |misfit|. */
+/* The scaling's misfits as text, without a newline, n_scaled the shapes left scaled: "misfit of the scaling at L
+   blocks: worst -25.3% (1 x 56 x 32, 32 per micro-batch) of the 14 cheapest shapes timed there; checks of the 6
+   scaled: +4.0% (5 x 60 x 104, 32 per micro-batch), +3.1% (...); worst 25.3%" ("none scaled" when n_scaled is 0,
+   "6 scaled, not checked" when no check fitted). Returns the worst |misfit| of all. */
 double calibration_misfit_text(char *text, size_t text_size, const calibration_check *checks, int n_checks,
-                               const calibration_entry *entries, int layers);
+                               const calibration_entry *entries, int layers, int n_scaled);
 
 /* ---- the whole timing pass ---------------------------------------------------------------------------------- */
 
@@ -107,21 +130,24 @@ typedef void (*calibration_time_fn)(void *context, int layers, const int *shapes
 typedef struct {
     int num_layers;                         /* the model's depth */
     int recompute_block;                    /* [train] recompute = block (the progress' weights) */
+    double target_seconds;                  /* [balance] calibrate_seconds: what the whole pass aims to take */
     calibration_time_fn time;
     void *context;                          /* time's */
     void (*agree)(void *bytes, size_t size); /* collective: rank 0's bytes to every rank (NULL: one rank) */
-    double (*clock)(void);                  /* seconds, for the progress */
+    double (*clock)(void);                  /* seconds, for the progress and the budget */
     FILE *progress;                         /* the progress lines (rank 0's stdout; NULL: none) */
 } calibration_timer;
 
 /* Collective: each entry's seconds at full depth (-1 where copies is 0). A model of at most 2 blocks is timed
-   as it is. A deeper one is timed on models of 1 block (after warm-ups) and of 2 blocks (none: the plans are
-   kept), scaled by calibration_depth_seconds; then the shapes calibration_pick_checks picks (rank 0 decides) are
-   timed at full depth, and their measured seconds replace the scaled ones: checks[] (at most
-   CALIBRATION_MAX_CHECKS; returns how many) holds both. Progress: a line saying what is timed, then
-   calibration_progress_text lines at most every CALIBRATION_PROGRESS_EVERY seconds, their time left weighed by
-   seed[i] (the deck's FLOP-seeded seconds of entry i's micro-batch at full depth, 0 where not timed) and
-   calibration_depth_work, at the rate measured so far. */
+   as it is, after warm-ups; returns 0. A deeper one is timed on models of 1 block (after warm-ups: they build the
+   plans) and of 2 blocks, scaled by calibration_depth_seconds; then the shapes calibration_pick_full_depth picks
+   within calibration_full_depth_budget (target_seconds, the seconds spent so far; rank 0 decides) are timed on the
+   full model, cheapest first, and their measured seconds replace the scaled ones: checks[] (room for n_entries)
+   holds the scaled and the measured seconds of each; returns how many. A call without warm-ups runs its first
+   micro-batch once more before it, untimed (a model's first call pays one-off costs). Progress: a line saying what
+   is timed, then calibration_progress_text lines at most every CALIBRATION_PROGRESS_EVERY seconds, their time left
+   weighed by seed[i] (the deck's FLOP-seeded seconds of entry i's micro-batch at full depth, 0 where not timed) and
+   calibration_depth_work, at the rate measured so far, and a line saying which shapes run at full depth. */
 int calibration_time(const calibration_timer *timer, calibration_entry *entries, int n_entries, const double *seed,
                      calibration_check *checks);
 

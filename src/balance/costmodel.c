@@ -1,4 +1,4 @@
-/* costmodel.c — the balancer's per-sample cost (FLOPs of the layout table's Linears and of attention) and memory (the layout's exact formula), and the NNLS online refit. */
+/* costmodel.c — the balancer's per-sample cost (FLOPs of the layout table's Linears and of attention) and memory (the layout's exact formula), the NNLS online refit and the robust fit of the start-up timings. */
 #include "balance/costmodel.h"
 #include "core/check.h"
 
@@ -201,50 +201,175 @@ double cost_median_in_place(double *values, int n_values)
     return 0.5 * (lower_value + upper_value);
 }
 
-void cost_model_observe_step(cost_model *cm, int n_ranks, const cost_features *features, const double *seconds)
+/* Huber weight of an observation `distance` robust deviations from the centre: full within 2.5, 2.5 / distance to 6,
+   none beyond. */
+static double huber_weight(double distance) { return distance <= 2.5 ? 1.0 : distance <= 6.0 ? 2.5 / distance : 0.0; }
+
+/* Add the rows of n observations (features[r] timed at seconds[r], weighed weight[r]; 0 leaves it out) to a normal
+   system in seed-relative units: each row, divided by its measured time, predicts 1, so that the residual is the
+   relative error. Fills the upper triangle of A, b and the row count. */
+static void add_rows(const cost_model *cm, double *normal, int n_rows, const cost_features *features,
+                     const double *seconds, const double *weight)
 {
     enum { n = COST_N_FEATURES };
     double unit[COST_N_FEATURES];
     seed_units(cm, unit);
-    /* each row, divided by its measured time, predicts 1: the residual is the relative error */
-    double *residual = xmalloc((size_t)(n_ranks > 0 ? n_ranks : 1) * 2 * sizeof(double)), *spread = residual + n_ranks;
-    int n_rows = 0;
-    for (int r = 0; r < n_ranks; r++) {
-        residual[r] = NAN;
-        if (!(seconds[r] > 0) || !isfinite(seconds[r]) || features[r].value[0] <= 0) continue;
-        double predicted = 0;
-        for (int j = 0; j < n; j++) predicted += cm->coef[j] * features[r].value[j];
-        residual[r] = predicted / seconds[r] - 1.0;
-        spread[n_rows++] = residual[r];
-    }
-    if (n_rows == 0) { free(residual); return; }
-    /* robust weights: distance from the step's median residual (a model off by a common factor moves
-       every rank alike) in units of the median absolute deviation; full weight within 2.5, Huber
-       down-weighting to 6, and none beyond (stragglers, a stalled rank) */
-    const double center = cost_median_in_place(spread, n_rows);
-    for (int k = 0, r = 0; r < n_ranks; r++) if (!isnan(residual[r])) spread[k++] = fabs(residual[r] - center);
-    const double sigma = fmax(1.4826 * cost_median_in_place(spread, n_rows), 1e-3);
-    double *normal = &cm->step_normal[(size_t)cm->next_step * COST_NORMAL_SIZE];
-    memset(normal, 0, COST_NORMAL_SIZE * sizeof(double));
     double *a_matrix = normal, *b_vector = normal + n * n;
-    for (int r = 0; r < n_ranks; r++) {
-        if (isnan(residual[r])) continue;
-        const double distance = fabs(residual[r] - center) / sigma;
-        const double weight = distance <= 2.5 ? 1.0 : distance <= 6.0 ? 2.5 / distance : 0.0;
-        if (weight == 0) continue;
+    for (int r = 0; r < n_rows; r++) {
+        if (!(weight[r] > 0)) continue;
         double row[COST_N_FEATURES];
         for (int j = 0; j < n; j++) row[j] = unit[j] * features[r].value[j] / seconds[r];
         for (int i = 0; i < n; i++) {
-            b_vector[i] += weight * row[i];
-            for (int j = i; j < n; j++) a_matrix[i * n + j] += weight * row[i] * row[j];
+            b_vector[i] += weight[r] * row[i];
+            for (int j = i; j < n; j++) a_matrix[i * n + j] += weight[r] * row[i] * row[j];
         }
         normal[n * n + n] += 1;
     }
-    for (int i = 1; i < n; i++)   /* the lower triangle: A is symmetric */
+}
+
+/* A's lower triangle from its upper one (A is symmetric). */
+static void symmetric_fill(double *a_matrix)
+{
+    enum { n = COST_N_FEATURES };
+    for (int i = 1; i < n; i++)
         for (int j = 0; j < i; j++) a_matrix[i * n + j] = a_matrix[j * n + i];
-    free(residual);
+}
+
+/* The relative error predicted / seconds - 1 of each valid observation (features with samples, a finite positive
+   time) under coef, NAN for the others; returns how many are valid, their errors also packed into spread[]. */
+static int relative_errors(const double *coef, int n_rows, const cost_features *features, const double *seconds,
+                           double *residual, double *spread)
+{
+    int n_valid = 0;
+    for (int r = 0; r < n_rows; r++) {
+        residual[r] = NAN;
+        if (!(seconds[r] > 0) || !isfinite(seconds[r]) || features[r].value[0] <= 0) continue;
+        double predicted = 0;
+        for (int j = 0; j < COST_N_FEATURES; j++) predicted += coef[j] * features[r].value[j];
+        residual[r] = predicted / seconds[r] - 1.0;
+        spread[n_valid++] = residual[r];
+    }
+    return n_valid;
+}
+
+/* Huber weights of the valid observations by their distance from the median error in robust deviations (1.4826
+   median absolute deviations, at least floor); 0 for the invalid ones (residual NAN). spread[] is scratch. */
+static void robust_weights(int n_rows, const double *residual, double *spread, int n_valid, double floor,
+                           double *weight)
+{
+    const double center = cost_median_in_place(spread, n_valid);
+    for (int k = 0, r = 0; r < n_rows; r++) if (!isnan(residual[r])) spread[k++] = fabs(residual[r] - center);
+    const double sigma = fmax(1.4826 * cost_median_in_place(spread, n_valid), floor);
+    for (int r = 0; r < n_rows; r++)
+        weight[r] = isnan(residual[r]) ? 0.0 : huber_weight(fabs(residual[r] - center) / sigma);
+}
+
+/* Write one step's normal equations (the rows with their weights) into the ring's next slot. */
+static void push_step(cost_model *cm, int n_rows, const cost_features *features, const double *seconds,
+                      const double *weight)
+{
+    double *normal = &cm->step_normal[(size_t)cm->next_step * COST_NORMAL_SIZE];
+    memset(normal, 0, COST_NORMAL_SIZE * sizeof(double));
+    add_rows(cm, normal, n_rows, features, seconds, weight);
+    symmetric_fill(normal);
     cm->next_step = (cm->next_step + 1) % cm->window_steps;
     if (cm->n_steps_observed < cm->window_steps) cm->n_steps_observed++;
+}
+
+void cost_model_observe_step(cost_model *cm, int n_ranks, const cost_features *features, const double *seconds)
+{
+    /* robust weights: distance from the step's median residual (a model off by a common factor moves
+       every rank alike) in units of the median absolute deviation; full weight within 2.5, Huber
+       down-weighting to 6, and none beyond (stragglers, a stalled rank) */
+    const size_t room = (size_t)(n_ranks > 0 ? n_ranks : 1);
+    double *residual = xmalloc(room * 3 * sizeof(double)), *spread = residual + room, *weight = spread + room;
+    const int n_valid = relative_errors(cm->coef, n_ranks, features, seconds, residual, spread);
+    if (n_valid > 0) {
+        robust_weights(n_ranks, residual, spread, n_valid, 1e-3, weight);
+        push_step(cm, n_ranks, features, seconds, weight);
+    }
+    free(residual);
+}
+
+/* Fit the coefficients to a normal system (A, b; n_rows rows): NNLS on the Jacobi-scaled system with a small ridge
+   towards the seed. 0 (coef untouched) with fewer than 2 * COST_N_FEATURES rows or a degenerate system. */
+static int solve_fit(const cost_model *cm, double *a_matrix, double *b_vector, double n_rows, double *coef)
+{
+    enum { n = COST_N_FEATURES };
+    if (n_rows < 2 * n) return 0;
+    /* Jacobi scaling (unit diagonal) so that features of any size weigh alike, then a small ridge
+       towards the seed (x = 1 in seed units), which only matters for directions the data leaves open */
+    double scale[COST_N_FEATURES];
+    for (int i = 0; i < n; i++) {
+        if (!isfinite(a_matrix[i * n + i])) return 0;
+        scale[i] = a_matrix[i * n + i] > 0 ? sqrt(a_matrix[i * n + i]) : 1.0;
+    }
+    const double ridge = 1e-6;
+    for (int i = 0; i < n; i++) {
+        for (int j = 0; j < n; j++) a_matrix[i * n + j] /= scale[i] * scale[j];
+        b_vector[i] = b_vector[i] / scale[i] + ridge * scale[i];
+        a_matrix[i * n + i] += ridge;
+    }
+    double x[COST_N_FEATURES], unit[COST_N_FEATURES];
+    cost_nnls_normal(n, a_matrix, b_vector, x);
+    for (int j = 0; j < n; j++) x[j] /= scale[j];
+    for (int j = 0; j < n; j++) if (!isfinite(x[j])) return 0;
+    seed_units(cm, unit);
+    for (int j = 0; j < n; j++) coef[j] = x[j] * unit[j];
+    return 1;
+}
+
+/* The window's normal equations summed into `normal` (zeroed first). */
+static void window_normal(const cost_model *cm, double *normal)
+{
+    memset(normal, 0, COST_NORMAL_SIZE * sizeof(double));
+    for (int k = 0; k < cm->n_steps_observed; k++) {
+        const double *step = &cm->step_normal[(size_t)k * COST_NORMAL_SIZE];
+        for (int i = 0; i < COST_NORMAL_SIZE; i++) normal[i] += step[i];
+    }
+}
+
+int cost_model_calibrate(cost_model *cm, int n_observations, const cost_features *features, const double *seconds)
+{
+    enum { n = COST_N_FEATURES, max_rounds = 8 };
+    const size_t room = (size_t)(n_observations > 0 ? n_observations : 1);
+    double *residual = xmalloc(room * 4 * sizeof(double)), *spread = residual + room, *weight = spread + room,
+           *next = weight + room;
+    double coef[COST_N_FEATURES];
+    memcpy(coef, cm->coef, sizeof coef);
+    int n_valid = relative_errors(coef, n_observations, features, seconds, residual, spread);
+    for (int r = 0; r < n_observations; r++) weight[r] = isnan(residual[r]) ? 0.0 : 1.0;
+    /* iteratively reweighted: fit (with the window's steps), weigh each timing by its error under that fit */
+    for (int round = 0; round < max_rounds && n_valid > 0; round++) {
+        double normal[COST_NORMAL_SIZE];
+        window_normal(cm, normal);
+        add_rows(cm, normal, n_observations, features, seconds, weight);
+        symmetric_fill(normal);
+        if (!solve_fit(cm, normal, normal + n * n, normal[n * n + n], coef)) break;
+        n_valid = relative_errors(coef, n_observations, features, seconds, residual, spread);
+        robust_weights(n_observations, residual, spread, n_valid, COST_CALIBRATION_SPREAD, next);
+        const int same = memcmp(next, weight, room * sizeof(double)) == 0;
+        memcpy(weight, next, room * sizeof(double));
+        if (same) break;
+    }
+    for (int r = 0; r < n_observations; r++) /* each timing a step of one rank, as its weight says */
+        if (weight[r] > 0) push_step(cm, 1, &features[r], &seconds[r], &weight[r]);
+    free(residual);
+    return cost_model_refit(cm);
+}
+
+double cost_model_worst_misfit(const cost_model *cm, int n, const cost_features *features, const double *seconds,
+                               int *worst_index)
+{
+    double worst = 0.0;
+    int index = -1;
+    for (int i = 0; i < n; i++) {
+        if (!(seconds[i] > 0.0)) continue;
+        const double misfit = fabs(cost_model_predict_features(cm, &features[i]) / seconds[i] - 1.0);
+        if (index < 0 || misfit > worst) worst = misfit, index = i;
+    }
+    if (worst_index) *worst_index = index;
+    return worst;
 }
 
 size_t cost_model_window_doubles(const cost_model *cm) { return 1 + (size_t)cm->n_steps_observed * COST_NORMAL_SIZE; }
@@ -343,37 +468,13 @@ void cost_nnls_normal(int n, const double *a_matrix, const double *b_vector, dou
 int cost_model_refit(cost_model *cm)
 {
     enum { n = COST_N_FEATURES };
-    double a_matrix[COST_N_FEATURES * COST_N_FEATURES] = {0}, b_vector[COST_N_FEATURES] = {0}, n_rows = 0;
-    for (int k = 0; k < cm->n_steps_observed; k++) {
-        const double *normal = &cm->step_normal[(size_t)k * COST_NORMAL_SIZE];
-        for (int i = 0; i < n * n; i++) a_matrix[i] += normal[i];
-        for (int i = 0; i < n; i++) b_vector[i] += normal[n * n + i];
-        n_rows += normal[n * n + n];
-    }
-    if (n_rows < 2 * n) return 0;
-    /* Jacobi scaling (unit diagonal) so that features of any size weigh alike, then a small ridge
-       towards the seed (x = 1 in seed units), which only matters for directions the data leaves open */
-    double scale[COST_N_FEATURES];
-    for (int i = 0; i < n; i++) {
-        if (!isfinite(a_matrix[i * n + i])) return 0;
-        scale[i] = a_matrix[i * n + i] > 0 ? sqrt(a_matrix[i * n + i]) : 1.0;
-    }
-    const double ridge = 1e-6;
-    for (int i = 0; i < n; i++) {
-        for (int j = 0; j < n; j++) a_matrix[i * n + j] /= scale[i] * scale[j];
-        b_vector[i] = b_vector[i] / scale[i] + ridge * scale[i];
-        a_matrix[i * n + i] += ridge;
-    }
-    double x[COST_N_FEATURES], unit[COST_N_FEATURES];
-    cost_nnls_normal(n, a_matrix, b_vector, x);
-    for (int j = 0; j < n; j++) x[j] /= scale[j];
-    seed_units(cm, unit);
+    double normal[COST_NORMAL_SIZE], coef[COST_N_FEATURES];
+    window_normal(cm, normal);
+    if (!solve_fit(cm, normal, normal + n * n, normal[n * n + n], coef)) return 0;
     int changed = 0;
-    for (int j = 0; j < n; j++) if (!isfinite(x[j])) return 0;
     for (int j = 0; j < n; j++) {
-        double coef = x[j] * unit[j];
-        if (coef != cm->coef[j]) changed = 1;
-        cm->coef[j] = coef;
+        if (coef[j] != cm->coef[j]) changed = 1;
+        cm->coef[j] = coef[j];
     }
     return changed;
 }

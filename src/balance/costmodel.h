@@ -115,6 +115,24 @@ void cost_model_observe_step(cost_model *cm, int n_ranks, const cost_features *f
    directions the window does not excite (e.g. no long samples seen yet) at their seeded values. */
 int cost_model_refit(cost_model *cm);
 
+/* The relative error below which a start-up timing always weighs fully in cost_model_calibrate (its robust
+   deviation's floor: full weight within 2.5 of it, 5%; none beyond 6, 12%). */
+#define COST_CALIBRATION_SPREAD 0.02
+
+/* Fit the start-up calibration's timings (features[i] timed at seconds[i]; invalid ones left out): the least
+   squares of the relative errors, with the window's steps, reweighted until the weights settle (at most 8 rounds):
+   each timing Huber-weighed by its error under the last fit, in robust deviations from the median error (at least
+   COST_CALIBRATION_SPREAD), so that a bad timing (a cold first call, a clock dip) does not tilt the fit of the
+   others. Each timing then enters the window as a step of one rank with its weight (one weighed 0 does not enter)
+   and the model is refit (cost_model_refit). Returns 1 when the coefficients changed. */
+int cost_model_calibrate(cost_model *cm, int n_observations, const cost_features *features, const double *seconds);
+
+/* The worst misfit |predicted / measured - 1| of the model over n timed sets of samples (features[i] timed at
+   seconds[i]; those not timed, seconds <= 0, left out); *worst_index (may be NULL) gets its index, -1 when none
+   was timed (0 returned). */
+double cost_model_worst_misfit(const cost_model *cm, int n, const cost_features *features, const double *seconds,
+                               int *worst_index);
+
 /* The refit window as plain doubles (for checkpoints): cost_model_window_doubles() values. */
 size_t cost_model_window_doubles(const cost_model *cm);
 void cost_model_window_save(const cost_model *cm, double *values);

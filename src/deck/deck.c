@@ -160,6 +160,10 @@ static const deck_key deck_keys[] = {
     {KEY("balance", "calibrate_packed", KEY_BOOL, balance.calibrate_packed), .default_text = "on",
      .help = "GPU start-up calibration times each sample shape packed into a micro-batch as training runs it "
              "(as many copies as mem_fill of mem_budget takes, at most 32); off = one sample per call"},
+    {KEY("balance", "calibrate_seconds", KEY_DOUBLE, balance.calibrate_seconds), .min = 0, .max = 1e6,
+     .default_text = "60", .help = "GPU start-up calibration of a model deeper than 2 blocks: the seconds it aims at; "
+             "its full-depth timings (the cheapest shapes, then up to 2 checks) take at most a third of it, the other "
+             "shapes are scaled from models of 1 and 2 blocks (0: all but the cheapest scaled)"},
     {KEY("balance", "recompute", KEY_ENUM, balance.recompute), .choices = recompute_names, .default_text = "none",
      .help = "activation recomputation the memory model assumes; must equal train.recompute"},
     /* [train] */

@@ -79,6 +79,7 @@ typedef struct {
         int calibrate;                 /* refit the cost model online from measured times (1) */
         int calibrate_window;          /* steps of (assignment, time) pairs kept for the refit */
         int calibrate_packed;          /* GPU start-up timing: packed micro-batches (1) or one sample per call */
+        double calibrate_seconds;      /* GPU start-up timing's target: what decides the shapes timed at full depth */
         deck_recompute recompute;      /* activation recomputation assumed by mem(S): none | block */
     } balance;
     struct {

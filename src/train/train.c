@@ -965,19 +965,29 @@ static int train_step(trainer *t, step_record *r)
     return 0;
 }
 
-/* Rank 0: fit the balancer's cost model to the start-up timings and say how well it now predicts them. */
+/* Rank 0: fit the balancer's cost model to the start-up timings and say how well it now predicts them (the worst
+   timed micro-batch named by its copies and tokens) and, when every timed sample has the same text length (text
+   padded to [model] text_len), which sums of the coefficients the timings determine. */
 static void report_calibration(trainer *t)
 {
     balancer_calibrate(t->packer, t->n_calibration, t->calibration_features, t->calibration_seconds);
     const cost_model *cm = balancer_cost_model(t->packer);
-    double worst = 0.0;
+    int at = -1;
+    const double worst = cost_model_worst_misfit(cm, t->n_calibration, t->calibration_features,
+                                                 t->calibration_seconds, &at);
+    const cost_features *f = &t->calibration_features[at >= 0 ? at : 0];
+    printf("             cost model fitted: seconds = %.3g + %.3g S + %.3g S^2 + %.3g S L + %.3g L (worst misfit of a "
+           "timed shape %.1f%%: %.0f x %.0f tokens)\n", cm->coef[0], cm->coef[1], cm->coef[2], cm->coef[3],
+           cm->coef[4], 100.0 * worst, f->value[0], f->value[0] > 0 ? f->value[1] / f->value[0] : 0.0);
+    const double text = f->value[0] > 0 ? f->value[4] / f->value[0] : 0.0;
+    int same_text = 1;
     for (int i = 0; i < t->n_calibration; i++) {
-        double error = fabs(cost_model_predict_features(cm, &t->calibration_features[i]) / t->calibration_seconds[i] - 1.0);
-        if (error > worst) worst = error;
+        const cost_features *g = &t->calibration_features[i];
+        same_text &= fabs(g->value[4] - text * g->value[0]) <= 1e-9 * (1.0 + g->value[4]);
     }
-    printf("             cost model fitted: seconds = %.3g + %.3g S + %.3g S^2 + %.3g S L + %.3g L "
-           "(worst misfit of a timed shape %.1f%%)\n", cm->coef[0], cm->coef[1], cm->coef[2], cm->coef[3], cm->coef[4],
-           100.0 * worst);
+    if (same_text && t->n_calibration > 1)
+        printf("             (every timed sample has L = %.0f text rows: the timings fix a + e L = %.3g and b + d L = "
+               "%.3g, not their parts)\n", text, cm->coef[0] + cm->coef[4] * text, cm->coef[1] + cm->coef[3] * text);
     fflush(stdout);
 }
 
@@ -1034,7 +1044,8 @@ static void time_on_device(void *context, int layers, const int *which, int n, i
 static void agree_bytes(void *bytes, size_t size) { comm_bcast_bytes(bytes, size); }
 
 /* Collective: the entries' seconds at full depth, timed on the device (calibration_time: on models of one and two
-   blocks, scaled to the depth and checked at full depth, rank 0 printing the progress); returns the checks. */
+   blocks, scaled to the depth, the cheap shapes and a few checks timed at full depth, rank 0 printing the
+   progress); returns the full-depth timings (checks[], room for n_shapes). */
 static int time_calibration(trainer *t, const backend_shape *shapes, calibration_entry *entries, int n_shapes,
                             calibration_check *checks)
 {
@@ -1052,6 +1063,7 @@ static int time_calibration(trainer *t, const backend_shape *shapes, calibration
     calibration_device device = {t, shapes, entries};
     calibration_timer timer = {.num_layers = config->model.num_layers,
                                .recompute_block = config->train.recompute == RECOMPUTE_BLOCK,
+                               .target_seconds = config->balance.calibrate_seconds,
                                .time = time_on_device, .context = &device, .agree = agree_bytes, .clock = comm_time,
                                .progress = t->info->rank == 0 ? stdout : NULL};
     return calibration_time(&timer, entries, n_shapes, seed, checks);
@@ -1061,8 +1073,9 @@ static int time_calibration(trainer *t, const backend_shape *shapes, calibration
    each with its mean text length) on the backend's device, each packed into a micro-batch of as many copies as
    training would pack (one copy with [balance] calibrate_packed off), so that the timings carry the
    per-micro-batch fixed cost as training does (time_calibration: on models of one and two blocks, scaled to
-   the depth and checked at full depth); rank 0 prints the progress and keeps the timings for the balancer's cost
-   model, and in the run folder (calibration.h), from where a restarted run on the same device and model reads them. */
+   the depth, the cheap shapes and a few checks timed at full depth); rank 0 prints the progress and keeps the
+   timings for the balancer's cost model, and in the run folder (calibration.h), from where a restarted run on the
+   same device and model reads them. */
 static void calibrate(trainer *t)
 {
     /* every sample's shape, sorted (by tokens, then frames, height, width), then one entry per distinct
@@ -1109,7 +1122,7 @@ static void calibrate(trainer *t)
     }
     comm_bcast_bytes(&cached, sizeof cached);
     const double started = comm_time();
-    calibration_check checks[CALIBRATION_MAX_CHECKS];
+    calibration_check checks[CALIBRATION_MAX_SHAPES];
     int n_checks = 0, saved = 0;
     if (!cached) {
         n_checks = time_calibration(t, shapes, entries, n_shapes, checks);
@@ -1129,19 +1142,24 @@ static void calibrate(trainer *t)
             t->calibration_seconds[t->n_calibration++] = entries[i].seconds;
             if (entries[i].copies > most_copies) most_copies = entries[i].copies;
         }
-        char packing[48], scaling[64] = "";
+        char packing[48], scaling[96] = "";
         if (most_copies > 1) snprintf(packing, sizeof packing, "packed up to %d per micro-batch", most_copies);
         else snprintf(packing, sizeof packing, "one per micro-batch");
         const int num_layers = t->config->model.num_layers;
-        if (num_layers > 2) snprintf(scaling, sizeof scaling, " on 1 and 2 blocks, scaled to %d,", num_layers);
+        if (num_layers > 2 && n_checks == t->n_calibration)
+            snprintf(scaling, sizeof scaling, " on 1 and 2 blocks, all at %d blocks,", num_layers);
+        else if (num_layers > 2)
+            snprintf(scaling, sizeof scaling, " on 1 and 2 blocks, %d of them at %d blocks (%d scaled to %d),",
+                     n_checks, num_layers, t->n_calibration - n_checks, num_layers);
         if (cached)
             printf("  calibrate  %d of %d sample shapes (%s): timings read from %s (same device and model; delete "
                    "it to time them again)\n", t->n_calibration, n_shapes, packing, path);
         else printf("  calibrate  %d of %d sample shapes timed on the GPU (%s)%s in %.1f s%s%s\n", t->n_calibration,
                     n_shapes, packing, scaling, spent, saved ? ", kept in " : "", saved ? path : "");
         if (n_checks > 0) {
-            char misfit[512];
-            calibration_misfit_text(misfit, sizeof misfit, checks, n_checks, entries, num_layers);
+            char misfit[768];
+            calibration_misfit_text(misfit, sizeof misfit, checks, n_checks, entries, num_layers,
+                                    t->n_calibration - n_checks);
             printf("             %s\n", misfit);
         }
         fflush(stdout);
