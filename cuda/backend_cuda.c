@@ -357,18 +357,6 @@ static int resolve_shard(const deck *config, const comm_info *info, backend_plan
     return 0;
 }
 
-/* The activation budget below which training is of no use: the largest sample the store has, alone (or [balance]
-   mem_budget where the deck sets one). */
-static double least_useful_budget(const deck *config, const cost_model *cm, const balance_sample *samples,
-                                  int64_t n_samples)
-{
-    if (config->balance.mem_budget > 0.0) return config->balance.mem_budget;
-    double largest = 0.0;
-    for (int64_t i = 0; i < n_samples; i++)
-        largest = fmax(largest, cost_model_mem(cm, samples[i].tokens, samples[i].text_len));
-    return largest;
-}
-
 /* out->shard and out->state: [train] shard, or for auto the least sharding whose state leaves the GPU model room for
    the least useful budget in `usable` bytes less `reserve` (the most sharding where none does: plan_memory then says
    what does not fit). The same on every rank (usable is). */
@@ -378,7 +366,7 @@ static int choose_shard(const deck *config, const comm_info *info, const cost_mo
 {
     if (resolve_shard(config, info, out) != 0) return ALDIT_EXIT_USAGE;
     if (out->shard == SHARD_AUTO) {
-        const double least = least_useful_budget(config, cm, samples, n_samples);
+        const double least = balance_least_useful_budget(config, cm, samples, n_samples);
         const deck_shard most = !sharding_available(info) ? SHARD_NONE
                                 : eval_on(config)        ? SHARD_GRADIENTS
                                                          : SHARD_FULL;

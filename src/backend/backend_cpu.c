@@ -79,31 +79,29 @@ static shard_bytes state_bytes_of(const deck *config, const model *table, deck_s
 int backend_cpu_plan(const deck *config, const comm_info *info, const model *table, const balance_sample *samples,
                      int64_t n_samples, backend_plan *plan)
 {
-    (void)samples;
-    (void)n_samples;
     memset(plan, 0, sizeof *plan);
     plan->budget_measured = config->balance.mem_budget <= 0.0;
     plan->mem_budget = config->balance.mem_budget;
-    /* auto: the least sharding whose state leaves room for activations (a fixed budget: the least that fits
-       the memory available beside it, or none where nothing can be measured) */
     double available = host_available_bytes();
     if (available < 0.0) available = config->balance.device_mem * info->n_local_ranks;
     double per_rank = available / info->n_local_ranks * (1.0 - config->balance.mem_margin);
     comm_allreduce_min_f64(&per_rank, 1);
-    const double room = plan->budget_measured ? 0.0 : plan->mem_budget;
+    /* the balancer plans with the CPU model's own activation bytes (also when [run] device = auto lands here) */
+    cost_model_init(&plan->memory_model, config);
+    cost_model_set_memory(&plan->memory_model, config, LAYOUT_BACKEND_CPU);
+    plan->has_memory_model = 1;
+    /* auto: the least sharding whose state leaves room for the least useful budget (balance.h; full where none
+       does: the check below then says what does not fit) */
+    const double least = balance_least_useful_budget(config, &plan->memory_model, samples, n_samples);
     plan->shard = config->train.shard;
     if (plan->shard == SHARD_AUTO) {
         plan->shard = SHARD_FULL;
         for (deck_shard mode = SHARD_NONE; mode <= SHARD_FULL; mode++) {
             shard_bytes bytes = state_bytes_of(config, table, mode, info->n_ranks);
-            if (per_rank - shard_bytes_total(&bytes) > room) { plan->shard = mode; break; }
+            if (per_rank - shard_bytes_total(&bytes) >= least) { plan->shard = mode; break; }
         }
     }
     plan->state = state_bytes_of(config, table, plan->shard, info->n_ranks);
-    /* the balancer plans with the CPU model's own activation bytes (also when [run] device = auto lands here) */
-    cost_model_init(&plan->memory_model, config);
-    cost_model_set_memory(&plan->memory_model, config, LAYOUT_BACKEND_CPU);
-    plan->has_memory_model = 1;
     if (plan->budget_measured) {
         plan->mem_budget = per_rank - shard_bytes_total(&plan->state);
         if (plan->mem_budget <= 0.0) {

@@ -1352,3 +1352,13 @@ void rank_assignment_free(rank_assignment *mine)
     free(mine->ids); free(mine->micro_start); free(mine->message);
     memset(mine, 0, sizeof(*mine));
 }
+
+double balance_least_useful_budget(const deck *config, const cost_model *cm, const balance_sample *samples,
+                                   int64_t n_samples)
+{
+    if (config->balance.mem_budget > 0.0) return config->balance.mem_budget;
+    double largest = 0.0;
+    for (int64_t i = 0; i < n_samples; i++)
+        largest = fmax(largest, cost_model_mem(cm, samples[i].tokens, samples[i].text_len));
+    return largest;
+}

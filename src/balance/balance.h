@@ -99,4 +99,10 @@ double balancer_dual_p(const balancer *b);           /* exponent p of the dual s
 /* Largest sample tokens that fit the memory budget with `text_len` text tokens. */
 int64_t balancer_max_tokens_in_budget(const cost_model *cm, double mem_budget_bytes, int64_t text_len);
 
+/* The activation budget below which training is of no use: [balance] mem_budget where the deck sets one, else
+   the activation bytes (cost_model_mem) of the largest of the samples, alone. [train] shard = auto is the least
+   sharding whose budget holds it, on every backend and in aldit-sim. */
+double balance_least_useful_budget(const deck *config, const cost_model *cm, const balance_sample *samples,
+                                   int64_t n_samples);
+
 #endif
