@@ -62,6 +62,7 @@ typedef struct {
     float *adam_m, *adam_v;       /* device, n_weights each (mode none) */
     float *ema;                   /* device, as the moments: the master's EMA ([train] ema_decay; else NULL; mode none) */
     int ema_set;                  /* set_range gave the EMA (else start copies the master) */
+    int ema_in_use;               /* between use_ema(1) and use_ema(0): the model computes with the EMA */
     shard_layout layout;          /* the values of each state array this rank holds (shard.h's units) */
     shard_gpu *shard;             /* [train] shard = optimizer, gradients, full: the state (NULL in mode none) */
     double *sumsq, *grad_norm;    /* device scalars */
@@ -331,21 +332,10 @@ static int sharding_available(const comm_info *info)
 #endif
 }
 
-/* [eval] runs during training: its forward-only calls differ in number between ranks, so they cannot make the
-   collective per-block gathers of shard = full. */
-static int eval_on(const deck *config) { return config->eval.store[0] != '\0' && config->eval.every > 0; }
-
-/* [train] shard on the GPU, before any memory is measured: a sharded mode needs NCCL over more than one rank, and
-   full no [eval] (ALDIT_EXIT_USAGE, rank 0 says why). */
+/* [train] shard on the GPU, before any memory is measured: a sharded mode needs NCCL over more than one rank
+   (ALDIT_EXIT_USAGE, rank 0 says why). */
 static int resolve_shard(const deck *config, const comm_info *info, backend_plan *plan)
 {
-    if (config->train.shard == SHARD_FULL && eval_on(config)) {
-        if (info->rank == 0)
-            fprintf(stderr, "aldit: error: [train] shard = full on the CUDA backend cannot run [eval] (%s) yet: its "
-                    "per-block gathers are collective and the ranks' validation batches differ in number; set "
-                    "train.shard = gradients or eval.every = off\n", config->eval.store);
-        return ALDIT_EXIT_USAGE;
-    }
     if (config->train.shard != SHARD_AUTO && config->train.shard != SHARD_NONE && !sharding_available(info)) {
         if (info->rank == 0)
             fprintf(stderr, "aldit: error: [train] shard = %s over %d GPU ranks needs NCCL, and this build of aldit has "
@@ -367,9 +357,7 @@ static int choose_shard(const deck *config, const comm_info *info, const cost_mo
     if (resolve_shard(config, info, out) != 0) return ALDIT_EXIT_USAGE;
     if (out->shard == SHARD_AUTO) {
         const double least = balance_least_useful_budget(config, cm, samples, n_samples);
-        const deck_shard most = !sharding_available(info) ? SHARD_NONE
-                                : eval_on(config)        ? SHARD_GRADIENTS
-                                                         : SHARD_FULL;
+        const deck_shard most = sharding_available(info) ? SHARD_FULL : SHARD_NONE;
         out->shard = most;
         for (deck_shard mode = SHARD_NONE; mode < most; mode++) {
             layout_state_bytes bytes = model_layout_state_bytes(&table->layout, LAYOUT_BACKEND_GPU, mode, info->n_ranks,
@@ -666,14 +654,38 @@ static double cuda_micro_batch(backend *b, const model_batch *batch, float grad_
     return loss_sum;
 }
 
-/* Forward only on the GPU model (every mode but full, which refuses [eval], keeps the bf16 weights whole: no
-   begin_eval, and no collective). */
+/* Forward only on the GPU model: no begin_eval (every mode but full keeps the bf16 weights whole, and full gathers
+   each block as training does: collective, so an empty batch still asks for every block, gpu_model_forward_loss). */
 static double cuda_eval_batch(backend *b, const model_batch *batch, double *sample_loss)
 {
     train_gpu *gpu = b->state;
     int64_t tokens = 0, text = 0;
-    checked_micro_batch(gpu, batch, &tokens, &text);
+    if (batch->n_samples > 0) checked_micro_batch(gpu, batch, &tokens, &text);
     return gpu_model_forward_loss(gpu->net, batch, sample_loss, gpu->stream);
+}
+
+/* The EMA in the master's place, and back: sharded, the held arrays swap and the bf16 copies and fp32 reads are
+   published from them (shard_gpu_swap_ema); mode none, the master is kept meanwhile in the gradient buffer (free
+   between finish_step and the next begin_step, which zeroes it) and the EMA copied over it, the bf16 copies
+   made from it as AdamW makes them (round to nearest), so that on = 0 restores both bit for bit. */
+static void cuda_use_ema(backend *b, int on)
+{
+    train_gpu *gpu = b->state;
+    ALDIT_CHECK(gpu->config->train.ema_decay > 0.0, "cuda backend: a validation with the EMA, but this run keeps "
+                "none ([train] ema_decay = off)");
+    ALDIT_CHECK(on == !gpu->ema_in_use, "cuda backend: use_ema(%d) twice", on);
+    gpu->ema_in_use = on;
+    if (gpu->shard) {
+        shard_gpu_swap_ema(gpu->shard);
+        return;
+    }
+    const gpu_model_buffers *buffers = &gpu->buffers;
+    const size_t bytes = (size_t)buffers->n_weights * sizeof(float);
+    if (on) {
+        CUDA_CHECK(cudaMemcpyAsync(buffers->grads, buffers->master, bytes, cudaMemcpyDeviceToDevice, gpu->stream));
+        CUDA_CHECK(cudaMemcpyAsync(buffers->master, gpu->ema, bytes, cudaMemcpyDeviceToDevice, gpu->stream));
+    } else CUDA_CHECK(cudaMemcpyAsync(buffers->master, buffers->grads, bytes, cudaMemcpyDeviceToDevice, gpu->stream));
+    gpu_model_refresh_working(gpu->net, gpu->stream);
 }
 
 static void cuda_sum_gradients(backend *b)
@@ -892,6 +904,7 @@ static const backend_ops cuda_ops = {
     .begin_step = cuda_begin_step,
     .micro_batch = cuda_micro_batch,
     .eval_batch = cuda_eval_batch,
+    .use_ema = cuda_use_ema,
     .sum_gradients = cuda_sum_gradients,
     .finish_step = cuda_finish_step,
     .calibration_copies = cuda_calibration_copies,

@@ -1334,6 +1334,11 @@ double gpu_model_forward_backward(gpu_model *gm, const model_batch *batch, float
 
 double gpu_model_forward_loss(gpu_model *gm, const model_batch *batch, double *sample_loss, cudaStream_t stream)
 {
+    if (batch->n_samples == 0) { // the parameter source's calls of a forward (block_forward's), computing nothing
+        ALDIT_CHECK(gm->params.block_weights, "gpu model: a forward before gpu_model_set_params");
+        for (int l = 0; l < gm->num_layers; ++l) block_weights(gm, l, forward_next(gm, l), stream);
+        return 0.0;
+    }
     const batch_dims dims = stage_batch(gm, batch, stream);
     forward(gm, dims, 0.0f, true, stream);
     return wait_for_losses(gm, dims.n_samples, sample_loss, stream);

@@ -561,6 +561,15 @@ static void publish_weights(shard_gpu *sh)
     if (sh->mode == SHARD_FULL) gather_time(sh);
 }
 
+void shard_gpu_swap_ema(shard_gpu *sh)
+{
+    ALDIT_CHECK(sh->ema, "cuda backend: a validation with the EMA, but this run keeps none ([train] ema_decay = off)");
+    float *master = sh->master;
+    sh->master = sh->ema;
+    sh->ema = master;
+    publish_weights(sh);
+}
+
 void shard_gpu_start(shard_gpu *sh, int ema_set)
 {
     CUDA_CHECK(cudaDeviceSynchronize()); /* the set_range copies */

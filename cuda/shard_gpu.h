@@ -84,6 +84,12 @@ void shard_gpu_finish_step(shard_gpu *sh, const adamw_step *hyper, double weight
                            double ema_decay, double *sumsq, double *grad_norm, float *clip_scale,
                            void *sumsq_workspace);
 
+/* Collective, between steps, with the EMA kept (fatal otherwise): the held EMA and master arrays swap places and the
+   bf16 copies and fp32 reads the model computes with are published from the array now in the master's place (full:
+   its blocks are gathered from it). A second call swaps back and publishes the master again: every copy as before,
+   bit for bit. Queued on compute. For a validation with the EMA weights (backend.h's use_ema). */
+void shard_gpu_swap_ema(shard_gpu *sh);
+
 /* optimizer: the whole fp32 gradient array (n values, flat order) the bucketed all-reduce sums; NULL elsewhere. */
 float *shard_gpu_whole_grads(const shard_gpu *sh);
 

@@ -1,7 +1,7 @@
 /* eval_oracle.c — tests/train_eval.sh's independent validation loss: the CPU model's forward on each sample alone.
-   usage: eval_oracle DECK WEIGHTS [section.key=value ...]
+   usage: eval_oracle [--ema] DECK WEIGHTS [section.key=value ...]
    Loads the deck (with the overrides: eval.store, eval.samples, eval.sigmas, run.seed, ...) and the weights
-   (a checkpoint), then for each of the [eval] store's first [eval] samples samples, one at a time, and each
+   (a checkpoint; with --ema its /ema/<name> tensors, the validation of the EMA weights), then for each of the [eval] store's first [eval] samples samples, one at a time, and each
    noise level of [eval] sigmas: model_forward_loss on that sample alone with the validation noise (eval.h's
    eval_noise at epoch 0, drawn by the reader). Prints the mean loss over samples and levels (%.17g) and the
    mean at each level, one per line after it. Exit 0, or 1 with a message. */
@@ -16,12 +16,29 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+
+/* The /ema tensors of checkpoint `path` into net's weights; 0, or 1 after a message. */
+static int load_ema(const char *path, model *net)
+{
+    checkpoint_reader *reader = checkpoint_reader_open_init(path, net, stderr);
+    if (!reader) return 1;
+    int status = checkpoint_reader_has(reader, CHECKPOINT_EMA) ? 0 : 1;
+    if (status) fprintf(stderr, "eval_oracle: %s has no /ema\n", path);
+    for (int p = 0; p < net->n_params && status == 0; p++)
+        status = checkpoint_read_tensor(reader, CHECKPOINT_EMA, net->params[p].name, net->weights + net->params[p].offset);
+    checkpoint_reader_close(reader);
+    return status != 0;
+}
 
 int main(int argc, char **argv)
 {
     comm_init(&argc, &argv);
+    const int ema = argc > 1 && strcmp(argv[1], "--ema") == 0;
+    argc -= ema;
+    argv += ema;
     if (argc < 3) {
-        fprintf(stderr, "usage: eval_oracle DECK WEIGHTS [section.key=value ...]\n");
+        fprintf(stderr, "usage: eval_oracle [--ema] DECK WEIGHTS [section.key=value ...]\n");
         return 1;
     }
     deck config;
@@ -29,7 +46,7 @@ int main(int argc, char **argv)
     if (deck_load(&config, argv[1], argc - 3, argv + 3, stderr) != 0) return 1;
     model net;
     model_create(&net, &config);
-    if (checkpoint_load_weights(argv[2], &net, stderr) != 0) return 1;
+    if ((ema ? load_ema(argv[2], &net) : checkpoint_load_weights(argv[2], &net, stderr)) != 0) return 1;
     store data;
     if (store_open(&data, config.eval.store, stderr) != 0) return 1;
     const int64_t n_samples = config.eval.samples > 0 ? config.eval.samples : data.n_samples;

@@ -4,14 +4,19 @@
 # CPU model's model_forward_loss; within 1e-9: fp32 rounding of packed against single-sample GEMMs). From those
 # weights with lr = 1e-30 (no weight moves in fp32): the same loss at every pass and on 1, 2 and 3 ranks (within
 # 1e-12 relative: fixed noise levels, noise keyed by the seed and the sample; only the order of the sums
-# differs), and the oracle's. A fully sharded state validates the unsharded run's weights (within 1e-6); a
-# resumed run's validation losses equal an uninterrupted run's. On GPUs (skipped without): the forward-only
-# pass within 2e-2 of the CPU's, 2 GPU ranks the same as 1 within 1e-12. Bad eval stores and [eval] samples are
-# refused with exit 2 before training, also by --check.
+# differs), and the oracle's. With [train] ema_decay: val_loss_ema equals the oracle on the checkpoint's /ema (1 and
+# 2 ranks, shard = full at 2, gradients at 3; within 1e-9), differs from val_loss, and the run trains on exactly as
+# one without validation (the training weights come back bit for bit); without it there is no val_loss_ema. A
+# fully sharded state validates as the unsharded one (2 and 3 ranks, weights and EMA, within 1e-6); a resumed run's
+# validation losses equal an uninterrupted run's. On GPUs (skipped without): the forward-only pass within 2e-2 of
+# the CPU's, 2 GPU ranks the same as 1 within 1e-12; the EMA's validation (shard none and full) within 2e-2 of the
+# oracle's on the checkpoint's /ema and training as without validation, bit for bit; 2 GPU ranks with shard = full
+# (ranks with unequal validation micro-batches) likewise. Bad eval stores and [eval] samples are refused with exit
+# 2 before training, also by --check.
 . "${top_srcdir:-.}/tests/train_lib.sh"
 ORACLE="$top_builddir/tests/eval_oracle"
 FROZEN="train.lr=1e-30 train.min_lr=0"
-tap_plan 27
+tap_plan 59
 
 tap_ok "aldit-store synth makes the test store" make_store
 "$top_builddir/aldit-store" synth --spec "$top_srcdir/tests/decks/train_tiny.lengths" --samples 12 --text-len 16 \
@@ -23,10 +28,16 @@ EVAL="eval.store=$WORK/val.h5"
 vals() {
     sed -n 's/^{"step": \([0-9]*\),.*"val_loss": \([^,]*\), "val_samples": \([0-9]*\),.*/\1 \2 \3/p' "$WORK/$1/metrics.jsonl"
 }
-# same_vals A B TOL: the validations of runs A and B at the same steps, losses within TOL relative; prints the largest
+# ema_vals RUN: "step val_loss_ema val_samples_ema" of each metrics line that holds a validation with the EMA
+ema_vals() {
+    sed -n 's/^{"step": \([0-9]*\),.*"val_loss_ema": \([^,]*\), "val_samples_ema": \([0-9]*\),.*/\1 \2 \3/p' \
+        "$WORK/$1/metrics.jsonl"
+}
+# same_vals A B TOL [ema_vals]: the validations of runs A and B at the same steps, losses within TOL relative; prints
+# the largest
 same_vals() {
-    vals "$1" > "$WORK/$1.vals"
-    vals "$2" > "$WORK/$2.vals"
+    ${4:-vals} "$1" > "$WORK/$1.vals"
+    ${4:-vals} "$2" > "$WORK/$2.vals"
     paste "$WORK/$1.vals" "$WORK/$2.vals" | awk -v tol="$3" '
         { if ($1 != $4 || $3 != $6 || $2 !~ /^[0-9.eE+-]+$/) { print "mismatch: " $0; bad = 1; next }
           d = $2 - $5; if (d < 0) d = -d; rel = d / $2; if (rel > tol) { print "step " $1 ": " $2 " vs " $5; bad = 1 }
@@ -71,6 +82,49 @@ frozen=$(vals frozen2 | awk 'NR == 1 { print $2 }')
 awk -v a="$frozen" -v b="$oracle" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(a != "" && d <= 1e-9 * a) }'
 tap_result $? "and equals eval_oracle's on those weights ($frozen vs $oracle) within 1e-9" "$frozen vs $oracle"
 
+# ---- the EMA weights: val_loss_ema is the oracle's on the checkpoint's /ema; training goes on as without it ----
+EMA="train.ema_decay=0.9 train.lr_schedule=constant"
+# near RUN STEP TOL [--ema]: the run's val_loss (or val_loss_ema) after STEP against eval_oracle on its checkpoint
+near() {
+    if [ "${4:-}" = --ema ]; then got=$(ema_vals "$1" | awk -v s="$2" '$1 == s { print $2 }')
+    else got=$(vals "$1" | awk -v s="$2" '$1 == s { print $2 }'); fi
+    want=$("$ORACLE" ${4:-} "$TRAIN_DECK" "$(printf '%s/%s/checkpoints/step_%08d.h5' "$WORK" "$1" "$2")" $EVAL | head -1)
+    echo "$got vs $want"
+    awk -v a="$got" -v b="$want" -v tol="$3" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(a != "" && d <= tol * a) }'
+}
+for setting in "1 none" "2 none" "2 full" "3 gradients"; do
+    set -- $setting
+    run_aldit $1 ema$1$2 run.steps=8 $EMA $EVAL eval.every=4 checkpoint.every=4 checkpoint.keep=5 train.shard=$2
+    tap_is "$1 rank(s), shard = $2, ema_decay = 0.9, validation every 4 steps: exit 0" "$?" 0
+    tap_is "passes after steps 4 and 8 with the EMA too, 12 samples each" \
+        "$(ema_vals ema$1$2 | awk '{ printf "%s:%s ", $1, $3 }')" "4:12 8:12 "
+    near ema$1$2 8 1e-9 --ema > "$WORK/why"
+    tap_result $? "step 8's val_loss_ema equals eval_oracle's on its checkpoint's /ema within 1e-9 ($(cat "$WORK/why"))" \
+        "$(cat "$WORK/why")"
+done
+near ema2full 8 1e-9 > "$WORK/why"
+tap_result $? "and its val_loss the oracle's on its weights ($(cat "$WORK/why"))" "$(cat "$WORK/why")"
+v=$(vals ema2full | awk '$1 == 8 { print $2 }'); ve=$(ema_vals ema2full | awk '$1 == 8 { print $2 }')
+awk -v a="$v" -v b="$ve" 'BEGIN { exit !(a != "" && b != "" && a != b) }'
+tap_result $? "the EMA's validation loss is not the weights' ($ve vs $v)" "$ve vs $v"
+grep -q '"val_loss_ema_sigma": \[[^],]*\(, [^],]*\)\{8\}\]' "$WORK/ema2full/metrics.jsonl"
+tap_result $? "the line holds the EMA's loss at each of the 9 levels" "$(tail -1 "$WORK/ema2full/metrics.jsonl")"
+grep -q '^step 8/8 .* loss [0-9.]* val [0-9.]* ema [0-9.]* lr' "$WORK/ema2full.log"
+tap_result $? "the progress line shows the EMA's validation loss after the weights'" "$(grep '^step' "$WORK/ema2full.log")"
+grep -q 'forward only, with the weights and their EMA' "$WORK/ema2full.log"
+tap_result $? "the summary's eval line says so" "$(grep '  eval' "$WORK/ema2full.log")"
+run_aldit 2 noval2full run.steps=8 $EMA train.shard=full checkpoint.every=4 checkpoint.keep=5
+losses "$WORK/ema2full/metrics.jsonl" > "$WORK/a.losses"; losses "$WORK/noval2full/metrics.jsonl" > "$WORK/b.losses"
+cmp -s "$WORK/a.losses" "$WORK/b.losses" && [ -s "$WORK/a.losses" ]
+tap_result $? "2 ranks, full: the training losses equal a run's without validation, bit for bit" \
+    "$(paste "$WORK/a.losses" "$WORK/b.losses")"
+if "$ORACLE" --ema "$TRAIN_DECK" "$WORK/noval2full/checkpoints/step_00000008.h5" $EVAL \
+    > "$WORK/noval.oracle" 2>&1 && "$ORACLE" --ema "$TRAIN_DECK" "$WORK/ema2full/checkpoints/step_00000008.h5" $EVAL \
+    > "$WORK/ema.oracle" 2>&1; then cmp -s "$WORK/noval.oracle" "$WORK/ema.oracle"; else false; fi
+tap_result $? "and its step-8 checkpoint's /ema validates to the same bits" "$(cat "$WORK/noval.oracle" "$WORK/ema.oracle")"
+grep -q '"val_loss_ema"' "$WORK/moving/metrics.jsonl"
+tap_is "ema_decay = off: no val_loss_ema in the metrics" "$?" 1
+
 # ---- a fully sharded state validates the whole model; a resumed run validates as an uninterrupted one ----
 run_aldit 2 none2 run.steps=8 $EVAL eval.every=4 train.shard=none; status=$?
 run_aldit 2 full2 run.steps=8 $EVAL eval.every=4 train.shard=full; status2=$?
@@ -78,6 +132,15 @@ tap_is "2 ranks, shard none and full: exit 0" "$status $status2" "0 0"
 same_vals none2 full2 1e-6
 tap_result $? "shard = full: the validation losses of none within 1e-6 (largest $(tail -1 "$WORK/compare.none2.full2"))" \
     "$(cat "$WORK/compare.none2.full2")"
+run_aldit 3 none3 run.steps=8 $EMA $EVAL eval.every=4 train.shard=none; status=$?
+run_aldit 3 full3 run.steps=8 $EMA $EVAL eval.every=4 train.shard=full; status2=$?
+tap_is "3 ranks, shard none and full, with the EMA: exit 0; 2 validation micro-batches (a rank has none)" \
+    "$status $status2 $(grep -o '[0-9]* micro-batches spread' "$WORK/full3.log")" "0 0 2 micro-batches spread"
+same_vals none3 full3 1e-6
+tap_result $? "shard = full: the validation losses of none within 1e-6 (largest $(tail -1 "$WORK/compare.none3.full3"))" \
+    "$(cat "$WORK/compare.none3.full3")"
+same_vals none3 full3 1e-6 ema_vals
+tap_result $? "and the EMA's (largest $(tail -1 "$WORK/compare.none3.full3"))" "$(cat "$WORK/compare.none3.full3")"
 run_aldit 2 resumed run.steps=4 $EVAL eval.every=4 train.shard=none && \
     run_aldit 2 resumed run.steps=8 $EVAL eval.every=4 train.shard=none
 tap_is "a run of 4 steps resumed to 8: exit 0" "$?" 0
@@ -109,6 +172,41 @@ if [ "$n_gpus" -ge 2 ]; then
         "$(cat "$WORK/compare.gpu1.gpu2"; tail -5 "$WORK/gpu2.log")"
 else
     tap_result 0 "2 GPU ranks: the validation losses of 1 within 1e-12 # SKIP fewer than 2 GPUs visible"
+fi
+# gpu_ema NP SHARD [overrides]: on NP GPU ranks, 8 steps with the EMA and validation every 4 (run gpuemaNPSHARD) and
+# without validation (gpunovalNPSHARD); the ok lines: exit 0, val_loss_ema near the oracle's on the /ema of step 8
+# (bf16 against fp32), the training losses of both runs the same bits
+gpu_ema() {
+    np=$1 mode=$2; shift 2
+    run_aldit $np gpuema$np$mode run.device=cuda run.steps=8 $EMA $EVAL eval.every=4 checkpoint.every=4 \
+        checkpoint.keep=5 train.shard=$mode train.autotune=off "$@"
+    tap_is "$np GPU rank(s), shard = $mode, EMA and validation: exit 0" "$?" 0
+    near gpuema$np$mode 8 2e-2 --ema > "$WORK/why"
+    tap_result $? "its val_loss_ema within 2e-2 of eval_oracle's on the checkpoint's /ema ($(cat "$WORK/why"))" \
+        "$(cat "$WORK/why"; grep -E '^step|  eval' "$WORK/gpuema$np$mode.log")"
+    run_aldit $np gpunoval$np$mode run.device=cuda run.steps=8 $EMA train.shard=$mode train.autotune=off "$@"
+    losses "$WORK/gpuema$np$mode/metrics.jsonl" > "$WORK/a.losses"
+    losses "$WORK/gpunoval$np$mode/metrics.jsonl" > "$WORK/b.losses"
+    cmp -s "$WORK/a.losses" "$WORK/b.losses" && [ -s "$WORK/a.losses" ]
+    tap_result $? "and its training losses those of a run without validation, bit for bit" \
+        "$(paste "$WORK/a.losses" "$WORK/b.losses"; tail -3 "$WORK/gpunoval$np$mode.log")"
+}
+if [ "$n_gpus" -ge 1 ]; then
+    gpu_ema 1 none
+    gpu_ema 1 full
+else
+    for mode in none full; do
+        tap_result 0 "1 GPU, shard = $mode, EMA and validation: exit 0 # SKIP no GPU visible"
+        tap_result 0 "its val_loss_ema within 2e-2 of eval_oracle's # SKIP no GPU visible"
+        tap_result 0 "and its training losses those of a run without validation # SKIP no GPU visible"
+    done
+fi
+if [ "$n_gpus" -ge 2 ]; then
+    gpu_ema 2 full balance.global_batch=4 # 3 validation micro-batches: one rank has 2, the other 1 and an empty round
+else
+    tap_result 0 "2 GPU ranks, shard = full, EMA and validation: exit 0 # SKIP fewer than 2 GPUs visible"
+    tap_result 0 "its val_loss_ema within 2e-2 of eval_oracle's # SKIP fewer than 2 GPUs visible"
+    tap_result 0 "and its training losses those of a run without validation # SKIP fewer than 2 GPUs visible"
 fi
 
 # ---- bad eval stores: exit 2 naming [eval] store before training, also under --check ----

@@ -86,11 +86,18 @@ typedef struct {
        sum of its per-sample losses. */
     double (*micro_batch)(backend *b, const model_batch *batch, float grad_scale, int last);
     /* Validation, forward only (no gradients, no update): begin_eval (collective; NULL where there is nothing to
-       do) makes the weights every rank's forward needs whole (a fully sharded state's); then any number of
-       eval_batch calls on each rank, each returning the sum of its micro-batch's per-sample losses (each into
-       sample_loss, which may be NULL). A step's begin_step comes after them as usual. */
+       do) makes the weights every rank's forward needs whole (a fully sharded state's); then eval_batch calls,
+       each returning the sum of its micro-batch's per-sample losses (each into sample_loss, which may be NULL).
+       Every rank makes the same number of eval_batch calls (a shard = full GPU state gathers each block's weights
+       collectively in every forward): a batch of no samples (n_samples 0, no arrays needed) computes nothing,
+       returns 0 and makes the collective calls a forward makes. A step's begin_step comes after them as usual. */
     void (*begin_eval)(backend *b);
     double (*eval_batch)(backend *b, const model_batch *batch, double *sample_loss);
+    /* Collective, between begin_eval and the next begin_step, only where [train] ema_decay > 0: on = 1 makes the
+       following eval_batch calls compute with the EMA in place of the master weights (held as the master is: a
+       sharded EMA is gathered or published as the master would be); on = 0 puts the training weights back, bit for
+       bit (the master and every copy made from it are as before on = 1). */
+    void (*use_ema)(backend *b, int on);
     /* Collective: the step's gradients summed over ranks (a device backend may only queue it). */
     void (*sum_gradients)(backend *b);
     /* The global norm, the clip factor ([train] grad_clip) and, when `update` is 1 and the norm is finite,

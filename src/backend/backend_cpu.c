@@ -24,7 +24,8 @@
    - full: also the weights: a rank's slice of net's weights is its own, the rest is gathered before the step's
      first micro-batch (on the host the whole model at once: the CPU has no per-block memory to save).
    The norm for clipping is summed from the slices where the gradients are sharded. The EMA ([train] ema_decay > 0)
-   covers the values a rank updates, as the moments: the whole array in mode none, else this rank's slice. */
+   covers the values a rank updates, as the moments: the whole array in mode none, else this rank's slice; a
+   validation with the EMA points net's weights at it (mode none) or at the slices gathered whole (sharded). */
 typedef struct {
     const deck *config;
     model *net;           /* the trainer's: its weights are the state */
@@ -35,6 +36,7 @@ typedef struct {
     float *adam_m, *adam_v; /* none: n_weights; sharded: this rank's slice */
     float *ema;           /* the same values' EMA; NULL without [train] ema_decay */
     int ema_set;          /* set_range gave the EMA (else start copies the weights) */
+    float *training_weights; /* between use_ema(1) and use_ema(0): net's own weights (net computes with the EMA) */
     double rss_base;      /* resident bytes when the state was started (mem_peak: growth of the peak over it) */
 } cpu_state;
 
@@ -218,10 +220,35 @@ static void cpu_begin_eval(backend *b)
     if (s->layout.mode == SHARD_FULL) comm_allgather_f32(s->net->weights, s->net->n_weights);
 }
 
+/* An empty batch: nothing (the host gathers no block on its own, so there is no collective to match). */
 static double cpu_eval_batch(backend *b, const model_batch *batch, double *sample_loss)
 {
     cpu_state *s = b->state;
+    if (batch->n_samples == 0) return 0.0;
     return model_forward_loss(s->net, batch, sample_loss);
+}
+
+/* net computes with the EMA: mode none's own array, or every rank's slice gathered into a whole one; and back. */
+static void cpu_use_ema(backend *b, int on)
+{
+    cpu_state *s = b->state;
+    ALDIT_CHECK(s->ema, "cpu backend: a validation with the EMA, but this run keeps none ([train] ema_decay = off)");
+    ALDIT_CHECK(on == !s->training_weights, "cpu backend: use_ema(%d) twice", on);
+    const int64_t n = s->net->n_weights;
+    if (on) {
+        s->training_weights = s->net->weights;
+        if (s->layout.mode == SHARD_NONE) s->net->weights = s->ema;
+        else {
+            float *whole = xmalloc((size_t)n * sizeof *whole);
+            memcpy(whole + s->layout.first, s->ema, (size_t)s->layout.count * sizeof *whole);
+            comm_allgather_f32(whole, n);
+            s->net->weights = whole;
+        }
+    } else {
+        if (s->layout.mode != SHARD_NONE) free(s->net->weights);
+        s->net->weights = s->training_weights;
+        s->training_weights = NULL;
+    }
 }
 
 static void cpu_sum_gradients(backend *b)
@@ -297,6 +324,7 @@ static const backend_ops cpu_ops = {
     .micro_batch = cpu_micro_batch,
     .begin_eval = cpu_begin_eval,
     .eval_batch = cpu_eval_batch,
+    .use_ema = cpu_use_ema,
     .sum_gradients = cpu_sum_gradients,
     .finish_step = cpu_finish_step,
 };

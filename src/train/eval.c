@@ -20,6 +20,7 @@ struct evaluator {
     int64_t *ids;
     int n_ids, n_micro;
     int *micro_start;
+    int most_micro;                /* the most micro-batches any rank has: the eval_batch rounds of every rank */
     /* the same on every rank after eval_plan */
     int64_t planned_samples;       /* samples over all ranks (oversize ones left out with [balance] oversize = skip) */
     int64_t total_micro;           /* micro-batches over all ranks */
@@ -198,8 +199,9 @@ static void plan_pass(const evaluator *e, balancer *packer, int n_ranks, pass_pl
     free(seconds);
 }
 
-/* Collective: rank 0's plan reaches every rank, which keeps its own micro-batches (in plan order). */
-static void take_share(evaluator *e, pass_plan *plan)
+/* Collective: rank 0's plan (over n_ranks) reaches every rank, which keeps its own micro-batches (in plan order)
+   and learns how many the busiest rank has. */
+static void take_share(evaluator *e, pass_plan *plan, int n_ranks)
 {
     const int rank = comm_rank();
     double sizes[4] = {(double)plan->n_units, (double)plan->n_ids, plan->predicted_max_s, plan->largest_unit_s};
@@ -219,11 +221,16 @@ static void take_share(evaluator *e, pass_plan *plan)
     e->ids = xmalloc((size_t)(plan->n_ids > 0 ? plan->n_ids : 1) * sizeof *e->ids);
     e->micro_start = xmalloc((size_t)(plan->n_units + 1) * sizeof *e->micro_start);
     e->micro_start[0] = 0;
+    int *micro_of_rank = xcalloc((size_t)n_ranks, sizeof *micro_of_rank);
     for (int64_t u = 0; u < plan->n_units; u++) {
+        micro_of_rank[plan->owner[u]]++;
         if (plan->owner[u] != rank) continue;
         for (int64_t i = plan->unit_start[u]; i < plan->unit_start[u + 1]; i++) e->ids[e->n_ids++] = plan->ids[i];
         e->micro_start[++e->n_micro] = e->n_ids;
     }
+    for (int r = 0; r < n_ranks; r++)
+        if (micro_of_rank[r] > e->most_micro) e->most_micro = micro_of_rank[r];
+    free(micro_of_rank);
     e->planned_samples = plan->n_ids;
     e->total_micro = plan->n_units;
     e->predicted_max_s = plan->predicted_max_s;
@@ -254,7 +261,7 @@ int eval_plan(evaluator *e, const backend_plan *memory, int n_ranks, int noise_t
         plan_pass(e, packer, n_ranks, &plan);
         balancer_free(packer);
     }
-    take_share(e, &plan);
+    take_share(e, &plan, n_ranks);
     /* the slowest rank's predicted training compute, at each level: generous, as a forward is about a third of it */
     e->timeout_s = config->eval.sigmas.n * watchdog_timeout(config, e->predicted_max_s, 0);
     return 0;
@@ -267,8 +274,9 @@ void eval_describe(const evaluator *e, char *text, size_t text_size)
     if (e->n_samples < e->data.n_samples)
         snprintf(first, sizeof first, " (the first of %lld)", (long long)e->data.n_samples);
     snprintf(text, text_size, "  eval       %s: %lld samples%s at %d noise level(s), every %lld steps and at the end, "
-             "forward only; %lld micro-batches spread over the ranks (slowest rank: %.3g s per level at training's cost)\n",
-             e->data.path, (long long)e->planned_samples, first, config->eval.sigmas.n, (long long)config->eval.every,
+             "forward only%s; %lld micro-batches spread over the ranks (slowest rank: %.3g s per level at training's "
+             "cost)\n", e->data.path, (long long)e->planned_samples, first, config->eval.sigmas.n,
+             (long long)config->eval.every, config->train.ema_decay > 0.0 ? ", with the weights and their EMA" : "",
              (long long)e->total_micro, e->predicted_max_s);
 }
 
@@ -289,25 +297,31 @@ static void reserve(evaluator *e, int n, int *capacity)
     e->sigma = xrealloc(e->sigma, (size_t)n * sizeof *e->sigma);
 }
 
-/* The read micro-batch less its unreadable samples (each named in a warning); returns the samples left. */
-static int drop_unreadable(evaluator *e, const sample_batch *batch, int64_t step)
+/* The read micro-batch less its unreadable samples (each named in a warning; `weights` names the pass's weights);
+   returns the samples left. */
+static int drop_unreadable(evaluator *e, const sample_batch *batch, int64_t step, const char *weights)
 {
     if (batch->n_failed == 0) return batch->n_samples;
     for (int i = 0; i < batch->n_samples; i++)
         if (batch->failed[i])
-            aldit_warn("validation after step %lld: leaving out sample %lld of [eval] store = %s, which cannot be read",
-                       (long long)step, (long long)batch->ids[i], e->data.path);
+            aldit_warn("validation after step %lld (%s): leaving out sample %lld of [eval] store = %s, which cannot be "
+                       "read", (long long)step, weights, (long long)batch->ids[i], e->data.path);
     int micro_start[2] = {0, batch->n_samples};
     prefetch_drop_failed(e->reader, micro_start, 1);
     return batch->n_samples; /* the batch now holds the others only */
 }
 
-/* Forward of one read micro-batch at every noise level; adds each level's sum of per-sample losses to sums. */
+/* Forward of one micro-batch at every noise level (batch NULL or without samples: empty forwards, for their
+   collectives); adds each level's sum of per-sample losses to sums. */
 static void evaluate_batch(evaluator *e, backend *b, const sample_batch *batch, int *capacity, double *sums)
 {
     const deck *config = e->config;
-    const int n = batch->n_samples;
-    if (n == 0) return;
+    const int n = batch ? batch->n_samples : 0;
+    if (n == 0) {
+        const model_batch empty = {.n_samples = 0};
+        for (int level = 0; level < config->eval.sigmas.n; level++) sums[level] += b->ops->eval_batch(b, &empty, NULL);
+        return;
+    }
     reserve(e, n, capacity);
     for (int i = 0; i < n; i++) {
         const store_sample *sample = &e->data.samples[batch->ids[i]];
@@ -325,38 +339,63 @@ static void evaluate_batch(evaluator *e, backend *b, const sample_batch *batch, 
     }
 }
 
-void eval_run(evaluator *e, backend *b, int64_t step, eval_result *result)
+/* One pass over this rank's micro-batches with the backend's current weights, then empty rounds up to the busiest
+   rank's count: sums[level] += the level's sum of losses, sums[n_levels] += the samples evaluated. */
+static void run_pass(evaluator *e, backend *b, int64_t step, const char *weights, double *sums)
 {
     const int n_levels = e->config->eval.sigmas.n;
-    const double started = comm_time();
-    char what[96];
-    snprintf(what, sizeof what, "validation after step %lld (deadline %.0f s)", (long long)step, e->timeout_s);
-    const double grace = e->timeout_s / 4 < 1.0 ? 1.0 : e->timeout_s / 4 > 30.0 ? 30.0 : e->timeout_s / 4;
-    comm_watch_begin(started + (comm_rank() == 0 ? e->timeout_s : 2.0 * e->timeout_s + grace + 30.0), grace, what);
-    if (b->ops->begin_eval) b->ops->begin_eval(b);
-    double sums[DECK_LIST_MAX + 1] = {0.0}; /* per level, then the samples evaluated */
     int capacity = 0;
     if (e->n_micro > 0) prefetch_start(e->reader, e->ids, e->micro_start[1], 0);
     for (int m = 0; m < e->n_micro; m++) {
         double wait_s = 0.0;
         const sample_batch *batch = prefetch_finish(e->reader, &wait_s);
-        sums[n_levels] += drop_unreadable(e, batch, step);
+        sums[n_levels] += drop_unreadable(e, batch, step, weights);
         if (m + 1 < e->n_micro) /* the next micro-batch is read while this one computes */
             prefetch_start(e->reader, e->ids + e->micro_start[m + 1], e->micro_start[m + 2] - e->micro_start[m + 1], 0);
         evaluate_batch(e, b, batch, &capacity, sums);
     }
-    comm_allreduce_sum_f64(sums, (size_t)n_levels + 1);
+    for (int m = e->n_micro; m < e->most_micro; m++) evaluate_batch(e, b, NULL, &capacity, sums);
+}
+
+/* The means of one pass's sums (per level, then the samples). */
+static void pass_means(const double *sums, int n_levels, double *loss, double *sigma_loss, int64_t *samples)
+{
+    *samples = (int64_t)sums[n_levels];
+    double total = 0.0;
+    for (int level = 0; level < n_levels; level++) {
+        sigma_loss[level] = *samples > 0 ? sums[level] / (double)*samples : NAN;
+        total += sums[level];
+    }
+    *loss = *samples > 0 ? total / ((double)*samples * n_levels) : NAN;
+}
+
+void eval_run(evaluator *e, backend *b, int64_t step, eval_result *result)
+{
+    const int n_levels = e->config->eval.sigmas.n;
+    const int with_ema = e->config->train.ema_decay > 0.0;
+    const double started = comm_time(), timeout_s = (with_ema ? 2 : 1) * e->timeout_s;
+    char what[96];
+    snprintf(what, sizeof what, "validation after step %lld (deadline %.0f s)", (long long)step, timeout_s);
+    const double grace = timeout_s / 4 < 1.0 ? 1.0 : timeout_s / 4 > 30.0 ? 30.0 : timeout_s / 4;
+    comm_watch_begin(started + (comm_rank() == 0 ? timeout_s : 2.0 * timeout_s + grace + 30.0), grace, what);
+    if (b->ops->begin_eval) b->ops->begin_eval(b);
+    /* per level, then the samples evaluated: the training weights' pass, then the EMA's */
+    double sums[2 * (DECK_LIST_MAX + 1)] = {0.0};
+    run_pass(e, b, step, "training weights", sums);
+    if (with_ema) {
+        b->ops->use_ema(b, 1);
+        run_pass(e, b, step, "EMA weights", sums + n_levels + 1);
+        b->ops->use_ema(b, 0);
+    }
+    comm_allreduce_sum_f64(sums, (size_t)(with_ema ? 2 : 1) * (size_t)(n_levels + 1));
     double seconds = comm_time() - started;
     comm_allreduce_max_f64(&seconds, 1);
     comm_watch_end();
     memset(result, 0, sizeof *result);
     result->n_sigmas = n_levels;
-    result->samples = (int64_t)sums[n_levels];
     result->seconds = seconds;
-    double total = 0.0;
-    for (int level = 0; level < n_levels; level++) {
-        result->sigma_loss[level] = result->samples > 0 ? sums[level] / (double)result->samples : NAN;
-        total += sums[level];
-    }
-    result->loss = result->samples > 0 ? total / ((double)result->samples * n_levels) : NAN;
+    pass_means(sums, n_levels, &result->loss, result->sigma_loss, &result->samples);
+    result->has_ema = with_ema;
+    if (with_ema)
+        pass_means(sums + n_levels + 1, n_levels, &result->ema_loss, result->ema_sigma_loss, &result->ema_samples);
 }

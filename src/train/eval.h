@@ -56,17 +56,24 @@ typedef struct {
     double sigma_loss[DECK_LIST_MAX];   /* mean over the evaluated samples at each noise level */
     int n_sigmas;
     int64_t samples;                    /* samples evaluated (each at every level): those read without error */
-    double seconds;                     /* wall seconds of the pass, the slowest rank's */
+    double seconds;                     /* wall seconds of the pass (both passes with the EMA), the slowest rank's */
+    /* [train] ema_decay > 0: the same samples, levels and noise through the EMA weights (has_ema 1) */
+    int has_ema;
+    double ema_loss, ema_sigma_loss[DECK_LIST_MAX];
+    int64_t ema_samples;                /* as samples, for the EMA's pass (the store is read again) */
 } eval_result;
 
-/* Collective: one pass with the backend's weights as they are. Call it with no other HDF5 read in flight
-   (drain the training reader first: the library is not thread-safe). Each rank reads its micro-batches
-   (the next while the current one computes, with [data] prefetch), runs the backend's forward at every noise
-   level of [eval] sigmas (begin_eval, then eval_batch), and one reduction gives the means. A sample that
-   cannot be read is left out of this pass with a warning naming it and the store (result->samples says how
-   many were evaluated). The pass runs under the step watch (comm.h) with a deadline of [run] step_timeout
-   (or its auto value from the predicted seconds) per balancer step and level. `step` names the pass in
-   messages. */
+/* Collective: one pass with the backend's weights as they are and, where [train] ema_decay > 0, a second one
+   with its EMA (use_ema; the training weights are back, bit for bit, on return). Call it with no other HDF5
+   read in flight (drain the training reader first: the library is not thread-safe). Each rank reads its
+   micro-batches (the next while the current one computes, with [data] prefetch), runs the backend's forward at
+   every noise level of [eval] sigmas (begin_eval, then eval_batch), and one reduction gives the means. Every
+   rank makes as many eval_batch calls as the rank with the most micro-batches: the missing ones (and a
+   micro-batch none of whose samples could be read) are empty batches, which make the collectives of a forward.
+   A sample that cannot be read is left out of this pass with a warning naming it and the store
+   (result->samples says how many were evaluated). The pass runs under the step watch (comm.h) with a deadline
+   of [run] step_timeout (or its auto value from the predicted seconds) per balancer step, level and set of
+   weights. `step` names the pass in messages. */
 void eval_run(evaluator *e, backend *b, int64_t step, eval_result *result);
 
 #endif

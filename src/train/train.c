@@ -758,6 +758,14 @@ static void write_metrics_line(trainer *t, const step_record *r)
         for (int level = 0; level < v->n_sigmas; level++)
             metrics_add(t->metrics, "%s%s", level ? ", " : "", json_number(v->sigma_loss[level], number, sizeof number));
         metrics_add(t->metrics, "]");
+        if (v->has_ema) {
+            metrics_add(t->metrics, ", \"val_loss_ema\": %s, \"val_samples_ema\": %lld, \"val_loss_ema_sigma\": [",
+                        json_number(v->ema_loss, number, sizeof number), (long long)v->ema_samples);
+            for (int level = 0; level < v->n_sigmas; level++)
+                metrics_add(t->metrics, "%s%s", level ? ", " : "",
+                            json_number(v->ema_sigma_loss[level], number, sizeof number));
+            metrics_add(t->metrics, "]");
+        }
     }
     metrics_add(t->metrics, "}");
     int failure = metrics_end_line(t->metrics); /* whole lines only: a failed write leaves none of this one */
@@ -776,8 +784,10 @@ static void print_progress(const trainer *t, const step_record *r)
     int64_t done = t->step - t->first_step, left = t->total_steps - t->step;
     char eta[32];
     format_duration(done > 0 ? elapsed / (double)done * (double)(left > 0 ? left : 0) : 0.0, eta, sizeof eta);
-    char val[48] = "";
-    if (t->has_eval) snprintf(val, sizeof val, " val %.5f", t->last_eval.loss);
+    char val[64] = "";
+    if (t->has_eval && t->last_eval.has_ema)
+        snprintf(val, sizeof val, " val %.5f ema %.5f", t->last_eval.loss, t->last_eval.ema_loss);
+    else if (t->has_eval) snprintf(val, sizeof val, " val %.5f", t->last_eval.loss);
     printf("step %lld/%lld epoch %lld loss %.5f%s lr %.3e tok/s %.0f imbalance %.1f%% (pred %.1f%%) wait %.3fs ETA %s%s\n",
            (long long)t->step, (long long)t->total_steps, (long long)t->current.epoch, r->loss, val, r->lr,
            r->step_s > 0.0 ? r->tokens / r->step_s : 0.0, 100.0 * imbalance, 100.0 * imbalance_pred, r->wait_max,
