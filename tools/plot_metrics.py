@@ -5,8 +5,9 @@ usage: tools/plot_metrics.py RUN_DIR/metrics.jsonl [--out DIR] [--smooth N]
        tools/plot_metrics.py --compare RUN_A/metrics.jsonl RUN_B/metrics.jsonl ... --out DIR
 
 Writes loss.png (the training loss and, where the run validated ([eval] store), the validation loss
-against it), throughput.png and imbalance.png into DIR (default: the metrics file's folder), and with
-validations also val_sigma.png (the validation loss at each noise level of [eval] sigmas). With
+against it, and with [train] ema_decay the EMA weights' validation loss beside it), throughput.png and
+imbalance.png into DIR (default: the metrics file's folder), and with validations also val_sigma.png (the
+validation loss at each noise level of [eval] sigmas; the EMA's dashed in the same colour). With
 --compare (runs over the same samples, e.g. one per balance strategy; each labelled by its run folder's
 name) it writes compare_progress.png (samples done against elapsed step time) and compare_imbalance.png.
 Needs matplotlib (pip install matplotlib). Steps skipped for a non-finite loss (loss null) are left out.
@@ -50,7 +51,8 @@ def column(rows, key):
 
 
 def plot(pyplot, series, title, ylabel, path, smooth, marked=()):
-    """Curves of (label, points); those in `series` smoothed, those in `marked` drawn as they are, with markers."""
+    """Curves of (label, points); those in `series` smoothed, those in `marked` (label, points[, dashed]) drawn
+    as they are, with markers; a dashed one takes the colour of the marked curve before it."""
     figure, axes = pyplot.subplots(figsize=(8, 4.5))
     for label, points in series:
         if not points:
@@ -59,11 +61,15 @@ def plot(pyplot, series, title, ylabel, path, smooth, marked=()):
         axes.plot(steps, values, alpha=0.35 if smooth > 1 else 1.0, linewidth=1, label=label)
         if smooth > 1:
             axes.plot(steps, moving_mean(list(values), smooth), linewidth=2, label=f"{label} (mean of {smooth})")
-    for label, points in marked:
+    colour = None
+    for label, points, *dashed in marked:
         if not points:
             continue
         steps, values = zip(*points)
-        axes.plot(steps, values, marker="o", linewidth=2, label=label)
+        if dashed and dashed[0]:
+            axes.plot(steps, values, marker="s", linestyle="--", linewidth=1.5, color=colour, label=label)
+        else:
+            colour = axes.plot(steps, values, marker="o", linewidth=2, label=label)[0].get_color()
     axes.set_xlabel("step")
     axes.set_ylabel(ylabel)
     axes.set_title(title)
@@ -77,13 +83,19 @@ def plot(pyplot, series, title, ylabel, path, smooth, marked=()):
 
 def plot_validation_levels(pyplot, rows, path):
     """The validation loss at each noise level against the step (val_sigmas, val_loss_sigma of the metrics lines)."""
-    levels = {}
+    levels, ema_levels = {}, {}
     for row in rows:
-        for sigma, loss in zip(row.get("val_sigmas") or [], row.get("val_loss_sigma") or []):
-            if loss is not None:
-                levels.setdefault(sigma, []).append((row["step"], loss))
-    plot(pyplot, [], "validation loss at each noise level", "loss (mean per sample)", path, 1,
-         [(f"sigma {sigma:g}", points) for sigma, points in sorted(levels.items())])
+        for key, into in (("val_loss_sigma", levels), ("val_loss_ema_sigma", ema_levels)):
+            for sigma, loss in zip(row.get("val_sigmas") or [], row.get(key) or []):
+                if loss is not None:
+                    into.setdefault(sigma, []).append((row["step"], loss))
+    curves = []
+    for sigma, points in sorted(levels.items()):
+        curves.append((f"sigma {sigma:g}", points))
+        if sigma in ema_levels:
+            curves.append((f"sigma {sigma:g}, EMA", ema_levels[sigma], True))
+    title = "validation loss at each noise level" + (" (EMA weights dashed)" if ema_levels else "")
+    plot(pyplot, [], title, "loss (mean per sample)", path, 1, curves)
 
 
 def compare(pyplot, paths, out):
@@ -138,7 +150,9 @@ def main():
     validation = column(rows, "val_loss")
     plot(pyplot, [("training loss", column(rows, "loss"))],
          "training and validation loss" if validation else "training loss", "loss (mean per sample)",
-         os.path.join(out, "loss.png"), args.smooth, [("validation loss (fixed noise levels and noise)", validation)])
+         os.path.join(out, "loss.png"), args.smooth,
+         [("validation loss (fixed noise levels and noise)", validation),
+          ("validation loss, EMA weights", column(rows, "val_loss_ema"))])
     if validation:
         plot_validation_levels(pyplot, rows, os.path.join(out, "val_sigma.png"))
     plot(pyplot, [("tokens/s", throughput)], "throughput", "tokens per second (all ranks)",
