@@ -16,7 +16,7 @@
 . "${top_srcdir:-.}/tests/train_lib.sh"
 ORACLE="$top_builddir/tests/eval_oracle"
 FROZEN="train.lr=1e-30 train.min_lr=0"
-tap_plan 59
+tap_plan 60
 
 tap_ok "aldit-store synth makes the test store" make_store
 "$top_builddir/aldit-store" synth --spec "$top_srcdir/tests/decks/train_tiny.lengths" --samples 12 --text-len 16 \
@@ -124,6 +124,13 @@ if "$ORACLE" --ema "$TRAIN_DECK" "$WORK/noval2full/checkpoints/step_00000008.h5"
 tap_result $? "and its step-8 checkpoint's /ema validates to the same bits" "$(cat "$WORK/noval.oracle" "$WORK/ema.oracle")"
 grep -q '"val_loss_ema"' "$WORK/moving/metrics.jsonl"
 tap_is "ema_decay = off: no val_loss_ema in the metrics" "$?" 1
+if python3 -c "import matplotlib" > /dev/null 2>&1; then
+    python3 "$top_srcdir/tools/plot_metrics.py" "$WORK/ema2full/metrics.jsonl" --out "$WORK/plots" > "$WORK/plot.log" 2>&1 &&
+        [ -s "$WORK/plots/loss.png" ] && [ -s "$WORK/plots/val_sigma.png" ]
+    tap_result $? "tools/plot_metrics.py plots a run with val_loss_ema (loss.png, val_sigma.png)" "$(cat "$WORK/plot.log")"
+else
+    echo "ok $((TAP_COUNT += 1)) # SKIP python3 cannot import matplotlib"
+fi
 
 # ---- a fully sharded state validates the whole model; a resumed run validates as an uninterrupted one ----
 run_aldit 2 none2 run.steps=8 $EVAL eval.every=4 train.shard=none; status=$?
