@@ -1334,8 +1334,9 @@ double gpu_model_forward_backward(gpu_model *gm, const model_batch *batch, float
 
 double gpu_model_forward_loss(gpu_model *gm, const model_batch *batch, double *sample_loss, cudaStream_t stream)
 {
-    if (batch->n_samples == 0) { // the parameter source's calls of a forward (block_forward's), computing nothing
+    if (batch->n_samples == 0) { // the parameter source's calls of a forward (forward's), computing nothing
         ALDIT_CHECK(gm->params.block_weights, "gpu model: a forward before gpu_model_set_params");
+        gm->params.time_weights(gm->params.context, 0, stream);
         for (int l = 0; l < gm->num_layers; ++l) block_weights(gm, l, forward_next(gm, l), stream);
         return 0.0;
     }

@@ -186,9 +186,10 @@ double gpu_model_forward_backward(gpu_model *gm, const model_batch *batch, float
 /* The same loss, forward only (validation): the batch staged and checked as above, the forward's kernels, the
    per-sample losses into sample_loss (may be NULL) and their sum returned; no gradient of the prediction, no
    backward, the gradient buffer and the grads_ready callback untouched. Waits for its work. A batch of no
-   samples (n_samples 0, no arrays read) computes nothing, returns 0 and makes the block_weights calls a forward
-   makes, in their order: for a rank with fewer validation micro-batches than another, whose collectives (a
-   sharded state's gathers) must be the same calls as the others'. */
+   samples (n_samples 0, no arrays read) computes nothing, returns 0 and makes the parameter source's calls a
+   forward makes (time_weights, then block_weights of each block), in their order: for a rank with fewer
+   validation micro-batches than another, whose collectives (a sharded state's gathers) must be the same calls
+   as the others'. */
 double gpu_model_forward_loss(gpu_model *gm, const model_batch *batch, double *sample_loss, cudaStream_t stream);
 
 #ifdef __cplusplus
