@@ -243,26 +243,29 @@ static int shard_collective_runs(const gradsync *sync, const char *what)
     return 0; /* one rank, in place: nothing moves */
 }
 
+/* In place: rank r's piece of `piece` values (of `bytes` each, fp32 or bf16) at r piece, gathered to every rank. */
+static void all_gather(gradsync *sync, void *values, int64_t piece, size_t bytes)
+{
+    ALDIT_CHECK(piece >= 0, "gradsync: an all-gather of %lld values per rank", (long long)piece);
+    if (piece == 0 || !shard_collective_runs(sync, "an all-gather")) return; /* without NCCL nothing moves */
+#ifdef HAVE_NCCL
+    const char *own = (const char *)values + (size_t)sync->rank * (size_t)piece * bytes;
+    NCCL_CHECK(ncclAllGather(own, values, (size_t)piece, bytes == sizeof(float) ? ncclFloat32 : ncclBfloat16,
+                             sync->comm, sync->stream));
+#else
+    (void)values;
+    (void)bytes;
+#endif
+}
+
 void gradsync_all_gather_bf16(gradsync *sync, gpu_bf16 *values, int64_t piece)
 {
-    (void)values; /* without NCCL nothing moves */
-    ALDIT_CHECK(piece >= 0, "gradsync: an all-gather of %lld values per rank", (long long)piece);
-    if (piece == 0 || !shard_collective_runs(sync, "an all-gather")) return;
-#ifdef HAVE_NCCL
-    NCCL_CHECK(ncclAllGather(values + (int64_t)sync->rank * piece, values, (size_t)piece, ncclBfloat16, sync->comm,
-                             sync->stream));
-#endif
+    all_gather(sync, values, piece, sizeof(gpu_bf16));
 }
 
 void gradsync_all_gather_f32(gradsync *sync, float *values, int64_t piece)
 {
-    (void)values; /* without NCCL nothing moves */
-    ALDIT_CHECK(piece >= 0, "gradsync: an all-gather of %lld values per rank", (long long)piece);
-    if (piece == 0 || !shard_collective_runs(sync, "an all-gather")) return;
-#ifdef HAVE_NCCL
-    NCCL_CHECK(ncclAllGather(values + (int64_t)sync->rank * piece, values, (size_t)piece, ncclFloat32, sync->comm,
-                             sync->stream));
-#endif
+    all_gather(sync, values, piece, sizeof(float));
 }
 
 void gradsync_reduce_scatter_f32(gradsync *sync, float *values, int64_t piece)
