@@ -142,7 +142,7 @@ static const deck_key deck_keys[] = {
      .help = "global with compute_budget = auto: plan each rank's step at least as long as a micro-batch of "
              "the store's average sample mix filling this fraction of mem_budget (0 = off)"},
     {KEY("balance", "device_mem", KEY_BYTES, balance.device_mem), .min = 1 << 20, .max = 1125899906842624.0,
-     .default_text = "80GiB", .help = "device memory assumed where none can be measured (the simulator)"},
+     .default_text = "80GiB", .help = "device memory per rank assumed where none can be measured (the simulator; --check without a GPU)"},
     {KEY("balance", "device_tflops", KEY_DOUBLE, balance.device_tflops), .min = 0, .min_open = 1, .max = 1e6,
      .default_text = "600", .help = "GEMM rate seeding the cost model, TFLOP/s"},
     {KEY("balance", "attention_tflops", KEY_DOUBLE, balance.attention_tflops), .min = 0, .min_open = 1,
