@@ -5,7 +5,7 @@
 . "${top_srcdir:-.}/tests/train_lib.sh"
 SRC=$(cd "$top_srcdir" && pwd)
 BUILD=$(cd "$top_builddir" && pwd)
-JOB_WAIT_S=150    # the job, all its segments included, must be done by then
+JOB_WAIT_S=300    # the job, all its segments included, must be done by then
 
 for tool in munged slurmctld slurmd sbatch scontrol squeue sinfo srun; do
     command -v $tool > /dev/null 2>&1 || tap_skip_all "$tool not found (Debian: apt-get install slurm-wlm munge)"
@@ -137,10 +137,14 @@ time_run &
 timing=$!
 checked=$(next_check)
 wait $timing
-# the mean step_s of steps 51 to 200 (start-up excluded) gives the steps of TARGET_S seconds
+# the steps of TARGET_S seconds at the fast quartile of step_s over steps 51 to 200 (start-up excluded): make check
+# runs other tests beside this one, so the timing run may be slowed by them while the job later runs alone; timed
+# by its faster steps the job lasts at least about TARGET_S s (longer under load: more segments, JOB_WAIT_S)
 STEPS=$(sed -n 's/^{"step": \([0-9]*\),.*"step_s": \([^,]*\),.*/\1 \2/p' "$WORK/timing/metrics.jsonl" |
-    awk -v target=$TARGET_S '$1 > 50 { n++; t += $2 }
-        END { s = n ? int(target * n / (t + 1e-9)) : 0; if (s < 300) s = 300; if (s > 40000) s = 40000; print s }')
+    awk '$1 > 50 { print $2 }' | sort -g |
+    awk -v target=$TARGET_S '{ t[++n] = $1 }
+        END { q = n ? t[int((n + 3) / 4)] : 0; s = q > 0 ? int(target / q) : 0
+              if (s < 300) s = 300; if (s > 40000) s = 40000; print s }')
 echo "# $STEPS steps for the job: about $TARGET_S s at the speed of a 200-step run here"
 # The uninterrupted run goes first, alone: ranks beyond the cores slow Open MPI's polling all-reduce manyfold.
 run_aldit 2 whole run.steps=$STEPS balance.global_batch=16; whole_status=$?
