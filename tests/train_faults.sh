@@ -82,13 +82,13 @@ tap_result $? "the count is in metrics.jsonl" "$(tail -1 "$WORK/corrupt/metrics.
 
 # 7. SIGINT and SIGHUP, sent to the ranks, stop the run like SIGTERM: a checkpoint of the last step, exit 0
 for signal in INT HUP; do
-    start_aldit 2 sig$signal run.steps=400 log.every=100
+    start_aldit 2 sig$signal run.steps=20000 log.every=100   # far more steps than run before the signal lands
     wait_for 60 has_lines sig$signal 5
     ranks=$(run_pids sig$signal $launcher)
     kill -$signal ${ranks:-$launcher}
     wait $launcher; status=$?
     stopped_at=$(metrics_lines sig$signal)
-    test "$status" -eq 0 -a "$stopped_at" -lt 400 -a -f "$WORK/sig$signal/checkpoints/step_$(printf %08d "$stopped_at").h5"
+    test "$status" -eq 0 -a "$stopped_at" -lt 20000 -a -f "$WORK/sig$signal/checkpoints/step_$(printf %08d "$stopped_at").h5"
     tap_result $? "SIG$signal: exit 0 with a checkpoint of the step it stopped at ($stopped_at)" \
         "exit $status; $(tail -5 "$WORK/sig$signal.log")"
 done
