@@ -271,6 +271,76 @@ static void test_resume_other_rank_count(void **state)
     check_resume(STRATEGY_EQUAL_TOKENS, 0, 5, 3);
 }
 
+/* A version-1 state (five cost features, before the attention split) from version 2's bytes: the version word, five
+   coefficients, an empty refit window, five features per pending rank. */
+static size_t to_version_one(const unsigned char *v2, size_t n_bytes, int n_ranks, unsigned char *v1)
+{
+    size_t in = 0, out = 0;
+#define COPY_WORDS(n) do { memcpy(v1 + out, v2 + in, 8 * (size_t)(n)); in += 8 * (size_t)(n); out += 8 * (size_t)(n); } while (0)
+    int64_t word;
+    COPY_WORDS(1);                                  /* magic */
+    word = 1, memcpy(v1 + out, &word, 8), in += 8, out += 8;
+    COPY_WORDS(9);                                  /* strategy ... next_batch */
+    int64_t pool_count;
+    memcpy(&pool_count, v2 + in, 8);
+    COPY_WORDS(1 + pool_count);
+    COPY_WORDS(5);                                  /* coefficients: the sixth dropped */
+    in += 8;
+    COPY_WORDS(2);                                  /* error estimates */
+    int64_t n_window;
+    memcpy(&n_window, v2 + in, 8);
+    in += 8 * (size_t)(1 + n_window);
+    const int64_t one = 1;
+    const double no_steps = 0.0;
+    memcpy(v1 + out, &one, 8), memcpy(v1 + out + 8, &no_steps, 8), out += 16;
+    int64_t pending_count;
+    memcpy(&pending_count, v2 + in, 8);
+    COPY_WORDS(1);
+    for (int64_t k = 0; k < pending_count * n_ranks; k++) {
+        COPY_WORDS(5);                              /* features: the sixth dropped */
+        in += 8;
+        COPY_WORDS(1);                              /* the squared cost */
+    }
+#undef COPY_WORDS
+    assert_int_equal(in, n_bytes);
+    return out;
+}
+
+/* A checkpoint of the version before the attention split resumes: the same coefficients (c' takes c's), the same
+   next assignments; a truncated one is still refused. */
+static void test_version_one_state_resumes(void **state)
+{
+    (void)state;
+    deck config = test_deck(STRATEGY_GLOBAL, 5);
+    balance_sample *samples = random_samples(3, 400, 6000);
+    const double budget = mem_of(&config, 9000);
+    balancer *original = balancer_create(&config, samples, 400, 3, budget, NULL);
+    int64_t n_values;
+    free(record_steps(original, 3, 6, &n_values));
+    const size_t n_bytes = balancer_state_bytes(original);
+    unsigned char *v2 = malloc(n_bytes), *v1 = malloc(n_bytes);
+    balancer_save_state(original, v2);
+    const size_t n_v1 = to_version_one(v2, n_bytes, 3, v1);
+    balancer *resumed = balancer_create(&config, samples, 400, 3, budget, NULL);
+    assert_int_not_equal(balancer_load_state(resumed, v1, n_v1 - 8), 0);
+    assert_int_equal(balancer_load_state(resumed, v1, n_v1), 0);
+    const cost_model *was = balancer_cost_model(original), *now = balancer_cost_model(resumed);
+    for (int j = 0; j < 5; j++) assert_true(now->coef[j] == was->coef[j]);
+    assert_true(now->coef[5] == was->coef[2]);
+    balance_assignment a = {0}, c = {0};
+    balancer_next(original, &a);
+    balancer_next(resumed, &c);
+    assert_int_equal(a.global_samples, c.global_samples);
+    assert_memory_equal(a.ids, c.ids, (size_t)a.global_samples * sizeof(int64_t));
+    balance_assignment_free(&a);
+    balance_assignment_free(&c);
+    free(v1);
+    free(v2);
+    balancer_free(original);
+    balancer_free(resumed);
+    free(samples);
+}
+
 static void test_state_rejects_other_runs(void **state)
 {
     (void)state;
@@ -494,7 +564,7 @@ static void test_global_fills_memory(void **state)
         cost_features all = {{0}};
         double all_mem = 0.0;
         for (int64_t i = 0; i < n_samples; i++) {
-            cost_features_add(&all, samples[i].tokens, samples[i].text_len);
+            cost_features_add(cm, &all, samples[i].tokens, samples[i].text_len);
             all_mem += cost_model_mem(cm, samples[i].tokens, samples[i].text_len);
         }
         const double fill_cost = 0.9 * mem_budget * cost_model_predict_features(cm, &all) / all_mem;
@@ -708,7 +778,7 @@ static void observe_synthetic(cost_model *cm, const double *true_coef, int n_ste
             for (int i = 0; i < n; i++) {
                 int64_t tokens = (int64_t)exp(log_tokens + 0.3 * rng_uniform(&rng));
                 int64_t text = 32 + (int64_t)(rng_next_u64(&rng) % 480);
-                cost_features_add(&features[r], tokens, text);
+                cost_features_add(cm, &features[r], tokens, text);
             }
             double truth = 0;
             for (int j = 0; j < COST_N_FEATURES; j++) truth += true_coef[j] * features[r].value[j];
@@ -855,7 +925,7 @@ static void test_startup_calibration(void **state)
     cost_features features[n_shapes] = {0};
     double seconds[n_shapes];
     for (int i = 0; i < n_shapes; i++) {
-        cost_features_add(&features[i], 256 + 380 * i, 40 + i % 5);
+        cost_features_add(balancer_cost_model(b), &features[i], 256 + 380 * i, 40 + i % 5);
         seconds[i] = 0;
         for (int j = 0; j < COST_N_FEATURES; j++) seconds[i] += truth[j] * features[i].value[j];
     }
@@ -913,8 +983,8 @@ static void test_packed_calibration_amortises_fixed_cost(void **state)
         const int64_t tokens = 128 + 390 * i, text = 64;
         const int copies = cost_model_calibration_copies(seed, tokens, text, 1 << 20, 1 << 20, 4096, budget, fill, 32);
         assert_true(copies >= 1);
-        for (int c = 0; c < copies; c++) cost_features_add(&packed_each[i], tokens, text);
-        cost_features_add(&one_each[i], tokens, text);
+        for (int c = 0; c < copies; c++) cost_features_add(seed, &packed_each[i], tokens, text);
+        cost_features_add(seed, &one_each[i], tokens, text);
         one_seconds[i] = per_call, packed_seconds[i] = per_call;
         for (int j = 0; j < COST_N_FEATURES; j++) {
             one_seconds[i] += truth[j] * one_each[i].value[j];
@@ -928,7 +998,7 @@ static void test_packed_calibration_amortises_fixed_cost(void **state)
     const int counts[2] = {24, 1};
     for (int m = 0; m < 2; m++) {
         cost_features batch = {0};
-        for (int c = 0; c < counts[m]; c++) cost_features_add(&batch, lengths[m], 64);
+        for (int c = 0; c < counts[m]; c++) cost_features_add(seed, &batch, lengths[m], 64);
         double device = per_call;
         for (int j = 0; j < COST_N_FEATURES; j++) device += truth[j] * batch.value[j];
         const double single_error = cost_model_predict_features(balancer_cost_model(single), &batch) / device - 1;
@@ -962,6 +1032,7 @@ int main(void)
         cmocka_unit_test(test_resume_mid_epoch),
         cmocka_unit_test(test_resume_other_rank_count),
         cmocka_unit_test(test_state_rejects_other_runs),
+        cmocka_unit_test(test_version_one_state_resumes),
         cmocka_unit_test(test_oversize_error_names_sample),
         cmocka_unit_test(test_oversize_skip),
         cmocka_unit_test(test_global_fixed_batch),

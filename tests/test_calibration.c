@@ -314,6 +314,7 @@ typedef struct {
     double clock;
     int n_calls;
     int layers[FAKE_MAX_CALLS], n[FAKE_MAX_CALLS], warm_up[FAKE_MAX_CALLS], first[FAKE_MAX_CALLS];
+    double repeat[FAKE_MAX_CALLS];
     /* the clock after each micro-batch a call reports (its call, its position in the call) */
     int n_runs, run_call[FAKE_MAX_RUNS], run_position[FAKE_MAX_RUNS];
     double run_clock[FAKE_MAX_RUNS];
@@ -327,12 +328,13 @@ static double fake_seconds(int layers, int i)
     return layers == fake.num_layers && layers > 2 ? seconds * (1.0 + FULL_DEPTH_EXCESS) : seconds;
 }
 
-static void fake_time(void *context, int layers, const int *shapes, int n, int warm_up, double *seconds,
-                      calibration_progress_fn progress, void *progress_context)
+static void fake_time(void *context, int layers, const int *shapes, int n, int warm_up, double repeat_seconds,
+                      double *seconds, calibration_progress_fn progress, void *progress_context)
 {
     (void)context;
     assert_true(fake.n_calls < FAKE_MAX_CALLS);
     const int call = fake.n_calls++;
+    fake.repeat[call] = repeat_seconds;
     fake.layers[call] = layers;
     fake.n[call] = n;
     fake.warm_up[call] = warm_up;
@@ -383,6 +385,9 @@ static void test_timing_pass(void **state)
     assert_true(fake.layers[0] == 1 && fake.n[0] == FAKE_SHAPES && fake.warm_up[0] == 1);
     assert_true(fake.layers[1] == 2 && fake.n[1] == FAKE_SHAPES + 1 && fake.warm_up[1] == 0 && fake.first[1] == 0);
     assert_true(fake.layers[2] == FAKE_LAYERS && fake.n[2] == n_full + 1 && fake.warm_up[2] == 0 && fake.first[2] == 0);
+    /* the passes that are scaled repeat their short timings; the full-depth pass times once */
+    assert_true(fake.repeat[0] == CALIBRATION_REPEAT_SECONDS && fake.repeat[1] == CALIBRATION_REPEAT_SECONDS);
+    assert_true(fake.repeat[2] == 0.0);
     /* the passes on 1 and 2 blocks took 2 (0.5 + 4 + 8 + 300) 3 / 119 + (0.5 + 0.5 + 4 + 8 + 300) 7 / 119 s and
        their first calls' 2 x 0.4 s: 35.0 s, which leaves a budget of 3/4 of 25 s, 18.8 s. The cheap ones within
        half of it: 0.5 + 4 s (not 8 s more); the costliest in the 14.3 s left: 8 s; 300 s stays scaled */
@@ -524,7 +529,7 @@ static void fit_mixed(cost_model *cm, const deck *config, double per_micro_batch
         int copies = (int)(250000 / tokens);
         copies = copies < 1 ? 1 : copies > 32 ? 32 : copies;
         memset(&features[i], 0, sizeof features[i]);
-        for (int c = 0; c < copies; c++) cost_features_add(&features[i], tokens, 512);
+        for (int c = 0; c < copies; c++) cost_features_add(cm, &features[i], tokens, 512);
         truth[i] = per_micro_batch;
         for (int j = 0; j < COST_N_FEATURES; j++) truth[i] += law[j] * features[i].value[j];
         seconds[i] = i == 0 ? inflate_first * truth[i] : truth[i];
@@ -575,6 +580,64 @@ static void test_fit_names_a_bad_timing(void **state)
     cost_model_free(&cm);
 }
 
+/* A device whose short samples (under 1024 tokens) run attention on a kernel of their own at 3.3x the S^2 cost, as
+   our flash attention against cuDNN's on an H200: a cost model told the split (attention_split_tokens) fits every
+   shape within 1%; one that is not told cannot (the short and the long S^2 share one coefficient). */
+static void test_fit_learns_the_attention_split(void **state)
+{
+    (void)state;
+    const deck config = wan_deck();
+    double worst[2];
+    for (int told = 0; told < 2; told++) {
+        cost_model cm, truth_model;
+        cost_model_init(&cm, &config);
+        cost_model_init(&truth_model, &config);
+        cm.attention_split_tokens = told ? 1024 : 0;
+        truth_model.attention_split_tokens = 1024;
+        memcpy(truth_model.coef, cm.seed_coef, sizeof truth_model.coef);
+        truth_model.coef[0] = 2e-3, truth_model.coef[1] *= 1.4, truth_model.coef[5] = 3.3 * truth_model.coef[2];
+        cost_features features[MIXED_SHAPES] = {0}, truth_features[MIXED_SHAPES] = {0};
+        double seconds[MIXED_SHAPES];
+        int n_short = 0;
+        for (int i = 0; i < MIXED_SHAPES; i++) {
+            const int64_t tokens = mixed_tokens(i);
+            n_short += tokens < 1024;
+            for (int c = 0; c < 32; c++) {
+                cost_features_add(&cm, &features[i], tokens, 512);
+                cost_features_add(&truth_model, &truth_features[i], tokens, 512);
+            }
+            seconds[i] = cost_model_predict_features(&truth_model, &truth_features[i]);
+            /* the features and the per-sample prediction agree */
+            assert_float_equal(seconds[i], 32 * cost_model_predict(&truth_model, tokens, 512), 1e-12 * seconds[i]);
+            /* a short sample's S^2 is feature 5, a long one's feature 2 */
+            if (told) assert_true(tokens < 1024 ? features[i].value[2] == 0.0 && features[i].value[5] > 0.0
+                                                : features[i].value[5] == 0.0 && features[i].value[2] > 0.0);
+            else assert_true(features[i].value[5] == 0.0);
+        }
+        assert_true(n_short >= 4 && n_short < MIXED_SHAPES - 4);
+        cost_model_calibrate(&cm, MIXED_SHAPES, features, seconds);
+        worst[told] = cost_model_worst_misfit(&cm, MIXED_SHAPES, features, seconds, NULL);
+        if (told) assert_true(fabs(cm.coef[5] / cm.coef[2] - 3.3) < 0.1);
+        cost_model_free(&cm);
+        cost_model_free(&truth_model);
+    }
+    assert_true(worst[1] < 0.01);
+    assert_true(worst[0] > 0.03);
+}
+
+/* Repeats: while the timings sum to under the threshold, at most CALIBRATION_MAX_REPEATS in all; never with 0. */
+static void test_repeat_due(void **state)
+{
+    (void)state;
+    assert_true(calibration_repeat_due(1, 0.1, 0.5));
+    assert_true(calibration_repeat_due(3, 0.3, 0.5));
+    assert_false(calibration_repeat_due(CALIBRATION_MAX_REPEATS, 0.3, 0.5));
+    assert_false(calibration_repeat_due(1, 0.5, 0.5));
+    assert_false(calibration_repeat_due(2, 0.6, 0.5));
+    assert_false(calibration_repeat_due(1, 0.01, 0.0));
+    assert_false(calibration_repeat_due(0, 0.0, 0.5));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -592,6 +655,8 @@ int main(void)
         cmocka_unit_test(test_shallow_model_is_timed_as_it_is),
         cmocka_unit_test(test_fit_of_packed_timings),
         cmocka_unit_test(test_fit_names_a_bad_timing),
+        cmocka_unit_test(test_fit_learns_the_attention_split),
+        cmocka_unit_test(test_repeat_due),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

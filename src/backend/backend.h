@@ -112,11 +112,13 @@ typedef struct {
        attention in the memory the backend's own model frees meanwhile (that model is back, its state not set yet,
        on return). With warm_up 1 each micro-batch is timed after a warm-up call of it, which builds its plans and
        caches; these stay with the backend at any depth (the later models and training keep them), so a later
-       call of micro-batches an earlier one ran may pass 0. The gradients are dirty after it (begin_step clears
-       them). */
+       call of micro-batches an earlier one ran may pass 0. A micro-batch is timed again while
+       calibration_repeat_due (balance/calibration.h) says so under repeat_seconds (0: once), the least timing
+       counting. The gradients are dirty after it (begin_step clears them). */
     void (*calibration_copies)(const backend *b, const backend_shape *shapes, int n_shapes, int max_copies, int *copies);
     double (*time_shapes)(backend *b, int layers, const backend_shape *shapes, int n_shapes, const int *copies,
-                          double *seconds, int warm_up, backend_timing_progress_fn progress, void *context);
+                          double *seconds, int warm_up, double repeat_seconds, backend_timing_progress_fn progress,
+                          void *context);
     /* The key under which start-up timings of this device are cached in the run folder (calibration.h). */
     const char *(*device_key)(const backend *b, int *ranks_per_device);
 } backend_ops;

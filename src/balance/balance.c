@@ -21,7 +21,9 @@ enum { QUEUE_BUCKETS = 4096 };           /* buckets of the queue of bins by load
    14 mantissa bits: costs within 6e-5 of each other tie), bin loads on all 31 bits of theirs. */
 enum { RADIX_BITS = 11, RADIX_DIGITS = 1 << RADIX_BITS, RADIX_MAX_PASSES = 3 };
 enum { COST_KEY_PASSES = 2, LOAD_KEY_PASSES = 3 };
-enum { STATE_VERSION = 1 };
+/* 2: six cost features (the attention split). A version-1 state (five) still loads: c' takes c's value and the refit
+   window, five features wide, is dropped (the refit starts again from the coefficients). */
+enum { STATE_VERSION = 2, STATE_VERSION_FIVE_FEATURES = 1 };
 static const uint64_t state_magic = 0x314c41424c444c41ull;  /* "ALDLBAL1" */
 /* In budget mode a rank's budget holds at least this many of the costliest sample, so one long
    sample never decides a step's length by itself (see docs/balancer.md). */
@@ -129,9 +131,9 @@ static double entry_cost(const balancer *b, const balance_entry *entry)
     return cost_model_predict(&b->cm, entry->sample.tokens, entry->sample.text_len);
 }
 
-static void features_add_sample(cost_features *features, const balance_sample *sample)
+static void features_add_sample(const balancer *b, cost_features *features, const balance_sample *sample)
 {
-    cost_features_add(features, sample->tokens, sample->text_len);
+    cost_features_add(&b->cm, features, sample->tokens, sample->text_len);
 }
 
 static void features_sub(cost_features *features, const cost_features *minus)
@@ -788,7 +790,7 @@ static void append_rank(const balancer *b, balance_assignment *out, int rank, co
     out->rank_start[rank] = first;
     out->rank_micro_start[rank] = (int)*n_micro;
     int64_t *indices = out->indices + first, *ids = out->ids + first, *micro_start = out->micro_start, micro = *n_micro;
-    double micro_mem = 0, peak = 0, squares = 0, token_squares = 0, token_text = 0;
+    double micro_mem = 0, peak = 0, squares = 0, token_squares = 0, short_squares = 0, token_text = 0;
     int64_t tokens_sum = 0, text_sum = 0;   /* exact, and cheaper than cost_features_add */
     for (int64_t k = 0; k < n_samples; k++) {
         const balance_entry *entry = &entries[picks ? picks[k] : k];
@@ -804,7 +806,8 @@ static void append_rank(const balancer *b, balance_assignment *out, int rank, co
         if (micro_mem > peak) peak = micro_mem;
         tokens_sum += tokens;
         text_sum += text_len;
-        token_squares += (double)tokens * tokens;
+        if (tokens < b->cm.attention_split_tokens) short_squares += (double)tokens * tokens;
+        else token_squares += (double)tokens * tokens;
         token_text += (double)tokens * text_len;
         if (cost_squares) {
             const double cost = cost_model_predict(&b->cm, tokens, text_len);
@@ -812,7 +815,8 @@ static void append_rank(const balancer *b, balance_assignment *out, int rank, co
         }
     }
     *n_micro = micro;
-    *features = (cost_features){{(double)n_samples, (double)tokens_sum, token_squares, token_text, (double)text_sum}};
+    *features = (cost_features){{(double)n_samples, (double)tokens_sum, token_squares, token_text, (double)text_sum,
+                                 short_squares}};
     out->peak_mem_bytes[rank] = peak;
     out->predicted_seconds[rank] = cost_model_predict_features(&b->cm, features);
     if (cost_squares) *cost_squares = squares;
@@ -1022,7 +1026,7 @@ balancer *balancer_create_checked(const deck *config, const balance_sample *samp
     b->pending_square = xcalloc((size_t)PENDING_STEPS * (size_t)n_ranks, sizeof(double));
     for (int64_t i = 0; i < b->n_active; i++) {
         const balance_sample *sample = &b->samples[b->active[i]];
-        features_add_sample(&b->all_features, sample);
+        features_add_sample(b, &b->all_features, sample);
         b->all_mem += cost_model_mem(&b->cm, sample->tokens, sample->text_len);
     }
     build_buckets(b);
@@ -1141,9 +1145,10 @@ static void put_features(state_cursor *c, const cost_features *features)
 {
     for (int j = 0; j < COST_N_FEATURES; j++) put_f64(c, features->value[j]);
 }
-static void get_features(state_cursor *c, cost_features *features)
+/* n_features: the state's (5 in a version-1 state, which had no attention split: feature 5 reads as 0) */
+static void get_features(state_cursor *c, cost_features *features, int n_features)
 {
-    for (int j = 0; j < COST_N_FEATURES; j++) features->value[j] = get_f64(c);
+    for (int j = 0; j < COST_N_FEATURES; j++) features->value[j] = j < n_features ? get_f64(c) : 0.0;
 }
 
 static void write_state(const balancer *b, state_cursor *c)
@@ -1200,7 +1205,9 @@ void balancer_save_state(const balancer *b, void *buffer)
 int balancer_load_state(balancer *b, const void *buffer, size_t n_bytes)
 {
     state_cursor c = {.bytes = (unsigned char *)buffer, .size = n_bytes};
-    if ((uint64_t)get_i64(&c) != state_magic || get_i64(&c) != STATE_VERSION) {
+    const uint64_t magic = (uint64_t)get_i64(&c);
+    const int64_t version = get_i64(&c);
+    if (magic != state_magic || (version != STATE_VERSION && version != STATE_VERSION_FIVE_FEATURES)) {
         aldit_warn("balance: the checkpoint's balancer state is not a version-%d balancer state", STATE_VERSION);
         return 1;
     }
@@ -1236,7 +1243,9 @@ int balancer_load_state(balancer *b, const void *buffer, size_t n_bytes)
         if (index < 0 || index >= b->n_samples || b->sample_bucket[index] < 0) c.failed = 1;
         else b->pool[i] = (balance_entry){b->samples[index], index};
     }
-    for (int j = 0; j < COST_N_FEATURES; j++) b->cm.coef[j] = get_f64(&c);
+    const int n_features = version == STATE_VERSION ? COST_N_FEATURES : 5;
+    for (int j = 0; j < n_features; j++) b->cm.coef[j] = get_f64(&c);
+    if (n_features < COST_N_FEATURES) b->cm.coef[5] = b->cm.coef[2];
     b->error_estimate = get_f64(&c);
     b->sample_error = get_f64(&c);
     if (!(b->sample_error >= 0) || !isfinite(b->sample_error) || !(b->error_estimate >= 0)) c.failed = 1;
@@ -1245,7 +1254,7 @@ int balancer_load_state(balancer *b, const void *buffer, size_t n_bytes)
     else {
         double *window = xmalloc((size_t)n_window * sizeof(double));
         for (int64_t k = 0; k < n_window; k++) window[k] = get_f64(&c);
-        if (cost_model_window_load(&b->cm, window, (size_t)n_window) != 0) c.failed = 1;
+        if (n_features == COST_N_FEATURES && cost_model_window_load(&b->cm, window, (size_t)n_window) != 0) c.failed = 1;
         free(window);
     }
     int64_t pending_count = get_i64(&c);
@@ -1257,7 +1266,7 @@ int balancer_load_state(balancer *b, const void *buffer, size_t n_bytes)
         const size_t slot = keep ? pending_slot(b) : 0;
         for (int64_t r = 0; r < saved_ranks; r++) {
             cost_features features;
-            get_features(&c, &features);
+            get_features(&c, &features, n_features);
             double square = get_f64(&c);
             if (keep) { b->pending[slot + (size_t)r] = features; b->pending_square[slot + (size_t)r] = square; }
         }
@@ -1268,8 +1277,8 @@ int balancer_load_state(balancer *b, const void *buffer, size_t n_bytes)
     }
     /* what is left of the epoch: the pool and the order from `position` on */
     b->remaining = (cost_features){{0}};
-    for (int64_t i = 0; i < b->pool_count; i++) features_add_sample(&b->remaining, &b->pool[i].sample);
-    for (int64_t i = b->position; i < b->n_active; i++) features_add_sample(&b->remaining, &b->order[i].sample);
+    for (int64_t i = 0; i < b->pool_count; i++) features_add_sample(b, &b->remaining, &b->pool[i].sample);
+    for (int64_t i = b->position; i < b->n_active; i++) features_add_sample(b, &b->remaining, &b->order[i].sample);
     update_max_sample_cost(b);
     return 0;
 }

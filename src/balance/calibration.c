@@ -156,6 +156,11 @@ double calibration_depth_seconds(double one_block, double two_blocks, int num_la
     return one_block + (num_layers - 1) * per_block;
 }
 
+int calibration_repeat_due(int n_timed, double timed_seconds, double repeat_seconds)
+{
+    return n_timed >= 1 && n_timed < CALIBRATION_MAX_REPEATS && timed_seconds < repeat_seconds;
+}
+
 double calibration_depth_work(int layers, int recompute_block)
 {
     if (layers < 1) return 0.0;
@@ -394,7 +399,9 @@ static void time_call(calibration_watch *w, int warm_up, const int *which, int n
     double *timed = xmalloc((size_t)(n + 1) * sizeof *timed);
     list[0] = which[0];
     memcpy(list + w->offset, which, (size_t)n * sizeof *list);
-    timer->time(timer->context, pass_layers(w, w->pass), list, n + w->offset, warm_up, timed, watch_progress, w);
+    const double repeat = w->pass == 2 ? 0.0 : CALIBRATION_REPEAT_SECONDS; /* the scaled passes repeat */
+    timer->time(timer->context, pass_layers(w, w->pass), list, n + w->offset, warm_up, w->deep ? repeat : 0.0, timed,
+                watch_progress, w);
     memcpy(seconds, timed + w->offset, (size_t)n * sizeof *seconds);
     free(list);
     free(timed);

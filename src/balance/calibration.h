@@ -61,6 +61,19 @@ enum { CALIBRATION_MAX_CHECKS = 2 };
    micro-batch too small to time) counts as 0. -1 when either is not a timing (<= 0) or num_layers < 1. */
 double calibration_depth_seconds(double one_block, double two_blocks, int num_layers);
 
+/* Timings on the models of 1 and 2 blocks, whose difference the scaling multiplies by the depth less one: a
+   micro-batch there is timed again while its timings sum to under CALIBRATION_REPEAT_SECONDS, at most
+   CALIBRATION_MAX_REPEATS times in all, and the least of them counts. Measured on an H200 (30-layer Wan-1.3B, 22
+   shapes): the first timing of a shape on a model just built ran up to 7% slow, which the scaling made up to 12%
+   off at 30 blocks; the least of the repeats left 3.4% on the shapes that stay scaled, for about 7 s more. The
+   full-depth pass times once (no scaling multiplies its error). */
+#define CALIBRATION_REPEAT_SECONDS 0.5
+enum { CALIBRATION_MAX_REPEATS = 4 };
+
+/* 1 when a micro-batch timed n_timed times (at least once), its timings summing to timed_seconds, is due another
+   timing under repeat_seconds (0: never): while the sum is under it and n_timed is under CALIBRATION_MAX_REPEATS. */
+int calibration_repeat_due(int n_timed, double timed_seconds, double repeat_seconds);
+
 /* The work of a model of `layers` blocks in block forwards: 3 per block (forward + backward) and, with
    recompute_block, 1 per re-run forward (all but the last block). For the progress' time left. */
 double calibration_depth_work(int layers, int recompute_block);
@@ -123,9 +136,11 @@ typedef void (*calibration_progress_fn)(void *context, int position);
 
 /* Collective: the seconds of one forward + backward of each of n micro-batches on a model of `layers` blocks,
    averaged over the ranks: micro-batch k is entry shapes[k]'s (its copies; -1 where copies is 0), timed after a
-   warm-up call of it when warm_up is 1; progress(progress_context, k) after each (backend_ops.time_shapes). */
-typedef void (*calibration_time_fn)(void *context, int layers, const int *shapes, int n, int warm_up, double *seconds,
-                                    calibration_progress_fn progress, void *progress_context);
+   warm-up call of it when warm_up is 1, and again as calibration_repeat_due says under repeat_seconds (the least
+   timing counts); progress(progress_context, k) after each (backend_ops.time_shapes). */
+typedef void (*calibration_time_fn)(void *context, int layers, const int *shapes, int n, int warm_up,
+                                    double repeat_seconds, double *seconds, calibration_progress_fn progress,
+                                    void *progress_context);
 
 typedef struct {
     int num_layers;                         /* the model's depth */

@@ -118,6 +118,7 @@ void cost_model_copy_memory(cost_model *cm, const cost_model *from)
     cm->mem_per_sample = from->mem_per_sample;
     cm->mem_per_token = from->mem_per_token;
     cm->mem_per_text_token = from->mem_per_text_token;
+    cm->attention_split_tokens = from->attention_split_tokens;
 }
 
 void cost_model_init(cost_model *cm, const deck *config)
@@ -134,6 +135,7 @@ void cost_model_init(cost_model *cm, const deck *config)
     cm->seed_coef[2] = block * f.self_attention_per_token2 / attention_rate;
     cm->seed_coef[3] = block * f.cross_attention_per_token_text / attention_rate;
     cm->seed_coef[4] = (block * f.block_gemm_per_text_token + outside_pass_factor * f.outside_gemm_per_text_token) / gemm_rate;
+    cm->seed_coef[5] = cm->seed_coef[2]; /* the short-sample kernel seeded at the same attention rate */
     memcpy(cm->coef, cm->seed_coef, sizeof(cm->coef));
     cm->recompute_block = config->balance.recompute == RECOMPUTE_BLOCK;
     cost_model_set_memory(cm, config, cost_model_backend(config));
@@ -148,7 +150,7 @@ void cost_model_free(cost_model *cm)
 }
 
 /* The external definitions of the inline functions of costmodel.h. */
-extern inline void cost_features_add(cost_features *features, int64_t tokens, int64_t text_len);
+extern inline void cost_features_add(const cost_model *cm, cost_features *features, int64_t tokens, int64_t text_len);
 extern inline double cost_model_predict_features(const cost_model *cm, const cost_features *features);
 extern inline double cost_model_predict(const cost_model *cm, int64_t tokens, int64_t text_len);
 extern inline double cost_model_mem(const cost_model *cm, int64_t tokens, int64_t text_len);

@@ -7,14 +7,17 @@
 #include "deck/deck.h"
 #include "model/layout.h"
 
-/* Features of a set of samples: count, sum S, sum S^2, sum S*L, sum L (S tokens, L text tokens). The
-   predicted seconds of the set are the dot product of its features with the coefficients (a, b, c, d, e). */
-enum { COST_N_FEATURES = 5 };
+/* Features of a set of samples: count, sum S, sum S^2, sum S*L, sum L (S tokens, L text tokens) and the sum S^2 of
+   the samples whose attention runs on the backend's short-sample kernel (S < attention_split_tokens; those samples
+   leave feature 2). The predicted seconds of the set are the dot product of its features with the coefficients
+   (a, b, c, d, e, c'). */
+enum { COST_N_FEATURES = 6 };
 enum { COST_NORMAL_SIZE = COST_N_FEATURES * COST_N_FEATURES + COST_N_FEATURES + 1 };
 typedef struct { double value[COST_N_FEATURES]; } cost_features;
 
 typedef struct {
-    double coef[COST_N_FEATURES];       /* current a, b, c, d, e: seconds = a + b S + c S^2 + d S L + e L */
+    double coef[COST_N_FEATURES];       /* current a, b, c, d, e, c': seconds = a + b S + c S^2 + d S L + e L,
+                                           with c' in place of c for a sample shorter than attention_split_tokens */
     double seed_coef[COST_N_FEATURES];  /* from FLOP counts and device rates */
     /* memory: the layout's exact formula (model_layout_memory) for `backend`; the per-sample terms below
        are its coefficients as doubles, `memory.fixed` (once per rank, without the GPU's device scratch)
@@ -25,6 +28,10 @@ typedef struct {
     double mem_per_text_token;          /* activation bytes per text token */
     double mem_per_sample;              /* activation bytes per sample, independent of its length */
     int recompute_block;                /* 1: mem assumes block recomputation (and cost adds a forward) */
+    /* the backend's attention kernels: samples shorter than this run their attention on a kernel of their own
+       (the GPU's flash attention below cuDNN's minimum length), whose S^2 rate c' the fit learns apart; 0: one
+       kernel at every length (feature 5 stays 0 and c' at its seed) */
+    int64_t attention_split_tokens;
     /* online refit: a ring of the last `window_steps` steps, each reduced to its (Huber-weighted)
        normal equations in seed-relative units */
     int window_steps;
@@ -53,7 +60,8 @@ double cost_model_model_flops(const deck *config, int64_t tokens, int64_t text_l
 inline double cost_model_predict(const cost_model *cm, int64_t tokens, int64_t text_len)
 {
     const double s = (double)tokens, l = (double)text_len;
-    return cm->coef[0] + s * (cm->coef[1] + cm->coef[2] * s + cm->coef[3] * l) + cm->coef[4] * l;
+    const double square = tokens < cm->attention_split_tokens ? cm->coef[5] : cm->coef[2];
+    return cm->coef[0] + s * (cm->coef[1] + square * s + cm->coef[3] * l) + cm->coef[4] * l;
 }
 
 /* Predicted seconds of a set of samples given its features. */
@@ -79,7 +87,7 @@ int cost_model_calibration_copies(const cost_model *cm, int64_t tokens, int64_t 
                                   int64_t max_text, int max_samples, double mem_budget, double fill_bytes,
                                   int max_copies);
 
-/* Take the memory model of `from` (the rest of `cm` stays). */
+/* Take the backend's parts of `from`: its memory model and its attention split (the rest of `cm` stays). */
 void cost_model_copy_memory(cost_model *cm, const cost_model *from);
 /* The memory of `backend` (model_layout_memory with cm's recompute) in place of cm's. */
 void cost_model_set_memory(cost_model *cm, const deck *config, layout_backend backend);
@@ -93,13 +101,13 @@ double cost_model_state_bytes(const deck *config, deck_shard mode, int n_ranks);
 /* Parameters of the configured model: the layout table's n_weights. */
 int64_t cost_model_param_count(const deck *config);
 
-/* Add the features of one sample to `features`. */
-inline void cost_features_add(cost_features *features, int64_t tokens, int64_t text_len)
+/* Add the features of one sample to `features`, under cm's attention split. */
+inline void cost_features_add(const cost_model *cm, cost_features *features, int64_t tokens, int64_t text_len)
 {
     const double s = (double)tokens, l = (double)text_len;
     features->value[0] += 1.0;
     features->value[1] += s;
-    features->value[2] += s * s;
+    features->value[tokens < cm->attention_split_tokens ? 5 : 2] += s * s;
     features->value[3] += s * l;
     features->value[4] += l;
 }

@@ -146,7 +146,7 @@ static double unit_seconds(const evaluator *e, const cost_model *cm, const int64
 {
     cost_features features;
     memset(&features, 0, sizeof features);
-    for (int64_t i = 0; i < n; i++) cost_features_add(&features, e->samples[ids[i]].tokens, e->samples[ids[i]].text_len);
+    for (int64_t i = 0; i < n; i++) cost_features_add(cm, &features, e->samples[ids[i]].tokens, e->samples[ids[i]].text_len);
     return cost_model_predict_features(cm, &features);
 }
 

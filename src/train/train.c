@@ -986,9 +986,13 @@ static void report_calibration(trainer *t)
     const double worst = cost_model_worst_misfit(cm, t->n_calibration, t->calibration_features,
                                                  t->calibration_seconds, &at);
     const cost_features *f = &t->calibration_features[at >= 0 ? at : 0];
-    printf("             cost model fitted: seconds = %.3g + %.3g S + %.3g S^2 + %.3g S L + %.3g L (worst misfit of a "
+    char split[96] = "";
+    if (cm->attention_split_tokens > 0)
+        snprintf(split, sizeof split, ", %.3g S^2 in place of c below %lld tokens", cm->coef[5],
+                 (long long)cm->attention_split_tokens);
+    printf("             cost model fitted: seconds = %.3g + %.3g S + %.3g S^2 + %.3g S L + %.3g L%s (worst misfit of a "
            "timed shape %.1f%%: %.0f x %.0f tokens)\n", cm->coef[0], cm->coef[1], cm->coef[2], cm->coef[3],
-           cm->coef[4], 100.0 * worst, f->value[0], f->value[0] > 0 ? f->value[1] / f->value[0] : 0.0);
+           cm->coef[4], split, 100.0 * worst, f->value[0], f->value[0] > 0 ? f->value[1] / f->value[0] : 0.0);
     const double text = f->value[0] > 0 ? f->value[4] / f->value[0] : 0.0;
     int same_text = 1;
     for (int i = 0; i < t->n_calibration; i++) {
@@ -1036,8 +1040,8 @@ static void relay_progress(void *context, int shape, double seconds)
 }
 
 /* calibration_time_fn on the backend (backend_ops.time_shapes). */
-static void time_on_device(void *context, int layers, const int *which, int n, int warm_up, double *seconds,
-                           calibration_progress_fn progress, void *progress_context)
+static void time_on_device(void *context, int layers, const int *which, int n, int warm_up, double repeat_seconds,
+                           double *seconds, calibration_progress_fn progress, void *progress_context)
 {
     const calibration_device *device = context;
     backend_shape shapes[CALIBRATION_MAX_SHAPES];
@@ -1048,7 +1052,7 @@ static void time_on_device(void *context, int layers, const int *which, int n, i
     }
     calibration_relay relay = {progress, progress_context};
     backend *dev = device->t->dev;
-    dev->ops->time_shapes(dev, layers, shapes, n, copies, seconds, warm_up, relay_progress, &relay);
+    dev->ops->time_shapes(dev, layers, shapes, n, copies, seconds, warm_up, repeat_seconds, relay_progress, &relay);
 }
 
 static void agree_bytes(void *bytes, size_t size) { comm_bcast_bytes(bytes, size); }
@@ -1140,6 +1144,9 @@ static void calibrate(trainer *t)
     }
     const double spent = comm_time() - started;
     if (t->info->rank == 0) {
+        /* the features under the backend's attention split, as the balancer's cost model will count them */
+        const backend_plan *plan = t->dev->ops->plan(t->dev);
+        const cost_model no_split = {0}, *split = plan->has_memory_model ? &plan->memory_model : &no_split;
         t->calibration_features = xcalloc((size_t)n_shapes, sizeof *t->calibration_features);
         t->calibration_seconds = xmalloc((size_t)n_shapes * sizeof *t->calibration_seconds);
         int most_copies = 0;
@@ -1148,7 +1155,7 @@ static void calibrate(trainer *t)
             int64_t tokens = (int64_t)(shapes[i].frames / t->config->model.patch_t) *
                              (shapes[i].height / t->config->model.patch_h) * (shapes[i].width / t->config->model.patch_w);
             for (int copy = 0; copy < entries[i].copies; copy++) /* the micro-batch's features: copies x one sample's */
-                cost_features_add(&t->calibration_features[t->n_calibration], tokens, shapes[i].text_len);
+                cost_features_add(split, &t->calibration_features[t->n_calibration], tokens, shapes[i].text_len);
             t->calibration_seconds[t->n_calibration++] = entries[i].seconds;
             if (entries[i].copies > most_copies) most_copies = entries[i].copies;
         }
