@@ -8,7 +8,9 @@ usage: tests/bench/train_table.py --deck DECK [section.key=value ...] --aldit RU
            [--bench BENCH_JSON] [--aldit-peak-gib X] [--peer-peak-gib Y] [--aldit-wall-s S] [--json FILE]
 
 Time of aldit: the sum of its steps' step_s (set-up, start-up calibration and the final checkpoint left out, as
-tools/runs_table.py counts); of the peer: its timed epoch (loading, compilation and warm-up left out). Model
+tools/runs_table.py counts) less the first step's data wait, which is the loading of its samples (aldit reads each
+step's samples from the store while the step before computes, so only the first step waits; its wait is printed);
+of the peer: its timed epoch (its loading of the whole store onto the device, compilation and warm-up left out). Model
 FLOPs: 3x the forward's GEMM and attention FLOPs per sample (aldit's cost_model_model_flops, model_flops in
 metrics.jsonl); the table checks that both runs trained the same samples, tokens and FLOPs.
 
@@ -162,7 +164,9 @@ def aldit_summary(path):
         sys.exit(f"{path}: {e}")
     if not rows:
         sys.exit(f"{path}: no steps")
-    return {"time_s": sum(r["step_s"] for r in rows), "samples": sum(r["samples"] for r in rows),
+    first_wait = rows[0].get("data_wait_s", 0.0)
+    return {"time_s": sum(r["step_s"] for r in rows) - first_wait, "first_wait_s": first_wait,
+            "samples": sum(r["samples"] for r in rows),
             "tokens": sum(r["tokens"] for r in rows), "model_flops": sum(r["model_flops"] for r in rows),
             "micro_batches": sum(r["micro_batches"] for r in rows), "steps": len(rows)}
 
@@ -229,7 +233,8 @@ def main():
     else:
         print("floor: - (no --bench: aldit-bench's GEMM and attention rates are measured on a GPU)")
     print(f"both runs: {aldit['samples']} samples, {aldit['tokens']:.0f} tokens, {aldit['model_flops'] / 1e12:.3f} "
-          f"model TFLOP; aldit {aldit['steps']} steps, peer {peer['steps']} steps"
+          f"model TFLOP; aldit {aldit['steps']} steps (the first step's loading, {aldit['first_wait_s']:.2f} s, not "
+          f"counted), peer {peer['steps']} steps"
           + (f"; aldit's whole run {args.aldit_wall_s:.1f} s" if args.aldit_wall_s else "")
           + f"; the peer's loading and warm-up {peer.get('load_s', 0) + peer.get('warmup_s', 0):.1f} s")
     if args.json:
