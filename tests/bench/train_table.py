@@ -227,9 +227,11 @@ def main():
         print(f"| floor (GEMM {floor['gemm_s']:.2f} s + attention {floor['attention_s']:.2f} s) | {floor['time_s']:.2f} | "
               f"{aldit['samples'] / floor['time_s']:.2f} | {aldit['tokens'] / floor['time_s']:,.0f} | "
               f"{floor['model_tflops']:.1f} | |")
-        print(f"aldit's model TFLOP/s is {100 * a['model_tflops'] / floor['model_tflops']:.1f}% of the floor's "
-              f"(issue 20's target: within 10%); aldit / peer samples/s {a['samples_per_s'] / p['samples_per_s']:.3f}x "
-              f"(target 1.3x)")
+        share = a['model_tflops'] / floor['model_tflops']
+        speedup = a['samples_per_s'] / p['samples_per_s']
+        print(f"aldit's model TFLOP/s is {100 * share:.2f}% of the floor's (issue 20's target: within 10%, "
+              f"{'met' if share >= 0.9 else 'not met'}); aldit / peer samples/s {speedup:.3f}x "
+              f"(target 1.3x, {'met' if speedup >= 1.3 else 'not met'})")
     else:
         print("floor: - (no --bench: aldit-bench's GEMM and attention rates are measured on a GPU)")
     print(f"both runs: {aldit['samples']} samples, {aldit['tokens']:.0f} tokens, {aldit['model_flops'] / 1e12:.3f} "
