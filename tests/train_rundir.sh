@@ -1,9 +1,10 @@
 #!/bin/sh
 # train_rundir.sh — the run folder's guards on 2 CPU ranks: a second live run on a folder is refused naming the
 # holder, a dead run's lock is taken over naming it; a fresh start ([checkpoint] resume = off) into a used folder
-# is refused, deleting nothing; --check finds a checkpoint of another model in the run folder.
+# is refused, deleting nothing; --check finds a checkpoint of another model in the run folder; [checkpoint]
+# at_end = off leaves out the final checkpoint of a run that ends by its steps, not that of a signal.
 . "${top_srcdir:-.}/tests/train_lib.sh"
-tap_plan 9
+tap_plan 12
 
 tap_ok "aldit-store synth makes the test store" make_store
 
@@ -51,4 +52,24 @@ tap_result $found "--check: the run folder's checkpoint belongs to another model
 out=$(run_check checkpoint.resume=off 2>&1); status=$?
 case $status:$out in 2:*"holds an earlier run's files"*) found=0 ;; *) found=1 ;; esac
 tap_result $found "--check: a fresh start into the used folder: exit 2" "$out"
+
+# 10. at_end = off: no final checkpoint when the steps are done (the every-2 one stays), one on a signal
+run_aldit 2 noend run.steps=3 checkpoint.every=2 checkpoint.at_end=off; status=$?
+test "$status" -eq 0 -a "$(metrics_lines noend)" -eq 3 -a "$(ls "$WORK/noend/checkpoints")" = step_00000002.h5 &&
+    grep -q "no final checkpoint (\[checkpoint\] at_end = off): the last one is step 2's" "$WORK/noend.log"
+tap_result $? "at_end = off: 3 steps, exit 0, only step 2's checkpoint, said so" \
+    "exit $status; $(ls "$WORK/noend/checkpoints"); $(tail -3 "$WORK/noend.log")"
+run_aldit 2 noend2 run.steps=2 checkpoint.at_end=off; status=$?
+test "$status" -eq 0 -a -z "$(ls "$WORK/noend2/checkpoints" 2>/dev/null)" &&
+    grep -q "no final checkpoint (\[checkpoint\] at_end = off): the run folder holds none" "$WORK/noend2.log"
+tap_result $? "at_end = off without other checkpoints: none written, said so" "exit $status; $(tail -3 "$WORK/noend2.log")"
+start_aldit 2 noendsig run.steps=20000 log.every=100 checkpoint.at_end=off
+wait_for 60 has_lines noendsig 3
+ranks=$(run_pids noendsig $launcher)
+kill -TERM ${ranks:-$launcher}
+wait $launcher; status=$?
+stopped_at=$(metrics_lines noendsig)
+test "$status" -eq 0 -a "$stopped_at" -lt 20000 -a -f "$WORK/noendsig/checkpoints/step_$(printf %08d "$stopped_at").h5"
+tap_result $? "at_end = off: a signal still checkpoints the step it stopped at ($stopped_at)" \
+    "exit $status; $(tail -5 "$WORK/noendsig.log")"
 tap_done

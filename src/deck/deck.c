@@ -223,6 +223,9 @@ static const deck_key deck_keys[] = {
      .help = "newest checkpoints kept in the run folder"},
     {KEY("checkpoint", "resume", KEY_BOOL, checkpoint.resume), .default_text = "on",
      .help = "resume from the newest complete checkpoint in the run folder"},
+    {KEY("checkpoint", "at_end", KEY_BOOL, checkpoint.at_end), .default_text = "on",
+     .help = "checkpoint when the run's steps or epochs are done (off: no final checkpoint, e.g. for a benchmark; "
+             "a signal, every and interval still checkpoint)"},
     /* [log] */
     {KEY("log", "every", KEY_INT64, log.every), .min = 1, .max = 1e12, .default_text = "1",
      .help = "progress line every N steps"},

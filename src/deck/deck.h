@@ -107,6 +107,7 @@ typedef struct {
         int max_failures;              /* stop after this many consecutive failed checkpoints */
         int keep;                      /* keep the newest K checkpoints */
         int resume;                    /* resume from the newest complete checkpoint in the run folder (1) */
+        int at_end;                    /* checkpoint when the steps or epochs are done (1); a signal always does */
     } checkpoint;
     struct {
         int64_t every;                 /* progress line every N steps */

@@ -1355,8 +1355,14 @@ int train_run(const deck *config, const comm_info *info)
         finished = signalled || budget_done;
         if (signalled && info->rank == 0)
             printf("aldit: stop requested by a signal: checkpointing step %lld and exiting\n", (long long)t.step);
-        if (finished || boundary[1] != 0 || (config->checkpoint.every > 0 && t.step % config->checkpoint.every == 0))
+        const int final_wanted = finished && (signalled || config->checkpoint.at_end);
+        if (final_wanted || boundary[1] != 0 || (config->checkpoint.every > 0 && t.step % config->checkpoint.every == 0))
             save_checkpoint(&t, finished);
+        else if (finished && info->rank == 0 && t.checkpoint_step > 0)
+            printf("aldit: no final checkpoint ([checkpoint] at_end = off): the last one is step %lld's\n",
+                   (long long)t.checkpoint_step);
+        else if (finished && info->rank == 0)
+            printf("aldit: no final checkpoint ([checkpoint] at_end = off): the run folder holds none\n");
     }
     prefetch_drain(t.reader);
     print_timing_table(&t);
