@@ -33,7 +33,9 @@
 # FIXED_BATCH (global_batch of the fixed-length runs; default 2 x NGPU), ARGS (key=value overrides for every
 # run, of keys the script does not set: aldit refuses a key given twice), KEEP_CHECKPOINTS (default 0: a run's
 # checkpoints are deleted after it), FINAL_CHECKPOINT, PLOTS (default $WORK/plots; off: none), REDO,
-# BASELINE_GPU (the 1-GPU run's CUDA_VISIBLE_DEVICES, default 0), PYTHON.
+# BASELINE_GPU (the 1-GPU run's CUDA_VISIBLE_DEVICES, default 0), PYTHON, and E_RUN, E_ONE, E_SHARD, E_CHECK, E_14B:
+# the seconds expected of an NGPU strategy run, the 1-GPU run, a shard run, a --check and a Wan-14B run (issue 21:
+# 75, 100, 75, 30, 240; issue 22: 130, 330, 130, 40, 270), which decide what still fits the deadline.
 # SMOKE=1: the same steps at toy size on the CPU (run.device=cpu, inputs/quickstart.ini, 40 samples of
 # inputs/quickstart.lengths, NGPU ranks (default 2), 2 steps per run, the layer search on the quick-start deck
 # under balance.mem_budget = 1MiB from 6 layers down); make check runs it (tests/multi_gpu_smoke.sh).
@@ -97,6 +99,7 @@ else
     if [ "$issue" = 21 ]; then e_run=75; e_one=100; e_shard=75; e_check=30; e_14b=240
     else e_run=130; e_one=330; e_shard=130; e_check=40; e_14b=270; fi
 fi
+e_run=${E_RUN:-$e_run} e_one=${E_ONE:-$e_one} e_shard=${E_SHARD:-$e_shard} e_check=${E_CHECK:-$e_check} e_14b=${E_14B:-$e_14b}
 fixed_batch=${FIXED_BATCH:-$((2 * ngpu))}
 reserve=15      # seconds kept for the tables and plots
 failed=0; skipped=0
