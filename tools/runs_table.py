@@ -60,6 +60,23 @@ def rank_error_spread(rows):
     return sum(spreads) / len(spreads) if spreads else None
 
 
+def header(with_baseline):
+    """The table's header and rule (with_baseline: the "vs baseline" column too)."""
+    return ("| run | GPUs | steps | samples | imbalance measured (predicted) | time (s) | samples/s | tokens/s per GPU "
+            "| MFU | peak mem / budget | data wait | comm | rank error spread |" + (" vs baseline |" if with_baseline else "")
+            + "\n|---|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if with_baseline else ""))
+
+
+def row(r, baseline=None):
+    """One run's row from summarise(); with `baseline` (samples/s) its ratio to it."""
+    spread = "-" if r["rank_error_spread"] is None else f"{100 * r['rank_error_spread']:.1f}%"
+    ratio = f" {r['samples_per_s'] / baseline:.3f}x |" if baseline else ""
+    return (f"| {r['run']} | {r['ranks']} | {r['steps']} | {r['samples']} | {100 * r['imbalance']:.1f}% "
+            f"({100 * r['imbalance_pred']:.1f}%) | {r['time_s']:.2f} | {r['samples_per_s']:.1f} | "
+            f"{r['tokens_per_s_per_gpu']:,.0f} | {100 * r['mfu']:.1f}% | {100 * r['mem']:.1f}% | "
+            f"{100 * r['data_wait']:.2f}% | {100 * r['comm']:.2f}% | {spread} |{ratio}")
+
+
 def main():
     parser = argparse.ArgumentParser(description="a Markdown table of aldit runs from their metrics.jsonl")
     parser.add_argument("metrics", nargs="+")
@@ -79,16 +96,9 @@ def main():
         if not matches:
             sys.exit(f"--baseline {args.baseline}: no such run among {', '.join(r['run'] for r in summaries)}")
         baseline = matches[0]["samples_per_s"]
-    print("| run | GPUs | steps | samples | imbalance measured (predicted) | time (s) | samples/s | tokens/s per GPU "
-          "| MFU | peak mem / budget | data wait | comm | rank error spread |" + (" vs baseline |" if baseline else ""))
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if baseline else ""))
+    print(header(baseline is not None))
     for r in summaries:
-        spread = "-" if r["rank_error_spread"] is None else f"{100 * r['rank_error_spread']:.1f}%"
-        ratio = f" {r['samples_per_s'] / baseline:.3f}x |" if baseline else ""
-        print(f"| {r['run']} | {r['ranks']} | {r['steps']} | {r['samples']} | {100 * r['imbalance']:.1f}% "
-              f"({100 * r['imbalance_pred']:.1f}%) | {r['time_s']:.2f} | {r['samples_per_s']:.1f} | "
-              f"{r['tokens_per_s_per_gpu']:,.0f} | {100 * r['mfu']:.1f}% | {100 * r['mem']:.1f}% | "
-              f"{100 * r['data_wait']:.2f}% | {100 * r['comm']:.2f}% | {spread} |{ratio}")
+        print(row(r, baseline))
 
 
 if __name__ == "__main__":
