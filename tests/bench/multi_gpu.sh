@@ -18,10 +18,9 @@
 #                 with FIXED_TEXT_LEN text tokens, FIXED_BATCH samples per step.
 # The mixed store: aldit-store synth --spec inputs/mixed.lengths --samples SAMPLES --text-len 64 --text-dim 4096
 # --seed 11 (the 1-GPU comparison of issue 20). Each run: $MPIRUN -np N aldit DECK ... run.dir=$WORK/LABEL, its
-# output in $WORK/LABEL.log, "RC SECONDS NOTE" in $WORK/LABEL.status. A run is stopped (its ranks killed) once
-# its metrics hold every step, before the final checkpoint (a Wan-14B one is ~170 GB; FINAL_CHECKPOINT=1 lets
-# runs write it), or when it passes its time limit; a failed, stopped-late or skipped run is a table row saying
-# so. The whole call keeps within DEADLINE_S: a run whose expected time no longer fits is not started, and a
+# output in $WORK/LABEL.log, "RC SECONDS NOTE" in $WORK/LABEL.status. Runs leave out the final checkpoint
+# (checkpoint.at_end=off: a Wan-14B one is ~170 GB; FINAL_CHECKPOINT=1 lets runs write it); a run past its time
+# limit has its ranks killed; a failed, timed-out or skipped run is a table row saying so. The whole call keeps within DEADLINE_S: a run whose expected time no longer fits is not started, and a
 # second call with the same WORK runs only what is missing (REDO=1: everything again).
 # Exit status: 0 every run done, 1 a run failed or timed out, 3 only that some runs did not fit the deadline,
 # 2 bad usage.
@@ -80,11 +79,12 @@ plots=${PLOTS:-$work/plots}
 runs=${RUNS:-global,equal_tokens,dual,1gpu}
 shards=${SHARDS:-none,optimizer,gradients,full}
 args=${ARGS:-}
+[ "${FINAL_CHECKPOINT:-0}" = 1 ] || args="$args checkpoint.at_end=off"
 export NCCL_NVLS_ENABLE="${NCCL_NVLS_ENABLE:-0}"   # the project's NVLink machines have no multicast set up
 deck14="$srcdir/inputs/wan14b.ini"
 if [ "$smoke" = 1 ]; then
     deck13="$srcdir/inputs/quickstart.ini"; deck14=$deck13
-    run13="run.device=cpu run.threads=1 log.every=1" len13="run.steps=2" want13=steps=2
+    run13="run.device=cpu run.threads=1 log.every=1" len13="run.steps=2"
     run14="run.device=cpu run.threads=1 balance.mem_budget=1MiB"
     samples=${SAMPLES:-40}; steps14=${STEPS_14B:-2}; search_from=${SEARCH_FROM:-6}
     fixed_spec="1 1 8 8"; fixed_samples=${FIXED_SAMPLES:-40}; fixed_text=${FIXED_TEXT_LEN:-16}
@@ -92,7 +92,7 @@ if [ "$smoke" = 1 ]; then
     e_run=10; e_one=10; e_shard=10; e_check=10; e_14b=10
 else
     samples=${SAMPLES:-800}
-    run13="log.every=10 checkpoint.keep=1" len13="run.steps=0 run.epochs=1" want13=samples=$samples
+    run13="log.every=10 checkpoint.keep=1" len13="run.steps=0 run.epochs=1"
     run14=""
     steps14=${STEPS_14B:-4}; search_from=${SEARCH_FROM:-40}
     fixed_spec="1 13 90 128"; fixed_samples=${FIXED_SAMPLES:-$((16 * ngpu))}; fixed_text=${FIXED_TEXT_LEN:-512}
@@ -106,7 +106,6 @@ failed=0; skipped=0
 
 elapsed() { awk -v a="$1" -v b="$(date +%s.%N)" 'BEGIN {printf "%.1f", b - a}'; }
 left() { awk -v a="$started" -v b="$(date +%s.%N)" -v d="$deadline_s" -v r="$reserve" 'BEGIN {printf "%d", d - r - (b - a)}'; }
-metrics_lines() { if [ -f "$1/metrics.jsonl" ]; then wc -l < "$1/metrics.jsonl" | tr -d ' '; else echo 0; fi; }
 status_ok() { [ -f "$work/$1.status" ] && [ "$(cut -d' ' -f1 "$work/$1.status")" = 0 ]; }
 
 # kill_ranks DIR LAUNCHER: SIGKILL the aldit processes whose command line holds run.dir=DIR (the run's ranks; the
@@ -122,24 +121,10 @@ kill_ranks() {
     kill -0 "$2" 2>/dev/null && kill -KILL "$2" 2>/dev/null
 }
 
-# done_in DIR WANT: whether DIR/metrics.jsonl holds all the run wants: WANT = steps=N (N lines) or samples=N (its
-# complete lines' samples add up to N: one epoch of an N-sample store)
-done_in() {
-    [ -f "$1/metrics.jsonl" ] || return 1
-    case $2 in
-        steps=*) [ "$(wc -l < "$1/metrics.jsonl" | tr -d ' ')" -ge "${2#steps=}" ] ;;
-        samples=*) awk -v want="${2#samples=}" '/}$/ && match($0, /"samples": [0-9]+/) { n += substr($0, RSTART + 11, RLENGTH - 11) }
-                       END { exit !(n >= want) }' "$1/metrics.jsonl" ;;
-        *) return 1 ;;
-    esac
-}
-
-# bounded LOG DIR LIMIT_S WANT COMMAND...: runs COMMAND (output to LOG) and watches it every 0.2 s: past LIMIT_S, or
-# once DIR's metrics hold all of WANT (done_in; none: never) unless FINAL_CHECKPOINT=1, its ranks are killed. Sets rc
-# (0 for a run stopped after its steps), how ("", "timed out ...", "stopped ...") and seconds, and with nvidia-smi
-# writes the largest memory.used (MiB, over the GPUs) while it ran to LOG's .gpu_peak beside it.
+# bounded LOG DIR LIMIT_S COMMAND...: runs COMMAND (output to LOG) and watches it every 0.2 s: past LIMIT_S its ranks
+# (those of run.dir=DIR) are killed. Sets rc, how ("" or "timed out ...") and seconds, and with nvidia-smi writes the largest memory.used (MiB, over the GPUs) while it ran to LOG's .gpu_peak beside it.
 bounded() {
-    log=$1 dir=$2 limit=$3 want=$4; shift 4
+    log=$1 dir=$2 limit=$3; shift 3
     peak_file=${log%.log}.gpu_peak
     rm -f "$peak_file"
     t_start=$(date +%s.%N)
@@ -149,9 +134,6 @@ bounded() {
     while kill -0 "$pid" 2>/dev/null; do
         sleep 0.2
         tick=$((tick + 1))
-        if [ "$want" != none ] && [ "${FINAL_CHECKPOINT:-0}" = 0 ] && done_in "$dir" "$want"; then
-            how="stopped after its $(metrics_lines "$dir") steps, before the final checkpoint"; kill_ranks "$dir" "$pid"; break
-        fi
         if [ $((tick % 5)) = 0 ]; then
             if [ "$(awk -v a="$t_start" -v b="$(date +%s.%N)" -v l="$limit" 'BEGIN {print (b - a > l)}')" = 1 ]; then
                 how="timed out (limit $limit s)"; kill_ranks "$dir" "$pid"; break
@@ -163,7 +145,7 @@ bounded() {
         fi
     done
     wait "$pid"; rc=$?
-    case $how in stopped*) rc=0 ;; timed*) [ $rc = 0 ] && rc=124 ;; esac
+    case $how in timed*) [ $rc = 0 ] && rc=124 ;; esac
     seconds=$(elapsed "$t_start")
 }
 
@@ -175,10 +157,10 @@ limit_for() {
     [ "$cap" -lt "$l" ] && echo "$cap" || echo "$l"
 }
 
-# launch LABEL RANKS EXPECT_S WANT DECK [key=value ...]: one training run into $work/LABEL, stopped once its metrics
-# hold WANT (bounded); run_env: environment for the launcher (one GPU)
+# launch LABEL RANKS EXPECT_S DECK [key=value ...]: one training run into $work/LABEL within its limit (bounded),
+# without its final checkpoint unless FINAL_CHECKPOINT=1; run_env: environment for the launcher (one GPU)
 launch() {
-    label=$1 np=$2 expect=$3 want=$4; shift 4
+    label=$1 np=$2 expect=$3; shift 3
     if [ "$redo" = 0 ] && status_ok "$label"; then
         echo "== $label: done in an earlier call ($(cut -d' ' -f2 "$work/$label.status") s)"; return 0
     fi
@@ -191,7 +173,7 @@ launch() {
     rm -rf "${work:?}/$label" "$work/$label.alias"
     echo "== $label: ${run_env:+$run_env }$MPIRUN -np $np aldit $(echo "$* $args" | sed "s|$srcdir/||g; s|$work/||g") (limit $limit s)"
     # shellcheck disable=SC2086
-    bounded "$work/$label.log" "$work/$label" "$limit" "$want" env $run_env $MPIRUN -np "$np" "$build/aldit" "$@" $args \
+    bounded "$work/$label.log" "$work/$label" "$limit" env $run_env $MPIRUN -np "$np" "$build/aldit" "$@" $args \
         "run.dir=$work/$label"
     echo "$rc $seconds $how" > "$work/$label.status"
     echo "   exit $rc in $seconds s${how:+ ($how)}"
@@ -216,15 +198,15 @@ in_list() { case ",$2," in *",$1,"*) return 0 ;; *) return 1 ;; esac; }
 section_strategies() {
     # shellcheck disable=SC2086
     for s in global equal_tokens dual; do
-        in_list "$s" "$runs" && launch "${s}_${ngpu}gpu" "$ngpu" "$e_run" "$want13" "$deck13" "data.store=$mixed" \
+        in_list "$s" "$runs" && launch "${s}_${ngpu}gpu" "$ngpu" "$e_run" "$deck13" "data.store=$mixed" \
             "balance.strategy=$s" train.shard=none $run13 $len13
     done
     if in_list 1gpu "$runs"; then
-        one="$run13 $len13" want=$want13
-        [ "${BASELINE_STEPS:-0}" -gt 0 ] && { one="$run13 run.steps=$BASELINE_STEPS"; want="steps=$BASELINE_STEPS"; }
+        one="$run13 $len13"
+        [ "${BASELINE_STEPS:-0}" -gt 0 ] && one="$run13 run.steps=$BASELINE_STEPS"
         [ "$smoke" = 1 ] || run_env="CUDA_VISIBLE_DEVICES=${BASELINE_GPU:-0}"
         # shellcheck disable=SC2086
-        launch global_1gpu 1 "$e_one" "$want" "$deck13" "data.store=$mixed" balance.strategy=global train.shard=none $one
+        launch global_1gpu 1 "$e_one" "$deck13" "data.store=$mixed" balance.strategy=global train.shard=none $one
         run_env=
     fi
     # aldit-sim's plan of the same store, ranks and budget (the N-rank global run's measured mem_budget)
@@ -246,7 +228,7 @@ section_shard() {
         fi
         rm -f "$work/shard_none.alias"
         # shellcheck disable=SC2086
-        launch "shard_$mode" "$ngpu" "$e_shard" "$want13" "$deck13" "data.store=$mixed" balance.strategy=global \
+        launch "shard_$mode" "$ngpu" "$e_shard" "$deck13" "data.store=$mixed" balance.strategy=global \
             "train.shard=$mode" $run13 $len13
     done
 }
@@ -257,7 +239,7 @@ check() {
     [ -n "$limit" ] || { echo "== $1: no time left for --check with $3 layers"; skipped=1; return 2; }
     rm -rf "${work:?}/$1_check"
     # shellcheck disable=SC2086
-    bounded "$work/$1_check_$3.log" "$work/$1_check" "$limit" none $MPIRUN -np "$ngpu" "$build/aldit" --check \
+    bounded "$work/$1_check_$3.log" "$work/$1_check" "$limit" $MPIRUN -np "$ngpu" "$build/aldit" --check \
         "$deck14" train.shard=full "model.num_layers=$3" "data.store=$2" $run14 $args "run.dir=$work/$1_check"
     echo "$3 $rc" >> "$work/$1.search"
     echo "== $1: aldit --check with $3 layers: exit $rc in $seconds s${how:+ ($how)}"
@@ -315,7 +297,7 @@ section_14b() {
     best=$(cat "$work/$section.layers")
     failed_before=$failed
     # shellcheck disable=SC2086
-    launch "${section}_${best}l" "$ngpu" "$e_14b" "steps=$steps14" "$deck14" train.shard=full "model.num_layers=$best" "data.store=$data" \
+    launch "${section}_${best}l" "$ngpu" "$e_14b" "$deck14" train.shard=full "model.num_layers=$best" "data.store=$data" \
         "run.steps=$steps14" log.every=1 $run14 "$@"
     # a run measures its free memory after NCCL's buffers, which --check does not: one layer fewer where it did not fit
     if [ "$rc" = 2 ] && [ ! -s "$work/${section}_${best}l/metrics.jsonl" ] && [ "$best" -gt 1 ] \
@@ -323,7 +305,7 @@ section_14b() {
         best=$((best - 1)); echo "$best" > "$work/$section.layers"
         echo "== $section: the run did not fit beside NCCL's buffers; $best layers"
         # shellcheck disable=SC2086
-        launch "${section}_${best}l" "$ngpu" "$e_14b" "steps=$steps14" "$deck14" train.shard=full \
+        launch "${section}_${best}l" "$ngpu" "$e_14b" "$deck14" train.shard=full \
             "model.num_layers=$best" "data.store=$data" "run.steps=$steps14" log.every=1 $run14 "$@" && failed=$failed_before
     fi
 }

@@ -281,11 +281,6 @@ def main():
             wan14b(args.work, args.issue, args.ngpu, section)
         else:
             sys.exit(f"--sections: unknown section {section} (strategies, shard, wan14b, wan14b_fixed)")
-    stopped = [name[:-7] for name in sorted(os.listdir(args.work)) if name.endswith(".status")
-               and Run(args.work, name[:-7]).note.startswith("stopped")]
-    if stopped:
-        print(f"Stopped once their metrics held every step, before the final checkpoint (FINAL_CHECKPOINT=1 keeps it): "
-              f"{', '.join(stopped)}.\n")
 
 
 if __name__ == "__main__":
