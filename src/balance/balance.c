@@ -23,7 +23,7 @@ enum { RADIX_BITS = 11, RADIX_DIGITS = 1 << RADIX_BITS, RADIX_MAX_PASSES = 3 };
 enum { COST_KEY_PASSES = 2, LOAD_KEY_PASSES = 3 };
 /* 2: six cost features (the attention split). A version-1 state (five) still loads: c' takes c's value and the refit
    window, five features wide, is dropped (the refit starts again from the coefficients). */
-enum { STATE_VERSION = 2, STATE_VERSION_FIVE_FEATURES = 1 };
+enum { STATE_VERSION = 2, STATE_VERSION_FIVE_FEATURES = 1, FIVE_FEATURES = 5 };
 static const uint64_t state_magic = 0x314c41424c444c41ull;  /* "ALDLBAL1" */
 /* In budget mode a rank's budget holds at least this many of the costliest sample, so one long
    sample never decides a step's length by itself (see docs/balancer.md). */
@@ -1243,7 +1243,7 @@ int balancer_load_state(balancer *b, const void *buffer, size_t n_bytes)
         if (index < 0 || index >= b->n_samples || b->sample_bucket[index] < 0) c.failed = 1;
         else b->pool[i] = (balance_entry){b->samples[index], index};
     }
-    const int n_features = version == STATE_VERSION ? COST_N_FEATURES : 5;
+    const int n_features = version == STATE_VERSION ? COST_N_FEATURES : FIVE_FEATURES;
     for (int j = 0; j < n_features; j++) b->cm.coef[j] = get_f64(&c);
     if (n_features < COST_N_FEATURES) b->cm.coef[5] = b->cm.coef[2];
     b->error_estimate = get_f64(&c);

@@ -399,9 +399,8 @@ static void time_call(calibration_watch *w, int warm_up, const int *which, int n
     double *timed = xmalloc((size_t)(n + 1) * sizeof *timed);
     list[0] = which[0];
     memcpy(list + w->offset, which, (size_t)n * sizeof *list);
-    const double repeat = w->pass == 2 ? 0.0 : CALIBRATION_REPEAT_SECONDS; /* the scaled passes repeat */
-    timer->time(timer->context, pass_layers(w, w->pass), list, n + w->offset, warm_up, w->deep ? repeat : 0.0, timed,
-                watch_progress, w);
+    const double repeat = w->deep && w->pass < 2 ? CALIBRATION_REPEAT_SECONDS : 0.0; /* the passes that are scaled */
+    timer->time(timer->context, pass_layers(w, w->pass), list, n + w->offset, warm_up, repeat, timed, watch_progress, w);
     memcpy(seconds, timed + w->offset, (size_t)n * sizeof *seconds);
     free(list);
     free(timed);

@@ -63,10 +63,8 @@ double calibration_depth_seconds(double one_block, double two_blocks, int num_la
 
 /* Timings on the models of 1 and 2 blocks, whose difference the scaling multiplies by the depth less one: a
    micro-batch there is timed again while its timings sum to under CALIBRATION_REPEAT_SECONDS, at most
-   CALIBRATION_MAX_REPEATS times in all, and the least of them counts. Measured on an H200 (30-layer Wan-1.3B, 22
-   shapes): the first timing of a shape on a model just built ran up to 7% slow, which the scaling made up to 12%
-   off at 30 blocks; the least of the repeats left 3.4% on the shapes that stay scaled, for about 7 s more. The
-   full-depth pass times once (no scaling multiplies its error). */
+   CALIBRATION_MAX_REPEATS times in all, and the least of them counts (a shape's first call on a model just built
+   can run slow; docs/balancer.md). The full-depth pass times once: no scaling multiplies its error. */
 #define CALIBRATION_REPEAT_SECONDS 0.5
 enum { CALIBRATION_MAX_REPEATS = 4 };
 
