@@ -4,7 +4,7 @@
 # run dir, option, store, a corrupt sample); device = cuda without a GPU is in train_gpu.sh.
 . "${top_srcdir:-.}/tests/train_lib.sh"
 STEPS=60
-tap_plan 20
+tap_plan 21
 
 tap_ok "aldit-store synth makes the test store" make_store
 
@@ -33,6 +33,16 @@ awk -v n="$STEPS" 'NR <= 10 { first += $2 } NR > n - 10 { last += $2 }
     "$WORK/losses" > "$WORK/falling" 2>&1
 tap_result $? "the loss falls (mean of the last 10 steps < 0.9 x the first 10)" "$(cat "$WORK/falling")"
 tap_ok "a final checkpoint is written" test -f "$WORK/run/checkpoints/step_$(printf %08d $STEPS).h5"
+
+# the CPU's mem_peak is the activations' growth (the state's zeroed arrays are resident before its baseline): at dim
+# 256 within 25% of the memory model's largest prediction, where the state (41 MiB) would put it 2.7x over
+run_aldit 1 mem run.steps=3 model.dim=256 model.ffn_dim=512 model.num_heads=4 run.threads=1; status=$?
+awk -v status="$status" 'match($0, /"mem_peak": [0-9.e+]+/) { p = substr($0, RSTART + 12, RLENGTH - 12) + 0; if (p > peak) peak = p }
+     match($0, /"mem_pred": [0-9.e+]+/) { q = substr($0, RSTART + 12, RLENGTH - 12) + 0; if (q > pred) pred = q }
+     END { printf "exit %d, peak %.0f, predicted %.0f bytes\n", status, peak, pred
+           exit !(status == 0 && pred > 0 && peak <= 1.25 * pred && peak >= 0.5 * pred) }' \
+    "$WORK/mem/metrics.jsonl" > "$WORK/mem.check" 2>&1
+tap_result $? "CPU mem_peak within 25% of the memory model's prediction (dim 256)" "$(cat "$WORK/mem.check")"
 
 final="$WORK/run/checkpoints/step_$(printf %08d $STEPS).h5"
 run_aldit 2 init model.init="$final" run.steps=1; status=$?

@@ -187,14 +187,29 @@ static void cpu_get_range(const backend *b, backend_group group, int64_t first, 
     memcpy(values, state_values(b->state, group, first, count), (size_t)count * sizeof(float));
 }
 
+/* Write each page of n values once, keeping them: a calloc'd array's pages are not resident until written. */
+static void make_resident(float *values, int64_t n)
+{
+    if (!values) return;
+    volatile float *page = values;
+    const int64_t step = (int64_t)sysconf(_SC_PAGESIZE) / (int64_t)sizeof(float);
+    for (int64_t i = 0; i < n; i += step > 0 ? step : 1) page[i] = page[i];
+}
+
 /* Every rank set its slice of the weights: an EMA not set starts as them; sharded modes gather the whole model
-   (full: again each step). */
+   (full: again each step). The state's arrays are made resident before the baseline of mem_peak is taken, so that
+   mem_peak is the activations' growth alone, not the first touch of the gradients and moments. */
 static void cpu_start(backend *b)
 {
     cpu_state *s = b->state;
     if (s->ema && !s->ema_set)
         memcpy(s->ema, s->net->weights + s->layout.first, (size_t)s->layout.count * sizeof(float));
     if (s->layout.mode != SHARD_NONE) comm_allgather_f32(s->net->weights, s->net->n_weights);
+    make_resident(s->grads, s->net->n_weights);
+    make_resident(s->grad_shard, sharded_gradients(s) ? s->layout.count : 0);
+    make_resident(s->adam_m, s->layout.count);
+    make_resident(s->adam_v, s->layout.count);
+    make_resident(s->ema, s->layout.count);
     s->rss_base = resident_bytes();
 }
 
