@@ -30,8 +30,9 @@ constexpr int kFwdQ = 64;      // forward: query rows per CTA
 constexpr int kFwdKv = 64;     // forward: key rows per step
 constexpr int kDkvKv = 64;     // dK/dV kernel: key rows per CTA
 constexpr int kDkvQ = 32;      // dK/dV kernel: query rows per step
-constexpr int kDqQ = 64;       // dQ kernel: query rows per CTA
+constexpr int kDqQ = 64;       // dQ kernel: query rows per CTA (and the delta kernel's tile)
 constexpr int kDqKv = 64;      // dQ kernel: key rows per step
+constexpr int kDeltaThreads = 256;  // delta kernel: (row, head) pairs per CTA
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.69314718055994531f;
 constexpr unsigned kFullMask = 0xffffffffu;
@@ -370,13 +371,20 @@ __global__ void __launch_bounds__(kThreads)
 
 // ---- backward ----------------------------------------------------------------------------------------
 
-// delta[r, h] = sum over the head's columns of dout * out (fp32), one thread per (row, head).
+// delta[r, h] = sum over the head's columns of dout * out (fp32) for the rows r of the samples' query tiles of kDqQ
+// rows (find_tile: CTA x takes tile x), one thread per (row, head) of the tile, kDeltaThreads per CTA y; rows
+// outside the samples (those before the first sample of a slice of the offsets) are neither read nor written.
 __global__ void attention_bwd_delta_kernel(const uint16_t *__restrict__ out, const uint16_t *__restrict__ dout,
-                                           int64_t n_pairs, int head_dim, float *__restrict__ delta)
+                                           const int64_t *__restrict__ q_row_start, int n_samples, int num_heads,
+                                           int head_dim, float *__restrict__ delta)
 {
-    const int64_t pair = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-    if (pair >= n_pairs) return;
+    int sample, n_q;
+    int64_t q_first;
+    if (!find_tile(q_row_start, n_samples, kDqQ, blockIdx.x, &sample, &q_first, &n_q)) return;
+    const int64_t local = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x;
+    if (local >= static_cast<int64_t>(n_q) * num_heads) return;
     // [rows, heads * head_dim] row-major: (row, head) starts at element (row * heads + head) * head_dim.
+    const int64_t pair = q_first * num_heads + local;
     const uint4 *out_vectors = reinterpret_cast<const uint4 *>(out + pair * head_dim);
     const uint4 *dout_vectors = reinterpret_cast<const uint4 *>(dout + pair * head_dim);
     float sum = 0.0f;
@@ -759,12 +767,13 @@ extern "C" void attention_bwd(const gpu_bf16 *q, const gpu_bf16 *k, const gpu_bf
     ALDIT_CHECK(q_row_start != nullptr && kv_row_start != nullptr, "%s: row offsets are NULL", function);
     const float scale = 1.0f / sqrtf(static_cast<float>(head_dim)), scale_log2 = scale * kLog2e;
     float *delta = static_cast<float *>(workspace);
-    const int64_t n_pairs = n_q_rows * num_heads;
     with_head_dim(head_dim, [&](auto dim) {
         constexpr int D = decltype(dim)::value;
-        if (n_pairs > 0) {
-            attention_bwd_delta_kernel<<<static_cast<unsigned>((n_pairs + 255) / 256), 256, 0, stream>>>(
-                out, dout, n_pairs, D, delta);
+        if (n_q_rows > 0) {
+            const dim3 grid(tile_grid(n_q_rows, n_samples, kDqQ),
+                            static_cast<unsigned>((kDqQ * num_heads + kDeltaThreads - 1) / kDeltaThreads));
+            attention_bwd_delta_kernel<<<grid, kDeltaThreads, 0, stream>>>(out, dout, q_row_start, n_samples,
+                                                                          num_heads, D, delta);
             CUDA_CHECK_LAUNCH();
         }
         if (n_kv_rows > 0) {  // every key row's dK and dV, zeros where no query attends
