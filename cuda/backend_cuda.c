@@ -906,6 +906,12 @@ static double cuda_time_shapes(backend *b, int layers, const backend_shape *shap
     return comm_time() - started;
 }
 
+static void cuda_profile(backend *b, int on)
+{
+    (void)b;
+    gpu_profiler(on);
+}
+
 static const backend_ops cuda_ops = {
     .name = "cuda",
     .free = cuda_free,
@@ -922,6 +928,7 @@ static const backend_ops cuda_ops = {
     .finish_step = cuda_finish_step,
     .calibration_copies = cuda_calibration_copies,
     .time_shapes = cuda_time_shapes,
+    .profile = cuda_profile,
     .device_key = cuda_device_key,
 };
 

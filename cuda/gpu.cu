@@ -1,6 +1,8 @@
 // gpu.cu — CUDA device helpers: error reporting, GPU discovery and selection by node-local rank, memory info.
 #include "cuda/gpu.h"
 
+#include <cuda_profiler_api.h>
+
 #include <stdio.h>
 
 extern "C" ALDIT_NORETURN void gpu_fail_cuda(cudaError_t status, const char *call, const char *file, int line)
@@ -74,6 +76,12 @@ extern "C" int gpu_attribute(enum cudaDeviceAttr attribute)
 extern "C" void gpu_memory_info(size_t *free_bytes, size_t *total_bytes)
 {
     CUDA_CHECK(cudaMemGetInfo(free_bytes, total_bytes));
+}
+
+extern "C" void gpu_profiler(int on)
+{
+    CUDA_CHECK(cudaDeviceSynchronize());
+    CUDA_CHECK(on ? cudaProfilerStart() : cudaProfilerStop());
 }
 
 extern "C" void gpu_describe(char *text, size_t capacity)

@@ -60,6 +60,10 @@ void gpu_memory_info(size_t *free_bytes, size_t *total_bytes);
 /* One line about the current GPU: "NAME, N SMs, X GiB, sm_MAJMIN". */
 void gpu_describe(char *text, size_t capacity);
 
+/* on = 1: waits for the device's queued work, then starts the profiler's capture (cudaProfilerStart: what
+   `nsys profile --capture-range=cudaProfilerApi` and `ncu --profile-from-start off` record); 0: waits, then stops it. */
+void gpu_profiler(int on);
+
 /* Host-side bf16 conversions: round to nearest even (NaN stays NaN), and exact widening. */
 static inline gpu_bf16 gpu_bf16_from_float(float value)
 {

@@ -13,7 +13,7 @@ STEPS=20
 HALF=10
 # constant lr after the warmup, so a 10-step run is the first half of a 20-step run (for the resume)
 SCHEDULE=train.lr_schedule=constant
-tap_plan 15
+tap_plan 16
 
 n_gpus=0
 probe="$top_builddir/tests/gpu_present"
@@ -60,7 +60,8 @@ if [ "$n_gpus" -lt 1 ]; then
                 "2 GPU ranks: bucketed, single and per-range all-reduce give the same losses" "a 10-step GPU run exits 0" \
                 "restarted with 20 steps it resumes from step 10" "steps 11-20 after the resume within 1e-3" \
                 "a calibrated GPU run times the shapes and keeps the timings" \
-                "the next run in its folder reads them instead of timing"; do
+                "the next run in its folder reads them instead of timing" \
+                "log.profile_from = 2, profile_steps = 2: the capture starts before step 2 and stops after step 3"; do
         skip "$name" "no GPU visible"
     done
     tap_done
@@ -132,4 +133,12 @@ tap_result $? "a calibrated GPU run times the shapes and keeps the timings" "$(g
 run_aldit 1 calibrated run.device=cuda run.steps=4 balance.calibrate=1; status=$?
 [ $status -eq 0 ] && grep -q "timings read from .*calibration.txt" "$WORK/calibrated.log"
 tap_result $? "the next run in its folder reads them instead of timing" "$(grep -i calibrat "$WORK/calibrated.log")"
+
+# (f) the profiler's capture around steps 2-3 (cudaProfilerStart / Stop; without a profiler attached they do nothing)
+run_aldit 1 profiled run.device=cuda run.steps=4 log.profile_from=2 log.profile_steps=2; status=$?
+test "$status" -eq 0 -a "$(metrics_lines profiled)" -eq 4 &&
+    grep -q "device profiler capture started at step 2" "$WORK/profiled.log" &&
+    grep -q "device profiler capture stopped at step 3" "$WORK/profiled.log"
+tap_result $? "log.profile_from = 2, profile_steps = 2: the capture starts before step 2 and stops after step 3" \
+    "exit $status; $(grep -i profiler "$WORK/profiled.log")"
 tap_done

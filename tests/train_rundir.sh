@@ -2,9 +2,10 @@
 # train_rundir.sh — the run folder's guards on 2 CPU ranks: a second live run on a folder is refused naming the
 # holder, a dead run's lock is taken over naming it; a fresh start ([checkpoint] resume = off) into a used folder
 # is refused, deleting nothing; --check finds a checkpoint of another model in the run folder; [checkpoint]
-# at_end = off leaves out the final checkpoint of a run that ends by its steps, not that of a signal.
+# at_end = off leaves out the final checkpoint of a run that ends by its steps, not that of a signal; [log]
+# profile_from on the CPU backend (no profiler) is ignored with a warning.
 . "${top_srcdir:-.}/tests/train_lib.sh"
-tap_plan 12
+tap_plan 13
 
 tap_ok "aldit-store synth makes the test store" make_store
 
@@ -72,4 +73,10 @@ stopped_at=$(metrics_lines noendsig)
 test "$status" -eq 0 -a "$stopped_at" -lt 20000 -a -f "$WORK/noendsig/checkpoints/step_$(printf %08d "$stopped_at").h5"
 tap_result $? "at_end = off: a signal still checkpoints the step it stopped at ($stopped_at)" \
     "exit $status; $(tail -5 "$WORK/noendsig.log")"
+
+# 11. [log] profile_from: the CPU backend has no profiler: warned once, the run goes on
+run_aldit 2 prof run.steps=3 log.profile_from=2 log.profile_steps=1; status=$?
+test "$status" -eq 0 -a "$(metrics_lines prof)" -eq 3 -a \
+    "$(grep -c "profile_from = 2: the cpu backend has no profiler to start; ignored" "$WORK/prof.log")" -eq 1
+tap_result $? "profile_from on the CPU: 3 steps, exit 0, one warning" "exit $status; $(tail -5 "$WORK/prof.log")"
 tap_done

@@ -119,6 +119,9 @@ typedef struct {
     double (*time_shapes)(backend *b, int layers, const backend_shape *shapes, int n_shapes, const int *copies,
                           double *seconds, int warm_up, double repeat_seconds, backend_timing_progress_fn progress,
                           void *context);
+    /* NULL where the device has no profiler to drive: on = 1 starts the device profiler's capture after the queued work
+       (the steps [log] profile_from names), 0 stops it after the queued work. */
+    void (*profile)(backend *b, int on);
     /* The key under which start-up timings of this device are cached in the run folder (calibration.h). */
     const char *(*device_key)(const backend *b, int *ranks_per_device);
 } backend_ops;

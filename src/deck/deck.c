@@ -231,6 +231,12 @@ static const deck_key deck_keys[] = {
      .help = "progress line every N steps"},
     {KEY("log", "metrics", KEY_STRING, log.metrics), .nonempty = 1, .default_text = "metrics.jsonl",
      .help = "JSON-lines metrics file, one line per step; a relative path is inside run.dir"},
+    {KEY("log", "profile_from", KEY_INT64, log.profile_from), .min = 0, .max = 1e12, .zero_word = "off",
+     .default_text = "off", .help = "CUDA: the step (counted from 1, as in the metrics) at which the profiler's capture "
+             "starts (cudaProfilerStart), for nsys profile --capture-range=cudaProfilerApi or ncu --profile-from-start "
+             "off; it stops after profile_steps steps (off: never started)"},
+    {KEY("log", "profile_steps", KEY_INT64, log.profile_steps), .min = 1, .max = 1e12, .default_text = "1",
+     .help = "steps inside the profiler's capture from profile_from"},
     /* [eval] */
     {KEY("eval", "store", KEY_STRING, eval.store), .default_text = "",
      .help = "held-out HDF5 latent store (the training store's format and dims) whose loss is measured during "

@@ -112,6 +112,8 @@ typedef struct {
     struct {
         int64_t every;                 /* progress line every N steps */
         char metrics[DECK_PATH_MAX];   /* JSON lines file, relative to run.dir */
+        int64_t profile_from;          /* first step inside the device profiler's capture (0 = no capture) */
+        int64_t profile_steps;         /* steps captured from profile_from */
     } log;
     struct {
         char store[DECK_PATH_MAX];     /* held-out HDF5 latent store validated during training ("" = none) */

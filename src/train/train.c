@@ -358,6 +358,7 @@ typedef struct {
     int64_t steps_per_epoch;
     int64_t skipped_steps;
     int skipped_in_a_row;           /* consecutive skipped steps ([train] max_skipped) */
+    int profiling;                  /* the device profiler's capture is on ([log] profile_from) */
     int64_t corrupt_samples;        /* samples left out unread ([data] on_corrupt = skip), all ranks */
     int checkpoint_failures;        /* consecutive failed periodic checkpoints ([checkpoint] max_failures) */
     int64_t checkpoint_step;        /* step of the last checkpoint written or resumed from */
@@ -878,11 +879,30 @@ static void handle_corrupt_samples(trainer *t, const sample_batch *batch)
     }
 }
 
+/* The device profiler's capture around the steps [log] profile_from and profile_steps name: on before step
+   `step` (1-based) when it is the first, off after it when it is the last. */
+static void profile_around(trainer *t, int64_t step, int after)
+{
+    const int64_t first = t->config->log.profile_from, last = first + t->config->log.profile_steps - 1;
+    if (first <= 0 || step != (after ? last : first) || t->profiling == !after) return;
+    if (!t->dev->ops->profile) {
+        if (t->info->rank == 0 && !after)
+            aldit_warn("[log] profile_from = %lld: the %s backend has no profiler to start; ignored", (long long)first,
+                       t->dev->ops->name);
+        return;
+    }
+    t->dev->ops->profile(t->dev, !after);
+    t->profiling = !after;
+    if (t->info->rank == 0)
+        printf("aldit: device profiler capture %s at step %lld\n", after ? "stopped" : "started", (long long)step);
+}
+
 /* One optimizer step on the current assignment. Returns 0, or 1 when the loss is not finite and the deck
    says error (every rank sees the same reduced values, so all return 1 together). */
 static int train_step(trainer *t, step_record *r)
 {
     const deck *config = t->config;
+    profile_around(t, t->step + 1, 0);
     double step_started = comm_time(), wait_s = 0.0, phase_started;
     double balancer_before = t->phase_s[PHASE_BALANCER], comm_before = t->phase_s[PHASE_COMM];
     const sample_batch *batch = prefetch_finish(t->reader, &wait_s);
@@ -926,6 +946,7 @@ static int train_step(trainer *t, step_record *r)
     t->dev->ops->finish_step(t->dev, &hyper, isfinite(r->loss), &device);
     r->grad_norm = device.grad_norm;
     const double mem_peak = device.mem_peak;
+    profile_around(t, t->step, 1);
     /* a device's gradient sum starts with the host's wait above (both when this rank's compute ends) and also
        waits for the slowest rank: only what outlasts the host's wait is more */
     t->phase_s[PHASE_COMM] += fmax(0.0, device.comm_device_s - host_comm_s);
