@@ -6,7 +6,8 @@
 # (aldit >= 1.05x torch.compile at every S).
 # usage: tests/bench/block14b_vs_peer.sh [BUILD_DIR]   (a CUDA build holding aldit-bench; default the current directory)
 # Environment: WORK (scratch folder for the JSON files; default a new one under /tmp), SEQ (default 4096,16384,32760),
-# BLOCK_LAYERS (K, default 8), WAN (default 14b; 1.3b gives the same table for the 1.3B block).
+# BLOCK_LAYERS (K, default 8), WAN (default 14b; 1.3b gives the same table for the 1.3B block), BENCH_ARGS (more
+# aldit-bench options, e.g. --gemm-autotune 1 --attention-autotune 1).
 set -u
 build=$(cd "${1:-.}" && pwd)
 srcdir=${SRCDIR:-$(cd "$(dirname "$0")/../.." && pwd)}
@@ -18,7 +19,7 @@ mkdir -p "$work" || exit 2
 [ -x "$build/aldit-bench" ] || { echo "block14b_vs_peer.sh: $build/aldit-bench not found (a CUDA build: make aldit-bench)" >&2; exit 2; }
 echo "== aldit-bench --wan $wan --sections block --seq $seq"
 "$build/aldit-bench" --wan "$wan" --sections block --seq "$seq" --backends cudnn,cudnn-tiles --repeats 11 \
-    --block-layers "${BLOCK_LAYERS:-8}" --json "$work/aldit.json" || exit 1
+    --block-layers "${BLOCK_LAYERS:-8}" ${BENCH_ARGS:-} --json "$work/aldit.json" || exit 1
 echo "== peer_torch.py --wan $wan --sections block --seq $seq"
 "$PYTHON" "$srcdir/tests/bench/peer_torch.py" --wan "$wan" --sections block --seq "$seq" --json "$work/peer.json" || exit 1
 "$PYTHON" - "$work/aldit.json" "$work/peer.json" <<'PY'
