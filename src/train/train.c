@@ -1311,6 +1311,7 @@ static void trainer_free(trainer *t)
     free(t->height);
     free(t->width);
     free(t->text_len);
+    if (t->dev && t->profiling) t->dev->ops->profile(t->dev, 0); /* the run ended inside the capture */
     if (t->dev) t->dev->ops->free(t->dev);
     eval_close(t->eval);
     model_free(&t->net);
