@@ -2,7 +2,8 @@
 # multi_gpu_smoke.sh — tests/bench/multi_gpu.sh at toy size on 2 CPU ranks (SMOKE=1): every section runs and its
 # tables hold every expected row with numbers; the layer search stops where aldit --check does; a second call
 # with the same WORK runs nothing again; a failing run, a run past its time limit and a run that does not fit the
-# deadline are rows saying so, with the script's exit status 1, 1 and 3.
+# deadline are rows saying so, with the script's exit status 1, 1 and 3; a shared start-up calibration in WORK is
+# copied into every run's folder.
 . "${top_srcdir:-.}/tests/tap.sh"
 PYTHON=${PYTHON:-python3}
 "$PYTHON" -c "import json" > /dev/null 2>&1 || tap_skip_all "$PYTHON does not run"
@@ -11,7 +12,7 @@ build=${top_builddir:-.}
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/aldit-multigpu-XXXXXX") || exit 1
 trap 'rm -rf "$WORK"' EXIT
 export SMOKE=1 NGPU=2 ISSUE=21 PYTHON
-tap_plan 14
+tap_plan 15
 
 SECTIONS=strategies,shard,wan14b,wan14b_fixed WORK="$WORK/all" sh "$script" "$build" > "$WORK/all.out" 2>&1; status=$?
 tap_is "SMOKE=1 with every section exits 0" "$status" 0
@@ -83,6 +84,18 @@ for proc in /proc/[0-9]*; do
     tr '\000' '\n' 2>/dev/null < "$proc/cmdline" | grep -qxF "run.dir=$WORK/slow/global_1gpu" && left=$((left + 1))
 done
 tap_is "the timed-out run's ranks are gone" "$left" 0
+
+# the runs of one deck start from the calibration the first of them left in WORK (the CPU backend times none, so the
+# file is planted: it is copied, not read)
+mkdir -p "$WORK/share" && printf '# aldit start-up calibration (planted)\nkey test\nshapes 0\n' > "$WORK/share/calibration.quickstart.txt"
+SECTIONS=shard SHARDS=optimizer,gradients PLOTS=off WORK="$WORK/share" sh "$script" "$build" > "$WORK/share.out" 2>&1
+status=$?
+copied=0
+for mode in optimizer gradients; do
+    cmp -s "$WORK/share/calibration.quickstart.txt" "$WORK/share/shard_$mode/calibration.txt" && copied=$((copied + 1))
+done
+tap_is "CALIBRATION_SHARE: both runs start from WORK's calibration.quickstart.txt, and say so" \
+    "$status $copied $(grep -c '^   the start-up calibration from calibration.quickstart.txt$' "$WORK/share.out")" "0 2 2"
 
 SECTIONS=shard DEADLINE_S=20 PLOTS=off WORK="$WORK/late" sh "$script" "$build" > "$WORK/late.out" 2>&1; status=$?
 notrun=$(grep -c '^| [a-z]* | shard_[a-z]* | not run: expected' "$WORK/late/tables.md")

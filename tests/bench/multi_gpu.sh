@@ -32,6 +32,10 @@
 # FIXED_BATCH (global_batch of the fixed-length runs; default 2 x NGPU), ARGS (key=value overrides for every
 # run, of keys the script does not set: aldit refuses a key given twice), KEEP_CHECKPOINTS (default 0: a run's
 # checkpoints are deleted after it), FINAL_CHECKPOINT, PLOTS (default $WORK/plots; off: none), REDO,
+# CALIBRATION_SHARE (default 1: the first run of a deck and layer count that times the start-up calibration leaves
+# it in $WORK/calibration.DECK[.Kl].txt and the later ones start from it, in their own run folder, so that every
+# strategy and shard mode plans from the same timings and none pays for them again; the key in the file still has
+# to match, else a run times its own; 0: every run times its own),
 # BASELINE_GPU (the 1-GPU run's CUDA_VISIBLE_DEVICES, default 0), PYTHON, and E_RUN, E_ONE, E_SHARD, E_CHECK, E_14B:
 # the seconds expected of an NGPU strategy run, the 1-GPU run, a shard run, a --check and a Wan-14B run (issue 21:
 # 75, 100, 75, 30, 240; issue 22: 130, 330, 130, 40, 270), which decide what still fits the deadline.
@@ -157,8 +161,18 @@ limit_for() {
     [ "$cap" -lt "$l" ] && echo "$cap" || echo "$l"
 }
 
+# calibration_cache DECK [key=value ...]: the file the runs of DECK (and of its model.num_layers) share their start-up
+# calibration in, or "" with CALIBRATION_SHARE=0
+calibration_cache() {
+    [ "${CALIBRATION_SHARE:-1}" = 1 ] || { echo ""; return; }
+    name=$(basename "$1" .ini); shift
+    for arg in "$@"; do case $arg in model.num_layers=*) name="$name.${arg#model.num_layers=}l" ;; esac; done
+    echo "$work/calibration.$name.txt"
+}
+
 # launch LABEL RANKS EXPECT_S DECK [key=value ...]: one training run into $work/LABEL within its limit (bounded),
-# without its final checkpoint unless FINAL_CHECKPOINT=1; run_env: environment for the launcher (one GPU)
+# without its final checkpoint unless FINAL_CHECKPOINT=1, starting from the shared calibration where there is one
+# (calibration_cache); run_env: environment for the launcher (one GPU)
 launch() {
     label=$1 np=$2 expect=$3; shift 3
     if [ "$redo" = 0 ] && status_ok "$label"; then
@@ -172,11 +186,19 @@ launch() {
     fi
     rm -rf "${work:?}/$label" "$work/$label.alias"
     echo "== $label: ${run_env:+$run_env }$MPIRUN -np $np aldit $(echo "$* $args" | sed "s|$srcdir/||g; s|$work/||g") (limit $limit s)"
+    shared=$(calibration_cache "$@")
+    if [ -n "$shared" ] && [ -s "$shared" ]; then
+        mkdir -p "$work/$label" && cp "$shared" "$work/$label/calibration.txt"
+        echo "   the start-up calibration from ${shared#$work/}"
+    fi
     # shellcheck disable=SC2086
     bounded "$work/$label.log" "$work/$label" "$limit" env $run_env $MPIRUN -np "$np" "$build/aldit" "$@" $args \
         "run.dir=$work/$label"
     echo "$rc $seconds $how" > "$work/$label.status"
     echo "   exit $rc in $seconds s${how:+ ($how)}"
+    if [ -n "$shared" ] && [ ! -s "$shared" ] && [ -s "$work/$label/calibration.txt" ]; then
+        cp "$work/$label/calibration.txt" "$shared.tmp" && mv "$shared.tmp" "$shared"
+    fi
     [ "$rc" = 0 ] || { failed=1; tail -n 3 "$work/$label.log" | sed 's/^/   | /'; }
     [ "${KEEP_CHECKPOINTS:-0}" = 1 ] || rm -rf "${work:?}/$label/checkpoints"
     return "$rc"
@@ -314,6 +336,7 @@ echo "multi_gpu.sh: issue $issue, $ngpu $([ "$smoke" = 1 ] && echo "CPU ranks (S
 echo "  work $work, deadline $deadline_s s, $MPIRUN"
 if [ "$smoke" = 1 ]; then spec="$srcdir/inputs/quickstart.lengths"; text=16; else spec="$srcdir/inputs/mixed.lengths"; text=64; fi
 run_env=
+[ "$redo" = 1 ] && rm -f "$work"/calibration.*.txt
 mixed=$(store "mixed-$samples" "$spec" "$samples" "$text") || exit 1
 echo "== store $mixed ($(elapsed "$started") s so far)"
 for section in $(echo "$sections" | tr ',' ' '); do
