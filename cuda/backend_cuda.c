@@ -472,6 +472,12 @@ backend *backend_cuda_create(const deck *config, const comm_info *info, model *h
                               &gpu->plan.cudnn_min_tokens, !sharded);
     gpu->buffers = gpu_model_get_buffers(gpu->net);
     gpu->cm.attention_split_tokens = gpu->plan.cudnn_min_tokens; /* shorter samples: our flash attention */
+#ifdef HAVE_CUDNN
+    if (gpu->plan.cudnn_min_tokens > 0) { /* cuDNN runs the last sample of a micro-batch on whole tiles */
+        gpu->summary.last_sample_tile = ATTENTION_CUDNN_TILE;
+        gpu->summary.last_sample_min_tokens = gpu->plan.cudnn_min_tokens;
+    }
+#endif
     if (sharded)
         gpu->shard = shard_gpu_create(host, &gpu->layout, gpu->net, gpu->sync, gpu->stream, config->train.ema_decay > 0.0);
     else {

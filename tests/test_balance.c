@@ -1011,6 +1011,41 @@ static void test_packed_calibration_amortises_fixed_cost(void **state)
     free(samples);
 }
 
+/* The whole-tile order: in each micro-batch the longest sample of at least min_tokens that is not a multiple of the
+   tile goes last, the others keep their order, tokens move with the ids; nothing moves where no sample qualifies,
+   where it is last already, or without a tile. */
+static void test_order_whole_tiles(void **state)
+{
+    (void)state;
+    int64_t ids[] = {10, 11, 12, 13, 14, 15, 16, 17, 18, 19};
+    /* micro-batch 0: 32760 (not a multiple of 128) beats 14040; 76032 and 1024 are multiples; 900 is too short.
+       1: 2048 is a multiple, 256 and 512 are under min_tokens: nothing moves. 2: its qualifier (7800) is last. */
+    int64_t tokens[] = {14040, 76032, 32760, 900, 1024, 256, 2048, 512, 1300, 7800};
+    int micro_start[] = {0, 5, 8, 10};
+    rank_assignment mine = {0};
+    mine.n_samples = 10, mine.ids = ids, mine.n_micro = 3, mine.micro_start = micro_start;
+    rank_assignment_order_whole_tiles(&mine, tokens, 128, 1024);
+    const int64_t want_ids[] = {10, 11, 13, 14, 12, 15, 16, 17, 18, 19};
+    const int64_t want_tokens[] = {14040, 76032, 900, 1024, 32760, 256, 2048, 512, 1300, 7800};
+    for (int i = 0; i < 10; i++) {
+        assert_int_equal(ids[i], want_ids[i]);
+        assert_int_equal(tokens[i], want_tokens[i]);
+    }
+    /* again: already in order, nothing moves */
+    rank_assignment_order_whole_tiles(&mine, tokens, 128, 1024);
+    for (int i = 0; i < 10; i++) assert_int_equal(ids[i], want_ids[i]);
+    /* micro-batch 2 with its qualifier first: 7800 moves behind 1300 */
+    ids[8] = 19, ids[9] = 18, tokens[8] = 7800, tokens[9] = 1300;
+    rank_assignment_order_whole_tiles(&mine, tokens, 128, 1024);
+    assert_int_equal(ids[8], 18);
+    assert_int_equal(ids[9], 19);
+    assert_int_equal(tokens[9], 7800);
+    /* no tile: nothing moves */
+    ids[8] = 19, ids[9] = 18, tokens[8] = 7800, tokens[9] = 1300;
+    rank_assignment_order_whole_tiles(&mine, tokens, 0, 1024);
+    assert_int_equal(ids[8], 19);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1042,6 +1077,7 @@ int main(void)
         cmocka_unit_test(test_equal_tokens_batches),
         cmocka_unit_test(test_dual_constraints),
         cmocka_unit_test(test_memory_is_the_layout_formula),
+        cmocka_unit_test(test_order_whole_tiles),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

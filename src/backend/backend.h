@@ -24,6 +24,10 @@ typedef struct {
        balancer must plan with; has_memory_model 0: the deck's analytic model. */
     int has_memory_model;
     cost_model memory_model;
+    /* A device that runs the self-attention of a micro-batch's last sample on whole tiles of last_sample_tile rows,
+       faster for a length not a multiple of it, from last_sample_min_tokens tokens on (the CUDA backend's cuDNN
+       attention): the trainer puts the sample that gains most last (rank_assignment_order_whole_tiles). 0: none. */
+    int64_t last_sample_tile, last_sample_min_tokens;
     /* The summary's device and memory lines (rank 0 prints them; a run adds what only a run knows). */
     char device_text[512];
     char memory_text[1024];

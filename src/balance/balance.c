@@ -1288,6 +1288,28 @@ int balancer_load_state(balancer *b, const void *buffer, size_t n_bytes)
 /* Message to one rank: [step, epoch, global_samples, n_micro, n_micro + 1 offsets into its ids, ids...]. */
 enum { MESSAGE_HEADER = 5 }; /* step, epoch, global samples, micro-batches, the most micro-batches of any rank */
 
+/* Moves entry `from` of ids and tokens to position `to` (>= from), the entries between one place forward. */
+static void move_to(int64_t *ids, int64_t *tokens, int from, int to)
+{
+    const int64_t id = ids[from], count = tokens[from];
+    memmove(ids + from, ids + from + 1, (size_t)(to - from) * sizeof *ids);
+    memmove(tokens + from, tokens + from + 1, (size_t)(to - from) * sizeof *tokens);
+    ids[to] = id;
+    tokens[to] = count;
+}
+
+void rank_assignment_order_whole_tiles(rank_assignment *mine, int64_t *tokens, int64_t tile, int64_t min_tokens)
+{
+    if (tile <= 0) return;
+    for (int m = 0; m < mine->n_micro; m++) {
+        const int first = mine->micro_start[m], end = mine->micro_start[m + 1];
+        int best = -1;
+        for (int i = first; i < end; i++)
+            if (tokens[i] >= min_tokens && tokens[i] % tile != 0 && (best < 0 || tokens[i] > tokens[best])) best = i;
+        if (best >= 0 && best != end - 1) move_to(mine->ids, tokens, best, end - 1);
+    }
+}
+
 void balance_scatter(const balance_assignment *all_on_root, rank_assignment *mine)
 {
     int64_t *send = NULL;

@@ -75,6 +75,13 @@ int balancer_load_state(balancer *b, const void *buffer, size_t n_bytes);
 void balance_scatter(const balance_assignment *all_on_root, rank_assignment *mine);
 void rank_assignment_free(rank_assignment *mine);
 
+/* The order inside each micro-batch of `mine` for a device that runs its last sample's self-attention on whole tiles
+   of `tile` rows (backend_plan.last_sample_tile): the sample of most tokens among those of at least min_tokens whose
+   length is not a multiple of the tile moves to the micro-batch's end, the others keeping their order; nothing moves
+   where there is no such sample or it is last already, or where tile <= 0. tokens[i] is the token count of
+   mine->ids[i] and moves with it. The same assignment always gives the same order. */
+void rank_assignment_order_whole_tiles(rank_assignment *mine, int64_t *tokens, int64_t tile, int64_t min_tokens);
+
 /* Rank 0: measured per-rank compute seconds of an assigned step. Observations are matched to
    assignments in order (the oldest step not yet observed), so the loop may assign step t+1 before
    observing step t. Refits the cost model when [balance] calibrate is on. */

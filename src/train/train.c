@@ -359,6 +359,7 @@ typedef struct {
     int64_t skipped_steps;
     int skipped_in_a_row;           /* consecutive skipped steps ([train] max_skipped) */
     int profiling;                  /* the device profiler's capture is on ([log] profile_from) */
+    int64_t *order_tokens;          /* tokens of the upcoming samples, for their order in the micro-batches */
     int64_t corrupt_samples;        /* samples left out unread ([data] on_corrupt = skip), all ranks */
     int checkpoint_failures;        /* consecutive failed periodic checkpoints ([checkpoint] max_failures) */
     int64_t checkpoint_step;        /* step of the last checkpoint written or resumed from */
@@ -391,6 +392,19 @@ static void snapshot_balancer(trainer *t)
 
 /* Rank 0 draws the next assignment (snapshotting the balancer state first) and scatters it; every rank
    receives its part into `upcoming`. */
+/* This rank's samples of an assignment in the order its device runs fastest (backend_plan.last_sample_tile). */
+static void order_for_device(trainer *t, rank_assignment *mine)
+{
+    const backend_plan *plan = t->dev->ops->plan(t->dev);
+    if (plan->last_sample_tile <= 0 || mine->n_samples == 0) return;
+    const deck *config = t->config;
+    t->order_tokens = xrealloc(t->order_tokens, (size_t)mine->n_samples * sizeof *t->order_tokens);
+    for (int i = 0; i < mine->n_samples; i++)
+        t->order_tokens[i] = store_sample_tokens(&t->data.samples[mine->ids[i]], config->model.patch_t,
+                                                 config->model.patch_h, config->model.patch_w);
+    rank_assignment_order_whole_tiles(mine, t->order_tokens, plan->last_sample_tile, plan->last_sample_min_tokens);
+}
+
 static void draw_upcoming(trainer *t)
 {
     double started = comm_time();
@@ -412,6 +426,7 @@ static void draw_upcoming(trainer *t)
         }
     }
     balance_scatter(t->info->rank == 0 ? &t->drawn : NULL, &t->upcoming);
+    order_for_device(t, &t->upcoming);
     t->phase_s[PHASE_BALANCER] += seconds_since(started);
 }
 
@@ -1308,6 +1323,7 @@ static void trainer_free(trainer *t)
     free(t->rank_measures);
     free(t->resumed_seconds);
     free(t->frames);
+    free(t->order_tokens);
     free(t->height);
     free(t->width);
     free(t->text_len);
