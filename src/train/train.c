@@ -390,8 +390,6 @@ static void snapshot_balancer(trainer *t)
     balancer_save_state(t->packer, t->snapshot);
 }
 
-/* Rank 0 draws the next assignment (snapshotting the balancer state first) and scatters it; every rank
-   receives its part into `upcoming`. */
 /* This rank's samples of an assignment in the order its device runs fastest (backend_plan.last_sample_tile). */
 static void order_for_device(trainer *t, rank_assignment *mine)
 {
@@ -405,6 +403,8 @@ static void order_for_device(trainer *t, rank_assignment *mine)
     rank_assignment_order_whole_tiles(mine, t->order_tokens, plan->last_sample_tile, plan->last_sample_min_tokens);
 }
 
+/* Rank 0 draws the next assignment (snapshotting the balancer state first) and scatters it; every rank
+   receives its part into `upcoming`, in the order its device runs fastest. */
 static void draw_upcoming(trainer *t)
 {
     double started = comm_time();
