@@ -1119,6 +1119,20 @@ static int time_calibration(trainer *t, const backend_shape *shapes, calibration
     return calibration_time(&timer, entries, n_shapes, seed, checks);
 }
 
+/* Collective, for a run whose start-up timings were read from the run folder: one untimed forward + backward of each
+   timed shape (two copies where the timing packed two or more, so that both the last sample's whole-tile plans and
+   the others' are built) on a model of one block builds the device's plans and caches as the timing would have, and
+   training keeps them (backend_ops.time_shapes), so that its first steps do not build them (measured: 4.5 s more in
+   steps 0 and 1 of the 8-layer Wan-1.3B run on an H200, docs/PERFORMANCE.md), which would count in their times, in
+   the balancer's refit and in each rank's share of the step. */
+static void warm_up_device(trainer *t, const backend_shape *shapes, const calibration_entry *entries, int n_shapes)
+{
+    int copies[CALIBRATION_MAX_SHAPES];
+    double seconds[CALIBRATION_MAX_SHAPES];
+    for (int i = 0; i < n_shapes; i++) copies[i] = entries[i].copies < 2 ? entries[i].copies : 2; /* 0: beyond capacity */
+    t->dev->ops->time_shapes(t->dev, 1, shapes, n_shapes, copies, seconds, 0, 0.0, NULL, NULL);
+}
+
 /* Time the store's distinct sample shapes (at most CALIBRATION_MAX_SHAPES, spread over the length range;
    each with its mean text length) on the backend's device, each packed into a micro-batch of as many copies as
    training would pack (one copy with [balance] calibrate_packed off), so that the timings carry the
@@ -1177,7 +1191,8 @@ static void calibrate(trainer *t)
     if (!cached) {
         n_checks = time_calibration(t, shapes, entries, n_shapes, checks);
         if (t->info->rank == 0) saved = calibration_save(path, key, entries, n_shapes) == 0;
-    }
+    } else
+        warm_up_device(t, shapes, entries, n_shapes); /* every rank: copies are the same everywhere */
     const double spent = comm_time() - started;
     if (t->info->rank == 0) {
         /* the features under the backend's attention split, as the balancer's cost model will count them */
@@ -1206,7 +1221,8 @@ static void calibrate(trainer *t)
                      n_checks, num_layers, t->n_calibration - n_checks, num_layers);
         if (cached)
             printf("  calibrate  %d of %d sample shapes (%s): timings read from %s (same device and model; delete "
-                   "it to time them again)\n", t->n_calibration, n_shapes, packing, path);
+                   "it to time them again); the device's plans for them built in %.1f s\n", t->n_calibration, n_shapes,
+                   packing, path, spent);
         else printf("  calibrate  %d of %d sample shapes timed on the GPU (%s)%s in %.1f s%s%s\n", t->n_calibration,
                     n_shapes, packing, scaling, spent, saved ? ", kept in " : "", saved ? path : "");
         if (n_checks > 0) {
