@@ -184,6 +184,12 @@ static void select_device(const comm_info *info, gpu_plan *plan)
     plan->device = gpu_select(info->local_rank);
     gpu_describe(plan->description, sizeof plan->description);
     plan->ranks_per_gpu = ranks_on_device(info, plan->device);
+    int version = 0;
+    ALDIT_CHECK(plan->ranks_per_gpu == 1 || gradsync_ranks_may_share_gpu(&version),
+                "rank %d: %d ranks of this node share GPU %d (%d rank(s) per node, %d GPU(s) visible), which NCCL %d.%d.%d "
+                "refuses: start one rank per GPU (mpirun -np <GPUs> or --map-by ppr:<GPUs>:node), or, for tests only, "
+                "use NCCL 2.30.3 or later with NCCL_MULTI_RANK_GPU_ENABLE=1", info->rank, plan->ranks_per_gpu,
+                plan->device, info->n_local_ranks, gpu_count(), version / 10000, version / 100 % 100, version % 100);
 }
 
 /* As select_device, for a plan without a GPU: one rank per GPU of balance.device_mem bytes, free. */
@@ -747,7 +753,7 @@ static void cuda_finish_step(backend *b, const adamw_step *hyper, int update, ba
                                                            gpu->step_text > 0 ? gpu->step_text : 1,
                                                            recompute_of(config))
         : 0.0;
-    CUDA_CHECK(cudaStreamSynchronize(gpu->stream));
+    gpu_stream_wait(gpu->stream);  /* the step's NCCL sums are on its path: watched */
     float milliseconds = 0.0f;
     CUDA_CHECK(cudaEventElapsedTime(&milliseconds, gpu->optimizer_started, gpu->optimizer_done));
     result->grad_norm = *gpu->grad_norm_host;

@@ -3,6 +3,8 @@
 
 #include <cuda_profiler_api.h>
 
+#include "core/comm.h"
+
 #include <stdio.h>
 
 extern "C" ALDIT_NORETURN void gpu_fail_cuda(cudaError_t status, const char *call, const char *file, int line)
@@ -34,6 +36,31 @@ extern "C" int gpu_select(int local_rank)
     int device = (local_rank < 0 ? 0 : local_rank) % count;
     CUDA_CHECK(cudaSetDevice(device));
     return device;
+}
+
+extern "C" void gpu_stream_wait(cudaStream_t stream)
+{
+    if (!comm_watch_active()) {
+        CUDA_CHECK(cudaStreamSynchronize(stream));
+        return;
+    }
+    static cudaEvent_t mark;  // one per process: a rank drives one GPU from its main thread
+    static int mark_device = -1;
+    int device = 0;
+    CUDA_CHECK(cudaGetDevice(&device));
+    if (mark_device != device) {
+        CUDA_CHECK(cudaEventCreateWithFlags(&mark, cudaEventDisableTiming));
+        mark_device = device;
+    }
+    CUDA_CHECK(cudaEventRecord(mark, stream));
+    const double started = comm_time();
+    double pause = 1e-5;
+    for (;;) {
+        const cudaError_t status = cudaEventQuery(mark);
+        if (status == cudaSuccess) return;
+        if (status != cudaErrorNotReady) CUDA_CHECK(status);
+        comm_watch_tick(started, &pause);
+    }
 }
 
 extern "C" unsigned gpu_grid_blocks(int64_t n_items, int threads_per_block, int64_t most_blocks)

@@ -54,6 +54,11 @@ unsigned gpu_grid_blocks(int64_t n_items, int threads_per_block, int64_t most_bl
    those not refused[c], but 0 unless it is faster than candidate 0 by the fraction `margin` (0 when all refused). */
 int gpu_fastest_candidate(const float *least_ms, const bool *refused, int n, float margin);
 
+/* Waits for the work queued so far on `stream`: blocking (cudaStreamSynchronize) outside the step watch; inside it
+   (comm.h), tests an event and calls comm_watch_tick between tests, so that a rank whose stream waits in an NCCL
+   collective for a stopped or stalled rank answers rank 0 and the stall is named at the deadline instead of hanging. */
+void gpu_stream_wait(cudaStream_t stream);
+
 /* Free and total bytes of the current GPU's memory. */
 void gpu_memory_info(size_t *free_bytes, size_t *total_bytes);
 

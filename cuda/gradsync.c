@@ -4,6 +4,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "core/check.h"
 #include "cuda/gpu.h"
@@ -20,6 +21,8 @@
 
 /* Values of the all-reduce that connects the ranks at creation (64 MiB of fp32, the default bucket). */
 #define GRADSYNC_WARMUP_VALUES ((int64_t)16 << 20)
+/* The first NCCL whose experimental multi-rank mode lets several ranks share one GPU (NCCL_MULTI_RANK_GPU_ENABLE). */
+#define GRADSYNC_NCCL_MULTI_RANK_VERSION 23003
 
 struct gradsync {
     int n_ranks, rank;
@@ -82,6 +85,18 @@ gradsync *gradsync_create(const comm_info *info, int64_t n_values, int shard_col
              info->n_ranks);
 #endif
     return sync;
+}
+
+int gradsync_ranks_may_share_gpu(int *version)
+{
+    *version = 0;
+#ifdef HAVE_NCCL
+    NCCL_CHECK(ncclGetVersion(version));
+    const char *enabled = getenv("NCCL_MULTI_RANK_GPU_ENABLE");
+    return *version >= GRADSYNC_NCCL_MULTI_RANK_VERSION && enabled && strcmp(enabled, "1") == 0;
+#else
+    return 1;
+#endif
 }
 
 void gradsync_connect(gradsync *sync, int64_t n_values)

@@ -25,6 +25,12 @@ gradsync *gradsync_create(const comm_info *info, int64_t n_values, int shard_col
 void gradsync_connect(gradsync *sync, int64_t n_values);
 void gradsync_free(gradsync *sync);
 
+/* 1 where several ranks may drive one GPU through NCCL: a build with NCCL 2.30.3 or later (the library loaded, by
+   ncclGetVersion) and NCCL_MULTI_RANK_GPU_ENABLE=1 in the environment (NCCL's experimental multi-rank mode; earlier
+   NCCLs refuse with "Duplicate GPU detected"). A build without NCCL sums through MPI and host memory: 1 as well.
+   *version receives NCCL's version code (e.g. 23203; 0 without NCCL). Not collective. */
+int gradsync_ranks_may_share_gpu(int *version);
+
 /* What sums the gradients, for the start-up summary: "NCCL 2.28.9 (2 ranks)", "MPI through host memory
    (2 ranks; this build has no NCCL)" or "none (1 rank)". */
 const char *gradsync_method(const gradsync *sync);

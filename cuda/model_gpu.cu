@@ -1309,7 +1309,7 @@ static double wait_for_losses(gpu_model *gm, int n_samples, double *sample_loss,
 {
     CUDA_CHECK(cudaMemcpyAsync(gm->loss_pinned, gm->sample_loss, (size_t)n_samples * sizeof(float),
                                cudaMemcpyDeviceToHost, stream));
-    CUDA_CHECK(cudaStreamSynchronize(stream));
+    gpu_stream_wait(stream);  // a sharded state's collectives are on this stream's path: watched
     double total = 0.0;
     for (int b = 0; b < n_samples; ++b) {
         if (sample_loss) sample_loss[b] = gm->loss_pinned[b];

@@ -33,20 +33,6 @@ case $status:$(cat "$WORK/nogpu.log") in
 esac
 tap_result $found "device = cuda without a GPU: exit 1 saying why" "$(cat "$WORK/nogpu.log")"
 
-# compare A B TOLERANCE FIRST LAST: per-step relative difference of two loss files over steps FIRST..LAST;
-# prints the largest difference; fails on a step over TOLERANCE, a missing step or a non-finite loss
-compare() {
-    paste "$1" "$2" | awk -v tol="$3" -v first="$4" -v last="$5" '
-        $1 < first || $1 > last { next }
-        { n++
-          if ($1 != $3 || $2 !~ /^[0-9.eE+-]+$/ || $4 !~ /^[0-9.eE+-]+$/) { print "bad line: " $0; bad = 1; next }
-          d = $2 - $4; if (d < 0) d = -d; m = $2 < 0 ? -$2 : $2; rel = d / m
-          if (rel > tol) { print "step " $1 ": " $2 " vs " $4 " (" rel ")"; bad = 1 }
-          if (rel > worst) worst = rel }
-        END { if (n != last - first + 1) { print "steps compared: " n; bad = 1 }
-              printf "%.2g\n", worst; exit bad }'
-}
-
 # falling FILE: mean loss of the last 5 steps below that of the first 5
 falling() {
     awk 'NR <= 5 { first += $2 } { last[NR % 5] = $2 } END { for (i in last) tail += last[i]

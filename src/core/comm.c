@@ -94,6 +94,27 @@ _Noreturn static void report_stall(double waited)
     comm_abort(ALDIT_EXIT_ERROR);
 }
 
+int comm_watch_active(void) { return watch.on; }
+
+void comm_watch_tick(double started, double *pause)
+{
+    int rank = 0;
+    MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
+    if (watch.on && rank != 0) answer_pings();
+    const double now = MPI_Wtime();
+    if (watch.on && watch.deadline > 0 && now > watch.deadline) {
+        if (rank == 0) report_stall(now - started);
+        fflush(stdout);
+        fprintf(stderr, "aldit: error: rank %d: %s: rank 0 has not answered by the deadline (stalled?); aborting "
+                "the job so that it can be requeued\n", rank, watch.what);
+        fflush(stderr);
+        comm_abort(ALDIT_EXIT_ERROR);
+    }
+    if (now - started < COMM_WATCH_SPIN_S) return;
+    nap(*pause);
+    if (*pause < 1e-3) *pause *= 2;
+}
+
 /* Complete `request`: blocking outside a watch; inside one, poll, then test and sleep, answer rank 0,
    and report a stall past the deadline. */
 static void wait_request(MPI_Request *request)
@@ -102,27 +123,13 @@ static void wait_request(MPI_Request *request)
         MPI_CHECK(MPI_Wait(request, MPI_STATUS_IGNORE));
         return;
     }
-    int rank = 0;
-    MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
     const double started = MPI_Wtime();
     double pause = 1e-5;
     for (;;) {
         int done = 0;
         MPI_CHECK(MPI_Test(request, &done, MPI_STATUS_IGNORE));
         if (done) return;
-        if (rank != 0) answer_pings();
-        const double now = MPI_Wtime();
-        if (watch.deadline > 0 && now > watch.deadline) {
-            if (rank == 0) report_stall(now - started);
-            fflush(stdout);
-            fprintf(stderr, "aldit: error: rank %d: %s: rank 0 has not answered by the deadline (stalled?); aborting "
-                    "the job so that it can be requeued\n", rank, watch.what);
-            fflush(stderr);
-            comm_abort(ALDIT_EXIT_ERROR);
-        }
-        if (now - started < COMM_WATCH_SPIN_S) continue;
-        nap(pause);
-        if (pause < 1e-3) pause *= 2;
+        comm_watch_tick(started, &pause);
     }
 }
 

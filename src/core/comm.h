@@ -5,6 +5,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/check.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef struct {
     int rank;          /* rank in MPI_COMM_WORLD */
     int n_ranks;       /* size of MPI_COMM_WORLD */
@@ -59,7 +65,7 @@ void comm_gatherv_f32(const float *mine, const int64_t *counts, const int64_t *d
 double comm_time(void);
 
 /* End the whole job at once with `code` (MPI_Abort on MPI_COMM_WORLD; exit where MPI is not running). */
-_Noreturn void comm_abort(int code);
+ALDIT_NORETURN void comm_abort(int code);
 
 /* ---- the step watch (the training loop's watchdog) ------------------------------------------------
    Between comm_watch_begin and comm_watch_end every collective above waits by testing (MPI_Test) instead
@@ -75,5 +81,16 @@ _Noreturn void comm_abort(int code);
 #define COMM_WATCH_SPIN_S 0.05
 void comm_watch_begin(double deadline, double grace, const char *what);
 void comm_watch_end(void);
+/* A wait inside a watch for something MPI does not see (a GPU stream behind NCCL collectives): the caller tests it
+   and, while it is not done, calls comm_watch_tick with the comm_time() at which the wait began and a pause that
+   starts at 1e-5. Each call answers rank 0, ends the job past the deadline as a collective's wait does (so a rank
+   stopped inside a device collective is named), and after COMM_WATCH_SPIN_S sleeps `*pause` (doubled up to 1 ms).
+   comm_watch_active says whether a watch is on (outside one the caller may simply block). */
+int comm_watch_active(void);
+void comm_watch_tick(double started, double *pause);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif
