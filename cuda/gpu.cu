@@ -54,7 +54,7 @@ extern "C" void gpu_stream_wait(cudaStream_t stream)
     }
     CUDA_CHECK(cudaEventRecord(mark, stream));
     const double started = comm_time();
-    double pause = 1e-5;
+    double pause = 0.0;  // polls as cudaStreamSynchronize would: the next launches wait for this wait's end
     for (;;) {
         const cudaError_t status = cudaEventQuery(mark);
         if (status == cudaSuccess) return;

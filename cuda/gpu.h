@@ -55,7 +55,7 @@ unsigned gpu_grid_blocks(int64_t n_items, int threads_per_block, int64_t most_bl
 int gpu_fastest_candidate(const float *least_ms, const bool *refused, int n, float margin);
 
 /* Waits for the work queued so far on `stream`: blocking (cudaStreamSynchronize) outside the step watch; inside it
-   (comm.h), tests an event and calls comm_watch_tick between tests, so that a rank whose stream waits in an NCCL
+   (comm.h), polls an event and calls comm_watch_tick (without sleeping: no latency added) between tests, so that a rank whose stream waits in an NCCL
    collective for a stopped or stalled rank answers rank 0 and the stall is named at the deadline instead of hanging. */
 void gpu_stream_wait(cudaStream_t stream);
 

@@ -110,7 +110,7 @@ void comm_watch_tick(double started, double *pause)
         fflush(stderr);
         comm_abort(ALDIT_EXIT_ERROR);
     }
-    if (now - started < COMM_WATCH_SPIN_S) return;
+    if (now - started < COMM_WATCH_SPIN_S || *pause <= 0) return;
     nap(*pause);
     if (*pause < 1e-3) *pause *= 2;
 }

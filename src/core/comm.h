@@ -84,7 +84,8 @@ void comm_watch_end(void);
 /* A wait inside a watch for something MPI does not see (a GPU stream behind NCCL collectives): the caller tests it
    and, while it is not done, calls comm_watch_tick with the comm_time() at which the wait began and a pause that
    starts at 1e-5. Each call answers rank 0, ends the job past the deadline as a collective's wait does (so a rank
-   stopped inside a device collective is named), and after COMM_WATCH_SPIN_S sleeps `*pause` (doubled up to 1 ms).
+   stopped inside a device collective is named), and after COMM_WATCH_SPIN_S sleeps `*pause` (doubled up to 1 ms;
+   a pause of 0 never sleeps: a wait whose end must be seen at once, as cudaStreamSynchronize would see it).
    comm_watch_active says whether a watch is on (outside one the caller may simply block). */
 int comm_watch_active(void);
 void comm_watch_tick(double started, double *pause);
