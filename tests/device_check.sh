@@ -9,7 +9,7 @@ set -u
 out=${OUT:-./device-check}
 mkdir -p "$out"
 started=$(date +%s)
-{ autoreconf -fi && ./configure "$@" && make -j"$(nproc)"; } > "$out/build.log" 2>&1 || {
+{ autoreconf -fi && ./configure "$@" && make -j"$(nproc)" && make tests/gpu_present; } > "$out/build.log" 2>&1 || {
     echo "device_check: the build failed (last lines of $out/build.log):" >&2; tail -20 "$out/build.log" >&2; exit 2; }
 built=$(date +%s)
 echo "# $(tests/gpu_present --why 2>&1 > /dev/null); GPU ranks the tests may start: $(tests/gpu_present)"
