@@ -5,6 +5,7 @@
 # before any work, untouched and without a left-over OUT.tmp; a folder that does not exist named with errno.
 . "${top_srcdir:-.}/tests/train_lib.sh"
 forward="$top_builddir/aldit-forward"
+command -v h5import > /dev/null 2>&1 || tap_skip_all "no h5import (Debian: hdf5-tools) to make the input file"
 tap_plan 14
 
 make_store > /dev/null 2>&1
