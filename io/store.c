@@ -867,10 +867,9 @@ static void writer_free(store_writer *w)
     free(w);
 }
 
-/* What `path` is when it exists and is not a regular file ("a directory", ...); NULL when it is a regular
-   file or does not exist. The writer replaces only regular files: a rename over a directory, a symbolic
-   link or a device node would lose or redirect it. */
-static const char *not_a_regular_file(const char *path)
+/* The writer replaces only regular files: a rename over a directory, a symbolic link or a device node
+   would lose or redirect it. */
+const char *store_not_a_regular_file(const char *path)
 {
     struct stat info;
     if (lstat(path, &info) != 0 || S_ISREG(info.st_mode)) return NULL;
@@ -885,7 +884,7 @@ static const char *not_a_regular_file(const char *path)
 /* Refuses `path` (the store or its temporary file) when it exists and is not a regular file. */
 static int check_replaceable(const char *path, FILE *errors)
 {
-    const char *kind = not_a_regular_file(path);
+    const char *kind = store_not_a_regular_file(path);
     if (kind) return report(errors, path, "exists and is %s; the store writer replaces only regular files", kind);
     return 0;
 }

@@ -98,4 +98,10 @@ int store_writer_close(store_writer *w);
 /* Give up: close and remove the temporary file, free `w`. */
 void store_writer_discard(store_writer *w);
 
+/* What `path` is when it exists and is not a regular file ("a directory", "a symbolic link", "a device",
+   "a named pipe", "a socket"); NULL when it is a regular file or does not exist. The store writer refuses
+   such a path (and such a PATH.tmp), as do other writers that publish a file by rename (aldit-forward):
+   a rename over a directory fails, and over a link or a pipe it would replace what the user made. */
+const char *store_not_a_regular_file(const char *path);
+
 #endif

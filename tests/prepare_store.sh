@@ -2,14 +2,15 @@
 # prepare_store.sh — tools/prepare_store.py on tiny random Wan components (tests/tiny_wan.py: AutoencoderKLWan,
 # UMT5EncoderModel, a word-level tokenizer) and generated media (images, an mp4, frame folders): bucket shapes,
 # caption lengths, latents and text as the encoders give them, aldit-store verify, resuming after a stop,
-# the CSV input, and a short CPU training run on the store. Skips where torch, diffusers or transformers do
+# damaged work-folder parts named and encoded again (or refused when packed), --out that is not a regular
+# file refused, the CSV input, and a short CPU training run on the store. Skips where torch, diffusers or transformers do
 # not import.
 . "${top_srcdir:-.}/tests/python_lib.sh"
 python_needs torch diffusers transformers tokenizers h5py av PIL tqdm
 . "$top_srcdir/tests/train_lib.sh"
 tool="$PYTHON $top_srcdir/tools/prepare_store.py"
 tiny="$PYTHON $top_srcdir/tests/tiny_wan.py"
-tap_plan 13
+tap_plan 20
 
 $tiny models "$WORK/models" > "$WORK/models.log" 2>&1 && $tiny media "$WORK/media" >> "$WORK/models.log" 2>&1
 tap_result $? "tiny Wan VAE, umT5 encoder, tokenizer and media are made" "$(cat "$WORK/models.log")"
@@ -73,6 +74,83 @@ tap_is "text lengths are the captions' tokens + EOS, whitespace cleaned" \
     "$(printf '%s\n' "$out" | sed -n 's/^text_len //p')" "7 6 10 5"
 tap_is "latent and text of sample 0 are the encoders' own" \
     "$(printf '%s\n' "$out" | grep -c '^latent0 ok$\|^text0 ok$')" 2
+
+# the work folder's parts are checked against the shape, dtype and CRC-32 their .json recorded: a flipped bit,
+# another shape and a truncated part are each named and encoded again, and the store comes out as before
+parts="$WORK/a.h5.parts"
+cp "$WORK/a.h5" "$WORK/a.first.h5"
+$PYTHON - "$parts" <<'PY'
+import sys, numpy as np
+parts = sys.argv[1]
+with open(parts + "/00000000.npy", "r+b") as f:   # one bit of the last value
+    f.seek(-1, 2); byte = f.read(1); f.seek(-1, 2); f.write(bytes([byte[0] ^ 0x10]))
+np.save(parts + "/00000001.text.npy", np.zeros((3, 24), np.float32))
+with open(parts + "/00000003.npy", "r+b") as f:
+    f.truncate(200)
+PY
+# shellcheck disable=SC2086
+$tool --media "$WORK/media" --out "$WORK/a.h5" --lengths "$WORK/buckets.lengths" --text-len 16 --precision f32 \
+    $models > "$WORK/a3.log" 2>&1; status=$?
+log=$(cat "$WORK/a3.log")
+case "$status:$log" in
+    0:*"00000000.npy: its values fail the CRC-32"*"00000001.text.npy: float32 [3, 24], but float32 [6, 24]"*"00000003.npy: cannot be read as .npy"*"1 already done, 4 to encode"*) found=0 ;;
+    *) found=1 ;;
+esac
+tap_result $found "a flipped bit, another shape and a truncated part are each named and encoded again" "$status: $log"
+cmp "$WORK/a.h5" "$WORK/a.first.h5" > /dev/null 2>&1 || $PYTHON - "$WORK/a.h5" "$WORK/a.first.h5" <<'PY'
+import sys, h5py, numpy as np
+with h5py.File(sys.argv[1]) as a, h5py.File(sys.argv[2]) as b:
+    same = all(np.array_equal(a[k][()], b[k][()]) for k in ("index", "latents", "text"))
+sys.exit(0 if same else 1)
+PY
+tap_result $? "the store made from the re-encoded parts holds what it held before"
+# a part damaged after the check (when the store is packed): refused naming it, its .json removed, no OUT.tmp
+$PYTHON - "$top_srcdir" "$parts" "$WORK/packed.h5" > "$WORK/pack.log" 2>&1 <<'PY'
+import argparse, sys
+sys.path.insert(0, sys.argv[1] + "/tools")
+import prepare_store as ps
+with open(sys.argv[2] + "/00000002.text.npy", "r+b") as f:
+    f.seek(-3, 2); f.write(b"\x00\x01\x02")
+ps.pack(argparse.Namespace(work=sys.argv[2], out=sys.argv[3], precision="f32"), [0, 1, 2, 3])
+PY
+status=$?; log=$(cat "$WORK/pack.log")
+case "$status:$log" in 1:*"00000002.text.npy: its values fail the CRC-32"*"run the same command again"*) found=0 ;; *) found=1 ;; esac
+[ -e "$WORK/packed.h5" ] || [ -e "$WORK/packed.h5.tmp" ] || [ -e "$parts/00000002.json" ] && found=1
+tap_result $found "a part damaged before packing: exit 1 naming it, its .json removed, no store or .tmp left" "$status: $log"
+
+# --out (or OUT.tmp) that is not a regular file is refused before any work, left as it was, no OUT.tmp
+# out NAME: the finished work folder packed to $WORK/NAME (log $WORK/out.log)
+out() {
+    # shellcheck disable=SC2086
+    $tool --media "$WORK/media" --out "$WORK/$1" --work "$parts" --lengths "$WORK/buckets.lengths" --text-len 16 \
+        --precision f32 $models > "$WORK/out.log" 2>&1
+}
+printf 'keep me\n' > "$WORK/target"
+ln -s "$WORK/target" "$WORK/link.h5"
+out link.h5; status=$?
+case "$status:$(cat "$WORK/out.log")" in 2:*"link.h5 exists and is a symbolic link"*) found=0 ;; *) found=1 ;; esac
+[ -L "$WORK/link.h5" ] && [ "$(cat "$WORK/target")" = "keep me" ] && [ ! -e "$WORK/link.h5.tmp" ] || found=1
+tap_result $found "a symbolic link as --out: exit 2 saying so, the link and its target untouched" "$status: $(cat "$WORK/out.log")"
+mkfifo "$WORK/pipe.h5"
+out pipe.h5; status=$?
+case "$status:$(cat "$WORK/out.log")" in 2:*"pipe.h5 exists and is a named pipe"*) found=0 ;; *) found=1 ;; esac
+[ -p "$WORK/pipe.h5" ] || found=1
+tap_result $found "a named pipe as --out: exit 2 saying so, the pipe kept" "$status: $(cat "$WORK/out.log")"
+mkdir "$WORK/folder.h5"
+out folder.h5; status=$?
+case "$status:$(cat "$WORK/out.log")" in 2:*"folder.h5 exists and is a directory"*) found=0 ;; *) found=1 ;; esac
+case "$(cat "$WORK/out.log")" in *Traceback*) found=1 ;; esac
+[ -e "$WORK/folder.h5.tmp" ] && found=1
+tap_result $found "a directory as --out: exit 2 saying so, no traceback, no folder.h5.tmp left" "$status: $(cat "$WORK/out.log")"
+$PYTHON - "$top_srcdir" "$parts" "$WORK/absent/x.h5" > "$WORK/absent.log" 2>&1 <<'PY'
+import argparse, sys
+sys.path.insert(0, sys.argv[1] + "/tools")
+import prepare_store as ps
+ps.pack(argparse.Namespace(work=sys.argv[2], out=sys.argv[3], precision="f32"), [0])
+PY
+status=$?
+case "$status:$(cat "$WORK/absent.log")" in 1:*"absent/x.h5: cannot write the store: No such file or directory"*) found=0 ;; *) found=1 ;; esac
+tap_result $found "a store that cannot be created: exit 1 with errno's text" "$status: $(cat "$WORK/absent.log")"
 
 # the CSV input: the same samples in the CSV's row order
 # shellcheck disable=SC2086

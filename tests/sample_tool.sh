@@ -3,12 +3,14 @@
 # random Wan VAE and umT5 (tests/tiny_wan.py): an mp4 of the asked frame count and size and a PNG grid, the
 # /ema weights preferred when present (--no-ema: the raw ones; --ema: those, exported as such, and an error where
 # there are none), Wan's official safetensors + config.json, and the Wan-name mapping loading every parameter
-# (strict). Skips where torch, diffusers or transformers do not import.
+# (strict); refused with exit 2 naming the file and tensor, without a traceback or a video: a NaN or Inf weight,
+# a checkpoint without its completion mark, a non-HDF5, truncated or damaged file. Skips where torch,
+# diffusers or transformers do not import.
 . "${top_srcdir:-.}/tests/python_lib.sh"
 python_needs torch diffusers transformers tokenizers h5py av PIL safetensors
 . "$top_srcdir/tests/train_lib.sh"
 tiny="$PYTHON $top_srcdir/tests/tiny_wan.py"
-tap_plan 14
+tap_plan 20
 
 $tiny models "$WORK/models" > "$WORK/models.log" 2>&1
 tap_result $? "tiny Wan VAE, umT5 encoder and tokenizer are made" "$(cat "$WORK/models.log")"
@@ -79,4 +81,55 @@ case $status:$out in 2:*"--ema, but the file has no /ema group"*) found=0 ;; *) 
 tap_result $found "--ema on a checkpoint without /ema is a usage error (2) saying so" "$status: $out"
 sample "$checkpoint" --out "$WORK/bad" --frames 8 > "$WORK/bad.log" 2>&1
 tap_is "8 frames (not 4k+1) is a usage error (2)" "$?" 2
+
+# refused, exit 2, naming the file (and the tensor), no traceback and no video:
+# damage KIND FILE: a copy of the checkpoint made bad as KIND says
+damage() {
+    $PYTHON - "$1" "$checkpoint" "$2" <<'PY'
+import shutil, sys, h5py, numpy as np
+kind, checkpoint, path = sys.argv[1:]
+name = "blocks.0.ffn.0.weight"
+if kind == "text":
+    open(path, "w").write("not a checkpoint\n" * 64)
+    sys.exit(0)
+shutil.copy(checkpoint, path)
+if kind == "truncated":
+    with open(path, "r+b") as f:
+        f.truncate(f.seek(0, 2) // 2)
+    sys.exit(0)
+with h5py.File(path, "r+") as f:
+    if kind == "nan":
+        values = f[name][()]; values[1, 2] = np.nan; f[name][...] = values
+    elif kind == "ema-inf":
+        for key in [k for k, d in f.items() if isinstance(d, h5py.Dataset)]:
+            f["ema/" + key] = f[key][()]
+        values = f["ema/" + name][()]; values[0, 0] = np.inf; f["ema/" + name][...] = values
+    elif kind == "incomplete":
+        del f.attrs["complete"]
+    elif kind == "flipped":
+        offset = f[name].id.get_chunk_info(0).byte_offset
+if kind == "flipped":   # a byte inside the tensor's stored values: its Fletcher-32 checksum fails
+    with open(path, "r+b") as f:
+        f.seek(offset + 10); byte = f.read(1); f.seek(offset + 10); f.write(bytes([byte[0] ^ 0xFF]))
+PY
+}
+refused() {
+    description=$1; kind=$2; expected=$3
+    damage "$kind" "$WORK/$kind.h5"
+    out=$(sample "$WORK/$kind.h5" --out "$WORK/$kind" 2>&1); status=$?
+    case "$status:$out" in 2:*"$expected"*) found=0 ;; *) found=1 ;; esac
+    case $out in *Traceback*) found=1 ;; esac
+    [ -e "$WORK/$kind.mp4" ] && found=1
+    tap_result $found "$description" "exit $status: $out"
+}
+refused "a NaN in a weight: exit 2 naming the tensor and element, no video" nan \
+    "nan.h5: tensor blocks.0.ffn.0.weight element 34 is nan"
+refused "an Inf in an /ema weight: exit 2 naming the tensor in /ema" ema-inf \
+    "ema-inf.h5:/ema: tensor blocks.0.ffn.0.weight element 0 is inf"
+refused "a checkpoint without its completion mark: exit 2 saying so" incomplete \
+    "incomplete.h5: incomplete checkpoint (no completion mark"
+refused "a file that is not HDF5: exit 2 naming it, no traceback" text "text.h5: cannot open as HDF5"
+refused "a truncated checkpoint: exit 2 naming it, no traceback" truncated "truncated.h5: cannot open as HDF5"
+refused "a flipped byte in a tensor: exit 2 naming the tensor (its checksum fails)" flipped \
+    "flipped.h5: tensor blocks.0.ffn.0.weight cannot be read"
 tap_done

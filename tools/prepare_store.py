@@ -19,10 +19,13 @@ Weights come from local folders only (no hub downloads): --vae DIR, --text-encod
 or --wan DIR for a diffusers Wan 2.1 folder holding vae/, text_encoder/ and tokenizer/.
 
 Resumable: each finished sample is kept in --work DIR (default OUT.parts) as NNNNNNNN.npy (latent
-[C, F, H, W]), NNNNNNNN.text.npy ([L, D]) and NNNNNNNN.json (its source, caption and shape, written last);
-a rerun skips samples whose .json matches, and once all are done packs the store (written as OUT.tmp,
-renamed to OUT). The work folder also suits `aldit-store pack`. Uses every visible GPU (one worker process
-each), the CPU otherwise.
+[C, F, H, W]), NNNNNNNN.text.npy ([L, D]) and NNNNNNNN.json (its source, caption, and each part's shape,
+dtype and CRC-32, written last); a rerun skips samples whose .json matches and whose parts still have the
+recorded shape, dtype and CRC-32 (a part that does not, or cannot be read, is named and encoded again),
+and once all are done packs the store (written as OUT.tmp, renamed to OUT; each part checked again as it
+is packed). OUT and OUT.tmp may be absent or regular files: a directory, symbolic link or named pipe there
+is refused before any work. The work folder also suits `aldit-store pack`. Uses every visible GPU (one
+worker process each), the CPU otherwise.
 
 Needs torch, diffusers, transformers, h5py, numpy, Pillow, tqdm; PyAV (`av`) for video files.
 """
@@ -33,6 +36,7 @@ import json
 import math
 import os
 import re
+import stat
 import sys
 import zlib
 
@@ -242,27 +246,71 @@ def sample_record(path, caption, args):
             "tokenizer": os.path.abspath(args.tokenizer), "text_len_max": args.text_len}
 
 
-def done(work, index, record):
-    """True when sample `index` is in the work folder, made from this very record."""
-    name = os.path.join(work, f"{index:08d}")
+PARTS = (".npy", ".text.npy")   # a sample's arrays in the work folder: the latent, the text embedding
+
+
+def part_record(array):
+    """What a part is when it is written: its shape, dtype and the CRC-32 of its values' bytes."""
+    return {"shape": list(array.shape), "dtype": str(array.dtype), "crc32": zlib.crc32(np.ascontiguousarray(array))}
+
+
+def load_part(name, suffix, kept):
+    """(array, None) when the part NAME+SUFFIX reads and has the shape, dtype and CRC-32 that its .json
+    recorded when it was written, else (None, a message naming the file and what is wrong)."""
+    path = name + suffix
+    try:
+        array = np.load(path, allow_pickle=False)
+    except (OSError, ValueError, EOFError) as error:
+        return None, f"{path}: cannot be read as .npy ({type(error).__name__}: {error}): truncated or damaged"
+    recorded = (kept.get("parts") or {}).get(suffix)
+    if not isinstance(recorded, dict):
+        return None, f"{path}: {name}.json records no shape and CRC-32 for it (written by an older prepare_store)"
+    if list(array.shape) != recorded.get("shape") or str(array.dtype) != recorded.get("dtype"):
+        return None, (f"{path}: {array.dtype} {list(array.shape)}, but {recorded.get('dtype')} "
+                      f"{recorded.get('shape')} when it was written")
+    if zlib.crc32(np.ascontiguousarray(array)) != recorded.get("crc32"):
+        return None, f"{path}: its values fail the CRC-32 recorded when it was written: the file is damaged"
+    return array, None
+
+
+def read_record(name):
+    """The sample's .json, or None where it is missing or unreadable (the sample is not done)."""
     try:
         with open(name + ".json") as f:
             kept = json.load(f)
     except (OSError, ValueError):
-        return False
-    return ({k: kept.get(k) for k in record} == record and os.path.exists(name + ".npy")
-            and os.path.exists(name + ".text.npy"))
+        return None
+    return kept if isinstance(kept, dict) else None
+
+
+def done(work, index, record):
+    """(True, None) when sample `index` is in the work folder, made from this very record, its parts as
+    written; (False, None) when it is not there (or was made from something else); (False, message) when
+    its .json is there but a part fails its check: the message names the file."""
+    name = os.path.join(work, f"{index:08d}")
+    kept = read_record(name)
+    if kept is None or {k: kept.get(k) for k in record} != record:
+        return False, None
+    for suffix in PARTS:
+        _, problem = load_part(name, suffix, kept)
+        if problem:
+            return False, problem
+    return True, None
 
 
 def save_sample(work, index, latent, text, record):
-    """Write the sample's arrays, then its .json (the mark that it is complete), each by rename."""
+    """Write the sample's arrays, then its .json (the mark that it is complete, with each part's shape, dtype
+    and CRC-32), each by rename."""
     name = os.path.join(work, f"{index:08d}")
-    for suffix, array in ((".npy", latent), (".text.npy", text)):
+    parts = {}
+    for suffix, array in zip(PARTS, (latent, text)):
+        array = np.ascontiguousarray(array, dtype=np.float32)
         with open(name + suffix + ".tmp", "wb") as f:
-            np.save(f, np.ascontiguousarray(array, dtype=np.float32))
+            np.save(f, array)
         os.replace(name + suffix + ".tmp", name + suffix)
+        parts[suffix] = part_record(array)
     with open(name + ".json.tmp", "w") as f:
-        json.dump({**record, "latent": list(latent.shape), "text_len": int(text.shape[0])}, f)
+        json.dump({**record, "latent": list(latent.shape), "text_len": int(text.shape[0]), "parts": parts}, f)
     os.replace(name + ".json.tmp", name + ".json")
 
 
@@ -359,19 +407,37 @@ def stored(values, precision):
     return values.astype(np.float16 if precision == "f16" else np.float32)
 
 
-def pack(args, indices):
-    """Write the store from the work folder's samples (in index order) as OUT.tmp, then rename to OUT."""
+def packed_sample(args, index):
+    """(latent, text) of sample `index`, each checked against its .json. A part that fails is refused: its
+    .json is removed (so that a rerun encodes the sample again) and prepare_store stops naming the file."""
+    name = os.path.join(args.work, f"{index:08d}")
+    kept = read_record(name) or {}
+    arrays = []
+    for suffix in PARTS:
+        array, problem = load_part(name, suffix, kept)
+        if problem:
+            try:
+                os.remove(name + ".json")
+            except OSError:
+                pass
+            fail(f"{problem}; no store written: run the same command again to encode this sample anew", 1)
+        arrays.append(array)
+    return arrays
+
+
+def write_store(args, indices, path):
+    """The store from the work folder's samples (in index order) into `path`; the sample count."""
     import h5py
     from tqdm import tqdm
 
     element = {"bf16": np.uint16, "f16": np.float16, "f32": np.float32}[args.precision]
     rows, channels, text_dim = [], None, None
-    with h5py.File(args.out + ".tmp", "w") as f:
+    with h5py.File(path, "w") as f:
         latents = f.create_dataset("latents", shape=(0,), maxshape=(None,), chunks=(CHUNK,), dtype=element)
         texts = f.create_dataset("text", shape=(0,), maxshape=(None,), chunks=(CHUNK,), dtype=element)
         for index in tqdm(indices, desc="pack", unit="sample"):
             name = os.path.join(args.work, f"{index:08d}")
-            latent, text = np.load(name + ".npy"), np.load(name + ".text.npy")
+            latent, text = packed_sample(args, index)
             if channels is None:
                 channels, text_dim = latent.shape[0], text.shape[1]
             if latent.shape[0] != channels or text.shape[1] != text_dim:
@@ -394,10 +460,46 @@ def pack(args, indices):
         f.attrs["text_dtype"] = args.precision
         f.attrs["text_dim"] = text_dim
         f.attrs["latent_channels"] = channels
-    with open(args.out + ".tmp", "rb") as f:
+    with open(path, "rb") as f:
         os.fsync(f.fileno())
-    os.replace(args.out + ".tmp", args.out)   # publish only a complete file
     return len(rows)
+
+
+def pack(args, indices):
+    """Write the store as OUT.tmp, then rename it to OUT. On any failure OUT.tmp is removed and the error
+    names the file and errno's text (exit 1); OUT, if there, is left as it was."""
+    temporary = args.out + ".tmp"
+    try:
+        n = write_store(args, indices, temporary)
+        os.replace(temporary, args.out)   # publish only a complete file
+        return n
+    except BaseException as error:
+        removed = os.path.isfile(temporary) and not os.path.islink(temporary)
+        if removed:
+            os.remove(temporary)
+        if isinstance(error, OSError):
+            reason = os.strerror(error.errno) if error.errno else str(error)
+            fail(f"{args.out}: cannot write the store: {reason}" + (f" (removed {temporary})" if removed else ""), 1)
+        raise
+
+
+def refuse_unreplaceable(out):
+    """Stop (exit 2) when --out or its .tmp exists and is not a regular file: the rename that publishes the
+    store would fail on a directory and replace a symbolic link or a named pipe (aldit-store refuses them too)."""
+    for path in (out, out + ".tmp"):
+        try:
+            mode = os.lstat(path).st_mode
+        except FileNotFoundError:
+            continue
+        except OSError as error:
+            fail(f"--out {out}: {path}: {error.strerror}")
+        kinds = ((stat.S_ISREG, None), (stat.S_ISDIR, "a directory"), (stat.S_ISLNK, "a symbolic link"),
+                 (stat.S_ISFIFO, "a named pipe"), (stat.S_ISCHR, "a device"), (stat.S_ISBLK, "a device"),
+                 (stat.S_ISSOCK, "a socket"))
+        kind = next((name for test, name in kinds if test(mode)), "not a regular file")
+        if kind:
+            fail(f"--out {out}: {path} exists and is {kind}; prepare_store replaces only regular files: "
+                 "move it away or give another --out")
 
 
 # ---- main -----------------------------------------------------------------------------------------
@@ -441,6 +543,7 @@ def parse_args():
     if args.text_len < 1:
         parser.error("--text-len must be at least 1")
     args.work = args.work or args.out + ".parts"
+    refuse_unreplaceable(args.out)
     return args
 
 
@@ -452,7 +555,13 @@ def main():
     args.shapes = "native" if args.native else [list(b) for b in sorted(set(args.buckets))]
     items = list_inputs(args)
     os.makedirs(args.work, exist_ok=True)
-    complete = [i for i, (path, caption) in enumerate(items) if done(args.work, i, sample_record(path, caption, args))]
+    complete = []
+    for i, (path, caption) in enumerate(items):
+        finished, problem = done(args.work, i, sample_record(path, caption, args))
+        if finished:
+            complete.append(i)
+        elif problem:
+            print(f"prepare_store: {problem}; encoding sample {i} ({path}) again", file=sys.stderr)
     kept = set(complete)
     todo = [(i, path, caption) for i, (path, caption) in enumerate(items) if i not in kept]
     print(f"prepare_store: {len(items)} inputs, {len(complete)} already done, {len(todo)} to encode",

@@ -4,7 +4,9 @@
 Reads the weights of an aldit checkpoint (or any HDF5 file with a dataset per Wan parameter name), or its
 `/ema/<name>` datasets when the file has an `/ema` group (a run with [train] ema_decay writes one; --ema: those,
 an error where the file has none; --no-ema: the raw weights), and the model dims
-from its `/model` attributes (or --deck-dims for a plain weights file). The weights go into diffusers'
+from its `/model` attributes (or --deck-dims for a plain weights file). An aldit checkpoint without its
+completion mark (one being written, or its run stopped mid-save), a file that is not HDF5 or is damaged or
+truncated, and a weight that is not finite are refused (exit 2) naming the file and the tensor. The weights go into diffusers'
 WanTransformer3DModel under diffusers' names (tools/wan_names.py) and optionally out as Wan's official
 format (--save-wan DIR: diffusion_pytorch_model.safetensors + config.json) or diffusers' (--save-diffusers
 DIR). Then WanPipeline with the Wan 2.1 VAE and umT5 from local folders samples --prompt with
@@ -88,27 +90,72 @@ def parse_args():
     return args
 
 
+def open_checkpoint(path):
+    """The file opened with h5py, or exit 2 naming it where it is not HDF5 (or damaged, or truncated)."""
+    try:
+        return h5py.File(path, "r")
+    except OSError as error:
+        fail(f"{path}: cannot open as HDF5 ({error}): not a checkpoint, or a damaged or truncated one")
+
+
+def check_complete(f, path):
+    """An aldit checkpoint (root attribute aldit_checkpoint_version) must carry its completion mark: one
+    without it was being written (a .tmp) or its run stopped mid-save, and may lack tensors or hold old ones."""
+    if "aldit_checkpoint_version" in f.attrs and int(f.attrs.get("complete", 0)) != 1:
+        fail(f"{path}: incomplete checkpoint (no completion mark `complete`: it was being written when its run "
+             "stopped): sample from a complete one, e.g. the newest step_*.h5 that aldit resumes from")
+
+
+def read_tensor(item, source, name):
+    """One weights dataset as float32, checked: exit 2 naming the file and the tensor where it cannot be read
+    (a damaged or truncated file, a failed Fletcher-32 checksum) or where a value is not finite."""
+    try:
+        values = np.asarray(item[()], np.float32)
+    except (OSError, ValueError, TypeError, KeyError, RuntimeError) as error:
+        fail(f"{source}: tensor {name} cannot be read ({error}): the file is damaged or truncated")
+    try:
+        wan_names.wan_to_diffusers(name)
+    except KeyError:
+        return values   # not a model parameter: not used (as [model] init ignores it)
+    bad = np.flatnonzero(~np.isfinite(values))
+    if bad.size:
+        fail(f"{source}: tensor {name} element {bad[0]} is {values.flat[bad[0]]} ({bad.size} values not finite): "
+             "these weights cannot make a sample; take an earlier checkpoint")
+    return values
+
+
 def read_weights(args):
     """(Wan-named float32 arrays, model dims, text padding of the deck or None, where the weights came from)."""
-    with h5py.File(args.checkpoint, "r") as f:
-        if "model" in f and f["model"].attrs:
-            dims = {k: int(f["model"].attrs[k]) for k in wan_names.MODEL_KEYS if k in f["model"].attrs}
-        elif args.deck_dims:
+    with open_checkpoint(args.checkpoint) as f:
+        try:
+            return read_contents(f, args)
+        except (OSError, KeyError, ValueError, RuntimeError) as error:
+            fail(f"{args.checkpoint}: cannot be read ({error}): the file is damaged or truncated")
+
+
+def read_contents(f, args):
+    check_complete(f, args.checkpoint)
+    if "model" in f and f["model"].attrs:
+        dims = {k: int(f["model"].attrs[k]) for k in wan_names.MODEL_KEYS if k in f["model"].attrs}
+    elif args.deck_dims:
+        try:
             dims = {k: int(v) for k, v in (item.split("=", 1) for item in args.deck_dims.split(","))}
-        else:
-            fail(f"{args.checkpoint}: no /model attributes (not an aldit checkpoint): give --deck-dims")
-        missing = [k for k in wan_names.MODEL_KEYS if k not in dims]
-        if missing:
-            fail(f"{args.checkpoint}: model dims lack {', '.join(missing)}")
-        deck = f.attrs.get("deck", "")
-        deck = deck.decode() if isinstance(deck, bytes) else str(deck)
-        found = re.search(r"^\s*text_padding\s*=\s*(\w+)", deck, re.M)
-        has_ema = "ema" in f and isinstance(f["ema"], h5py.Group)
-        if args.ema and not has_ema:
-            fail(f"{args.checkpoint}: --ema, but the file has no /ema group (its run kept no EMA: [train] ema_decay = off)")
-        group = f["ema"] if has_ema and not args.no_ema else f
-        source = f"{args.checkpoint}:/ema" if group is not f else args.checkpoint
-        state = {name: np.asarray(item[()], np.float32) for name, item in group.items() if isinstance(item, h5py.Dataset)}
+        except ValueError:
+            fail(f"--deck-dims {args.deck_dims}: expected KEY=VALUE,... with whole numbers (dim=32,num_heads=2,...)")
+    else:
+        fail(f"{args.checkpoint}: no /model attributes (not an aldit checkpoint): give --deck-dims")
+    missing = [k for k in wan_names.MODEL_KEYS if k not in dims]
+    if missing:
+        fail(f"{args.checkpoint}: model dims lack {', '.join(missing)}")
+    deck = f.attrs.get("deck", "")
+    deck = deck.decode() if isinstance(deck, bytes) else str(deck)
+    found = re.search(r"^\s*text_padding\s*=\s*(\w+)", deck, re.M)
+    has_ema = "ema" in f and isinstance(f["ema"], h5py.Group)
+    if args.ema and not has_ema:
+        fail(f"{args.checkpoint}: --ema, but the file has no /ema group (its run kept no EMA: [train] ema_decay = off)")
+    group = f["ema"] if has_ema and not args.no_ema else f
+    source = f"{args.checkpoint}:/ema" if group is not f else args.checkpoint
+    state = {name: read_tensor(item, source, name) for name, item in group.items() if isinstance(item, h5py.Dataset)}
     return state, dims, found.group(1) if found else None, source
 
 

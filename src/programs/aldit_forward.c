@@ -3,16 +3,19 @@
 #include "core/check.h"
 #include "deck/deck.h"
 #include "io/h5util.h"
+#include "io/store.h"
 #include "model/model.h"
 #include "model/ops_cpu.h"
 #include "train/checkpoint.h"
 
+#include <errno.h>
 #include <getopt.h>
 #include <hdf5.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static const char usage_text[] =
     "usage: aldit-forward --weights FILE --input FILE --output FILE [--deck FILE] [--self-check]\n"
@@ -22,7 +25,8 @@ static const char usage_text[] =
     "The model's dims are the deck's [model] section (defaults, --deck FILE, then overrides such as\n"
     "model.dim=64), text_padding included: with wan (the default) each caption is zero-padded to text_len\n"
     "rows and attended whole, as in training; with trim the given rows only. Its weights come from FILE, a dataset per Wan parameter name at the root (an aldit\n"
-    "checkpoint or converted Wan weights, as [model] init reads them).\n"
+    "checkpoint or converted Wan weights, as [model] init reads them). An aldit checkpoint's /model\n"
+    "attributes (dims, eps, qk_norm, ...) must equal the deck's, as for a resume: a difference is refused.\n"
     "\n"
     "input FILE (HDF5; docs/model.md, section Parity):\n"
     "  /shapes   integer [B, 4]   frames, height, width (latent units) and text_len of each sample\n"
@@ -30,7 +34,8 @@ static const char usage_text[] =
     "  /sigma    float [B]        noise level of each sample; timestep t = 1000 * sigma (fp32)\n"
     "  /text     float [sum text_len*text_dim]  text embeddings [text_len, text_dim], back to back\n"
     "output FILE: /output float32 [sum out_dim*F*H*W] (the prediction [out_dim, F, H, W] per sample, back\n"
-    "  to back) and /shapes as given.\n"
+    "  to back) and /shapes as given; written as FILE.tmp, then renamed. FILE (and FILE.tmp) may be absent\n"
+    "  or a regular file, which is replaced; a directory, symbolic link or named pipe there is refused.\n"
     "\n"
     "  --self-check  also run the model's own loss forward (model_forward_loss with x0 = noise = x_t, so\n"
     "                the target is 0 and each loss is the mean square of the prediction) and fail when it\n"
@@ -310,29 +315,62 @@ static int self_check(model *m, const forward_input *in, const float *output)
 
 /* ---- output ----------------------------------------------------------------------------------------- */
 
+/* Refuses --output (before any work) when it or its .tmp exists and is not a regular file: the rename
+   that publishes the output would fail on a directory or replace a symbolic link or a named pipe. */
+static void check_output_path(const char *path)
+{
+    char temporary[4096];
+    snprintf(temporary, sizeof temporary, "%s.tmp", path);
+    const char *paths[2] = {path, temporary};
+    for (int i = 0; i < 2; i++) {
+        const char *kind = store_not_a_regular_file(paths[i]);
+        if (kind)
+            ALDIT_FATAL_CODE(ALDIT_EXIT_USAGE, "--output %s: %s exists and is %s; aldit-forward replaces only regular "
+                             "files: move it away or give another --output", path, paths[i], kind);
+    }
+}
+
+/* One dataset `name` of `type` holding `values` (memory type `memory_type`), rank 1 or 2. 0 on success. */
+static int write_dataset(hid_t file, const char *name, hid_t type, hid_t memory_type, int rank, const hsize_t *dims,
+                         const void *values)
+{
+    hid_t space = H5Screate_simple(rank, dims, NULL);
+    hid_t dataset = space < 0 ? -1 : H5Dcreate2(file, name, type, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    int failed = dataset < 0 || H5Dwrite(dataset, memory_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, values) < 0;
+    if (dataset >= 0 && H5Dclose(dataset) < 0) failed = 1;
+    if (space >= 0) H5Sclose(space);
+    return failed;
+}
+
+/* Writes PATH.tmp, then renames it to PATH. On any failure the temporary file is removed and the job ends
+   (exit 1) naming the file, the step and errno's text. */
 static void write_output(const char *path, const forward_input *in, const float *output, int64_t n_output)
 {
     char temporary[4096];
     snprintf(temporary, sizeof temporary, "%s.tmp", path);
     h5_auto_print saved = h5_quiet_begin();
+    errno = 0;
     hid_t file = H5Fcreate(temporary, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
-    h5_quiet_end(saved);
-    if (file < 0) ALDIT_FATAL("%s: cannot create", temporary);
+    if (file < 0) {
+        h5_quiet_end(saved);
+        ALDIT_FATAL("%s: cannot create: %s", temporary, errno ? strerror(errno) : "HDF5 error");
+    }
     hsize_t n = (hsize_t)n_output, shape[2] = {(hsize_t)in->n_samples, 4};
-    hid_t space = H5Screate_simple(1, &n, NULL);
-    hid_t dataset = H5Dcreate2(file, "output", H5T_IEEE_F32LE, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
-    H5_CHECK(dataset);
-    H5_CHECK(H5Dwrite(dataset, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, output));
-    H5Dclose(dataset);
-    H5Sclose(space);
-    space = H5Screate_simple(2, shape, NULL);
-    dataset = H5Dcreate2(file, "shapes", H5T_STD_I64LE, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
-    H5_CHECK(dataset);
-    H5_CHECK(H5Dwrite(dataset, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, in->shapes));
-    H5Dclose(dataset);
-    H5Sclose(space);
-    if (H5Fclose(file) < 0) ALDIT_FATAL("%s: cannot write", temporary);
-    if (rename(temporary, path) != 0) ALDIT_FATAL("%s: cannot rename to %s", temporary, path);
+    errno = 0;
+    int failed = write_dataset(file, "output", H5T_IEEE_F32LE, H5T_NATIVE_FLOAT, 1, &n, output) ||
+                 write_dataset(file, "shapes", H5T_STD_I64LE, H5T_NATIVE_INT64, 2, shape, in->shapes);
+    if (H5Fclose(file) < 0) failed = 1;
+    int write_errno = errno;
+    h5_quiet_end(saved);
+    if (failed) {
+        unlink(temporary);
+        ALDIT_FATAL("%s: cannot write: %s (removed it)", temporary, write_errno ? strerror(write_errno) : "HDF5 error");
+    }
+    if (rename(temporary, path) != 0) {
+        int rename_errno = errno;
+        unlink(temporary);
+        ALDIT_FATAL("%s: cannot rename to %s: %s (removed it)", temporary, path, strerror(rename_errno));
+    }
 }
 
 int main(int argc, char **argv)
@@ -344,6 +382,11 @@ int main(int argc, char **argv)
     deck_defaults(&config);
     if (deck_load(&config, opts.deck, opts.n_overrides, opts.overrides, stderr)) return ALDIT_EXIT_USAGE;
     if (config.run.threads > 0) cpu_set_threads(config.run.threads);
+    check_output_path(opts.output);
+    if (checkpoint_check_model(opts.weights, &config, stderr)) {
+        fprintf(stderr, "aldit-forward: give the [model] the weights were trained with (--deck FILE or model.KEY=VALUE)\n");
+        return ALDIT_EXIT_USAGE;
+    }
     model m;
     model_create(&m, &config);
     if (checkpoint_load_weights(opts.weights, &m, stderr)) return ALDIT_EXIT_USAGE;

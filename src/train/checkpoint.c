@@ -789,6 +789,22 @@ checkpoint_reader *checkpoint_reader_open_init(const char *path, const model *ta
     return NULL;
 }
 
+int checkpoint_check_model(const char *path, const deck *config, FILE *errors)
+{
+    h5_auto_print quiet = h5_quiet_begin();
+    hid_t file = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
+    int status = 0;
+    if (file < 0) {
+        fprintf(errors, "%s: cannot open as HDF5\n", path);
+        status = 1;
+    } else if (H5Lexists(file, "model", H5P_DEFAULT) > 0) {
+        status = check_model_dims(file, path, config, errors);
+    }
+    if (file >= 0) H5Fclose(file);
+    h5_quiet_end(quiet);
+    return status;
+}
+
 int checkpoint_reader_has(const checkpoint_reader *r, checkpoint_group group)
 {
     return (int)group >= 0 && group < CHECKPOINT_N_GROUPS && r->group[group] >= 0;

@@ -100,6 +100,13 @@ checkpoint_reader *checkpoint_reader_open(const char *path, const deck *config, 
    its index). NULL on failure (a missing file is named with errno's text). */
 checkpoint_reader *checkpoint_reader_open_init(const char *path, const model *table, FILE *errors);
 
+/* The model a weights file was trained as, against `config`: when `path` has a /model group (an aldit
+   checkpoint) its recorded dims and eps must equal the deck's, the check checkpoint_reader_open makes (the
+   first difference named with both values: "model.num_layers is 2 in the checkpoint, 1 in the deck");
+   a file without /model (converted weights) passes. Non-zero, with the message on `errors`, on a
+   difference or a file that cannot be opened as HDF5. */
+int checkpoint_check_model(const char *path, const deck *config, FILE *errors);
+
 /* 1 when the file has the group `group` (for CHECKPOINT_WEIGHTS: always), else 0. */
 int checkpoint_reader_has(const checkpoint_reader *r, checkpoint_group group);
 
