@@ -341,15 +341,10 @@ bool build_backward(plan &g)
                         ATTENTION_FP8_AMAX_DK, dk);
 }
 
-// Operation graph, heuristics (mode A), the first of their configurations whose plan finalizes.
-bool finish(plan &g, cudnnHandle_t handle)
+// The first configuration of the heuristics in `mode` whose plan finalizes, into g.plan; false (g.error says why) if none.
+bool plan_from_heuristics(plan &g, cudnnHandle_t handle, cudnnBackendDescriptor_t graph, cudnnBackendHeurMode_t mode)
 {
-    cudnnBackendDescriptor_t graph, heuristics, configs[8];
-    if (!create(g, CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR, &graph)) return false;
-    CUDNN_TRY(g, cudnnBackendSetAttribute(graph, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, g.n_ops, g.ops));
-    CUDNN_TRY(g, cudnnBackendSetAttribute(graph, CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle));
-    CUDNN_TRY(g, cudnnBackendFinalize(graph));
-    const cudnnBackendHeurMode_t mode = CUDNN_HEUR_MODE_A;
+    cudnnBackendDescriptor_t heuristics, configs[8];
     if (!create(g, CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR, &heuristics)) return false;
     CUDNN_TRY(g, cudnnBackendSetAttribute(heuristics, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &graph));
     CUDNN_TRY(g, cudnnBackendSetAttribute(heuristics, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode));
@@ -358,7 +353,7 @@ bool finish(plan &g, cudnnHandle_t handle)
         if (!create(g, CUDNN_BACKEND_ENGINECFG_DESCRIPTOR, &config)) return false;
     int64_t n = 0;
     CUDNN_TRY(g, cudnnBackendGetAttribute(heuristics, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 8, &n, configs));
-    snprintf(g.error, kErrorBytes, "attention_fp8: cuDNN's heuristics found no engine for the graph");
+    snprintf(g.error, kErrorBytes, "attention_fp8: cuDNN's heuristics (mode %d) found no engine for the graph", (int)mode);
     for (int64_t i = 0; i < n; ++i) {
         cudnnBackendDescriptor_t p;
         if (!create(g, CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, &p)) return false;
@@ -375,6 +370,24 @@ bool finish(plan &g, cudnnHandle_t handle)
         g.plan = p;
         return true;
     }
+    return false;
+}
+
+// Operation graph, then a plan from the heuristics' mode A, else their fallback list.
+bool finish(plan &g, cudnnHandle_t handle)
+{
+    cudnnBackendDescriptor_t graph;
+    if (!create(g, CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR, &graph)) return false;
+    CUDNN_TRY(g, cudnnBackendSetAttribute(graph, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, g.n_ops, g.ops));
+    CUDNN_TRY(g, cudnnBackendSetAttribute(graph, CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle));
+    CUDNN_TRY(g, cudnnBackendFinalize(graph));
+    if (plan_from_heuristics(g, handle, graph, CUDNN_HEUR_MODE_A)) return true;
+    char first[kErrorBytes];
+    memcpy(first, g.error, kErrorBytes);
+    if (plan_from_heuristics(g, handle, graph, CUDNN_HEUR_MODE_FALLBACK)) return true;
+    char second[kErrorBytes];
+    memcpy(second, g.error, kErrorBytes);
+    snprintf(g.error, kErrorBytes, "%.500s; fallback: %.500s", first, second);
     return false;
 }
 
@@ -444,8 +457,9 @@ const int kBackwardSlots[] = {ATTENTION_FP8_DESCALE_Q,  ATTENTION_FP8_DESCALE_K,
                               ATTENTION_FP8_AMAX_DP,    ATTENTION_FP8_AMAX_DQ,   ATTENTION_FP8_AMAX_DK,
                               ATTENTION_FP8_AMAX_DV};
 
-// Runs plan p with the tensors (uids, pointers), the softmax scale by value and its direction's scale slots.
-void execute(attention_fp8 &c, plan &p, int n, const int64_t *uids, void *const *pointers, float *scales, int head_dim,
+// Runs plan p with the tensors (uids, pointers), the softmax scale by value and its direction's scale slots; false
+// (c.error says why) when cuDNN does not take the variant pack or refuses to execute the plan.
+bool execute(attention_fp8 &c, plan &p, int n, const int64_t *uids, void *const *pointers, float *scales, int head_dim,
              cudaStream_t stream)
 {
     int64_t all_uids[16 + ATTENTION_FP8_SLOTS];
@@ -468,13 +482,20 @@ void execute(attention_fp8 &c, plan &p, int n, const int64_t *uids, void *const 
     void *workspace = workspace_for(c, p.workspace_bytes);
     cudnnBackendDescriptor_t pack;
     CUDNN_CHECK(cudnnBackendCreateDescriptor(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, &pack));
-    CUDNN_CHECK(cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, count, all_uids));
-    CUDNN_CHECK(cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, count, all_pointers));
-    CUDNN_CHECK(cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &workspace));
-    CUDNN_CHECK(cudnnBackendFinalize(pack));
-    CUDNN_CHECK(cudnnSetStream(c.handle, stream));
-    CUDNN_CHECK(cudnnBackendExecute(c.handle, p.plan, pack));
+    plan report = {};
+    report.error = c.error;
+    const bool ran = [&]() -> bool {
+        CUDNN_TRY(report, cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, count, all_uids));
+        CUDNN_TRY(report, cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, count,
+                                                   all_pointers));
+        CUDNN_TRY(report, cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &workspace));
+        CUDNN_TRY(report, cudnnBackendFinalize(pack));
+        CUDNN_TRY(report, cudnnSetStream(c.handle, stream));
+        CUDNN_TRY(report, cudnnBackendExecute(c.handle, p.plan, pack));
+        return true;
+    }();
     CUDNN_CHECK(cudnnBackendDestroyDescriptor(pack));
+    return ran;
 }
 
 void check_call(const char *function, const attention_fp8 *context, int64_t seq_len, int num_heads, int head_dim,
@@ -524,8 +545,7 @@ extern "C" int attention_fp8_fwd(attention_fp8 *context, attention_fp8_layout la
     if (!p) return 0;
     const int64_t uids[] = {kUidQ, kUidK, kUidV, kUidO, kUidStats};
     void *const pointers[] = {const_cast<void *>(q), const_cast<void *>(k), const_cast<void *>(v), out, stats};
-    execute(*context, *p, 5, uids, pointers, scales, head_dim, stream);
-    return 1;
+    return execute(*context, *p, 5, uids, pointers, scales, head_dim, stream) ? 1 : 0;
 }
 
 extern "C" int attention_fp8_bwd(attention_fp8 *context, attention_fp8_layout layout, const void *q, const void *k,
@@ -541,6 +561,5 @@ extern "C" int attention_fp8_bwd(attention_fp8 *context, attention_fp8_layout la
     void *const pointers[] = {const_cast<void *>(q), const_cast<void *>(k),    const_cast<void *>(v),
                               const_cast<void *>(out), const_cast<void *>(dout), const_cast<float *>(stats),
                               dq, dk, dv};
-    execute(*context, *p, 9, uids, pointers, scales, head_dim, stream);
-    return 1;
+    return execute(*context, *p, 9, uids, pointers, scales, head_dim, stream) ? 1 : 0;
 }

@@ -27,8 +27,9 @@ extern "C" {
    direction; a real training path would keep these per tensor with an amax history (issue 34, item 2).
    Plans are built on first use of a (direction, layout, seq_len, num_heads, head_dim) and cached in the context
    (ATTENTION_FP8_PLAN_SLOTS, oldest out). Work is queued on `stream`. A configuration cuDNN refuses (no engine,
-   a plan that does not finalize) is not fatal: the call returns 0 and attention_fp8_error says why; 1 when the
-   work was queued. Failures of execution are fatal (file:line, cuDNN's status and message). */
+   a plan that does not finalize, a plan whose execution cuDNN declines) is not fatal: the call returns 0 and
+   attention_fp8_error says why; 1 when the work was queued. Other cuDNN failures (making the handle, descriptors)
+   and bad arguments are fatal, naming file:line. */
 #define ATTENTION_FP8_PLAN_SLOTS 16
 
 typedef enum { ATTENTION_FP8_ROWS = 0, ATTENTION_FP8_HEAD_MAJOR = 1 } attention_fp8_layout;

@@ -25,7 +25,7 @@ typedef struct {
     int dim, ffn_dim, heads;
 } wan_model;
 static const wan_model kModels[] = {{"1.3b", 1536, 8960, 12}, {"14b", 5120, 13824, 40}};
-enum { kHeadDim = 128 };
+enum { kHeadDim = 128, kTile = 128 /* ATTENTION_CUDNN_TILE */ };
 
 typedef struct {
     int run_gemm, run_attention;
@@ -52,13 +52,14 @@ static void usage(FILE *out)
             "            with the weight's cast) against dy in E5M2 -> bf16, fast accumulation on and off;\n"
             "      wgrad dW += dy^T x (fp32): bf16 NT as cuda/gemm.h; FP8 TN reads x^T (E4M3) and dy^T (E5M2), the\n"
             "            transposed copies a fused cast-transpose writes, fast accumulation off.\n"
-            "  attention: per model's heads (12 or 40, head_dim 128) and S, one sample: cuDNN bf16 self-attention (S x S)\n"
+            "  attention: per model's heads (12 or 40, head_dim 128) and S (each --seq rounded up to whole tiles of 128\n"
+            "    rows, as aldit runs a long sample), one sample: cuDNN bf16 self-attention (S x S)\n"
             "    and cross-attention (S x T text rows, T = --text-rows, default 512) through cuda/attention_cudnn.h,\n"
             "    and FP8 self-attention through cuda/attention_fp8.h (E4M3 Q, K, V, O; E5M2 dO, dQ, dK, dV; aldit's\n"
             "    packed row layout, else head-major when cuDNN refuses that); a refused configuration is printed.\n"
             "  --spec/--samples/--draw-seed: the epoch the projection prices (the shapes aldit-store synth draws with\n"
             "    the same arguments), written to the JSON. --repeats: timed groups per case (median; default 5).\n"
-            "Needs a GPU (exit 77 without one).\n");
+            "--sections none: no GPU work, only the JSON's epoch. Any other section needs a GPU (exit 77 without one).\n");
 }
 
 static void usage_error(const char *message, const char *value)
@@ -115,11 +116,11 @@ static options parse_options(int argc, char **argv)
         {"samples", required_argument, 0, 'n'},  {"draw-seed", required_argument, 0, 'd'},
         {"json", required_argument, 0, 'j'},     {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0}};
-    static const char *const sections[] = {"gemm", "attention"}, *const models[] = {"1.3b", "14b"};
-    int c, flags[2];
+    static const char *const sections[] = {"gemm", "attention", "none"}, *const models[] = {"1.3b", "14b"};
+    int c, flags[3];
     while ((c = getopt_long(argc, argv, "", long_options, NULL)) != -1) {
         switch (c) {
-        case 's': parse_list(optarg, sections, 2, flags, "--sections: unknown section"); o.run_gemm = flags[0];
+        case 's': parse_list(optarg, sections, 3, flags, "--sections: unknown section"); o.run_gemm = flags[0];
                   o.run_attention = flags[1]; break;
         case 'q': o.n_seq = parse_seq(optarg, o.seq); break;
         case 'w': parse_list(optarg, models, 2, o.use_model, "--wan: unknown model (1.3b, 14b)"); break;
@@ -579,7 +580,7 @@ static void run_attention_section(const options *o, cudaStream_t stream)
         c.fp8 = attention_fp8_create();
         c.heads = kModels[m].heads;
         for (int si = 0; si < o->n_seq; ++si) {
-            c.S = o->seq[si];
+            c.S = (o->seq[si] + kTile - 1) / kTile * kTile; /* whole tiles, as aldit runs its long samples */
             attention_buffers(&c, c.S, c.S > o->text_rows ? c.S : o->text_rows, c.heads);
             c.kv_rows = c.S;
             record_attention(&c, "self", "bf16", "", time_op(run_bf16_fwd, &c, o->repeats, stream),
@@ -632,7 +633,8 @@ static void write_epoch(const options *o)
 int main(int argc, char **argv)
 {
     const options o = parse_options(argc, argv);
-    if (gpu_count() == 0) {
+    const int on_gpu = o.run_gemm || o.run_attention;
+    if (on_gpu && gpu_count() == 0) {
         fprintf(stderr, "fp8_bench: no GPU visible: this measurement runs on a GPU (skipped)\n");
         return kExitSkip;
     }
@@ -640,16 +642,20 @@ int main(int argc, char **argv)
         g_json = fopen(o.json_path, "w");
         ALDIT_CHECK(g_json != NULL, "fp8_bench: cannot write --json %s", o.json_path);
     }
-    gpu_select(0);
-    char device[256];
-    gpu_describe(device, sizeof device);
+    char device[256] = "no GPU used";
+    if (on_gpu) {
+        gpu_select(0);
+        gpu_describe(device, sizeof device);
+    }
     printf("fp8_bench on %s; head_dim %d, %d repeats\n", device, kHeadDim, o.repeats);
     if (g_json) fprintf(g_json, "{\"device\": \"%s\", \"text_rows\": %d, \"cases\": [", device, o.text_rows);
-    cudaStream_t stream;
-    CUDA_CHECK(cudaStreamCreate(&stream));
-    if (o.run_gemm) run_gemm_section(&o, stream);
-    if (o.run_attention) run_attention_section(&o, stream);
-    CUDA_CHECK(cudaStreamDestroy(stream));
+    if (on_gpu) {
+        cudaStream_t stream;
+        CUDA_CHECK(cudaStreamCreate(&stream));
+        if (o.run_gemm) run_gemm_section(&o, stream);
+        if (o.run_attention) run_attention_section(&o, stream);
+        CUDA_CHECK(cudaStreamDestroy(stream));
+    }
     if (g_json) {
         fprintf(g_json, "\n ]");
         if (o.spec) write_epoch(&o);

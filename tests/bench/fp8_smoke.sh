@@ -10,7 +10,7 @@ PYTHON=${PYTHON:-python3}
 work=$(mktemp -d /tmp/fp8_smoke.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 bench="$top_builddir/tests/bench/fp8_bench"
-tap_plan 7
+tap_plan 8
 
 # ---- fp8_bench (CUDA builds only; never run on a GPU here) ----
 if [ -x "$bench" ]; then
@@ -30,8 +30,23 @@ if [ -x "$bench" ]; then
     else
         echo "ok 3 # SKIP a GPU is visible: the bench is the lead's device call, not make check's"; TAP_COUNT=3
     fi
+    # the epoch the projection prices: --sections none draws it without a GPU; every shape is one of the spec's
+    spec="$top_srcdir/inputs/mixed.lengths"
+    "$bench" --sections none --spec "$spec" --samples 50 --draw-seed 11 --json "$work/epoch.json" > "$work/epoch.log" 2>&1
+    status=$?
+    check=$("$PYTHON" - "$work/epoch.json" "$spec" <<'EOF'
+import json, sys
+epoch = json.load(open(sys.argv[1]))["epoch"]
+buckets = {tuple(int(x) for x in line.split()[1:4]) for line in open(sys.argv[2]) if line.split() and line[0] != "#"}
+shapes = [tuple(s) for s in epoch["shapes"]]
+ok = len(shapes) == 50 and epoch["draw_seed"] == 11 and all(s in buckets for s in shapes) and len(set(shapes)) > 5
+print("ok" if ok else f"{len(shapes)} shapes, {len(set(shapes))} distinct, outside the spec: {set(shapes) - buckets}")
+EOF
+)
+    [ $status = 0 ] || check="exit $status: $(cat "$work/epoch.log")"
+    tap_is "fp8_bench --sections none: the JSON's epoch has 50 of the spec's shapes, no GPU needed" "$check" "ok"
 else
-    for i in 1 2 3; do echo "ok $i # SKIP fp8_bench is built with CUDA only"; done; TAP_COUNT=3
+    for i in 1 2 3 4; do echo "ok $i # SKIP fp8_bench is built with CUDA only"; done; TAP_COUNT=4
 fi
 
 # ---- fp8_table.py on a made-up measurement ----

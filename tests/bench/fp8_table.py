@@ -4,8 +4,8 @@ every GEMM FLOP at the block GEMMs' rate at the epoch's mean micro-batch rows, e
 at the time measured at the nearest S, interpolated per FLOP in log S, times the layers), priced with the rates
 tests/bench/fp8_bench measured in one call, bf16 against FP8 part by part, as one table. Plain Python (json, configparser).
 
-usage: tests/bench/fp8_table.py --bench FP8_JSON --deck DECK [section.key=value ...] [--mean-rows R]
-           [--bandwidth-tbs B] [--json FILE]
+usage: tests/bench/fp8_table.py --bench FP8_JSON [--bench FP8_JSON ...] --deck DECK [section.key=value ...]
+           [--mean-rows R] [--bandwidth-tbs B] [--json FILE]
 
 Rows: the bf16 floor; FP8 GEMMs (forward with fast accumulation, dgrad and wgrad without: Transformer Engine's
 default); the same with fast accumulation in dgrad too; + FP8 self-attention forward; + FP8 self-attention backward
@@ -168,18 +168,26 @@ def print_table(rows, notes, bench):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--bench", required=True, help="fp8_bench --json of the call")
+    parser.add_argument("--bench", required=True, action="append",
+                        help="fp8_bench --json of the call (repeatable: the cases of all are taken, the epoch of the "
+                             "first that has one)")
     parser.add_argument("--deck", required=True)
     parser.add_argument("--mean-rows", type=float, default=32768.0)
     parser.add_argument("--bandwidth-tbs", type=float, default=4.19)
     parser.add_argument("--json", help="write the rows here")
     parser.add_argument("overrides", nargs="*", help="section.key=value")
     args = parser.parse_args()
-    try:
-        with open(args.bench) as f:
-            bench = json.load(f)
-    except (OSError, ValueError) as e:
-        sys.exit(f"--bench {args.bench}: {e}")
+    bench = {"cases": []}
+    for path in args.bench:
+        try:
+            with open(path) as f:
+                part = json.load(f)
+        except (OSError, ValueError) as e:
+            sys.exit(f"--bench {path}: {e}")
+        bench["cases"] += part.get("cases", [])
+        for key in ("device", "epoch"):
+            if key in part and key not in bench:
+                bench[key] = part[key]
     deck = read_deck(args.deck, args.overrides)
     if not (args.mean_rows > 0 and math.isfinite(args.mean_rows)):
         sys.exit("--mean-rows: a positive number")
