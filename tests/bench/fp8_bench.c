@@ -2,6 +2,7 @@
 #include "config.h"
 
 #include <getopt.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -56,7 +57,8 @@ static void usage(FILE *out)
             "    rows, as aldit runs a long sample), one sample: cuDNN bf16 self-attention (S x S)\n"
             "    and cross-attention (S x T text rows, T = --text-rows, default 512) through cuda/attention_cudnn.h,\n"
             "    and FP8 self-attention through cuda/attention_fp8.h (E4M3 Q, K, V, O; E5M2 dO, dQ, dK, dV; aldit's\n"
-            "    packed row layout, else head-major when cuDNN refuses that); a refused configuration is printed.\n"
+            "    packed row layout, else head-major when cuDNN refuses that); a refused configuration is printed. At the\n"
+            "    first S, FP8 against bf16 on the same inputs (relative RMS error of O, dQ, dK, dV).\n"
             "  --spec/--samples/--draw-seed: the epoch the projection prices (the shapes aldit-store synth draws with\n"
             "    the same arguments), written to the JSON. --repeats: timed groups per case (median; default 5).\n"
             "--sections none: no GPU work, only the JSON's epoch. Any other section needs a GPU (exit 77 without one).\n");
@@ -166,17 +168,45 @@ static void *random_bf16(size_t n, uint64_t seed)
         pattern[i] = gpu_bf16_from_float((float)(2.0 * rng_uniform(&state) - 1.0));
     return device_pattern(n * sizeof(gpu_bf16), pattern, sizeof pattern);
 }
+/* The FP8 pattern of (e5m2, seed): bytes of random sign, exponent 2^-3 ... 2^1 and mantissa. */
+static void fp8_pattern(uint8_t *pattern, int e5m2, uint64_t seed)
+{
+    uint64_t state = rng_hash(seed, 2);
+    for (size_t i = 0; i < kPatternBytes; ++i) {
+        const uint64_t r = rng_next_u64(&state);
+        const unsigned sign = (unsigned)(r & 1) << 7, exponent = (unsigned)((r >> 1) % 5), mantissa = (unsigned)(r >> 8);
+        pattern[i] = (uint8_t)(e5m2 ? sign | (exponent + 12) << 2 | (mantissa & 3)
+                                    : sign | (exponent + 4) << 3 | (mantissa & 7));
+    }
+}
+
+/* The value of an E4M3 (bias 7, 3 mantissa bits) or E5M2 (bias 15, 2 bits) byte; NaN and infinity not decoded. */
+static float fp8_value(uint8_t byte, int e5m2)
+{
+    const int mantissa_bits = e5m2 ? 2 : 3, bias = e5m2 ? 15 : 7;
+    const int exponent = (byte & 0x7f) >> mantissa_bits, mantissa = byte & ((1 << mantissa_bits) - 1);
+    const float fraction = (float)mantissa / (float)(1 << mantissa_bits);
+    const float magnitude = exponent == 0 ? ldexpf(fraction, 1 - bias) : ldexpf(1.0f + fraction, exponent - bias);
+    return byte & 0x80 ? -magnitude : magnitude;
+}
+
 static void *random_fp8(size_t n, int e5m2, uint64_t seed)
 {
     static uint8_t pattern[kPatternBytes];
-    uint64_t state = rng_hash(seed, 2);
-    for (size_t i = 0; i < sizeof pattern; ++i) {
-        const uint64_t r = rng_next_u64(&state);
-        const unsigned sign = (unsigned)(r & 1) << 7, exponent = (unsigned)((r >> 1) % 5), mantissa = (unsigned)(r >> 8);
-        pattern[i] = (uint8_t)(e5m2 ? sign | (exponent + 12) << 2 | (mantissa & 3) : sign | (exponent + 4) << 3 | (mantissa & 7));
-    }
+    fp8_pattern(pattern, e5m2, seed);
     return device_pattern(n, pattern, sizeof pattern);
 }
+
+/* n bf16 holding exactly the values random_fp8(n, e5m2, seed) holds (every E4M3 and E5M2 value is a bf16). */
+static void *decoded_bf16(size_t n, int e5m2, uint64_t seed)
+{
+    static uint8_t pattern[kPatternBytes];
+    static gpu_bf16 values[kPatternBytes];
+    fp8_pattern(pattern, e5m2, seed);
+    for (size_t i = 0; i < kPatternBytes; ++i) values[i] = gpu_bf16_from_float(fp8_value(pattern[i], e5m2));
+    return device_pattern(n * sizeof(gpu_bf16), values, sizeof values);
+}
+
 static void *zeros(size_t n_bytes)
 {
     void *buffer = NULL;
@@ -522,11 +552,19 @@ static void record_attention(const attention_case *c, const char *kind, const ch
     fputc('}', g_json);
 }
 
+/* Scales that keep P, O and dS inside FP8's range at the check's S (P <= 1 to E4M3's 448; O ~ 0.03; dS ~ 1e-3);
+   the other slots are 1. */
+static const struct { int slot, descale; float scale; } kCheckScales[] = {
+    {ATTENTION_FP8_SCALE_S, ATTENTION_FP8_DESCALE_S, 448.0f},
+    {ATTENTION_FP8_SCALE_O, ATTENTION_FP8_DESCALE_O, 16.0f},
+    {ATTENTION_FP8_SCALE_DP, ATTENTION_FP8_DESCALE_DP, 1024.0f}};
+
 static void attention_buffers(attention_case *c, int64_t S, int64_t kv_max, int heads)
 {
     const size_t q_rows = (size_t)S * heads * kHeadDim, kv = (size_t)kv_max * heads * kHeadDim;
-    c->q = random_bf16(q_rows, 11); c->k = random_bf16(kv, 12); c->v = random_bf16(kv, 13);
-    c->o = zeros(q_rows * 2); c->d_o = random_bf16(q_rows, 14);
+    /* the bf16 inputs hold the FP8 inputs' values, so that check_fp8_attention compares the same attention */
+    c->q = decoded_bf16(q_rows, 0, 15); c->k = decoded_bf16(kv, 0, 16); c->v = decoded_bf16(kv, 0, 17);
+    c->o = zeros(q_rows * 2); c->d_o = decoded_bf16(q_rows, 1, 19);
     c->dq = zeros(q_rows * 2); c->dk = zeros(kv * 2); c->dv = zeros(kv * 2);
     c->q8 = random_fp8(q_rows, 0, 15); c->k8 = random_fp8(q_rows, 0, 16); c->v8 = random_fp8(q_rows, 0, 17);
     c->o8 = random_fp8(q_rows, 0, 18); c->do8 = random_fp8(q_rows, 1, 19);
@@ -534,6 +572,10 @@ static void attention_buffers(attention_case *c, int64_t S, int64_t kv_max, int 
     c->stats = zeros((size_t)heads * S * sizeof(float));
     float scales[ATTENTION_FP8_SCALE_FLOATS];
     for (int i = 0; i < ATTENTION_FP8_SCALE_FLOATS; ++i) scales[i] = 1.0f;
+    for (int i = 0; i < (int)(sizeof kCheckScales / sizeof *kCheckScales); ++i) {
+        scales[4 * kCheckScales[i].slot] = kCheckScales[i].scale;
+        scales[4 * kCheckScales[i].descale] = 1.0f / kCheckScales[i].scale;
+    }
     c->scales = zeros(sizeof scales);
     CUDA_CHECK(cudaMemcpy(c->scales, scales, sizeof scales, cudaMemcpyHostToDevice));
 }
@@ -543,6 +585,49 @@ static void attention_buffers_free(attention_case *c)
     void *all[] = {c->q, c->k, c->v, c->o, c->d_o, c->dq, c->dk, c->dv, c->q8, c->k8, c->v8, c->o8, c->do8, c->dq8,
                    c->dk8, c->dv8, c->stats, c->scales};
     for (size_t i = 0; i < sizeof all / sizeof *all; ++i) CUDA_CHECK(cudaFree(all[i]));
+}
+
+/* ||fp8 / scale - bf16|| / ||bf16|| over n values (device buffers). */
+static double relative_rms(const void *bf16, const void *fp8, int e5m2, float scale, size_t n)
+{
+    gpu_bf16 *want = xmalloc(n * sizeof *want);
+    uint8_t *got = xmalloc(n);
+    CUDA_CHECK(cudaMemcpy(want, bf16, n * sizeof *want, cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(got, fp8, n, cudaMemcpyDeviceToHost));
+    double error = 0.0, norm = 0.0;
+    for (size_t i = 0; i < n; ++i) {
+        const double w = gpu_float_from_bf16(want[i]), d = fp8_value(got[i], e5m2) / scale - w;
+        error += d * d;
+        norm += w * w;
+    }
+    free(want);
+    free(got);
+    return norm > 0.0 ? sqrt(error / norm) : INFINITY;
+}
+
+/* Whether the FP8 graphs compute the attention the bf16 one does: both directions on the same inputs (the bf16
+   buffers hold the FP8 values), packed-row layout; prints and records the relative RMS errors of O, dQ, dK, dV.
+   E4M3 keeps 3 mantissa bits, E5M2 2 (relative rounding up to 1/16 and 1/8), so a few percent is expected; an
+   error near 1 or above means the graph is not the same attention, and its timing is not a measurement of it. */
+static void check_fp8_attention(attention_case *c, cudaStream_t stream)
+{
+    c->kv_rows = c->S;
+    c->layout = ATTENTION_FP8_ROWS;
+    run_bf16_fwd(c, stream);
+    run_bf16_bwd(c, stream);
+    if (!run_fp8_fwd(c, stream) || !run_fp8_bwd(c, stream)) return;
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    const size_t n = (size_t)c->S * c->heads * kHeadDim;
+    const double o = relative_rms(c->o, c->o8, 0, 16.0f, n), dq = relative_rms(c->dq, c->dq8, 1, 1.0f, n),
+                 dk = relative_rms(c->dk, c->dk8, 1, 1.0f, n), dv = relative_rms(c->dv, c->dv8, 1, 1.0f, n);
+    const int same = o < 0.5 && dq < 0.5 && dk < 0.5 && dv < 0.5;
+    printf("  FP8 against bf16 on the same inputs, S %lld, %d heads (relative RMS error): O %.4f dQ %.4f dK %.4f "
+           "dV %.4f%s\n", (long long)c->S, c->heads, o, dq, dk, dv,
+           same ? "" : "  WARNING: not the same attention (error >= 0.5): its timing does not measure it");
+    json_item_start();
+    if (g_json)
+        fprintf(g_json, "\"section\": \"attention_check\", \"heads\": %d, \"S\": %lld, \"o\": %.6f, \"dq\": %.6f, "
+                "\"dk\": %.6f, \"dv\": %.6f, \"same\": %d}", c->heads, (long long)c->S, o, dq, dk, dv, same);
 }
 
 /* FP8 self-attention of the case: the packed-row layout, else head-major; the forward's stats feed the backward. The
@@ -593,6 +678,7 @@ static void run_attention_section(const options *o, cudaStream_t stream)
                              time_op(run_bf16_bwd, &c, o->repeats, stream), NULL);
             c.kv_rows = c.S;
             time_fp8_attention(&c, o, stream);
+            if (si == 0) check_fp8_attention(&c, stream); /* the shortest S: cheap, and P well inside E4M3 */
             CUDA_CHECK(cudaStreamSynchronize(stream));
             attention_buffers_free(&c);
         }

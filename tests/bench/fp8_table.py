@@ -137,6 +137,11 @@ def project(bench, deck, mean_rows, bandwidth):
         ("+ FP8 attention backward", gemm_s["fp8"], self_fp8[0], self_fp8[1], cross,
          gemm_cast_s + 2 * attention_cast_s),
     ]
+    for c in bench["cases"]:
+        if c["section"] == "attention_check":
+            notes.append(f"FP8 attention against bf16 on the same inputs, {c['heads']} heads, S {c['S']} (relative RMS "
+                         f"error): O {c['o']:.4f}, dQ {c['dq']:.4f}, dK {c['dk']:.4f}, dV {c['dv']:.4f}"
+                         + ("" if c["same"] else " - NOT the same attention: its timings measure something else"))
     notes.append(f"{len(samples)} samples, {tokens / dims['num_layers']:,.0f} tokens, {dims['num_layers']} layers of "
                  f"dim {dims['dim']}, {dims['num_heads']} heads")
     return rows, notes
