@@ -16,7 +16,7 @@
 namespace {
 
 const size_t kErrorBytes = 1024;
-const int kMaxDescriptors = 160;
+const int kMaxDescriptors = 256;  // the backward graph takes about 140, the fallback heuristics up to 18 more
 const int kMaxOps = 48;
 
 enum tensor_uid : int64_t {

@@ -225,38 +225,46 @@ static int compare_doubles(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-/* Milliseconds of `launches` launches between two events. */
+/* Milliseconds of `launches` launches between two events; -1 when one of them was refused. */
 static double time_launches(bench_op op, void *context, int launches, cudaStream_t stream)
 {
     cudaEvent_t start, stop;
+    int queued = 1;
     CUDA_CHECK(cudaEventCreate(&start));
     CUDA_CHECK(cudaEventCreate(&stop));
     CUDA_CHECK(cudaEventRecord(start, stream));
-    for (int i = 0; i < launches; ++i) op(context, stream);
+    for (int i = 0; i < launches; ++i) queued &= op(context, stream);
     CUDA_CHECK(cudaEventRecord(stop, stream));
     CUDA_CHECK(cudaEventSynchronize(stop));
     float ms = 0.0f;
     CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
     CUDA_CHECK(cudaEventDestroy(start));
     CUDA_CHECK(cudaEventDestroy(stop));
-    return ms;
+    return queued ? ms : -1.0;
 }
 
 /* Median milliseconds per launch over `repeats` groups, after a first launch (plans, refusal) and a probe that
-   sizes the groups to about kGroupMs; -1 when the first launch is refused. */
+   sizes the groups to about kGroupMs; -1 when any launch is refused (a refused launch queues nothing, so its
+   group's time would not be the operation's). */
 static double time_op(bench_op op, void *context, int repeats, cudaStream_t stream)
 {
     if (!op(context, stream)) return -1.0;
     CUDA_CHECK(cudaStreamSynchronize(stream));
     const double probe = time_launches(op, context, 1, stream);
+    if (probe < 0.0) return -1.0;
     int launches = probe > 0.0 ? (int)(kGroupMs / probe) : 100;
     launches = launches < 1 ? 1 : launches > 100 ? 100 : launches;
     double *ms = xmalloc((size_t)repeats * sizeof *ms);
-    for (int r = 0; r < repeats; ++r) ms[r] = time_launches(op, context, launches, stream) / launches;
+    int refused = 0;
+    for (int r = 0; r < repeats; ++r) {
+        const double group = time_launches(op, context, launches, stream);
+        refused |= group < 0.0;
+        ms[r] = group / launches;
+    }
     qsort(ms, (size_t)repeats, sizeof *ms, compare_doubles);
     const double median = ms[repeats / 2];
     free(ms);
-    return median;
+    return refused ? -1.0 : median;
 }
 
 static double tflops(double flops, double ms) { return ms > 0.0 ? flops / (ms * 1e9) : 0.0; }
