@@ -46,7 +46,8 @@ static void usage(FILE *out)
             "usage: fp8_bench [--sections gemm,attention] [--seq S1,S2,...] [--wan 1.3b,14b] [--repeats N]\n"
             "                 [--text-rows T] [--spec FILE --samples N --draw-seed S] [--json FILE]\n"
             "  gemm: per Wan model (--wan; default both) and M tokens (--seq; default 4096,16384,32768,75600), the\n"
-            "    block's linears (q/k/v/o: K = N = dim; FFN up: dim -> ffn; FFN down: ffn -> dim) on cuBLASLt, each\n"
+            "    block's linears on its tokens (attn: self q/k/v/o and cross q/o, 6 of K = N = dim; FFN up: dim -> ffn;\n"
+            "    FFN down: ffn -> dim; not the cross k/v on the text rows) on cuBLASLt, each\n"
             "    pass in bf16 and FP8 with per-tensor scales (A and B scale pointers, 1.0):\n"
             "      fwd   y = x W^T: bf16 TN; FP8 E4M3 x E4M3 -> bf16, fast accumulation on and off;\n"
             "      dgrad dx = dy W: bf16 NN as cuda/gemm.h; FP8 needs TN on Hopper, so it reads W^T (an E4M3 copy made\n"
@@ -477,7 +478,7 @@ static void run_gemm_section(const options *o, cudaStream_t stream)
     for (int m = 0; m < 2; ++m) {
         if (!o->use_model[m]) continue;
         const wan_model *w = &kModels[m];
-        const linear_kind lins[] = {{"qkvo", w->dim, w->dim, 4}, {"up", w->dim, w->ffn_dim, 1},
+        const linear_kind lins[] = {{"attn", w->dim, w->dim, 6}, {"up", w->dim, w->ffn_dim, 1},
                                     {"down", w->ffn_dim, w->dim, 1}};
         for (int si = 0; si < o->n_seq; ++si) {
             gemm_buffers b;

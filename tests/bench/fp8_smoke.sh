@@ -59,7 +59,7 @@ dim, ffn, heads = 1536, 8960, 12
 rate = {"bf16": 500e12, "fp8": 1000e12, "fp8_fast": 1200e12}
 cases = []
 for M in (1024, 65536):
-    for name, k, n, count in (("qkvo", dim, dim, 4), ("up", dim, ffn, 1), ("down", ffn, dim, 1)):
+    for name, k, n, count in (("attn", dim, dim, 6), ("up", dim, ffn, 1), ("down", ffn, dim, 1)):
         for p in ("fwd", "dgrad", "wgrad"):
             for v in ("bf16", "fp8", "fp8_fast"):
                 flops = 2.0 * M * k * n

@@ -2,7 +2,8 @@
 """fp8_table.py — issue 34's projection: the epoch floor of tests/bench/train_vs_peer.sh (train_table.py's model:
 every GEMM FLOP at the block GEMMs' rate at the epoch's mean micro-batch rows, each sample's self- and cross-attention
 at the time measured at the nearest S, interpolated per FLOP in log S, times the layers), priced with the rates
-tests/bench/fp8_bench measured in one call, bf16 against FP8 part by part, as one table. Plain Python (json, configparser).
+tests/bench/fp8_bench measured in one call, bf16 against FP8 part by part, as one table. Plain Python (json,
+configparser).
 
 usage: tests/bench/fp8_table.py --bench FP8_JSON [--bench FP8_JSON ...] --deck DECK [section.key=value ...]
            [--mean-rows R] [--bandwidth-tbs B] [--json FILE]
@@ -12,10 +13,11 @@ default); the same with fast accumulation in dgrad too; + FP8 self-attention for
 (cross-attention to the text stays bf16 in every row). Gain: the bf16 floor over the row's. The bench's FP8 GEMMs read
 transposed FP8 copies (dgrad: W^T; wgrad: x^T, dy^T), which a real path writes in the fused kernels that make its
 activations (issue 34, item 2); "with casts" adds, as a bound, unfused casts at --bandwidth-tbs (default 4.19, an
-H200's device copy): per token and layer, GEMM operands 4 bytes (bf16 read, FP8 and FP8^T written) for each of 8 dim
-+ 2 ffn activations and gradients, attention 3 bytes (bf16 read, FP8 written, or back) for each of 4 dim per
-direction. The epoch is the one the bench drew (--spec, --samples, --draw-seed: aldit-store synth's draw); its mean
-micro-batch rows are --mean-rows (default 32768; train_vs_peer.sh takes them from aldit's run).
+H200's device copy): per token and layer, GEMM operands 4 bytes (bf16 read, FP8 and FP8^T written) for each of
+12 dim + 2 ffn values (inputs 5 dim + ffn, output gradients 7 dim + ffn), attention 3 bytes (bf16 read, FP8
+written, or back) for each of 4 dim per direction. The epoch is the one the bench drew (--spec, --samples,
+--draw-seed: aldit-store synth's draw); its mean micro-batch rows are --mean-rows (default 32768;
+train_vs_peer.sh takes them from aldit's run).
 """
 import argparse
 import json
@@ -34,13 +36,13 @@ GEMM_CONFIGS = [
 
 
 def gemm_rates(cases, dim):
-    """{config: [(M, FLOP/s of the block's linears, fwd + dgrad + wgrad)]} for the model whose q/k/v/o has K = dim,
+    """{config: [(M, FLOP/s of the block's linears, fwd + dgrad + wgrad)]} for the model whose attn linears have K = dim,
     and the cases that fell back to bf16 (refused in FP8)."""
     by_key = {}
     for c in cases:
         if c["section"] == "gemm":
             by_key[(c["model"], c["M"], c["linear"], c["pass"], c["variant"])] = c
-    models = {c["model"] for c in cases if c["section"] == "gemm" and c["linear"] == "qkvo" and c["K"] == dim}
+    models = {c["model"] for c in cases if c["section"] == "gemm" and c["linear"] == "attn" and c["K"] == dim}
     if len(models) != 1:
         sys.exit(f"--bench: no GEMM cases at dim {dim} (the deck's model)")
     model = models.pop()
@@ -123,7 +125,7 @@ def project(bench, deck, mean_rows, bandwidth):
         return attention_seconds(samples, dims, (kind, points))
 
     tokens = sum(s for s, _ in samples) * dims["num_layers"]
-    gemm_cast_s = tokens * 4.0 * (8 * dims["dim"] + 2 * dims["ffn_dim"]) / bandwidth
+    gemm_cast_s = tokens * 4.0 * (12 * dims["dim"] + 2 * dims["ffn_dim"]) / bandwidth
     attention_cast_s = tokens * 3.0 * 4 * dims["dim"] / bandwidth
     cross = part("cross", "bf16", "fwd") + part("cross", "bf16", "bwd")
     self_bf16 = (part("self", "bf16", "fwd"), part("self", "bf16", "bwd"))
