@@ -272,12 +272,19 @@ static double tflops(double flops, double ms) { return ms > 0.0 ? flops / (ms * 
 
 /* ---- the JSON ------------------------------------------------------------------------------------------------ */
 
+/* JSON lines: a header, one object per case, the epoch; each line flushed as it is written, so that a run cut
+   short leaves the cases it measured. */
 static FILE *g_json;
-static int g_json_items;
 
 static void json_item_start(void)
 {
-    if (g_json) fprintf(g_json, "%s\n  {", g_json_items++ ? "," : "");
+    if (g_json) fputc('{', g_json);
+}
+static void json_item_end(void)
+{
+    if (!g_json) return;
+    fputs("}\n", g_json);
+    fflush(g_json);
 }
 
 /* ---- GEMMs ------------------------------------------------------------------------------------------------- */
@@ -437,10 +444,11 @@ static void time_gemm(const options *o, gemm_buffers *b, const char *model, int6
     json_item_start();
     if (g_json)
         fprintf(g_json, "\"section\": \"gemm\", \"model\": \"%s\", \"M\": %lld, \"linear\": \"%s\", \"K\": %lld, \"N\": %lld, "
-                "\"count\": %d, \"pass\": \"%s\", \"variant\": \"%s\", \"ms\": %.6f, \"tflops\": %.3f%s%s%s}",
+                "\"count\": %d, \"pass\": \"%s\", \"variant\": \"%s\", \"ms\": %.6f, \"tflops\": %.3f%s%s%s",
                 model, (long long)M, lin->name, (long long)lin->k, (long long)lin->n, lin->count, kPassNames[pass],
                 kVariantNames[variant], ms, tflops(flops, ms), ms < 0.0 ? ", \"refused\": \"" : "",
                 ms < 0.0 ? g.refusal : "", ms < 0.0 ? "\"" : "");
+    json_item_end();
     gemm_case_free(&g);
 }
 
@@ -558,7 +566,7 @@ static void record_attention(const attention_case *c, const char *kind, const ch
         for (const char *p = refusal; *p; ++p) fputc(*p == '"' || *p == '\\' || (unsigned char)*p < 32 ? '\'' : *p, g_json);
         fputc('"', g_json);
     }
-    fputc('}', g_json);
+    json_item_end();
 }
 
 /* Scales that keep P, O and dS inside FP8's range at the check's S (P <= 1 to E4M3's 448; O ~ 0.03; dS ~ 1e-3);
@@ -636,7 +644,8 @@ static void check_fp8_attention(attention_case *c, cudaStream_t stream)
     json_item_start();
     if (g_json)
         fprintf(g_json, "\"section\": \"attention_check\", \"heads\": %d, \"S\": %lld, \"o\": %.6f, \"dq\": %.6f, "
-                "\"dk\": %.6f, \"dv\": %.6f, \"same\": %d}", c->heads, (long long)c->S, o, dq, dk, dv, same);
+                "\"dk\": %.6f, \"dv\": %.6f, \"same\": %d", c->heads, (long long)c->S, o, dq, dk, dv, same);
+    json_item_end();
 }
 
 /* FP8 self-attention of the case: the packed-row layout, else head-major; the forward's stats feed the backward. The
@@ -667,6 +676,17 @@ static void time_fp8_attention(attention_case *c, const options *o, cudaStream_t
     record_attention(c, "self", "fp8", kept_layout < 0 ? "" : layouts[kept_layout], kept_fwd, -1.0, refusal);
 }
 
+/* bf16 attention of the case against kv_rows keys (self: S, cross: the text rows), forward then backward. */
+static void time_bf16_attention(attention_case *c, const options *o, const char *kind, int64_t kv_rows,
+                                cudaStream_t stream)
+{
+    c->kv_rows = kv_rows;
+    const double fwd = time_op(run_bf16_fwd, c, o->repeats, stream);
+    const double bwd = time_op(run_bf16_bwd, c, o->repeats, stream);
+    record_attention(c, kind, "bf16", "", fwd, bwd, NULL);
+}
+
+/* Per model: bf16 at every S, then FP8 at every S (so that a failure in the FP8 graphs leaves every bf16 figure). */
 static void run_attention_section(const options *o, cudaStream_t stream)
 {
     for (int m = 0; m < 2; ++m) {
@@ -676,21 +696,21 @@ static void run_attention_section(const options *o, cudaStream_t stream)
         c.bf16 = attention_cudnn_create(0, 0);
         c.fp8 = attention_fp8_create();
         c.heads = kModels[m].heads;
-        for (int si = 0; si < o->n_seq; ++si) {
-            c.S = (o->seq[si] + kTile - 1) / kTile * kTile; /* whole tiles, as aldit runs its long samples */
-            attention_buffers(&c, c.S, c.S > o->text_rows ? c.S : o->text_rows, c.heads);
-            c.kv_rows = c.S;
-            record_attention(&c, "self", "bf16", "", time_op(run_bf16_fwd, &c, o->repeats, stream),
-                             time_op(run_bf16_bwd, &c, o->repeats, stream), NULL);
-            c.kv_rows = o->text_rows;
-            record_attention(&c, "cross", "bf16", "", time_op(run_bf16_fwd, &c, o->repeats, stream),
-                             time_op(run_bf16_bwd, &c, o->repeats, stream), NULL);
-            c.kv_rows = c.S;
-            time_fp8_attention(&c, o, stream);
-            if (si == 0) check_fp8_attention(&c, stream); /* the shortest S: cheap, and P well inside E4M3 */
-            CUDA_CHECK(cudaStreamSynchronize(stream));
-            attention_buffers_free(&c);
-        }
+        for (int fp8 = 0; fp8 < 2; ++fp8)
+            for (int si = 0; si < o->n_seq; ++si) {
+                c.S = (o->seq[si] + kTile - 1) / kTile * kTile; /* whole tiles, as aldit runs its long samples */
+                attention_buffers(&c, c.S, c.S > o->text_rows ? c.S : o->text_rows, c.heads);
+                if (!fp8) {
+                    time_bf16_attention(&c, o, "self", c.S, stream);
+                    time_bf16_attention(&c, o, "cross", o->text_rows, stream);
+                } else {
+                    c.kv_rows = c.S;
+                    time_fp8_attention(&c, o, stream);
+                    if (si == 0) check_fp8_attention(&c, stream); /* the shortest S: cheap, P well inside E4M3 */
+                }
+                CUDA_CHECK(cudaStreamSynchronize(stream));
+                attention_buffers_free(&c);
+            }
         attention_fp8_free(c.fp8);
         attention_cudnn_free(c.bf16);
     }
@@ -718,10 +738,11 @@ static void write_epoch(const options *o)
     const size_t n = (size_t)o->epoch_samples;
     int32_t *f = xmalloc(n * sizeof *f), *h = xmalloc(n * sizeof *h), *w = xmalloc(n * sizeof *w);
     lengths_draw(buckets, n_buckets, o->epoch_samples, o->draw_seed, f, h, w);
-    fprintf(g_json, ",\n \"epoch\": {\"spec\": \"%s\", \"samples\": %lld, \"draw_seed\": %llu, \"shapes\": [", o->spec,
+    fprintf(g_json, "{\"epoch\": {\"spec\": \"%s\", \"samples\": %lld, \"draw_seed\": %llu, \"shapes\": [", o->spec,
             (long long)o->epoch_samples, (unsigned long long)o->draw_seed);
     for (size_t i = 0; i < n; ++i) fprintf(g_json, "%s[%d, %d, %d]", i ? ", " : "", f[i], h[i], w[i]);
-    fprintf(g_json, "]}");
+    fprintf(g_json, "]}}\n");
+    fflush(g_json);
     free(f);
     free(h);
     free(w);
@@ -746,7 +767,10 @@ int main(int argc, char **argv)
         gpu_describe(device, sizeof device);
     }
     printf("fp8_bench on %s; head_dim %d, %d repeats\n", device, kHeadDim, o.repeats);
-    if (g_json) fprintf(g_json, "{\"device\": \"%s\", \"text_rows\": %d, \"cases\": [", device, o.text_rows);
+    if (g_json) {
+        fprintf(g_json, "{\"device\": \"%s\", \"text_rows\": %d}\n", device, o.text_rows);
+        if (o.spec) write_epoch(&o); /* first: the projection needs it, whatever happens later */
+    }
     if (on_gpu) {
         cudaStream_t stream;
         CUDA_CHECK(cudaStreamCreate(&stream));
@@ -755,9 +779,6 @@ int main(int argc, char **argv)
         CUDA_CHECK(cudaStreamDestroy(stream));
     }
     if (g_json) {
-        fprintf(g_json, "\n ]");
-        if (o.spec) write_epoch(&o);
-        fprintf(g_json, "}\n");
         ALDIT_CHECK(fclose(g_json) == 0, "fp8_bench: writing --json %s failed", o.json_path);
     }
     return 0;

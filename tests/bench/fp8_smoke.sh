@@ -36,7 +36,7 @@ if [ -x "$bench" ]; then
     status=$?
     check=$("$PYTHON" - "$work/epoch.json" "$spec" <<'EOF'
 import json, sys
-epoch = json.load(open(sys.argv[1]))["epoch"]
+epoch = [json.loads(line) for line in open(sys.argv[1])][1]["epoch"]  # JSON lines: header, epoch
 buckets = {tuple(int(x) for x in line.split()[1:4]) for line in open(sys.argv[2]) if line.split() and line[0] != "#"}
 shapes = [tuple(s) for s in epoch["shapes"]]
 ok = len(shapes) == 50 and epoch["draw_seed"] == 11 and all(s in buckets for s in shapes) and len(set(shapes)) > 5
@@ -77,7 +77,12 @@ for S in (1024, 65536):
 cases.append({"section": "attention_check", "heads": heads, "S": 1024, "o": 0.03, "dq": 0.1, "dk": 0.1, "dv": 0.09,
               "same": 1})
 epoch = {"spec": "made up", "samples": 3, "draw_seed": 11, "shapes": [[1, 32, 32], [21, 60, 104], [5, 60, 104]]}
-json.dump({"device": "made up", "text_rows": 512, "cases": cases, "epoch": epoch}, open(f"{work}/good.json", "w"))
+def write(path, cases, tail=""):  # fp8_bench's JSON lines: header, epoch, cases
+    with open(path, "w") as f:
+        for item in [{"device": "made up", "text_rows": 512}, {"epoch": epoch}] + cases:
+            f.write(json.dumps(item) + "\n")
+        f.write(tail)
+write(f"{work}/good.json", cases)
 for c in cases:  # FP8 attention refused everywhere, one FP8 GEMM refused
     if c["section"] == "attention" and c["precision"] == "fp8":
         c["fwd_ms"] = c["bwd_ms"] = -1.0
@@ -85,7 +90,7 @@ for c in cases:  # FP8 attention refused everywhere, one FP8 GEMM refused
     if c["section"] == "gemm" and c["linear"] == "up" and c["pass"] == "dgrad" and c["variant"] == "fp8" and c["M"] == 1024:
         c["ms"] = -1.0
         c["refused"] = "cuBLASLt: no algorithm"
-json.dump({"device": "made up", "text_rows": 512, "cases": cases, "epoch": epoch}, open(f"{work}/refused.json", "w"))
+write(f"{work}/refused.json", cases, '{"section": "attention", "heads": 12, "S": 10')  # and cut short mid-line
 EOF
 deck="$top_srcdir/inputs/wan1.3b-8layers.ini"
 "$PYTHON" "$top_srcdir/tests/bench/fp8_table.py" --bench "$work/good.json" --deck "$deck" --mean-rows 4096 \
@@ -125,12 +130,12 @@ rows = {r["name"]: r for r in json.load(open(sys.argv[1]))["rows"]}
 text = open(sys.argv[2]).read()
 base, bwd = rows["bf16 floor"], rows["+ FP8 attention backward"]
 ok = (abs(bwd["self_fwd_s"] - base["self_fwd_s"]) < 1e-12 and abs(bwd["self_bwd_s"] - base["self_bwd_s"]) < 1e-12
-      and "priced at bf16" in text and "up dgrad fp8 at M 1024" in text)
+      and "priced at bf16" in text and "up dgrad fp8 at M 1024" in text and "1 line(s)" in text)
 print("ok" if ok else text)
 EOF
 )
 [ $status = 0 ] || check="exit $status: $check"
-tap_is "FP8 refusals: priced at bf16 and named in the notes" "$check" "ok"
+tap_is "FP8 refusals and a run cut short mid-line: priced at bf16, named in the notes" "$check" "ok"
 
 "$PYTHON" "$top_srcdir/tests/bench/fp8_table.py" --bench "$work/good.json" --deck "$deck" model.dim=5120 \
     > "$work/wrong.md" 2>&1; status=$?

@@ -108,6 +108,8 @@ def project(bench, deck, mean_rows, bandwidth):
     model, rates, fallbacks = gemm_rates(bench["cases"], dims["dim"])
     costs = attention_costs(bench["cases"], dims["num_heads"], head_dim)
     notes = [f"GEMM rates of Wan-{model} at {mean_rows:g} mean micro-batch rows"]
+    if bench.get("cut"):
+        notes.append(f"{bench['cut']} line(s) of the measurement did not parse (a run cut short) and were left out")
     if fallbacks:
         notes.append("FP8 refused, priced at bf16: " + ", ".join(fallbacks))
     samples = epoch_samples(bench, deck, dims)
@@ -149,6 +151,30 @@ def project(bench, deck, mean_rows, bandwidth):
     return rows, notes
 
 
+def read_bench(paths):
+    """fp8_bench's JSON lines of these files as {"device", "epoch", "cases", "cut"}: the header's device, the first
+    epoch, every case; a line that does not parse (a run cut short mid-line) is counted in "cut" and left out."""
+    bench = {"cases": [], "cut": 0}
+    for path in paths:
+        try:
+            with open(path) as f:
+                lines = [line for line in f if line.strip()]
+        except OSError as e:
+            sys.exit(f"--bench {path}: {e}")
+        for line in lines:
+            try:
+                item = json.loads(line)
+            except ValueError:
+                bench["cut"] += 1
+                continue
+            if "section" in item:
+                bench["cases"].append(item)
+            for key in ("device", "epoch"):
+                if key in item and key not in bench:
+                    bench[key] = item[key]
+    return bench
+
+
 def print_table(rows, notes, bench):
     base = sum(rows[0][1:5])
     print(f"## FP8 projection of the epoch floor ({bench.get('device', '?')})")
@@ -184,17 +210,7 @@ def main():
     parser.add_argument("--json", help="write the rows here")
     parser.add_argument("overrides", nargs="*", help="section.key=value")
     args = parser.parse_args()
-    bench = {"cases": []}
-    for path in args.bench:
-        try:
-            with open(path) as f:
-                part = json.load(f)
-        except (OSError, ValueError) as e:
-            sys.exit(f"--bench {path}: {e}")
-        bench["cases"] += part.get("cases", [])
-        for key in ("device", "epoch"):
-            if key in part and key not in bench:
-                bench[key] = part[key]
+    bench = read_bench(args.bench)
     deck = read_deck(args.deck, args.overrides)
     if not (args.mean_rows > 0 and math.isfinite(args.mean_rows)):
         sys.exit("--mean-rows: a positive number")
