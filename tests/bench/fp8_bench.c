@@ -1,4 +1,4 @@
-/* fp8_bench.c — issue 34's measurement on one GPU: cuBLASLt FP8 GEMMs against bf16 at a Wan block's linear shapes (forward, dgrad, wgrad) and cuDNN FP8 fused attention against bf16 (forward, backward), one sample per call, in one run; prints one line per case and writes them as JSON for tests/bench/fp8_table.py. */
+/* fp8_bench.c — issue 34's measurement on one GPU: cuBLASLt FP8 GEMMs against bf16 at a Wan block's linear shapes (forward, dgrad, wgrad) and cuDNN FP8 fused attention against bf16 (forward, backward), one sample per call, in one run; prints one line per case and writes them as JSON lines for tests/bench/fp8_table.py. */
 #include "config.h"
 
 #include <getopt.h>
