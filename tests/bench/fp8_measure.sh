@@ -5,8 +5,8 @@
 # train_table.py's floor model, bf16 against FP8 part by part, and prints one table.
 #
 # usage: tests/bench/fp8_measure.sh [BUILD_DIR]     (BUILD_DIR: default the current directory; needs a GPU)
-# Environment: OUT (folder for fp8_gemm.log/.json, fp8_attention.log/.json, fp8_table.md/.json; default a new one
-# under /tmp), SEQ (the M / S list; default 1024,4096,16384,32768,75600), MODELS (default 1.3b,14b), REPEATS (default 3),
+# Environment: OUT (folder for fp8_gemm.log/.json, fp8_attention.log/.json, fp8_table.md/.json, fp8_speedups.md; default
+# a new one under /tmp), SEQ (the M / S list; default 1024,4096,16384,32768,75600), MODELS (default 1.3b,14b), REPEATS (default 3),
 # DECK (default inputs/wan1.3b-8layers.ini), MEAN_ROWS (the epoch's mean micro-batch rows; default 32768), SAMPLES
 # (800). Exit 77 without a GPU (fp8_bench's own check).
 set -u
@@ -37,9 +37,10 @@ done
 echo "== the projection (train_vs_peer.sh's floor model)"
 "$PYTHON" "$srcdir/tests/bench/fp8_table.py" --bench "$out/fp8_gemm.json" --bench "$out/fp8_attention.json" \
     --deck "${DECK:-$srcdir/inputs/wan1.3b-8layers.ini}" --mean-rows "${MEAN_ROWS:-32768}" \
-    --json "$out/fp8_table.json" > "$out/fp8_table.md" 2>&1
+    --json "$out/fp8_table.json" --speedups "$out/fp8_speedups.md" > "$out/fp8_table.md" 2>&1
 status=$?
 cat "$out/fp8_table.md"
+echo; cat "$out/fp8_speedups.md" 2>/dev/null
 echo "(files in $out)"
 # a bench that failed part-way still leaves its figures (JSON lines) to the table above, which notes what is missing
 [ $failed = 0 ] || exit $failed

@@ -94,10 +94,13 @@ write(f"{work}/refused.json", cases, '{"section": "attention", "heads": 12, "S":
 EOF
 deck="$top_srcdir/inputs/wan1.3b-8layers.ini"
 "$PYTHON" "$top_srcdir/tests/bench/fp8_table.py" --bench "$work/good.json" --deck "$deck" --mean-rows 4096 \
-    --json "$work/good.out.json" > "$work/good.md" 2>&1
+    --json "$work/good.out.json" --speedups "$work/speedups.md" > "$work/good.md" 2>&1
 status=$?
 case $(cat "$work/good.md") in *"S 1024 (relative RMS error): O 0.0300, dQ 0.1000"*) found=0 ;; *) found=1 ;; esac
-tap_result $((status + found)) "fp8_table.py projects a made-up measurement and notes the FP8-against-bf16 check" \
+# the per-shape ratios: forward 1200/500 (fast), 1000/500, ..., wgrad 2x; self-attention 1.5x forward, 1.25x backward
+case $(cat "$work/speedups.md" 2>&1) in *"| 1.3b | 65536 | 2.40x | 2.00x | 2.40x | 2.00x | 2.00x | 2.12x |"*"| 12 | 1024 | 400 | 600 | 1.50x | 400 | 500 | 1.25x |"*) ;;
+    *) found=1; echo "# speedups: $(cat "$work/speedups.md" 2>&1)" ;; esac
+tap_result $((status + found)) "fp8_table.py projects a made-up measurement, notes the FP8-against-bf16 check, writes the per-shape ratios" \
     "$(cat "$work/good.md")"
 
 # the known answer: GEMMs 500 / (3 / (1/1200 + 2/1000)) faster; self-attention forward 1.5x, backward 1.25x; the

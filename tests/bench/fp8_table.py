@@ -6,7 +6,7 @@ tests/bench/fp8_bench measured in one call, bf16 against FP8 part by part, as on
 configparser).
 
 usage: tests/bench/fp8_table.py --bench FP8_JSON [--bench FP8_JSON ...] --deck DECK [section.key=value ...]
-           [--mean-rows R] [--bandwidth-tbs B] [--json FILE]
+           [--mean-rows R] [--bandwidth-tbs B] [--json FILE] [--speedups FILE]
 
 Rows: the bf16 floor; FP8 GEMMs (forward with fast accumulation, dgrad and wgrad without: Transformer Engine's
 default); the same with fast accumulation in dgrad too; + FP8 self-attention forward; + FP8 self-attention backward
@@ -17,7 +17,8 @@ H200's device copy): per token and layer, GEMM operands 4 bytes (bf16 read, FP8 
 12 dim + 2 ffn values (inputs 5 dim + ffn, output gradients 7 dim + ffn), attention 3 bytes (bf16 read, FP8
 written, or back) for each of 4 dim per direction. The epoch is the one the bench drew (--spec, --samples,
 --draw-seed: aldit-store synth's draw); its mean micro-batch rows are --mean-rows (default 32768;
-train_vs_peer.sh takes them from aldit's run).
+train_vs_peer.sh takes them from aldit's run). --speedups writes the measurement itself, per shape (bf16 time over
+FP8 time of the block's GEMMs per pass and variant; self-attention TFLOP/s and ratios).
 """
 import argparse
 import json
@@ -175,6 +176,41 @@ def read_bench(paths):
     return bench
 
 
+def speedup_lines(bench):
+    """The measurement in two markdown tables: per model and M, the block's GEMM time in bf16 over FP8 per pass and
+    variant (its linears weighted by their count); per heads and S, self-attention TFLOP/s and the ratios."""
+    gemm = {}
+    for c in bench["cases"]:
+        if c["section"] == "gemm" and c["ms"] > 0:
+            key = (c["model"], c["M"], c["pass"], c["variant"])
+            gemm[key] = gemm.get(key, 0.0) + c["count"] * c["ms"]
+    columns = [("fwd", "fp8_fast"), ("fwd", "fp8"), ("dgrad", "fp8_fast"), ("dgrad", "fp8"), ("wgrad", "fp8")]
+    lines = ["| model | M | " + " | ".join(f"{p} {v}" for p, v in columns) + " | fwd+bwd (fp8 config) |",
+             "|---" * (len(columns) + 3) + "|"]
+    for model, M in sorted({(k[0], k[1]) for k in gemm}):
+        def ratio(p, v):
+            bf16, fp8 = gemm.get((model, M, p, "bf16")), gemm.get((model, M, p, v))
+            return f"{bf16 / fp8:.2f}x" if bf16 and fp8 else "refused"
+        total = [gemm.get((model, M, p, v)) for p, v in (("fwd", "fp8_fast"), ("dgrad", "fp8"), ("wgrad", "fp8"))]
+        base = [gemm.get((model, M, p, "bf16")) for p in ("fwd", "dgrad", "wgrad")]
+        both = f"{sum(base) / sum(total):.2f}x" if all(total) and all(base) else "-"
+        lines.append(f"| {model} | {M} | " + " | ".join(ratio(p, v) for p, v in columns) + f" | {both} |")
+    lines += ["", "| heads | S | bf16 fwd TFLOP/s | FP8 fwd TFLOP/s | fwd | bf16 bwd TFLOP/s | FP8 bwd TFLOP/s | bwd |",
+              "|---|---|---|---|---|---|---|---|"]
+    attention = {(c["heads"], c["S"], c["precision"]): c for c in bench["cases"]
+                 if c["section"] == "attention" and c["kind"] == "self"}
+    for heads, S in sorted({(k[0], k[1]) for k in attention}):
+        b, f = attention.get((heads, S, "bf16")), attention.get((heads, S, "fp8"))
+        flops = 4.0 * S * S * heads * (b or f)["head_dim"]
+        def rate(case, d, factor):
+            return f"{factor * flops / (1e9 * case[d + '_ms']):.0f}" if case and case[d + "_ms"] > 0 else "refused"
+        def ratio(d):
+            return f"{b[d + '_ms'] / f[d + '_ms']:.2f}x" if b and f and b[d + "_ms"] > 0 and f[d + "_ms"] > 0 else "-"
+        lines.append(f"| {heads} | {S} | {rate(b, 'fwd', 1)} | {rate(f, 'fwd', 1)} | {ratio('fwd')} | "
+                     f"{rate(b, 'bwd', 2.5)} | {rate(f, 'bwd', 2.5)} | {ratio('bwd')} |")
+    return lines
+
+
 def print_table(rows, notes, bench):
     base = sum(rows[0][1:5])
     print(f"## FP8 projection of the epoch floor ({bench.get('device', '?')})")
@@ -208,6 +244,7 @@ def main():
     parser.add_argument("--mean-rows", type=float, default=32768.0)
     parser.add_argument("--bandwidth-tbs", type=float, default=4.19)
     parser.add_argument("--json", help="write the rows here")
+    parser.add_argument("--speedups", help="write the measurement's bf16/FP8 ratios here (markdown)")
     parser.add_argument("overrides", nargs="*", help="section.key=value")
     args = parser.parse_args()
     bench = read_bench(args.bench)
@@ -216,6 +253,10 @@ def main():
         sys.exit("--mean-rows: a positive number")
     rows, notes = project(bench, deck, args.mean_rows, args.bandwidth_tbs * 1e12)
     out = print_table(rows, notes, bench)
+    if args.speedups:
+        with open(args.speedups, "w") as f:
+            f.write(f"## FP8 against bf16, per shape ({bench.get('device', '?')}; bf16 time / FP8 time)\n\n")
+            f.write("\n".join(speedup_lines(bench)) + "\n")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"rows": out, "notes": notes}, f, indent=1)
