@@ -2,10 +2,11 @@
 # train_rundir.sh — the run folder's guards on 2 CPU ranks: a second live run on a folder is refused naming the
 # holder, a dead run's lock is taken over naming it; a fresh start ([checkpoint] resume = off) into a used folder
 # is refused, deleting nothing; --check finds a checkpoint of another model in the run folder; [checkpoint]
-# at_end = off leaves out the final checkpoint of a run that ends by its steps, not that of a signal; [log]
+# a lock file that is a symbolic link or a FIFO is refused, its target untouched; a holder line's control bytes are
+# escaped; at_end = off leaves out the final checkpoint of a run that ends by its steps, not that of a signal; [log]
 # profile_from on the CPU backend (no profiler) is ignored with a warning.
 . "${top_srcdir:-.}/tests/train_lib.sh"
-tap_plan 13
+tap_plan 16
 
 tap_ok "aldit-store synth makes the test store" make_store
 
@@ -34,6 +35,35 @@ case $status:$(cat "$WORK/shared.log") in
 esac
 tap_result $found "the stale lock of the killed run is taken over, naming it" "$(head -5 "$WORK/shared.log")"
 tap_is "a normal exit empties the lock file" "$(wc -c < "$WORK/shared/aldit.lock" | tr -d ' ')" 0
+
+# issue 35.3: a lock file that is a symbolic link is refused (exit 2, saying to remove it), its target untouched
+printf 'precious\n' > "$WORK/precious"
+rm -f "$WORK/shared/aldit.lock"
+ln -s "$WORK/precious" "$WORK/shared/aldit.lock"
+run_aldit 2 shared run.steps=3 checkpoint.resume=on; status=$?
+case $status:$(cat "$WORK/precious"):$(cat "$WORK/shared.log") in
+    2:precious:*"the run folder's lock file $WORK/shared/aldit.lock is a symbolic link"*"Remove the link"*) found=0 ;;
+    *) found=1 ;;
+esac
+tap_result $found "a symbolic link as the lock file: exit 2, its target untouched" "exit $status; $(cat "$WORK/shared.log")"
+rm -f "$WORK/shared/aldit.lock"
+mkfifo "$WORK/shared/aldit.lock"
+run_aldit 2 shared run.steps=3 checkpoint.resume=on; status=$?
+case $status:$(cat "$WORK/shared.log") in
+    2:*"the run folder's lock file $WORK/shared/aldit.lock is not a regular file"*) found=0 ;;
+    *) found=1 ;;
+esac
+tap_result $found "a FIFO as the lock file: exit 2" "exit $status; $(cat "$WORK/shared.log")"
+rm -f "$WORK/shared/aldit.lock"
+# a dead run's holder line with an escape sequence and a tab: printed as \x1b and \x09, not raw
+printf 'host h\033[2J\tx, pid 1\n' > "$WORK/shared/aldit.lock"
+run_aldit 2 shared run.steps=3 checkpoint.resume=on; status=$?
+case $status:$(cat "$WORK/shared.log") in
+    0:*'from a run that ended without a normal exit (host h\x1b[2J\x09x, pid 1)'*) found=0 ;;
+    *) found=1 ;;
+esac
+grep -q "$(printf '\033')" "$WORK/shared.log" && found=1
+tap_result $found "a lock file's control bytes are escaped in the take-over note" "exit $status; $(cat -v "$WORK/shared.log" | head -3)"
 
 # 4. a fresh start into a folder with an earlier run's checkpoints and metrics: refused, nothing deleted
 before=$(ls "$WORK/shared/checkpoints"; wc -c < "$WORK/shared/metrics.jsonl")
