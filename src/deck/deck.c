@@ -100,8 +100,9 @@ static const deck_key deck_keys[] = {
      .help = "text embedding width (umT5: 4096); must match the store"},
     {KEY("model", "freq_dim", KEY_INT, model.freq_dim), .min = 2, .max = 65536, .default_text = "256",
      .help = "width of the sinusoidal timestep embedding (even)"},
-    {KEY("model", "eps", KEY_DOUBLE, model.eps), .min = 0, .min_open = 1, .max = 0.1, .default_text = "1e-6",
-     .help = "epsilon of LayerNorm and RMSNorm"},
+    {KEY("model", "eps", KEY_DOUBLE, model.eps), .min = 1e-12, .max = 0.1, .default_text = "1e-6",
+     .help = "epsilon of LayerNorm and RMSNorm (below 1e-12 it vanishes beside fp32 variances: a row of equal "
+             "values would divide by zero)"},
     {KEY("model", "qk_norm", KEY_BOOL, model.qk_norm), .default_text = "on",
      .help = "RMSNorm on queries and keys"},
     {KEY("model", "cross_attn_norm", KEY_BOOL, model.cross_attn_norm), .default_text = "on",
@@ -382,6 +383,18 @@ static int parse_real(const char *text, double *value)
     return end != text && *end == '\0' && errno == 0 && isfinite(*value);
 }
 
+/* What a number that parse_real refused is not, for "'TEXT' is not ...": a number too small for a double's
+   normal range (strtod's underflow: a denormal or zero) or too large for a double is named as such. */
+static const char *real_refusal(const char *text)
+{
+    char *end = NULL;
+    errno = 0;
+    double value = strtod(text, &end);
+    if (end == text || *end != '\0' || errno != ERANGE) return "a finite number";
+    return fabs(value) < 1.0 ? "a usable number: it is below 2.2e-308, the smallest normal double (denormal or zero)"
+                             : "a finite number: it is above 1.8e308, the largest double";
+}
+
 static int parse_bytes(const char *text, double *value)
 {
     static const struct { const char *suffix; double factor; } units[] = {
@@ -560,8 +573,11 @@ static int set_key(load_context *ctx, int index, const char *text, int line)
         double value = 0;
         int parsed = key->type == KEY_DOUBLE ? parse_real(text, &value) : parse_bytes(text, &value);
         if (!parsed) {
-            report(ctx, line, "%s.%s: '%s' is not %s%s", key->section, key->name, text,
-                   key->type == KEY_DOUBLE ? "a finite number" : "a byte size (e.g. 80GiB, 512MiB, 1e9)", zero_hint);
+            if (key->type == KEY_DOUBLE)
+                report(ctx, line, "%s.%s: '%s' is not %s (the range is %s%s)", key->section, key->name, text,
+                       real_refusal(text), range, zero_hint);
+            else report(ctx, line, "%s.%s: '%s' is not a byte size (e.g. 80GiB, 512MiB, 1e9)%s", key->section,
+                        key->name, text, zero_hint);
             return 0;
         }
         if (!in_range(key, value)) {
