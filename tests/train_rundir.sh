@@ -6,7 +6,7 @@
 # escaped; at_end = off leaves out the final checkpoint of a run that ends by its steps, not that of a signal; [log]
 # profile_from on the CPU backend (no profiler) is ignored with a warning.
 . "${top_srcdir:-.}/tests/train_lib.sh"
-tap_plan 16
+tap_plan 18
 
 tap_ok "aldit-store synth makes the test store" make_store
 
@@ -78,8 +78,31 @@ tap_is "its files are untouched" "$(ls "$WORK/shared/checkpoints"; wc -c < "$WOR
 # 9. --check looks at the checkpoint the run would resume from
 run_check() { $MPIEXEC -np 2 --oversubscribe "$ALDIT" --check "$TRAIN_DECK" data.store="$WORK/store.h5" run.dir="$WORK/shared" "$@"; }
 out=$(run_check model.ffn_dim=48 2>&1); status=$?
-case $status:$out in 2:*"ffn.0.weight has shape [64, 32] in the file, the model expects [48, 32]"*"the run would resume from $WORK/shared/checkpoints/step_00000003.h5, which does not fit this model"*) found=0 ;; *) found=1 ;; esac
+case $status:$out in 2:*"checkpoint of another model: model.ffn_dim is 64 in the checkpoint, 48 in the deck"*"the run would resume from $WORK/shared/checkpoints/step_00000003.h5, which does not fit this deck"*) found=0 ;; *) found=1 ;; esac
 tap_result $found "--check: the run folder's checkpoint belongs to another model: exit 2 naming it" "$out"
+# issue 35.5: every difference the run's resume refuses, --check refuses too (it passed them), naming it
+for case in "model.eps=1e-5|model.eps is 1e-06 in the checkpoint, 1e-05 in the deck" \
+            "model.qk_norm=off|model.qk_norm is 1 in the checkpoint, 0 in the deck" \
+            "model.cross_attn_norm=off|model.cross_attn_norm is 1 in the checkpoint, 0 in the deck" \
+            "model.text_len=32|model.text_len is 16 in the checkpoint, 32 in the deck" \
+            "model.text_padding=trim|model.text_padding is wan in the checkpoint, trim in the deck" \
+            "run.seed=8|written with [run] seed = 7, the deck says 8"; do
+    override=${case%%|*}
+    out=$(run_check "$override" 2>&1); status=$?
+    case $status:$out in 2:*"${case#*|}"*"the run would resume from $WORK/shared/checkpoints/step_00000003.h5"*) ;; *) break ;; esac
+    override=
+done
+test -z "$override"
+tap_result $? "--check refuses what the resume refuses: eps, qk_norm, cross_attn_norm, text_len, text_padding, seed" \
+    "$override: exit $status; $out"
+# issue 35.10: the run itself names a changed text_padding (it said "different store index")
+run_aldit 2 shared run.steps=5 model.text_padding=trim; status=$?
+case $status:$(cat "$WORK/shared.log") in
+    2:*"model.text_padding is wan in the checkpoint, trim in the deck (set [model] text_padding = wan to resume it)"*)
+        ! grep -q "store index" "$WORK/shared.log" ;;
+    *) false ;;
+esac
+tap_result $? "resuming with another text_padding: exit 2 naming it" "exit $status; $(cat "$WORK/shared.log")"
 out=$(run_check checkpoint.resume=off 2>&1); status=$?
 case $status:$out in 2:*"holds an earlier run's files"*) found=0 ;; *) found=1 ;; esac
 tap_result $found "--check: a fresh start into the used folder: exit 2" "$out"

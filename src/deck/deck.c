@@ -212,6 +212,9 @@ static const deck_key deck_keys[] = {
     {KEY("train", "ema_warmup", KEY_BOOL, train.ema_warmup), .default_text = "off",
      .help = "the EMA update of optimizer step k + 1 (step 1: k = 0) uses min(ema_decay, (1 + k) / (10 + k)), "
              "so the first weights fade fast (off: ema_decay from the first update)"},
+    {KEY("train", "ema_drop", KEY_BOOL, train.ema_drop), .default_text = "off",
+     .help = "on: resuming a checkpoint that holds an EMA (/ema) with ema_decay off drops that EMA on purpose (off: "
+             "such a resume is refused, naming the ema_decay to set)"},
     /* [checkpoint] */
     {KEY("checkpoint", "every", KEY_INT64, checkpoint.every), .min = 0, .max = 1e12, .default_text = "0",
      .help = "checkpoint every N steps (0 = only at the end, on a signal and by interval)"},
@@ -1050,4 +1053,5 @@ const char *deck_strategy_name(deck_strategy strategy) { return strategy_names[s
 const char *deck_device_name(deck_device device) { return device_names[device]; }
 const char *deck_recompute_name(deck_recompute recompute) { return recompute_names[recompute]; }
 const char *deck_shard_name(deck_shard shard) { return shard_names[shard]; }
+const char *deck_text_padding_name(deck_text_padding padding) { return text_padding_names[padding]; }
 const char *deck_attention_name(deck_attention attention) { return attention_names[attention]; }

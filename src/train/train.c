@@ -229,8 +229,9 @@ static void print_store_line(const store *data, const deck *config)
            (long long)data->n_samples, (long long)total, (long long)shortest, (long long)longest, data->text_dim);
 }
 
-/* Collective (--check): what a run would find in its folder. Resuming: the newest checkpoint must be readable
-   and hold this model's parameters (names and shapes); a fresh start: no earlier run's files. 0 or 2. */
+/* Collective (--check): what a run would find in its folder. Resuming: the newest checkpoint must pass the checks
+   the run's resume makes (checkpoint_check_resumable: model dims, eps, text_padding, seed, moments, the EMA, every
+   tensor's shape, checksum and finiteness); a fresh start: no earlier run's files. 0 or 2. */
 static int check_run_folder(const deck *config, int rank)
 {
     int status = 0;
@@ -240,9 +241,9 @@ static int check_run_folder(const deck *config, int rank)
         if (found > 0) {
             model table;
             model_create_table(&table, config);
-            if (checkpoint_check_weights(path, &table, stderr) != 0) {
-                fprintf(stderr, "aldit: error: the run would resume from %s, which does not fit this model; use "
-                        "another [run] dir, or move the run folder's checkpoints away\n", path);
+            if (checkpoint_check_resumable(path, config, &table, stderr) != 0) {
+                fprintf(stderr, "aldit: error: the run would resume from %s, which does not fit this deck (why: "
+                        "above); fix the deck, use another [run] dir, or move the run folder's checkpoints away\n", path);
                 status = ALDIT_EXIT_USAGE;
             }
             model_free(&table);
@@ -572,16 +573,7 @@ static int open_resume(trainer *t, const char *path, checkpoint_reader **reader,
     checkpoint_state state = {0};
     checkpoint_reader *r = checkpoint_reader_open(path, config, &t->net, stderr);
     int status = r == NULL;
-    if (status == 0 && (!checkpoint_reader_has(r, CHECKPOINT_ADAM_M) || !checkpoint_reader_has(r, CHECKPOINT_ADAM_V))) {
-        fprintf(stderr, "%s: missing optimizer moments /optim/m or /optim/v\n", path);
-        status = 1;
-    }
-    if (status == 0) status = checkpoint_read_state(r, &state);
-    if (status == 0 && state.seed != config->run.seed) {
-        fprintf(stderr, "aldit: error: %s was written with [run] seed = %" PRIu64 ", the deck says %" PRIu64
-                "; set that seed to resume, or [checkpoint] resume = off\n", path, state.seed, config->run.seed);
-        status = 1;
-    }
+    if (status == 0) status = checkpoint_check_resume(r, config, &state);
     if (status == 0 && balancer_load_state(t->packer, state.balancer_state, state.balancer_bytes) != 0) {
         fprintf(stderr, "aldit: error: %s: the balancer state does not match this deck and store\n", path);
         status = 1;
@@ -627,6 +619,9 @@ static void initial_state(trainer *t, char *resumed_from, size_t resumed_size)
         if (t->ema_resumed) groups |= CHECKPOINT_GROUP_BIT(CHECKPOINT_EMA);
         else if (rank == 0 && status == 0 && config->train.ema_decay > 0.0)
             printf("aldit: note: %s has no /ema (its run kept no EMA): the EMA starts at its weights\n", resumed_from);
+        else if (rank == 0 && status == 0 && checkpoint_reader_has(reader, CHECKPOINT_EMA)) /* checked: ema_drop */
+            printf("aldit: note: the EMA of %s (/ema) is dropped ([train] ema_drop = on): this run keeps none\n",
+                   resumed_from);
     } else if (config->model.init[0]) {
         groups = CHECKPOINT_GROUP_BIT(CHECKPOINT_WEIGHTS);
         if (rank == 0) {
