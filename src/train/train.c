@@ -542,6 +542,9 @@ static void save_checkpoint(trainer *t, int must_succeed)
         .balancer_state = t->snapshot, .balancer_bytes = t->snapshot_bytes,
         .rank_seconds = t->rank_seconds, .n_ranks = t->info->n_ranks,
     };
+    char what[64];
+    snprintf(what, sizeof what, "checkpoint of step %lld", (long long)t->step);
+    watchdog_state_begin(t->info->rank, what, t->step_timeout);
     if (t->info->rank == 0) {
         prefetch_drain(t->reader);
         const size_t state_bytes = t->snapshot_bytes + sizeof(double) * (size_t)t->info->n_ranks;
@@ -557,6 +560,7 @@ static void save_checkpoint(trainer *t, int must_succeed)
         }
         comm_bcast_bytes(&status, sizeof status);
     }
+    watchdog_state_end();
     t->phase_s[PHASE_CHECKPOINT] += seconds_since(started);
     t->checkpoint_failures = status != 0 ? t->checkpoint_failures + 1 : 0;
     if (status == 0) t->checkpoint_step = t->step;
@@ -630,7 +634,11 @@ static void initial_state(trainer *t, char *resumed_from, size_t resumed_size)
         }
     }
     comm_bcast_bytes(&status, sizeof status);
+    /* the first step's deadline per tensor: the step's own is not known before the first draw */
+    watchdog_state_begin(rank, found ? "resume: loading the checkpoint's state" : "loading the initial state",
+                         watchdog_timeout(config, 0.0, 1));
     if (status == 0) status = state_load(t->dev, &t->net, reader, groups, config->run.seed);
+    watchdog_state_end();
     if (status != 0 && rank == 0 && !found && config->model.init[0])
         fprintf(stderr, "aldit: error: cannot start from [model] init = %s\n", config->model.init);
     else if (status != 0 && rank == 0 && reader)
