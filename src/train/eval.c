@@ -277,9 +277,10 @@ void eval_describe(const evaluator *e, char *text, size_t text_size)
         snprintf(first, sizeof first, " (the first of %lld)", (long long)e->data.n_samples);
     snprintf(text, text_size, "  eval       %s: %lld samples%s at %d noise level(s), every %lld steps and at the end, "
              "forward only%s; %lld micro-batches spread over the ranks (slowest rank: %.3g s per level at training's "
-             "cost)\n", e->data.path, (long long)e->planned_samples, first, config->eval.sigmas.n,
-             (long long)config->eval.every, config->train.ema_decay > 0.0 ? ", with the weights and their EMA" : "",
-             (long long)e->total_micro, e->predicted_max_s);
+             "cost); a pass's deadline %.0f s\n", e->data.path, (long long)e->planned_samples, first,
+             config->eval.sigmas.n, (long long)config->eval.every,
+             config->train.ema_decay > 0.0 ? ", with the weights and their EMA" : "", (long long)e->total_micro,
+             e->predicted_max_s, e->timeout_s);
 }
 
 int eval_due(const evaluator *e, int64_t step, int last)
