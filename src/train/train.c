@@ -528,7 +528,8 @@ static unsigned checkpoint_groups(const trainer *t)
 /* Collective: rank 0 writes (after the prefetch thread has left the HDF5 library) what every rank's part of the
    state streams to it tensor by tensor (state.h), and everyone learns the outcome. A failed write is fatal when
    `must_succeed` (the final checkpoint) or when [checkpoint] max_failures periodic ones in a row failed (the last
-   good checkpoint stays); otherwise a warning. */
+   good checkpoint stays); otherwise a warning. Outside the step watch, under the state watch (watchdog.h): a rank
+   stopped meanwhile is named and the job ends before the file is renamed into place. */
 static void save_checkpoint(trainer *t, int must_succeed)
 {
     double started = comm_time();
