@@ -6,7 +6,7 @@
 # escaped; at_end = off leaves out the final checkpoint of a run that ends by its steps, not that of a signal; [log]
 # profile_from on the CPU backend (no profiler) is ignored with a warning.
 . "${top_srcdir:-.}/tests/train_lib.sh"
-tap_plan 18
+tap_plan 19
 
 tap_ok "aldit-store synth makes the test store" make_store
 
@@ -95,6 +95,9 @@ done
 test -z "$override"
 tap_result $? "--check refuses what the resume refuses: eps, qk_norm, cross_attn_norm, text_len, text_padding, seed" \
     "$override: exit $status; $out"
+out=$(run_check balance.strategy=equal_tokens 2>&1); status=$?
+case $status:$out in 2:*"step_00000003.h5: the balancer state does not match this deck and store; the run would not resume from it"*) found=0 ;; *) found=1 ;; esac
+tap_result $found "--check: a checkpoint whose balancer state the resume would refuse (another strategy): exit 2" "$out"
 # issue 35.10: the run itself names a changed text_padding (it said "different store index")
 run_aldit 2 shared run.steps=5 model.text_padding=trim; status=$?
 case $status:$(cat "$WORK/shared.log") in

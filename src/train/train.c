@@ -257,6 +257,36 @@ static int check_run_folder(const deck *config, int rank)
     return status;
 }
 
+/* Collective (--check): the balancer state of the checkpoint the run would resume from, loaded into this deck's
+   balancer as the run's resume does (the same samples, strategy and seed). 0 or 2 on every rank. */
+static int check_resumed_balancer(const deck *config, const balance_sample *samples, int64_t n_samples,
+                                  const comm_info *info, const backend_plan *plan)
+{
+    int status = 0;
+    char path[2 * DECK_PATH_MAX];
+    if (info->rank == 0 && config->checkpoint.resume && checkpoint_find_latest(config, path, sizeof path, stderr) > 0) {
+        model table;
+        model_create_table(&table, config);
+        checkpoint_state state = {0};
+        checkpoint_reader *reader = checkpoint_reader_open(path, config, &table, stderr);
+        status = !reader || checkpoint_check_resume(reader, config, &state) != 0;
+        balancer *packer = status == 0 ? create_balancer(config, samples, n_samples, info->n_ranks, plan) : NULL;
+        if (status == 0 && (!packer || balancer_load_state(packer, state.balancer_state, state.balancer_bytes) != 0)) {
+            fprintf(stderr, "aldit: error: %s: the balancer state does not match this deck and store; the run would "
+                    "not resume from it: use its deck and store, another [run] dir, or move the checkpoint away\n",
+                    path);
+            status = 1;
+        }
+        balancer_free(packer);
+        free(state.balancer_state);
+        free(state.rank_seconds);
+        checkpoint_reader_close(reader);
+        model_free(&table);
+    }
+    comm_bcast_bytes(&status, sizeof status);
+    return status != 0 ? ALDIT_EXIT_USAGE : 0;
+}
+
 int train_check(const deck *config, const comm_info *info)
 {
     int offline = 0;
@@ -289,6 +319,7 @@ int train_check(const deck *config, const comm_info *info)
     int status = device_check_plan_fn(device, offline)(config, info, &table, planned, n_planned, &plan);
     free(planned);
     if (status == 0 && eval) status = eval_plan(eval, &plan, info->n_ranks, 1, 0, NULL, NULL);
+    if (status == 0) status = check_resumed_balancer(config, samples, data.n_samples, info, &plan);
     if (status == 0 && info->rank == 0) {
         deck_print(config, stdout);
         epoch_plan epoch = plan_epoch(config, samples, data.n_samples, info->n_ranks, &plan, 0, NULL, NULL);
