@@ -683,6 +683,111 @@ static void test_init_must_be_finite(void **unused)
     free(dir);
 }
 
+/* issue 35: a checkpoint to resume with a non-finite moment or EMA value is refused naming the tensor (at load and
+   by --check's checkpoint_check_resumable); an EMA that a deck with ema_decay off would drop is refused naming the
+   ema_decay to set (accepted with ema_drop); another text_padding or seed is named. */
+static char *resumable_failure(const char *path, const deck *config, const model *table)
+{
+    FILE *errors = tmpfile();
+    assert_int_not_equal(checkpoint_check_resumable(path, config, table, errors), 0);
+    char *message = captured(errors);
+    fclose(errors);
+    return message;
+}
+
+/* A checkpoint of run_state r with an EMA (the weights, with `bad` at blocks.0.ffn.0.weight [3, 7]). */
+static void write_with_ema(const deck *config, run_state *r, const model *table, float bad, char *path, size_t size)
+{
+    const unsigned groups = CHECKPOINT_TRAINING_GROUPS | CHECKPOINT_GROUP_BIT(CHECKPOINT_EMA);
+    checkpoint_writer *w = checkpoint_writer_open(config, table, r->state.step, groups, 64, stderr);
+    assert_non_null(w);
+    const param_info *ffn = model_find_param(table, "blocks.0.ffn.0.weight");
+    for (int p = 0; p < table->n_params; p++) {
+        const param_info *param = &table->params[p];
+        const float *sources[] = {r->net.weights, r->adam_m, r->adam_v, r->net.weights};
+        for (int g = 0; g < CHECKPOINT_N_GROUPS; g++) {
+            float *copy = malloc((size_t)param->n_elements * sizeof(float));
+            memcpy(copy, sources[g] + param->offset, (size_t)param->n_elements * sizeof(float));
+            if (g == CHECKPOINT_EMA && param == ffn) copy[3 * 16 + 7] = bad;
+            assert_int_equal(checkpoint_write_tensor(w, (checkpoint_group)g, param->name, copy), 0);
+            free(copy);
+        }
+    }
+    assert_int_equal(checkpoint_write_state(w, &r->state), 0);
+    assert_int_equal(checkpoint_writer_commit(w, path, size), 0);
+}
+
+static void test_resume_checks(void **unused)
+{
+    (void)unused;
+    char *dir = make_run_dir();
+    deck config;
+    tiny_deck(&config, dir, 32, 1);
+    run_state saved, loaded;
+    make_state(&saved, &config, 4, 23);
+    make_state(&loaded, &config, 0, 5);
+    config.run.seed = 23;
+    model table;
+    model_create_table(&table, &config);
+    const param_info *ffn = model_find_param(&table, "blocks.0.ffn.0.weight"); /* [32, 16] */
+    char path[2 * DECK_PATH_MAX];
+    assert_int_equal(checkpoint_save(&config, &saved.net, &saved.state, path, sizeof path, stderr), 0);
+    assert_int_equal(checkpoint_check_resumable(path, &config, &table, stderr), 0);
+
+    /* another text_padding or seed: named */
+    deck other = config;
+    other.model.text_padding = TEXT_PADDING_TRIM;
+    char *message = resumable_failure(path, &other, &table);
+    assert_non_null(strstr(message, "model.text_padding is wan in the checkpoint, trim in the deck"));
+    free(message);
+    other = config;
+    other.run.seed = 24;
+    message = resumable_failure(path, &other, &table);
+    assert_non_null(strstr(message, "was written with [run] seed = 23, the deck says 24"));
+    free(message);
+
+    /* a NaN in a moment: the load and --check name the tensor and where */
+    saved.adam_m[ffn->offset + 3 * 16 + 7] = NAN;
+    saved.state.step = 5;
+    assert_int_equal(checkpoint_save(&config, &saved.net, &saved.state, path, sizeof path, stderr), 0);
+    const char *expected = "tensor /optim/m/blocks.0.ffn.0.weight has a non-finite value (nan) at [3, 7] (element 55)";
+    message = load_failure(path, &config, &loaded);
+    assert_non_null(strstr(message, expected));
+    assert_non_null(strstr(message, path));
+    free(message);
+    message = resumable_failure(path, &config, &table);
+    assert_non_null(strstr(message, expected));
+    free(message);
+    saved.adam_m[ffn->offset + 3 * 16 + 7] = 0.5f;
+
+    /* an Inf in the EMA: named where the deck keeps an EMA */
+    config.train.ema_decay = 0.9;
+    saved.state.step = 6;
+    write_with_ema(&config, &saved, &table, INFINITY, path, sizeof path);
+    message = resumable_failure(path, &config, &table);
+    assert_non_null(strstr(message, "tensor /ema/blocks.0.ffn.0.weight has a non-finite value (inf) at [3, 7]"));
+    free(message);
+
+    /* a finite EMA with ema_decay off: refused naming the run's ema_decay, unless ema_drop */
+    saved.state.step = 7;
+    write_with_ema(&config, &saved, &table, 0.25f, path, sizeof path);
+    assert_int_equal(checkpoint_check_resumable(path, &config, &table, stderr), 0);
+    other = config;
+    other.train.ema_decay = 0.0;
+    message = resumable_failure(path, &other, &table);
+    assert_non_null(strstr(message, "holds an EMA of the weights (/ema), but [train] ema_decay is off: resuming would "
+                                    "drop it. Set [train] ema_decay = 0.9 (its run's) to keep it, or [train] ema_drop = on"));
+    free(message);
+    other.train.ema_drop = 1;
+    assert_int_equal(checkpoint_check_resumable(path, &other, &table, stderr), 0);
+
+    model_free(&table);
+    free_state(&saved);
+    free_state(&loaded);
+    remove_tree(dir);
+    free(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -694,6 +799,7 @@ int main(void)
         cmocka_unit_test(test_checksum_names_damaged_tensor),
         cmocka_unit_test(test_legacy_and_eps),
         cmocka_unit_test(test_init_must_be_finite),
+        cmocka_unit_test(test_resume_checks),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

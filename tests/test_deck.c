@@ -510,6 +510,28 @@ static void test_numbers(void **state)
     assert_true(config.balance.dual_p == 1.5);
 }
 
+/* issue 35.10: a norm epsilon that vanishes in fp32 is refused at the deck (it failed at step 1 as "lower lr");
+   a number below a double's normal range is called too small, not "not finite" */
+static void test_number_limits(void **state)
+{
+    (void)state;
+    deck config;
+    assert_int_equal(load_one("model.eps=1e-12", &config), 0);
+    assert_int_equal(load_one("model.eps=1e-300", &config), 1);
+    char *overrides[] = {"model.eps=1e-300", "train.lr=1e-320", "train.lr=1e400"};
+    for (int i = 0; i < 3; i++) {
+        load_result result = {0};
+        load_path(&result, NULL, 1, overrides + i);
+        if (i == 0) assert_message(&result, "command line", 0, "model.eps: 1e-300 is out of range [1e-12, 0.1]");
+        if (i == 1)
+            assert_message(&result, "command line", 0, "train.lr: '1e-320' is not a usable number: it is below 2.2e-308, "
+                           "the smallest normal double (denormal or zero) (the range is (0, ");
+        if (i == 2) assert_message(&result, "command line", 0, "train.lr: '1e400' is not a finite number: it is above 1.8e308");
+        assert_int_equal(result.n_errors, 1);
+        load_free(&result);
+    }
+}
+
 static void test_global_batch(void **state)
 {
     (void)state;
@@ -912,6 +934,7 @@ int main(void)
         cmocka_unit_test(test_bools),
         cmocka_unit_test(test_byte_sizes),
         cmocka_unit_test(test_numbers),
+        cmocka_unit_test(test_number_limits),
         cmocka_unit_test(test_global_batch),
         cmocka_unit_test(test_enums),
         cmocka_unit_test(test_lists),

@@ -3,14 +3,15 @@
 # per-step weights (from [model] init's weights; plain and with ema_warmup; needs h5py); a run cut halfway and
 # resumed ends with weights, moments and EMA bit-identical to an uninterrupted run (1 rank, and 2 ranks with
 # shard = full; h5diff); resumed with another mode and rank count, within fp32 summation noise; a checkpoint
-# without /ema resumes with the EMA started at its weights (a note says so); ema_decay = off writes no /ema, and
+# without /ema resumes with the EMA started at its weights (a note says so); one with /ema is not resumed with
+# ema_decay off (exit 2 naming the ema_decay to set) unless ema_drop = on; ema_decay = off writes no /ema, and
 # ema_decay outside [0, 1) is a deck error naming the key.
 . "${top_srcdir:-.}/tests/train_lib.sh"
 . "$top_srcdir/tests/python_lib.sh"
 command -v h5diff > /dev/null 2>&1 || tap_skip_all "h5diff (hdf5-tools) is not installed"
 STEPS=20
 HALF=10
-tap_plan 23
+tap_plan 25
 # a constant learning rate after the warmup: a run of HALF steps then resumed to STEPS follows the STEPS-step schedule
 ema_run() { run_aldit "$@" train.lr_schedule=constant train.ema_decay=0.9; }
 step_file() { printf '%s/%s/checkpoints/step_%08d.h5' "$WORK" "$1" "$2"; }
@@ -84,6 +85,25 @@ tap_result $? "resuming it with ema_decay = 0.9 (exit $status) notes that the EM
     "$(head -20 "$WORK/noema.log")"
 has_ema "$(step_file noema $STEPS)"
 tap_result $? "and its checkpoint of step $STEPS holds /ema" ""
+
+# issue 35.2: resuming a checkpoint with /ema and ema_decay off would drop the EMA: refused (run and --check)
+# naming the ema_decay to set, its checkpoints untouched; with ema_drop = on it is dropped, said so
+before=$(ls "$WORK/cut1/checkpoints")
+run_aldit 1 cut1 run.steps=$((STEPS + 2)) train.lr_schedule=constant; status=$?
+out=$("$ALDIT" --check "$TRAIN_DECK" data.store="$WORK/store.h5" run.dir="$WORK/cut1" run.steps=$((STEPS + 2)) 2>&1)
+status="$status:$?"
+message="holds an EMA of the weights (/ema), but [train] ema_decay is off: resuming would drop it. Set [train] ema_decay = 0.9 (its run's) to keep it, or [train] ema_drop = on"
+grep -qF "$message" "$WORK/cut1.log" && case $out in *"$message"*) true ;; *) false ;; esac &&
+    test "$status" = 2:2 -a "$(ls "$WORK/cut1/checkpoints")" = "$before"
+tap_result $? "ema_decay off on a checkpoint with /ema: run and --check exit 2 ($status) naming ema_decay = 0.9" \
+    "$(tail -3 "$WORK/cut1.log"); $out"
+run_aldit 1 cut1 run.steps=$((STEPS + 2)) train.lr_schedule=constant train.ema_drop=on; status=$?
+grep -q "the EMA of .*step_000000$STEPS.h5 (/ema) is dropped (\[train\] ema_drop = on): this run keeps none" "$WORK/cut1.log"
+found=$?
+has_ema "$(step_file cut1 $((STEPS + 2)))" && found=1
+[ "$status" -eq 0 ] || found=1
+tap_result $found "with ema_drop = on: exit $status, the EMA dropped with a note, no /ema in step $((STEPS + 2))" \
+    "$(head -20 "$WORK/cut1.log")"
 
 # (3) ema_decay outside [0, 1)
 for bad in 1 -0.1; do

@@ -16,7 +16,7 @@
 . "${top_srcdir:-.}/tests/train_lib.sh"
 ORACLE="$top_builddir/tests/eval_oracle"
 FROZEN="train.lr=1e-30 train.min_lr=0"
-tap_plan 60
+tap_plan 61
 
 tap_ok "aldit-store synth makes the test store" make_store
 "$top_builddir/aldit-store" synth --spec "$top_srcdir/tests/decks/train_tiny.lengths" --samples 12 --text-len 16 \
@@ -143,6 +143,9 @@ run_aldit 3 none3 run.steps=8 $EMA $EVAL eval.every=4 train.shard=none; status=$
 run_aldit 3 full3 run.steps=8 $EMA $EVAL eval.every=4 train.shard=full; status2=$?
 tap_is "3 ranks, shard none and full, with the EMA: exit 0; 2 validation micro-batches (a rank has none)" \
     "$status $status2 $(grep -o '[0-9]* micro-batches spread' "$WORK/full3.log")" "0 0 2 micro-batches spread"
+# issue 35.1: the pass's deadline with the defaults (9 levels, EMA, step_timeout auto) is 300 s, not 9 x 300 x 2
+tap_is "a small pass's deadline is the step deadline's floor, 300 s (it was 5,400 s)" \
+    "$(grep -o "a pass's deadline [0-9]* s" "$WORK/full3.log")" "a pass's deadline 300 s"
 same_vals none3 full3 1e-6
 tap_result $? "shard = full: the validation losses of none within 1e-6 (largest $(tail -1 "$WORK/compare.none3.full3"))" \
     "$(cat "$WORK/compare.none3.full3")"

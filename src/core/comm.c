@@ -17,6 +17,7 @@ enum { TAG_PING = 7301, TAG_PONG = 7302 };
 static struct {
     int on;
     double deadline, grace;
+    double each; /* > 0: each wait's own deadline, seconds after it began (comm_watch_each); deadline unused */
     char what[160];
 } watch;
 
@@ -24,8 +25,15 @@ void comm_watch_begin(double deadline, double grace, const char *what)
 {
     watch.on = 1;
     watch.deadline = deadline;
+    watch.each = 0.0;
     watch.grace = grace > 0 ? grace : 1.0;
     snprintf(watch.what, sizeof watch.what, "%s", what);
+}
+
+void comm_watch_each(double seconds, double grace, const char *what)
+{
+    comm_watch_begin(0.0, grace, what);
+    watch.each = seconds > 0 ? seconds : 1.0;
 }
 
 void comm_watch_end(void) { watch.on = 0; }
@@ -88,8 +96,8 @@ _Noreturn static void report_stall(double waited)
                 missing > 32 ? " ..." : "", n_ranks, missing > 1 ? "have" : "has", waited, missing > 1 ? "have" : "has",
                 watch.grace);
     else
-        fprintf(stderr, "aldit: error: %s: a collective has not completed %.0f s after the step began although every "
-                "rank answers (the network?); aborting the job so that it can be requeued\n", watch.what, waited);
+        fprintf(stderr, "aldit: error: %s: a collective has not completed in %.0f s of waiting although every rank "
+                "answers (the network?); aborting the job so that it can be requeued\n", watch.what, waited);
     fflush(stderr);
     comm_abort(ALDIT_EXIT_ERROR);
 }
@@ -101,8 +109,8 @@ void comm_watch_tick(double started, double *pause)
     int rank = 0;
     MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
     if (watch.on && rank != 0) answer_pings();
-    const double now = MPI_Wtime();
-    if (watch.on && watch.deadline > 0 && now > watch.deadline) {
+    const double now = MPI_Wtime(), deadline = watch.each > 0 ? started + watch.each : watch.deadline;
+    if (watch.on && deadline > 0 && now > deadline) {
         if (rank == 0) report_stall(now - started);
         fflush(stdout);
         fprintf(stderr, "aldit: error: rank %d: %s: rank 0 has not answered by the deadline (stalled?); aborting "

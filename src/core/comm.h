@@ -80,6 +80,10 @@ ALDIT_NORETURN void comm_abort(int code);
    block as MPI does. */
 #define COMM_WATCH_SPIN_S 0.05
 void comm_watch_begin(double deadline, double grace, const char *what);
+/* The same watch with a deadline per wait instead: each collective's wait ends in the report above when it has
+   lasted `seconds` (> 0). For a stream of many collectives with work between them (a checkpoint's tensors):
+   every step of the stream is bounded, the stream's length is not. Ended by comm_watch_end. */
+void comm_watch_each(double seconds, double grace, const char *what);
 void comm_watch_end(void);
 /* A wait inside a watch for something MPI does not see (a GPU stream behind NCCL collectives): the caller tests it
    and, while it is not done, calls comm_watch_tick with the comm_time() at which the wait began and a pause that

@@ -69,7 +69,8 @@ static const deck_key deck_keys[] = {
     {KEY("run", "step_timeout", KEY_DOUBLE, run.step_timeout), .min = 0, .min_open = 1, .max = 1e9,
      .zero_word = "auto", .default_text = "auto",
      .help = "seconds a step may take before rank 0 names the ranks that have not arrived and aborts the job "
-             "(auto = max(10 x the predicted step, 300 s); the first step of a run gets 3 times as long)"},
+             "(auto = max(10 x the predicted step, 300 s); the first step of a run gets 3 times as long); also the "
+             "deadline of each tensor of a checkpoint's save (3 times for a resume's load)"},
     /* [model] */
     {KEY("model", "name", KEY_STRING, model.name), .nonempty = 1, .default_text = "wan1.3b",
      .help = "label in logs and checkpoints"},
@@ -100,8 +101,9 @@ static const deck_key deck_keys[] = {
      .help = "text embedding width (umT5: 4096); must match the store"},
     {KEY("model", "freq_dim", KEY_INT, model.freq_dim), .min = 2, .max = 65536, .default_text = "256",
      .help = "width of the sinusoidal timestep embedding (even)"},
-    {KEY("model", "eps", KEY_DOUBLE, model.eps), .min = 0, .min_open = 1, .max = 0.1, .default_text = "1e-6",
-     .help = "epsilon of LayerNorm and RMSNorm"},
+    {KEY("model", "eps", KEY_DOUBLE, model.eps), .min = 1e-12, .max = 0.1, .default_text = "1e-6",
+     .help = "epsilon of LayerNorm and RMSNorm (below 1e-12 it vanishes beside fp32 variances: a row of equal "
+             "values would divide by zero)"},
     {KEY("model", "qk_norm", KEY_BOOL, model.qk_norm), .default_text = "on",
      .help = "RMSNorm on queries and keys"},
     {KEY("model", "cross_attn_norm", KEY_BOOL, model.cross_attn_norm), .default_text = "on",
@@ -211,6 +213,9 @@ static const deck_key deck_keys[] = {
     {KEY("train", "ema_warmup", KEY_BOOL, train.ema_warmup), .default_text = "off",
      .help = "the EMA update of optimizer step k + 1 (step 1: k = 0) uses min(ema_decay, (1 + k) / (10 + k)), "
              "so the first weights fade fast (off: ema_decay from the first update)"},
+    {KEY("train", "ema_drop", KEY_BOOL, train.ema_drop), .default_text = "off",
+     .help = "on: resuming a checkpoint that holds an EMA (/ema) with ema_decay off drops that EMA on purpose (off: "
+             "such a resume is refused, naming the ema_decay to set)"},
     /* [checkpoint] */
     {KEY("checkpoint", "every", KEY_INT64, checkpoint.every), .min = 0, .max = 1e12, .default_text = "0",
      .help = "checkpoint every N steps (0 = only at the end, on a signal and by interval)"},
@@ -380,6 +385,18 @@ static int parse_real(const char *text, double *value)
     errno = 0;
     *value = strtod(text, &end);
     return end != text && *end == '\0' && errno == 0 && isfinite(*value);
+}
+
+/* What a number that parse_real refused is not, for "'TEXT' is not ...": a number too small for a double's
+   normal range (strtod's underflow: a denormal or zero) or too large for a double is named as such. */
+static const char *real_refusal(const char *text)
+{
+    char *end = NULL;
+    errno = 0;
+    double value = strtod(text, &end);
+    if (end == text || *end != '\0' || errno != ERANGE) return "a finite number";
+    return fabs(value) < 1.0 ? "a usable number: it is below 2.2e-308, the smallest normal double (denormal or zero)"
+                             : "a finite number: it is above 1.8e308, the largest double";
 }
 
 static int parse_bytes(const char *text, double *value)
@@ -560,8 +577,11 @@ static int set_key(load_context *ctx, int index, const char *text, int line)
         double value = 0;
         int parsed = key->type == KEY_DOUBLE ? parse_real(text, &value) : parse_bytes(text, &value);
         if (!parsed) {
-            report(ctx, line, "%s.%s: '%s' is not %s%s", key->section, key->name, text,
-                   key->type == KEY_DOUBLE ? "a finite number" : "a byte size (e.g. 80GiB, 512MiB, 1e9)", zero_hint);
+            if (key->type == KEY_DOUBLE)
+                report(ctx, line, "%s.%s: '%s' is not %s (the range is %s%s)", key->section, key->name, text,
+                       real_refusal(text), range, zero_hint);
+            else report(ctx, line, "%s.%s: '%s' is not a byte size (e.g. 80GiB, 512MiB, 1e9)%s", key->section,
+                        key->name, text, zero_hint);
             return 0;
         }
         if (!in_range(key, value)) {
@@ -1034,4 +1054,5 @@ const char *deck_strategy_name(deck_strategy strategy) { return strategy_names[s
 const char *deck_device_name(deck_device device) { return device_names[device]; }
 const char *deck_recompute_name(deck_recompute recompute) { return recompute_names[recompute]; }
 const char *deck_shard_name(deck_shard shard) { return shard_names[shard]; }
+const char *deck_text_padding_name(deck_text_padding padding) { return text_padding_names[padding]; }
 const char *deck_attention_name(deck_attention attention) { return attention_names[attention]; }

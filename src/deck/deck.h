@@ -100,6 +100,7 @@ typedef struct {
         deck_shard shard;              /* auto | none | optimizer | gradients | full */
         double ema_decay;              /* EMA of the fp32 weights: ema = d ema + (1 - d) w per update (0 = off) */
         int ema_warmup;                /* 1: step k + 1 (k from 0) uses min(ema_decay, (1 + k) / (10 + k)) */
+        int ema_drop;                  /* 1: a resume with ema_decay off may drop the checkpoint's /ema (else refused) */
     } train;
     struct {
         int64_t every;                 /* checkpoint every N steps (0 = only at the end / on a signal) */
@@ -152,6 +153,7 @@ const char *deck_strategy_name(deck_strategy strategy);
 const char *deck_device_name(deck_device device);
 const char *deck_recompute_name(deck_recompute recompute);
 const char *deck_shard_name(deck_shard shard);
+const char *deck_text_padding_name(deck_text_padding padding);
 const char *deck_attention_name(deck_attention attention);
 
 #endif

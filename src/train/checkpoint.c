@@ -196,6 +196,8 @@ static int write_model_group(hid_t file, const deck *config, h5_failure *why)
     for (int i = 0; i < n_dims && status == 0; i++) status = write_attr_i64(group, dims[i].key, dims[i].value, why);
     if (status == 0) status = write_attr(group, "eps", H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, &config->model.eps, why);
     if (status == 0) status = write_attr_string(group, "name", config->model.name, why);
+    if (status == 0)
+        status = write_attr_string(group, "text_padding", deck_text_padding_name(config->model.text_padding), why);
     if (H5Gclose(group) < 0) status = noted(why);
     return status;
 }
@@ -615,6 +617,22 @@ static int read_attr(hid_t loc, const char *name, hid_t memory_type, void *value
 static int read_attr_i64(hid_t loc, const char *name, int64_t *value) { return read_attr(loc, name, H5T_NATIVE_INT64, value); }
 static int read_attr_u64(hid_t loc, const char *name, uint64_t *value) { return read_attr(loc, name, H5T_NATIVE_UINT64, value); }
 
+/* A fixed-length string attribute into `text` (NUL-terminated); -1 if missing, unreadable, not such a string or
+   not shorter than `size`. */
+static int read_attr_string(hid_t loc, const char *name, char *text, size_t size)
+{
+    if (H5Aexists(loc, name) <= 0) return -1;
+    hid_t attr = H5Aopen(loc, name, H5P_DEFAULT);
+    hid_t type = attr < 0 ? -1 : H5Aget_type(attr);
+    size_t length = 0;
+    if (type >= 0 && H5Tget_class(type) == H5T_STRING && H5Tis_variable_str(type) == 0) length = H5Tget_size(type);
+    int status = length > 0 && length < size && H5Aread(attr, type, text) >= 0 ? 0 : -1;
+    if (status == 0) text[length] = '\0';
+    if (type >= 0) H5Tclose(type);
+    if (attr >= 0) H5Aclose(attr);
+    return status;
+}
+
 /* The version attribute and the completion mark, checked on an open file; `errors` may be NULL. */
 static int check_header(hid_t file, const char *path, FILE *errors)
 {
@@ -689,6 +707,23 @@ static void format_pair(double a, double b, char *text_a, char *text_b, size_t s
     }
 }
 
+/* [model] text_padding as /model records it (absent from checkpoints written before it was: those resume
+   unchecked); without this a changed padding was refused later as the balancer's "different store index". */
+static int check_text_padding(hid_t group, const char *path, const deck *config, FILE *errors)
+{
+    if (H5Aexists(group, "text_padding") <= 0) return 0;
+    char recorded[32];
+    const char *wanted = deck_text_padding_name(config->model.text_padding);
+    if (read_attr_string(group, "text_padding", recorded, sizeof recorded) != 0) {
+        fprintf(errors, "%s: /model attribute text_padding is unreadable\n", path);
+        return 1;
+    }
+    if (strcmp(recorded, wanted) == 0) return 0;
+    fprintf(errors, "%s: checkpoint of another model: model.text_padding is %s in the checkpoint, %s in the deck (set "
+            "[model] text_padding = %s to resume it)\n", path, recorded, wanted, recorded);
+    return 1;
+}
+
 static int check_model_dims(hid_t file, const char *path, const deck *config, FILE *errors)
 {
     if (H5Lexists(file, "model", H5P_DEFAULT) <= 0) {
@@ -722,6 +757,7 @@ static int check_model_dims(hid_t file, const char *path, const deck *config, FI
             status = 1;
         }
     }
+    if (status == 0) status = check_text_padding(group, path, config, errors);
     H5Gclose(group);
     return status;
 }
@@ -731,7 +767,6 @@ struct checkpoint_reader {
     FILE *errors;
     char path[CHECKPOINT_PATH_MAX + 8];
     hid_t file, group[CHECKPOINT_N_GROUPS]; /* -1 where the file lacks the group; [WEIGHTS] is the file */
-    int init;                               /* a [model] init file: values checked to be finite */
 };
 
 static void close_groups(checkpoint_reader *r)
@@ -740,10 +775,10 @@ static void close_groups(checkpoint_reader *r)
         if (g != CHECKPOINT_WEIGHTS && r->group[g] >= 0) H5Gclose(r->group[g]);
 }
 
-static checkpoint_reader *reader_new(const char *path, const model *table, FILE *errors, int init)
+static checkpoint_reader *reader_new(const char *path, const model *table, FILE *errors)
 {
     checkpoint_reader *r = xcalloc(1, sizeof *r);
-    *r = (checkpoint_reader){.table = table, .errors = errors, .init = init};
+    *r = (checkpoint_reader){.table = table, .errors = errors};
     snprintf(r->path, sizeof r->path, "%s", path);
     r->file = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
     r->group[CHECKPOINT_WEIGHTS] = r->file;
@@ -761,7 +796,7 @@ static checkpoint_reader *reader_new(const char *path, const model *table, FILE 
 checkpoint_reader *checkpoint_reader_open(const char *path, const deck *config, const model *table, FILE *errors)
 {
     h5_auto_print quiet = h5_quiet_begin();
-    checkpoint_reader *r = reader_new(path, table, errors, 0);
+    checkpoint_reader *r = reader_new(path, table, errors);
     int status = 0;
     if (r->file < 0) {
         fprintf(errors, "%s: cannot open as HDF5\n", path);
@@ -780,7 +815,7 @@ checkpoint_reader *checkpoint_reader_open(const char *path, const deck *config, 
 checkpoint_reader *checkpoint_reader_open_init(const char *path, const model *table, FILE *errors)
 {
     h5_auto_print quiet = h5_quiet_begin();
-    checkpoint_reader *r = reader_new(path, table, errors, 1);
+    checkpoint_reader *r = reader_new(path, table, errors);
     h5_quiet_end(quiet);
     if (r->file >= 0) return r;
     if (access(path, R_OK) != 0) fprintf(errors, "%s: cannot open ([model] init): %s\n", path, strerror(errno));
@@ -874,8 +909,9 @@ static int read_param(const checkpoint_reader *r, checkpoint_group group, const 
     return status;
 }
 
-/* The first NaN or Inf of an init tensor, named with its index; 0 when all values are finite. */
-static int check_finite(const char *path, const param_info *param, const float *values, FILE *errors)
+/* The first NaN or Inf of a tensor read, named with its group and index; 0 when all values are finite. */
+static int check_finite(const char *path, checkpoint_group group, const param_info *param, const float *values,
+                        FILE *errors)
 {
     for (int64_t i = 0; i < param->n_elements; i++) {
         if (isfinite(values[i])) continue;
@@ -886,8 +922,11 @@ static int check_finite(const char *path, const param_info *param, const float *
         }
         char where[128];
         format_shape(param->ndim, index, where, sizeof where);
-        fprintf(errors, "%s: parameter %s has a non-finite value (%g) at [%s] (element %lld)\n", path, param->name,
-                (double)values[i], where, (long long)i);
+        if (group == CHECKPOINT_WEIGHTS)
+            fprintf(errors, "%s: parameter %s has a non-finite value (%g) at [%s] (element %lld)\n", path, param->name,
+                    (double)values[i], where, (long long)i);
+        else fprintf(errors, "%s: tensor %s%s has a non-finite value (%g) at [%s] (element %lld)\n", path,
+                     group_prefix[group], param->name, (double)values[i], where, (long long)i);
         return 1;
     }
     return 0;
@@ -912,7 +951,7 @@ int checkpoint_read_tensor(checkpoint_reader *r, checkpoint_group group, const c
     h5_auto_print quiet = h5_quiet_begin();
     int status = read_param(r, group, param, values);
     h5_quiet_end(quiet);
-    if (status == 0 && r->init) status = check_finite(r->path, param, values, r->errors);
+    if (status == 0) status = check_finite(r->path, group, param, values, r->errors);
     return status;
 }
 
@@ -974,6 +1013,75 @@ int checkpoint_read_state(checkpoint_reader *r, checkpoint_state *state)
     state->balancer_state = blob;
     state->rank_seconds = seconds;
     state->n_ranks = (int)n_ranks;
+    return status;
+}
+
+/* The value of `key` in the resolved deck the file records (its root attribute deck: "key = value" lines), into
+   `value`; "" when the file has no deck or no such line. */
+static void recorded_deck_value(hid_t file, const char *key, char *value, size_t size)
+{
+    value[0] = '\0';
+    char *text = xmalloc(1 << 20);
+    h5_auto_print quiet = h5_quiet_begin();
+    int found = read_attr_string(file, "deck", text, 1 << 20) == 0;
+    h5_quiet_end(quiet);
+    size_t length = strlen(key);
+    for (const char *line = found ? text : NULL; line; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL) {
+        if (strncmp(line, key, length) != 0 || (line[length] != ' ' && line[length] != '=')) continue;
+        const char *at = line + length + strspn(line + length, " =");
+        snprintf(value, size, "%.*s", (int)strcspn(at, "\n"), at);
+        break;
+    }
+    free(text);
+}
+
+/* An EMA in the file is kept only by a deck that keeps one, or dropped on purpose ([train] ema_drop). */
+static int check_ema_kept(const checkpoint_reader *r, const deck *config)
+{
+    if (!checkpoint_reader_has(r, CHECKPOINT_EMA) || config->train.ema_decay > 0.0 || config->train.ema_drop) return 0;
+    char decay[64];
+    recorded_deck_value(r->file, "ema_decay", decay, sizeof decay);
+    fprintf(r->errors, "aldit: error: %s holds an EMA of the weights (/ema), but [train] ema_decay is off: resuming "
+            "would drop it. Set [train] ema_decay = %s (its run's) to keep it, or [train] ema_drop = on to drop it on "
+            "purpose\n", r->path, decay[0] ? decay : "the value its run had");
+    return 1;
+}
+
+int checkpoint_check_resume(checkpoint_reader *r, const deck *config, checkpoint_state *state)
+{
+    memset(state, 0, sizeof *state);
+    if (!checkpoint_reader_has(r, CHECKPOINT_ADAM_M) || !checkpoint_reader_has(r, CHECKPOINT_ADAM_V)) {
+        fprintf(r->errors, "%s: missing optimizer moments /optim/m or /optim/v\n", r->path);
+        return 1;
+    }
+    if (checkpoint_read_state(r, state) != 0) return 1;
+    if (state->seed != config->run.seed) {
+        fprintf(r->errors, "aldit: error: %s was written with [run] seed = %" PRIu64 ", the deck says %" PRIu64
+                "; set that seed to resume, or [checkpoint] resume = off\n", r->path, state->seed, config->run.seed);
+        return 1;
+    }
+    return check_ema_kept(r, config);
+}
+
+int checkpoint_check_resumable(const char *path, const deck *config, const model *table, FILE *errors)
+{
+    checkpoint_reader *r = checkpoint_reader_open(path, config, table, errors);
+    if (!r) return 1;
+    checkpoint_state state;
+    int status = checkpoint_check_resume(r, config, &state);
+    free(state.balancer_state);
+    free(state.rank_seconds);
+    int64_t largest = 1;
+    for (int p = 0; p < table->n_params; p++)
+        if (table->params[p].n_elements > largest) largest = table->params[p].n_elements;
+    float *scratch = xmalloc((size_t)largest * sizeof(float));
+    const int last = config->train.ema_decay > 0.0 && checkpoint_reader_has(r, CHECKPOINT_EMA) ? CHECKPOINT_EMA
+                                                                                                : CHECKPOINT_ADAM_V;
+    for (int g = CHECKPOINT_WEIGHTS; g <= last && status == 0; g++)
+        for (int p = 0; p < table->n_params && status == 0; p++)
+            status = checkpoint_read_tensor(r, (checkpoint_group)g, table->params[p].name, scratch);
+    free(scratch);
+    checkpoint_reader_close(r);
     return status;
 }
 

@@ -90,14 +90,13 @@ void checkpoint_writer_abort(checkpoint_writer *w);
 typedef struct checkpoint_reader checkpoint_reader;
 
 /* A checkpoint to resume from: opens `path` and checks the format version, the completion mark, the
-   model dims and eps recorded in /model against `config` (a file without eps, written before it was
-   recorded, is accepted). `table`: as for the writer, must outlive the reader. NULL on failure. */
+   model dims, eps and text_padding recorded in /model against `config` (a file without eps or text_padding,
+   written before they were recorded, is accepted). `table`: as for the writer, must outlive the reader. NULL on failure. */
 checkpoint_reader *checkpoint_reader_open(const char *path, const deck *config, const model *table, FILE *errors);
 
 /* A [model] init file: any HDF5 file with a dataset per Wan parameter name at its root (an aldit
    checkpoint, or converted weights; only CHECKPOINT_WEIGHTS need be there). Nothing else is checked at
-   open; every tensor read through it is also checked to be finite (the first NaN or Inf is named with
-   its index). NULL on failure (a missing file is named with errno's text). */
+   open; every tensor read through it is checked to be finite, as for any reader. NULL on failure (a missing file is named with errno's text). */
 checkpoint_reader *checkpoint_reader_open_init(const char *path, const model *table, FILE *errors);
 
 /* The model a weights file was trained as, against `config`: when `path` has a /model group (an aldit
@@ -112,12 +111,26 @@ int checkpoint_reader_has(const checkpoint_reader *r, checkpoint_group group);
 
 /* Reads parameter `name` of `group` into `values` (n_elements floats, row-major Wan shape) after
    checking that the dataset exists, is floating point (any float type, converted to fp32) and has the
-   table's shape; a mismatch names both shapes. */
+   table's shape; a mismatch names both shapes. Every value must be finite: the first NaN or Inf is named
+   with the file, the tensor (/optim/m/..., /ema/...; "parameter NAME" for a weight) and its index. */
 int checkpoint_read_tensor(checkpoint_reader *r, checkpoint_group group, const char *name, float *values);
 
 /* step, epoch, seed, steps_per_epoch (0 when the file predates it), the balancer blob and the rank
    seconds into `state` (blob and seconds allocated: release with free; adam_m/adam_v untouched). */
 int checkpoint_read_state(checkpoint_reader *r, checkpoint_state *state);
+
+/* The checks a resume makes on an open checkpoint beyond checkpoint_reader_open's, before any tensor is read:
+   the moments /optim/m and /optim/v present, the run state readable (read into `state` as checkpoint_read_state:
+   release its allocations with free, whatever the outcome), [run] seed as recorded, and an EMA (/ema) kept only
+   where [train] ema_decay is on or [train] ema_drop says to drop it (the message names the ema_decay of the
+   file's recorded deck). 0, or 1 after an error on the reader's `errors` naming the file and what to set. */
+int checkpoint_check_resume(checkpoint_reader *r, const deck *config, checkpoint_state *state);
+
+/* --check's resume: checkpoint_reader_open and checkpoint_check_resume on `path`, then every tensor a resume
+   reads (weights, moments, and /ema where ema_decay is on and the file has it) read into a scratch buffer the
+   size of the largest parameter, so that checksums, shapes and finiteness are checked as the run would.
+   0, or 1 after the first failure on `errors`. */
+int checkpoint_check_resumable(const char *path, const deck *config, const model *table, FILE *errors);
 
 void checkpoint_reader_close(checkpoint_reader *r); /* NULL: nothing */
 

@@ -262,8 +262,10 @@ int eval_plan(evaluator *e, const backend_plan *memory, int n_ranks, int noise_t
         balancer_free(packer);
     }
     take_share(e, &plan, n_ranks);
-    /* the slowest rank's predicted training compute, at each level: generous, as a forward is about a third of it */
-    e->timeout_s = config->eval.sigmas.n * watchdog_timeout(config, e->predicted_max_s, 0);
+    /* the slowest rank's predicted training compute at every level, with each set of weights: generous, as a
+       forward is about a third of it */
+    const int weight_sets = config->train.ema_decay > 0.0 ? 2 : 1;
+    e->timeout_s = watchdog_pass_timeout(config, weight_sets * config->eval.sigmas.n * e->predicted_max_s);
     return 0;
 }
 
@@ -275,9 +277,10 @@ void eval_describe(const evaluator *e, char *text, size_t text_size)
         snprintf(first, sizeof first, " (the first of %lld)", (long long)e->data.n_samples);
     snprintf(text, text_size, "  eval       %s: %lld samples%s at %d noise level(s), every %lld steps and at the end, "
              "forward only%s; %lld micro-batches spread over the ranks (slowest rank: %.3g s per level at training's "
-             "cost)\n", e->data.path, (long long)e->planned_samples, first, config->eval.sigmas.n,
-             (long long)config->eval.every, config->train.ema_decay > 0.0 ? ", with the weights and their EMA" : "",
-             (long long)e->total_micro, e->predicted_max_s);
+             "cost); a pass's deadline %.0f s\n", e->data.path, (long long)e->planned_samples, first,
+             config->eval.sigmas.n, (long long)config->eval.every,
+             config->train.ema_decay > 0.0 ? ", with the weights and their EMA" : "", (long long)e->total_micro,
+             e->predicted_max_s, e->timeout_s);
 }
 
 int eval_due(const evaluator *e, int64_t step, int last)
@@ -373,7 +376,7 @@ void eval_run(evaluator *e, backend *b, int64_t step, eval_result *result)
 {
     const int n_levels = e->config->eval.sigmas.n;
     const int with_ema = e->config->train.ema_decay > 0.0;
-    const double started = comm_time(), timeout_s = (with_ema ? 2 : 1) * e->timeout_s;
+    const double started = comm_time(), timeout_s = e->timeout_s;
     char what[96];
     snprintf(what, sizeof what, "validation after step %lld (deadline %.0f s)", (long long)step, timeout_s);
     const double grace = timeout_s / 4 < 1.0 ? 1.0 : timeout_s / 4 > 30.0 ? 30.0 : timeout_s / 4;

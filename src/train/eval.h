@@ -71,9 +71,9 @@ typedef struct {
    rank makes as many eval_batch calls as the rank with the most micro-batches: the missing ones (and a
    micro-batch none of whose samples could be read) are empty batches, which make the collectives of a forward.
    A sample that cannot be read is left out of this pass with a warning naming it and the store
-   (result->samples says how many were evaluated). The pass runs under the step watch (comm.h) with a deadline
-   of [run] step_timeout (or its auto value from the predicted seconds) per balancer step, level and set of
-   weights. `step` names the pass in messages. */
+   (result->samples says how many were evaluated). The pass runs under the step watch (comm.h) with the deadline
+   of watchdog_pass_timeout for its predicted seconds (every level and set of weights): 10 x those, at least the
+   step deadline ([run] step_timeout, or 300 s with auto). `step` names the pass in messages. */
 void eval_run(evaluator *e, backend *b, int64_t step, eval_result *result);
 
 #endif

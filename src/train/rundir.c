@@ -21,24 +21,52 @@ static void release_lock(void)
     lock_fd = -1;
 }
 
-/* The holder line in the file (its first line, at most `size` - 1 bytes; "" when empty). */
+/* The holder line in the file (its first line, at most 160 bytes), printable: a byte outside printable ASCII is
+   written \xNN, so that a damaged or foreign file cannot send control sequences to the terminal ("" when empty). */
 static void read_holder(int fd, char *holder, size_t size)
 {
-    ssize_t n = pread(fd, holder, size - 1, 0);
-    holder[n > 0 ? n : 0] = '\0';
-    holder[strcspn(holder, "\n")] = '\0';
+    unsigned char raw[161];
+    ssize_t n = pread(fd, raw, sizeof raw - 1, 0);
+    size_t used = 0;
+    for (ssize_t i = 0; i < n && raw[i] != '\n' && used + 5 < size; i++) {
+        if (raw[i] >= 0x20 && raw[i] < 0x7f && raw[i] != '\\') holder[used++] = (char)raw[i];
+        else used += (size_t)snprintf(holder + used, size - used, "\\x%02x", raw[i]);
+    }
+    holder[used] = '\0';
+}
+
+/* Opens the lock file without following a symbolic link, without blocking on a FIFO, and only when it is (or is
+   created as) a regular file; -1 after an error on `errors` naming it and what to do. */
+static int open_lock_file(const char *path, FILE *errors)
+{
+    int fd = open(path, O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0666);
+    if (fd < 0 && errno == ELOOP) {
+        fprintf(errors, "aldit: error: the run folder's lock file %s is a symbolic link: aldit writes its holder "
+                "line there and will not follow it (its target would be overwritten). Remove the link (rm %s) and "
+                "start again\n", path, path);
+        return -1;
+    }
+    if (fd < 0) {
+        fprintf(errors, "aldit: error: cannot open the run folder's lock file %s: %s\n", path, strerror(errno));
+        return -1;
+    }
+    struct stat info;
+    if (fstat(fd, &info) != 0 || !S_ISREG(info.st_mode)) {
+        fprintf(errors, "aldit: error: the run folder's lock file %s is not a regular file (a FIFO, device or "
+                "socket): aldit will not write into it. Remove it (rm %s) and start again\n", path, path);
+        close(fd);
+        return -1;
+    }
+    return fd;
 }
 
 int rundir_lock(const char *dir, FILE *errors, FILE *notes)
 {
     char path[DECK_PATH_MAX + 32];
     snprintf(path, sizeof path, "%s/%s", dir, RUNDIR_LOCK_FILE);
-    int fd = open(path, O_RDWR | O_CREAT, 0666);
-    if (fd < 0) {
-        fprintf(errors, "aldit: error: cannot open the run folder's lock file %s: %s\n", path, strerror(errno));
-        return 2;
-    }
-    char holder[512];
+    int fd = open_lock_file(path, errors);
+    if (fd < 0) return 2;
+    char holder[4 * 160 + 8];
     read_holder(fd, holder, sizeof holder);
     struct flock lock = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 0};
     if (fcntl(fd, F_SETLK, &lock) != 0) {

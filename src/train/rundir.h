@@ -15,7 +15,10 @@
    - the lock is free but the file names a holder (a run that died without a normal exit: killed, aborted,
      a lost node): the lock is taken over with a note on `notes` naming that holder;
    - the file system refuses locks (ENOLCK, EOPNOTSUPP, ENOSYS: Lustre without -o flock, NFSv3 without
-     lockd): an error saying so and suggesting [run] lock = off, returns 2; other errors likewise. */
+     lockd): an error saying so and suggesting [run] lock = off, returns 2; other errors likewise;
+   - the lock file is a symbolic link, a FIFO or anything but a regular file: an error saying to remove it,
+     returns 2, having written nothing anywhere (the link is not followed).
+   A holder named in a message is the file's first line with bytes outside printable ASCII written \xNN. */
 int rundir_lock(const char *dir, FILE *errors, FILE *notes);
 
 /* Rank 0, a fresh start ([checkpoint] resume = off): the run folder must hold no checkpoint

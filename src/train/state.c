@@ -104,9 +104,9 @@ int state_save(const backend *dev, const model *table, checkpoint_writer *writer
     const shard_layout *layout = dev->ops->layout(dev);
     stream s = stream_open(table);
     int status = 0;
-    for (int g = 0; g < CHECKPOINT_N_GROUPS; g++) {
+    for (int g = 0; g < CHECKPOINT_N_GROUPS && status == 0; g++) {
         if (!(groups & CHECKPOINT_GROUP_BIT(g))) continue;
-        for (int i = 0; i < table->n_params; i++) {
+        for (int i = 0; i < table->n_params && status == 0; i++) {
             const param_info *p = &table->params[i];
             if (layout->mode == SHARD_NONE) { /* rank 0 holds it all */
                 if (s.rank == 0) dev->ops->get_range(dev, (backend_group)g, p->offset, p->n_elements, s.tensor);
@@ -115,8 +115,10 @@ int state_save(const backend *dev, const model *table, checkpoint_writer *writer
                 if (s.own_count > 0) dev->ops->get_range(dev, (backend_group)g, s.own_first, s.own_count, s.mine);
                 comm_gatherv_f32(s.mine, s.counts, s.displs, s.rank == 0 ? s.tensor : NULL);
             }
-            if (s.rank == 0 && status == 0)
-                status = checkpoint_write_tensor(writer, (checkpoint_group)g, p->name, s.tensor);
+            if (s.rank == 0) status = checkpoint_write_tensor(writer, (checkpoint_group)g, p->name, s.tensor);
+            /* every rank learns each tensor's outcome: a failure ends the stream everywhere, and a rank that waits
+               here for rank 0's write waits one tensor long (the watch's deadline is per wait: watchdog.h) */
+            comm_bcast_bytes(&status, sizeof status);
         }
     }
     stream_close(&s);

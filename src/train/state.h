@@ -17,8 +17,9 @@
 int state_load(backend *dev, const model *table, checkpoint_reader *reader, unsigned groups, uint64_t seed);
 
 /* Collective, between steps: every tensor of each group in `groups` gathered from the ranks that hold it and
-   written through rank 0's `writer` (others pass NULL). Returns, on rank 0, 0 or the writer's first failure (which
-   it printed; the remaining tensors are still gathered, so every rank makes the same calls); 0 elsewhere. */
+   written through rank 0's `writer` (others pass NULL); after each tensor rank 0 broadcasts its outcome, so every
+   collective of the stream spans at most one tensor's write. Returns, on every rank, 0 or non-zero after the
+   writer's first failure (rank 0 printed it; the stream stops there on every rank). */
 int state_save(const backend *dev, const model *table, checkpoint_writer *writer, unsigned groups);
 
 #endif

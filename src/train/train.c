@@ -229,8 +229,9 @@ static void print_store_line(const store *data, const deck *config)
            (long long)data->n_samples, (long long)total, (long long)shortest, (long long)longest, data->text_dim);
 }
 
-/* Collective (--check): what a run would find in its folder. Resuming: the newest checkpoint must be readable
-   and hold this model's parameters (names and shapes); a fresh start: no earlier run's files. 0 or 2. */
+/* Collective (--check): what a run would find in its folder. Resuming: the newest checkpoint must pass the checks
+   the run's resume makes (checkpoint_check_resumable: model dims, eps, text_padding, seed, moments, the EMA, every
+   tensor's shape, checksum and finiteness); a fresh start: no earlier run's files. 0 or 2. */
 static int check_run_folder(const deck *config, int rank)
 {
     int status = 0;
@@ -240,9 +241,9 @@ static int check_run_folder(const deck *config, int rank)
         if (found > 0) {
             model table;
             model_create_table(&table, config);
-            if (checkpoint_check_weights(path, &table, stderr) != 0) {
-                fprintf(stderr, "aldit: error: the run would resume from %s, which does not fit this model; use "
-                        "another [run] dir, or move the run folder's checkpoints away\n", path);
+            if (checkpoint_check_resumable(path, config, &table, stderr) != 0) {
+                fprintf(stderr, "aldit: error: the run would resume from %s, which does not fit this deck (why: "
+                        "above); fix the deck, use another [run] dir, or move the run folder's checkpoints away\n", path);
                 status = ALDIT_EXIT_USAGE;
             }
             model_free(&table);
@@ -254,6 +255,36 @@ static int check_run_folder(const deck *config, int rank)
     }
     comm_bcast_bytes(&status, sizeof status);
     return status;
+}
+
+/* Collective (--check): the balancer state of the checkpoint the run would resume from, loaded into this deck's
+   balancer as the run's resume does (the same samples, strategy and seed). 0 or 2 on every rank. */
+static int check_resumed_balancer(const deck *config, const balance_sample *samples, int64_t n_samples,
+                                  const comm_info *info, const backend_plan *plan)
+{
+    int status = 0;
+    char path[2 * DECK_PATH_MAX];
+    if (info->rank == 0 && config->checkpoint.resume && checkpoint_find_latest(config, path, sizeof path, stderr) > 0) {
+        model table;
+        model_create_table(&table, config);
+        checkpoint_state state = {0};
+        checkpoint_reader *reader = checkpoint_reader_open(path, config, &table, stderr);
+        status = !reader || checkpoint_check_resume(reader, config, &state) != 0;
+        balancer *packer = status == 0 ? create_balancer(config, samples, n_samples, info->n_ranks, plan) : NULL;
+        if (status == 0 && (!packer || balancer_load_state(packer, state.balancer_state, state.balancer_bytes) != 0)) {
+            fprintf(stderr, "aldit: error: %s: the balancer state does not match this deck and store; the run would "
+                    "not resume from it: use its deck and store, another [run] dir, or move the checkpoint away\n",
+                    path);
+            status = 1;
+        }
+        balancer_free(packer);
+        free(state.balancer_state);
+        free(state.rank_seconds);
+        checkpoint_reader_close(reader);
+        model_free(&table);
+    }
+    comm_bcast_bytes(&status, sizeof status);
+    return status != 0 ? ALDIT_EXIT_USAGE : 0;
 }
 
 int train_check(const deck *config, const comm_info *info)
@@ -288,6 +319,7 @@ int train_check(const deck *config, const comm_info *info)
     int status = device_check_plan_fn(device, offline)(config, info, &table, planned, n_planned, &plan);
     free(planned);
     if (status == 0 && eval) status = eval_plan(eval, &plan, info->n_ranks, 1, 0, NULL, NULL);
+    if (status == 0) status = check_resumed_balancer(config, samples, data.n_samples, info, &plan);
     if (status == 0 && info->rank == 0) {
         deck_print(config, stdout);
         epoch_plan epoch = plan_epoch(config, samples, data.n_samples, info->n_ranks, &plan, 0, NULL, NULL);
@@ -527,7 +559,8 @@ static unsigned checkpoint_groups(const trainer *t)
 /* Collective: rank 0 writes (after the prefetch thread has left the HDF5 library) what every rank's part of the
    state streams to it tensor by tensor (state.h), and everyone learns the outcome. A failed write is fatal when
    `must_succeed` (the final checkpoint) or when [checkpoint] max_failures periodic ones in a row failed (the last
-   good checkpoint stays); otherwise a warning. */
+   good checkpoint stays); otherwise a warning. Outside the step watch, under the state watch (watchdog.h): a rank
+   stopped meanwhile is named and the job ends before the file is renamed into place. */
 static void save_checkpoint(trainer *t, int must_succeed)
 {
     double started = comm_time();
@@ -541,6 +574,9 @@ static void save_checkpoint(trainer *t, int must_succeed)
         .balancer_state = t->snapshot, .balancer_bytes = t->snapshot_bytes,
         .rank_seconds = t->rank_seconds, .n_ranks = t->info->n_ranks,
     };
+    char what[64];
+    snprintf(what, sizeof what, "checkpoint of step %lld", (long long)t->step);
+    watchdog_state_begin(t->info->rank, what, t->step_timeout);
     if (t->info->rank == 0) {
         prefetch_drain(t->reader);
         const size_t state_bytes = t->snapshot_bytes + sizeof(double) * (size_t)t->info->n_ranks;
@@ -556,6 +592,7 @@ static void save_checkpoint(trainer *t, int must_succeed)
         }
         comm_bcast_bytes(&status, sizeof status);
     }
+    watchdog_state_end();
     t->phase_s[PHASE_CHECKPOINT] += seconds_since(started);
     t->checkpoint_failures = status != 0 ? t->checkpoint_failures + 1 : 0;
     if (status == 0) t->checkpoint_step = t->step;
@@ -572,16 +609,7 @@ static int open_resume(trainer *t, const char *path, checkpoint_reader **reader,
     checkpoint_state state = {0};
     checkpoint_reader *r = checkpoint_reader_open(path, config, &t->net, stderr);
     int status = r == NULL;
-    if (status == 0 && (!checkpoint_reader_has(r, CHECKPOINT_ADAM_M) || !checkpoint_reader_has(r, CHECKPOINT_ADAM_V))) {
-        fprintf(stderr, "%s: missing optimizer moments /optim/m or /optim/v\n", path);
-        status = 1;
-    }
-    if (status == 0) status = checkpoint_read_state(r, &state);
-    if (status == 0 && state.seed != config->run.seed) {
-        fprintf(stderr, "aldit: error: %s was written with [run] seed = %" PRIu64 ", the deck says %" PRIu64
-                "; set that seed to resume, or [checkpoint] resume = off\n", path, state.seed, config->run.seed);
-        status = 1;
-    }
+    if (status == 0) status = checkpoint_check_resume(r, config, &state);
     if (status == 0 && balancer_load_state(t->packer, state.balancer_state, state.balancer_bytes) != 0) {
         fprintf(stderr, "aldit: error: %s: the balancer state does not match this deck and store\n", path);
         status = 1;
@@ -627,6 +655,9 @@ static void initial_state(trainer *t, char *resumed_from, size_t resumed_size)
         if (t->ema_resumed) groups |= CHECKPOINT_GROUP_BIT(CHECKPOINT_EMA);
         else if (rank == 0 && status == 0 && config->train.ema_decay > 0.0)
             printf("aldit: note: %s has no /ema (its run kept no EMA): the EMA starts at its weights\n", resumed_from);
+        else if (rank == 0 && status == 0 && checkpoint_reader_has(reader, CHECKPOINT_EMA)) /* checked: ema_drop */
+            printf("aldit: note: the EMA of %s (/ema) is dropped ([train] ema_drop = on): this run keeps none\n",
+                   resumed_from);
     } else if (config->model.init[0]) {
         groups = CHECKPOINT_GROUP_BIT(CHECKPOINT_WEIGHTS);
         if (rank == 0) {
@@ -635,7 +666,11 @@ static void initial_state(trainer *t, char *resumed_from, size_t resumed_size)
         }
     }
     comm_bcast_bytes(&status, sizeof status);
+    /* the first step's deadline per tensor: the step's own is not known before the first draw */
+    watchdog_state_begin(rank, found ? "resume: loading the checkpoint's state" : "loading the initial state",
+                         watchdog_timeout(config, 0.0, 1));
     if (status == 0) status = state_load(t->dev, &t->net, reader, groups, config->run.seed);
+    watchdog_state_end();
     if (status != 0 && rank == 0 && !found && config->model.init[0])
         fprintf(stderr, "aldit: error: cannot start from [model] init = %s\n", config->model.init);
     else if (status != 0 && rank == 0 && reader)

@@ -17,4 +17,17 @@ double watchdog_timeout(const deck *config, double predicted_step_s, int first_s
 void watchdog_step_begin(int rank, int64_t step, double timeout);
 void watchdog_step_end(void);
 
+/* Seconds a validation pass may take whose slowest rank is predicted to compute `predicted_pass_s` (all its levels
+   and weight sets at training's cost): max(10 x that, the step deadline of watchdog_timeout: [run] step_timeout,
+   or 300 s with auto). */
+double watchdog_pass_timeout(const deck *config, double predicted_pass_s);
+
+/* Collective in effect (every rank, the same `timeout`): watch the state-streaming collectives of a checkpoint's
+   save or a resume's load (`what` names it, e.g. "checkpoint of step 12") until watchdog_state_end, with a
+   deadline per collective (comm_watch_each): `timeout` seconds on rank 0; on the others, whose waits span rank
+   0's file I/O for one tensor, 2 x timeout + 30 s and the answer time, as for a step. A stopped rank is named and
+   the job aborted (exit 1) before the checkpoint is renamed into place: the previous one stays the newest. */
+void watchdog_state_begin(int rank, const char *what, double timeout);
+void watchdog_state_end(void);
+
 #endif
