@@ -243,11 +243,11 @@ static int64_t layout_workspace(model *m, float *base)
         s->k_pre = take(base, &used, N * D);
         s->q_rstd = take(base, &used, N);
         s->k_rstd = take(base, &used, N);
-        s->q = take(base, &used, N * D);
-        s->k = take(base, &used, N * D);
-        s->v = take(base, &used, N * D);
+        s->q = take(base, &used, !sp * N * D);   /* in a group: the exchange's source, shared by the blocks (below) */
+        s->k = take(base, &used, !sp * N * D);
+        s->v = take(base, &used, !sp * N * D);
         s->attn = take(base, &used, N * D);
-        s->attn_lse = take(base, &used, N * H);
+        s->attn_lse = take(base, &used, !sp * N * H);
         s->y_attn = take(base, &used, N * D);
         s->x1 = take(base, &used, N * D);
         s->n3 = take(base, &used, N * D);
@@ -317,6 +317,14 @@ static int64_t layout_workspace(model *m, float *base)
     ws->video = take(base, &used, (sp ? ws->max_sample : N) * m->patch_in);   /* one sample's latent */
     ws->patches = take(base, &used, sp * ws->max_sample * m->patch_in);
     ws->xchg = take(base, &used, sp * N * D);
+    if (sp) {   /* the blocks' backward reads q, k, v after the exchange (q_all, ...): their rows need not be kept */
+        float *q = take(base, &used, N * D), *k = take(base, &used, N * D), *v = take(base, &used, N * D);
+        for (int l = 0; l < m->num_layers; l++) {
+            ws->saved[l].q = q;
+            ws->saved[l].k = k;
+            ws->saved[l].v = v;
+        }
+    }
     ws->d_q_all = take(base, &used, T * Dk);
     ws->d_k_all = take(base, &used, T * Dk);
     ws->d_v_all = take(base, &used, T * Dk);
