@@ -709,6 +709,37 @@ static void test_memory_model(void **state)
 /* The cost model's parameter count and memory are the layout table's (model/layout.h): Wan's exact counts,
    the formula's coefficients for the deck's backend, and one rank's state of 18 (GPU) or 16 (CPU) bytes per
    parameter without sharding. */
+/* The split form: cost_k = cost / k + exchange_k, exchange_k = 4 all-to-alls per block per pass of (k - 1) / k of a
+   rank's S / k tokens of dim values (bf16 on the GPU, fp32 on the CPU; 3 passes with recompute = block) over
+   sp_bandwidth; memory of S / k tokens with the text whole. Numbers by hand for Wan-1.3B (30 blocks, dim 1536). */
+static void test_split_cost(void **state)
+{
+    (void)state;
+    deck config = test_deck(STRATEGY_GLOBAL, 1);
+    config.run.device = DEVICE_CUDA;
+    cost_model cm;
+    cost_model_init(&cm, &config);
+    const double per_token = 4.0 * 2 * 30 * 1536 * 2;   /* 737280 bytes */
+    assert_true(cm.exchange_bytes_per_token == per_token);
+    const double sent = 76032.0 / 4 * 3 / 4;              /* 14256 tokens leave each rank per exchange */
+    assert_true(fabs(cost_model_exchange(&cm, 76032, 4) - sent * per_token / 300e9) < 1e-15);
+    assert_true(cost_model_exchange(&cm, 76032, 1) == 0.0);
+    assert_true(cost_model_predict_split(&cm, 76032, 512, 1) == cost_model_predict(&cm, 76032, 512));
+    assert_true(fabs(cost_model_predict_split(&cm, 76032, 512, 4) -
+                     (cost_model_predict(&cm, 76032, 512) / 4 + sent * per_token / 300e9)) < 1e-12);
+    assert_true(cost_model_mem_split(&cm, 76032, 512, 1) == cost_model_mem(&cm, 76032, 512));
+    assert_true(cost_model_mem_split(&cm, 76032, 512, 4) == cost_model_mem(&cm, 19008, 512));
+    assert_true(cost_model_mem_split(&cm, 76033, 512, 4) == cost_model_mem(&cm, 19009, 512));
+    cost_model_free(&cm);
+    config.run.device = DEVICE_CPU;
+    config.balance.recompute = config.train.recompute = RECOMPUTE_BLOCK;
+    config.balance.sp_bandwidth = 100;
+    cost_model_init(&cm, &config);
+    assert_true(cm.exchange_bytes_per_token == 4.0 * 3 * 30 * 1536 * 4);
+    assert_true(fabs(cost_model_exchange(&cm, 1000, 2) - 250.0 * 4.0 * 3 * 30 * 1536 * 4 / 100e9) < 1e-15);
+    cost_model_free(&cm);
+}
+
 static void test_memory_is_the_layout_formula(void **state)
 {
     (void)state;
@@ -1054,6 +1085,7 @@ int main(void)
         cmocka_unit_test(test_packed_calibration_amortises_fixed_cost),
         cmocka_unit_test(test_flops_and_attention_share),
         cmocka_unit_test(test_memory_model),
+        cmocka_unit_test(test_split_cost),
         cmocka_unit_test(test_nnls_clamps_negative),
         cmocka_unit_test(test_refit_recovers_coefficients),
         cmocka_unit_test(test_refit_ignores_stragglers),

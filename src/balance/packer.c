@@ -144,6 +144,13 @@ static void assign_item(balancer *b, int32_t item, int bin)
     b->bin_load[bin] = planned_load(b, bin);
 }
 
+void balance_bin_add_load(balancer *b, int bin, double cost)
+{
+    b->bin_sum[bin] += cost;
+    b->bin_square[bin] += cost * cost;
+    b->bin_load[bin] = planned_load(b, bin);
+}
+
 static void unlink_item(balancer *b, int32_t item)
 {
     int bin = b->item_bin[item];
@@ -163,12 +170,11 @@ static uint64_t item_sort_value(int64_t item, double cost)
 }
 
 /* Items 0..n_items-1 (their sort values written by select_item) by decreasing cost, ties oldest first. */
-static const uint64_t *sort_items_by_cost(balancer *b, int64_t n_items)
+const uint64_t *balance_sort_items_by_cost(balancer *b, int64_t n_items)
 {
     return radix_sort_high(b->sort_values, b->sort_scratch, n_items, COST_KEY_PASSES);
 }
 
-static int32_t sorted_item(const uint64_t *sorted, int64_t i) { return (int32_t)(uint32_t)sorted[i]; }
 
 /* Pour small items (largest first) into the bins, least loaded first, each bin up to the common water
    level that the items' total reaches; an item goes to the current bin while it overshoots the level
@@ -341,7 +347,7 @@ static int64_t fill_gaps(balancer *b, int64_t n_items)
 
 /* Items by_cost[first .. end) (largest first) each into the least loaded bin; `largest` is an upper
    bound of their costs and `total` their sum. */
-static void place_least_loaded(balancer *b, const uint64_t *by_cost, int64_t first, int64_t end, double largest,
+void balance_place_least_loaded(balancer *b, const uint64_t *by_cost, int64_t first, int64_t end, double largest,
                                double total)
 {
     if (first >= end) return;
@@ -360,7 +366,7 @@ static void place_least_loaded(balancer *b, const uint64_t *by_cost, int64_t fir
 
 /* Packs the step's samples into the bins (item_bin, and bin_head lists for the refinement). Returns
    the number of items (numbered oldest first). */
-int64_t balance_global_pack(balancer *b)
+int64_t balance_global_select(balancer *b, double *selected_cost, int *take_all_out)
 {
     if (b->pool_count == 0 && b->position >= b->n_active) balance_start_epoch(b, b->epoch + 1);
     const int n_ranks = b->n_ranks;
@@ -368,8 +374,8 @@ int64_t balance_global_pack(balancer *b)
         b->bin_load[r] = b->bin_sum[r] = b->bin_square[r] = 0;
         b->bin_head[r] = -1;
     }
-    /* 1. selection: the oldest samples, up to the step's target (a fixed count, or the remaining cost
-          spread evenly over the steps the budget implies, so the epoch's last steps stay balanced) */
+    /* the oldest samples, up to the step's target (a fixed count, or the remaining cost spread evenly over the
+       steps the budget implies, so the epoch's last steps stay balanced) */
     int64_t n_items = 0;
     int take_all = 0;
     double selected = 0;
@@ -396,10 +402,32 @@ int64_t balance_global_pack(balancer *b)
             select_item(b, n_items, entry, cost);
         }
     }
+    *selected_cost = selected;
+    *take_all_out = take_all;
+    return n_items;
+}
+
+int64_t balance_pack_finish(balancer *b, int64_t n_items, int take_all)
+{
+    /* budget mode: fill the bins' gaps below the largest with pool samples that fit */
+    if (b->global_batch == 0 && !take_all) n_items = fill_gaps(b, n_items);
+    else pool_keep(b, 0, n_items);
+    /* swap refinement between the largest bin and the others */
+    refine_bins(b);
+    return n_items;
+}
+
+int64_t balance_global_pack(balancer *b)
+{
+    const int n_ranks = b->n_ranks;
+    /* 1. selection */
+    int take_all = 0;
+    double selected = 0;
+    int64_t n_items = balance_global_select(b, &selected, &take_all);
     /* 2. longest predicted cost first, each into the least loaded bin; the many small samples at the
           end are poured to a common level instead, which is what placing them one by one would do at
           a fraction of its cost */
-    const uint64_t *by_cost = sort_items_by_cost(b, n_items);
+    const uint64_t *by_cost = balance_sort_items_by_cost(b, n_items);
     const double small_cost = small_item_fraction * selected / n_ranks;
     int64_t n_large = 0;
     double large_cost = 0;
@@ -414,7 +442,7 @@ int64_t balance_global_pack(balancer *b)
         assign_item(b, item, (int)i);
     }
     if (n_large > n_first)
-        place_least_loaded(b, by_cost, n_first, n_large, b->item_cost[sorted_item(by_cost, n_first)],
+        balance_place_least_loaded(b, by_cost, n_first, n_large, b->item_cost[sorted_item(by_cost, n_first)],
                            large_cost - first_cost);
     /* the pour stops short of its level where the bins' loads grow faster than their items' costs (the
        planned margins) or items overshoot it: the rest, the smallest, go one by one to the least loaded */
@@ -423,12 +451,8 @@ int64_t balance_global_pack(balancer *b)
     const int64_t n_poured = pour_small_items(b, by_cost + n_large, n_items - n_large, small_cost_total, &poured_cost);
     const int64_t n_placed = n_large + n_poured;
     if (n_placed < n_items)
-        place_least_loaded(b, by_cost, n_placed, n_items, b->item_cost[sorted_item(by_cost, n_placed)],
+        balance_place_least_loaded(b, by_cost, n_placed, n_items, b->item_cost[sorted_item(by_cost, n_placed)],
                            fmax(small_cost_total - poured_cost, 0.0));
-    /* 3. budget mode: fill the bins' gaps below the largest with pool samples that fit */
-    if (b->global_batch == 0 && !take_all) n_items = fill_gaps(b, n_items);
-    else pool_keep(b, 0, n_items);
-    /* 4. swap refinement between the largest bin and the others */
-    refine_bins(b);
-    return n_items;
+    /* 3. budget mode: fill the bins' gaps below the largest with pool samples that fit; 4. swap refinement */
+    return balance_pack_finish(b, n_items, take_all);
 }

@@ -128,5 +128,21 @@ int64_t balance_dual_batch(const balancer *b, int k);
 /* packer.c: the global packer. Packs the step's samples into the rank bins (item_bin, bin_head lists); returns
    the number of items (numbered oldest first). */
 int64_t balance_global_pack(balancer *b);
+/* Its parts, which the group planner (groups.c) shares. The step's selection: empty bins, the oldest samples up
+   to global_batch (or, in budget mode, the step's share of the epoch's remaining cost) as items 0 .. n-1 with their
+   sort values; returns n, their predicted seconds in *selected_cost and whether budget mode takes all that is left. */
+int64_t balance_global_select(balancer *b, double *selected_cost, int *take_all);
+/* The selected items (their sort values) by decreasing cost, ties oldest first. */
+const uint64_t *balance_sort_items_by_cost(balancer *b, int64_t n_items);
+static inline int32_t sorted_item(const uint64_t *sorted, int64_t i) { return (int32_t)(uint32_t)sorted[i]; }
+/* Items by_cost[first .. end) (largest first) each into the least loaded bin; `largest` bounds their costs and
+   `total` is their sum. */
+void balance_place_least_loaded(balancer *b, const uint64_t *by_cost, int64_t first, int64_t end, double largest,
+                                double total);
+/* Add `cost` seconds of work that no item of the bin's list carries (a group's share) to bin `bin`'s load. */
+void balance_bin_add_load(balancer *b, int bin, double cost);
+/* Budget mode: fill the bins' gaps from the pool (else the pool keeps what the step did not take); then the swap
+   refinement. Returns the number of items. */
+int64_t balance_pack_finish(balancer *b, int64_t n_items, int take_all);
 
 #endif
