@@ -113,13 +113,14 @@ static void assignment_reserve(balance_assignment *out, int n_ranks, int64_t n_i
     if (n_micro + 1 > out->capacity_micro) {
         out->capacity_micro = n_micro + 1 + (n_micro + 1) / 2;
         out->micro_start = xrealloc(out->micro_start, (size_t)out->capacity_micro * sizeof(int64_t));
+        out->micro_group = xrealloc(out->micro_group, (size_t)out->capacity_micro * sizeof(int32_t));
     }
 }
 
 void balance_assignment_free(balance_assignment *a)
 {
     free(a->ids); free(a->indices); free(a->rank_start); free(a->rank_micro_start);
-    free(a->micro_start); free(a->predicted_seconds); free(a->peak_mem_bytes);
+    free(a->micro_start); free(a->micro_group); free(a->predicted_seconds); free(a->peak_mem_bytes);
     memset(a, 0, sizeof(*a));
 }
 
@@ -144,6 +145,7 @@ static void append_rank(const balancer *b, balance_assignment *out, int rank, co
         const int32_t tokens = entry->sample.tokens, text_len = entry->sample.text_len;
         const double bytes = cost_model_mem(&b->cm, tokens, text_len);
         if (k == 0 || micro_mem + bytes > b->mem_budget) {
+            out->micro_group[micro] = 1;
             micro_start[micro++] = first + k;
             micro_mem = 0;
         }
@@ -631,7 +633,8 @@ int balancer_load_state(balancer *b, const void *buffer, size_t n_bytes)
 /* ---- distribution ------------------------------------------------------------------------------------- */
 
 /* Message to one rank: [step, epoch, global_samples, n_micro, n_micro + 1 offsets into its ids, ids...]. */
-enum { MESSAGE_HEADER = 5 }; /* step, epoch, global samples, micro-batches, the most micro-batches of any rank */
+enum { MESSAGE_HEADER = 5 }; /* step, epoch, global samples, micro-batches, the most micro-batches of any rank;
+                                then n_micro + 1 micro-batch offsets, n_micro group sizes and the ids */
 
 /* Moves entry `from` of ids and tokens to position `to` (>= from), the entries between one place forward. */
 static void move_to(int64_t *ids, int64_t *tokens, int from, int to)
@@ -666,7 +669,7 @@ void balance_scatter(const balance_assignment *all_on_root, rank_assignment *min
         displs = xmalloc((size_t)a->n_ranks * sizeof(int));
         for (int r = 0; r < a->n_ranks; r++) {
             int64_t n_micro = a->rank_micro_start[r + 1] - a->rank_micro_start[r];
-            int64_t count = MESSAGE_HEADER + n_micro + 1 + (a->rank_start[r + 1] - a->rank_start[r]);
+            int64_t count = MESSAGE_HEADER + 2 * n_micro + 1 + (a->rank_start[r + 1] - a->rank_start[r]);
             ALDIT_CHECK(total + count < INT32_MAX, "balance: a step's assignment does not fit one MPI message");
             counts[r] = (int)count;
             displs[r] = (int)total;
@@ -687,7 +690,9 @@ void balance_scatter(const balance_assignment *all_on_root, rank_assignment *min
             message[4] = max_micro;
             for (int m = 0; m <= n_micro; m++)
                 message[MESSAGE_HEADER + m] = (n_micro > 0 ? a->micro_start[a->rank_micro_start[r] + m] : a->rank_start[r]) - a->rank_start[r];
-            memcpy(message + MESSAGE_HEADER + n_micro + 1, a->ids + a->rank_start[r],
+            for (int m = 0; m < n_micro; m++)
+                message[MESSAGE_HEADER + n_micro + 1 + m] = a->micro_group[a->rank_micro_start[r] + m];
+            memcpy(message + MESSAGE_HEADER + 2 * n_micro + 1, a->ids + a->rank_start[r],
                    (size_t)(a->rank_start[r + 1] - a->rank_start[r]) * sizeof(int64_t));
         }
     }
@@ -701,17 +706,18 @@ void balance_scatter(const balance_assignment *all_on_root, rank_assignment *min
     free(send); free(counts); free(displs);
     const int64_t *message = mine->message;
     ALDIT_CHECK(received >= MESSAGE_HEADER + 1 && message[3] >= 0 && message[4] >= message[3] &&
-                    MESSAGE_HEADER + message[3] + 1 <= received,
+                    MESSAGE_HEADER + 2 * message[3] + 1 <= received,
                 "balance: malformed assignment message (%d values)", received);
     mine->step = message[0];
     mine->epoch = message[1];
     mine->global_samples = message[2];
     mine->n_micro = (int)message[3];
     mine->max_micro = (int)message[4];
-    mine->n_samples = received - MESSAGE_HEADER - mine->n_micro - 1;
+    mine->n_samples = received - MESSAGE_HEADER - 2 * mine->n_micro - 1;
     if (mine->n_micro + 1 > mine->capacity_micro) {
         mine->capacity_micro = mine->n_micro + 1;
         mine->micro_start = xrealloc(mine->micro_start, (size_t)mine->capacity_micro * sizeof(int));
+        mine->micro_group = xrealloc(mine->micro_group, (size_t)mine->capacity_micro * sizeof(int32_t));
     }
     if (mine->n_samples > mine->capacity_ids || !mine->ids) {
         mine->capacity_ids = mine->n_samples > 0 ? mine->n_samples : 1;
@@ -720,12 +726,18 @@ void balance_scatter(const balance_assignment *all_on_root, rank_assignment *min
     for (int m = 0; m <= mine->n_micro; m++) mine->micro_start[m] = (int)message[MESSAGE_HEADER + m];
     ALDIT_CHECK(mine->micro_start[mine->n_micro] == mine->n_samples, "balance: assignment message's micro-batches "
                 "cover %d of %d samples", mine->micro_start[mine->n_micro], mine->n_samples);
-    memcpy(mine->ids, message + MESSAGE_HEADER + mine->n_micro + 1, (size_t)mine->n_samples * sizeof(int64_t));
+    for (int m = 0; m < mine->n_micro; m++) {
+        const int64_t k = message[MESSAGE_HEADER + mine->n_micro + 1 + m];
+        ALDIT_CHECK(k >= 1 && k <= INT32_MAX && (k & (k - 1)) == 0, "balance: assignment message's micro-batch %d has "
+                    "a group of %lld ranks (not a power of two)", m, (long long)k);
+        mine->micro_group[m] = (int32_t)k;
+    }
+    memcpy(mine->ids, message + MESSAGE_HEADER + 2 * mine->n_micro + 1, (size_t)mine->n_samples * sizeof(int64_t));
 }
 
 void rank_assignment_free(rank_assignment *mine)
 {
-    free(mine->ids); free(mine->micro_start); free(mine->message);
+    free(mine->ids); free(mine->micro_start); free(mine->micro_group); free(mine->message);
     memset(mine, 0, sizeof(*mine));
 }
 

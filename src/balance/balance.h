@@ -15,7 +15,11 @@ typedef struct { int64_t id; int32_t tokens; int32_t text_len; } balance_sample;
 
 /* One step's assignment for all ranks (built on rank 0). Rank r holds ids[rank_start[r] .. rank_start[r+1]);
    its micro-batches are m = rank_micro_start[r] .. rank_micro_start[r+1]-1, micro-batch m holding
-   ids[micro_start[m] .. micro_start[m+1]). Empty ranks have no micro-batch. */
+   ids[micro_start[m] .. micro_start[m+1]). Empty ranks have no micro-batch.
+   micro_group[m] is the size k of the sequence-parallel group that runs micro-batch m together (1: its rank alone).
+   A micro-batch of a group of k > 1 (the aligned ranks base .. base+k-1, base % k == 0) appears in the list of every
+   member, with the same ids; every rank lists its grouped micro-batches first, in one global order (k descending,
+   then the group's base rank, then the planner's order), and global_samples counts each sample once. */
 typedef struct {
     int64_t step;                 /* 0, 1, ... over the whole run */
     int64_t epoch;                /* epoch every sample of this step belongs to */
@@ -26,6 +30,7 @@ typedef struct {
     int64_t *rank_start;          /* n_ranks + 1 */
     int *rank_micro_start;        /* n_ranks + 1 */
     int64_t *micro_start;         /* total micro-batches + 1 */
+    int32_t *micro_group;         /* per micro-batch: the size of the group that runs it (1: one rank alone) */
     double *predicted_seconds;    /* per rank, by the cost model the balancer used */
     double *peak_mem_bytes;       /* per rank: predicted activation bytes of its largest micro-batch */
     int64_t capacity_ids, capacity_micro;
@@ -39,6 +44,7 @@ typedef struct {
     int n_micro;
     int max_micro;                /* the most micro-batches any rank has this step (collectives per micro-batch) */
     int *micro_start;             /* n_micro + 1 offsets into ids */
+    int32_t *micro_group;         /* n_micro: each micro-batch's group size (balance_assignment.micro_group) */
     int capacity_ids, capacity_micro, capacity_message;
     int64_t *message;             /* receive buffer */
 } rank_assignment;
@@ -71,7 +77,8 @@ void balancer_save_state(const balancer *b, void *buffer);
 int balancer_load_state(balancer *b, const void *buffer, size_t n_bytes);
 
 /* Collective: rank 0 passes the step's assignment (others NULL); every rank receives its own part into
-   `mine` (start from a zeroed struct; buffers grow as needed; free with rank_assignment_free). */
+   `mine` (start from a zeroed struct; buffers grow as needed; free with rank_assignment_free), micro_group with it.
+   A group size that is not a power of two is fatal (a malformed message). */
 void balance_scatter(const balance_assignment *all_on_root, rank_assignment *mine);
 void rank_assignment_free(rank_assignment *mine);
 
