@@ -15,7 +15,8 @@
 enum { PENDING_STEPS = 8 };              /* assigned steps whose measured times may still come */
 /* 2: six cost features (the attention split). A version-1 state (five) still loads: c' takes c's value and the refit
    window, five features wide, is dropped (the refit starts again from the coefficients). */
-enum { STATE_VERSION = 2, STATE_VERSION_FIVE_FEATURES = 1, FIVE_FEATURES = 5 };
+/* 3: [balance] sp in the header (a version-2 state, from before groups, loads as sp = off). */
+enum { STATE_VERSION = 3, STATE_VERSION_NO_SP = 2, STATE_VERSION_FIVE_FEATURES = 1, FIVE_FEATURES = 5 };
 static const uint64_t state_magic = 0x314c41424c444c41ull;  /* "ALDLBAL1" */
 /* In budget mode a rank's budget holds at least this many of the costliest sample, so one long
    sample never decides a step's length by itself (see docs/balancer.md). */
@@ -96,7 +97,7 @@ void balance_start_epoch(balancer *b, int64_t epoch)
 
 /* ---- the assignment --------------------------------------------------------------------------------- */
 
-static void assignment_reserve(balance_assignment *out, int n_ranks, int64_t n_ids, int64_t n_micro)
+void balance_assignment_reserve(balance_assignment *out, int n_ranks, int64_t n_ids, int64_t n_micro)
 {
     if (out->n_ranks != n_ranks) {
         out->rank_start = xrealloc(out->rank_start, ((size_t)n_ranks + 1) * sizeof(int64_t));
@@ -129,9 +130,9 @@ void balance_assignment_free(balance_assignment *a)
    order: the epoch order for global, one bucket's batch for the others), and note the rank's peak
    memory, predicted seconds and features, and (unless cost_squares is NULL) the sum of its samples'
    squared predicted costs. */
-static void append_rank(const balancer *b, balance_assignment *out, int rank, const balance_entry *entries,
-                        const int32_t *picks, int64_t n_samples, int64_t first, int64_t *n_micro,
-                        cost_features *features, double *cost_squares)
+void balance_append_rank(const balancer *b, balance_assignment *out, int rank, const balance_entry *entries,
+                         const int32_t *picks, int64_t n_samples, int64_t first, int64_t *n_micro,
+                         cost_features *features, double *cost_squares)
 {
     out->rank_start[rank] = first;
     out->rank_micro_start[rank] = (int)*n_micro;
@@ -175,7 +176,7 @@ static void append_packed(balancer *b, balance_assignment *out, int64_t n_items,
                           double *cost_squares, int64_t *n_micro)
 {
     const int n_ranks = b->n_ranks;
-    assignment_reserve(out, n_ranks, n_items, n_items);
+    balance_assignment_reserve(out, n_ranks, n_items, n_items);
     int64_t *next = b->bin_start;   /* bin r's slots start at next[r]; then its next free slot */
     memset(next, 0, ((size_t)n_ranks + 1) * sizeof(int64_t));
     for (int64_t i = 0; i < n_items; i++) next[b->item_bin[i] + 1]++;
@@ -184,7 +185,7 @@ static void append_packed(balancer *b, balance_assignment *out, int64_t n_items,
     for (int64_t i = 0; i < n_items; i++) b->slot_item[next[b->item_bin[i]]++] = (int32_t)i;
     for (int r = 0; r < n_ranks; r++) {
         const int64_t first = out->rank_start[r];
-        append_rank(b, out, r, b->item_entry, b->slot_item + first, next[r] - first, first, n_micro, &features[r],
+        balance_append_rank(b, out, r, b->item_entry, b->slot_item + first, next[r] - first, first, n_micro, &features[r],
                     NULL);
         cost_squares[r] = b->bin_square[r];
         features_sub(&b->remaining, &features[r]);
@@ -208,8 +209,13 @@ void balancer_next(balancer *b, balance_assignment *out)
     cost_features *features = &b->pending[pending];
     double *cost_squares = &b->pending_square[pending];
     int64_t n_ids = 0, n_micro = 0;
-    assignment_reserve(out, b->n_ranks, 0, 0);
-    if (b->strategy == STRATEGY_GLOBAL) {
+    balance_assignment_reserve(out, b->n_ranks, 0, 0);
+    int64_t n_samples = 0;
+    if (b->strategy == STRATEGY_GLOBAL && b->sp_max > 1) {
+        n_samples = balance_group_pack(b);
+        out->epoch = b->epoch;
+        balance_append_groups(b, out, n_samples, features, cost_squares, &n_ids, &n_micro);
+    } else if (b->strategy == STRATEGY_GLOBAL) {
         const int64_t n_items = balance_global_pack(b);
         out->epoch = b->epoch;
         append_packed(b, out, n_items, features, cost_squares, &n_micro);
@@ -224,8 +230,8 @@ void balancer_next(balancer *b, balance_assignment *out)
                 count = b->batch_start[b->next_batch + 1] - first;
                 b->next_batch++;
             }
-            assignment_reserve(out, b->n_ranks, n_ids + count, n_micro + count);
-            append_rank(b, out, r, b->batch_samples + first, NULL, count, n_ids, &n_micro, &features[r],
+            balance_assignment_reserve(out, b->n_ranks, n_ids + count, n_micro + count);
+            balance_append_rank(b, out, r, b->batch_samples + first, NULL, count, n_ids, &n_micro, &features[r],
                         &cost_squares[r]);
             n_ids += count;
         }
@@ -233,7 +239,7 @@ void balancer_next(balancer *b, balance_assignment *out)
     out->rank_start[b->n_ranks] = n_ids;
     out->rank_micro_start[b->n_ranks] = (int)n_micro;
     out->micro_start[n_micro] = n_ids;
-    out->global_samples = n_ids;
+    out->global_samples = b->sp_max > 1 ? n_samples : n_ids;
     out->step = b->step++;
 }
 
@@ -260,12 +266,19 @@ static int64_t check_oversize(balancer *b, deck_oversize oversize, FILE *errors)
     for (int64_t i = 0; i < b->n_samples; i++) {
         const balance_sample *sample = &b->samples[i];
         double bytes = cost_model_mem(&b->cm, sample->tokens, sample->text_len);
-        if (bytes <= b->mem_budget) { b->active[b->n_active++] = i; continue; }
+        if (bytes <= b->mem_budget || cost_model_mem_split(&b->cm, sample->tokens, sample->text_len, b->sp_max) <= b->mem_budget) {
+            b->active[b->n_active++] = i;
+            continue;
+        }
         if (n_over++ >= max_reported) continue;
         char line[512];
-        snprintf(line, sizeof(line), "sample %lld: %d tokens (+%d text tokens) need %.2f GiB of activations (recompute = %s), "
-                 "over the memory budget of %.2f GiB per rank (at most %lld tokens fit)",
-                 (long long)sample->id, sample->tokens, sample->text_len, bytes / gib,
+        char split[96] = "";
+        if (b->sp_max > 1)
+            snprintf(split, sizeof(split), " (%.2f GiB per rank split over the largest group, %d ranks)",
+                     cost_model_mem_split(&b->cm, sample->tokens, sample->text_len, b->sp_max) / gib, b->sp_max);
+        snprintf(line, sizeof(line), "sample %lld: %d tokens (+%d text tokens) need %.2f GiB of activations%s (recompute = %s), "
+                 "over the memory budget of %.2f GiB per rank (at most %lld tokens fit one rank)",
+                 (long long)sample->id, sample->tokens, sample->text_len, bytes / gib, split,
                  b->cm.recompute_block ? "block" : "none", b->mem_budget / gib,
                  (long long)balancer_max_tokens_in_budget(&b->cm, b->mem_budget, sample->text_len));
         if (oversize == OVERSIZE_SKIP) aldit_warn("balance: skipping %s", line);
@@ -282,7 +295,8 @@ static int64_t check_oversize(balancer *b, deck_oversize oversize, FILE *errors)
     }
     if (n_over > 0 && errors)
         fprintf(errors, "aldit: balance: %lld samples exceed the memory budget: lower their size, set [balance] recompute = block, "
-                "raise [balance] mem_budget, or set [balance] oversize = skip\n", (long long)n_over);
+                "raise [balance] mem_budget, set [balance] sp = auto (global strategy: split a sample over a group of ranks), "
+                "or set [balance] oversize = skip\n", (long long)n_over);
     return n_over;
 }
 
@@ -321,6 +335,8 @@ balancer *balancer_create_checked(const deck *config, const balance_sample *samp
     b->mem_fill = config->balance.mem_fill;
     b->max_tokens = config->balance.max_tokens;
     b->dual_p_config = config->balance.dual_p;
+    b->sp_deck = config->balance.sp;
+    b->sp_max = balance_sp_limit(config, n_ranks);
     b->n_samples = n_samples;
     b->samples = xmalloc((size_t)n_samples * sizeof(balance_sample));
     memcpy(b->samples, samples, (size_t)n_samples * sizeof(balance_sample));
@@ -349,6 +365,13 @@ balancer *balancer_create_checked(const deck *config, const balance_sample *samp
         b->slot_item = touched_alloc(n_active, sizeof(int32_t));
         b->sort_values = touched_alloc(n_active, sizeof(uint64_t));
         b->sort_scratch = touched_alloc(n_active, sizeof(uint64_t));
+        if (b->sp_max > 1) {
+            b->item_group = touched_alloc(n_active, sizeof(int32_t));
+            b->item_split_cost = touched_alloc(n_active, sizeof(double));
+            b->group_items = touched_alloc(n_active, sizeof(int32_t));
+            b->group_scratch = touched_alloc(n_active, sizeof(int32_t));
+            b->single_values = touched_alloc(n_active, sizeof(uint64_t));
+        }
     } else {
         b->batch_start = touched_alloc(n_active + 1, sizeof(int64_t));
         b->batch_samples = touched_alloc(n_active, sizeof(balance_entry));
@@ -404,6 +427,7 @@ void balancer_free(balancer *b)
     free(b->scratch); free(b->scratch2); free(b->entry_scratch);
     free(b->bin_order); free(b->bin_order_scratch); free(b->rank_error); free(b->rank_ratio); free(b->rank_scratch);
     free(b->bin_head); free(b->bin_start); free(b->bin_load); free(b->bin_sum); free(b->bin_square);
+    free(b->item_group); free(b->item_split_cost); free(b->group_items); free(b->group_scratch); free(b->single_values);
     free(b->queue_head); free(b->queue_next); free(b->swap_item); free(b->swap_cost); free(b->pending); free(b->pending_square);
     free(b);
 }
@@ -420,6 +444,10 @@ const cost_model *balancer_cost_model(const balancer *b) { return &b->cm; }
 int64_t balancer_epoch_samples(const balancer *b) { return b->n_active; }
 int64_t balancer_skipped(const balancer *b) { return b->n_skipped; }
 double balancer_dual_p(const balancer *b) { return b->dual_p; }
+int balancer_sp_max(const balancer *b) { return b->sp_max; }
+double balancer_sp_last_raise(const balancer *b) { return b->sp_raise; }
+double balancer_sp_raise_max(const balancer *b) { return b->sp_raise_max; }
+int64_t balancer_sp_raised_steps(const balancer *b) { return b->sp_raised_steps; }
 
 /* ---- online refit ------------------------------------------------------------------------------------ */
 
@@ -506,6 +534,7 @@ static void write_state(const balancer *b, state_cursor *c)
     put_i64(c, b->n_samples);
     put_i64(c, (int64_t)b->samples_hash);
     put_i64(c, (int64_t)b->seed);
+    put_i64(c, b->sp_deck);
     put_i64(c, b->n_ranks);
     put_i64(c, b->step);
     put_i64(c, b->epoch);
@@ -549,25 +578,37 @@ void balancer_save_state(const balancer *b, void *buffer)
     write_state(b, &c);
 }
 
+/* [balance] sp as a deck spells it (0 auto, 1 off, K); static text for the values a deck allows. */
+static const char *sp_word(int64_t sp)
+{
+    static const char *const powers[] = {"2", "4", "8", "16", "32", "64", "128", "256", "512", "1024"};
+    if (sp == 0) return "auto";
+    if (sp == 1) return "off";
+    for (int j = 0; j < 10; j++) if (sp == (int64_t)2 << j) return powers[j];
+    return "?";
+}
+
 int balancer_load_state(balancer *b, const void *buffer, size_t n_bytes)
 {
     state_cursor c = {.bytes = (unsigned char *)buffer, .size = n_bytes};
     const uint64_t magic = (uint64_t)get_i64(&c);
     const int64_t version = get_i64(&c);
-    if (magic != state_magic || (version != STATE_VERSION && version != STATE_VERSION_FIVE_FEATURES)) {
+    if (magic != state_magic || version < STATE_VERSION_FIVE_FEATURES || version > STATE_VERSION) {
         aldit_warn("balance: the checkpoint's balancer state is not a version-%d balancer state", STATE_VERSION);
         return 1;
     }
     int64_t strategy = get_i64(&c), n_samples = get_i64(&c);
     uint64_t hash = (uint64_t)get_i64(&c), seed = (uint64_t)get_i64(&c);
+    const int64_t sp = version >= STATE_VERSION ? get_i64(&c) : 1;
     int64_t saved_ranks = get_i64(&c);
-    if (strategy != b->strategy || n_samples != b->n_samples || hash != b->samples_hash || seed != b->seed) {
+    if (strategy != b->strategy || n_samples != b->n_samples || hash != b->samples_hash || seed != b->seed ||
+        sp != b->sp_deck) {
         aldit_warn("balance: the checkpoint's balancer state belongs to another run (strategy %s vs %s, %lld vs %lld "
-                   "samples, %s store index, seed %llu vs %llu)",
+                   "samples, %s store index, seed %llu vs %llu, balance.sp %s vs %s)",
                    strategy >= STRATEGY_GLOBAL && strategy <= STRATEGY_EQUAL_TOKENS ? deck_strategy_name((deck_strategy)strategy) : "?",
                    deck_strategy_name(b->strategy),
                    (long long)n_samples, (long long)b->n_samples, hash == b->samples_hash ? "same" : "different",
-                   (unsigned long long)seed, (unsigned long long)b->seed);
+                   (unsigned long long)seed, (unsigned long long)b->seed, sp_word(sp), sp_word(b->sp_deck));
         return 1;
     }
     int64_t step = get_i64(&c), epoch = get_i64(&c), position = get_i64(&c), next_batch = get_i64(&c);
@@ -590,7 +631,7 @@ int balancer_load_state(balancer *b, const void *buffer, size_t n_bytes)
         if (index < 0 || index >= b->n_samples || b->sample_bucket[index] < 0) c.failed = 1;
         else b->pool[i] = (balance_entry){b->samples[index], index};
     }
-    const int n_features = version == STATE_VERSION ? COST_N_FEATURES : FIVE_FEATURES;
+    const int n_features = version >= STATE_VERSION_NO_SP ? COST_N_FEATURES : FIVE_FEATURES;
     for (int j = 0; j < n_features; j++) b->cm.coef[j] = get_f64(&c);
     if (n_features < COST_N_FEATURES) b->cm.coef[5] = b->cm.coef[2];
     b->error_estimate = get_f64(&c);

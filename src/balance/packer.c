@@ -332,7 +332,9 @@ static int64_t fill_gaps(balancer *b, int64_t n_items)
         for (; scanned - n_items < b->pool_capacity && (entry = candidate(b, scanned)); scanned++) {
             const double cost = entry_cost(b, entry);
             const int bin = queue_least(b);
-            if (b->bin_load[bin] + cost <= max_load) {
+            /* with groups (sp) a sample over one rank's memory waits in the pool for a step that selects it */
+            const int fits = b->sp_max <= 1 || cost_model_mem(&b->cm, entry->sample.tokens, entry->sample.text_len) <= b->mem_budget;
+            if (b->bin_load[bin] + cost <= max_load && fits) {
                 add_item(b, n_items, entry, cost);
                 assign_item(b, (int32_t)n_items++, bin);
                 queue_raise_least(b);

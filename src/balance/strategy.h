@@ -86,6 +86,18 @@ struct balancer {
     double queue_low, queue_per_bucket;
     int64_t *scratch, *scratch2;
     balance_entry *entry_scratch;
+    /* sequence-parallel groups (groups.c) */
+    int sp_max;                   /* the largest group a sample may get (balance_sp_limit; 1: off) */
+    int sp_deck;                  /* [balance] sp as the deck has it (0 auto, 1 off, K): part of the state's identity */
+    int32_t *item_group;          /* per item: the size of the group that runs it (1: one rank) */
+    double *item_split_cost;      /* per item: its predicted seconds per member rank (cost_model_predict_split) */
+    int32_t *group_items;         /* the step's grouped items (item_bin holds a grouped item's base rank) */
+    int32_t *group_scratch;
+    int64_t n_group_items;
+    uint64_t *single_values;      /* the sort values of the step's items of one rank, by decreasing cost */
+    double sp_raise;              /* this step: how far the per-rank budget rose over the batch's mean (relative) */
+    double sp_raise_max;          /* the largest rise so far */
+    int64_t sp_raised_steps;      /* steps whose budget rose */
 };
 
 
@@ -113,6 +125,15 @@ void balance_start_epoch(balancer *b, int64_t epoch);
 double balance_base_compute_budget(const balancer *b);
 /* The costliest sample with its error margin: no rank's step can be planned shorter. */
 double balance_max_planned_sample(const balancer *b);
+
+/* The assignment (balance.c): room for n_ids ids and n_micro micro-batches; one rank's samples, entries[picks[k]] for
+   k < n_samples (entries[k] when picks is NULL), from slot `first` on, cut into micro-batches of one rank under the
+   memory budget, with the rank's peak memory, predicted seconds and features (and, unless cost_squares is NULL, the
+   sum of its samples' squared predicted costs). */
+void balance_assignment_reserve(balance_assignment *out, int n_ranks, int64_t n_ids, int64_t n_micro);
+void balance_append_rank(const balancer *b, balance_assignment *out, int rank, const balance_entry *entries,
+                         const int32_t *picks, int64_t n_samples, int64_t first, int64_t *n_micro,
+                         cost_features *features, double *cost_squares);
 
 /* equal_tokens.c: the buckets (distinct token counts) and the bucket strategies' batches. */
 void balance_build_buckets(balancer *b);
@@ -144,5 +165,15 @@ void balance_bin_add_load(balancer *b, int bin, double cost);
 /* Budget mode: fill the bins' gaps from the pool (else the pool keeps what the step did not take); then the swap
    refinement. Returns the number of items. */
 int64_t balance_pack_finish(balancer *b, int64_t n_items, int take_all);
+
+/* groups.c: the global packer with sequence-parallel groups (sp_max > 1): the selection, each item's group
+   (item_group; a grouped item's base rank in item_bin), the groups placed, then the items of one rank, then the
+   finish. Returns the number of items. */
+int64_t balance_group_pack(balancer *b);
+/* Write the packed step to `out`: per rank its grouped micro-batches first (one sample each, k descending, then the
+   group's base rank, then the planner's order), then its own samples cut under the memory budget; features per rank
+   (a grouped sample's divided by its k) for the refit; the ids and micro-batches written in *n_ids and *n_micro. */
+void balance_append_groups(balancer *b, balance_assignment *out, int64_t n_items, cost_features *features,
+                           double *cost_squares, int64_t *n_ids, int64_t *n_micro);
 
 #endif
