@@ -3,6 +3,7 @@
    receive, and checks its ids, micro-batches (and their group sizes, 1), step, epoch and the global count. Rank 0
    prints TAP. */
 #include "balance/balance.h"
+#include "balance/group_blocks.h"
 #include "core/comm.h"
 #include "deck/deck.h"
 #include "core/rng.h"
@@ -95,11 +96,78 @@ static int check_groups(const comm_info *info)
     return !(ok && sum == size);
 }
 
+/* balance_group_blocks (no MPI: every rank checks its own copy): over 4 ranks with groups of 2 (both blocks, then the
+   first only), each member lists its block's micro-batches (rank, then micro-batch order) with group 2, a rank outside
+   the grouped blocks its own with group 1, and the global count stays. Returns the failures. */
+static int check_group_blocks(int n_blocks)
+{
+    deck config;
+    deck_defaults(&config);
+    config.run.seed = 7;
+    config.balance.max_tokens = 12000;
+    balance_sample samples[N_SAMPLES];
+    uint64_t rng = 5;
+    for (int i = 0; i < N_SAMPLES; i++)
+        samples[i] = (balance_sample){.id = 100 + i, .tokens = 64 + (int32_t)(rng_next_u64(&rng) % 6000), .text_len = 512};
+    cost_model cm;
+    cost_model_init(&cm, &config);
+    const double mem_budget = cost_model_mem(&cm, 9000, 512);
+    cost_model_free(&cm);
+    balancer *b = balancer_create(&config, samples, N_SAMPLES, 4, mem_budget, NULL);
+    balance_assignment plain = {0}, grouped = {0};
+    int failures = 0;
+    for (int t = 0; t < 5; t++) {
+        balancer_next(b, &plain);
+        grouped = plain;   /* a deep copy: the hook frees what it replaces */
+        const int64_t n_ids = plain.rank_start[4], n_micro = plain.rank_micro_start[4];
+        grouped.ids = malloc((size_t)n_ids * sizeof(int64_t));
+        grouped.indices = malloc((size_t)n_ids * sizeof(int64_t));
+        grouped.micro_start = malloc((size_t)(n_micro + 1) * sizeof(int64_t));
+        grouped.micro_group = malloc((size_t)(n_micro + 1) * sizeof(int32_t));
+        grouped.rank_start = malloc(5 * sizeof(int64_t));
+        grouped.rank_micro_start = malloc(5 * sizeof(int));
+        grouped.predicted_seconds = malloc(4 * sizeof(double));
+        grouped.peak_mem_bytes = malloc(4 * sizeof(double));
+        memcpy(grouped.ids, plain.ids, (size_t)n_ids * sizeof(int64_t));
+        memcpy(grouped.indices, plain.indices, (size_t)n_ids * sizeof(int64_t));
+        memcpy(grouped.micro_start, plain.micro_start, (size_t)(n_micro + 1) * sizeof(int64_t));
+        memcpy(grouped.micro_group, plain.micro_group, (size_t)(n_micro + 1) * sizeof(int32_t));
+        memcpy(grouped.rank_start, plain.rank_start, 5 * sizeof(int64_t));
+        memcpy(grouped.rank_micro_start, plain.rank_micro_start, 5 * sizeof(int));
+        memcpy(grouped.predicted_seconds, plain.predicted_seconds, 4 * sizeof(double));
+        memcpy(grouped.peak_mem_bytes, plain.peak_mem_bytes, 4 * sizeof(double));
+        grouped.capacity_ids = n_ids;
+        grouped.capacity_micro = n_micro + 1;
+        balance_group_blocks(&grouped, 2, n_blocks);
+        const int grouped_end = n_blocks < 0 ? 4 : 2 * n_blocks;
+        int ok = n_blocks >= 0 || (grouped.rank_start[4] == 2 * n_ids && grouped.rank_micro_start[4] == 2 * n_micro);
+        ok = grouped.global_samples == plain.global_samples;
+        for (int member = 0; ok && member < 4; member++) {
+            const int k = member < grouped_end ? 2 : 1, base = member - member % k;
+            int m = grouped.rank_micro_start[member];
+            for (int r = base; ok && r < base + k; r++)
+                for (int p = plain.rank_micro_start[r]; ok && p < plain.rank_micro_start[r + 1]; p++, m++) {
+                    const int64_t count = plain.micro_start[p + 1] - plain.micro_start[p];
+                    ok = m < grouped.rank_micro_start[member + 1] && grouped.micro_group[m] == k
+                      && grouped.micro_start[m + 1] - grouped.micro_start[m] == count
+                      && memcmp(grouped.ids + grouped.micro_start[m], plain.ids + plain.micro_start[p],
+                                (size_t)count * sizeof(int64_t)) == 0;
+                }
+            ok = ok && m == grouped.rank_micro_start[member + 1];
+        }
+        failures += !ok;
+        balance_assignment_free(&grouped);
+    }
+    balance_assignment_free(&plain);
+    balancer_free(b);
+    return failures;
+}
+
 int main(int argc, char **argv)
 {
     comm_info info = comm_init(&argc, &argv);
     const deck_strategy strategies[3] = {STRATEGY_GLOBAL, STRATEGY_DUAL, STRATEGY_EQUAL_TOKENS};
-    if (info.rank == 0) printf("1..4\n");
+    if (info.rank == 0) printf("1..6\n");
     int failed = 0;
     for (int s = 0; s < 3; s++) {
         int failures = check_strategy(strategies[s], &info);
@@ -114,6 +182,14 @@ int main(int argc, char **argv)
     if (info.rank == 0)
         printf("%s 4 - groups of 2 over %d ranks: sizes, places, node-local, all-to-all and group sum\n",
                groups_failed ? "not ok" : "ok", info.n_ranks);
+    for (int n_blocks = -1, test = 5; n_blocks <= 1; n_blocks += 2, test++) {
+        const int blocks_failed = check_group_blocks(n_blocks);
+        failed |= blocks_failed;
+        if (info.rank == 0)
+            printf("%s %d - balance_group_blocks: 4 ranks, %s: each member lists its block's micro-batches (group 2), "
+                   "the others their own (group 1), the global count unchanged\n", blocks_failed ? "not ok" : "ok",
+                   test, n_blocks < 0 ? "both blocks of 2 grouped" : "the first block of 2 grouped");
+    }
     comm_finalize();
     return failed;
 }
