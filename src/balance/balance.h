@@ -110,6 +110,18 @@ int64_t balancer_epoch_samples(const balancer *b);   /* samples per epoch (skipp
 int64_t balancer_skipped(const balancer *b);         /* samples left out as oversize */
 double balancer_compute_budget(const balancer *b);   /* predicted seconds per rank per step (global, budget mode) */
 double balancer_dual_p(const balancer *b);           /* exponent p of the dual strategy */
+/* Sequence-parallel groups ([balance] sp; the global strategy only, see docs/balancer.md). The largest group a sample
+   may get: the largest power of two k <= sp (auto: no bound), <= n_ranks, dividing model.num_heads and
+   [balance] ranks_per_node (so that an aligned block never spans two nodes; auto: all ranks on one node, the trainer
+   passes the node's rank count); 1 when sp is off or the strategy another. */
+int balance_sp_limit(const deck *config, int n_ranks);
+int balancer_sp_max(const balancer *b);             /* balance_sp_limit of the balancer's deck and ranks */
+/* With groups the step's per-rank budget is the batch's mean predicted work; where no group brings a sample within it
+   the budget rises to that sample's least split cost. The last step's rise and the largest so far (relative to the
+   step's mean work; 0: none), and the steps whose budget rose, since the balancer was made or loaded. */
+double balancer_sp_last_raise(const balancer *b);
+double balancer_sp_raise_max(const balancer *b);
+int64_t balancer_sp_raised_steps(const balancer *b);
 /* Largest sample tokens that fit the memory budget with `text_len` text tokens. */
 int64_t balancer_max_tokens_in_budget(const cost_model *cm, double mem_budget_bytes, int64_t text_len);
 

@@ -174,27 +174,51 @@ static balance_sample *plan_samples(const balance_sample *samples, int64_t n_sam
     return all;
 }
 
-/* balancer_create for this run's backend plan: its budget, its memory model (or the deck's), and [balance]
-   mem_fill only where the backend's step is limited by its memory (a GPU's; a CPU rank's is by its compute). */
-static balancer *create_balancer(const deck *config, const balance_sample *samples, int64_t n_samples, int n_ranks,
-                                 const backend_plan *memory)
+/* balancer_create for this run's backend plan: its budget, its memory model (or the deck's), [balance] mem_fill only
+   where the backend's step is limited by its memory (a GPU's; a CPU rank's is by its compute), and [balance]
+   ranks_per_node = auto as the ranks found on rank 0's node (ranks placed on the nodes in blocks). */
+static balancer *create_balancer(const deck *config, const balance_sample *samples, int64_t n_samples,
+                                 const comm_info *info, const backend_plan *memory)
 {
-    balancer *b = balancer_create(config, samples, n_samples, n_ranks, memory->mem_budget,
+    deck nodes = *config;
+    if (nodes.balance.ranks_per_node == 0) nodes.balance.ranks_per_node = info->n_local_ranks > 0 ? info->n_local_ranks : 1;
+    balancer *b = balancer_create(&nodes, samples, n_samples, info->n_ranks, memory->mem_budget,
                                   memory->has_memory_model ? &memory->memory_model : NULL);
     if (b && !memory->fills_memory) balancer_set_mem_fill(b, 0.0);
     return b;
 }
 
 /* What one epoch looks like under the balancer: steps, predicted seconds (sum of each step's slowest
-   rank) and the lower bound (all predicted work spread evenly). Runs a scratch balancer (rank 0). */
-typedef struct { int64_t steps; double predicted_s, lower_bound_s, imbalance_pred; } epoch_plan;
+   rank) and the lower bound (all predicted work spread evenly); with sequence-parallel groups the samples each group
+   size ran (group_samples[j]: groups of 2^j ranks, over the epoch) and how the per-rank budget rose. Runs a scratch
+   balancer (rank 0). */
+enum { PLAN_GROUP_SIZES = 11 };
+typedef struct {
+    int64_t steps;
+    double predicted_s, lower_bound_s, imbalance_pred;
+    int sp_max;
+    double group_samples[PLAN_GROUP_SIZES];
+    int64_t raised_steps;
+    double raise_max;
+} epoch_plan;
 
-static epoch_plan plan_epoch(const deck *config, const balance_sample *samples, int64_t n_samples, int n_ranks,
+/* Add a step's samples to group_samples by the size of the group that runs them (a member's share 1 / k). */
+static void count_groups(const balance_assignment *step, double *group_samples)
+{
+    for (int m = 0; m < step->rank_micro_start[step->n_ranks]; m++) {
+        int j = 0;
+        while ((1 << j) < step->micro_group[m] && j < PLAN_GROUP_SIZES - 1) j++;
+        group_samples[j] += (double)(step->micro_start[m + 1] - step->micro_start[m]) / step->micro_group[m];
+    }
+}
+
+static epoch_plan plan_epoch(const deck *config, const balance_sample *samples, int64_t n_samples, const comm_info *info,
                              const backend_plan *memory, int n_calibration, const cost_features *calibration_features,
                              const double *calibration_seconds)
 {
     epoch_plan plan = {0};
-    balancer *scratch = create_balancer(config, samples, n_samples, n_ranks, memory);
+    const int n_ranks = info->n_ranks;
+    balancer *scratch = create_balancer(config, samples, n_samples, info, memory);
     if (n_calibration > 0) balancer_calibrate(scratch, n_calibration, calibration_features, calibration_seconds);
     balance_assignment step = {0};
     double sum_mean = 0.0;
@@ -206,15 +230,35 @@ static epoch_plan plan_epoch(const deck *config, const balance_sample *samples, 
             total += step.predicted_seconds[r];
             if (step.predicted_seconds[r] > slowest) slowest = step.predicted_seconds[r];
         }
+        count_groups(&step, plan.group_samples);
         plan.steps++;
         plan.predicted_s += slowest;
         plan.lower_bound_s += total / n_ranks;
         sum_mean += total / n_ranks;
     }
     plan.imbalance_pred = plan.predicted_s > 0.0 ? 1.0 - sum_mean / plan.predicted_s : 0.0;
+    plan.sp_max = balancer_sp_max(scratch);
+    plan.raised_steps = balancer_sp_raised_steps(scratch);
+    plan.raise_max = balancer_sp_raise_max(scratch);
     balance_assignment_free(&step);
     balancer_free(scratch);
     return plan;
+}
+
+/* --check: the samples per step each group size runs, and how the per-rank budget rose ([balance] sp). */
+static void print_groups_line(const epoch_plan *epoch)
+{
+    if (epoch->sp_max <= 1 || epoch->steps == 0) return;
+    printf("  groups     sp up to %d ranks:", epoch->sp_max);
+    for (int j = 0, first = 1; j < PLAN_GROUP_SIZES; j++)
+        if (epoch->group_samples[j] > 0) {
+            printf("%s k=%d %.1f", first ? "" : ",", 1 << j, epoch->group_samples[j] / (double)epoch->steps);
+            first = 0;
+        }
+    printf(" samples per step; per-rank budget raised in %lld of %lld steps", (long long)epoch->raised_steps,
+           (long long)epoch->steps);
+    if (epoch->raised_steps > 0) printf(" (at most +%.1f%%: no group brings a sample within it)", 100.0 * epoch->raise_max);
+    printf("\n");
 }
 
 static void print_store_line(const store *data, const deck *config)
@@ -292,7 +336,7 @@ int train_check(const deck *config, const comm_info *info)
     if (status == 0 && eval) status = eval_plan(eval, &plan, info->n_ranks, 1, 0, NULL, NULL);
     if (status == 0 && info->rank == 0) {
         deck_print(config, stdout);
-        epoch_plan epoch = plan_epoch(config, samples, data.n_samples, info->n_ranks, &plan, 0, NULL, NULL);
+        epoch_plan epoch = plan_epoch(config, samples, data.n_samples, info, &plan, 0, NULL, NULL);
         printf("\n# plan for %d rank(s)\n", info->n_ranks);
         print_store_line(&data, config);
         printf("  model      %s: %lld parameters\n", config->model.name, (long long)table.n_weights);
@@ -301,6 +345,7 @@ int train_check(const deck *config, const comm_info *info)
         printf("  balancer   %s: %lld steps per epoch, predicted epoch %.3g s vs lower bound %.3g s "
                "(predicted imbalance %.1f%%)\n", deck_strategy_name(config->balance.strategy), (long long)epoch.steps,
                epoch.predicted_s, epoch.lower_bound_s, 100.0 * epoch.imbalance_pred);
+        print_groups_line(&epoch);
         if (config->run.steps > 0) printf("  run        %lld steps\n", (long long)config->run.steps);
         else printf("  run        %lld epochs = %lld steps\n", (long long)config->run.epochs,
                     (long long)(config->run.epochs * epoch.steps));
@@ -1356,11 +1401,11 @@ static void trainer_setup(trainer *t, const deck *config, const comm_info *info,
         t->upcoming_rank_samples = xcalloc((size_t)info->n_ranks, sizeof *t->upcoming_rank_samples);
         t->current_rank_samples = xcalloc((size_t)info->n_ranks, sizeof *t->current_rank_samples);
         t->rank_measures = xcalloc(3 * (size_t)info->n_ranks, sizeof *t->rank_measures);
-        t->packer = create_balancer(config, t->samples, t->data.n_samples, info->n_ranks, memory);
+        t->packer = create_balancer(config, t->samples, t->data.n_samples, info, memory);
         if (t->n_calibration > 0) report_calibration(t);
         if (config->run.steps > 0 && config->balance.strategy == STRATEGY_GLOBAL && config->balance.global_batch > 0)
             plan[0] = (balancer_epoch_samples(t->packer) + config->balance.global_batch - 1) / config->balance.global_batch;
-        else plan[0] = plan_epoch(config, t->samples, t->data.n_samples, info->n_ranks, memory, t->n_calibration,
+        else plan[0] = plan_epoch(config, t->samples, t->data.n_samples, info, memory, t->n_calibration,
                                   t->calibration_features, t->calibration_seconds).steps;
         plan[1] = config->run.steps > 0 ? config->run.steps : config->run.epochs * plan[0];
     }
