@@ -2,11 +2,12 @@
 # train_groups.sh — training with sequence-parallel groups on the CPU (the test hook ALDIT_TEST_SP_GROUP forces them
 # where the balancer chooses none): on 2 and 4 ranks, with every micro-batch on groups of 2 or 4 and with a step that
 # mixes a group and single ranks, and with the gradients reduce-scattered ([train] shard = full), the per-step losses, sample and token counts equal a 1-rank run's (losses within
-# 1e-6 relative); a grouped run stopped mid-epoch on 4 ranks resumes on 2; a corrupt sample left out of a group's
+# 1e-6 relative); so do the groups the balancer chooses ([balance] sp = 2 on 2 ranks, 4 on 4, mixed with single
+# ranks); a grouped run stopped mid-epoch on 4 ranks resumes on 2 (forced groups, and the planner's); a corrupt sample left out of a group's
 # micro-batch counts once; a bad group size is refused.
 . "${top_srcdir:-.}/tests/train_lib.sh"
 STEPS=6
-tap_plan 13
+tap_plan 16
 
 tap_ok "aldit-store synth makes the test store" make_store
 # 4 heads: groups of 2 and 4 hold 2 and 1
@@ -40,6 +41,21 @@ for case in "2 2 two" "4 4 four" "2,1 4 mixed" "2 4 sharded train.shard=full"; d
 $(tail -5 "$WORK/$3.log")"
 done
 
+# [balance] sp: the planner groups a sample over a rank's share of the step (here, most steps have one)
+for case in "2 sp2" "4 sp4"; do
+    set -- $case
+    run_aldit "$1" "$2" run.steps=$STEPS model.num_heads=4 balance.sp="$1"; status=$?
+    out=$(same_as_one "$2" 2>&1); same=$?
+    grouped=$(awk '{ match($0, /"samples": [0-9]+/); total = substr($0, RSTART + 11, RLENGTH - 11)
+                     n = split($0, f, /"rank_samples": \[/); split(f[2], g, /\]/); k = split(g[1], c, /, /); sum = 0
+                     for (i = 1; i <= k; i++) sum += c[i]; if (sum > total) steps++ }
+                   END { print steps + 0 }' "$WORK/$2/metrics.jsonl")
+    [ $status -eq 0 ] && [ "$grouped" -gt 0 ]; ran=$?
+    tap_result $((status + same + ran)) "$1 ranks, [balance] sp = $1: groups in $grouped of $STEPS steps; the 1-rank run's losses, samples and tokens ($out)" \
+        "$out
+$(tail -5 "$WORK/$2.log")"
+done
+
 run_group 2 4 resumed run.steps=3; status=$?
 tap_is "a 4-rank run on groups of 2 stops at step 3 (mid-epoch) with a checkpoint" \
     "$status $(test -f "$WORK/resumed/checkpoints/step_00000003.h5" && echo written)" "0 written"
@@ -49,6 +65,16 @@ grep -q "resumed .*step_00000003.h5 at step 3" "$WORK/resumed.log"
 tap_result $((status + $?)) "it resumes on 2 ranks on groups of 2" "$(head -20 "$WORK/resumed.log")"
 out=$(same_as_one resumed 2>&1)
 tap_result $? "the resumed run's steps 1-$STEPS: the 1-rank run's losses, samples and tokens ($out)" "$out"
+
+# the planner's groups across a resume on another rank count: sp = auto, 4 ranks to step 3, then 2 ranks
+run_aldit 4 planned run.steps=3 model.num_heads=4 balance.sp=auto; status=$?
+mv "$WORK/planned.log" "$WORK/planned.first.log"
+run_aldit 2 planned run.steps=$STEPS model.num_heads=4 balance.sp=auto; status=$((status + $?))
+grep -q "resumed .*step_00000003.h5 at step 3" "$WORK/planned.log"; status=$((status + $?))
+out=$(same_as_one planned 2>&1)
+tap_result $((status + $?)) "[balance] sp = auto stopped at step 3 on 4 ranks, resumed on 2: the 1-rank run's losses, samples and tokens ($out)" \
+    "$out
+$(tail -5 "$WORK/planned.log")"
 
 # one stored latent bit of sample 5 flipped ([data] verify finds it), on_corrupt = skip, one epoch (11 steps)
 cp "$WORK/store.h5" "$WORK/damaged.h5"
