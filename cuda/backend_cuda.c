@@ -447,6 +447,13 @@ static const backend_ops cuda_ops;
 backend *backend_cuda_create(const deck *config, const comm_info *info, model *host, const balance_sample *samples,
                              int64_t n_samples)
 {
+    if (config->balance.sp != 1 && info->n_ranks > 1) {   /* 1: off */
+        if (info->rank == 0)
+            fprintf(stderr, "aldit: error: [balance] sp = %s: the CUDA backend does not run sequence-parallel groups "
+                    "yet (the CPU backend does); set balance.sp = off\n",
+                    config->balance.sp == 0 ? "auto" : "a group size");
+        return NULL;
+    }
     train_gpu *gpu = xcalloc(1, sizeof *gpu);
     gpu->rank = info->rank;
     gpu->n_ranks = info->n_ranks;
