@@ -453,6 +453,13 @@ static const backend_ops cuda_ops;
 backend *backend_cuda_create(const deck *config, const comm_info *info, model *host, const balance_sample *samples,
                              int64_t n_samples)
 {
+    if (config->balance.sp != 1 && info->n_ranks > 1) {   /* 1: off */
+        if (info->rank == 0)
+            fprintf(stderr, "aldit: error: [balance] sp = %s: the CUDA backend does not run sequence-parallel groups "
+                    "yet (the CPU backend does); set balance.sp = off\n",
+                    config->balance.sp == 0 ? "auto" : "a group size");
+        return NULL;
+    }
     train_gpu *gpu = xcalloc(1, sizeof *gpu);
     gpu->rank = info->rank;
     gpu->n_ranks = info->n_ranks;
@@ -621,10 +628,15 @@ static void gradient_range_ready(void *context, int64_t first, int64_t count, cu
 }
 
 /* The micro-batch's tokens and text rows, checked against the GPU model's capacity (fatal: the balancer and the
-   plan disagree); returns its bytes by the memory model. */
+   plan disagree); returns its bytes by the memory model. A micro-batch of a sequence-parallel group is refused
+   (exit 2): the GPU's all-to-all is not built yet. */
 static double checked_micro_batch(const train_gpu *gpu, const model_batch *batch, int64_t *tokens_out, int64_t *text_out)
 {
     const model *host = gpu->host;
+    if (batch->sp_size > 1)
+        ALDIT_FATAL_CODE(ALDIT_EXIT_USAGE, "a micro-batch assigned to a sequence-parallel group of %d ranks: the CUDA "
+                         "backend does not run groups yet (the CPU backend does); set [balance] sp = off",
+                         batch->sp_size);
     int64_t tokens = 0, text = 0;
     double mem_estimate = 0.0;
     for (int i = 0; i < batch->n_samples; i++) {

@@ -152,10 +152,10 @@ static int64_t *record_steps(balancer *b, int n_ranks, int n_steps, int64_t *n_v
             seconds[r] = a.predicted_seconds[r] * (1.2 + 0.01 * r);
             for (int m = a.rank_micro_start[r]; m < a.rank_micro_start[r + 1]; m++)
                 for (int64_t k = a.micro_start[m]; k < a.micro_start[m + 1]; k++) {
-                    if (used + 5 > capacity) { capacity *= 2; values = realloc(values, capacity * sizeof(int64_t)); }
-                    int64_t record[5] = {a.step, a.epoch, r, m, a.ids[k]};
+                    if (used + 6 > capacity) { capacity *= 2; values = realloc(values, capacity * sizeof(int64_t)); }
+                    int64_t record[6] = {a.step, a.epoch, r, m, a.ids[k], a.micro_group[m]};
                     memcpy(values + used, record, sizeof(record));
-                    used += 5;
+                    used += 6;
                 }
         }
         balancer_observe(b, seconds);
@@ -210,10 +210,20 @@ static void test_epoch_orders_differ(void **state)
     free(samples);
 }
 
-static void check_resume(deck_strategy strategy, int64_t global_batch, int steps_before, int ranks_after)
+/* Mark each sample of an assignment once in `seen`: a grouped sample (in every member's list) at its group's base. */
+static void count_once(const balance_assignment *a, int *seen)
+{
+    for (int r = 0; r < a->n_ranks; r++)
+        for (int m = a->rank_micro_start[r]; m < a->rank_micro_start[r + 1]; m++)
+            if (r % a->micro_group[m] == 0)
+                for (int64_t k = a->micro_start[m]; k < a->micro_start[m + 1]; k++) seen[a->indices[k]]++;
+}
+
+static void check_resume_sp(deck_strategy strategy, int64_t global_batch, int steps_before, int ranks_after, int sp)
 {
     deck config = test_deck(strategy, 123);
     config.balance.global_batch = global_batch;
+    config.balance.sp = sp;
     const int n_ranks = 4;
     balance_sample *samples = random_samples(8, 700, 6000);
     double budget = mem_of(&config, 9000);
@@ -240,12 +250,12 @@ static void check_resume(deck_strategy strategy, int64_t global_batch, int steps
             balancer_next(original, &a);
             if (epoch < 0) epoch = a.epoch;
             if (a.epoch != epoch) break;
-            for (int64_t k = 0; k < a.global_samples; k++) seen_original[a.indices[k]]++;
+            count_once(&a, seen_original);
         }
         for (int t = 0; t < 400; t++) {
             balancer_next(resumed, &c);
             if (c.epoch != epoch) break;
-            for (int64_t k = 0; k < c.global_samples; k++) seen_resumed[c.indices[k]]++;
+            count_once(&c, seen_resumed);
         }
         assert_memory_equal(seen_original, seen_resumed, 700 * sizeof(int));
         free(seen_original); free(seen_resumed);
@@ -255,6 +265,11 @@ static void check_resume(deck_strategy strategy, int64_t global_batch, int steps
     balancer_free(original);
     balancer_free(resumed);
     free(samples);
+}
+
+static void check_resume(deck_strategy strategy, int64_t global_batch, int steps_before, int ranks_after)
+{
+    check_resume_sp(strategy, global_batch, steps_before, ranks_after, 1);
 }
 
 static void test_resume_mid_epoch(void **state)
@@ -271,8 +286,8 @@ static void test_resume_other_rank_count(void **state)
     check_resume(STRATEGY_EQUAL_TOKENS, 0, 5, 3);
 }
 
-/* A version-1 state (five cost features, before the attention split) from version 2's bytes: the version word, five
-   coefficients, an empty refit window, five features per pending rank. */
+/* A version-1 state (five cost features, before the attention split) from version 3's bytes: the version word, no sp
+   word, five coefficients, an empty refit window, five features per pending rank. */
 static size_t to_version_one(const unsigned char *v2, size_t n_bytes, int n_ranks, unsigned char *v1)
 {
     size_t in = 0, out = 0;
@@ -280,7 +295,9 @@ static size_t to_version_one(const unsigned char *v2, size_t n_bytes, int n_rank
     int64_t word;
     COPY_WORDS(1);                                  /* magic */
     word = 1, memcpy(v1 + out, &word, 8), in += 8, out += 8;
-    COPY_WORDS(9);                                  /* strategy ... next_batch */
+    COPY_WORDS(4);                                  /* strategy, samples, hash, seed */
+    in += 8;                                        /* sp (version 3) */
+    COPY_WORDS(5);                                  /* ranks ... next_batch */
     int64_t pool_count;
     memcpy(&pool_count, v2 + in, 8);
     COPY_WORDS(1 + pool_count);
@@ -366,6 +383,277 @@ static void test_state_rejects_other_runs(void **state)
     free(buffer);
     balance_assignment_free(&a);
     balancer_free(b); balancer_free(other); balancer_free(reseeded);
+    free(samples);
+}
+
+/* ---- sequence-parallel groups ---------------------------------------------------------------------------- */
+
+/* Micro-batch m's place among rank r's micro-batches of the same group (same k, same base). */
+static int group_position(const balance_assignment *a, int r, int m)
+{
+    int position = 0;
+    for (int n = a->rank_micro_start[r]; n < m; n++) position += a->micro_group[n] == a->micro_group[m];
+    return position;
+}
+
+/* A step with groups: every micro-batch's group is a power of two, aligned, within the ranks, and appears with the same
+   ids in every member's list; each rank lists its grouped micro-batches first, k descending, then base; micro-batches
+   fit the memory budget (a grouped one by its split memory); global_samples counts each sample once. Marks `seen`. */
+static void check_group_assignment(const balance_assignment *a, const balance_sample *samples, double mem_budget,
+                                   const cost_model *cm, int *seen)
+{
+    int64_t once = 0;
+    for (int r = 0; r < a->n_ranks; r++) {
+        int last_k = 1 << 30, last_base = -1, in_prefix = 1;
+        for (int m = a->rank_micro_start[r]; m < a->rank_micro_start[r + 1]; m++) {
+            const int k = a->micro_group[m], base = r - r % k;
+            assert_true(k >= 1 && (k & (k - 1)) == 0 && base + k <= a->n_ranks);
+            double bytes = 0;
+            for (int64_t i = a->micro_start[m]; i < a->micro_start[m + 1]; i++)
+                bytes += cost_model_mem_split(cm, samples[a->indices[i]].tokens, samples[a->indices[i]].text_len, k);
+            assert_true(bytes <= mem_budget);
+            if (k == 1) { in_prefix = 0; continue; }
+            assert_true(in_prefix);                                   /* grouped first */
+            assert_true(k < last_k || (k == last_k && base >= last_base));
+            last_k = k, last_base = base;
+            /* the same micro-batch, at the same place among its group's, in every member's list */
+            const int position = group_position(a, r, m);
+            for (int member = base; member < base + k; member++) {
+                int found = -1;
+                for (int n = a->rank_micro_start[member]; n < a->rank_micro_start[member + 1] && found < 0; n++)
+                    if (a->micro_group[n] == k && a->micro_start[n + 1] - a->micro_start[n] == a->micro_start[m + 1] - a->micro_start[m] &&
+                        memcmp(a->ids + a->micro_start[n], a->ids + a->micro_start[m],
+                               (size_t)(a->micro_start[m + 1] - a->micro_start[m]) * sizeof(int64_t)) == 0)
+                        found = n;
+                assert_true(found >= 0);
+                assert_int_equal(group_position(a, member, found), position);
+            }
+        }
+    }
+    for (int r = 0; r < a->n_ranks; r++)
+        for (int m = a->rank_micro_start[r]; m < a->rank_micro_start[r + 1]; m++)
+            if (r % a->micro_group[m] == 0) once += a->micro_start[m + 1] - a->micro_start[m];
+    assert_int_equal(once, a->global_samples);
+    count_once(a, seen);
+}
+
+/* The group sizes of one step's samples by sample index (0: not in the step). */
+static void groups_of_step(const balance_assignment *a, int *group_of, int64_t n_samples)
+{
+    memset(group_of, 0, (size_t)n_samples * sizeof(int));
+    for (int r = 0; r < a->n_ranks; r++)
+        for (int m = a->rank_micro_start[r]; m < a->rank_micro_start[r + 1]; m++)
+            for (int64_t i = a->micro_start[m]; i < a->micro_start[m + 1]; i++) group_of[a->indices[i]] = a->micro_group[m];
+}
+
+/* The largest group: powers of two dividing the heads and the node, at most sp and the ranks; 1 when off or not global. */
+static void test_sp_limit(void **state)
+{
+    (void)state;
+    deck config = test_deck(STRATEGY_GLOBAL, 1);   /* 12 heads */
+    assert_int_equal(balance_sp_limit(&config, 64), 1);          /* default: off */
+    config.balance.sp = 0;
+    assert_int_equal(balance_sp_limit(&config, 64), 4);          /* auto: 12 heads take 4 */
+    assert_int_equal(balance_sp_limit(&config, 2), 2);
+    assert_int_equal(balance_sp_limit(&config, 1), 1);
+    config.balance.ranks_per_node = 2;
+    assert_int_equal(balance_sp_limit(&config, 64), 2);
+    config.balance.ranks_per_node = 6;
+    assert_int_equal(balance_sp_limit(&config, 64), 2);
+    config.balance.ranks_per_node = 0;
+    config.model.num_heads = 40;
+    config.model.dim = 5120;
+    assert_int_equal(balance_sp_limit(&config, 64), 8);
+    config.balance.sp = 2;
+    assert_int_equal(balance_sp_limit(&config, 64), 2);
+    config.balance.sp = 0;
+    config.balance.strategy = STRATEGY_EQUAL_TOKENS;
+    assert_int_equal(balance_sp_limit(&config, 64), 1);
+}
+
+/* One long sample among short ones on 8 ranks, the batch's mean work between its cost / 4 and / 2 (with the exchange):
+   it runs on an aligned group of 4, the short ones alone; the group's four lists hold it first. */
+static void test_group_for_a_costly_sample(void **state)
+{
+    (void)state;
+    deck config = test_deck(STRATEGY_GLOBAL, 3);
+    config.balance.sp = 0;
+    cost_model cm;
+    cost_model_init(&cm, &config);
+    const double long_cost = cost_model_predict(&cm, 60000, 512), short_cost = cost_model_predict(&cm, 1024, 512);
+    /* mean = 3/8 of the long cost: within cost_4 (about 1/4), not cost_2 (about 1/2) */
+    const int64_t n_short = (int64_t)(2.0 * long_cost / short_cost);
+    const int64_t n = n_short + 1;
+    balance_sample *samples = malloc((size_t)n * sizeof(*samples));
+    for (int64_t i = 0; i < n; i++) samples[i] = (balance_sample){.id = 500 + i, .tokens = i == 7 ? 60000 : 1024, .text_len = 512};
+    config.balance.global_batch = n;
+    const double budget = mem_of(&config, 80000);
+    const double mean = (long_cost + (double)n_short * short_cost) / 8;
+    assert_true(cost_model_predict_split(&cm, 60000, 512, 4) <= mean && cost_model_predict_split(&cm, 60000, 512, 2) > mean);
+    balancer *b = balancer_create(&config, samples, n, 8, budget, NULL);
+    assert_int_equal(balancer_sp_max(b), 4);
+    balance_assignment a = {0};
+    balancer_next(b, &a);
+    assert_int_equal(a.global_samples, n);
+    int *seen = calloc((size_t)n, sizeof(int)), *group_of = malloc((size_t)n * sizeof(int));
+    check_group_assignment(&a, samples, budget, &cm, seen);
+    for (int64_t i = 0; i < n; i++) assert_int_equal(seen[i], 1);
+    groups_of_step(&a, group_of, n);
+    for (int64_t i = 0; i < n; i++) assert_int_equal(group_of[i], i == 7 ? 4 : 1);
+    int members = 0;
+    for (int r = 0; r < 8; r++)
+        if (a.ids[a.rank_start[r]] == 507) {
+            members++;
+            assert_int_equal(a.micro_group[a.rank_micro_start[r]], 4);
+            assert_int_equal(a.micro_start[a.rank_micro_start[r] + 1] - a.micro_start[a.rank_micro_start[r]], 1);
+        }
+    assert_int_equal(members, 4);
+    assert_int_equal(a.rank_start[8], n + 3);
+    assert_true(balancer_sp_last_raise(b) == 0.0);
+    /* the same step with groups off: one rank carries the long sample, every micro-batch alone */
+    config.balance.sp = 1;
+    balancer *off = balancer_create(&config, samples, n, 8, budget, NULL);
+    balance_assignment o = {0};
+    balancer_next(off, &o);
+    for (int m = 0; m < o.rank_micro_start[8]; m++) assert_int_equal(o.micro_group[m], 1);
+    assert_int_equal(o.rank_start[8], n);
+    balance_assignment_free(&a); balance_assignment_free(&o);
+    balancer_free(b); balancer_free(off);
+    cost_model_free(&cm);
+    free(seen); free(group_of); free(samples);
+}
+
+/* Memory decides: a sample over one rank's memory budget but cheap against the step's work gets the smallest group
+   whose split fits (2), not refused; with sp off the same sample is refused naming it. Where the heads cap the group
+   below what the cost asks, the budget rises and says how much. */
+static void test_group_for_memory_and_the_raise(void **state)
+{
+    (void)state;
+    deck config = test_deck(STRATEGY_GLOBAL, 4);
+    config.balance.sp = 0;
+    cost_model cm;
+    cost_model_init(&cm, &config);
+    const double budget = mem_of(&config, 30000);
+    const int64_t n = 400;
+    balance_sample *samples = malloc((size_t)n * sizeof(*samples));
+    for (int64_t i = 0; i < n; i++) samples[i] = (balance_sample){.id = i, .tokens = i == 0 ? 50000 : 8000, .text_len = 512};
+    config.balance.global_batch = n;
+    balancer *b = balancer_create(&config, samples, n, 4, budget, NULL);
+    assert_int_equal(balancer_sp_max(b), 4);
+    balance_assignment a = {0};
+    balancer_next(b, &a);
+    int *seen = calloc((size_t)n, sizeof(int)), *group_of = malloc((size_t)n * sizeof(int));
+    check_group_assignment(&a, samples, budget, &cm, seen);
+    groups_of_step(&a, group_of, n);
+    assert_int_equal(group_of[0], 2);
+    for (int64_t i = 1; i < n; i++) assert_int_equal(group_of[i], 1);
+    assert_true(balancer_sp_last_raise(b) == 0.0);
+    config.balance.sp = 1;
+    char *text = NULL;
+    size_t size = 0;
+    FILE *errors = open_memstream(&text, &size);
+    assert_null(balancer_create_checked(&config, samples, n, 4, budget, NULL, errors));
+    fclose(errors);
+    assert_non_null(strstr(text, "sample 0: 50000 tokens"));
+    assert_non_null(strstr(text, "sp = auto"));
+    free(text);
+    /* 16 ranks, 12 heads: groups of at most 4; a batch of one long and few short samples asks for more */
+    config.balance.sp = 0;
+    config.balance.global_batch = 9;
+    balancer *capped = balancer_create(&config, samples, 9, 16, budget, NULL);
+    assert_int_equal(balancer_sp_max(capped), 4);
+    balancer_next(capped, &a);
+    groups_of_step(&a, group_of, n);
+    assert_int_equal(group_of[0], 4);
+    const double mean = (cost_model_predict(&cm, 50000, 512) + 8 * cost_model_predict(&cm, 8000, 512)) / 16;
+    const double expected = cost_model_predict_split(&cm, 50000, 512, 4) / mean - 1.0;
+    assert_true(expected > 0.1);
+    assert_true(fabs(balancer_sp_last_raise(capped) - expected) < 1e-9);
+    assert_int_equal(balancer_sp_raised_steps(capped), 1);
+    balance_assignment_free(&a);
+    balancer_free(b); balancer_free(capped);
+    cost_model_free(&cm);
+    free(seen); free(group_of); free(samples);
+}
+
+/* Epochs with groups (random samples, long ones among them): every sample once per epoch, every step's groups well
+   formed (nested ones among them), at several rank counts, with a fixed batch and in budget mode. */
+static void test_groups_over_epochs(void **state)
+{
+    (void)state;
+    const int rank_counts[] = {2, 3, 8, 16};
+    for (int c = 0; c < 4; c++)
+        for (int fixed = 0; fixed < 2; fixed++) {
+            deck config = test_deck(STRATEGY_GLOBAL, 40 + (uint64_t)c);
+            config.balance.sp = 0;
+            config.model.num_heads = 16;
+            config.model.dim = 1536;
+            config.balance.global_batch = fixed ? 50 : 0;
+            const int64_t n = 600, n_ranks = rank_counts[c];
+            balance_sample *samples = random_samples(70 + (uint64_t)c, n, 40000);
+            samples[0].tokens = samples[1].tokens = 39000;   /* over one rank's memory budget */
+            cost_model cm;
+            cost_model_init(&cm, &config);
+            const double budget = mem_of(&config, 30000);
+            balancer *b = balancer_create(&config, samples, n, (int)n_ranks, budget, NULL);
+            int *seen = calloc((size_t)n, sizeof(int));
+            balance_assignment a = {0};
+            int64_t in_epoch = 0;
+            int epochs = 0, max_group = 1;
+            double *seconds = malloc((size_t)n_ranks * sizeof(double));
+            while (epochs < 2) {
+                balancer_next(b, &a);
+                check_group_assignment(&a, samples, budget, &cm, seen);
+                for (int m = 0; m < a.rank_micro_start[n_ranks]; m++) if (a.micro_group[m] > max_group) max_group = a.micro_group[m];
+                for (int r = 0; r < n_ranks; r++) seconds[r] = a.predicted_seconds[r];
+                balancer_observe(b, seconds);
+                in_epoch += a.global_samples;
+                if (in_epoch == n) {
+                    for (int64_t i = 0; i < n; i++) assert_int_equal(seen[i], 1);
+                    memset(seen, 0, (size_t)n * sizeof(int));
+                    in_epoch = 0;
+                    epochs++;
+                }
+            }
+            assert_true(max_group >= 2);   /* two samples are over 30000 tokens' memory */
+            free(seconds); free(seen);
+            balance_assignment_free(&a);
+            balancer_free(b);
+            cost_model_free(&cm);
+            free(samples);
+        }
+}
+
+/* Resume with groups: the same future at the same rank count, the same rest of the epoch at another; a state of
+   another sp, or a version-2 state (before groups) into a balancer with groups, is refused. */
+static void test_groups_resume(void **state)
+{
+    (void)state;
+    check_resume_sp(STRATEGY_GLOBAL, 37, 9, 4, 0);
+    check_resume_sp(STRATEGY_GLOBAL, 0, 5, 4, 2);
+    check_resume_sp(STRATEGY_GLOBAL, 37, 6, 8, 0);
+    deck config = test_deck(STRATEGY_GLOBAL, 9);
+    config.balance.sp = 0;
+    balance_sample *samples = random_samples(9, 300, 6000);
+    const double budget = mem_of(&config, 9000);
+    balancer *b = balancer_create(&config, samples, 300, 4, budget, NULL);
+    const size_t n_bytes = balancer_state_bytes(b);
+    unsigned char *buffer = malloc(n_bytes);
+    balancer_save_state(b, buffer);
+    config.balance.sp = 1;
+    balancer *off = balancer_create(&config, samples, 300, 4, budget, NULL);
+    assert_int_not_equal(balancer_load_state(off, buffer, n_bytes), 0);
+    /* version 2: no sp word; it loads as sp = off */
+    unsigned char *v2 = malloc(n_bytes);
+    const int64_t two = 2;
+    memcpy(v2, buffer, 8);
+    memcpy(v2 + 8, &two, 8);
+    memcpy(v2 + 16, buffer + 16, 32);                    /* strategy, samples, hash, seed */
+    memcpy(v2 + 48, buffer + 56, n_bytes - 56);          /* the sp word dropped */
+    assert_int_equal(balancer_load_state(off, v2, n_bytes - 8), 0);
+    assert_int_not_equal(balancer_load_state(b, v2, n_bytes - 8), 0);
+    free(v2); free(buffer);
+    balancer_free(b); balancer_free(off);
     free(samples);
 }
 
@@ -709,6 +997,37 @@ static void test_memory_model(void **state)
 /* The cost model's parameter count and memory are the layout table's (model/layout.h): Wan's exact counts,
    the formula's coefficients for the deck's backend, and one rank's state of 18 (GPU) or 16 (CPU) bytes per
    parameter without sharding. */
+/* The split form: cost_k = cost / k + exchange_k, exchange_k = 4 all-to-alls per block per pass of (k - 1) / k of a
+   rank's S / k tokens of dim values (bf16 on the GPU, fp32 on the CPU; 3 passes with recompute = block) over
+   sp_bandwidth; memory of S / k tokens with the text whole. Numbers by hand for Wan-1.3B (30 blocks, dim 1536). */
+static void test_split_cost(void **state)
+{
+    (void)state;
+    deck config = test_deck(STRATEGY_GLOBAL, 1);
+    config.run.device = DEVICE_CUDA;
+    cost_model cm;
+    cost_model_init(&cm, &config);
+    const double per_token = 4.0 * 2 * 30 * 1536 * 2;   /* 737280 bytes */
+    assert_true(cm.exchange_bytes_per_token == per_token);
+    const double sent = 76032.0 / 4 * 3 / 4;              /* 14256 tokens leave each rank per exchange */
+    assert_true(fabs(cost_model_exchange(&cm, 76032, 4) - sent * per_token / 300e9) < 1e-15);
+    assert_true(cost_model_exchange(&cm, 76032, 1) == 0.0);
+    assert_true(cost_model_predict_split(&cm, 76032, 512, 1) == cost_model_predict(&cm, 76032, 512));
+    assert_true(fabs(cost_model_predict_split(&cm, 76032, 512, 4) -
+                     (cost_model_predict(&cm, 76032, 512) / 4 + sent * per_token / 300e9)) < 1e-12);
+    assert_true(cost_model_mem_split(&cm, 76032, 512, 1) == cost_model_mem(&cm, 76032, 512));
+    assert_true(cost_model_mem_split(&cm, 76032, 512, 4) == cost_model_mem(&cm, 19008, 512));
+    assert_true(cost_model_mem_split(&cm, 76033, 512, 4) == cost_model_mem(&cm, 19009, 512));
+    cost_model_free(&cm);
+    config.run.device = DEVICE_CPU;
+    config.balance.recompute = config.train.recompute = RECOMPUTE_BLOCK;
+    config.balance.sp_bandwidth = 100;
+    cost_model_init(&cm, &config);
+    assert_true(cm.exchange_bytes_per_token == 4.0 * 3 * 30 * 1536 * 4);
+    assert_true(fabs(cost_model_exchange(&cm, 1000, 2) - 250.0 * 4.0 * 3 * 30 * 1536 * 4 / 100e9) < 1e-15);
+    cost_model_free(&cm);
+}
+
 static void test_memory_is_the_layout_formula(void **state)
 {
     (void)state;
@@ -1054,6 +1373,7 @@ int main(void)
         cmocka_unit_test(test_packed_calibration_amortises_fixed_cost),
         cmocka_unit_test(test_flops_and_attention_share),
         cmocka_unit_test(test_memory_model),
+        cmocka_unit_test(test_split_cost),
         cmocka_unit_test(test_nnls_clamps_negative),
         cmocka_unit_test(test_refit_recovers_coefficients),
         cmocka_unit_test(test_refit_ignores_stragglers),
@@ -1069,6 +1389,11 @@ int main(void)
         cmocka_unit_test(test_state_rejects_other_runs),
         cmocka_unit_test(test_version_one_state_resumes),
         cmocka_unit_test(test_oversize_error_names_sample),
+        cmocka_unit_test(test_sp_limit),
+        cmocka_unit_test(test_group_for_a_costly_sample),
+        cmocka_unit_test(test_group_for_memory_and_the_raise),
+        cmocka_unit_test(test_groups_over_epochs),
+        cmocka_unit_test(test_groups_resume),
         cmocka_unit_test(test_oversize_skip),
         cmocka_unit_test(test_global_fixed_batch),
         cmocka_unit_test(test_global_balances_mixed_lengths),

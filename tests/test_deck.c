@@ -547,6 +547,32 @@ static void test_global_batch(void **state)
     assert_int_equal(load_one("balance.global_batch=lots", &config), 1);
 }
 
+/* balance.sp: a power of two, auto (0) or off (1); 1 and 3 are errors, off prints back as off */
+static void test_sequence_parallel(void **state)
+{
+    (void)state;
+    deck config;
+    assert_int_equal(load_one("balance.sp=8", &config), 0);
+    assert_int_equal(config.balance.sp, 8);
+    assert_int_equal(load_one("balance.sp=auto", &config), 0);
+    assert_int_equal(config.balance.sp, 0);
+    assert_int_equal(load_one("balance.sp=OFF", &config), 0);
+    assert_int_equal(config.balance.sp, 1);
+    deck_defaults(&config);
+    assert_int_equal(config.balance.sp, 1);
+    assert_true(config.balance.sp_bandwidth == 300.0);
+    assert_int_equal(config.balance.ranks_per_node, 0);
+    assert_int_equal(load_one("balance.sp=1", &config), 1);
+    assert_int_equal(load_one("balance.sp=none", &config), 1);
+    char text[] = "balance.sp=3";
+    char *overrides[] = {text};
+    load_result result = {0};
+    load_path(&result, NULL, 1, overrides);
+    assert_int_equal(result.n_errors, 1);
+    assert_message(&result, "command line", 0, "balance.sp (3) is not a power of two");
+    load_free(&result);
+}
+
 static void test_enums(void **state)
 {
     (void)state;
@@ -936,6 +962,7 @@ int main(void)
         cmocka_unit_test(test_numbers),
         cmocka_unit_test(test_number_limits),
         cmocka_unit_test(test_global_batch),
+        cmocka_unit_test(test_sequence_parallel),
         cmocka_unit_test(test_enums),
         cmocka_unit_test(test_lists),
         cmocka_unit_test(test_strings),

@@ -15,7 +15,11 @@ typedef struct { int64_t id; int32_t tokens; int32_t text_len; } balance_sample;
 
 /* One step's assignment for all ranks (built on rank 0). Rank r holds ids[rank_start[r] .. rank_start[r+1]);
    its micro-batches are m = rank_micro_start[r] .. rank_micro_start[r+1]-1, micro-batch m holding
-   ids[micro_start[m] .. micro_start[m+1]). Empty ranks have no micro-batch. */
+   ids[micro_start[m] .. micro_start[m+1]). Empty ranks have no micro-batch.
+   micro_group[m] is the size k of the sequence-parallel group that runs micro-batch m together (1: its rank alone).
+   A micro-batch of a group of k > 1 (the aligned ranks base .. base+k-1, base % k == 0) appears in the list of every
+   member, with the same ids; every rank lists its grouped micro-batches first, in one global order (k descending,
+   then the group's base rank, then the planner's order), and global_samples counts each sample once. */
 typedef struct {
     int64_t step;                 /* 0, 1, ... over the whole run */
     int64_t epoch;                /* epoch every sample of this step belongs to */
@@ -26,6 +30,7 @@ typedef struct {
     int64_t *rank_start;          /* n_ranks + 1 */
     int *rank_micro_start;        /* n_ranks + 1 */
     int64_t *micro_start;         /* total micro-batches + 1 */
+    int32_t *micro_group;         /* per micro-batch: the size of the group that runs it (1: one rank alone) */
     double *predicted_seconds;    /* per rank, by the cost model the balancer used */
     double *peak_mem_bytes;       /* per rank: predicted activation bytes of its largest micro-batch */
     int64_t capacity_ids, capacity_micro;
@@ -39,6 +44,7 @@ typedef struct {
     int n_micro;
     int max_micro;                /* the most micro-batches any rank has this step (collectives per micro-batch) */
     int *micro_start;             /* n_micro + 1 offsets into ids */
+    int32_t *micro_group;         /* n_micro: each micro-batch's group size (balance_assignment.micro_group) */
     int capacity_ids, capacity_micro, capacity_message;
     int64_t *message;             /* receive buffer */
 } rank_assignment;
@@ -71,7 +77,8 @@ void balancer_save_state(const balancer *b, void *buffer);
 int balancer_load_state(balancer *b, const void *buffer, size_t n_bytes);
 
 /* Collective: rank 0 passes the step's assignment (others NULL); every rank receives its own part into
-   `mine` (start from a zeroed struct; buffers grow as needed; free with rank_assignment_free). */
+   `mine` (start from a zeroed struct; buffers grow as needed; free with rank_assignment_free), micro_group with it.
+   A group size that is not a power of two is fatal (a malformed message). */
 void balance_scatter(const balance_assignment *all_on_root, rank_assignment *mine);
 void rank_assignment_free(rank_assignment *mine);
 
@@ -103,6 +110,18 @@ int64_t balancer_epoch_samples(const balancer *b);   /* samples per epoch (skipp
 int64_t balancer_skipped(const balancer *b);         /* samples left out as oversize */
 double balancer_compute_budget(const balancer *b);   /* predicted seconds per rank per step (global, budget mode) */
 double balancer_dual_p(const balancer *b);           /* exponent p of the dual strategy */
+/* Sequence-parallel groups ([balance] sp; the global strategy only, see docs/balancer.md). The largest group a sample
+   may get: the largest power of two k <= sp (auto: no bound), <= n_ranks, dividing model.num_heads and
+   [balance] ranks_per_node (so that an aligned block never spans two nodes; auto: all ranks on one node, the trainer
+   passes the node's rank count); 1 when sp is off or the strategy another. */
+int balance_sp_limit(const deck *config, int n_ranks);
+int balancer_sp_max(const balancer *b);             /* balance_sp_limit of the balancer's deck and ranks */
+/* With groups the step's per-rank budget is the batch's mean predicted work; where no group brings a sample within it
+   the budget rises to that sample's least split cost. The last step's rise and the largest so far (relative to the
+   step's mean work; 0: none), and the steps whose budget rose, since the balancer was made or loaded. */
+double balancer_sp_last_raise(const balancer *b);
+double balancer_sp_raise_max(const balancer *b);
+int64_t balancer_sp_raised_steps(const balancer *b);
 /* Largest sample tokens that fit the memory budget with `text_len` text tokens. */
 int64_t balancer_max_tokens_in_budget(const cost_model *cm, double mem_budget_bytes, int64_t text_len);
 

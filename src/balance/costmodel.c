@@ -96,6 +96,30 @@ void cost_model_set_memory(cost_model *cm, const deck *config, layout_backend ba
     cm->mem_per_token = (double)cm->memory.per_token;
     cm->mem_per_text_token = (double)cm->memory.per_text;
     cm->mem_per_sample = (double)cm->memory.per_sample;
+    /* q, k, v in and the attention output back: 4 all-to-alls of dim values per token per block, in the forward,
+       the backward, and the recomputed forward with recompute = block; bf16 on the GPU, fp32 on the CPU */
+    const double passes = cm->recompute_block ? 3.0 : 2.0;
+    const double element_bytes = backend == LAYOUT_BACKEND_GPU ? 2.0 : 4.0;
+    cm->exchange_bytes_per_token = 4.0 * passes * config->model.num_layers * config->model.dim * element_bytes;
+}
+
+double cost_model_exchange(const cost_model *cm, int64_t tokens, int k)
+{
+    if (k <= 1 || !(cm->sp_bytes_per_second > 0)) return 0.0;
+    const double held = (double)tokens / k, sent = held * (double)(k - 1) / k;
+    return sent * cm->exchange_bytes_per_token / cm->sp_bytes_per_second;
+}
+
+double cost_model_predict_split(const cost_model *cm, int64_t tokens, int64_t text_len, int k)
+{
+    const double whole = cost_model_predict(cm, tokens, text_len);
+    return k <= 1 ? whole : whole / k + cost_model_exchange(cm, tokens, k);
+}
+
+double cost_model_mem_split(const cost_model *cm, int64_t tokens, int64_t text_len, int k)
+{
+    if (k <= 1) return cost_model_mem(cm, tokens, text_len);
+    return cost_model_mem(cm, (tokens + k - 1) / k, text_len);
 }
 
 int cost_model_calibration_copies(const cost_model *cm, int64_t tokens, int64_t text_len, int64_t max_tokens,
@@ -119,6 +143,7 @@ void cost_model_copy_memory(cost_model *cm, const cost_model *from)
     cm->mem_per_token = from->mem_per_token;
     cm->mem_per_text_token = from->mem_per_text_token;
     cm->attention_split_tokens = from->attention_split_tokens;
+    cm->exchange_bytes_per_token = from->exchange_bytes_per_token;
 }
 
 void cost_model_init(cost_model *cm, const deck *config)
@@ -138,6 +163,7 @@ void cost_model_init(cost_model *cm, const deck *config)
     cm->seed_coef[5] = cm->seed_coef[2]; /* the short-sample kernel seeded at the same attention rate */
     memcpy(cm->coef, cm->seed_coef, sizeof(cm->coef));
     cm->recompute_block = config->balance.recompute == RECOMPUTE_BLOCK;
+    cm->sp_bytes_per_second = config->balance.sp_bandwidth * 1e9;
     cost_model_set_memory(cm, config, cost_model_backend(config));
     cm->window_steps = config->balance.calibrate_window > 0 ? config->balance.calibrate_window : 1;
     cm->step_normal = xcalloc((size_t)cm->window_steps * COST_NORMAL_SIZE, sizeof(double));

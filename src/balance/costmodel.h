@@ -28,6 +28,11 @@ typedef struct {
     double mem_per_text_token;          /* activation bytes per text token */
     double mem_per_sample;              /* activation bytes per sample, independent of its length */
     int recompute_block;                /* 1: mem assumes block recomputation (and cost adds a forward) */
+    /* sequence parallelism (cost_model_predict_split): bytes one token's activations move through a group's
+       all-to-alls over a step when the group is large (4 exchanges per block per pass, see docs/balancer.md), and
+       the group's all-to-all bandwidth in bytes per second ([balance] sp_bandwidth) */
+    double exchange_bytes_per_token;
+    double sp_bytes_per_second;
     /* the backend's attention kernels: samples shorter than this run their attention on a kernel of their own
        (the GPU's flash attention below cuDNN's minimum length), whose S^2 rate c' the fit learns apart; 0: one
        kernel at every length (feature 5 stays 0 and c' at its seed) */
@@ -78,6 +83,17 @@ inline double cost_model_mem(const cost_model *cm, int64_t tokens, int64_t text_
 {
     return cm->mem_per_sample + cm->mem_per_token * (double)tokens + cm->mem_per_text_token * (double)text_len;
 }
+
+/* Seconds of the all-to-all exchanges of one sample of `tokens` tokens run by a group of k ranks, per rank: each
+   rank holds tokens / k of them and sends (k - 1) / k of those at each exchange, exchange_bytes_per_token /
+   sp_bytes_per_second seconds per token exchanged; 0 for k = 1. */
+double cost_model_exchange(const cost_model *cm, int64_t tokens, int k);
+/* Predicted seconds per rank of one sample run by a group of k ranks (k >= 1): cost_model_predict / k plus
+   cost_model_exchange; exactly cost_model_predict for k = 1. */
+double cost_model_predict_split(const cost_model *cm, int64_t tokens, int64_t text_len, int k);
+/* Activation bytes per rank of one sample run by a group of k ranks: its tokens split k ways (each rank holds at most
+   ceil(tokens / k)), the text replicated; exactly cost_model_mem for k = 1. */
+double cost_model_mem_split(const cost_model *cm, int64_t tokens, int64_t text_len, int k);
 
 /* Copies of one sample (tokens, text_len) that one micro-batch of the GPU start-up calibration holds: the
    most that fit a micro-batch of at most max_tokens tokens, max_text text tokens and max_samples samples

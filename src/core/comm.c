@@ -141,6 +141,121 @@ static void wait_request(MPI_Request *request)
     }
 }
 
+/* ---- sequence-parallel groups ------------------------------------------------------------------------ */
+
+struct comm_group {
+    MPI_Comm comm;
+    int size, rank;
+    int node_local;   /* every aligned block of this size is whole and within one node */
+};
+
+enum { MAX_GROUP_LOG2 = 30 };
+static struct comm_group groups[MAX_GROUP_LOG2 + 1];   /* by log2(k); comm MPI_COMM_NULL where not made */
+static int groups_made;
+static int node_leader;   /* world rank of this node's first rank (comm_init) */
+
+static void groups_free(void)
+{
+    for (int g = 0; groups_made && g <= MAX_GROUP_LOG2; g++)
+        if (groups[g].comm != MPI_COMM_NULL) MPI_CHECK(MPI_Comm_free(&groups[g].comm));
+    groups_made = 0;
+}
+
+/* Whether every member of `comm` shares this rank's node, agreed over all ranks (collective on the world). */
+static int whole_on_one_node(MPI_Comm comm, int whole)
+{
+    int low = node_leader, high = node_leader;
+    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &low, 1, MPI_INT, MPI_MIN, comm));
+    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &high, 1, MPI_INT, MPI_MAX, comm));
+    int local = whole && low == high;
+    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &local, 1, MPI_INT, MPI_LAND, MPI_COMM_WORLD));
+    return local;
+}
+
+void comm_groups_init(int max_k)
+{
+    ALDIT_CHECK(max_k >= 1 && (max_k & (max_k - 1)) == 0, "sequence-parallel groups: the largest group (%d) must be a "
+                "power of two", max_k);
+    groups_free();
+    for (int g = 0; g <= MAX_GROUP_LOG2; g++) groups[g] = (struct comm_group){.comm = MPI_COMM_NULL};
+    groups_made = 1;
+    int rank = 0, n_ranks = 1;
+    MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
+    MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &n_ranks));
+    for (int g = 1; g <= MAX_GROUP_LOG2 && (1 << g) <= max_k && (1 << g) <= n_ranks; g++) {
+        const int k = 1 << g;
+        struct comm_group *group = &groups[g];
+        MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, rank / k, rank, &group->comm));
+        MPI_CHECK(MPI_Comm_set_errhandler(group->comm, MPI_ERRORS_RETURN));
+        MPI_CHECK(MPI_Comm_size(group->comm, &group->size));
+        MPI_CHECK(MPI_Comm_rank(group->comm, &group->rank));
+        group->node_local = whole_on_one_node(group->comm, n_ranks % k == 0);
+    }
+}
+
+static int group_log2(int k)
+{
+    int g = 0;
+    while (g < MAX_GROUP_LOG2 && (1 << g) < k) g++;
+    return (1 << g) == k ? g : -1;
+}
+
+const comm_group *comm_group_get(int k)
+{
+    const int g = k > 1 && groups_made ? group_log2(k) : -1;
+    return g > 0 && groups[g].comm != MPI_COMM_NULL ? &groups[g] : NULL;
+}
+
+int comm_group_size(const comm_group *group) { return group->size; }
+int comm_group_rank(const comm_group *group) { return group->rank; }
+
+int comm_group_node_local(int k)
+{
+    if (k == 1) return 1;
+    const comm_group *group = comm_group_get(k);
+    return group ? group->node_local : 0;
+}
+
+/* int counts and displacements of a group's all-to-all (fatal past INT_MAX); the caller frees the result, which
+   holds send counts, send displacements, receive counts and receive displacements, n each. */
+static int *alltoall_counts(int n, const int64_t *send_counts, const int64_t *send_displs, const int64_t *recv_counts,
+                            const int64_t *recv_displs)
+{
+    int *out = xmalloc(4 * (size_t)n * sizeof *out);
+    const int64_t *in[4] = {send_counts, send_displs, recv_counts, recv_displs};
+    for (int a = 0; a < 4; a++)
+        for (int p = 0; p < n; p++) {
+            ALDIT_CHECK(in[a][p] >= 0 && in[a][p] < INT_MAX, "a group all-to-all of %lld values exceeds what one MPI "
+                        "call takes (%d values): use a larger group", (long long)in[a][p], INT_MAX);
+            out[a * n + p] = (int)in[a][p];
+        }
+    return out;
+}
+
+void comm_group_alltoallv_f32(const comm_group *group, const float *send, const int64_t *send_counts,
+                              const int64_t *send_displs, float *recv, const int64_t *recv_counts,
+                              const int64_t *recv_displs)
+{
+    const int n = group->size;
+    int *c = alltoall_counts(n, send_counts, send_displs, recv_counts, recv_displs);
+    if (watch.on) {
+        MPI_Request request;
+        MPI_CHECK(MPI_Ialltoallv(send, c, c + n, MPI_FLOAT, recv, c + 2 * n, c + 3 * n, MPI_FLOAT, group->comm,
+                                 &request));
+        wait_request(&request);
+    } else MPI_CHECK(MPI_Alltoallv(send, c, c + n, MPI_FLOAT, recv, c + 2 * n, c + 3 * n, MPI_FLOAT, group->comm));
+    free(c);
+}
+
+void comm_group_allreduce_sum_f64(const comm_group *group, double *values, int n_values)
+{
+    if (watch.on) {
+        MPI_Request request;
+        MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, values, n_values, MPI_DOUBLE, MPI_SUM, group->comm, &request));
+        wait_request(&request);
+    } else MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, values, n_values, MPI_DOUBLE, MPI_SUM, group->comm));
+}
+
 comm_info comm_init(int *argc, char ***argv)
 {
     comm_info info = {0};
@@ -153,11 +268,17 @@ comm_info comm_init(int *argc, char ***argv)
     MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, info.rank, MPI_INFO_NULL, &node));
     MPI_CHECK(MPI_Comm_rank(node, &info.local_rank));
     MPI_CHECK(MPI_Comm_size(node, &info.n_local_ranks));
+    node_leader = info.rank;
+    MPI_CHECK(MPI_Bcast(&node_leader, 1, MPI_INT, 0, node));
     MPI_CHECK(MPI_Comm_free(&node));
     return info;
 }
 
-void comm_finalize(void) { MPI_CHECK(MPI_Finalize()); }
+void comm_finalize(void)
+{
+    groups_free();
+    MPI_CHECK(MPI_Finalize());
+}
 
 int comm_rank(void)
 {

@@ -61,6 +61,29 @@ void comm_allgather_f32(float *values, int64_t n_values);
 void comm_scatterv_f32(const float *root_values, const int64_t *counts, const int64_t *displs, float *mine);
 void comm_gatherv_f32(const float *mine, const int64_t *counts, const int64_t *displs, float *root_values);
 
+/* ---- sequence-parallel groups (Ulysses) ------------------------------------------------------------
+   A group of size k (a power of two) is the aligned block of world ranks base .. base+k-1, base = rank - rank % k.
+   comm_groups_init is collective over every rank (call it once, after comm_init, with the same max_k everywhere): it
+   makes this rank's group communicator for every k = 2, 4, ..., up to max_k and no further than the ranks
+   (MPI_Comm_split, color rank / k). comm_finalize frees them. */
+typedef struct comm_group comm_group;
+void comm_groups_init(int max_k);
+/* This rank's group of size k (k > 1) made by comm_groups_init; NULL for k <= 1 or a k that was not made. */
+const comm_group *comm_group_get(int k);
+int comm_group_size(const comm_group *group);
+int comm_group_rank(const comm_group *group);    /* this rank's place in its group: rank % k */
+/* 1 when every aligned block of k ranks is whole (k divides the ranks) and lies within one node (the ranks of
+   MPI_COMM_TYPE_SHARED), as groups must; 0 otherwise, or for a k that was not made. k = 1: 1. */
+int comm_group_node_local(int k);
+/* All-to-all over the group (MPI_Alltoallv): send_counts[p] floats at send_displs[p] go to member p, recv_counts[p]
+   floats from member p land at recv_displs[p] (arrays of the group's size; each below INT_MAX). Every member calls
+   it with matching counts; send and recv may not overlap. Inside a step watch it waits as the others do. */
+void comm_group_alltoallv_f32(const comm_group *group, const float *send, const int64_t *send_counts,
+                              const int64_t *send_displs, float *recv, const int64_t *recv_counts,
+                              const int64_t *recv_displs);
+/* In-place sum over the group's members. */
+void comm_group_allreduce_sum_f64(const comm_group *group, double *values, int n_values);
+
 /* Wall-clock seconds (MPI_Wtime). */
 double comm_time(void);
 

@@ -26,6 +26,7 @@ typedef struct {
     double min, max;                /* numeric range, inclusive unless min_open / max_open */
     int min_open, max_open;
     const char *zero_word;          /* a word that means 0 ("auto", "budget"), accepted outside the range */
+    const char *one_word;           /* a word that means 1 ("off" for balance.sp: groups of one), outside the range */
     int nonempty;                   /* strings: "" is an error */
     const char *const *choices;     /* enums: value i is choices[i]; NULL-terminated */
     const char *default_text;
@@ -168,6 +169,15 @@ static const deck_key deck_keys[] = {
              "shapes are scaled from models of 1 and 2 blocks (0: all but the cheapest scaled)"},
     {KEY("balance", "recompute", KEY_ENUM, balance.recompute), .choices = recompute_names, .default_text = "none",
      .help = "activation recomputation the memory model assumes; must equal train.recompute"},
+    {KEY("balance", "sp", KEY_INT, balance.sp), .min = 2, .max = 1024, .zero_word = "auto", .one_word = "off",
+     .default_text = "off",
+     .help = "sequence parallelism (global strategy): the largest group of ranks the balancer may give one sample, "
+             "a power of two; auto = as large as the heads and ranks_per_node allow; off = every sample on one rank"},
+    {KEY("balance", "sp_bandwidth", KEY_DOUBLE, balance.sp_bandwidth), .min = 0, .min_open = 1, .max = 1e6,
+     .default_text = "300", .help = "all-to-all bandwidth within a group, GB/s: the exchange's cost in cost_k(S)"},
+    {KEY("balance", "ranks_per_node", KEY_INT, balance.ranks_per_node), .min = 1, .max = 1 << 20, .zero_word = "auto",
+     .default_text = "auto",
+     .help = "ranks of one node, the most a group may span (auto = the ranks that share the node; aldit-sim: 8)"},
     /* [train] */
     {KEY("train", "lr", KEY_DOUBLE, train.lr), .min = 0, .min_open = 1, .max = 10, .default_text = "1e-4",
      .help = "peak learning rate"},
@@ -535,13 +545,14 @@ static int set_key(load_context *ctx, int index, const char *text, int line)
     char *field = (char *)ctx->config + key->offset;
     char range[96];
     describe_range(key, range, sizeof range);
-    char zero_hint[48] = "";
-    if (key->zero_word) snprintf(zero_hint, sizeof zero_hint, " or %s", key->zero_word);
-
-    if (key->zero_word && strcasecmp(text, key->zero_word) == 0) { /* numeric keys only */
-        if (key->type == KEY_INT) *(int *)field = 0;
-        else if (key->type == KEY_INT64) *(int64_t *)field = 0;
-        else *(double *)field = 0;
+    char zero_hint[96] = "";
+    if (key->zero_word) snprintf(zero_hint, sizeof zero_hint, " or %s%s%s", key->zero_word,
+                                 key->one_word ? " or " : "", key->one_word ? key->one_word : "");
+    const int zero = key->zero_word && strcasecmp(text, key->zero_word) == 0;
+    if (zero || (key->one_word && strcasecmp(text, key->one_word) == 0)) { /* numeric keys only */
+        if (key->type == KEY_INT) *(int *)field = zero ? 0 : 1;
+        else if (key->type == KEY_INT64) *(int64_t *)field = zero ? 0 : 1;
+        else *(double *)field = zero ? 0 : 1;
         ctx->origin[index] = line;
         return 1;
     }
@@ -649,6 +660,7 @@ static void format_value(const deck *config, const deck_key *key, char *text, si
     case KEY_INT64: {
         long long value = key->type == KEY_INT ? *(const int *)field : (long long)*(const int64_t *)field;
         if (value == 0 && key->zero_word) snprintf(text, text_size, "%s", key->zero_word);
+        else if (value == 1 && key->one_word) snprintf(text, text_size, "%s", key->one_word);
         else snprintf(text, text_size, "%lld", value);
         break;
     }
@@ -896,6 +908,10 @@ static void check_cross_keys(load_context *ctx)
     if (config->train.min_lr > config->train.lr)
         report(ctx, latest_origin(ctx, rates, 2), "train.min_lr (%g) is larger than train.lr (%g)",
                config->train.min_lr, config->train.lr);
+    const int sp[] = {key_index("balance", "sp")};
+    if (config->balance.sp > 1 && (config->balance.sp & (config->balance.sp - 1)) != 0)
+        report(ctx, latest_origin(ctx, sp, 1), "balance.sp (%d) is not a power of two: give 2, 4, 8, ..., auto or off",
+               config->balance.sp);
     const int recompute[] = {key_index("balance", "recompute"), key_index("train", "recompute")};
     if (config->balance.recompute != config->train.recompute)
         report(ctx, latest_origin(ctx, recompute, 2),
@@ -996,8 +1012,8 @@ static void describe_type(const deck_key *key, char *text, size_t text_size)
     switch (key->type) {
     case KEY_INT: case KEY_INT64: case KEY_DOUBLE: case KEY_BYTES:
         describe_range(key, detail, sizeof detail);
-        snprintf(text, text_size, "%s in %s%s%s", type_names[key->type], detail, key->zero_word ? " or " : "",
-                 key->zero_word ? key->zero_word : "");
+        snprintf(text, text_size, "%s in %s%s%s%s%s", type_names[key->type], detail, key->zero_word ? " or " : "",
+                 key->zero_word ? key->zero_word : "", key->one_word ? " or " : "", key->one_word ? key->one_word : "");
         break;
     case KEY_UINT64:
         snprintf(text, text_size, "integer in [0, 2^64)");

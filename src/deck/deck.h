@@ -81,6 +81,9 @@ typedef struct {
         int calibrate_packed;          /* GPU start-up timing: packed micro-batches (1) or one sample per call */
         double calibrate_seconds;      /* GPU start-up timing's target: what decides the shapes timed at full depth */
         deck_recompute recompute;      /* activation recomputation assumed by mem(S): none | block */
+        int sp;                        /* largest sequence-parallel group (a power of two); 0 = auto, 1 = off */
+        double sp_bandwidth;           /* all-to-all bandwidth of a group, GB/s, for the exchange's cost */
+        int ranks_per_node;            /* ranks a group may span (0 = what the run finds; aldit-sim: 8) */
     } balance;
     struct {
         double lr;                     /* peak learning rate */

@@ -1,6 +1,7 @@
 /* model.c — the Wan 2.1 DiT on the CPU: parameter table, init, packed forward/backward of the rectified-flow loss. */
 #include "model/model.h"
 #include "core/check.h"
+#include "core/comm.h"
 #include "model/ops_cpu.h"
 
 #include <math.h>
@@ -23,6 +24,8 @@ typedef struct {
     const float *context;                     /* [L, D] the caller's text context (kept, not copied) */
     float *ck_pre, *ck_rstd, *ck, *cv;        /* [L, D] keys and values from the text */
     float *cattn, *cattn_lse, *x2;            /* cross-attention output (before o); x after it */
+    float *q_all, *k_all, *v_all, *attn_all;  /* sequence parallel: [T, D/k] this member's heads over all T rows */
+    float *lse_all;                           /* [T, H/k] */
     float *ln2_mean, *ln2_rstd, *h2;          /* modulated LN before the FFN */
     float *ffn_pre, *ffn_act, *y_ffn;         /* [N, F] before/after GELU; [N, D] FFN output */
 } block_saved;
@@ -30,10 +33,17 @@ typedef struct {
 struct model_workspace {
     layout_init *init;                        /* per parameter */
     layout_block *blocks;                     /* each block's offsets (model_layout_block) */
-    /* packing of the current micro-batch */
+    /* packing of the current micro-batch; with sequence parallelism the token rows are this member's slice */
     int n_samples, samples_capacity;
     int64_t n_tokens, n_text, tokens_capacity;
-    int64_t *token_start, *text_start;        /* [B+1] */
+    int64_t *token_start, *text_start;        /* [B+1]: each sample's rows among this member's (clamped), text rows */
+    /* sequence parallelism: the group, this member's place, the whole micro-batch's rows and the slices */
+    int sp_size, sp_rank, sp_capacity;
+    const comm_group *sp_group;
+    int64_t n_total, row_lo, max_sample;      /* tokens of the micro-batch; this member's first row; largest sample */
+    int64_t *sample_start;                    /* [B+1] each sample's rows in the whole micro-batch */
+    int64_t *slice_start;                     /* [k+1] each member's first row */
+    int64_t *xchg_counts;                     /* [4k] an all-to-all's send/receive counts and displacements */
     int32_t *grid_f, *grid_h, *grid_w;        /* tokens per axis of each sample */
     int32_t *positions;                       /* [N, 3] */
     /* activations and scratch, carved from one arena */
@@ -47,6 +57,8 @@ struct model_workspace {
     float *d_pred, *d_head_h, *d_x_a, *d_x_b, *d_x, *d_tmp1, *d_tmp2, *d_q, *d_k, *d_v, *d_ffn;
     float *d_context, *d_ctx1, *d_ctx2, *d_text_act, *d_mod, *d_e0, *d_time_emb, *d_time_b, *d_head_mod;
     float *video;                                               /* one sample's latent, for patchify */
+    float *patches, *xchg;                                      /* sp: one sample's tokens; all-to-all packing */
+    float *d_q_all, *d_k_all, *d_v_all, *d_attn_all;            /* sp: [T, D/k] */
 };
 
 void model_create_table(model *m, const deck *config)
@@ -118,6 +130,9 @@ void model_free(model *m)
         free(ws->blocks);
         free(ws->token_start);
         free(ws->text_start);
+        free(ws->sample_start);
+        free(ws->slice_start);
+        free(ws->xchg_counts);
         free(ws->grid_f);
         free(ws->grid_h);
         free(ws->grid_w);
@@ -215,6 +230,7 @@ static int64_t layout_workspace(model *m, float *base)
 {
     model_workspace *ws = m->workspace;
     int64_t N = ws->n_tokens, L = ws->n_text, B = ws->n_samples, D = m->dim, F = m->ffn_dim, H = m->num_heads;
+    const int64_t sp = ws->sp_size > 1, T = sp ? ws->n_total : 0, Dk = D / ws->sp_size, Hk = H / ws->sp_size;
     int64_t used = 0;
     for (int l = 0; l < m->num_layers; l++) {
         block_saved *s = &ws->saved[l];
@@ -227,11 +243,11 @@ static int64_t layout_workspace(model *m, float *base)
         s->k_pre = take(base, &used, N * D);
         s->q_rstd = take(base, &used, N);
         s->k_rstd = take(base, &used, N);
-        s->q = take(base, &used, N * D);
-        s->k = take(base, &used, N * D);
-        s->v = take(base, &used, N * D);
+        s->q = take(base, &used, !sp * N * D);   /* in a group: the exchange's source, shared by the blocks (below) */
+        s->k = take(base, &used, !sp * N * D);
+        s->v = take(base, &used, !sp * N * D);
         s->attn = take(base, &used, N * D);
-        s->attn_lse = take(base, &used, N * H);
+        s->attn_lse = take(base, &used, !sp * N * H);
         s->y_attn = take(base, &used, N * D);
         s->x1 = take(base, &used, N * D);
         s->n3 = take(base, &used, N * D);
@@ -247,6 +263,11 @@ static int64_t layout_workspace(model *m, float *base)
         s->cattn = take(base, &used, N * D);
         s->cattn_lse = take(base, &used, N * H);
         s->x2 = take(base, &used, N * D);
+        s->q_all = take(base, &used, T * Dk);
+        s->k_all = take(base, &used, T * Dk);
+        s->v_all = take(base, &used, T * Dk);
+        s->attn_all = take(base, &used, T * Dk);
+        s->lse_all = take(base, &used, T * Hk);
         s->ln2_mean = take(base, &used, N);
         s->ln2_rstd = take(base, &used, N);
         s->h2 = take(base, &used, N * D);
@@ -293,25 +314,42 @@ static int64_t layout_workspace(model *m, float *base)
     ws->d_time_emb = take(base, &used, B * D);
     ws->d_time_b = take(base, &used, B * D);
     ws->d_head_mod = take(base, &used, 2 * B * D);
-    ws->video = take(base, &used, N * m->patch_in);   /* one sample's latent is at most the batch's */
+    ws->video = take(base, &used, (sp ? ws->max_sample : N) * m->patch_in);   /* one sample's latent */
+    ws->patches = take(base, &used, sp * ws->max_sample * m->patch_in);
+    ws->xchg = take(base, &used, sp * N * D);
+    if (sp) {   /* the blocks' backward reads q, k, v after the exchange (q_all, ...): their rows need not be kept */
+        float *q = take(base, &used, N * D), *k = take(base, &used, N * D), *v = take(base, &used, N * D);
+        for (int l = 0; l < m->num_layers; l++) {
+            ws->saved[l].q = q;
+            ws->saved[l].k = k;
+            ws->saved[l].v = v;
+        }
+    }
+    ws->d_q_all = take(base, &used, T * Dk);
+    ws->d_k_all = take(base, &used, T * Dk);
+    ws->d_v_all = take(base, &used, T * Dk);
+    ws->d_attn_all = take(base, &used, T * Dk);
     return used;
 }
 
-int64_t model_pack(model *m, int n_samples, const int32_t *frames, const int32_t *height, const int32_t *width,
-                   const int32_t *text_len, int64_t *n_text)
+/* The samples' grids and rows in the whole micro-batch (sample_start, text_start), each checked against the model. */
+static void pack_samples(model *m, int n_samples, const int32_t *frames, const int32_t *height, const int32_t *width,
+                         const int32_t *text_len)
 {
     model_workspace *ws = m->workspace;
     ALDIT_CHECK(n_samples > 0, "model: a micro-batch needs at least one sample (got %d)", n_samples);
     if (n_samples > ws->samples_capacity) {
         ws->samples_capacity = n_samples;
         ws->token_start = xrealloc(ws->token_start, (size_t)(n_samples + 1) * sizeof(int64_t));
+        ws->sample_start = xrealloc(ws->sample_start, (size_t)(n_samples + 1) * sizeof(int64_t));
         ws->text_start = xrealloc(ws->text_start, (size_t)(n_samples + 1) * sizeof(int64_t));
         ws->grid_f = xrealloc(ws->grid_f, (size_t)n_samples * sizeof(int32_t));
         ws->grid_h = xrealloc(ws->grid_h, (size_t)n_samples * sizeof(int32_t));
         ws->grid_w = xrealloc(ws->grid_w, (size_t)n_samples * sizeof(int32_t));
     }
     ws->n_samples = n_samples;
-    ws->token_start[0] = ws->text_start[0] = 0;
+    ws->sample_start[0] = ws->text_start[0] = 0;
+    ws->max_sample = 0;
     for (int b = 0; b < n_samples; b++) {
         if (frames[b] <= 0 || height[b] <= 0 || width[b] <= 0 || frames[b] % m->patch_t || height[b] % m->patch_h ||
             width[b] % m->patch_w)
@@ -325,14 +363,62 @@ int64_t model_pack(model *m, int n_samples, const int32_t *frames, const int32_t
         ws->grid_f[b] = frames[b] / m->patch_t;
         ws->grid_h[b] = height[b] / m->patch_h;
         ws->grid_w[b] = width[b] / m->patch_w;
-        ws->token_start[b + 1] = ws->token_start[b] + (int64_t)ws->grid_f[b] * ws->grid_h[b] * ws->grid_w[b];
+        const int64_t tokens = (int64_t)ws->grid_f[b] * ws->grid_h[b] * ws->grid_w[b];
+        if (tokens > ws->max_sample) ws->max_sample = tokens;
+        ws->sample_start[b + 1] = ws->sample_start[b] + tokens;
         ws->text_start[b + 1] = ws->text_start[b] + text_len[b];
     }
-    ws->n_tokens = ws->token_start[n_samples];
+    ws->n_total = ws->sample_start[n_samples];
     ws->n_text = ws->text_start[n_samples];
-    if (ws->n_tokens > ws->tokens_capacity) {
-        ws->tokens_capacity = ws->n_tokens;
-        ws->positions = xrealloc(ws->positions, (size_t)ws->n_tokens * 3 * sizeof(int32_t));
+}
+
+/* This member's slice of the packed rows: member p of k holds [p*T/k, (p+1)*T/k); token_start are the samples' rows
+   within it (clamped: a sample outside the slice has none). k = 1: the whole micro-batch. */
+static void pack_slice(model *m, int sp_size, int sp_rank, const comm_group *group)
+{
+    model_workspace *ws = m->workspace;
+    if (sp_size > ws->sp_capacity) {
+        ws->sp_capacity = sp_size;
+        ws->slice_start = xrealloc(ws->slice_start, (size_t)(sp_size + 1) * sizeof(int64_t));
+        ws->xchg_counts = xrealloc(ws->xchg_counts, 4 * (size_t)sp_size * sizeof(int64_t));
+    }
+    ws->sp_size = sp_size;
+    ws->sp_rank = sp_rank;
+    ws->sp_group = group;
+    for (int p = 0; p <= sp_size; p++) ws->slice_start[p] = ws->n_total * p / sp_size;
+    ws->row_lo = ws->slice_start[sp_rank];
+    ws->n_tokens = ws->slice_start[sp_rank + 1] - ws->row_lo;
+    for (int b = 0; b <= ws->n_samples; b++) {
+        const int64_t row = ws->sample_start[b] - ws->row_lo;
+        ws->token_start[b] = row < 0 ? 0 : row > ws->n_tokens ? ws->n_tokens : row;
+    }
+}
+
+/* Checks a batch's group against the model: k divides the heads, and the communicator is this member's of size k. */
+static void check_group(const model *m, const model_batch *batch)
+{
+    const int k = batch->sp_size;
+    if (k <= 1) return;   /* 0 (a zeroed batch) or 1: this rank alone */
+    ALDIT_CHECK(batch->sp_rank >= 0 && batch->sp_rank < k, "model: member %d of a group of %d ranks", batch->sp_rank, k);
+    if (m->num_heads % k != 0)
+        ALDIT_FATAL_CODE(ALDIT_EXIT_USAGE, "model: a sequence-parallel group of %d ranks needs num_heads (%d) to be a "
+                         "multiple of it: use a group size that divides the heads", k, m->num_heads);
+    ALDIT_CHECK(batch->sp_group && comm_group_size(batch->sp_group) == k &&
+                    comm_group_rank(batch->sp_group) == batch->sp_rank,
+                "model: the micro-batch names member %d of a group of %d ranks, but its communicator %s", batch->sp_rank,
+                k, batch->sp_group ? "is another group's" : "is missing (comm_groups_init not called for it?)");
+}
+
+/* Pack for this member (sizes the arena and carves it). */
+static void pack_member(model *m, int n_samples, const int32_t *frames, const int32_t *height, const int32_t *width,
+                        const int32_t *text_len, int sp_size, int sp_rank, const comm_group *group)
+{
+    model_workspace *ws = m->workspace;
+    pack_samples(m, n_samples, frames, height, width, text_len);
+    pack_slice(m, sp_size, sp_rank, group);
+    if (ws->n_total > ws->tokens_capacity) {
+        ws->tokens_capacity = ws->n_total;
+        ws->positions = xrealloc(ws->positions, (size_t)ws->n_total * 3 * sizeof(int32_t));
     }
     cpu_rope_positions(n_samples, ws->grid_f, ws->grid_h, ws->grid_w, ws->positions);
     int64_t needed = layout_workspace(m, NULL);
@@ -343,14 +429,20 @@ int64_t model_pack(model *m, int n_samples, const int32_t *frames, const int32_t
         ws->arena = xmalloc((size_t)ws->arena_capacity * sizeof(float));
     }
     layout_workspace(m, ws->arena);
-    *n_text = ws->n_text;
-    return ws->n_tokens;
+}
+
+int64_t model_pack(model *m, int n_samples, const int32_t *frames, const int32_t *height, const int32_t *width,
+                   const int32_t *text_len, int64_t *n_text)
+{
+    pack_member(m, n_samples, frames, height, width, text_len, 1, 0, NULL);
+    *n_text = m->workspace->n_text;
+    return m->workspace->n_tokens;
 }
 
 int64_t model_workspace_bytes(const model *m)
 {
     const model_workspace *ws = m->workspace;
-    return ws->arena_used * (int64_t)sizeof(float) + ws->n_tokens * 3 * (int64_t)sizeof(int32_t) +
+    return ws->arena_used * (int64_t)sizeof(float) + ws->n_total * 3 * (int64_t)sizeof(int32_t) +
            (ws->n_samples + 1) * 2 * (int64_t)sizeof(int64_t) + ws->n_samples * 3 * (int64_t)sizeof(int32_t);
 }
 
@@ -386,6 +478,84 @@ static void qk_norm_bwd(const model *m, const float *x, float *dy_to_dx, int64_t
                         grad(grads, weight_offset));
 }
 
+/* ---- sequence parallelism: the exchange over heads (Ulysses) ------------------------------------------------------ */
+
+/* This member's rows' RoPE positions. */
+static const int32_t *slice_positions(const model_workspace *ws) { return ws->positions + ws->row_lo * 3; }
+
+/* local [N, D] (this member's rows, every head) -> all [T, D/k] (every row, this member's heads): the block of
+   columns [p*D/k, (p+1)*D/k) of local goes to member p, which places it at this member's rows. */
+static void to_heads(model *m, const float *local, float *all)
+{
+    model_workspace *ws = m->workspace;
+    const int k = ws->sp_size;
+    const int64_t N = ws->n_tokens, D = m->dim, Dk = D / k;
+    int64_t *c = ws->xchg_counts;
+    for (int p = 0; p < k; p++)
+        for (int64_t r = 0; r < N; r++) memcpy(ws->xchg + (p * N + r) * Dk, local + r * D + p * Dk, (size_t)Dk * sizeof(float));
+    for (int p = 0; p < k; p++) {
+        c[p] = N * Dk;
+        c[k + p] = p * N * Dk;
+        c[2 * k + p] = (ws->slice_start[p + 1] - ws->slice_start[p]) * Dk;
+        c[3 * k + p] = ws->slice_start[p] * Dk;
+    }
+    comm_group_alltoallv_f32(ws->sp_group, ws->xchg, c, c + k, all, c + 2 * k, c + 3 * k);
+}
+
+/* The reverse of to_heads: all [T, D/k] -> local [N, D]. */
+static void to_tokens(model *m, const float *all, float *local)
+{
+    model_workspace *ws = m->workspace;
+    const int k = ws->sp_size;
+    const int64_t N = ws->n_tokens, D = m->dim, Dk = D / k;
+    int64_t *c = ws->xchg_counts;
+    for (int p = 0; p < k; p++) {
+        c[p] = (ws->slice_start[p + 1] - ws->slice_start[p]) * Dk;
+        c[k + p] = ws->slice_start[p] * Dk;
+        c[2 * k + p] = N * Dk;
+        c[3 * k + p] = p * N * Dk;
+    }
+    comm_group_alltoallv_f32(ws->sp_group, all, c, c + k, ws->xchg, c + 2 * k, c + 3 * k);
+    for (int p = 0; p < k; p++)
+        for (int64_t r = 0; r < N; r++) memcpy(local + r * D + p * Dk, ws->xchg + (p * N + r) * Dk, (size_t)Dk * sizeof(float));
+}
+
+/* Self-attention of the block's q, k, v (after RMSNorm and RoPE) into s->attn: alone, over this rank's samples; in a
+   group, over all T rows for this member's heads between the two exchanges. */
+static void self_attention_fwd(model *m, block_saved *s)
+{
+    model_workspace *ws = m->workspace;
+    if (ws->sp_size <= 1) {
+        cpu_attention_fwd(s->q, s->k, s->v, m->num_heads, m->head_dim, ws->token_start, ws->token_start,
+                          ws->n_samples, s->attn, s->attn_lse);
+        return;
+    }
+    to_heads(m, s->q, s->q_all);
+    to_heads(m, s->k, s->k_all);
+    to_heads(m, s->v, s->v_all);
+    cpu_attention_fwd(s->q_all, s->k_all, s->v_all, m->num_heads / ws->sp_size, m->head_dim, ws->sample_start,
+                      ws->sample_start, ws->n_samples, s->attn_all, s->lse_all);
+    to_tokens(m, s->attn_all, s->attn);
+}
+
+/* Its backward: d_attn (this rank's rows) -> ws->d_q, d_k, d_v (this rank's rows, before RoPE's backward). */
+static void self_attention_bwd(model *m, const block_saved *s, const float *d_attn)
+{
+    model_workspace *ws = m->workspace;
+    if (ws->sp_size <= 1) {
+        cpu_attention_bwd(s->q, s->k, s->v, s->attn, d_attn, s->attn_lse, m->num_heads, m->head_dim, ws->token_start,
+                          ws->token_start, ws->n_samples, ws->d_q, ws->d_k, ws->d_v);
+        return;
+    }
+    to_heads(m, d_attn, ws->d_attn_all);
+    cpu_attention_bwd(s->q_all, s->k_all, s->v_all, s->attn_all, ws->d_attn_all, s->lse_all,
+                      m->num_heads / ws->sp_size, m->head_dim, ws->sample_start, ws->sample_start, ws->n_samples,
+                      ws->d_q_all, ws->d_k_all, ws->d_v_all);
+    to_tokens(m, ws->d_q_all, ws->d_q);
+    to_tokens(m, ws->d_k_all, ws->d_k);
+    to_tokens(m, ws->d_v_all, ws->d_v);
+}
+
 void model_block_forward(model *m, int layer, const float *x_in, const float *e0, const float *context, float *x_out)
 {
     model_workspace *ws = m->workspace;
@@ -406,9 +576,9 @@ void model_block_forward(model *m, int layer, const float *x_in, const float *e0
     cpu_linear_fwd(s->h1, N, (int)D, (int)D, param(m, bo->self_v.weight), param(m, bo->self_v.bias), s->v);
     qk_norm_fwd(m, s->q_pre, N, bo->self_norm_q, s->q, s->q_rstd);
     qk_norm_fwd(m, s->k_pre, N, bo->self_norm_k, s->k, s->k_rstd);
-    cpu_rope_fwd(s->q, N, m->num_heads, m->head_dim, ws->positions, s->q);
-    cpu_rope_fwd(s->k, N, m->num_heads, m->head_dim, ws->positions, s->k);
-    cpu_attention_fwd(s->q, s->k, s->v, m->num_heads, m->head_dim, rows, rows, (int)B, s->attn, s->attn_lse);
+    cpu_rope_fwd(s->q, N, m->num_heads, m->head_dim, slice_positions(ws), s->q);
+    cpu_rope_fwd(s->k, N, m->num_heads, m->head_dim, slice_positions(ws), s->k);
+    self_attention_fwd(m, s);
     cpu_linear_fwd(s->attn, N, (int)D, (int)D, param(m, bo->self_o.weight), param(m, bo->self_o.bias), s->y_attn);
     memcpy(s->x1, s->x_in, (size_t)(N * D) * sizeof(float));
     cpu_gated_residual_fwd(s->x1, s->y_attn, (int)D, rows, (int)B, mod[2]);
@@ -491,10 +661,9 @@ void model_block_backward(model *m, int layer, const float *dx_out, float *dx_in
     cpu_gated_residual_bwd(d_x, s->y_attn, (int)D, rows, (int)B, mod[2], t1, d_mod[2]);
     cpu_linear_bwd(s->attn, t1, N, (int)D, (int)D, param(m, bo->self_o.weight), t2, 0,
                    grad(grads, bo->self_o.weight), grad(grads, bo->self_o.bias));
-    cpu_attention_bwd(s->q, s->k, s->v, s->attn, t2, s->attn_lse, m->num_heads, m->head_dim, rows, rows, (int)B,
-                      ws->d_q, ws->d_k, ws->d_v);
-    cpu_rope_bwd(ws->d_q, N, m->num_heads, m->head_dim, ws->positions, ws->d_q);
-    cpu_rope_bwd(ws->d_k, N, m->num_heads, m->head_dim, ws->positions, ws->d_k);
+    self_attention_bwd(m, s, t2);
+    cpu_rope_bwd(ws->d_q, N, m->num_heads, m->head_dim, slice_positions(ws), ws->d_q);
+    cpu_rope_bwd(ws->d_k, N, m->num_heads, m->head_dim, slice_positions(ws), ws->d_k);
     qk_norm_bwd(m, s->q_pre, ws->d_q, N, bo->self_norm_q, s->q_rstd, grads);
     qk_norm_bwd(m, s->k_pre, ws->d_k, N, bo->self_norm_k, s->k_rstd, grads);
     cpu_linear_bwd(s->h1, ws->d_q, N, (int)D, (int)D, param(m, bo->self_q.weight), t1, 0,
@@ -520,13 +689,31 @@ void model_block_backward(model *m, int layer, const float *dx_out, float *dx_in
 
 /* ---- whole model ---------------------------------------------------------------------------------- */
 
-/* Pack the batch, build the patchified inputs x_t and targets eps - x0 (in the head's output order). */
+/* Patchify ws->video (sample b's latent) into this rank's rows of `tokens` (the inputs, channel_last 0, or the
+   targets, 1): in place when alone; in a group through ws->patches, keeping the sample's rows of this member's slice. */
+static void patchify_rows(model *m, const model_batch *batch, int b, int channel_last, float *tokens)
+{
+    model_workspace *ws = m->workspace;
+    const int channels = channel_last ? m->out_dim : m->in_dim, width = channel_last ? m->patch_out : m->patch_in;
+    float *into = ws->sp_size > 1 ? ws->patches : tokens + ws->token_start[b] * width;
+    cpu_patchify(ws->video, channels, batch->frames[b], batch->height[b], batch->width[b], m->patch_t, m->patch_h,
+                 m->patch_w, channel_last, into);
+    if (ws->sp_size <= 1) return;
+    const int64_t first = ws->row_lo + ws->token_start[b] - ws->sample_start[b];   /* the sample's first row here */
+    memcpy(tokens + ws->token_start[b] * width, ws->patches + first * width,
+           (size_t)((ws->token_start[b + 1] - ws->token_start[b]) * width) * sizeof(float));
+}
+
+/* Pack the batch, build the patchified inputs x_t and targets eps - x0 (in the head's output order); in a group, of
+   this member's rows only. */
 static void prepare_batch(model *m, const model_batch *batch)
 {
     ALDIT_CHECK(m->in_dim == m->out_dim, "model: the flow-matching loss needs in_dim (%d) == out_dim (%d)",
                 m->in_dim, m->out_dim);
-    int64_t n_text;
-    model_pack(m, batch->n_samples, batch->frames, batch->height, batch->width, batch->text_len, &n_text);
+    check_group(m, batch);
+    const int sp_size = batch->sp_size > 1 ? batch->sp_size : 1;
+    pack_member(m, batch->n_samples, batch->frames, batch->height, batch->width, batch->text_len, sp_size,
+                sp_size > 1 ? batch->sp_rank : 0, batch->sp_group);
     model_workspace *ws = m->workspace;
     int64_t latent_offset = 0;
     for (int b = 0; b < batch->n_samples; b++) {
@@ -535,19 +722,17 @@ static void prepare_batch(model *m, const model_batch *batch)
             ALDIT_FATAL("model: sample %d of the micro-batch has sigma %g outside [0, 1]", b, sigma);
         int64_t n_values = (int64_t)m->in_dim * batch->frames[b] * batch->height[b] * batch->width[b];
         const float *x0 = batch->latents + latent_offset, *noise = batch->noise + latent_offset;
-        int64_t row = ws->token_start[b];
-        for (int64_t i = 0; i < n_values; i++) ws->video[i] = (1.0f - sigma) * x0[i] + sigma * noise[i];
-        cpu_patchify(ws->video, m->in_dim, batch->frames[b], batch->height[b], batch->width[b], m->patch_t,
-                     m->patch_h, m->patch_w, 0, ws->tokens_in + row * m->patch_in);
-        for (int64_t i = 0; i < n_values; i++) ws->video[i] = noise[i] - x0[i];
-        cpu_patchify(ws->video, m->out_dim, batch->frames[b], batch->height[b], batch->width[b], m->patch_t,
-                     m->patch_h, m->patch_w, 1, ws->target + row * m->patch_out);
         ws->timesteps[b] = 1000.0f * sigma;
         latent_offset += n_values;
+        if (ws->token_start[b + 1] == ws->token_start[b]) continue;   /* none of its rows is this member's */
+        for (int64_t i = 0; i < n_values; i++) ws->video[i] = (1.0f - sigma) * x0[i] + sigma * noise[i];
+        patchify_rows(m, batch, b, 0, ws->tokens_in);
+        for (int64_t i = 0; i < n_values; i++) ws->video[i] = noise[i] - x0[i];
+        patchify_rows(m, batch, b, 1, ws->target);
     }
 }
 
-/* Forward of the whole model; returns the summed per-sample MSE. */
+/* Forward of the whole model; returns the summed per-sample MSE (in a group, this member's part of it). */
 static double model_forward(model *m, const model_batch *batch, double *sample_loss)
 {
     model_workspace *ws = m->workspace;
@@ -594,7 +779,7 @@ static double model_forward(model *m, const model_batch *batch, double *sample_l
             double diff = (double)ws->pred[i] - ws->target[i];
             sum_sq += diff * diff;
         }
-        double loss = sum_sq / (double)((ws->token_start[b + 1] - ws->token_start[b]) * m->patch_out);
+        double loss = sum_sq / (double)((ws->sample_start[b + 1] - ws->sample_start[b]) * m->patch_out);
         if (sample_loss) sample_loss[b] = loss;
         total += loss;
     }
@@ -615,7 +800,7 @@ double model_forward_backward(model *m, const model_batch *batch, float *grads, 
     /* d(sum of per-sample means)/d(pred) = 2 (pred - target) / n_b, scaled once here for every gradient */
     for (int64_t b = 0; b < B; b++) {
         int64_t begin = ws->token_start[b] * m->patch_out, end = ws->token_start[b + 1] * m->patch_out;
-        float coef = grad_scale * 2.0f / (float)(end - begin);
+        float coef = grad_scale * 2.0f / (float)((ws->sample_start[b + 1] - ws->sample_start[b]) * m->patch_out);
         for (int64_t i = begin; i < end; i++) ws->d_pred[i] = coef * (ws->pred[i] - ws->target[i]);
     }
 

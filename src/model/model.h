@@ -66,13 +66,24 @@ typedef struct {   /* one packed micro-batch: samples back to back, no padding *
     const float *noise;                      /* epsilon, same layout as latents */
     const float *sigma;                      /* per sample, in (0,1); timestep t = 1000*sigma */
     const float *text;                       /* concatenated [text_len, text_dim] per sample */
+    /* Sequence parallelism (Ulysses): the group of sp_size ranks that runs this micro-batch together, this rank
+       its member sp_rank (comm_group_rank of sp_group). sp_size 0 or 1: this rank alone (sp_group unused). Every
+       member passes the whole micro-batch (all samples, latents, noise, text). */
+    int sp_size, sp_rank;
+    const struct comm_group *sp_group;       /* core/comm.h's comm_group (comm_group_get) */
 } model_batch;
 
 /* Forward + backward of the rectified-flow loss: x_t = (1-sigma)*x0 + sigma*eps, target eps - x0,
    per-sample loss = mean squared error over that sample's elements. Returns the SUM of the per-sample
    losses; ADDS grad_scale * d(sum of losses)/d(weights) into `grads` (n_weights floats). Writes each
    sample's loss into sample_loss (may be NULL). A batch that does not fit the model (a latent not a
-   multiple of the patch, a text longer than text_len, ...) is a fatal error naming the sample. */
+   multiple of the patch, a text longer than text_len, ...) is a fatal error naming the sample.
+   With batch->sp_size = k > 1 (every member of the group calls it, collectively, with the same batch): of the T packed
+   tokens, member p computes the rows [p*T/k, (p+1)*T/k) (integer division; no padding: the all-to-all takes uneven
+   slices); self-attention exchanges q, k, v all-to-all over heads (member p attends for heads [p*H/k, (p+1)*H/k) over
+   all T rows) and the output back, and the backward mirrors it. The loss returned, sample_loss and the gradients are
+   this member's PARTS: summed over the group they are the k = 1 results (to rounding). num_heads must be a multiple
+   of k (fatal otherwise). */
 double model_forward_backward(model *m, const model_batch *batch, float *grads, float grad_scale, double *sample_loss);
 /* The same loss, forward only (validation, finite-difference checks). */
 double model_forward_loss(model *m, const model_batch *batch, double *sample_loss);

@@ -28,15 +28,22 @@ typedef struct {
     char **overrides;
 } sim_args;
 
+enum { SIM_GROUP_SIZES = 11 };   /* groups of 1, 2, 4, ..., 1024 ranks */
+
 typedef struct {
     int64_t steps, samples;
     double imbalance_sum, predicted_imbalance_sum;
     double epoch_time, total_cost;
+    double work;                  /* the true cost of the epoch's samples, each once and unsplit: the lower bound's */
     double mem_util_sum, mem_peak;
     double micro_per_rank_sum;
     int micro_max;
     double balancer_seconds;      /* next + observe */
     double observe_seconds;       /* observe (the online refit) alone */
+    double group_samples[SIM_GROUP_SIZES];   /* samples run by groups of 2^j ranks, summed over steps */
+    int64_t raised_steps;         /* steps whose per-rank budget rose for a sample no group brought within it */
+    double raise_max;             /* the largest rise, relative to the step's mean work */
+    int sp_max;                   /* the largest group the balancer may use */
 } sim_result;
 
 static void print_usage(FILE *out)
@@ -181,6 +188,40 @@ static double cpu_seconds(void)
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
+/* Rank r's true seconds in a step: its samples' true costs, a sample run by a group of k ranks costing each member
+   its true cost / k plus the exchange (cost_model_predict_split's form). Counts each group's samples in
+   group_samples (a member's share 1 / k). */
+static double rank_true_seconds(const balancer *b, const balance_assignment *step, int r, const balance_sample *samples,
+                                const double *true_cost, double *group_samples, double *work)
+{
+    double seconds = 0;
+    *work = 0;
+    for (int m = step->rank_micro_start[r]; m < step->rank_micro_start[r + 1]; m++) {
+        const int k = step->micro_group[m];
+        int size_index = 0;
+        while ((1 << size_index) < k && size_index < SIM_GROUP_SIZES - 1) size_index++;
+        for (int64_t i = step->micro_start[m]; i < step->micro_start[m + 1]; i++) {
+            const int64_t index = step->indices[i];
+            seconds += k > 1 ? true_cost[index] / k + cost_model_exchange(balancer_cost_model(b), samples[index].tokens, k)
+                             : true_cost[index];
+            group_samples[size_index] += 1.0 / k;
+            *work += k > 1 ? true_cost[index] / k : true_cost[index];
+        }
+    }
+    return seconds;
+}
+
+/* The samples per step each group size ran, as "k=1 95.2, k=4 1.3" (sizes that ran none left out). */
+static void format_groups(const sim_result *r, char *text, size_t size)
+{
+    size_t used = 0;
+    text[0] = '\0';
+    for (int j = 0; j < SIM_GROUP_SIZES && used < size; j++)
+        if (r->group_samples[j] > 0)
+            used += (size_t)snprintf(text + used, size - used, "%sk=%d %.1f", used ? ", " : "", 1 << j,
+                                     r->group_samples[j] / (double)r->steps);
+}
+
 /* One epoch of one strategy. true_cost[i] is sample i's (noisy) true seconds. */
 static sim_result simulate(const deck *config, const balance_sample *samples, int64_t n_samples, int n_ranks,
                            double mem_budget, const double *true_cost, double *compute_budget, double *dual_p)
@@ -198,10 +239,11 @@ static sim_result simulate(const deck *config, const balance_sample *samples, in
         result.balancer_seconds += cpu_seconds() - start;
         ALDIT_CHECK(step.epoch == 0, "aldit-sim: the epoch ended after %lld of %lld samples",
                     (long long)result.samples, (long long)epoch_samples);
-        double max_true = 0, sum_true = 0, max_predicted = 0, sum_predicted = 0, max_mem = 0;
+        double max_true = 0, sum_true = 0, max_predicted = 0, sum_predicted = 0, max_mem = 0, sum_work = 0;
         for (int r = 0; r < n_ranks; r++) {
-            rank_seconds[r] = 0;
-            for (int64_t k = step.rank_start[r]; k < step.rank_start[r + 1]; k++) rank_seconds[r] += true_cost[step.indices[k]];
+            double rank_work = 0;
+            rank_seconds[r] = rank_true_seconds(b, &step, r, samples, true_cost, result.group_samples, &rank_work);
+            sum_work += rank_work;
             max_true = fmax(max_true, rank_seconds[r]);
             sum_true += rank_seconds[r];
             max_predicted = fmax(max_predicted, step.predicted_seconds[r]);
@@ -222,9 +264,13 @@ static sim_result simulate(const deck *config, const balance_sample *samples, in
         result.predicted_imbalance_sum += max_predicted > 0 ? 1.0 - sum_predicted / n_ranks / max_predicted : 0;
         result.epoch_time += max_true;
         result.total_cost += sum_true;
+        result.work += sum_work;
         result.mem_util_sum += max_mem / mem_budget;
         result.mem_peak = fmax(result.mem_peak, max_mem / mem_budget);
     }
+    result.raised_steps = balancer_sp_raised_steps(b);
+    result.raise_max = balancer_sp_raise_max(b);
+    result.sp_max = balancer_sp_max(b);
     free(rank_seconds);
     balance_assignment_free(&step);
     balancer_free(b);
@@ -385,8 +431,12 @@ int main(int argc, char **argv)
         config.balance.strategy = strategies[s];
         double compute_budget = 0, dual_p = 0;
         sim_result r = simulate(&config, samples, n_samples, args.n_ranks, mem_budget, true_cost, &compute_budget, &dual_p);
-        const double steps = (double)r.steps, lower_bound = r.total_cost / args.n_ranks;
+        const double steps = (double)r.steps, lower_bound = r.work / args.n_ranks;
         const char *name = deck_strategy_name(strategies[s]);
+        char groups_json[256] = "";
+        for (int j = 0, used = 0; (1 << j) <= r.sp_max && j < SIM_GROUP_SIZES; j++)
+            used += snprintf(groups_json + used, sizeof groups_json - (size_t)used, ",\"k%d_per_step\":%.4f", 1 << j,
+                             r.group_samples[j] / steps);
         if (args.json) {
             printf("{\"strategy\":\"%s\",\"ranks\":%d,\"steps\":%lld,\"imbalance\":%.6f,\"epoch_time\":%.6g,"
                    "\"lower_bound\":%.6g,\"mem_util\":%.4f,\"balancer_ms_per_step\":%.4f,\"predicted_imbalance\":%.6f,"
@@ -395,19 +445,29 @@ int main(int argc, char **argv)
                    "\"shard_auto\":%d,\"state_bytes\":%.0f,\"state_weights_bytes\":%.0f,\"state_gathered_bytes\":%.0f,"
                    "\"state_gradients_bytes\":%.0f,\"state_master_bytes\":%.0f,\"state_moments_bytes\":%.0f,"
                    "\"state_ema_bytes\":%.0f,"
-                   "\"mem_budget_bytes\":%.0f,\"largest_sample_bytes\":%.0f,\"parameters\":%lld}\n",
+                   "\"mem_budget_bytes\":%.0f,\"largest_sample_bytes\":%.0f,\"parameters\":%lld,\"sp_max\":%d,"
+                   "\"sp_raised_steps\":%lld,\"sp_raise_max\":%.4f%s}\n",
                    name, args.n_ranks, (long long)r.steps, r.imbalance_sum / steps, r.epoch_time, lower_bound,
                    r.mem_util_sum / steps, 1e3 * r.balancer_seconds / steps, r.predicted_imbalance_sum / steps, r.mem_peak,
                    r.micro_per_rank_sum / steps, r.micro_max, (long long)r.samples, args.noise, compute_budget, dual_p,
                    1e3 * r.observe_seconds / steps, deck_shard_name(plan.mode), plan.chosen_by_auto,
                    layout_state_total(&plan.state), plan.state.weights, plan.state.gathered, plan.state.gradients,
                    plan.state.master, plan.state.moments, plan.state.ema, plan.mem_budget, plan.largest_bytes,
-                   (long long)cost_model_param_count(&config));
+                   (long long)cost_model_param_count(&config), r.sp_max, (long long)r.raised_steps, r.raise_max,
+                   groups_json);
         } else {
             printf("%-13s %6lld %9.1f %8.2f%% %8.2f%% %11.1f %11.1f %7.2f%% %7.1f%% %7.1f%% %4.2f/%-4d %11.3f\n", name,
                    (long long)r.steps, r.samples / steps, 100 * r.imbalance_sum / steps, 100 * r.predicted_imbalance_sum / steps,
                    r.epoch_time, lower_bound, 100 * (r.epoch_time / lower_bound - 1), 100 * r.mem_util_sum / steps,
                    100 * r.mem_peak, r.micro_per_rank_sum / steps, r.micro_max, 1e3 * r.balancer_seconds / steps);
+            if (r.sp_max > 1) {
+                char groups[256];
+                format_groups(&r, groups, sizeof groups);
+                char raised[64] = "";
+                if (r.raised_steps > 0) snprintf(raised, sizeof raised, ", at most +%.1f%%", 100 * r.raise_max);
+                printf("%-13s groups (sp up to %d): %s samples per step; per-rank budget raised in %lld of %lld steps%s\n",
+                       "", r.sp_max, groups, (long long)r.raised_steps, (long long)r.steps, raised);
+            }
         }
         fflush(stdout);
     }

@@ -3,7 +3,9 @@
 #include "train/train.h"
 #include "balance/balance.h"
 #include "balance/calibration.h"
+#include "balance/group_blocks.h"
 #include "core/check.h"
+#include "core/comm.h"
 #include "train/checkpoint.h"
 #include "train/state.h"
 #include "balance/costmodel.h"
@@ -172,27 +174,51 @@ static balance_sample *plan_samples(const balance_sample *samples, int64_t n_sam
     return all;
 }
 
-/* balancer_create for this run's backend plan: its budget, its memory model (or the deck's), and [balance]
-   mem_fill only where the backend's step is limited by its memory (a GPU's; a CPU rank's is by its compute). */
-static balancer *create_balancer(const deck *config, const balance_sample *samples, int64_t n_samples, int n_ranks,
-                                 const backend_plan *memory)
+/* balancer_create for this run's backend plan: its budget, its memory model (or the deck's), [balance] mem_fill only
+   where the backend's step is limited by its memory (a GPU's; a CPU rank's is by its compute), and [balance]
+   ranks_per_node = auto as the ranks found on rank 0's node (ranks placed on the nodes in blocks). */
+static balancer *create_balancer(const deck *config, const balance_sample *samples, int64_t n_samples,
+                                 const comm_info *info, const backend_plan *memory)
 {
-    balancer *b = balancer_create(config, samples, n_samples, n_ranks, memory->mem_budget,
+    deck nodes = *config;
+    if (nodes.balance.ranks_per_node == 0) nodes.balance.ranks_per_node = info->n_local_ranks > 0 ? info->n_local_ranks : 1;
+    balancer *b = balancer_create(&nodes, samples, n_samples, info->n_ranks, memory->mem_budget,
                                   memory->has_memory_model ? &memory->memory_model : NULL);
     if (b && !memory->fills_memory) balancer_set_mem_fill(b, 0.0);
     return b;
 }
 
 /* What one epoch looks like under the balancer: steps, predicted seconds (sum of each step's slowest
-   rank) and the lower bound (all predicted work spread evenly). Runs a scratch balancer (rank 0). */
-typedef struct { int64_t steps; double predicted_s, lower_bound_s, imbalance_pred; } epoch_plan;
+   rank) and the lower bound (all predicted work spread evenly); with sequence-parallel groups the samples each group
+   size ran (group_samples[j]: groups of 2^j ranks, over the epoch) and how the per-rank budget rose. Runs a scratch
+   balancer (rank 0). */
+enum { PLAN_GROUP_SIZES = 11 };
+typedef struct {
+    int64_t steps;
+    double predicted_s, lower_bound_s, imbalance_pred;
+    int sp_max;
+    double group_samples[PLAN_GROUP_SIZES];
+    int64_t raised_steps;
+    double raise_max;
+} epoch_plan;
 
-static epoch_plan plan_epoch(const deck *config, const balance_sample *samples, int64_t n_samples, int n_ranks,
+/* Add a step's samples to group_samples by the size of the group that runs them (a member's share 1 / k). */
+static void count_groups(const balance_assignment *step, double *group_samples)
+{
+    for (int m = 0; m < step->rank_micro_start[step->n_ranks]; m++) {
+        int j = 0;
+        while ((1 << j) < step->micro_group[m] && j < PLAN_GROUP_SIZES - 1) j++;
+        group_samples[j] += (double)(step->micro_start[m + 1] - step->micro_start[m]) / step->micro_group[m];
+    }
+}
+
+static epoch_plan plan_epoch(const deck *config, const balance_sample *samples, int64_t n_samples, const comm_info *info,
                              const backend_plan *memory, int n_calibration, const cost_features *calibration_features,
                              const double *calibration_seconds)
 {
     epoch_plan plan = {0};
-    balancer *scratch = create_balancer(config, samples, n_samples, n_ranks, memory);
+    const int n_ranks = info->n_ranks;
+    balancer *scratch = create_balancer(config, samples, n_samples, info, memory);
     if (n_calibration > 0) balancer_calibrate(scratch, n_calibration, calibration_features, calibration_seconds);
     balance_assignment step = {0};
     double sum_mean = 0.0;
@@ -204,15 +230,35 @@ static epoch_plan plan_epoch(const deck *config, const balance_sample *samples, 
             total += step.predicted_seconds[r];
             if (step.predicted_seconds[r] > slowest) slowest = step.predicted_seconds[r];
         }
+        count_groups(&step, plan.group_samples);
         plan.steps++;
         plan.predicted_s += slowest;
         plan.lower_bound_s += total / n_ranks;
         sum_mean += total / n_ranks;
     }
     plan.imbalance_pred = plan.predicted_s > 0.0 ? 1.0 - sum_mean / plan.predicted_s : 0.0;
+    plan.sp_max = balancer_sp_max(scratch);
+    plan.raised_steps = balancer_sp_raised_steps(scratch);
+    plan.raise_max = balancer_sp_raise_max(scratch);
     balance_assignment_free(&step);
     balancer_free(scratch);
     return plan;
+}
+
+/* --check: the samples per step each group size runs, and how the per-rank budget rose ([balance] sp). */
+static void print_groups_line(const epoch_plan *epoch)
+{
+    if (epoch->sp_max <= 1 || epoch->steps == 0) return;
+    printf("  groups     sp up to %d ranks:", epoch->sp_max);
+    for (int j = 0, first = 1; j < PLAN_GROUP_SIZES; j++)
+        if (epoch->group_samples[j] > 0) {
+            printf("%s k=%d %.1f", first ? "" : ",", 1 << j, epoch->group_samples[j] / (double)epoch->steps);
+            first = 0;
+        }
+    printf(" samples per step; per-rank budget raised in %lld of %lld steps", (long long)epoch->raised_steps,
+           (long long)epoch->steps);
+    if (epoch->raised_steps > 0) printf(" (at most +%.1f%%: no group brings a sample within it)", 100.0 * epoch->raise_max);
+    printf("\n");
 }
 
 static void print_store_line(const store *data, const deck *config)
@@ -322,7 +368,7 @@ int train_check(const deck *config, const comm_info *info)
     if (status == 0) status = check_resumed_balancer(config, samples, data.n_samples, info, &plan);
     if (status == 0 && info->rank == 0) {
         deck_print(config, stdout);
-        epoch_plan epoch = plan_epoch(config, samples, data.n_samples, info->n_ranks, &plan, 0, NULL, NULL);
+        epoch_plan epoch = plan_epoch(config, samples, data.n_samples, info, &plan, 0, NULL, NULL);
         printf("\n# plan for %d rank(s)\n", info->n_ranks);
         print_store_line(&data, config);
         printf("  model      %s: %lld parameters\n", config->model.name, (long long)table.n_weights);
@@ -331,6 +377,7 @@ int train_check(const deck *config, const comm_info *info)
         printf("  balancer   %s: %lld steps per epoch, predicted epoch %.3g s vs lower bound %.3g s "
                "(predicted imbalance %.1f%%)\n", deck_strategy_name(config->balance.strategy), (long long)epoch.steps,
                epoch.predicted_s, epoch.lower_bound_s, 100.0 * epoch.imbalance_pred);
+        print_groups_line(&epoch);
         if (config->run.steps > 0) printf("  run        %lld steps\n", (long long)config->run.steps);
         else printf("  run        %lld epochs = %lld steps\n", (long long)config->run.epochs,
                     (long long)(config->run.epochs * epoch.steps));
@@ -400,6 +447,8 @@ typedef struct {
     double phase_s[N_PHASES];
     double started_s, loop_started_s;
     int64_t first_step;
+    int test_group, test_blocks;    /* ALDIT_TEST_SP_GROUP: micro-batches run by groups of test_group ranks (1: off), in
+                                       the first test_blocks blocks (-1: all) */
     metrics_file *metrics;          /* rank 0 */
     int metrics_failed;             /* a write to it failed (warned once; training goes on) */
     int ema_resumed;                /* [train] ema_decay: the EMA came from the checkpoint resumed (else the weights) */
@@ -443,6 +492,7 @@ static void draw_upcoming(trainer *t)
     if (t->info->rank == 0) {
         snapshot_balancer(t);
         balancer_next(t->packer, &t->drawn);
+        if (t->test_group > 1) balance_group_blocks(&t->drawn, t->test_group, t->test_blocks);
         double slowest = 0.0, total = 0.0, mem = 0.0;
         for (int r = 0; r < t->drawn.n_ranks; r++) {
             total += t->drawn.predicted_seconds[r];
@@ -498,8 +548,9 @@ static void prepare_samples(trainer *t, const sample_batch *batch)
     }
 }
 
-/* Forward + backward of every micro-batch of this rank; the backend's gradients are already divided by the step's
-   global sample count. Returns this rank's sum of per-sample losses. */
+/* Forward + backward of every micro-batch of this rank, a group's together with its other members (model_batch's
+   sp_size); the backend's gradients are already divided by the step's global sample count. Returns this rank's sum of
+   per-sample losses (of a group's micro-batch, this member's part: the ranks' sum counts each sample once). */
 static double compute_gradients(trainer *t, const sample_batch *batch)
 {
     t->dev->ops->begin_step(t->dev, t->current.max_micro);
@@ -507,6 +558,7 @@ static double compute_gradients(trainer *t, const sample_batch *batch)
     double loss_sum = 0.0;
     for (int micro = 0; micro < t->current.n_micro; micro++) {
         int first = t->current.micro_start[micro], end = t->current.micro_start[micro + 1];
+        const int group = t->current.micro_group[micro];   /* > 1: run with the group's other members */
         model_batch mb = {
             .n_samples = end - first,
             .frames = t->frames + first, .height = t->height + first, .width = t->width + first,
@@ -515,6 +567,7 @@ static double compute_gradients(trainer *t, const sample_batch *batch)
             .noise = batch->noise + batch->latent_start[first],
             .sigma = batch->sigma + first,
             .text = batch->text + batch->text_start[first],
+            .sp_size = group, .sp_rank = t->info->rank % group, .sp_group = comm_group_get(group),
         };
         loss_sum += t->dev->ops->micro_batch(t->dev, &mb, grad_scale, micro == t->current.n_micro - 1);
     }
@@ -889,12 +942,30 @@ static void validate(trainer *t, step_record *r)
     t->phase_s[PHASE_EVAL] += seconds_since(started);
 }
 
+/* Whether this rank counts micro-batch `micro` of the current step in the step's sums (samples, tokens, failures):
+   a group's micro-batch is counted by its first member only, so that the sum over the ranks counts each sample once. */
+static int counted_here(const trainer *t, int micro) { return t->info->rank % t->current.micro_group[micro] == 0; }
+
+/* Before prefetch_drop_failed drops the micro-batches whose samples all failed: their group sizes go with them. */
+static void keep_groups_of_kept(trainer *t, const sample_batch *batch)
+{
+    int kept = 0;
+    for (int micro = 0; micro < t->current.n_micro; micro++) {
+        int any = 0;
+        for (int i = t->current.micro_start[micro]; i < t->current.micro_start[micro + 1]; i++) any |= !batch->failed[i];
+        if (any) t->current.micro_group[kept++] = t->current.micro_group[micro];
+    }
+}
+
 /* Collective, after this step's samples are read: every rank learns how many failed. With [data] on_corrupt =
    error the healthy state (the last step's) is checkpointed and the job ends with status 2; with skip, the
    failed samples are left out of the step (and of its sample count) and counted. */
 static void handle_corrupt_samples(trainer *t, const sample_batch *batch)
 {
-    double failed[2] = {(double)batch->n_failed, 0.0}; /* count, lowest failed id */
+    double failed[2] = {0.0, 0.0}; /* count (a group's samples once), lowest failed id */
+    for (int micro = 0; micro < t->current.n_micro && batch->n_failed > 0; micro++)
+        for (int i = t->current.micro_start[micro]; i < t->current.micro_start[micro + 1]; i++)
+            failed[0] += batch->failed[i] && counted_here(t, micro);
     comm_allreduce_sum_f64(failed, 1);
     if (failed[0] == 0) return;
     failed[1] = INFINITY;
@@ -918,6 +989,7 @@ static void handle_corrupt_samples(trainer *t, const sample_batch *batch)
         if (batch->failed[i])
             aldit_warn("step %lld: leaving out sample %lld of the store %s, which cannot be read ([data] on_corrupt "
                        "= skip)", (long long)step, (long long)batch->ids[i], t->data.path);
+    keep_groups_of_kept(t, batch);
     t->current.n_micro = prefetch_drop_failed(t->reader, t->current.micro_start, t->current.n_micro);
     t->current.global_samples -= (int64_t)failed[0];
     t->corrupt_samples += (int64_t)failed[0];
@@ -971,11 +1043,14 @@ static int train_step(trainer *t, step_record *r)
     double sums[3] = {compute_gradients(t, batch), 0.0, 0.0}; /* loss sum, tokens, model FLOPs */
     double compute_s = seconds_since(phase_started);
     t->phase_s[PHASE_COMPUTE] += compute_s;
-    for (int i = 0; i < batch->n_samples; i++) {
-        int64_t tokens = store_sample_tokens(&t->data.samples[batch->ids[i]], config->model.patch_t,
-                                             config->model.patch_h, config->model.patch_w);
-        sums[1] += (double)tokens;
-        sums[2] += cost_model_model_flops(config, tokens, t->text_len[i]);
+    for (int micro = 0; micro < t->current.n_micro; micro++) {
+        if (!counted_here(t, micro)) continue;
+        for (int i = t->current.micro_start[micro]; i < t->current.micro_start[micro + 1]; i++) {
+            int64_t tokens = store_sample_tokens(&t->data.samples[batch->ids[i]], config->model.patch_t,
+                                                 config->model.patch_h, config->model.patch_w);
+            sums[1] += (double)tokens;
+            sums[2] += cost_model_model_flops(config, tokens, t->text_len[i]);
+        }
     }
 
     phase_started = comm_time();
@@ -1286,6 +1361,48 @@ static void guard_run_folder(const deck *config)
     if (status != 0) exit_all(ALDIT_EXIT_USAGE);
 }
 
+/* The test hook ALDIT_TEST_SP_GROUP=k or k,b (environment, read by every rank alike): the micro-batches of the aligned
+   blocks of k ranks (the first b blocks; all without b) are run by the blocks' groups (balance_group_blocks), so that
+   the training tests run groups where the planner chooses none. Unset: k = 1. A k that is not a power of two, above
+   `largest` (the largest group made: heads and ranks), not dividing the ranks or not within one node, or a b below 0,
+   ends the job (exit 2). */
+static void parse_test_group(trainer *t, int largest)
+{
+    t->test_group = 1;
+    t->test_blocks = -1;
+    const char *text = getenv("ALDIT_TEST_SP_GROUP");
+    if (!text || !text[0]) return;
+    char *end = NULL;
+    const long k = strtol(text, &end, 10);
+    long blocks = -1;
+    if (*end == ',') blocks = strtol(end + 1, &end, 10);
+    if (*end == '\0' && k >= 1 && k <= largest && (k & (k - 1)) == 0 && t->info->n_ranks % k == 0 &&
+        comm_group_node_local((int)k) && blocks >= -1 && blocks <= t->info->n_ranks) {
+        t->test_group = (int)k;
+        t->test_blocks = (int)blocks;
+        return;
+    }
+    if (t->info->rank == 0)
+        fprintf(stderr, "aldit: error: ALDIT_TEST_SP_GROUP=%s (a test hook: K or K,BLOCKS): the group size must be a "
+                "power of two up to %d (that divides [model] num_heads = %d and the %d ranks, whose groups lie within "
+                "one node) and BLOCKS at least 0; unset it to train without forced groups\n", text, largest,
+                t->config->model.num_heads, t->info->n_ranks);
+    exit_all(ALDIT_EXIT_USAGE);
+}
+
+/* Collective: the sequence-parallel groups' communicators for every k = 2, 4, ... that divides [model] num_heads and
+   fits the ranks, and the test hook's group size. */
+static void setup_groups(trainer *t)
+{
+    int largest = 1;
+    while (largest * 2 <= t->info->n_ranks && t->config->model.num_heads % (largest * 2) == 0) largest *= 2;
+    comm_groups_init(largest);
+    parse_test_group(t, largest);
+    if (t->test_group > 1 && t->info->rank == 0)
+        printf("aldit: test hook ALDIT_TEST_SP_GROUP: micro-batches run on groups of %d ranks (%s)\n", t->test_group,
+               t->test_blocks < 0 ? "every block" : "the first blocks");
+}
+
 static void trainer_setup(trainer *t, const deck *config, const comm_info *info, int device, char *resumed_from,
                           size_t resumed_size)
 {
@@ -1300,6 +1417,7 @@ static void trainer_setup(trainer *t, const deck *config, const comm_info *info,
     t->eval = eval_open(config);
     if (t->eval) check_store_fits_model(eval_store(t->eval), config, info->rank, "[eval] store =");
     model_create_table(&t->net, config); /* the CPU backend allocates the weights it computes with */
+    setup_groups(t);
     t->samples = balance_samples(&t->data, config);
     int64_t n_planned = 0;
     balance_sample *planned = plan_samples(t->samples, t->data.n_samples, t->eval, &n_planned);
@@ -1318,11 +1436,11 @@ static void trainer_setup(trainer *t, const deck *config, const comm_info *info,
         t->upcoming_rank_samples = xcalloc((size_t)info->n_ranks, sizeof *t->upcoming_rank_samples);
         t->current_rank_samples = xcalloc((size_t)info->n_ranks, sizeof *t->current_rank_samples);
         t->rank_measures = xcalloc(3 * (size_t)info->n_ranks, sizeof *t->rank_measures);
-        t->packer = create_balancer(config, t->samples, t->data.n_samples, info->n_ranks, memory);
+        t->packer = create_balancer(config, t->samples, t->data.n_samples, info, memory);
         if (t->n_calibration > 0) report_calibration(t);
         if (config->run.steps > 0 && config->balance.strategy == STRATEGY_GLOBAL && config->balance.global_batch > 0)
             plan[0] = (balancer_epoch_samples(t->packer) + config->balance.global_batch - 1) / config->balance.global_batch;
-        else plan[0] = plan_epoch(config, t->samples, t->data.n_samples, info->n_ranks, memory, t->n_calibration,
+        else plan[0] = plan_epoch(config, t->samples, t->data.n_samples, info, memory, t->n_calibration,
                                   t->calibration_features, t->calibration_seconds).steps;
         plan[1] = config->run.steps > 0 ? config->run.steps : config->run.epochs * plan[0];
     }
