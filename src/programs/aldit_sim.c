@@ -420,7 +420,7 @@ int main(int argc, char **argv)
         printf("memory budget %.2f GiB per rank (%lld tokens per micro-batch at %d text tokens); global_batch %s\n",
                mem_budget / 1073741824.0,
                (long long)balancer_max_tokens_in_budget(&truth, mem_budget, config.model.text_len),
-               config.model.text_len, config.balance.global_batch > 0 ? "fixed" : "budget");
+               config.model.text_len, config.balance.global_batch > 0 || config.balance.global_tokens > 0 ? "fixed" : "budget");
         print_memory(&args, &config, &truth, &plan);
         printf("%-13s %6s %9s %9s %9s %11s %11s %8s %8s %8s %9s %11s\n", "strategy", "steps", "samples/", "imbalance",
                "(predict)", "epoch_time", "lower_bound", "vs_bound", "mem_util", "mem_peak", "micro/rk", "balancer");
