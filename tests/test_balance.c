@@ -717,6 +717,43 @@ static void test_global_fixed_batch(void **state)
     free(samples);
 }
 
+/* global_tokens: each step takes the oldest samples whose tokens stay within it (the next would pass it, but at an
+   epoch's end); each sample once per epoch; with groups as without. */
+static void test_global_tokens(void **state)
+{
+    (void)state;
+    for (int sp = 1; sp >= 0; sp--) {
+        deck config = test_deck(STRATEGY_GLOBAL, 8);
+        config.balance.global_tokens = 40000;
+        config.balance.sp = sp;
+        balance_sample *samples = random_samples(12, 500, 6000);
+        balancer *b = balancer_create(&config, samples, 500, 4, mem_of(&config, 9000), NULL);
+        balance_assignment a = {0};
+        int *seen = calloc(500, sizeof(int));
+        int64_t total = 0;
+        while (total < 500) {
+            balancer_next(b, &a);
+            assert_int_equal(a.epoch, 0);
+            int *step_seen = calloc(500, sizeof(int));
+            count_once(&a, step_seen);
+            int64_t tokens = 0, n = 0;
+            for (int i = 0; i < 500; i++) if (step_seen[i]) { tokens += samples[i].tokens; n++; seen[i] += step_seen[i]; }
+            assert_int_equal(n, a.global_samples);
+            assert_true(tokens <= 40000);
+            total += n;
+            if (total < 500) assert_true(tokens > 40000 - 6016);   /* the next sample (at most 6015 tokens) did not fit */
+            free(step_seen);
+        }
+        for (int i = 0; i < 500; i++) assert_int_equal(seen[i], 1);
+        balancer_next(b, &a);
+        assert_int_equal(a.epoch, 1);
+        free(seen);
+        balance_assignment_free(&a);
+        balancer_free(b);
+        free(samples);
+    }
+}
+
 /* The step times of a device on which each sample takes its predicted cost times (1 + u), u fixed per
    sample and uniform in [-0.1, 0.1]: the balancer then plans for a measured per-sample error. */
 static void noisy_seconds(const balance_assignment *a, const cost_model *cm, const balance_sample *samples, double *seconds)
@@ -1396,6 +1433,7 @@ int main(void)
         cmocka_unit_test(test_groups_resume),
         cmocka_unit_test(test_oversize_skip),
         cmocka_unit_test(test_global_fixed_batch),
+        cmocka_unit_test(test_global_tokens),
         cmocka_unit_test(test_global_balances_mixed_lengths),
         cmocka_unit_test(test_global_fills_memory),
         cmocka_unit_test(test_global_with_noisy_times),

@@ -547,6 +547,26 @@ static void test_global_batch(void **state)
     assert_int_equal(load_one("balance.global_batch=lots", &config), 1);
 }
 
+/* balance.global_tokens: a token count or off (0); not with a fixed global_batch */
+static void test_global_tokens(void **state)
+{
+    (void)state;
+    deck config;
+    assert_int_equal(load_one("balance.global_tokens=500000", &config), 0);
+    assert_int_equal(config.balance.global_tokens, 500000);
+    assert_int_equal(config.balance.global_batch, 0);
+    assert_int_equal(load_one("balance.global_tokens=off", &config), 0);
+    assert_int_equal(config.balance.global_tokens, 0);
+    assert_int_equal(load_one("balance.global_tokens=0", &config), 1);
+    char first[] = "balance.global_tokens=1000", second[] = "balance.global_batch=8";
+    char *overrides[] = {first, second};
+    load_result result = {0};
+    load_path(&result, NULL, 2, overrides);
+    assert_int_equal(result.n_errors, 1);
+    assert_message(&result, "command line", 0, "balance.global_batch (8 samples) and balance.global_tokens (1000) both set");
+    load_free(&result);
+}
+
 /* balance.sp: a power of two, auto (0) or off (1); 1 and 3 are errors, off prints back as off */
 static void test_sequence_parallel(void **state)
 {
@@ -963,6 +983,7 @@ int main(void)
         cmocka_unit_test(test_number_limits),
         cmocka_unit_test(test_global_batch),
         cmocka_unit_test(test_sequence_parallel),
+        cmocka_unit_test(test_global_tokens),
         cmocka_unit_test(test_enums),
         cmocka_unit_test(test_lists),
         cmocka_unit_test(test_strings),

@@ -327,6 +327,7 @@ balancer *balancer_create_checked(const deck *config, const balance_sample *samp
     b->strategy = config->balance.strategy;
     b->n_ranks = n_ranks;
     b->global_batch = config->balance.global_batch;
+    b->global_tokens = config->balance.global_tokens;
     b->pool_capacity = config->balance.pool;
     b->seed = config->run.seed;
     b->calibrate = config->balance.calibrate;

@@ -388,6 +388,16 @@ int64_t balance_global_select(balancer *b, double *selected_cost, int *take_all_
             selected += cost;
             select_item(b, n_items, entry, cost);
         }
+    } else if (b->global_tokens > 0) {
+        int64_t tokens = 0;
+        const balance_entry *entry;
+        for (; (entry = candidate(b, n_items)); n_items++) {
+            if (n_items > 0 && tokens + entry->sample.tokens > b->global_tokens) break;
+            tokens += entry->sample.tokens;
+            const double cost = entry_cost(b, entry);
+            selected += cost;
+            select_item(b, n_items, entry, cost);
+        }
     } else {
         /* steps left at the budget, but never so many that a rank's share drops below the costliest
            sample (which would then decide the step's length alone) */
@@ -412,7 +422,7 @@ int64_t balance_global_select(balancer *b, double *selected_cost, int *take_all_
 int64_t balance_pack_finish(balancer *b, int64_t n_items, int take_all)
 {
     /* budget mode: fill the bins' gaps below the largest with pool samples that fit */
-    if (b->global_batch == 0 && !take_all) n_items = fill_gaps(b, n_items);
+    if (b->global_batch == 0 && b->global_tokens == 0 && !take_all) n_items = fill_gaps(b, n_items);
     else pool_keep(b, 0, n_items);
     /* swap refinement between the largest bin and the others */
     refine_bins(b);

@@ -20,7 +20,8 @@ typedef struct { balance_sample sample; int64_t index; } balance_entry;
 struct balancer {
     deck_strategy strategy;
     int n_ranks;
-    int64_t global_batch;         /* samples per step (global); 0 = budget mode */
+    int64_t global_batch;         /* samples per step (global); 0 = budget mode (unless global_tokens) */
+    int64_t global_tokens;        /* tokens per step (global; the oldest samples up to it); 0 = off */
     int64_t pool_capacity;        /* lookahead samples (global, budget mode) */
     uint64_t seed;
     int calibrate;
@@ -150,7 +151,7 @@ int64_t balance_dual_batch(const balancer *b, int k);
    the number of items (numbered oldest first). */
 int64_t balance_global_pack(balancer *b);
 /* Its parts, which the group planner (groups.c) shares. The step's selection: empty bins, the oldest samples up
-   to global_batch (or, in budget mode, the step's share of the epoch's remaining cost) as items 0 .. n-1 with their
+   to global_batch or global_tokens (or, in budget mode, the step's share of the epoch's remaining cost) as items 0 .. n-1 with their
    sort values; returns n, their predicted seconds in *selected_cost and whether budget mode takes all that is left. */
 int64_t balance_global_select(balancer *b, double *selected_cost, int *take_all);
 /* The selected items (their sort values) by decreasing cost, ties oldest first. */

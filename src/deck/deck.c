@@ -130,6 +130,10 @@ static const deck_key deck_keys[] = {
     {KEY("balance", "global_batch", KEY_INT64, balance.global_batch), .min = 1, .max = 1e12,
      .zero_word = "budget", .default_text = "budget",
      .help = "samples per step over all ranks (global); budget = fill every rank up to its budgets"},
+    {KEY("balance", "global_tokens", KEY_INT64, balance.global_tokens), .min = 1, .max = 1e12, .zero_word = "off",
+     .default_text = "off",
+     .help = "global: each step takes the oldest samples whose tokens sum to at most this (at least one sample), "
+             "in place of global_batch; off = global_batch decides"},
     {KEY("balance", "max_tokens", KEY_INT64, balance.max_tokens), .min = 1, .max = 1e12, .default_text = "76032",
      .help = "token budget T_max of a rank's step: equal_tokens takes B = floor(T_max / S); the default "
              "fits one 129-frame 768x768 video (33x48x48 tokens)"},
@@ -908,6 +912,11 @@ static void check_cross_keys(load_context *ctx)
     if (config->train.min_lr > config->train.lr)
         report(ctx, latest_origin(ctx, rates, 2), "train.min_lr (%g) is larger than train.lr (%g)",
                config->train.min_lr, config->train.lr);
+    const int batch[] = {key_index("balance", "global_batch"), key_index("balance", "global_tokens")};
+    if (config->balance.global_batch > 0 && config->balance.global_tokens > 0)
+        report(ctx, latest_origin(ctx, batch, 2), "balance.global_batch (%lld samples) and balance.global_tokens (%lld) "
+               "both set the step's batch: set one, the other to budget / off", (long long)config->balance.global_batch,
+               (long long)config->balance.global_tokens);
     const int sp[] = {key_index("balance", "sp")};
     if (config->balance.sp > 1 && (config->balance.sp & (config->balance.sp - 1)) != 0)
         report(ctx, latest_origin(ctx, sp, 1), "balance.sp (%d) is not a power of two: give 2, 4, 8, ..., auto or off",

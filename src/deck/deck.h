@@ -65,6 +65,7 @@ typedef struct {
     struct {
         deck_strategy strategy;        /* global (default) | dual | equal_tokens */
         int64_t global_batch;          /* samples per step for `global`; 0 = "budget" (fill each rank) */
+        int64_t global_tokens;         /* tokens per step for `global` (the oldest samples up to it); 0 = off */
         int64_t max_tokens;            /* T_max of equal_tokens buckets: B = floor(T_max / S) */
         double compute_budget;         /* predicted seconds per rank per step (0 = derive from max_tokens) */
         double mem_budget;             /* activation bytes per rank (0 = measure device memory) */

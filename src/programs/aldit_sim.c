@@ -29,6 +29,7 @@ typedef struct {
 } sim_args;
 
 enum { SIM_GROUP_SIZES = 11 };   /* groups of 1, 2, 4, ..., 1024 ranks */
+enum { SIM_RANKS_PER_NODE = 8 };  /* [balance] ranks_per_node = auto: nodes of 8 GPUs */
 
 typedef struct {
     int64_t steps, samples;
@@ -66,6 +67,8 @@ static void print_usage(FILE *out)
             "  --noise F         true cost of each sample = predicted x (1 + u), u uniform in [-F, F] (default 0)\n"
             "  --seed S          seeds the draw, the noise and the epoch order (default: the deck's run.seed)\n"
             "  --json            one JSON object per strategy per line\n"
+            "With balance.sp = auto or K, global may run a sample on a group of ranks (balance.ranks_per_node = auto is 8\n"
+            "here); the table then says how many samples per step each group size ran.\n"
             "Exit status: 0 ok, 2 bad input.\n");
 }
 
@@ -385,6 +388,7 @@ int main(int argc, char **argv)
     deck_defaults(&config);
     if (deck_load(&config, args.deck_path, args.n_overrides, args.overrides, stderr) != 0) return ALDIT_EXIT_USAGE;
     if (args.seed != UINT64_MAX) config.run.seed = args.seed;
+    if (config.balance.ranks_per_node == 0) config.balance.ranks_per_node = SIM_RANKS_PER_NODE;
     deck_strategy strategies[3];
     int n_strategies = 0;
     if (!strcmp(args.strategy, "all")) {
@@ -420,8 +424,14 @@ int main(int argc, char **argv)
         printf("memory budget %.2f GiB per rank (%lld tokens per micro-batch at %d text tokens); global_batch %s\n",
                mem_budget / 1073741824.0,
                (long long)balancer_max_tokens_in_budget(&truth, mem_budget, config.model.text_len),
-               config.model.text_len, config.balance.global_batch > 0 ? "fixed" : "budget");
+               config.model.text_len, config.balance.global_batch > 0 || config.balance.global_tokens > 0 ? "fixed" : "budget");
         print_memory(&args, &config, &truth, &plan);
+        char sp_text[16] = "auto";
+        if (config.balance.sp > 1) snprintf(sp_text, sizeof sp_text, "%d", config.balance.sp);
+        if (config.balance.sp != 1)
+            printf("sequence-parallel groups (balance.sp = %s): up to %d ranks for global (%d heads, %d ranks per node), "
+                   "exchange at %g GB/s\n", sp_text, balance_sp_limit(&config, args.n_ranks),
+                   config.model.num_heads, config.balance.ranks_per_node, config.balance.sp_bandwidth);
         printf("%-13s %6s %9s %9s %9s %11s %11s %8s %8s %8s %9s %11s\n", "strategy", "steps", "samples/", "imbalance",
                "(predict)", "epoch_time", "lower_bound", "vs_bound", "mem_util", "mem_peak", "micro/rk", "balancer");
         printf("%-13s %6s %9s %9s %9s %11s %11s %8s %8s %8s %9s %11s\n", "", "", "step", "", "", "s", "s", "", "", "",

@@ -760,6 +760,9 @@ static void print_summary_head(const trainer *t)
     if (config->balance.global_batch > 0)
         printf("  strategy   %s, global batch %lld samples\n", deck_strategy_name(config->balance.strategy),
                (long long)config->balance.global_batch);
+    else if (config->balance.global_tokens > 0)
+        printf("  strategy   %s, global batch of at most %lld tokens\n", deck_strategy_name(config->balance.strategy),
+               (long long)config->balance.global_tokens);
     else printf("  strategy   %s, budget-filled steps\n", deck_strategy_name(config->balance.strategy));
     fputs(plan->memory_text, stdout);
     fflush(stdout);
