@@ -316,7 +316,7 @@ static int check_resumed_balancer(const deck *config, const balance_sample *samp
         checkpoint_state state = {0};
         checkpoint_reader *reader = checkpoint_reader_open(path, config, &table, stderr);
         status = !reader || checkpoint_check_resume(reader, config, &state) != 0;
-        balancer *packer = status == 0 ? create_balancer(config, samples, n_samples, info->n_ranks, plan) : NULL;
+        balancer *packer = status == 0 ? create_balancer(config, samples, n_samples, info, plan) : NULL;
         if (status == 0 && (!packer || balancer_load_state(packer, state.balancer_state, state.balancer_bytes) != 0)) {
             fprintf(stderr, "aldit: error: %s: the balancer state does not match this deck and store; the run would "
                     "not resume from it: use its deck and store, another [run] dir, or move the checkpoint away\n",
