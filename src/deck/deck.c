@@ -245,10 +245,6 @@ static const deck_key deck_keys[] = {
     {KEY("checkpoint", "at_end", KEY_BOOL, checkpoint.at_end), .default_text = "on",
      .help = "checkpoint when the run's steps or epochs are done (off: no final checkpoint, e.g. for a benchmark; "
              "a signal, every and interval still checkpoint)"},
-    {KEY("checkpoint", "on_save", KEY_STRING, checkpoint.on_save), .default_text = "",
-     .help = "a command (through /bin/sh -c) that rank 0 starts after each checkpoint, detached, with ALDIT_CHECKPOINT "
-             "(the file), ALDIT_STEP and ALDIT_RUN_DIR set and its output in RUN/on_save.log, e.g. a sampler; at most "
-             "one runs at a time (a checkpoint while it still runs starts none); it never stops or slows training"},
     /* [log] */
     {KEY("log", "every", KEY_INT64, log.every), .min = 1, .max = 1e12, .default_text = "1",
      .help = "progress line every N steps"},

@@ -113,7 +113,6 @@ typedef struct {
         int keep;                      /* keep the newest K checkpoints */
         int resume;                    /* resume from the newest complete checkpoint in the run folder (1) */
         int at_end;                    /* checkpoint when the steps or epochs are done (1); a signal always does */
-        char on_save[DECK_PATH_MAX];   /* a command rank 0 starts after each checkpoint, detached ("" = none) */
     } checkpoint;
     struct {
         int64_t every;                 /* progress line every N steps */

@@ -20,7 +20,6 @@
 #include "train/eval.h"
 #include "train/metrics.h"
 #include "train/rundir.h"
-#include "train/hook.h"
 #include "train/watchdog.h"
 
 #include <errno.h>
@@ -444,7 +443,6 @@ typedef struct {
     int checkpoint_failures;        /* consecutive failed periodic checkpoints ([checkpoint] max_failures) */
     int64_t checkpoint_step;        /* step of the last checkpoint written or resumed from */
     double checkpoint_s;            /* rank 0: when it was written (or the loop started), for [checkpoint] interval */
-    checkpoint_hook *on_save;       /* rank 0: [checkpoint] on_save (NULL: none) */
     double step_timeout;            /* seconds the current step may take (the watchdog's; the same on all ranks) */
     double phase_s[N_PHASES];
     double started_s, loop_started_s;
@@ -653,7 +651,6 @@ static void save_checkpoint(trainer *t, int must_succeed)
     if (status == 0) t->checkpoint_step = t->step;
     if (t->info->rank == 0) t->checkpoint_s = comm_time();
     checkpoint_outcome(t, must_succeed, path, seconds_since(started));
-    if (status == 0 && t->info->rank == 0) hook_after_checkpoint(t->on_save, path, t->step);
 }
 
 /* Rank 0: opens the checkpoint to resume from and reads its run state (the tensors stream later); non-zero after
@@ -1483,7 +1480,6 @@ static void trainer_free(trainer *t)
     rank_assignment_free(&t->current);
     rank_assignment_free(&t->upcoming);
     if (t->info->rank == 0) {
-        hook_free(t->on_save);
         balance_assignment_free(&t->drawn);
         balancer_free(t->packer);
         if (metrics_close(t->metrics) != 0 && !t->metrics_failed)
@@ -1532,7 +1528,6 @@ int train_run(const deck *config, const comm_info *info)
         prefetch_start(t.reader, t.upcoming.ids, t.upcoming.n_samples, t.upcoming.epoch);
         start_device(&t);
     }
-    if (info->rank == 0) t.on_save = hook_create(config->checkpoint.on_save, config->run.dir);
     t.loop_started_s = t.checkpoint_s = comm_time();
     /* the first step's deadline (later ones come with each step's end) */
     if (info->rank == 0) t.step_timeout = watchdog_timeout(config, t.upcoming_pred_max, 1);
