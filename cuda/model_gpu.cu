@@ -484,6 +484,7 @@ void sp_buffers(gpu_model *gm, const batch_dims &d)
     if (count.used > sp.arena_bytes) {
         CUDA_CHECK(cudaFree(sp.arena));
         CUDA_CHECK(cudaMalloc(&sp.arena, count.used));
+        CUDA_CHECK(cudaMemset(sp.arena, 0, count.used));   // finite values where a loopback group leaves parts unsent
         sp.arena_bytes = count.used;
     }
     carver assign = {sp.arena, 0};

@@ -23,6 +23,7 @@
 
 struct seqpar_gpu_group {
     int size, rank;
+    int loopback;                       /* no communicator: only the own member's part moves (seqpar_gpu_create_loopback) */
 #ifdef HAVE_NCCL
     ncclComm_t comm;
 #endif
@@ -43,22 +44,29 @@ static int log2_of(int k)
     return log >= 1 && log <= SEQPAR_MAX_LOG && (1 << log) == k ? log : -1;
 }
 
+/* A group of size k, this rank its member `member`, with its stream and events (no communicator yet). */
+static seqpar_gpu_group *new_group(int k, int member)
+{
+    seqpar_gpu_group *group = xcalloc(1, sizeof *group);
+    group->size = k;
+    group->rank = member;
+    CUDA_CHECK(cudaStreamCreateWithFlags(&group->stream, cudaStreamNonBlocking));
+    CUDA_CHECK(cudaEventCreateWithFlags(&group->inputs_ready, cudaEventDisableTiming));
+    CUDA_CHECK(cudaEventCreateWithFlags(&group->done, cudaEventDisableTiming));
+    return group;
+}
+
 #ifdef HAVE_NCCL
 /* Collective: the group of size k of this rank, split from `world`. */
 static seqpar_gpu_group *make_group(ncclComm_t world, int rank, int k)
 {
-    seqpar_gpu_group *group = xcalloc(1, sizeof *group);
-    group->size = k;
-    group->rank = rank % k;
+    seqpar_gpu_group *group = new_group(k, rank % k);
     NCCL_CHECK(ncclCommSplit(world, rank / k, rank % k, &group->comm, NULL));
     int n_members = 0, member = 0;
     NCCL_CHECK(ncclCommCount(group->comm, &n_members));
     NCCL_CHECK(ncclCommUserRank(group->comm, &member));
     ALDIT_CHECK(n_members == k && member == group->rank, "seqpar_gpu: the split for groups of %d made member %d of %d",
                 k, member, n_members);
-    CUDA_CHECK(cudaStreamCreateWithFlags(&group->stream, cudaStreamNonBlocking));
-    CUDA_CHECK(cudaEventCreateWithFlags(&group->inputs_ready, cudaEventDisableTiming));
-    CUDA_CHECK(cudaEventCreateWithFlags(&group->done, cudaEventDisableTiming));
     return group;
 }
 #endif
@@ -80,6 +88,19 @@ seqpar_gpu *seqpar_gpu_create(gradsync *sync, int rank)
     return sp;
 }
 
+seqpar_gpu *seqpar_gpu_create_loopback(int max_k, int member)
+{
+    seqpar_gpu *sp = xcalloc(1, sizeof *sp);
+    for (int log = 1; log <= SEQPAR_MAX_LOG && (1 << log) <= max_k; log++) {
+        ALDIT_CHECK(member >= 0 && member < (1 << log), "seqpar_gpu: member %d of a loopback group of %d", member,
+                    1 << log);
+        sp->groups[log] = new_group(1 << log, member);
+        sp->groups[log]->loopback = 1;
+        sp->count++;
+    }
+    return sp;
+}
+
 void seqpar_gpu_free(seqpar_gpu *sp)
 {
     if (!sp) return;
@@ -87,7 +108,7 @@ void seqpar_gpu_free(seqpar_gpu *sp)
         seqpar_gpu_group *group = sp->groups[log];
         if (!group) continue;
 #ifdef HAVE_NCCL
-        NCCL_CHECK(ncclCommDestroy(group->comm));
+        if (!group->loopback) NCCL_CHECK(ncclCommDestroy(group->comm));
 #endif
         CUDA_CHECK(cudaStreamDestroy(group->stream));
         CUDA_CHECK(cudaEventDestroy(group->inputs_ready));
@@ -107,23 +128,27 @@ int seqpar_gpu_count(const seqpar_gpu *sp) { return sp ? sp->count : 0; }
 int seqpar_gpu_size(const seqpar_gpu_group *group) { return group->size; }
 int seqpar_gpu_rank(const seqpar_gpu_group *group) { return group->rank; }
 
+/* The own member's part of one tensor: a device copy on the group's stream. */
+static void keep_own_part(const seqpar_gpu_group *group, const gpu_bf16 *send, const int64_t *send_counts,
+                          const int64_t *send_displs, gpu_bf16 *recv, const int64_t *recv_counts,
+                          const int64_t *recv_displs)
+{
+    const int p = group->rank;
+    ALDIT_CHECK(send_counts[p] == recv_counts[p], "seqpar_gpu: member %d keeps %lld values but places %lld", p,
+                (long long)send_counts[p], (long long)recv_counts[p]);
+    if (send_counts[p] > 0)
+        CUDA_CHECK(cudaMemcpyAsync(recv + recv_displs[p], send + send_displs[p], (size_t)send_counts[p] * sizeof(gpu_bf16),
+                                   cudaMemcpyDeviceToDevice, group->stream));
+}
+
 #ifdef HAVE_NCCL
-/* The sends and receives of one tensor to and from every other member (inside ncclGroupStart/End), and the own
-   member's part as a device copy on the group's stream. */
+/* The sends and receives of one tensor to and from every other member (inside ncclGroupStart/End). */
 static void exchange_tensor(const seqpar_gpu_group *group, const gpu_bf16 *send, const int64_t *send_counts,
                             const int64_t *send_displs, gpu_bf16 *recv, const int64_t *recv_counts,
                             const int64_t *recv_displs)
 {
     for (int p = 0; p < group->size; p++) {
-        if (p == group->rank) {
-            ALDIT_CHECK(send_counts[p] == recv_counts[p], "seqpar_gpu: member %d keeps %lld values but places %lld", p,
-                        (long long)send_counts[p], (long long)recv_counts[p]);
-            if (send_counts[p] > 0)
-                CUDA_CHECK(cudaMemcpyAsync(recv + recv_displs[p], send + send_displs[p],
-                                           (size_t)send_counts[p] * sizeof(gpu_bf16), cudaMemcpyDeviceToDevice,
-                                           group->stream));
-            continue;
-        }
+        if (p == group->rank) continue;
         if (send_counts[p] > 0)
             NCCL_CHECK(ncclSend(send + send_displs[p], (size_t)send_counts[p], ncclBfloat16, p, group->comm,
                                 group->stream));
@@ -140,17 +165,20 @@ void seqpar_gpu_alltoall_bf16(const seqpar_gpu_group *group, int n_tensors, cons
 {
     ALDIT_CHECK(group && n_tensors >= 1 && n_tensors <= 3, "seqpar_gpu: an all-to-all of %d tensors%s", n_tensors,
                 group ? "" : " without a group");
-#ifdef HAVE_NCCL
     CUDA_CHECK(cudaEventRecord(group->inputs_ready, stream));
     CUDA_CHECK(cudaStreamWaitEvent(group->stream, group->inputs_ready, 0));
-    NCCL_CHECK(ncclGroupStart());
     for (int t = 0; t < n_tensors; t++)
-        exchange_tensor(group, send[t], send_counts, send_displs, recv[t], recv_counts, recv_displs);
-    NCCL_CHECK(ncclGroupEnd());
+        keep_own_part(group, send[t], send_counts, send_displs, recv[t], recv_counts, recv_displs);
+    if (!group->loopback) {
+#ifdef HAVE_NCCL
+        NCCL_CHECK(ncclGroupStart());
+        for (int t = 0; t < n_tensors; t++)
+            exchange_tensor(group, send[t], send_counts, send_displs, recv[t], recv_counts, recv_displs);
+        NCCL_CHECK(ncclGroupEnd());
+#else
+        ALDIT_FATAL("seqpar_gpu: an all-to-all without NCCL");   /* no such group is made without it */
+#endif
+    }
     CUDA_CHECK(cudaEventRecord(group->done, group->stream));
     CUDA_CHECK(cudaStreamWaitEvent(stream, group->done, 0));
-#else
-    (void)send, (void)send_counts, (void)send_displs, (void)recv, (void)recv_counts, (void)recv_displs, (void)stream;
-    ALDIT_FATAL("seqpar_gpu: an all-to-all without NCCL");   /* no group is made without it */
-#endif
 }
