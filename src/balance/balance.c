@@ -906,7 +906,6 @@ static uint64_t hash_samples(const balance_sample *samples, int64_t n_samples)
    reported as errors. Returns the number of errors. */
 static int64_t check_oversize(balancer *b, deck_oversize oversize, FILE *errors)
 {
-    const double gib = 1024.0 * 1024.0 * 1024.0;
     const int max_reported = 10;
     int64_t n_over = 0;
     b->n_active = 0;
@@ -915,11 +914,13 @@ static int64_t check_oversize(balancer *b, deck_oversize oversize, FILE *errors)
         double bytes = cost_model_mem(&b->cm, sample->tokens, sample->text_len);
         if (bytes <= b->mem_budget) { b->active[b->n_active++] = i; continue; }
         if (n_over++ >= max_reported) continue;
-        char line[512];
-        snprintf(line, sizeof(line), "sample %lld: %d tokens (+%d text tokens) need %.2f GiB of activations (recompute = %s), "
-                 "over the memory budget of %.2f GiB per rank (at most %lld tokens fit)",
-                 (long long)sample->id, sample->tokens, sample->text_len, bytes / gib,
-                 b->cm.recompute_block ? "block" : "none", b->mem_budget / gib,
+        char line[512], need[32], budget[32];
+        format_size(bytes, need, sizeof need);
+        format_size(b->mem_budget, budget, sizeof budget);
+        snprintf(line, sizeof(line), "sample %lld: %d tokens (+%d text tokens) need %s of activations (recompute = %s), "
+                 "over the memory budget of %s per rank (at most %lld tokens fit)",
+                 (long long)sample->id, sample->tokens, sample->text_len, need,
+                 b->cm.recompute_block ? "block" : "none", budget,
                  (long long)balancer_max_tokens_in_budget(&b->cm, b->mem_budget, sample->text_len));
         if (oversize == OVERSIZE_SKIP) aldit_warn("balance: skipping %s", line);
         else if (errors) fprintf(errors, "aldit: balance: %s\n", line);
@@ -933,9 +934,12 @@ static int64_t check_oversize(balancer *b, deck_oversize oversize, FILE *errors)
         if (n_over > 0) aldit_warn("balance: %lld of %lld samples skipped as oversize", (long long)n_over, (long long)b->n_samples);
         return 0;
     }
+    /* recomputation is the GPU backend's alone: advised only where the memory model is the GPU's and it is off */
+    const int advise_recompute = b->cm.backend == LAYOUT_BACKEND_GPU && !b->cm.recompute_block;
     if (n_over > 0 && errors)
-        fprintf(errors, "aldit: balance: %lld samples exceed the memory budget: lower their size, set [balance] recompute = block, "
-                "raise [balance] mem_budget, or set [balance] oversize = skip\n", (long long)n_over);
+        fprintf(errors, "aldit: balance: %lld samples exceed the memory budget: lower their size,%s raise [balance] "
+                "mem_budget, or set [balance] oversize = skip\n", (long long)n_over,
+                advise_recompute ? " set [train] recompute = block," : "");
     return n_over;
 }
 

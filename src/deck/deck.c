@@ -165,7 +165,7 @@ static const deck_key deck_keys[] = {
              "its full-depth timings (the cheapest shapes, then up to 2 checks) take at most a third of it, the other "
              "shapes are scaled from models of 1 and 2 blocks (0: all but the cheapest scaled)"},
     {KEY("balance", "recompute", KEY_ENUM, balance.recompute), .choices = recompute_names, .default_text = "none",
-     .help = "activation recomputation the memory model assumes; must equal train.recompute"},
+     .help = "activation recomputation the memory model assumes; unset, it follows train.recompute (set, it must equal it)"},
     /* [train] */
     {KEY("train", "lr", KEY_DOUBLE, train.lr), .min = 0, .min_open = 1, .max = 10, .default_text = "1e-4",
      .help = "peak learning rate"},
@@ -834,6 +834,13 @@ static void apply_override(load_context *ctx, const char *argument)
 
 /* ---- cross-key checks ------------------------------------------------------------------------------ */
 
+/* Keys whose default is another key's value: balance.recompute follows train.recompute unless set. */
+static void follow_unset_keys(load_context *ctx)
+{
+    if (ctx->origin[key_index("balance", "recompute")] == ORIGIN_DEFAULT)
+        ctx->config->balance.recompute = ctx->config->train.recompute;
+}
+
 /* Report at the most recent setting among the keys involved: the command line, else the latest deck
    line, else the file (all defaults). */
 static int latest_origin(const load_context *ctx, const int *indices, int n_indices)
@@ -923,6 +930,7 @@ int deck_load(deck *config, const char *path, int n_overrides, char *const overr
         load_file(&ctx, path);
     }
     for (int i = 0; i < n_overrides; i++) apply_override(&ctx, overrides[i]);
+    follow_unset_keys(&ctx);
     if (ctx.n_errors == 0) check_cross_keys(&ctx);
     if (ctx.n_errors > MAX_PRINTED_ERRORS)
         fprintf(errors, "%s: %d more errors not shown\n", ctx.file, ctx.n_errors - MAX_PRINTED_ERRORS);

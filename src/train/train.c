@@ -215,7 +215,7 @@ static epoch_plan plan_epoch(const deck *config, const balance_sample *samples, 
     return plan;
 }
 
-static void print_store_line(const store *data, const deck *config)
+static void print_store_line(FILE *out, const store *data, const deck *config)
 {
     int64_t total = 0, shortest = INT64_MAX, longest = 0;
     for (int64_t id = 0; id < data->n_samples; id++) {
@@ -225,8 +225,20 @@ static void print_store_line(const store *data, const deck *config)
         if (tokens < shortest) shortest = tokens;
         if (tokens > longest) longest = tokens;
     }
-    printf("  store      %s: %lld samples, %lld tokens (%lld to %lld per sample), text_dim %d\n", data->path,
+    fprintf(out, "  store      %s: %lld samples, %lld tokens (%lld to %lld per sample), text_dim %d\n", data->path,
            (long long)data->n_samples, (long long)total, (long long)shortest, (long long)longest, data->text_dim);
+}
+
+/* 0, or ALDIT_EXIT_USAGE where the deck names no training store (rank 0 says which key; the deck is the same on
+   every rank, so every rank returns the same). */
+static int require_store_key(const deck *config, int rank)
+{
+    if (config->data.store[0]) return 0;
+    if (rank == 0)
+        fprintf(stderr, "aldit: error: %s sets no [data] store: add a [data] section with store = PATH (a latent store "
+                "made by aldit-store or tools/prepare_store.py), or pass data.store=PATH on the command line\n",
+                config->source[0] ? config->source : "the deck");
+    return ALDIT_EXIT_USAGE;
 }
 
 /* Collective (--check): what a run would find in its folder. Resuming: the newest checkpoint must be readable
@@ -259,6 +271,7 @@ static int check_run_folder(const deck *config, int rank)
 int train_check(const deck *config, const comm_info *info)
 {
     int offline = 0;
+    if (require_store_key(config, info->rank) != 0) return ALDIT_EXIT_USAGE;
     int device = device_resolve_check(config, info, &offline);
     if (device < 0) return device == -1 ? ALDIT_EXIT_ERROR : ALDIT_EXIT_USAGE;
     if (config->model.init[0]) { /* the names and shapes of [model] init's weights, as a run would load them */
@@ -289,23 +302,25 @@ int train_check(const deck *config, const comm_info *info)
     free(planned);
     if (status == 0 && eval) status = eval_plan(eval, &plan, info->n_ranks, 1, 0, NULL, NULL);
     if (status == 0 && info->rank == 0) {
+        /* the resolved deck alone on stdout (a deck --check accepts again); the plan on stderr */
         deck_print(config, stdout);
+        fflush(stdout);
         epoch_plan epoch = plan_epoch(config, samples, data.n_samples, info->n_ranks, &plan, 0, NULL, NULL);
-        printf("\n# plan for %d rank(s)\n", info->n_ranks);
-        print_store_line(&data, config);
-        printf("  model      %s: %lld parameters\n", config->model.name, (long long)table.n_weights);
-        fputs(plan.device_text, stdout);
-        fputs(plan.memory_text, stdout);
-        printf("  balancer   %s: %lld steps per epoch, predicted epoch %.3g s vs lower bound %.3g s "
+        fprintf(stderr, "# plan for %d rank(s)\n", info->n_ranks);
+        print_store_line(stderr, &data, config);
+        fprintf(stderr, "  model      %s: %lld parameters\n", config->model.name, (long long)table.n_weights);
+        fputs(plan.device_text, stderr);
+        fputs(plan.memory_text, stderr);
+        fprintf(stderr, "  balancer   %s: %lld steps per epoch, predicted epoch %.3g s vs lower bound %.3g s "
                "(predicted imbalance %.1f%%)\n", deck_strategy_name(config->balance.strategy), (long long)epoch.steps,
                epoch.predicted_s, epoch.lower_bound_s, 100.0 * epoch.imbalance_pred);
-        if (config->run.steps > 0) printf("  run        %lld steps\n", (long long)config->run.steps);
-        else printf("  run        %lld epochs = %lld steps\n", (long long)config->run.epochs,
+        if (config->run.steps > 0) fprintf(stderr, "  run        %lld steps\n", (long long)config->run.steps);
+        else fprintf(stderr, "  run        %lld epochs = %lld steps\n", (long long)config->run.epochs,
                     (long long)(config->run.epochs * epoch.steps));
         if (eval) {
             char line[2 * DECK_PATH_MAX];
             eval_describe(eval, line, sizeof line);
-            fputs(line, stdout);
+            fputs(line, stderr);
         }
     }
     eval_close(eval);
@@ -668,7 +683,7 @@ static void print_summary_head(const trainer *t)
            config->model.dim, config->model.ffn_dim, config->model.num_heads, config->model.num_layers,
            (long long)t->net.n_weights, weights_text);
     printf("  ranks      %d (%d on this node)\n", t->info->n_ranks, t->info->n_local_ranks);
-    print_store_line(&t->data, config);
+    print_store_line(stdout, &t->data, config);
     if (config->balance.global_batch > 0)
         printf("  strategy   %s, global batch %lld samples\n", deck_strategy_name(config->balance.strategy),
                (long long)config->balance.global_batch);
@@ -1258,6 +1273,7 @@ static void trainer_setup(trainer *t, const deck *config, const comm_info *info,
     t->config = config;
     t->info = info;
     t->started_s = comm_time();
+    if (require_store_key(config, info->rank) != 0) exit_all(ALDIT_EXIT_USAGE);
     if (info->rank == 0) make_dirs(config->run.dir);
     guard_run_folder(config);
     store_open_bcast(&t->data, config->data.store);
@@ -1366,8 +1382,9 @@ int train_run(const deck *config, const comm_info *info)
         if (t.resumed_seconds) balancer_observe(t.packer, t.resumed_seconds);
         finished = config->run.steps <= 0 && t.upcoming.epoch >= config->run.epochs;
     }
-    if (finished && info->rank == 0) printf("aldit: nothing to do: the run is already complete at step %lld\n",
-                                            (long long)t.step);
+    if (finished && info->rank == 0)
+        printf("aldit: nothing to do: the run in %s is already complete at step %lld (raise run.steps or run.epochs to "
+               "train on, or give a new run.dir for another run)\n", config->run.dir, (long long)t.step);
     if (!finished) {
         prefetch_start(t.reader, t.upcoming.ids, t.upcoming.n_samples, t.upcoming.epoch);
         start_device(&t);
