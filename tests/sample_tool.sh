@@ -2,7 +2,7 @@
 # sample_tool.sh — tools/sample.py on a real aldit checkpoint of a tiny model (2 CPU training steps) with tiny
 # random Wan VAE and umT5 (tests/tiny_wan.py): an mp4 of the asked frame count and size and a PNG grid, the
 # /ema weights preferred when present (--no-ema: the raw ones; --ema: those, exported as such, and an error where
-# there are none), Wan's official safetensors + config.json, and the Wan-name mapping loading every parameter
+# there are none), --out's folder made when missing, Wan's official safetensors + config.json, and the Wan-name mapping loading every parameter
 # (strict). Skips where torch, diffusers or transformers do not import.
 . "${top_srcdir:-.}/tests/python_lib.sh"
 python_needs torch diffusers transformers tokenizers h5py av PIL safetensors
@@ -62,8 +62,9 @@ out=$(sample "$WORK/ema.h5" --out "$WORK/e" 2>&1)
 case $out in *"ema.h5:/ema"*) found=0 ;; *) found=1 ;; esac
 tap_result $found "with /ema present its weights are used" "$out"
 cmp -s "$WORK/a.png" "$WORK/e.png"; tap_is "the EMA weights give another sample" "$?" 1
-out=$(sample "$WORK/ema.h5" --out "$WORK/n" --no-ema 2>&1)
-tap_ok "--no-ema uses the raw weights: the same sample as the checkpoint's" cmp "$WORK/a.png" "$WORK/n.png"
+out=$(sample "$WORK/ema.h5" --out "$WORK/samples/n" --no-ema 2>&1)
+tap_ok "--no-ema uses the raw weights: the same sample as the checkpoint's (--out in a folder it makes)" \
+    cmp "$WORK/a.png" "$WORK/samples/n.png"
 out=$(sample "$WORK/ema.h5" --out "$WORK/m" --ema --save-wan "$WORK/wan-ema" 2>&1)
 tap_ok "--ema uses the /ema weights: the same sample as the default's with /ema present" cmp "$WORK/e.png" "$WORK/m.png"
 out=$($PYTHON -c "

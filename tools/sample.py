@@ -85,6 +85,17 @@ def parse_args():
         parser.error(f"--frames {args.frames}: need 4k+1 frames (1, 5, 9, ..., 81)")
     if not os.path.isfile(args.checkpoint):
         parser.error(f"--checkpoint {args.checkpoint}: no such file")
+    # the output folders are made (and found writable) now, not after minutes of sampling
+    for option, folder in (("--out", os.path.dirname(args.out) or "."), ("--save-wan", args.save_wan),
+                           ("--save-diffusers", args.save_diffusers)):
+        if folder is None:
+            continue
+        try:
+            os.makedirs(folder, exist_ok=True)
+        except OSError as error:
+            parser.error(f"{option}: cannot make the folder {folder}: {error.strerror}")
+        if not os.access(folder, os.W_OK):
+            parser.error(f"{option}: the folder {folder} is not writable")
     return args
 
 
