@@ -71,6 +71,15 @@ backend_plan_fn device_check_plan_fn(int device, int offline)
     return device_plan_fn(device);
 }
 
+backend_plan_fn device_offline_gpu_plan_fn(void)
+{
+#ifdef HAVE_CUDA
+    return backend_cuda_plan_offline;
+#else
+    return NULL;
+#endif
+}
+
 backend_plan_fn device_plan_fn(int device)
 {
 #ifdef HAVE_CUDA

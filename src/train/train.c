@@ -146,7 +146,7 @@ static int32_t text_rows_of(const store_sample *sample, const deck *config)
     return config->model.text_padding == TEXT_PADDING_WAN ? config->model.text_len : sample->text_len;
 }
 
-static balance_sample *balance_samples(const store *data, const deck *config)
+balance_sample *train_balance_samples(const store *data, const deck *config)
 {
     balance_sample *samples = xmalloc((size_t)data->n_samples * sizeof *samples);
     for (int64_t id = 0; id < data->n_samples; id++) {
@@ -294,7 +294,7 @@ int train_check(const deck *config, const comm_info *info)
     if (eval) check_store_fits_model(eval_store(eval), config, info->rank, "[eval] store =");
     model table;
     model_create_table(&table, config);
-    balance_sample *samples = balance_samples(&data, config);
+    balance_sample *samples = train_balance_samples(&data, config);
     int64_t n_planned = 0;
     balance_sample *planned = plan_samples(samples, data.n_samples, eval, &n_planned);
     backend_plan plan;
@@ -1281,7 +1281,7 @@ static void trainer_setup(trainer *t, const deck *config, const comm_info *info,
     t->eval = eval_open(config);
     if (t->eval) check_store_fits_model(eval_store(t->eval), config, info->rank, "[eval] store =");
     model_create_table(&t->net, config); /* the CPU backend allocates the weights it computes with */
-    t->samples = balance_samples(&t->data, config);
+    t->samples = train_balance_samples(&t->data, config);
     int64_t n_planned = 0;
     balance_sample *planned = plan_samples(t->samples, t->data.n_samples, t->eval, &n_planned);
     t->dev = device_create_fn(device)(config, info, &t->net, planned, n_planned);
