@@ -2,9 +2,10 @@
 # user_path.sh — what a new user meets first on the CPU (issue 32): `aldit --check`'s stdout is a deck that
 # `aldit --check` accepts again (the plan on stderr); recompute = block where no GPU is visible says how to plan a
 # GPU job (run.device=cuda); a tiny mem_budget is written in sensible units and advises no recomputation on the
-# CPU; a deck without [data] store names the key; a finished run says how to go on.
+# CPU; a deck without [data] store names the key; a finished run says how to go on; a resumed run that its
+# schedule is the deck's; a global_batch over the store's size that each step takes the whole epoch.
 . "${top_srcdir:-.}/tests/train_lib.sh"
-tap_plan 9
+tap_plan 11
 tap_ok "aldit-store synth makes the test store" make_store
 
 check() { $MPIEXEC -np 1 "$ALDIT" --check "$@"; }
@@ -37,4 +38,9 @@ tap_ok "... and no run folder is made" test ! -e "$WORK/nostore"
 run_aldit 1 done run.steps=2 && run_aldit 1 done run.steps=2
 case $(cat "$WORK/done.log") in *"already complete at step 2 (raise run.steps"*) found=0 ;; *) found=1 ;; esac
 tap_result $found "running a finished run again says how to go on" "$(cat "$WORK/done.log")"
+grep -q "resumed .* at step 2; the schedule below is this deck's (a run extended past" "$WORK/done.log"
+tap_result $? "a resumed run says its schedule is the deck's, re-planned when extended" "$(cat "$WORK/done.log")"
+run_aldit 1 batch run.steps=1 balance.global_batch=100
+grep -q "global batch 100 samples: more than the store's 64, so each step takes the whole epoch" "$WORK/batch.log"
+tap_result $? "global_batch above the store's size says so" "$(cat "$WORK/batch.log")"
 tap_done

@@ -684,7 +684,11 @@ static void print_summary_head(const trainer *t)
            (long long)t->net.n_weights, weights_text);
     printf("  ranks      %d (%d on this node)\n", t->info->n_ranks, t->info->n_local_ranks);
     print_store_line(stdout, &t->data, config);
-    if (config->balance.global_batch > 0)
+    if (config->balance.global_batch > t->data.n_samples) /* the balancer takes what an epoch holds */
+        printf("  strategy   %s, global batch %lld samples: more than the store's %lld, so each step takes the whole "
+               "epoch\n", deck_strategy_name(config->balance.strategy), (long long)config->balance.global_batch,
+               (long long)t->data.n_samples);
+    else if (config->balance.global_batch > 0)
         printf("  strategy   %s, global batch %lld samples\n", deck_strategy_name(config->balance.strategy),
                (long long)config->balance.global_batch);
     else printf("  strategy   %s, budget-filled steps\n", deck_strategy_name(config->balance.strategy));
@@ -698,7 +702,9 @@ static void print_summary(const trainer *t, const char *resumed_from)
 {
     const deck *config = t->config;
     printf("  run dir    %s (%s)\n", config->run.dir, resumed_from[0] ? "resuming" : "fresh start");
-    if (resumed_from[0]) printf("  resumed    %s at step %lld\n", resumed_from, (long long)t->step);
+    if (resumed_from[0])
+        printf("  resumed    %s at step %lld; the schedule below is this deck's (a run extended past its first "
+               "run.steps re-plans the decay over the new total)\n", resumed_from, (long long)t->step);
     else if (config->model.init[0]) printf("  init       weights from %s\n", config->model.init);
     printf("  schedule   %lld steps (%lld per epoch), lr %g, warmup %lld, %s to %g, weight decay %g, clip %g\n",
            (long long)t->total_steps, (long long)t->steps_per_epoch, config->train.lr,
