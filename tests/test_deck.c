@@ -616,6 +616,7 @@ static void test_cross_key_checks(void **state)
         {{"model.freq_dim=33", NULL}, "model.freq_dim (33) must be even"},
         {{"model.in_dim=36", NULL}, "model.in_dim (36) differs from model.out_dim (16)"},
         {{"train.min_lr=1e-3", NULL}, "train.min_lr (0.001) is larger than train.lr (0.0001)"},
+        {{"checkpoint.resume_data=changed", NULL}, "checkpoint.resume_data = changed needs run.steps"},
         {{"train.recompute=block", "balance.recompute=none"},
          "balance.recompute (none) differs from train.recompute (block)"},
     };

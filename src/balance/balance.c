@@ -1206,6 +1206,11 @@ void balancer_save_state(const balancer *b, void *buffer)
     write_state(b, &c);
 }
 
+void balancer_start_at_epoch(balancer *b, int64_t epoch)
+{
+    start_epoch(b, epoch > 0 ? epoch : 0);
+}
+
 int balancer_load_state(balancer *b, const void *buffer, size_t n_bytes)
 {
     state_cursor c = {.bytes = (unsigned char *)buffer, .size = n_bytes};

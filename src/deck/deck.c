@@ -45,6 +45,7 @@ static const char *const nonfinite_names[] = {"error", "skip", NULL};
 static const char *const lr_schedule_names[] = {"cosine", "constant", NULL};
 static const char *const attention_names[] = {"auto", "cudnn", "own", NULL};
 static const char *const on_corrupt_names[] = {"error", "skip", NULL};
+static const char *const resume_data_names[] = {"same", "changed", NULL};
 
 #define FIELD(member) .offset = offsetof(deck, member), .size = sizeof(((deck *)0)->member)
 #define KEY(sec, key, kind, member) .section = sec, .name = key, .type = kind, FIELD(member)
@@ -223,6 +224,10 @@ static const deck_key deck_keys[] = {
      .help = "newest checkpoints kept in the run folder"},
     {KEY("checkpoint", "resume", KEY_BOOL, checkpoint.resume), .default_text = "on",
      .help = "resume from the newest complete checkpoint in the run folder"},
+    {KEY("checkpoint", "resume_data", KEY_ENUM, checkpoint.resume_data), .choices = resume_data_names,
+     .default_text = "same",
+     .help = "resuming: same = the checkpoint's store, its epoch order continued; changed = a changed or grown store "
+             "(weights, AdamW moments, EMA, step and schedule carried, a new epoch order from the step; needs run.steps)"},
     {KEY("checkpoint", "at_end", KEY_BOOL, checkpoint.at_end), .default_text = "on",
      .help = "checkpoint when the run's steps or epochs are done (off: no final checkpoint, e.g. for a benchmark; "
              "a signal, every and interval still checkpoint)"},
@@ -883,6 +888,10 @@ static void check_cross_keys(load_context *ctx)
     if (config->train.min_lr > config->train.lr)
         report(ctx, latest_origin(ctx, rates, 2), "train.min_lr (%g) is larger than train.lr (%g)",
                config->train.min_lr, config->train.lr);
+    const int warm[] = {key_index("checkpoint", "resume_data"), key_index("run", "steps")};
+    if (config->checkpoint.resume_data == RESUME_DATA_CHANGED && config->run.steps <= 0)
+        report(ctx, latest_origin(ctx, warm, 2), "checkpoint.resume_data = changed needs run.steps (the run's length "
+               "in steps: the epochs of the checkpoint's store do not count on another)");
     const int recompute[] = {key_index("balance", "recompute"), key_index("train", "recompute")};
     if (config->balance.recompute != config->train.recompute)
         report(ctx, latest_origin(ctx, recompute, 2),

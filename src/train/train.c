@@ -597,15 +597,20 @@ static int open_resume(trainer *t, const char *path, checkpoint_reader **reader,
                 "; set that seed to resume, or [checkpoint] resume = off\n", path, state.seed, config->run.seed);
         status = 1;
     }
-    if (status == 0 && balancer_load_state(t->packer, state.balancer_state, state.balancer_bytes) != 0) {
-        fprintf(stderr, "aldit: error: %s: the balancer state does not match this deck and store\n", path);
+    /* resume_data = changed: the store is not the checkpoint's; the balancer starts its epoch order anew */
+    const int same_data = config->checkpoint.resume_data == RESUME_DATA_SAME;
+    if (status == 0 && same_data && balancer_load_state(t->packer, state.balancer_state, state.balancer_bytes) != 0) {
+        fprintf(stderr, "aldit: error: %s: the balancer state does not match this deck and store; to continue this "
+                "run on a changed or grown store (weights, AdamW moments, EMA, step and schedule carried over, a new "
+                "epoch order), set checkpoint.resume_data = changed\n", path);
         status = 1;
     }
+    if (status == 0 && !same_data) balancer_start_at_epoch(t->packer, state.epoch + 1);
     *resumed_step = state.step;
     /* keep the schedule the run started with (a new plan would rest on other measured times) */
-    if (state.steps_per_epoch > 0) *resumed_plan = state.steps_per_epoch;
+    if (state.steps_per_epoch > 0 && same_data) *resumed_plan = state.steps_per_epoch;
     /* the balancer drops unobserved steps of another rank count on load; then so do we */
-    if (status == 0 && state.n_ranks == t->info->n_ranks) t->resumed_seconds = state.rank_seconds;
+    if (status == 0 && same_data && state.n_ranks == t->info->n_ranks) t->resumed_seconds = state.rank_seconds;
     else free(state.rank_seconds);
     free(state.balancer_state);
     if (status != 0) {
@@ -705,6 +710,9 @@ static void print_summary(const trainer *t, const char *resumed_from)
     if (resumed_from[0])
         printf("  resumed    %s at step %lld; the schedule below is this deck's (a run extended past its first "
                "run.steps re-plans the decay over the new total)\n", resumed_from, (long long)t->step);
+    if (resumed_from[0] && config->checkpoint.resume_data == RESUME_DATA_CHANGED)
+        printf("  data       changed (checkpoint.resume_data): weights, AdamW moments, EMA and step carried over; "
+               "the store's epoch order starts anew with the next epoch\n");
     else if (config->model.init[0]) printf("  init       weights from %s\n", config->model.init);
     printf("  schedule   %lld steps (%lld per epoch), lr %g, warmup %lld, %s to %g, weight decay %g, clip %g\n",
            (long long)t->total_steps, (long long)t->steps_per_epoch, config->train.lr,
