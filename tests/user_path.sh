@@ -3,9 +3,10 @@
 # `aldit --check` accepts again (the plan on stderr); recompute = block where no GPU is visible says how to plan a
 # GPU job (run.device=cuda); a tiny mem_budget is written in sensible units and advises no recomputation on the
 # CPU; a deck without [data] store names the key; a finished run says how to go on; a resumed run that its
-# schedule is the deck's; a global_batch over the store's size that each step takes the whole epoch.
+# schedule is the deck's; a global_batch over the store's size that each step takes the whole epoch; and
+# docs/running.md's start-up summary is what the quick start prints.
 . "${top_srcdir:-.}/tests/train_lib.sh"
-tap_plan 11
+tap_plan 12
 tap_ok "aldit-store synth makes the test store" make_store
 
 check() { $MPIEXEC -np 1 "$ALDIT" --check "$@"; }
@@ -43,4 +44,17 @@ tap_result $? "a resumed run says its schedule is the deck's, re-planned when ex
 run_aldit 1 batch run.steps=1 balance.global_batch=100
 grep -q "global batch 100 samples: more than the store's 64, so each step takes the whole epoch" "$WORK/batch.log"
 tap_result $? "global_batch above the store's size says so" "$(cat "$WORK/batch.log")"
+# running.md's start-up summary is the quick start's own (a 2-step run: the schedule line says 2 steps)
+"$top_builddir/aldit-store" synth --spec "$top_srcdir/inputs/quickstart.lengths" --samples 256 --text-len 16 \
+    --text-dim 32 --out "$WORK/quickstart.h5" > /dev/null 2>&1
+$MPIEXEC -np 2 --oversubscribe "$ALDIT" "$top_srcdir/inputs/quickstart.ini" data.store="$WORK/quickstart.h5" \
+    run.dir="$WORK/qs" run.steps=2 > "$WORK/qs.log" 2>&1
+sed -n '/^aldit .*: training$/,/^  metrics/p' "$WORK/qs.log" | sed -e "s|$WORK/qs|run-quickstart|g" \
+    -e "s|$WORK/||g" -e "s|$top_srcdir/inputs/|inputs/|" -e 's/^aldit [^ ]*: training/aldit VERSION: training/' \
+    > "$WORK/summary.run"
+awk '/^A start-up summary:/ {on = 1; next} on && /^```/ {if (inside) exit; inside = 1; next} inside {print}' \
+    "$top_srcdir/docs/running.md" | sed -e 's/^aldit [^ ]*: training/aldit VERSION: training/' \
+    -e 's/schedule   300 steps/schedule   2 steps/' > "$WORK/summary.doc"
+diff "$WORK/summary.doc" "$WORK/summary.run" > "$WORK/summary.diff"
+tap_result $? "running.md's start-up summary is the quick start's" "$(cat "$WORK/summary.diff" "$WORK/qs.log")"
 tap_done
