@@ -231,6 +231,10 @@ static const deck_key deck_keys[] = {
     {KEY("checkpoint", "at_end", KEY_BOOL, checkpoint.at_end), .default_text = "on",
      .help = "checkpoint when the run's steps or epochs are done (off: no final checkpoint, e.g. for a benchmark; "
              "a signal, every and interval still checkpoint)"},
+    {KEY("checkpoint", "hook", KEY_STRING, checkpoint.hook), .default_text = "",
+     .help = "shell command rank 0 starts after each checkpoint, detached (own session, output appended to "
+             "run.dir/hooks.log), with ALDIT_CHECKPOINT, ALDIT_STEP and ALDIT_RUN_DIR set; none is started while "
+             "the last still runs (empty: none)"},
     /* [log] */
     {KEY("log", "every", KEY_INT64, log.every), .min = 1, .max = 1e12, .default_text = "1",
      .help = "progress line every N steps"},

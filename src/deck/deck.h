@@ -111,6 +111,7 @@ typedef struct {
         deck_resume_data resume_data;  /* same: the checkpoint's store, its epoch order continued; changed: a changed
                                           or grown store, the training state carried and a new epoch order */
         int at_end;                    /* checkpoint when the steps or epochs are done (1); a signal always does */
+        char hook[DECK_PATH_MAX];      /* shell command rank 0 starts, detached, after each checkpoint ("": none) */
     } checkpoint;
     struct {
         int64_t every;                 /* progress line every N steps */

@@ -16,6 +16,7 @@
 #include "backend/backend.h"
 #include "train/device.h"
 #include "train/eval.h"
+#include "train/hook.h"
 #include "train/metrics.h"
 #include "train/rundir.h"
 #include "train/watchdog.h"
@@ -386,6 +387,7 @@ typedef struct {
     metrics_file *metrics;          /* rank 0 */
     int metrics_failed;             /* a write to it failed (warned once; training goes on) */
     int ema_resumed;                /* [train] ema_decay: the EMA came from the checkpoint resumed (else the weights) */
+    checkpoint_hook *hook;          /* rank 0: [checkpoint] hook, NULL when none */
     evaluator *eval;                /* [eval]: NULL when off */
     eval_result last_eval;          /* the last validation pass (has_eval: there was one in this process) */
     int has_eval;
@@ -508,7 +510,7 @@ static double compute_gradients(trainer *t, const sample_batch *batch)
 /* ---- checkpoints --------------------------------------------------------------------------------- */
 
 /* After a checkpoint (the same outcome on every rank): say how it went; end the job when it must. */
-static void checkpoint_outcome(const trainer *t, int must_succeed, const char *path, double seconds)
+static void checkpoint_outcome(trainer *t, int must_succeed, const char *path, double seconds)
 {
     const int give_up = t->checkpoint_failures >= t->config->checkpoint.max_failures;
     if (t->checkpoint_failures > 0 && (must_succeed || give_up)) {
@@ -530,6 +532,7 @@ static void checkpoint_outcome(const trainer *t, int must_succeed, const char *p
                        "training goes on", (long long)t->step, t->checkpoint_failures, t->config->checkpoint.max_failures);
         else printf("aldit: checkpoint %s (%.2f s)\n", path, seconds);
         fflush(stdout);
+        if (t->checkpoint_failures == 0) hook_after_checkpoint(t->hook, path, t->step);
     }
 }
 
@@ -1339,6 +1342,7 @@ static void trainer_setup(trainer *t, const deck *config, const comm_info *info,
         char path[2 * DECK_PATH_MAX];
         metrics_path(config, path, sizeof path);
         t->metrics = metrics_open(path, t->step);
+        t->hook = hook_create(config);
     }
 }
 
@@ -1358,6 +1362,7 @@ static void trainer_free(trainer *t)
         balancer_free(t->packer);
         if (metrics_close(t->metrics) != 0 && !t->metrics_failed)
             aldit_warn("closing the metrics file of %s failed: its last lines may be missing", t->config->run.dir);
+        hook_close(t->hook);
     }
     free(t->samples);
     free(t->snapshot);
