@@ -2,13 +2,14 @@
 # sample_tool.sh — tools/sample.py on a real aldit checkpoint of a tiny model (2 CPU training steps) with tiny
 # random Wan VAE and umT5 (tests/tiny_wan.py): an mp4 of the asked frame count and size and a PNG grid, the
 # /ema weights preferred when present (--no-ema: the raw ones; --ema: those, exported as such, and an error where
-# there are none), --out's folder made when missing, Wan's official safetensors + config.json, and the Wan-name mapping loading every parameter
-# (strict). Skips where torch, diffusers or transformers do not import.
+# there are none), --out's folder made when missing, Wan's official safetensors + config.json, and the Wan-name
+# mapping loading every parameter (strict); a prompt file sampled by [checkpoint] hook after each checkpoint of a run. Skips where torch, diffusers
+# or transformers do not import.
 . "${top_srcdir:-.}/tests/python_lib.sh"
 python_needs torch diffusers transformers tokenizers h5py av PIL safetensors
 . "$top_srcdir/tests/train_lib.sh"
 tiny="$PYTHON $top_srcdir/tests/tiny_wan.py"
-tap_plan 14
+tap_plan 16
 
 $tiny models "$WORK/models" > "$WORK/models.log" 2>&1
 tap_result $? "tiny Wan VAE, umT5 encoder and tokenizer are made" "$(cat "$WORK/models.log")"
@@ -80,4 +81,37 @@ case $status:$out in 2:*"--ema, but the file has no /ema group"*) found=0 ;; *) 
 tap_result $found "--ema on a checkpoint without /ema is a usage error (2) saying so" "$status: $out"
 sample "$checkpoint" --out "$WORK/bad" --frames 8 > "$WORK/bad.log" 2>&1
 tap_is "8 frames (not 4k+1) is a usage error (2)" "$?" 2
+
+# samples during training: [checkpoint] hook runs sample.py on each checkpoint with a prompt file
+cat > "$WORK/prompts.txt" <<'PROMPTS'
+a red ball on the grass | height=32 width=48 frames=9 steps=2 seed=1
+# a comment, then an image
+a blue cat | height=16 width=32 frames=1 steps=2 seed=2
+PROMPTS
+# the interpreter by its path: the hook sees rank 0's environment, which mpirun may set up otherwise (a PATH in
+# which python3 is another, as with pyenv's shims under make check)
+interpreter=$($PYTHON -c 'import sys; print(sys.executable)')
+$MPIEXEC -np 1 "$ALDIT" "$TRAIN_DECK" data.store="$WORK/store.h5" run.dir="$WORK/hooked" run.steps=2 \
+    model.text_dim=24 balance.global_batch=2 checkpoint.hook="$interpreter $top_srcdir/tools/sample.py --checkpoint \"\$ALDIT_CHECKPOINT\" --wan $WORK/models --prompts $WORK/prompts.txt --device cpu --out \"\$ALDIT_RUN_DIR/samples/step_\$ALDIT_STEP\"" \
+    > "$WORK/hooked.log" 2>&1
+status=$?
+wait_for 200 test -s "$WORK/hooked/samples/step_2/02.png"   # the hook runs detached: the run did not wait
+out=$($PYTHON -c "
+import sys, av
+from PIL import Image
+for name in ('01', '02'):
+    with av.open(sys.argv[1] + '/' + name + '.mp4') as c:
+        frames = [f.to_ndarray(format='rgb24') for f in c.decode(video=0)]
+    print(name, len(frames), 'x'.join(str(v) for v in frames[0].shape[:2]), 'x'.join(str(v) for v in Image.open(sys.argv[1] + '/' + name + '.png').size))
+" "$WORK/hooked/samples/step_2" 2>&1)
+want="01 9 32x48 192x96
+02 1 16x32 32x16"
+[ "$out" = "$want" ]
+tap_result $? "the checkpoint hook samples each prompt of the file into the run folder (exit $status)" \
+    "got '$out', want '$want'; $(cat "$WORK/hooked.log" "$WORK/hooked/hooks.log" 2>&1 | tail -30)"
+printf 'a dog | height=32 size=4\n' > "$WORK/bad_prompts.txt"
+out=$($PYTHON "$top_srcdir/tools/sample.py" --checkpoint "$checkpoint" --wan "$WORK/models" --out "$WORK/badp" \
+      --prompts "$WORK/bad_prompts.txt" 2>&1); status=$?
+case $status:$out in 2:*"bad_prompts.txt:1: 'size=4' is not one of"*) found=0 ;; *) found=1 ;; esac
+tap_result $found "a bad line in the prompt file is a usage error naming FILE:LINE" "$status: $out"
 tap_done
