@@ -1,6 +1,7 @@
 #!/bin/sh
 # install_tools.sh — `make install` puts the Python tools beside the programs (issue 32): with prefix=DIR, DIR/bin
-# holds aldit-prepare-store, aldit-sample, aldit-plot, aldit-tensorboard, aldit-wan-parity and aldit-tiny-wan, each
+# holds aldit-prepare-store, aldit-sample, aldit-plot, aldit-tensorboard, aldit-export, aldit-wan-parity and
+# aldit-tiny-wan, each
 # running the copy
 # in DIR/share/aldit/tools with its helpers; they answer --help from there, and aldit-plot draws a real run's curves
 # (where python3 imports numpy, h5py and matplotlib).
@@ -13,12 +14,13 @@ env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL make -C "$top_builddir" install prefix="
 tap_result $? "make install prefix=DIR" "$(tail -20 "$WORK/install.log")"
 missing=
 for command in aldit aldit-store aldit-sim aldit-forward aldit-prepare-store aldit-sample aldit-plot aldit-tensorboard \
-               aldit-wan-parity aldit-tiny-wan; do
+               aldit-export aldit-wan-parity aldit-tiny-wan; do
     [ -x "$WORK/inst/bin/$command" ] || missing="$missing $command"
 done
 tap_is "the programs and the tools' commands are in DIR/bin" "$missing" ""
 failed=
-for command in aldit-prepare-store aldit-sample aldit-plot aldit-tensorboard aldit-wan-parity aldit-tiny-wan; do
+for command in aldit-prepare-store aldit-sample aldit-plot aldit-tensorboard aldit-export aldit-wan-parity \
+               aldit-tiny-wan; do
     (cd "$WORK" && "$WORK/inst/bin/$command" --help > "$WORK/$command.help" 2>&1) || failed="$failed $command"
 done
 tap_is "each tool's command answers --help from the installed copy" "$failed" ""
