@@ -248,11 +248,15 @@ static int plan_memory(const deck *config, const comm_info *info, const cost_mod
         comm_allreduce_min_f64(&plan->mem_budget, 1);
         if (!(plan->mem_budget > 0.0)) {
             if (info->rank == 0)
-                fprintf(stderr, "aldit: error: no GPU memory left for activations: %.2f GiB free per rank on %s, less "
-                        "[balance] mem_margin = %g, less %.2f GiB of weights, gradients and AdamW moments (%lld "
-                        "parameters), less %.2f GiB reserved for the CUDA libraries; use a smaller model or fewer "
-                        "ranks per GPU\n", plan->free_bytes / gib, plan->description, config->balance.mem_margin,
-                        plan->state_bytes / gib, (long long)table->n_weights, plan->reserve_bytes / gib);
+                fprintf(stderr, "aldit: error: no GPU memory left for activations: %.2f GiB free per rank (GPU %s), "
+                        "less [balance] mem_margin = %g, less %.2f GiB of weights, gradients and AdamW moments (%lld "
+                        "parameters, [train] shard = %s over %d rank(s)), less %.2f GiB reserved for the CUDA "
+                        "libraries; %s, use a smaller model, or fewer ranks per GPU\n", plan->free_bytes / gib,
+                        plan->description, config->balance.mem_margin, plan->state_bytes / gib,
+                        (long long)table->n_weights, shard_mode_name(out->shard), info->n_ranks,
+                        plan->reserve_bytes / gib, out->shard == SHARD_FULL
+                        ? "run more ranks (shard = full splits the state over them)"
+                        : "set [train] shard = full and run more ranks (it splits the state over them)");
             return ALDIT_EXIT_USAGE;
         }
     } else plan->mem_budget = config->balance.mem_budget;
