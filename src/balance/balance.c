@@ -597,7 +597,7 @@ static const char *sp_word(int64_t sp)
 
 void balancer_start_at_epoch(balancer *b, int64_t epoch)
 {
-    start_epoch(b, epoch > 0 ? epoch : 0);
+    balance_start_epoch(b, epoch > 0 ? epoch : 0);
 }
 
 int balancer_load_state(balancer *b, const void *buffer, size_t n_bytes)
