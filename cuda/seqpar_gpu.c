@@ -77,7 +77,9 @@ seqpar_gpu *seqpar_gpu_create(gradsync *sync, int rank)
 #ifdef HAVE_NCCL
     ncclComm_t world = gradsync_nccl_comm(sync);
     if (!world) return sp;
-    for (int log = 1; log <= SEQPAR_MAX_LOG && comm_group_get(1 << log); log++) {
+    /* only where k divides the ranks (every aligned block whole, as the planner's groups are; the same on every rank,
+       as the collective split needs) */
+    for (int log = 1; log <= SEQPAR_MAX_LOG && comm_group_get(1 << log) && comm_size() % (1 << log) == 0; log++) {
         sp->groups[log] = make_group(world, rank, 1 << log);
         sp->count++;
     }

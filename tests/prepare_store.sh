@@ -98,7 +98,7 @@ $tool --media "$WORK/media" --out "$WORK/a.h5" --lengths "$WORK/buckets.lengths"
     $models > "$WORK/a3.log" 2>&1; status=$?
 log=$(cat "$WORK/a3.log")
 case "$status:$log" in
-    0:*"00000000.npy: its values fail the CRC-32"*"00000001.text.npy: float32 [3, 24], but float32 [6, 24]"*"00000003.npy: cannot be read as .npy"*"1 already done, 4 to encode"*) found=0 ;;
+    0:*"00000000.npy: its values fail the CRC-32"*"00000001.text.npy: float32 [3, 24], but float32 [6, 24]"*"00000003.npy: cannot be read as .npy"*"1 already done, 3 to encode (1 without a bucket, left out before)"*) found=0 ;;
     *) found=1 ;;
 esac
 tap_result $found "a flipped bit, another shape and a truncated part are each named and encoded again" "$status: $log"

@@ -36,25 +36,30 @@ lrs() { sed -n 's/^{"step": \([0-9]*\),.*"lr": \([^,]*\),.*/\1 \2/p' "$1"; }
 tap_is "steps 1-8 with the learning rates of the uninterrupted 8-step run" "$(lrs "$WORK/warm/metrics.jsonl")" \
     "$(lrs "$WORK/whole/metrics.jsonl")"
 
-# values FILE DATASET: the dataset's values, one a line, at 9 significant digits
-values() { h5dump -m '%.9g' -y -w 0 -d "$2" "$1" | sed -n '/DATA {/,/}/p' | tr ', ' '\n\n' | grep '^[-0-9]'; }
-step4="$WORK/warm/checkpoints/step_00000004.h5" step5="$WORK/warm/checkpoints/step_00000005.h5"
-tensor=blocks.0.ffn.0.weight
-values "$step4" "/optim/m/$tensor" > "$WORK/m4"; values "$step5" "/optim/m/$tensor" > "$WORK/m5"
-values "$step4" "/optim/v/$tensor" > "$WORK/v4"; values "$step5" "/optim/v/$tensor" > "$WORK/v5"
-paste -d ' ' "$WORK/m4" "$WORK/m5" "$WORK/v4" "$WORK/v5" > "$WORK/moments"
-awk 'BEGIN {b1 = 0.9; b2 = 0.999}
-     {g = ($2 - b1 * $1) / (1 - b1); want = ($4 - b2 * $3) / (1 - b2); err += (g * g - want) ^ 2; norm += want ^ 2; n++}
-     END {printf "%d values, relative error %.2g\n", n, sqrt(err / norm); exit !(n == 2048 && err <= 1e-6 * norm)}' \
-    "$WORK/moments" > "$WORK/moments.result"
-tap_result $? "the AdamW moments carry over: $(cat "$WORK/moments.result")" "$(head -3 "$WORK/moments")"
-values "$step4" "/ema/$tensor" > "$WORK/e4"; values "$step5" "/ema/$tensor" > "$WORK/e5"
-values "$step5" "/$tensor" > "$WORK/w5"
-paste -d ' ' "$WORK/e4" "$WORK/e5" "$WORK/w5" > "$WORK/ema"
-awk '{want = 0.9 * $1 + 0.1 * $3; err += ($2 - want) ^ 2; norm += want ^ 2; n++}
-     END {printf "%d values, relative error %.2g\n", n, sqrt(err / norm); exit !(n == 2048 && err <= 1e-12 * norm)}' \
-    "$WORK/ema" > "$WORK/ema.result"
-tap_result $? "the EMA carries over: $(cat "$WORK/ema.result")" "$(head -3 "$WORK/ema")"
+if command -v h5dump > /dev/null 2>&1; then
+    # values FILE DATASET: the dataset's values, one a line, at 9 significant digits
+    values() { h5dump -m '%.9g' -y -w 0 -d "$2" "$1" | sed -n '/DATA {/,/}/p' | tr ', ' '\n\n' | grep '^[-0-9]'; }
+    step4="$WORK/warm/checkpoints/step_00000004.h5" step5="$WORK/warm/checkpoints/step_00000005.h5"
+    tensor=blocks.0.ffn.0.weight
+    values "$step4" "/optim/m/$tensor" > "$WORK/m4"; values "$step5" "/optim/m/$tensor" > "$WORK/m5"
+    values "$step4" "/optim/v/$tensor" > "$WORK/v4"; values "$step5" "/optim/v/$tensor" > "$WORK/v5"
+    paste -d ' ' "$WORK/m4" "$WORK/m5" "$WORK/v4" "$WORK/v5" > "$WORK/moments"
+    awk 'BEGIN {b1 = 0.9; b2 = 0.999}
+         {g = ($2 - b1 * $1) / (1 - b1); want = ($4 - b2 * $3) / (1 - b2); err += (g * g - want) ^ 2; norm += want ^ 2; n++}
+         END {printf "%d values, relative error %.2g\n", n, sqrt(err / norm); exit !(n == 2048 && err <= 1e-6 * norm)}' \
+        "$WORK/moments" > "$WORK/moments.result"
+    tap_result $? "the AdamW moments carry over: $(cat "$WORK/moments.result")" "$(head -3 "$WORK/moments")"
+    values "$step4" "/ema/$tensor" > "$WORK/e4"; values "$step5" "/ema/$tensor" > "$WORK/e5"
+    values "$step5" "/$tensor" > "$WORK/w5"
+    paste -d ' ' "$WORK/e4" "$WORK/e5" "$WORK/w5" > "$WORK/ema"
+    awk '{want = 0.9 * $1 + 0.1 * $3; err += ($2 - want) ^ 2; norm += want ^ 2; n++}
+         END {printf "%d values, relative error %.2g\n", n, sqrt(err / norm); exit !(n == 2048 && err <= 1e-12 * norm)}' \
+        "$WORK/ema" > "$WORK/ema.result"
+    tap_result $? "the EMA carries over: $(cat "$WORK/ema.result")" "$(head -3 "$WORK/ema")"
+else
+    tap_result 0 "the AdamW moments carry over # SKIP h5dump (hdf5-tools) is not installed"
+    tap_result 0 "the EMA carries over # SKIP h5dump (hdf5-tools) is not installed"
+fi
 
 grown run.steps=12 checkpoint.resume_data=changed model.ffn_dim=96
 case $?:$(cat "$WORK/warm.log") in 2:*"cannot resume"*) found=0 ;; *) found=1 ;; esac

@@ -30,7 +30,7 @@ tap_result $? "rank 0 names rank 1" "$(grep aldit "$WORK/stall.log")"
 test -n "$cpu_after" && test $((cpu_after - cpu_before)) -lt 75
 tap_result $? "rank 0 waits without holding a core ($((cpu_after - cpu_before)) ticks in 1.5 s)"
 # issue 35.1: rank 1 stopped inside a checkpoint's save (a model large enough that the save takes ~0.5 s)
-BIG="model.dim=512 model.ffn_dim=2048 model.num_heads=4 model.num_layers=4 train.shard=full run.step_timeout=2"
+BIG="model.dim=512 model.ffn_dim=2048 model.num_heads=4 model.num_layers=4 train.shard=full run.step_timeout=2 run.device=cpu"
 start_aldit 2 save run.steps=100000 log.every=1000 checkpoint.every=2 $BIG
 tmp_there() { [ -e "$WORK/save/checkpoints/step_00000004.h5.tmp" ]; }
 found_rank1() { rank1=$(rank_pid save $launcher 1); [ -n "$rank1" ]; }

@@ -1434,7 +1434,14 @@ static void setup_groups(trainer *t)
 {
     int largest = 1;
     while (largest * 2 <= t->info->n_ranks && t->config->model.num_heads % (largest * 2) == 0) largest *= 2;
-    comm_groups_init(largest);
+    /* communicators only for the groups this run can use ([balance] sp: 0 auto, 1 off, K; or the test hook's size),
+       so that a run without groups makes none (on GPUs each is an NCCL communicator) */
+    const char *hook = getenv("ALDIT_TEST_SP_GROUP");
+    const int wanted = t->config->balance.sp == 0 ? largest : t->config->balance.sp;
+    const int hooked = hook ? atoi(hook) : 0;
+    int made = 1;
+    while (made * 2 <= largest && (made * 2 <= wanted || made * 2 <= hooked)) made *= 2;
+    comm_groups_init(made);
     parse_test_group(t, largest);
     if (t->test_group > 1 && t->info->rank == 0)
         printf("aldit: test hook ALDIT_TEST_SP_GROUP: micro-batches run on groups of %d ranks (%s)\n", t->test_group,
