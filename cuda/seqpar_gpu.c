@@ -93,10 +93,10 @@ seqpar_gpu *seqpar_gpu_create(gradsync *sync, int rank)
 seqpar_gpu *seqpar_gpu_create_loopback(int max_k, int member)
 {
     seqpar_gpu *sp = xcalloc(1, sizeof *sp);
+    ALDIT_CHECK(member >= 0 && member < max_k, "seqpar_gpu: member %d of a loopback group of %d", member, max_k);
     for (int log = 1; log <= SEQPAR_MAX_LOG && (1 << log) <= max_k; log++) {
-        ALDIT_CHECK(member >= 0 && member < (1 << log), "seqpar_gpu: member %d of a loopback group of %d", member,
-                    1 << log);
-        sp->groups[log] = new_group(1 << log, member);
+        /* the member's place in each smaller aligned group it belongs to, as a world rank's is */
+        sp->groups[log] = new_group(1 << log, member % (1 << log));
         sp->groups[log]->loopback = 1;
         sp->count++;
     }

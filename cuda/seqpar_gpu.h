@@ -21,7 +21,7 @@ struct gradsync;   /* cuda/gradsync.h (not included: this header is read by CUDA
    (color rank / k, key rank % k, rank in MPI_COMM_WORLD: the same aligned blocks of ranks as comm.c's groups), each with its own stream and
    events. Where gradsync has no NCCL communicator (one rank, or a build without NCCL) no group is made. */
 seqpar_gpu *seqpar_gpu_create(struct gradsync *sync, int rank);
-/* Groups of k = 2, 4, ..., max_k on this process alone, this rank member `member` of each, without a communicator:
+/* Groups of k = 2, 4, ..., max_k on this process alone, this rank member `member` of the largest (member % k of each smaller one, as a world rank is), without a communicator:
    an all-to-all moves only the own member's part and leaves the others' parts of the receive buffers as they are.
    For aldit-bench, which times one member's compute on one GPU (the exchange's bytes are counted, not sent). */
 seqpar_gpu *seqpar_gpu_create_loopback(int max_k, int member);
