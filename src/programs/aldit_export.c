@@ -23,8 +23,9 @@ static const char usage_text[] =
     "  --ema               the checkpoint's EMA (/ema) instead of its weights\n"
     "  --dtype fp32|bf16   stored type (default fp32: the values exactly; bf16 rounds to nearest even)\n"
     "  --shard-size MIB    split into diffusion_pytorch_model-NNNNN-of-NNNNN.safetensors of at most MIB MiB\n"
-    "                      each, with diffusion_pytorch_model.safetensors.index.json (default: one file,\n"
-    "                      diffusion_pytorch_model.safetensors)\n"
+    "                      of data each (a larger tensor alone in its file), with\n"
+    "                      diffusion_pytorch_model.safetensors.index.json (default: one file,\n"
+    "                      diffusion_pytorch_model.safetensors; diffusers shards at 5000 MiB)\n"
     "The model's dims are the checkpoint's /model attributes; a file without them (converted weights,\n"
     "safetensors) needs the deck's [model] (--deck FILE and/or model.KEY=VALUE overrides), which is also\n"
     "checked against a checkpoint's /model when given. DIR is created if absent (not its parents); a\n"
@@ -58,7 +59,8 @@ static int parse_value(int c, const char *value, options *opts)
     } else if (c == 's') {
         char *end;
         double mib = strtod(value, &end);
-        if (*end != '\0' || !(mib >= 1.0 && mib <= 1048576.0)) return usage_error("--shard-size wants MiB in [1, 1048576], not ", value);
+        if (end == value || *end != '\0' || !(mib >= 0.004 && mib <= 1048576.0))
+            return usage_error("--shard-size wants MiB in [0.004, 1048576], not ", value);
         opts->export.shard_bytes = (int64_t)(mib * 1048576.0);
     } else {
         return usage_error(c == 'f' ? "--format is wan or diffusers, not " : "--dtype is fp32 or bf16, not ", value);
