@@ -358,9 +358,28 @@ static int open_index(safetensors *set, const char *path, FILE *errors)
 
 /* ---- the reading API ------------------------------------------------------------------------------------ */
 
+static int is_folder(const char *path)
+{
+    struct stat info;
+    return stat(path, &info) == 0 && S_ISDIR(info.st_mode);
+}
+
+/* The set a folder holds: its index, else its single file. */
+static int open_folder(safetensors *set, const char *dir, FILE *errors)
+{
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/%s", dir, SAFETENSORS_INDEX_FILE);
+    if (access(path, F_OK) == 0) return open_index(set, path, errors);
+    snprintf(path, sizeof path, "%s/%s", dir, SAFETENSORS_SINGLE_FILE);
+    int file;
+    if (access(path, F_OK) == 0) return add_file(set, path, &file, errors);
+    fprintf(errors, "%s: a folder without %s or %s\n", dir, SAFETENSORS_SINGLE_FILE, SAFETENSORS_INDEX_FILE);
+    return 1;
+}
+
 int safetensors_probe(const char *path)
 {
-    if (ends_with(path, INDEX_SUFFIX)) return 1;
+    if (ends_with(path, INDEX_SUFFIX) || is_folder(path)) return 1;
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return 0;
     unsigned char head[9];
@@ -372,7 +391,9 @@ int safetensors_probe(const char *path)
 safetensors *safetensors_open(const char *path, FILE *errors)
 {
     safetensors *set = xcalloc(1, sizeof *set);
-    int file, status = ends_with(path, INDEX_SUFFIX) ? open_index(set, path, errors) : add_file(set, path, &file, errors);
+    int file, status = is_folder(path)                ? open_folder(set, path, errors)
+                       : ends_with(path, INDEX_SUFFIX) ? open_index(set, path, errors)
+                                                       : add_file(set, path, &file, errors);
     if (status == 0) return set;
     safetensors_close(set);
     return NULL;
@@ -514,11 +535,14 @@ int safetensors_writer_put(safetensors_writer *w, const float *values)
     int status = 0;
     if (w->dtype == SAFETENSORS_F32) {
         status = fwrite(values, sizeof(float), (size_t)n, w->out) != (size_t)n;
-    } else {
-        for (int64_t i = 0; i < n && status == 0; i++) {
-            uint16_t bits = f32_to_bf16(values[i]);
-            status = fwrite(&bits, 2, 1, w->out) != 1;
+    } else { /* converted a staging buffer at a time */
+        uint16_t *bits = xmalloc((size_t)STAGING_ELEMENTS * sizeof *bits);
+        for (int64_t first = 0; first < n && status == 0; first += STAGING_ELEMENTS) {
+            int64_t count = n - first < STAGING_ELEMENTS ? n - first : STAGING_ELEMENTS;
+            for (int64_t i = 0; i < count; i++) bits[i] = f32_to_bf16(values[first + i]);
+            status = fwrite(bits, sizeof *bits, (size_t)count, w->out) != (size_t)count;
         }
+        free(bits);
     }
     if (status) fprintf(w->errors, "%s: writing tensor %d failed: %s\n", w->path, w->next - 1, strerror(errno));
     return status;

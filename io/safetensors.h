@@ -5,6 +5,10 @@
 #include <stdint.h>
 #include <stdio.h>
 
+/* The names diffusers and Wan's releases give a model's weights in its folder: one file, or shards and their index. */
+#define SAFETENSORS_SINGLE_FILE "diffusion_pytorch_model.safetensors"
+#define SAFETENSORS_INDEX_FILE "diffusion_pytorch_model.safetensors.index.json"
+
 /* Most dimensions a tensor of a file may have (more is refused as a damaged header). */
 #define SAFETENSORS_MAX_NDIM 8
 
@@ -24,7 +28,8 @@ typedef struct {
 
 /* ---- reading ------------------------------------------------------------------------------------------
    A set is one .safetensors file, or the files a *.safetensors.index.json names (its "weight_map": tensor
-   name -> file, relative to the index's folder). Everything is checked at open, before any value is read:
+   name -> file, relative to the index's folder), or a folder holding SAFETENSORS_INDEX_FILE (read by it) or else
+   SAFETENSORS_SINGLE_FILE (a diffusers transformer folder, a Wan release). Everything is checked at open, before any value is read:
    the 8-byte header length within the file, the header a JSON object (parsed by jansson), each tensor's
    dtype a string, its shape non-negative integers (at most SAFETENSORS_MAX_NDIM), its data_offsets within
    the file and as long as shape and dtype say (a truncated file is named with the first tensor whose data
@@ -36,8 +41,8 @@ typedef struct safetensors safetensors;
 safetensors *safetensors_open(const char *path, FILE *errors);
 void safetensors_close(safetensors *set); /* NULL: nothing */
 
-/* 1 when `path`'s first bytes could begin a safetensors file or its name ends in .safetensors.index.json
-   (so that a caller can tell it from HDF5 before opening it), else 0. Never prints. */
+/* 1 when `path`'s first bytes could begin a safetensors file, its name ends in .safetensors.index.json or it is
+   a folder (so that a caller can tell it from HDF5 before opening it), else 0. Never prints. */
 int safetensors_probe(const char *path);
 
 int safetensors_count(const safetensors *set);

@@ -1,4 +1,4 @@
-/* test_safetensors.c — safetensors in and out: checkpoint -> Wan / diffusers safetensors -> [model] init -> checkpoint to the bit, sharded sets, bf16/fp16 input, and damaged, truncated, incomplete, mis-shaped and non-finite files refused by name. */
+/* test_safetensors.c — safetensors in and out: checkpoint -> Wan / diffusers safetensors -> [model] init -> checkpoint to the bit, sharded sets, folders, bf16 export, bf16/fp16 input, and damaged, truncated, incomplete, mis-shaped and non-finite files refused by name. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -186,6 +186,9 @@ static void test_sharded(void **unused)
         memset(loaded.weights, 0, (size_t)loaded.n_weights * sizeof(float));
         assert_int_equal(checkpoint_load_weights(index, &loaded, stderr), 0);
         assert_memory_equal(loaded.weights, w, (size_t)table.n_weights * sizeof(float));
+        memset(loaded.weights, 0, (size_t)loaded.n_weights * sizeof(float));
+        assert_int_equal(checkpoint_load_weights(out, &loaded, stderr), 0); /* the folder: read by its index */
+        assert_memory_equal(loaded.weights, w, (size_t)table.n_weights * sizeof(float));
     }
     /* the index says blocks.0.modulation is in the first shard, which does not hold it */
     long size;
@@ -212,15 +215,53 @@ static void test_sharded(void **unused)
     free(dir);
 }
 
+/* --dtype bf16: every value rounded to bf16 (within 2^-8 relative, low 16 bits zero), read back through a folder
+   holding the single file; a folder with neither file nor index is refused naming both. */
+static void test_bf16_and_folders(void **unused)
+{
+    (void)unused;
+    char *dir = make_dir(), path[PATH_SIZE], out[PATH_SIZE];
+    deck config;
+    tiny_deck(&config, dir);
+    model table, loaded;
+    model_create_table(&table, &config);
+    model_create(&loaded, &config);
+    float *w = malloc((size_t)table.n_weights * sizeof(float));
+    fill(w, table.n_weights, 41);
+    write_checkpoint(&config, &table, w, w, path);
+    export_options opts = {.names = WAN_NAMES_DIFFUSERS, .dtype = SAFETENSORS_BF16};
+    snprintf(out, sizeof out, "%s/bf16", dir);
+    assert_int_equal(export_safetensors(path, &config, &table, &opts, out, NULL, stderr), 0);
+    assert_int_equal(checkpoint_load_weights(out, &loaded, stderr), 0);
+    for (int64_t i = 0; i < table.n_weights; i++) {
+        uint32_t bits;
+        memcpy(&bits, &loaded.weights[i], sizeof bits);
+        assert_int_equal(bits & 0xffffu, 0);
+        assert_true(fabsf(loaded.weights[i] - w[i]) <= fabsf(w[i]) * 0x1p-8f);
+    }
+    FILE *errors = tmpfile();
+    assert_int_not_equal(checkpoint_load_weights(dir, &loaded, errors), 0);
+    char *message = captured(errors);
+    assert_non_null(strstr(message, "a folder without diffusion_pytorch_model.safetensors or "
+                                    "diffusion_pytorch_model.safetensors.index.json"));
+    free(message);
+    fclose(errors);
+    free(w);
+    model_free(&table);
+    model_free(&loaded);
+    remove_tree(dir);
+    free(dir);
+}
+
 /* A safetensors file of the table's tensors under `naming`, with values w, less parameter `skip`, parameter `reshape`
    as [1, n]. */
 static void write_file(const char *path, const model *table, const float *w, const char *skip, const char *reshape,
                        wan_names naming)
 {
     int n = 0;
-    const char **names = malloc((size_t)table->n_params * sizeof *names);
+    const char **names = calloc((size_t)table->n_params, sizeof *names);
     char(*mapped)[160] = calloc((size_t)table->n_params, sizeof *mapped);
-    int *ndims = malloc((size_t)table->n_params * sizeof(int));
+    int *ndims = calloc((size_t)table->n_params, sizeof(int));
     int64_t(*shapes)[SAFETENSORS_MAX_NDIM] = calloc((size_t)table->n_params, sizeof *shapes);
     const float **values = malloc((size_t)table->n_params * sizeof *values);
     for (int p = 0; p < table->n_params; p++) {
@@ -417,7 +458,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_names),      cmocka_unit_test(test_dtypes),  cmocka_unit_test(test_round_trip),
-        cmocka_unit_test(test_sharded),    cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_sharded),    cmocka_unit_test(test_refusals), cmocka_unit_test(test_bf16_and_folders),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

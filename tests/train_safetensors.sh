@@ -27,11 +27,11 @@ run_aldit 1 h5 run.steps=3 model.init="$ckpt"
 losses "$WORK/h5/metrics.jsonl" > "$WORK/h5.loss"
 tap_is "the run from the HDF5 checkpoint logs 3 losses" "$(wc -l < "$WORK/h5.loss" | tr -d " ")" 3
 for kind in wan diff shards; do
-    case $kind in shards) init="$WORK/shards/$st.index.json" ;; *) init="$WORK/$kind/$st" ;; esac
+    case $kind in shards) init="$WORK/shards/$st.index.json" ;; diff) init="$WORK/diff" ;; *) init="$WORK/$kind/$st" ;; esac
     run_aldit 1 "from_$kind" run.steps=3 model.init="$init"
     losses "$WORK/from_$kind/metrics.jsonl" > "$WORK/$kind.loss"
     status=1; [ -s "$WORK/h5.loss" ] && cmp -s "$WORK/h5.loss" "$WORK/$kind.loss" && status=0
-    tap_result $status "[model] init = the $kind export trains as the HDF5 checkpoint does: the same losses to the bit" \
+    tap_result $status "[model] init = the $kind export (${init#"$WORK/"}) trains as the HDF5 checkpoint does: the same losses to the bit" \
         "$(tail -3 "$WORK/from_$kind.log")"
 done
 "$EXPORT" "$WORK/h5/checkpoints/step_00000003.h5" --format wan --out "$WORK/h5_out" > /dev/null 2>&1 &&

@@ -19,8 +19,8 @@ typedef struct {
 } export_options;
 
 /* The file names an export writes into its folder. */
-#define EXPORT_SINGLE_FILE "diffusion_pytorch_model.safetensors"
-#define EXPORT_INDEX_FILE "diffusion_pytorch_model.safetensors.index.json"
+#define EXPORT_SINGLE_FILE SAFETENSORS_SINGLE_FILE
+#define EXPORT_INDEX_FILE SAFETENSORS_INDEX_FILE
 #define EXPORT_CONFIG_FILE "config.json"
 
 /* Reads every parameter of `table` (the model of `config`, whose dims and eps go into config.json) from `input`
