@@ -5,7 +5,7 @@
 # (a bad --out, no dims, a missing EMA, a truncated or damaged init) exit non-zero naming what.
 . "${top_srcdir:-.}/tests/train_lib.sh"
 EXPORT="$top_builddir/aldit-export"
-tap_plan 17
+tap_plan 18
 make_store || exit 1
 
 run_aldit 1 a run.steps=3 train.ema_decay=0.9
@@ -59,6 +59,10 @@ case "$status:$(cat "$WORK/noema.log")" in 1:*"has no /ema weights"*) found=0 ;;
 tap_result $found "--ema of a checkpoint without one: refused" "$(cat "$WORK/noema.log")"
 "$EXPORT" "$ckpt" --out "$WORK/x" > "$WORK/usage.log" 2>&1
 tap_is "no --format: a usage error (2)" "$?" 2
+# shellcheck disable=SC2086
+"$EXPORT" "$ckpt" --format wan --out "$WORK/other" $(echo "$dims" | sed "s/num_layers=2/num_layers=1/") > "$WORK/other.log" 2>&1; status=$?
+case "$status:$(cat "$WORK/other.log")" in 2:*"model.num_layers is 2 in the checkpoint, 1 in the deck"*) found=0 ;; *) found=1 ;; esac
+tap_result $found "dims given that differ from the checkpoint's: exit 2 naming the difference" "$(cat "$WORK/other.log")"
 
 cp "$WORK/diff/$st" "$WORK/cut.safetensors"
 truncate -s -8 "$WORK/cut.safetensors"

@@ -106,14 +106,23 @@ static int parse_options(int argc, char **argv, options *opts)
     return 0;
 }
 
-/* The model to export: a checkpoint's recorded dims, or the deck's where given (checked against the file's). */
+/* The model to export: a checkpoint's recorded dims (validated as deck values), or the deck's where given (checked
+   against the file's). */
 static int resolve_model(const options *opts, deck *config)
 {
     deck_defaults(config);
-    int given = opts->deck || opts->n_overrides > 0;
-    if (deck_load(config, opts->deck, opts->n_overrides, opts->overrides, stderr)) return ALDIT_EXIT_USAGE;
-    if (given ? checkpoint_check_model(opts->input, config, stderr) : checkpoint_read_model(opts->input, config, stderr))
+    if (opts->deck || opts->n_overrides > 0) {
+        if (deck_load(config, opts->deck, opts->n_overrides, opts->overrides, stderr)) return ALDIT_EXIT_USAGE;
+        return checkpoint_check_model(opts->input, config, stderr) ? ALDIT_EXIT_USAGE : 0;
+    }
+    char recorded[CHECKPOINT_MODEL_OVERRIDES][CHECKPOINT_OVERRIDE_CHARS];
+    char *overrides[CHECKPOINT_MODEL_OVERRIDES];
+    int n = checkpoint_model_overrides(opts->input, recorded, stderr);
+    for (int i = 0; i < n; i++) overrides[i] = recorded[i];
+    if (n < 0 || deck_load(config, NULL, n, overrides, stderr)) {
+        if (n >= 0) fprintf(stderr, "aldit-export: %s records model dims no deck accepts (above)\n", opts->input);
         return ALDIT_EXIT_USAGE;
+    }
     return 0;
 }
 

@@ -34,34 +34,23 @@ static const char *const group_prefix[CHECKPOINT_N_GROUPS] = {"/", "/optim/m/", 
 
 /* Integer model dims recorded in the /model group; a checkpoint is rejected when any differs from the deck. */
 typedef struct { const char *key; int value; } model_dim;
-#define MAX_MODEL_DIMS 16
-
-/* The deck's fields behind the recorded dims, in the order of the /model attributes. */
-static int model_dim_fields(deck *config, const char **keys, int **fields)
-{
-    static const char *const names[] = {"dim", "ffn_dim", "num_heads", "num_layers", "in_dim", "out_dim", "patch_t",
-                                        "patch_h", "patch_w", "text_len", "text_dim", "freq_dim", "qk_norm",
-                                        "cross_attn_norm"};
-    int *const all[] = {
-        &config->model.dim, &config->model.ffn_dim, &config->model.num_heads, &config->model.num_layers,
-        &config->model.in_dim, &config->model.out_dim, &config->model.patch_t, &config->model.patch_h,
-        &config->model.patch_w, &config->model.text_len, &config->model.text_dim, &config->model.freq_dim,
-        &config->model.qk_norm, &config->model.cross_attn_norm,
-    };
-    int n_dims = (int)(sizeof all / sizeof all[0]);
-    _Static_assert(sizeof names / sizeof names[0] == sizeof all / sizeof all[0], "one key per field");
-    for (int i = 0; i < n_dims; i++) keys[i] = names[i], fields[i] = all[i];
-    return n_dims;
-}
 
 static int model_dims(const deck *config, model_dim *dims)
 {
-    const char *keys[MAX_MODEL_DIMS];
-    int *fields[MAX_MODEL_DIMS];
-    int n_dims = model_dim_fields((deck *)config, keys, fields); /* read only */
-    for (int i = 0; i < n_dims; i++) dims[i] = (model_dim){keys[i], *fields[i]};
+    const model_dim all[] = {
+        {"dim", config->model.dim}, {"ffn_dim", config->model.ffn_dim},
+        {"num_heads", config->model.num_heads}, {"num_layers", config->model.num_layers},
+        {"in_dim", config->model.in_dim}, {"out_dim", config->model.out_dim},
+        {"patch_t", config->model.patch_t}, {"patch_h", config->model.patch_h}, {"patch_w", config->model.patch_w},
+        {"text_len", config->model.text_len}, {"text_dim", config->model.text_dim},
+        {"freq_dim", config->model.freq_dim}, {"qk_norm", config->model.qk_norm},
+        {"cross_attn_norm", config->model.cross_attn_norm},
+    };
+    int n_dims = (int)(sizeof all / sizeof all[0]);
+    memcpy(dims, all, sizeof all);
     return n_dims;
 }
+#define MAX_MODEL_DIMS 16
 
 static void checkpoint_dir(const deck *config, char *dir, size_t dir_size)
 {
@@ -888,42 +877,45 @@ int checkpoint_check_model(const char *path, const deck *config, FILE *errors)
     return status;
 }
 
-/* The /model attributes of an open file into config's [model] dims and eps. */
-static int read_model_group(hid_t file, const char *path, deck *config, FILE *errors)
+/* The /model attributes of an open file as deck overrides (keys: those model_dims writes, and eps). */
+static int read_model_group(hid_t file, const char *path, char (*overrides)[CHECKPOINT_OVERRIDE_CHARS], FILE *errors)
 {
     if (H5Lexists(file, "model", H5P_DEFAULT) <= 0) {
         fprintf(errors, "%s: no /model group with the model dims: give them (--deck FILE or model.KEY=VALUE)\n", path);
-        return 1;
+        return -1;
     }
     hid_t group = H5Gopen2(file, "model", H5P_DEFAULT);
-    const char *keys[MAX_MODEL_DIMS];
-    int *fields[MAX_MODEL_DIMS];
-    int n_dims = model_dim_fields(config, keys, fields), status = 0;
-    for (int i = 0; i < n_dims && status == 0; i++) {
+    deck defaults;
+    deck_defaults(&defaults);
+    model_dim dims[MAX_MODEL_DIMS];
+    int n_dims = model_dims(&defaults, dims), n = 0;
+    for (int i = 0; i < n_dims && n >= 0; i++) {
         int64_t recorded = 0;
-        status = read_attr_i64(group, keys[i], &recorded) != 0 || recorded < 0 || recorded > INT32_MAX;
-        if (status) fprintf(errors, "%s: /model attribute %s is missing or out of range\n", path, keys[i]);
-        else *fields[i] = (int)recorded;
+        if (read_attr_i64(group, dims[i].key, &recorded) == 0) {
+            snprintf(overrides[n++], CHECKPOINT_OVERRIDE_CHARS, "model.%s=%" PRId64, dims[i].key, recorded);
+        } else {
+            fprintf(errors, "%s: /model has no attribute %s\n", path, dims[i].key);
+            n = -1;
+        }
     }
-    if (status == 0 && H5Aexists(group, "eps") > 0 && read_attr(group, "eps", H5T_NATIVE_DOUBLE, &config->model.eps)) {
-        fprintf(errors, "%s: /model attribute eps is unreadable\n", path);
-        status = 1;
-    }
+    double eps = 0.0; /* absent from files written before it was recorded: the deck's stays */
+    if (n >= 0 && H5Aexists(group, "eps") > 0 && read_attr(group, "eps", H5T_NATIVE_DOUBLE, &eps) == 0)
+        snprintf(overrides[n++], CHECKPOINT_OVERRIDE_CHARS, "model.eps=%.17g", eps);
     H5Gclose(group);
-    return status;
+    return n;
 }
 
-int checkpoint_read_model(const char *path, deck *config, FILE *errors)
+int checkpoint_model_overrides(const char *path, char (*overrides)[CHECKPOINT_OVERRIDE_CHARS], FILE *errors)
 {
     h5_auto_print quiet = h5_quiet_begin();
     hid_t file = is_hdf5(path) ? H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT) : -1;
-    int status = file < 0;
-    if (status) fprintf(errors, "%s: not an HDF5 file with the model dims: give them (--deck FILE or model.KEY=VALUE)\n",
-                        path);
-    else status = read_model_group(file, path, config, errors);
+    int n = -1;
+    if (file < 0) fprintf(errors, "%s: not an HDF5 file with the model dims: give them (--deck FILE or model.KEY=VALUE)\n",
+                          path);
+    else n = read_model_group(file, path, overrides, errors);
     if (file >= 0) H5Fclose(file);
     h5_quiet_end(quiet);
-    return status;
+    return n;
 }
 
 int checkpoint_reader_has(const checkpoint_reader *r, checkpoint_group group)

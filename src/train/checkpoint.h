@@ -111,10 +111,14 @@ checkpoint_reader *checkpoint_reader_open_init(const char *path, const model *ta
    difference or a file that cannot be opened as HDF5. */
 int checkpoint_check_model(const char *path, const deck *config, FILE *errors);
 
-/* The model dims (and eps) an aldit checkpoint recorded in /model, into config->model (the rest of `config` is
-   left as it is): the dims of a file to export without a deck. Non-zero with a message naming the file when it
-   is not HDF5 or has no complete /model (converted weights, safetensors: the caller must give the dims). */
-int checkpoint_read_model(const char *path, deck *config, FILE *errors);
+/* The model dims and eps an aldit checkpoint recorded in /model, as deck overrides ("model.dim=1536", ...,
+   "model.eps=1e-06") for deck_load, which validates them as any deck value: the dims of a file to export without a
+   deck. `overrides` has room for CHECKPOINT_MODEL_OVERRIDES strings. Returns their number, or -1 with a message
+   naming the file when it is not HDF5 or has no complete /model (converted weights, safetensors: the caller must
+   give the dims). */
+#define CHECKPOINT_MODEL_OVERRIDES 16
+#define CHECKPOINT_OVERRIDE_CHARS 64
+int checkpoint_model_overrides(const char *path, char (*overrides)[CHECKPOINT_OVERRIDE_CHARS], FILE *errors);
 
 /* 1 when the file has the group `group` (for CHECKPOINT_WEIGHTS: always), else 0. */
 int checkpoint_reader_has(const checkpoint_reader *r, checkpoint_group group);
