@@ -222,6 +222,28 @@ static int parse_entry(safetensors *set, int file, const char *name, const json_
     return 0;
 }
 
+/* The name of the tensor whose entry holds byte `position` of a compact header (the last `"NAME":{` before it),
+   into `name`; "" when there is none. */
+static void entry_before(const char *text, size_t position, char *name, size_t size)
+{
+    name[0] = '\0';
+    for (size_t i = position; i >= 2 && i < SIZE_MAX; i--) {
+        if (text[i] != '{' || text[i - 1] != ':' || text[i - 2] != '"') continue;
+        size_t end = i - 2, start = end;
+        while (start > 0 && text[start - 1] != '"') start--;
+        if (start > 0) snprintf(name, size, "%.*s", (int)(end - start), text + start);
+        return;
+    }
+}
+
+static void json_syntax_error(const st_file *f, const char *text, const json_error_t *why, FILE *errors)
+{
+    char name[128];
+    entry_before(text, (size_t)why->position, name, sizeof name);
+    fprintf(errors, "%s: damaged safetensors header: %s (line %d, column %d%s%s)\n", f->path, why->text, why->line,
+            why->column, name[0] ? ", in the entry of tensor " : "", name);
+}
+
 /* The header of an open file, as a JSON object (NULL after a message); sets f->data_start. */
 static json_t *load_header(st_file *f, FILE *errors)
 {
@@ -243,8 +265,8 @@ static json_t *load_header(st_file *f, FILE *errors)
     if (pread(f->fd, text, (size_t)length, 8) == (ssize_t)length) {
         json_error_t why;
         root = json_loadb(text, (size_t)length, JSON_REJECT_DUPLICATES, &why);
-        if (!root) fprintf(errors, "%s: damaged safetensors header: %s (line %d, column %d)\n", f->path, why.text,
-                           why.line, why.column);
+        text[length] = '\0';
+        if (!root) json_syntax_error(f, text, &why, errors);
         if (root && !json_is_object(root)) {
             header_error(f->path, errors, NULL, "not a JSON object");
             json_decref(root);

@@ -338,13 +338,18 @@ static void test_refusals(void **unused)
     assert_int_equal(truncate(path, info.st_size - 10), 0);
     assert_refused(path, &m, "truncated: the data of tensor head.head.bias ends at byte");
 
-    /* a damaged header: a character of the JSON changed */
+    /* a damaged header: a character of the JSON changed in the entry of blocks.0.ffn.0.bias */
     write_file(path, &m, w, NULL, NULL, WAN_NAMES_WAN);
     FILE *file = fopen(path, "r+b");
-    fseek(file, 40, SEEK_SET);
+    char head[4096] = "";
+    assert_true(fread(head, 1, sizeof head - 1, file) > 0);
+    const char *entry = strstr(head + 8, "\"blocks.0.ffn.0.bias\":{");
+    assert_non_null(entry);
+    fseek(file, strstr(entry, "\"shape\":[") - head + 8, SEEK_SET);
     fputc('}', file);
     fclose(file);
     assert_refused(path, &m, "damaged safetensors header: ");
+    assert_refused(path, &m, ", in the entry of tensor blocks.0.ffn.0.bias)");
 
     /* a header whose offsets do not match the shape */
     file = fopen(path, "wb");
