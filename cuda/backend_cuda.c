@@ -17,6 +17,7 @@
 #include "cuda/gradsync.h"
 #include "cuda/kernels_misc.h"
 #include "cuda/model_gpu.h"
+#include "cuda/seqpar_gpu.h"
 #include "cuda/shard_gpu.h"
 #ifdef HAVE_CUDNN
 #include "cuda/attention_cudnn.h"
@@ -58,6 +59,7 @@ typedef struct {
     backend_plan summary;         /* what backend_ops.plan reports; its memory model is the balancer's */
     cost_model cm;                /* the balancer's memory model: the GPU model's formula (use_gpu_memory) */
     gradsync *sync;
+    seqpar_gpu *seqpar;           /* the sequence-parallel groups' NCCL communicators (split from sync's) */
     gpu_model *net;
     gpu_model_buffers buffers;
     float *adam_m, *adam_v;       /* device, n_weights each (mode none) */
@@ -246,11 +248,15 @@ static int plan_memory(const deck *config, const comm_info *info, const cost_mod
         comm_allreduce_min_f64(&plan->mem_budget, 1);
         if (!(plan->mem_budget > 0.0)) {
             if (info->rank == 0)
-                fprintf(stderr, "aldit: error: no GPU memory left for activations: %.2f GiB free per rank on %s, less "
-                        "[balance] mem_margin = %g, less %.2f GiB of weights, gradients and AdamW moments (%lld "
-                        "parameters), less %.2f GiB reserved for the CUDA libraries; use a smaller model or fewer "
-                        "ranks per GPU\n", plan->free_bytes / gib, plan->description, config->balance.mem_margin,
-                        plan->state_bytes / gib, (long long)table->n_weights, plan->reserve_bytes / gib);
+                fprintf(stderr, "aldit: error: no GPU memory left for activations: %.2f GiB free per rank (GPU %s), "
+                        "less [balance] mem_margin = %g, less %.2f GiB of weights, gradients and AdamW moments (%lld "
+                        "parameters, [train] shard = %s over %d rank(s)), less %.2f GiB reserved for the CUDA "
+                        "libraries; %s, use a smaller model, or fewer ranks per GPU\n", plan->free_bytes / gib,
+                        plan->description, config->balance.mem_margin, plan->state_bytes / gib,
+                        (long long)table->n_weights, shard_mode_name(out->shard), info->n_ranks,
+                        plan->reserve_bytes / gib, out->shard == SHARD_FULL
+                        ? "run more ranks (shard = full splits the state over them)"
+                        : "set [train] shard = full and run more ranks (it splits the state over them)");
             return ALDIT_EXIT_USAGE;
         }
     } else plan->mem_budget = config->balance.mem_budget;
@@ -480,9 +486,11 @@ backend *backend_cuda_create(const deck *config, const comm_info *info, model *h
     const int sharded = gpu->summary.shard != SHARD_NONE;
     gpu->layout = shard_layout_units(gpu->summary.shard, &host->layout, info->rank, info->n_ranks);
     gpu->sync = gradsync_create(info, host->n_weights, sharded);
+    gpu->seqpar = seqpar_gpu_create(gpu->sync, info->rank);
     CUDA_CHECK(cudaStreamCreate(&gpu->stream));
     gpu->net = make_gpu_model(config, host, gpu->plan.max_tokens, gpu->plan.max_samples, gpu->plan.max_text, NULL,
                               &gpu->plan.cudnn_min_tokens, !sharded);
+    gpu_model_set_seqpar(gpu->net, gpu->seqpar);
     gpu->buffers = gpu_model_get_buffers(gpu->net);
     gpu->cm.attention_split_tokens = gpu->plan.cudnn_min_tokens; /* shorter samples: our flash attention */
 #ifdef HAVE_CUDNN
@@ -536,6 +544,7 @@ static void cuda_free(backend *b)
     CUDA_CHECK(cudaEventDestroy(gpu->optimizer_started));
     CUDA_CHECK(cudaEventDestroy(gpu->optimizer_done));
     CUDA_CHECK(cudaStreamDestroy(gpu->stream));
+    seqpar_gpu_free(gpu->seqpar);
     gradsync_free(gpu->sync);
     cost_model_free(&gpu->cm);
     free(gpu->runs);
@@ -628,15 +637,11 @@ static void gradient_range_ready(void *context, int64_t first, int64_t count, cu
 }
 
 /* The micro-batch's tokens and text rows, checked against the GPU model's capacity (fatal: the balancer and the
-   plan disagree); returns its bytes by the memory model. A micro-batch of a sequence-parallel group is refused
-   (exit 2): the GPU's all-to-all is not built yet. */
+   plan disagree); returns its bytes by the memory model. A micro-batch of a sequence-parallel group of k ranks counts
+   the most rows a member holds, ceil(tokens / k) (the text is whole on every member). */
 static double checked_micro_batch(const train_gpu *gpu, const model_batch *batch, int64_t *tokens_out, int64_t *text_out)
 {
     const model *host = gpu->host;
-    if (batch->sp_size > 1)
-        ALDIT_FATAL_CODE(ALDIT_EXIT_USAGE, "a micro-batch assigned to a sequence-parallel group of %d ranks: the CUDA "
-                         "backend does not run groups yet (the CPU backend does); set [balance] sp = off",
-                         batch->sp_size);
     int64_t tokens = 0, text = 0;
     double mem_estimate = 0.0;
     for (int i = 0; i < batch->n_samples; i++) {
@@ -644,8 +649,11 @@ static double checked_micro_batch(const train_gpu *gpu, const model_batch *batch
                                 * (batch->width[i] / host->patch_w);
         tokens += sample_tokens;
         text += batch->text_len[i];
-        mem_estimate += cost_model_mem(&gpu->cm, sample_tokens, batch->text_len[i]);
+        mem_estimate += batch->sp_size > 1
+                            ? cost_model_mem_split(&gpu->cm, sample_tokens, batch->text_len[i], batch->sp_size)
+                            : cost_model_mem(&gpu->cm, sample_tokens, batch->text_len[i]);
     }
+    if (batch->sp_size > 1) tokens = (tokens + batch->sp_size - 1) / batch->sp_size;
     const gpu_plan *plan = &gpu->plan;
     if (tokens > plan->max_tokens || text > plan->max_text || batch->n_samples > plan->max_samples)
         ALDIT_FATAL("a micro-batch of %lld tokens, %d samples and %lld text rows (%.0f bytes by the memory model) "
@@ -901,6 +909,7 @@ static void swap_out_small_model(train_gpu *gpu, gpu_model *net, model *table)
     model_free(table);
     gpu->net = make_gpu_model(gpu->config, gpu->host, gpu->plan.max_tokens, gpu->plan.max_samples, gpu->plan.max_text,
                               contexts, &gpu->plan.cudnn_min_tokens, gpu->shard == NULL);
+    gpu_model_set_seqpar(gpu->net, gpu->seqpar);
     gpu->buffers = gpu_model_get_buffers(gpu->net);
     if (gpu->shard) shard_gpu_set_model(gpu->shard, gpu->net);
 }

@@ -551,12 +551,14 @@ template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(f
 // partial[sample][blockIdx.x]: this block's sum of squared errors over its share of the sample.
 template <typename Pred>
 __global__ void __launch_bounds__(kBlockThreads) flow_loss_kernel(const Pred *pred, const float *x0, const float *noise,
-                                                                  const int64_t *sample_start, float grad_scale,
+                                                                  const int64_t *sample_start,
+                                                                  const int64_t *whole_start, float grad_scale,
                                                                   Pred *d_pred, float *partial)
 {
     const int sample = blockIdx.y;
     const int64_t begin = sample_start[sample], end = sample_start[sample + 1];
-    const float coef = end > begin ? grad_scale * 2.0f / (float)(end - begin) : 0.0f;
+    const int64_t n = whole_start ? whole_start[sample + 1] - whole_start[sample] : end - begin;
+    const float coef = end > begin ? grad_scale * 2.0f / (float)n : 0.0f;
     float sum = 0.0f;
     for (int64_t i = begin + (int64_t)blockIdx.x * kBlockThreads + threadIdx.x; i < end;
          i += (int64_t)gridDim.x * kBlockThreads) {
@@ -570,7 +572,7 @@ __global__ void __launch_bounds__(kBlockThreads) flow_loss_kernel(const Pred *pr
 
 // One warp per sample adds the sample's block partials in fp64 in a fixed order.
 __global__ void flow_loss_final_kernel(const float *partial, int n_partials, const int64_t *sample_start,
-                                       float *sample_loss)
+                                       const int64_t *whole_start, float *sample_loss)
 {
     const int sample = blockIdx.x;
     double sum = 0.0;
@@ -579,22 +581,24 @@ __global__ void flow_loss_final_kernel(const float *partial, int n_partials, con
     for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(kFullMask, sum, offset);
     if (threadIdx.x == 0) {
         const int64_t n = sample_start[sample + 1] - sample_start[sample];
-        sample_loss[sample] = n > 0 ? (float)(sum / (double)n) : 0.0f;
+        const int64_t whole = whole_start ? whole_start[sample + 1] - whole_start[sample] : n;
+        sample_loss[sample] = n > 0 ? (float)(sum / (double)whole) : 0.0f;
     }
 }
 
 template <typename Pred>
-void flow_loss(const Pred *pred, const float *x0, const float *noise, const int64_t *sample_start, int n_samples,
-               float grad_scale, float *sample_loss, Pred *d_pred, void *workspace, cudaStream_t stream)
+void flow_loss(const Pred *pred, const float *x0, const float *noise, const int64_t *sample_start,
+               const int64_t *whole_start, int n_samples, float grad_scale, float *sample_loss, Pred *d_pred,
+               void *workspace, cudaStream_t stream)
 {
     check_samples("fused_flow_loss", n_samples);
     if (n_samples == 0) return;
     const int per_sample = blocks_per_sample(n_samples);
     float *partial = static_cast<float *>(workspace);
     flow_loss_kernel<Pred><<<dim3(per_sample, n_samples), kBlockThreads, 0, stream>>>(
-        pred, x0, noise, sample_start, grad_scale, d_pred, partial);
+        pred, x0, noise, sample_start, whole_start, grad_scale, d_pred, partial);
     CUDA_CHECK_LAUNCH();
-    flow_loss_final_kernel<<<n_samples, 32, 0, stream>>>(partial, per_sample, sample_start, sample_loss);
+    flow_loss_final_kernel<<<n_samples, 32, 0, stream>>>(partial, per_sample, sample_start, whole_start, sample_loss);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -753,13 +757,22 @@ extern "C" void fused_flow_loss_bf16(const gpu_bf16 *pred, const float *x0, cons
                                      const int64_t *sample_start, int n_samples, float grad_scale, float *sample_loss,
                                      gpu_bf16 *d_pred, void *workspace, cudaStream_t stream)
 {
-    flow_loss(reinterpret_cast<const __nv_bfloat16 *>(pred), x0, noise, sample_start, n_samples, grad_scale,
+    flow_loss(reinterpret_cast<const __nv_bfloat16 *>(pred), x0, noise, sample_start, nullptr, n_samples, grad_scale,
               sample_loss, reinterpret_cast<__nv_bfloat16 *>(d_pred), workspace, stream);
+}
+
+extern "C" void fused_flow_loss_part_bf16(const gpu_bf16 *pred, const float *x0, const float *noise,
+                                          const int64_t *sample_start, const int64_t *whole_start, int n_samples,
+                                          float grad_scale, float *sample_loss, gpu_bf16 *d_pred, void *workspace,
+                                          cudaStream_t stream)
+{
+    flow_loss(reinterpret_cast<const __nv_bfloat16 *>(pred), x0, noise, sample_start, whole_start, n_samples,
+              grad_scale, sample_loss, reinterpret_cast<__nv_bfloat16 *>(d_pred), workspace, stream);
 }
 
 extern "C" void fused_flow_loss_f32(const float *pred, const float *x0, const float *noise, const int64_t *sample_start,
                                     int n_samples, float grad_scale, float *sample_loss, float *d_pred, void *workspace,
                                     cudaStream_t stream)
 {
-    flow_loss(pred, x0, noise, sample_start, n_samples, grad_scale, sample_loss, d_pred, workspace, stream);
+    flow_loss(pred, x0, noise, sample_start, nullptr, n_samples, grad_scale, sample_loss, d_pred, workspace, stream);
 }

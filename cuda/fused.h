@@ -82,6 +82,13 @@ size_t fused_flow_loss_workspace_bytes(int n_samples);
 void fused_flow_loss_bf16(const gpu_bf16 *pred, const float *x0, const float *noise, const int64_t *sample_start,
                           int n_samples, float grad_scale, float *sample_loss, gpu_bf16 *d_pred, void *workspace,
                           cudaStream_t stream);
+/* The same for a slice of each sample's elements (a member of a sequence-parallel group): sample b's elements here
+   are [sample_start[b], sample_start[b+1]), but its loss and gradient divide by the whole sample's count,
+   whole_start[b+1] - whole_start[b] (int64 device [n_samples + 1]): the members' sample_loss and d_pred add up to the
+   whole sample's. A sample with no element here gets 0. */
+void fused_flow_loss_part_bf16(const gpu_bf16 *pred, const float *x0, const float *noise, const int64_t *sample_start,
+                               const int64_t *whole_start, int n_samples, float grad_scale, float *sample_loss,
+                               gpu_bf16 *d_pred, void *workspace, cudaStream_t stream);
 void fused_flow_loss_f32(const float *pred, const float *x0, const float *noise, const int64_t *sample_start,
                          int n_samples, float grad_scale, float *sample_loss, float *d_pred, void *workspace,
                          cudaStream_t stream);

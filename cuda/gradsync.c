@@ -138,6 +138,16 @@ void gradsync_free(gradsync *sync)
 
 const char *gradsync_method(const gradsync *sync) { return sync->method; }
 
+struct ncclComm *gradsync_nccl_comm(const gradsync *sync)
+{
+#ifdef HAVE_NCCL
+    return sync->nccl ? sync->comm : NULL;
+#else
+    (void)sync;
+    return NULL;
+#endif
+}
+
 void gradsync_begin(gradsync *sync, float *values, int64_t n_values, double bucket_bytes)
 {
     ALDIT_CHECK(n_values >= 0 && bucket_bytes >= 0.0, "gradsync: %lld values in buckets of %g bytes",

@@ -82,4 +82,9 @@ void gradsync_reduce_scatter_f32(gradsync *sync, float *values, int64_t piece);
 void gradsync_sum_f32(gradsync *sync, float *values, int64_t n_values);
 void gradsync_sum_f64(gradsync *sync, double *values, int64_t n_values);
 
+/* The world's NCCL communicator, for the sequence-parallel groups' split (cuda/seqpar_gpu.h); NULL where none was made
+   (one rank without shard collectives, or a build without NCCL). The type is NCCL's ncclComm_t. */
+struct ncclComm;
+struct ncclComm *gradsync_nccl_comm(const gradsync *sync);
+
 #endif

@@ -93,8 +93,8 @@ __device__ __forceinline__ int owner_of(const int64_t *start, int n_samples, int
 __global__ void patchify_flow_kernel(const float *latents, const float *noise, int n_samples,
                                      const int64_t *latent_start, const int64_t *token_start,
                                      const int32_t *latent_shape, const float *sigma, int64_t n_values, int channels,
-                                     int patch_t, int patch_h, int patch_w, gpu_bf16 *x_t_tokens, float *x0_tokens,
-                                     float *noise_tokens)
+                                     int patch_t, int patch_h, int patch_w, const int64_t *token_first,
+                                     gpu_bf16 *x_t_tokens, float *x0_tokens, float *noise_tokens)
 {
     const int patch_volume = patch_t * patch_h * patch_w;
     const int64_t token_values = (int64_t)channels * patch_volume;
@@ -110,8 +110,12 @@ __global__ void patchify_flow_kernel(const float *latents, const float *noise, i
         const int f = (int)(local % frames);
         const int c = (int)(local / frames);
         const int grid_h = height / patch_h, grid_w = width / patch_w;
-        const int64_t token =
-            token_start[b] + ((int64_t)(f / patch_t) * grid_h + y / patch_h) * grid_w + x / patch_w;
+        int64_t token = ((int64_t)(f / patch_t) * grid_h + y / patch_h) * grid_w + x / patch_w;
+        if (token_first) {  // a slice of the sample's tokens: [token_first[b], + its rows)
+            token -= token_first[b];
+            if (token < 0 || token >= token_start[b + 1] - token_start[b]) continue;
+        }
+        token += token_start[b];
         const int offset = ((f % patch_t) * patch_h + y % patch_h) * patch_w + x % patch_w;
         const float x0 = latents[i], eps = noise[i], s = sigma[b];
         x_t_tokens[token * token_values + (int64_t)c * patch_volume + offset] = to_bf16((1.0f - s) * x0 + s * eps);
@@ -319,7 +323,59 @@ void misc_patchify_flow(const float *latents, const float *noise, int n_samples,
     if (n_latent_values <= 0 || n_samples <= 0) return;
     patchify_flow_kernel<<<blocks_for(n_latent_values), kThreads, 0, stream>>>(
         latents, noise, n_samples, latent_start, token_start, latent_shape, sigma, n_latent_values, channels, patch_t,
-        patch_h, patch_w, x_t_tokens, x0_tokens, noise_tokens);
+        patch_h, patch_w, nullptr, x_t_tokens, x0_tokens, noise_tokens);
+    CUDA_CHECK_LAUNCH();
+}
+
+void misc_patchify_flow_rows(const float *latents, const float *noise, int n_samples, const int64_t *latent_start,
+                             const int64_t *token_start, const int64_t *token_first, const int32_t *latent_shape,
+                             const float *sigma, int64_t n_latent_values, int channels, int patch_t, int patch_h,
+                             int patch_w, gpu_bf16 *x_t_tokens, float *x0_tokens, float *noise_tokens,
+                             cudaStream_t stream)
+{
+    if (n_latent_values <= 0 || n_samples <= 0) return;
+    patchify_flow_kernel<<<blocks_for(n_latent_values), kThreads, 0, stream>>>(
+        latents, noise, n_samples, latent_start, token_start, latent_shape, sigma, n_latent_values, channels, patch_t,
+        patch_h, patch_w, token_first, x_t_tokens, x0_tokens, noise_tokens);
+    CUDA_CHECK_LAUNCH();
+}
+
+namespace {
+
+// 16-byte pieces of bf16 rows: columns come in blocks of 8 values.
+constexpr int kPieceValues = 8;
+
+// dst [parts][n_rows][dim / parts] <- src [n_rows][dim], or back (join).
+__global__ void split_columns_kernel(const uint4 *src, int64_t n_rows, int dim, int parts, uint4 *dst, int join)
+{
+    const int piece_cols = dim / kPieceValues, part_cols = piece_cols / parts;
+    FOR_EACH_INDEX(i, n_rows * piece_cols)
+    {
+        const int64_t row = i / piece_cols;
+        const int col = (int)(i % piece_cols), part = col / part_cols;
+        const int64_t packed = ((int64_t)part * n_rows + row) * part_cols + col % part_cols;
+        if (join) dst[i] = src[packed];
+        else dst[packed] = src[i];
+    }
+}
+
+} // namespace
+
+void misc_split_columns_bf16(const gpu_bf16 *src, int64_t n_rows, int dim, int parts, gpu_bf16 *dst,
+                             cudaStream_t stream)
+{
+    if (n_rows <= 0) return;
+    split_columns_kernel<<<blocks_for(n_rows * (dim / kPieceValues)), kThreads, 0, stream>>>(
+        reinterpret_cast<const uint4 *>(src), n_rows, dim, parts, reinterpret_cast<uint4 *>(dst), 0);
+    CUDA_CHECK_LAUNCH();
+}
+
+void misc_join_columns_bf16(const gpu_bf16 *src, int64_t n_rows, int dim, int parts, gpu_bf16 *dst,
+                            cudaStream_t stream)
+{
+    if (n_rows <= 0) return;
+    split_columns_kernel<<<blocks_for(n_rows * (dim / kPieceValues)), kThreads, 0, stream>>>(
+        reinterpret_cast<const uint4 *>(src), n_rows, dim, parts, reinterpret_cast<uint4 *>(dst), 1);
     CUDA_CHECK_LAUNCH();
 }
 

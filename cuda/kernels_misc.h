@@ -46,6 +46,24 @@ void misc_patchify_flow(const float *latents, const float *noise, int n_samples,
                         const int64_t *token_start, const int32_t *latent_shape, const float *sigma,
                         int64_t n_latent_values, int channels, int patch_t, int patch_h, int patch_w,
                         gpu_bf16 *x_t_tokens, float *x0_tokens, float *noise_tokens, cudaStream_t stream);
+/* The same for a slice of each sample's tokens (a member of a sequence-parallel group): sample b's rows in the
+   output are [token_start[b], token_start[b+1]) and hold its tokens token_first[b], token_first[b] + 1, ... (its
+   index among the sample's tokens, f-major; int64 [n_samples], device); its other tokens are not written. latents
+   and noise hold every sample whole. */
+void misc_patchify_flow_rows(const float *latents, const float *noise, int n_samples, const int64_t *latent_start,
+                             const int64_t *token_start, const int64_t *token_first, const int32_t *latent_shape,
+                             const float *sigma, int64_t n_latent_values, int channels, int patch_t, int patch_h,
+                             int patch_w, gpu_bf16 *x_t_tokens, float *x0_tokens, float *noise_tokens,
+                             cudaStream_t stream);
+
+/* ---- the sequence-parallel exchange's layouts (Ulysses) ------------------------------------------------
+   split: src [n_rows, dim] (bf16 rows, every head) -> dst [parts][n_rows][dim / parts]: part p holds columns
+   [p dim/parts, (p+1) dim/parts) of every row, contiguous, as the all-to-all sends it to member p. join: the reverse
+   (src packed, dst rows). dim / parts a multiple of 8; both 16-byte aligned; src and dst must not overlap. */
+void misc_split_columns_bf16(const gpu_bf16 *src, int64_t n_rows, int dim, int parts, gpu_bf16 *dst,
+                             cudaStream_t stream);
+void misc_join_columns_bf16(const gpu_bf16 *src, int64_t n_rows, int dim, int parts, gpu_bf16 *dst,
+                            cudaStream_t stream);
 
 /* ---- fp32 linear layers over a few rows (the time embedding and projection, one row per sample) ----
    y = x W^T + b: x [n_rows, in_dim], weight [out_dim, in_dim], bias [out_dim] (NULL = none). */

@@ -37,6 +37,7 @@
 #include "cuda/gemm.h"
 #include "cuda/kernels_misc.h"
 #include "cuda/lnmod.h"
+#include "cuda/seqpar_gpu.h"
 
 extern "C" {
 #include "model/ops_cpu.h"
@@ -109,6 +110,36 @@ struct batch_dims {
     int n_samples;
 };
 
+// One block's self-attention tensors in a sequence-parallel group's head layout: every row of the micro-batch, this
+// member's heads (plus kTileSlack rows for cuDNN's whole tiles, as the row layout's).
+struct sp_heads {
+    gpu_bf16 *q, *k, *v, *attn;   // [T + kTileSlack, D / k]
+    float *lse;                   // [T + kTileSlack, H / k]
+};
+
+// Sequence parallelism (Ulysses) of the current micro-batch (model.h's model_batch.sp_size > 1): this member's slice
+// of the packed rows, the exchange's counts, and the head layout's buffers in a device allocation of their own,
+// grown to the largest group micro-batch seen (the workspace's formula counts the member's rows only).
+struct sp_state {
+    const seqpar_gpu *groups;              // gpu_model_set_seqpar
+    const seqpar_gpu_group *group;         // the current micro-batch's group; NULL: this rank alone
+    int size, rank, capacity;              // k, this member, the host arrays' k
+    int64_t n_total, row_lo;               // rows of the micro-batch; this member's first
+    int64_t *slice_start, *counts;         // host [k + 1] each member's first row; [4k] an exchange's counts
+    int64_t *sample_start;                 // host [B + 1] the samples' rows in the whole micro-batch
+    int32_t *positions;                    // host [T, 3] RoPE grid indices of every row
+    int64_t positions_capacity;
+    int64_t *tables_pinned;                // host: sample_start [B + 1], token_first [B], whole_pred [B + 1]
+    // device
+    char *arena;
+    size_t arena_bytes;
+    sp_heads *heads;                       // [num_layers]; one shared set under block recomputation
+    gpu_bf16 *d_attn, *d_q, *d_k, *d_v;    // [T + kTileSlack, D / k] the backward's
+    gpu_bf16 *xchg;                        // [3][N][D] the exchange's packed rows
+    float *latents, *noise;                // the micro-batch's samples whole
+    int64_t *tables;                       // device copy of tables_pinned
+};
+
 } // namespace
 
 
@@ -179,6 +210,8 @@ struct gpu_model {
     // told as each range of the gradients is final in a forward_backward call (gpu_model_set_grads_ready)
     gpu_grads_ready_fn grads_ready;
     void *grads_ready_context;
+    // sequence parallelism (gpu_model_set_seqpar; sp.group NULL for a micro-batch of this rank alone)
+    sp_state sp;
 };
 
 namespace {
@@ -343,8 +376,135 @@ template <typename T> T *pinned_alloc(int64_t count)
     return static_cast<T *>(p);
 }
 
+// ---- sequence parallelism: the member's slice and the head layout's buffers -------------------------------------
+
+// The group that runs a micro-batch with sp_size > 1 (NULL for this rank alone), checked as the CPU model checks it.
+const seqpar_gpu_group *sp_group_of(const gpu_model *gm, const model_batch *batch)
+{
+    const int k = batch->sp_size;
+    if (k <= 1) return nullptr;
+    ALDIT_CHECK(batch->sp_rank >= 0 && batch->sp_rank < k, "model: member %d of a group of %d ranks", batch->sp_rank, k);
+    if (gm->num_heads % k != 0)
+        ALDIT_FATAL_CODE(ALDIT_EXIT_USAGE, "model: a sequence-parallel group of %d ranks needs num_heads (%d) to be a "
+                         "multiple of it: use a group size that divides the heads", k, gm->num_heads);
+    const seqpar_gpu_group *group = seqpar_gpu_get(gm->sp.groups, k);
+    if (!group)
+        ALDIT_FATAL_CODE(ALDIT_EXIT_USAGE, "gpu model: a micro-batch for a sequence-parallel group of %d ranks, but no "
+                         "NCCL communicator was made for groups of %d (the GPU exchange needs aldit built with NCCL "
+                         "and more than one rank); set [balance] sp = off", k, k);
+    ALDIT_CHECK(seqpar_gpu_rank(group) == batch->sp_rank, "model: the micro-batch names member %d of a group of %d "
+                "ranks, but this rank is member %d", batch->sp_rank, k, seqpar_gpu_rank(group));
+    return group;
+}
+
+// The host arrays of a group of k members for micro-batches of up to max_samples samples (grown once).
+void sp_host_arrays(gpu_model *gm, int k)
+{
+    sp_state &sp = gm->sp;
+    if (k > sp.capacity) {
+        sp.capacity = k;
+        sp.slice_start = static_cast<int64_t *>(xrealloc(sp.slice_start, (size_t)(k + 1) * sizeof(int64_t)));
+        sp.counts = static_cast<int64_t *>(xrealloc(sp.counts, 4 * (size_t)k * sizeof(int64_t)));
+    }
+    if (!sp.sample_start) {
+        sp.sample_start = static_cast<int64_t *>(xmalloc((size_t)(gm->max_samples + 1) * sizeof(int64_t)));
+        sp.tables_pinned = pinned_alloc<int64_t>(3 * (int64_t)gm->max_samples + 2);
+        sp.heads = static_cast<sp_heads *>(xcalloc((size_t)(gm->num_layers > 0 ? gm->num_layers : 1), sizeof(sp_heads)));
+    }
+}
+
+// With the host tables of the whole micro-batch in place: this member's slice [p T/k, (p+1) T/k) (model.h), the
+// samples' rows within it (token_start, pred_start; clamped), and the device tables' host side: the whole rows
+// (sample_start), each sample's first token here (token_first) and its whole element count's offsets (whole_pred).
+void sp_slice(gpu_model *gm, int B)
+{
+    sp_state &sp = gm->sp;
+    batch_tables &t = gm->tables_host;
+    sp_host_arrays(gm, sp.size);
+    memcpy(sp.sample_start, t.token_start, (size_t)(B + 1) * sizeof(int64_t));
+    sp.n_total = sp.sample_start[B];
+    for (int p = 0; p <= sp.size; ++p) sp.slice_start[p] = sp.n_total * p / sp.size;
+    sp.row_lo = sp.slice_start[sp.rank];
+    const int64_t n_rows = sp.slice_start[sp.rank + 1] - sp.row_lo;
+    int64_t *whole = sp.tables_pinned, *first = whole + B + 1, *whole_pred = first + B;
+    for (int b = 0; b <= B; ++b) {
+        const int64_t row = sp.sample_start[b] - sp.row_lo;
+        t.token_start[b] = row < 0 ? 0 : row > n_rows ? n_rows : row;
+        t.pred_start[b] = t.token_start[b] * gm->patch_out;
+        whole[b] = sp.sample_start[b];
+        whole_pred[b] = sp.sample_start[b] * gm->patch_out;
+        if (b < B) first[b] = sp.row_lo + t.token_start[b] - sp.sample_start[b];
+    }
+}
+
+// RoPE positions of this member's rows: each row's grid indices within its whole sample.
+void sp_positions(gpu_model *gm, int B)
+{
+    sp_state &sp = gm->sp;
+    if (sp.n_total > sp.positions_capacity) {
+        sp.positions_capacity = sp.n_total;
+        sp.positions = static_cast<int32_t *>(xrealloc(sp.positions, (size_t)sp.n_total * 3 * sizeof(int32_t)));
+    }
+    cpu_rope_positions(B, gm->grid_frames, gm->grid_height, gm->grid_width, sp.positions);
+    const int64_t n_rows = sp.slice_start[sp.rank + 1] - sp.row_lo;
+    memcpy(gm->tables_host.positions, sp.positions + sp.row_lo * 3, (size_t)(n_rows * 3) * sizeof(int32_t));
+}
+
+// The head layout's buffers for this micro-batch (c.base NULL: count the bytes): per block, or one set under block
+// recomputation, which re-runs the exchange with the block.
+void layout_sp(gpu_model *gm, carver &c, const batch_dims &d)
+{
+    sp_state &sp = gm->sp;
+    const int64_t rows = sp.n_total + kTileSlack, Dk = gm->dim / sp.size, Hk = gm->num_heads / sp.size;
+    const int sets = gm->recompute == GPU_RECOMPUTE_BLOCK ? 1 : gm->num_layers;
+    for (int l = 0; l < gm->num_layers; ++l) {
+        sp_heads &h = sp.heads[l];
+        if (l >= sets) {
+            h = sp.heads[0];
+            continue;
+        }
+        gpu_bf16 **tensors[] = {&h.q, &h.k, &h.v, &h.attn};
+        for (gpu_bf16 **p : tensors) *p = c.take<gpu_bf16>(rows * Dk);
+        h.lse = c.take<float>(rows * Hk);
+    }
+    gpu_bf16 **grads[] = {&sp.d_attn, &sp.d_q, &sp.d_k, &sp.d_v};
+    for (gpu_bf16 **p : grads) *p = c.take<gpu_bf16>(rows * Dk);
+    sp.xchg = c.take<gpu_bf16>(3 * d.n_tokens * gm->dim);
+    sp.latents = c.take<float>(d.n_latent_values);
+    sp.noise = c.take<float>(d.n_latent_values);
+    sp.tables = c.take<int64_t>(3 * (int64_t)d.n_samples + 2);
+}
+
+// Grow the head layout's allocation to this micro-batch and carve it.
+void sp_buffers(gpu_model *gm, const batch_dims &d)
+{
+    sp_state &sp = gm->sp;
+    carver count = {nullptr, 0};
+    layout_sp(gm, count, d);
+    if (count.used > sp.arena_bytes) {
+        CUDA_CHECK(cudaFree(sp.arena));
+        CUDA_CHECK(cudaMalloc(&sp.arena, count.used));
+        CUDA_CHECK(cudaMemset(sp.arena, 0, count.used));   // finite values where a loopback group leaves parts unsent
+        sp.arena_bytes = count.used;
+    }
+    carver assign = {sp.arena, 0};
+    layout_sp(gm, assign, d);
+}
+
+// The device tables of the slice (sp_slice) and the whole samples' latents and noise, queued on `stream` (the batch's
+// arrays are the caller's pageable memory: the copies are staged by the driver).
+void sp_copy_inputs(gpu_model *gm, const model_batch *batch, const batch_dims &d, cudaStream_t stream)
+{
+    sp_state &sp = gm->sp;
+    const size_t latent_bytes = (size_t)d.n_latent_values * sizeof(float);
+    CUDA_CHECK(cudaMemcpyAsync(sp.tables, sp.tables_pinned, (3 * (size_t)d.n_samples + 2) * sizeof(int64_t),
+                               cudaMemcpyHostToDevice, stream));
+    CUDA_CHECK(cudaMemcpyAsync(sp.latents, batch->latents, latent_bytes, cudaMemcpyHostToDevice, stream));
+    CUDA_CHECK(cudaMemcpyAsync(sp.noise, batch->noise, latent_bytes, cudaMemcpyHostToDevice, stream));
+}
+
 // Check the batch as model_pack and prepare_batch do (same messages), fill the host tables and the
-// pinned copies, and queue the copies to the device.
+// pinned copies, and queue the copies to the device. In a group the tables are this member's rows.
 batch_dims stage_batch(gpu_model *gm, const model_batch *batch, cudaStream_t stream)
 {
     const int B = batch->n_samples;
@@ -352,6 +512,9 @@ batch_dims stage_batch(gpu_model *gm, const model_batch *batch, cudaStream_t str
     if (B > gm->max_samples)
         ALDIT_FATAL("gpu model: a micro-batch of %d samples exceeds the %d the model was created for", B,
                     gm->max_samples);
+    gm->sp.group = sp_group_of(gm, batch);
+    gm->sp.size = gm->sp.group ? batch->sp_size : 1;
+    gm->sp.rank = gm->sp.group ? batch->sp_rank : 0;
     batch_tables &t = gm->tables_host;
     t.token_start[0] = t.text_start[0] = t.latent_start[0] = t.pred_start[0] = 0;
     for (int b = 0; b < B; ++b) {
@@ -377,6 +540,7 @@ batch_dims stage_batch(gpu_model *gm, const model_batch *batch, cudaStream_t str
         t.latent_shape[3 * b + 1] = height;
         t.latent_shape[3 * b + 2] = width;
     }
+    if (gm->sp.group) sp_slice(gm, B);
     batch_dims dims;
     dims.n_samples = B;
     dims.n_tokens = t.token_start[B];
@@ -393,21 +557,32 @@ batch_dims stage_batch(gpu_model *gm, const model_batch *batch, cudaStream_t str
         t.sigma[b] = sigma;
         gm->timesteps_host[b] = 1000.0f * sigma;
     }
-    cpu_rope_positions(B, gm->grid_frames, gm->grid_height, gm->grid_width, t.positions);
+    if (gm->sp.group) sp_positions(gm, B);
+    else cpu_rope_positions(B, gm->grid_frames, gm->grid_height, gm->grid_width, t.positions);
     cpu_sinusoidal_embedding(gm->timesteps_host, B, gm->freq_dim, t.sinusoid);
     // Sizes the device workspace was not made for would be a bug here, not a bad batch.
     ALDIT_CHECK(scratch_bytes_for(gm, dims.n_tokens, dims.n_text, B) <= gm->scratch_bytes,
                 "gpu model: backward workspace too small for %lld tokens", (long long)dims.n_tokens);
+    if (gm->sp.group) {  // the head layout's attention backward: all T rows, H/k heads
+        if (attention_bwd_workspace_bytes(gm->sp.n_total, gm->num_heads / gm->sp.size) > gm->scratch_bytes)
+            ALDIT_FATAL("gpu model: a micro-batch of %lld tokens on a group of %d ranks needs more attention scratch "
+                        "than the model's capacity of %lld tokens per rank gives", (long long)gm->sp.n_total,
+                        gm->sp.size, (long long)gm->max_tokens);
+        sp_buffers(gm, dims);
+        sp_copy_inputs(gm, batch, dims, stream);
+    }
 
     const size_t latent_bytes = (size_t)dims.n_latent_values * sizeof(float);
     const size_t text_bytes = (size_t)dims.n_text * gm->text_dim * sizeof(float);
-    memcpy(gm->latents_pinned, batch->latents, latent_bytes);
-    memcpy(gm->noise_pinned, batch->noise, latent_bytes);
     if (text_bytes) memcpy(gm->text_pinned, batch->text, text_bytes);
     CUDA_CHECK(cudaMemcpyAsync(gm->tables_device.token_start, gm->tables_pinned, gm->tables_bytes,
                                cudaMemcpyHostToDevice, stream));
-    CUDA_CHECK(cudaMemcpyAsync(gm->latents, gm->latents_pinned, latent_bytes, cudaMemcpyHostToDevice, stream));
-    CUDA_CHECK(cudaMemcpyAsync(gm->noise, gm->noise_pinned, latent_bytes, cudaMemcpyHostToDevice, stream));
+    if (!gm->sp.group) {  // in a group the whole samples went to the group's buffers (sp_copy_inputs)
+        memcpy(gm->latents_pinned, batch->latents, latent_bytes);
+        memcpy(gm->noise_pinned, batch->noise, latent_bytes);
+        CUDA_CHECK(cudaMemcpyAsync(gm->latents, gm->latents_pinned, latent_bytes, cudaMemcpyHostToDevice, stream));
+        CUDA_CHECK(cudaMemcpyAsync(gm->noise, gm->noise_pinned, latent_bytes, cudaMemcpyHostToDevice, stream));
+    }
     if (text_bytes)
         CUDA_CHECK(cudaMemcpyAsync(gm->text_f32, gm->text_pinned, text_bytes, cudaMemcpyHostToDevice, stream));
     return dims;
@@ -480,71 +655,85 @@ float *chunk_of(float *table, int chunk, const batch_dims &d, int dim)
 
 enum attention_kind { kSelfAttention, kCrossAttention };
 
-// The key/value row offsets of an attention: the tokens (self) or the text rows (cross).
-const int64_t *key_start(const batch_tables &t, attention_kind kind)
+// The query rows and heads one attention runs over: the micro-batch's token rows with every head, or, in a
+// sequence-parallel group's self-attention, every row of the whole micro-batch with this member's heads.
+struct attention_rows {
+    int heads, width;                      // heads of the layout; values per row (heads * head_dim)
+    int64_t n_rows;                        // rows of the micro-batch (cuDNN's tile padding lies past them)
+    const int64_t *start, *device_start;   // [B + 1] each sample's rows: host, device
+};
+
+attention_rows token_rows(const gpu_model *gm, const batch_dims &d)
 {
-    return kind == kSelfAttention ? t.token_start : t.text_start;
+    return {gm->num_heads, gm->dim, d.n_tokens, gm->tables_host.token_start, gm->tables_device.token_start};
 }
 
-// cuDNN wants 16-byte aligned stats: the slice starts token_start[b] * num_heads floats into the lse buffer.
+// The key/value row offsets of an attention: the query rows (self) or the text rows (cross).
+const int64_t *key_start(const gpu_model *gm, const attention_rows &r, attention_kind kind, bool device)
+{
+    if (kind == kSelfAttention) return device ? r.device_start : r.start;
+    return device ? gm->tables_device.text_start : gm->tables_host.text_start;
+}
+
+// cuDNN wants 16-byte aligned stats: the slice starts start[b] * heads floats into the lse buffer.
 // Cross-attention goes to cuDNN only with the model's full text_len (Wan pads every caption to it): cuDNN
 // needs a plan per (tokens, keys) pair, and captions of varying lengths would build plans (0.04-1 s each)
 // for most samples (much slower epochs with captions of varying length).
-bool sample_on_cudnn(const gpu_model *gm, attention_kind kind, int b)
+bool sample_on_cudnn(const gpu_model *gm, const attention_rows &r, attention_kind kind, int b)
 {
-    const int64_t *start = gm->tables_host.token_start, *keys = key_start(gm->tables_host, kind);
+    const int64_t *start = r.start, *keys = key_start(gm, r, kind, false);
     const int64_t n_keys = keys[b + 1] - keys[b];
     return gm->use_cudnn && start[b + 1] - start[b] >= gm->cudnn_min_tokens && n_keys > 0 &&
-           (kind == kSelfAttention || n_keys == gm->text_len) && start[b] * gm->num_heads % 4 == 0;
+           (kind == kSelfAttention || n_keys == gm->text_len) && start[b] * r.heads % 4 == 0;
 }
 
 #ifdef HAVE_CUDNN
 // The rows cuDNN runs sample b's self-attention on: whole tiles (attention_cudnn.h) when it is the last sample of
 // the batch and its length is not a multiple of the tile (the rows past it are then free: the self-attention's
 // tensors have kTileSlack rows past the capacity), else its own length. Forward and backward decide alike.
-int64_t cudnn_self_rows(const gpu_model *gm, const batch_dims &d, int b)
+int64_t cudnn_self_rows(const attention_rows &r, int n_samples, int b)
 {
-    const int64_t *start = gm->tables_host.token_start, rows = start[b + 1] - start[b];
-    return b == d.n_samples - 1 ? attention_cudnn_padded_rows(rows) : rows;
+    const int64_t rows = r.start[b + 1] - r.start[b];
+    return b == n_samples - 1 ? attention_cudnn_padded_rows(rows) : rows;
 }
 
-// Zero rows [n_tokens, n_tokens + pad_rows) of each of the `count` row buffers of `dim` columns.
-void zero_pad_rows(gpu_bf16 *const *buffers, int count, const batch_dims &d, int64_t pad_rows, int dim,
+// Zero rows [n_rows, n_rows + pad_rows) of each of the `count` row buffers of r.width columns.
+void zero_pad_rows(gpu_bf16 *const *buffers, int count, const attention_rows &r, int64_t pad_rows,
                    cudaStream_t stream)
 {
     for (int i = 0; i < count; ++i)
-        CUDA_CHECK(cudaMemsetAsync(buffers[i] + d.n_tokens * dim, 0, (size_t)(pad_rows * dim) * sizeof(gpu_bf16),
+        CUDA_CHECK(cudaMemsetAsync(buffers[i] + r.n_rows * r.width, 0, (size_t)(pad_rows * r.width) * sizeof(gpu_bf16),
                                    stream));
 }
 #endif
 
 // The end of the run of samples that starts at `first` (a sample on cuDNN is a run of one).
-int run_end(const gpu_model *gm, attention_kind kind, int n_samples, int first)
+int run_end(const gpu_model *gm, const attention_rows &r, attention_kind kind, int n_samples, int first)
 {
-    if (sample_on_cudnn(gm, kind, first)) return first + 1;
+    if (sample_on_cudnn(gm, r, kind, first)) return first + 1;
     int end = first + 1;
-    while (end < n_samples && !sample_on_cudnn(gm, kind, end)) ++end;
+    while (end < n_samples && !sample_on_cudnn(gm, r, kind, end)) ++end;
     return end;
 }
 
-// out and lse ([N, H] rows as attention.h's; head-major per sample on cuDNN) from q (token rows) and k, v
+// out and lse ([rows, heads] as attention.h's; head-major per sample on cuDNN) from q (the rows of r) and k, v
 // (key rows of `kind`). q, k, v are not const: a last sample run over whole tiles has their rows past the
 // batch's zeroed.
-void attention_dispatch_fwd(const gpu_model *gm, const batch_dims &d, attention_kind kind, gpu_bf16 *q,
-                            gpu_bf16 *k, gpu_bf16 *v, gpu_bf16 *out, float *lse, cudaStream_t stream)
+void attention_dispatch_fwd(const gpu_model *gm, const attention_rows &r, int n_samples, attention_kind kind,
+                            gpu_bf16 *q, gpu_bf16 *k, gpu_bf16 *v, gpu_bf16 *out, float *lse, cudaStream_t stream)
 {
-    const int H = gm->num_heads, hd = gm->head_dim;
-    const int64_t *start = gm->tables_host.token_start, *device_start = gm->tables_device.token_start;
-    const int64_t *keys = key_start(gm->tables_host, kind), *device_keys = key_start(gm->tables_device, kind);
-    for (int b = 0, end = 0; b < d.n_samples; b = end) {
-        end = run_end(gm, kind, d.n_samples, b);
+    const int H = r.heads, hd = gm->head_dim;
+    const int64_t *start = r.start, *device_start = r.device_start;
+    const int64_t *keys = key_start(gm, r, kind, false), *device_keys = key_start(gm, r, kind, true);
+    for (int b = 0, end = 0; b < n_samples; b = end) {
+        end = run_end(gm, r, kind, n_samples, b);
 #ifdef HAVE_CUDNN
-        if (sample_on_cudnn(gm, kind, b)) {
-            const int64_t at = start[b] * gm->dim, key_at = keys[b] * gm->dim, rows = start[end] - start[b];
-            const int64_t padded = kind == kSelfAttention ? cudnn_self_rows(gm, d, b) : rows;
+        if (sample_on_cudnn(gm, r, kind, b)) {
+            const int64_t at = start[b] * r.width, key_at = keys[b] * r.width, rows = start[end] - start[b];
+            const int64_t padded = kind == kSelfAttention ? cudnn_self_rows(r, n_samples, b) : rows;
             if (padded > rows) {
                 gpu_bf16 *const inputs[] = {q, k, v};
-                zero_pad_rows(inputs, 3, d, padded - rows, gm->dim, stream);
+                zero_pad_rows(inputs, 3, r, padded - rows, stream);
                 attention_cudnn_fwd_padded(gm->cudnn, q + at, k + at, v + at, rows, padded, H, hd, out + at, lse + start[b] * H,
                                            stream);
             } else {
@@ -559,59 +748,142 @@ void attention_dispatch_fwd(const gpu_model *gm, const batch_dims &d, attention_
     }
 }
 
-// dq (token rows), dk, dv (key rows of `kind`) from the output gradient in gm->d_t.
-void attention_dispatch_bwd(gpu_model *gm, const batch_dims &d, attention_kind kind, const gpu_bf16 *q,
-                            const gpu_bf16 *k, const gpu_bf16 *v, const gpu_bf16 *out, const float *lse, gpu_bf16 *dq,
-                            gpu_bf16 *dk, gpu_bf16 *dv, cudaStream_t stream)
+// dq (the rows of r), dk, dv (key rows of `kind`) from the output gradient dout (its pad rows are zeroed where a
+// last sample runs over whole tiles).
+void attention_dispatch_bwd(gpu_model *gm, const attention_rows &r, int n_samples, attention_kind kind,
+                            const gpu_bf16 *q, const gpu_bf16 *k, const gpu_bf16 *v, const gpu_bf16 *out,
+                            gpu_bf16 *dout, const float *lse, gpu_bf16 *dq, gpu_bf16 *dk, gpu_bf16 *dv,
+                            cudaStream_t stream)
 {
-    const int H = gm->num_heads, hd = gm->head_dim;
-    const int64_t *start = gm->tables_host.token_start, *device_start = gm->tables_device.token_start;
-    const int64_t *keys = key_start(gm->tables_host, kind), *device_keys = key_start(gm->tables_device, kind);
-    for (int b = 0, end = 0; b < d.n_samples; b = end) {
-        end = run_end(gm, kind, d.n_samples, b);
+    const int H = r.heads, hd = gm->head_dim;
+    const int64_t *start = r.start, *device_start = r.device_start;
+    const int64_t *keys = key_start(gm, r, kind, false), *device_keys = key_start(gm, r, kind, true);
+    for (int b = 0, end = 0; b < n_samples; b = end) {
+        end = run_end(gm, r, kind, n_samples, b);
 #ifdef HAVE_CUDNN
-        if (sample_on_cudnn(gm, kind, b)) {
-            const int64_t at = start[b] * gm->dim, key_at = keys[b] * gm->dim, rows = start[end] - start[b];
-            const int64_t padded = kind == kSelfAttention ? cudnn_self_rows(gm, d, b) : rows;
+        if (sample_on_cudnn(gm, r, kind, b)) {
+            const int64_t at = start[b] * r.width, key_at = keys[b] * r.width, rows = start[end] - start[b];
+            const int64_t padded = kind == kSelfAttention ? cudnn_self_rows(r, n_samples, b) : rows;
             if (padded > rows) {  // q, k, v still have zero pad rows from the forward; the output gradient's too
-                gpu_bf16 *const output_grad[] = {gm->d_t};
-                zero_pad_rows(output_grad, 1, d, padded - rows, gm->dim, stream);
-                attention_cudnn_bwd_padded(gm->cudnn, q + at, k + at, v + at, out + at, gm->d_t + at, lse + start[b] * H, rows,
+                gpu_bf16 *const output_grad[] = {dout};
+                zero_pad_rows(output_grad, 1, r, padded - rows, stream);
+                attention_cudnn_bwd_padded(gm->cudnn, q + at, k + at, v + at, out + at, dout + at, lse + start[b] * H, rows,
                                            padded, H, hd, dq + at, dk + at, dv + at, stream);
             } else {
-                attention_cudnn_cross_bwd(gm->cudnn, q + at, k + key_at, v + key_at, out + at, gm->d_t + at, lse + start[b] * H,
+                attention_cudnn_cross_bwd(gm->cudnn, q + at, k + key_at, v + key_at, out + at, dout + at, lse + start[b] * H,
                                           rows, keys[end] - keys[b], H, hd, dq + at, dk + key_at, dv + key_at, stream);
             }
             continue;
         }
 #endif
-        attention_bwd(q, k, v, out, gm->d_t, lse, H, hd, device_start + b, device_keys + b, end - b, start[end],
+        attention_bwd(q, k, v, out, dout, lse, H, hd, device_start + b, device_keys + b, end - b, start[end],
                       keys[end], dq, dk, dv, gm->scratch, stream);
     }
 }
 
-void self_attention_fwd(const gpu_model *gm, const batch_dims &d, block_saved &s, cudaStream_t stream)
+// ---- sequence parallelism: the exchange over heads (Ulysses) ---------------------------------------------------
+
+// Every row of the micro-batch with this member's heads: the self-attention's rows in a group.
+attention_rows head_rows(const gpu_model *gm)
 {
-    attention_dispatch_fwd(gm, d, kSelfAttention, s.q, s.k, s.v, s.attn, s.attn_lse, stream);
+    const sp_state &sp = gm->sp;
+    return {gm->num_heads / sp.size, gm->dim / sp.size, sp.n_total, sp.sample_start, sp.tables};
 }
 
-// dq, dk, dv into gm->d_q, d_k, d_v from the output gradient in gm->d_t.
-void self_attention_bwd(gpu_model *gm, const batch_dims &d, const block_saved &s, cudaStream_t stream)
+// local[i] [N, D] (this member's rows, every head) -> all[i] [T, D/k] (every row, this member's heads): columns
+// [p D/k, (p+1) D/k) of the rows go to member p, which places them at this member's rows.
+void sp_to_heads(gpu_model *gm, const batch_dims &d, const gpu_bf16 *const *local, gpu_bf16 *const *all, int n,
+                 cudaStream_t stream)
 {
-    attention_dispatch_bwd(gm, d, kSelfAttention, s.q, s.k, s.v, s.attn, s.attn_lse, gm->d_q, gm->d_k, gm->d_v,
-                           stream);
+    sp_state &sp = gm->sp;
+    const int k = sp.size;
+    const int64_t N = d.n_tokens, D = gm->dim, Dk = D / k;
+    const gpu_bf16 *send[3];
+    for (int i = 0; i < n; ++i) {
+        misc_split_columns_bf16(local[i], N, (int)D, k, sp.xchg + i * N * D, stream);
+        send[i] = sp.xchg + i * N * D;
+    }
+    int64_t *c = sp.counts;
+    for (int p = 0; p < k; ++p) {
+        c[p] = N * Dk;
+        c[k + p] = p * N * Dk;
+        c[2 * k + p] = (sp.slice_start[p + 1] - sp.slice_start[p]) * Dk;
+        c[3 * k + p] = sp.slice_start[p] * Dk;
+    }
+    seqpar_gpu_alltoall_bf16(sp.group, n, send, c, c + k, all, c + 2 * k, c + 3 * k, stream);
+}
+
+// The reverse of sp_to_heads: all[i] [T, D/k] -> local[i] [N, D].
+void sp_to_tokens(gpu_model *gm, const batch_dims &d, const gpu_bf16 *const *all, gpu_bf16 *const *local, int n,
+                  cudaStream_t stream)
+{
+    sp_state &sp = gm->sp;
+    const int k = sp.size;
+    const int64_t N = d.n_tokens, D = gm->dim, Dk = D / k;
+    gpu_bf16 *recv[3];
+    for (int i = 0; i < n; ++i) recv[i] = sp.xchg + i * N * D;
+    int64_t *c = sp.counts;
+    for (int p = 0; p < k; ++p) {
+        c[p] = (sp.slice_start[p + 1] - sp.slice_start[p]) * Dk;
+        c[k + p] = sp.slice_start[p] * Dk;
+        c[2 * k + p] = N * Dk;
+        c[3 * k + p] = p * N * Dk;
+    }
+    seqpar_gpu_alltoall_bf16(sp.group, n, all, c, c + k, recv, c + 2 * k, c + 3 * k, stream);
+    for (int i = 0; i < n; ++i) misc_join_columns_bf16(recv[i], N, (int)D, k, local[i], stream);
+}
+
+// Block l's self-attention of s.q, s.k, s.v (after RMSNorm and RoPE) into s.attn: alone, over this rank's samples;
+// in a group, over every row for this member's heads between the two exchanges.
+void self_attention_fwd(gpu_model *gm, const batch_dims &d, int l, block_saved &s, cudaStream_t stream)
+{
+    if (!gm->sp.group) {
+        attention_dispatch_fwd(gm, token_rows(gm, d), d.n_samples, kSelfAttention, s.q, s.k, s.v, s.attn, s.attn_lse,
+                               stream);
+        return;
+    }
+    const sp_heads &h = gm->sp.heads[l];
+    const gpu_bf16 *const rows[] = {s.q, s.k, s.v};
+    gpu_bf16 *const heads[] = {h.q, h.k, h.v};
+    sp_to_heads(gm, d, rows, heads, 3, stream);
+    attention_dispatch_fwd(gm, head_rows(gm), d.n_samples, kSelfAttention, h.q, h.k, h.v, h.attn, h.lse, stream);
+    const gpu_bf16 *const out_heads[] = {h.attn};
+    gpu_bf16 *const out_rows[] = {s.attn};
+    sp_to_tokens(gm, d, out_heads, out_rows, 1, stream);
+}
+
+// dq, dk, dv into gm->d_q, d_k, d_v (this rank's rows) from the output gradient in gm->d_t; in a group the output
+// gradient goes to the head owners and dq, dk, dv come back.
+void self_attention_bwd(gpu_model *gm, const batch_dims &d, int l, const block_saved &s, cudaStream_t stream)
+{
+    if (!gm->sp.group) {
+        attention_dispatch_bwd(gm, token_rows(gm, d), d.n_samples, kSelfAttention, s.q, s.k, s.v, s.attn, gm->d_t,
+                               s.attn_lse, gm->d_q, gm->d_k, gm->d_v, stream);
+        return;
+    }
+    sp_state &sp = gm->sp;
+    const sp_heads &h = sp.heads[l];
+    const gpu_bf16 *const dout_rows[] = {gm->d_t};
+    gpu_bf16 *const dout_heads[] = {sp.d_attn};
+    sp_to_heads(gm, d, dout_rows, dout_heads, 1, stream);
+    attention_dispatch_bwd(gm, head_rows(gm), d.n_samples, kSelfAttention, h.q, h.k, h.v, h.attn, sp.d_attn, h.lse,
+                           sp.d_q, sp.d_k, sp.d_v, stream);
+    const gpu_bf16 *const grads_heads[] = {sp.d_q, sp.d_k, sp.d_v};
+    gpu_bf16 *const grads_rows[] = {gm->d_q, gm->d_k, gm->d_v};
+    sp_to_tokens(gm, d, grads_heads, grads_rows, 3, stream);
 }
 
 void cross_attention_fwd(const gpu_model *gm, const batch_dims &d, block_saved &s, cudaStream_t stream)
 {
-    attention_dispatch_fwd(gm, d, kCrossAttention, s.cq, s.ck, s.cv, s.cattn, s.cattn_lse, stream);
+    attention_dispatch_fwd(gm, token_rows(gm, d), d.n_samples, kCrossAttention, s.cq, s.ck, s.cv, s.cattn,
+                           s.cattn_lse, stream);
 }
 
 // dq into gm->d_q, dk and dv of the text rows into gm->d_ck, d_cv, from the output gradient in gm->d_t.
 void cross_attention_bwd(gpu_model *gm, const batch_dims &d, const block_saved &s, cudaStream_t stream)
 {
-    attention_dispatch_bwd(gm, d, kCrossAttention, s.cq, s.ck, s.cv, s.cattn, s.cattn_lse, gm->d_q, gm->d_ck, gm->d_cv,
-                           stream);
+    attention_dispatch_bwd(gm, token_rows(gm, d), d.n_samples, kCrossAttention, s.cq, s.ck, s.cv, s.cattn, gm->d_t,
+                           s.cattn_lse, gm->d_q, gm->d_ck, gm->d_cv, stream);
 }
 // ---- end of the attention dispatch -----------------------------------------------------------------------
 
@@ -648,7 +920,7 @@ void block_forward(gpu_model *gm, const batch_dims &d, int l, bool recomputing, 
                            stream);
     fused_qk_norm_rope_fwd(s.k_pre, N, H, hd, w + bo.self_norm_k, eps, t.positions, s.k, s.k_rstd,
                            stream);
-    self_attention_fwd(gm, d, s, stream);
+    self_attention_fwd(gm, d, l, s, stream);
     linear_fwd(gm, w, s.attn, N, D, D, bo.self_o, s.y_attn, stream);
 
     // x1 = x_in + y_attn e2; n3 = norm3(x1) (affine LN as LN-modulate with shift = bias, scale = weight - 1)
@@ -687,9 +959,15 @@ void forward(gpu_model *gm, const batch_dims &d, float grad_scale, bool loss_onl
     const float eps = gm->eps;
 
     // inputs: x_t patchified (and x0, noise in the head's order for the loss), the text in bf16
-    misc_patchify_flow(gm->latents, gm->noise, B, t.latent_start, t.token_start, t.latent_shape, t.sigma,
-                       d.n_latent_values, gm->in_dim, gm->patch_t, gm->patch_h, gm->patch_w, gm->tokens_in,
-                       gm->x0_tokens, gm->noise_tokens, stream);
+    const sp_state &sp = gm->sp;
+    if (sp.group)  // this member's rows of each sample: from token_first (sp_slice's device tables)
+        misc_patchify_flow_rows(sp.latents, sp.noise, B, t.latent_start, t.token_start, sp.tables + B + 1,
+                                t.latent_shape, t.sigma, d.n_latent_values, gm->in_dim, gm->patch_t, gm->patch_h,
+                                gm->patch_w, gm->tokens_in, gm->x0_tokens, gm->noise_tokens, stream);
+    else
+        misc_patchify_flow(gm->latents, gm->noise, B, t.latent_start, t.token_start, t.latent_shape, t.sigma,
+                           d.n_latent_values, gm->in_dim, gm->patch_t, gm->patch_h, gm->patch_w, gm->tokens_in,
+                           gm->x0_tokens, gm->noise_tokens, stream);
     misc_f32_to_bf16(gm->text_f32, L * gm->text_dim, gm->text, stream);
 
     // embeddings: patches; text (Linear, GELU-tanh, Linear); time in fp32 (sinusoid, Linear, SiLU, Linear), projection
@@ -730,8 +1008,12 @@ void forward(gpu_model *gm, const batch_dims &d, float grad_scale, bool loss_onl
                   gm->head_rstd, stream);
     }
     linear_fwd(gm, p.head_weights, gm->head_h, N, D, gm->patch_out, gm->head, gm->pred, stream);
-    fused_flow_loss_bf16(gm->pred, gm->x0_tokens, gm->noise_tokens, t.pred_start, B, grad_scale, gm->sample_loss,
-                         loss_only ? nullptr : gm->d_pred, gm->scratch, stream);
+    if (sp.group)  // this member's part of each sample's mean: divided by the whole sample's count (whole_pred)
+        fused_flow_loss_part_bf16(gm->pred, gm->x0_tokens, gm->noise_tokens, t.pred_start, sp.tables + 2 * B + 1, B,
+                                  grad_scale, gm->sample_loss, loss_only ? nullptr : gm->d_pred, gm->scratch, stream);
+    else
+        fused_flow_loss_bf16(gm->pred, gm->x0_tokens, gm->noise_tokens, t.pred_start, B, grad_scale, gm->sample_loss,
+                             loss_only ? nullptr : gm->d_pred, gm->scratch, stream);
 }
 
 // Tell the caller that gradient values [first, first + count) are final for this call (gpu_model_set_grads_ready).
@@ -823,7 +1105,7 @@ void backward(gpu_model *gm, const batch_dims &d, cudaStream_t stream)
 
         // self-attention
         linear_bwd(gm, w, g, s.attn, gm->d_y, N, D, D, bo.self_o, nullptr, gm->d_t, 0, stream);
-        self_attention_bwd(gm, d, s, stream);
+        self_attention_bwd(gm, d, l, s, stream);
         fused_qk_norm_rope_bwd(s.q_pre, gm->d_q, N, H, hd, w + bo.self_norm_q, t.positions, s.q_rstd, gm->d_q,
                                g + bo.self_norm_q, scratch, stream);
         fused_qk_norm_rope_bwd(s.k_pre, gm->d_k, N, H, hd, w + bo.self_norm_k, t.positions, s.k_rstd, gm->d_k,
@@ -1148,6 +1430,11 @@ gpu_model *gpu_model_create(const model *host_model, int64_t max_tokens, int max
     return gpu_model_create_with_recompute(host_model, max_tokens, max_samples, max_text, GPU_RECOMPUTE_NONE);
 }
 
+void gpu_model_set_seqpar(gpu_model *gm, const seqpar_gpu *groups)
+{
+    gm->sp.groups = groups;
+}
+
 void gpu_model_set_grads_ready(gpu_model *gm, gpu_grads_ready_fn ready, void *context)
 {
     gm->grads_ready = ready;
@@ -1240,6 +1527,13 @@ void gpu_model_free(gpu_model *gm)
     CUDA_CHECK(cudaFreeHost(gm->noise_pinned));
     CUDA_CHECK(cudaFreeHost(gm->text_pinned));
     CUDA_CHECK(cudaFreeHost(gm->loss_pinned));
+    CUDA_CHECK(cudaFree(gm->sp.arena));
+    if (gm->sp.tables_pinned) CUDA_CHECK(cudaFreeHost(gm->sp.tables_pinned));
+    free(gm->sp.slice_start);
+    free(gm->sp.counts);
+    free(gm->sp.sample_start);
+    free(gm->sp.positions);
+    free(gm->sp.heads);
     free(gm->grid_frames);
     free(gm->timesteps_host);
     free(gm->blocks);

@@ -6,6 +6,7 @@
 #include <stdint.h>
 
 #include "cuda/gpu.h"
+#include "cuda/seqpar_gpu.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -175,10 +176,25 @@ void gpu_model_download_grads(const gpu_model *gm, float *grads);
 void gpu_model_refresh_working(gpu_model *gm, cudaStream_t stream);
 void gpu_model_zero_grads(gpu_model *gm, cudaStream_t stream);
 
+/* Sequence parallelism (Ulysses): the groups' NCCL communicators (cuda/seqpar_gpu.h, made once at start-up) a
+   micro-batch with sp_size = k > 1 runs on (seqpar_gpu_get(groups, k)); NULL (the default): none, and such a
+   micro-batch is refused (exit 2). The model keeps the pointer. */
+void gpu_model_set_seqpar(gpu_model *gm, const seqpar_gpu *groups);
+
 /* model_forward_backward on the GPU: the same batch (host memory, as in model.h), the same checks (a bad
    shape is a fatal error naming the sample, exit status 2), the same semantics: returns the SUM of the
    per-sample losses, writes each into sample_loss (host, may be NULL) and ADDS grad_scale * gradient into
-   the fp32 gradient buffer. The batch is staged through pinned host memory and copied on `stream`;
+   the fp32 gradient buffer. With batch->sp_size = k > 1 (every member of the group calls it, with the same whole
+   batch) member p computes rows [p T/k, (p+1) T/k) of the T packed tokens, as model.h's CPU model: everything per
+   row on its rows (RoPE at each row's position in its whole sample), self-attention over every row for heads
+   [p H/k, (p+1) H/k) between two all-to-alls on the group's stream (seqpar_gpu_alltoall_bf16: q, k, v out, the
+   output back; the backward mirrors them; block recomputation re-runs them), and the loss, sample_loss and
+   gradients are this member's PARTS (summed over the group: k = 1's, to bf16 rounding). The capacity (max_tokens)
+   bounds the member's rows (and the whole micro-batch's T rows at H/k heads, the attention backward's scratch). The
+   head layout's buffers are a device allocation of their own, outside the workspace's formula, grown on the first
+   micro-batch that needs more (cudaMalloc: the device is waited for then): per block kept (one block under
+   GPU_RECOMPUTE_BLOCK) q, k, v, output [T, D/k] bf16 and log-sum-exps [T, H/k] fp32, plus four [T, D/k] for the
+   backward, three [N, D] packing buffers (N the member's rows) and the whole samples' latents and noise (fp32). The batch is staged through pinned host memory and copied on `stream`;
    RoPE positions, row offsets and sinusoids are computed on the host. Work is queued on `stream`, and the
    call waits for it once at the end (to return the loss); the gradients are complete then. */
 double gpu_model_forward_backward(gpu_model *gm, const model_batch *batch, float grad_scale, double *sample_loss,

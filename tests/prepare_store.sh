@@ -1,16 +1,16 @@
 #!/bin/sh
 # prepare_store.sh — tools/prepare_store.py on tiny random Wan components (tests/tiny_wan.py: AutoencoderKLWan,
 # UMT5EncoderModel, a word-level tokenizer) and generated media (images, an mp4, frame folders): bucket shapes,
-# caption lengths, latents and text as the encoders give them, aldit-store verify, resuming after a stop,
-# damaged work-folder parts named and encoded again (or refused when packed), --out that is not a regular
-# file refused, the CSV input, and a short CPU training run on the store. Skips where torch, diffusers or transformers do
+# caption lengths, latents and text as the encoders give them, aldit-store verify, resuming after a stop (a
+# rerun with nothing left loads no encoders), damaged work-folder parts named and encoded again (or refused when
+# packed), --out that is not a regular file refused, the CSV input, and a short CPU training run on the store. Skips where torch, diffusers or transformers do
 # not import.
 . "${top_srcdir:-.}/tests/python_lib.sh"
 python_needs torch diffusers transformers tokenizers h5py av PIL tqdm
 . "$top_srcdir/tests/train_lib.sh"
 tool="$PYTHON $top_srcdir/tools/prepare_store.py"
 tiny="$PYTHON $top_srcdir/tests/tiny_wan.py"
-tap_plan 20
+tap_plan 21
 
 $tiny models "$WORK/models" > "$WORK/models.log" 2>&1 && $tiny media "$WORK/media" >> "$WORK/models.log" 2>&1
 tap_result $? "tiny Wan VAE, umT5 encoder, tokenizer and media are made" "$(cat "$WORK/models.log")"
@@ -36,6 +36,11 @@ tap_is "the rerun encodes only the rest" "$(grep -c '5 inputs, 2 already done, 3
 tap_is "the 3-frame clip is left out (no bucket)" "$(grep -c 'no bucket fits .*e_short' "$WORK/a2.log")" 1
 out=$("$top_builddir/aldit-store" verify "$WORK/a.h5" 2>&1)
 tap_result $? "aldit-store verify accepts the store" "$out"
+# shellcheck disable=SC2086
+$tool --media "$WORK/media" --out "$WORK/a.h5" --lengths "$WORK/buckets.lengths" --text-len 16 --precision f32 \
+    $models > "$WORK/a3.log" 2>&1; status=$?
+case "$status:$(cat "$WORK/a3.log")" in *"models loaded"*) found=1 ;; 0:*"0 to encode"*) found=0 ;; *) found=1 ;; esac
+tap_result $found "a third run with nothing to encode loads no encoders" "$(cat "$WORK/a3.log")"
 
 cat > "$WORK/check.py" <<'PY'
 import sys, h5py, numpy as np, torch

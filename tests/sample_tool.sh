@@ -2,15 +2,16 @@
 # sample_tool.sh — tools/sample.py on a real aldit checkpoint of a tiny model (2 CPU training steps) with tiny
 # random Wan VAE and umT5 (tests/tiny_wan.py): an mp4 of the asked frame count and size and a PNG grid, the
 # /ema weights preferred when present (--no-ema: the raw ones; --ema: those, exported as such, and an error where
-# there are none), Wan's official safetensors + config.json, and the Wan-name mapping loading every parameter
-# (strict); refused with exit 2 naming the file and tensor, without a traceback or a video: a NaN or Inf weight,
-# a checkpoint without its completion mark, a non-HDF5, truncated or damaged file. Skips where torch,
-# diffusers or transformers do not import.
+# there are none), --out's folder made when missing, Wan's official safetensors + config.json, and the Wan-name
+# mapping loading every parameter (strict); a prompt file sampled by [checkpoint] hook after each checkpoint of a run;
+# refused with exit 2 naming the file and tensor, without a traceback or a video: a NaN or Inf weight, a checkpoint
+# without its completion mark, a non-HDF5, truncated or damaged file. Skips where torch, diffusers or transformers do
+# not import.
 . "${top_srcdir:-.}/tests/python_lib.sh"
 python_needs torch diffusers transformers tokenizers h5py av PIL safetensors
 . "$top_srcdir/tests/train_lib.sh"
 tiny="$PYTHON $top_srcdir/tests/tiny_wan.py"
-tap_plan 20
+tap_plan 22
 
 $tiny models "$WORK/models" > "$WORK/models.log" 2>&1
 tap_result $? "tiny Wan VAE, umT5 encoder and tokenizer are made" "$(cat "$WORK/models.log")"
@@ -64,8 +65,9 @@ out=$(sample "$WORK/ema.h5" --out "$WORK/e" 2>&1)
 case $out in *"ema.h5:/ema"*) found=0 ;; *) found=1 ;; esac
 tap_result $found "with /ema present its weights are used" "$out"
 cmp -s "$WORK/a.png" "$WORK/e.png"; tap_is "the EMA weights give another sample" "$?" 1
-out=$(sample "$WORK/ema.h5" --out "$WORK/n" --no-ema 2>&1)
-tap_ok "--no-ema uses the raw weights: the same sample as the checkpoint's" cmp "$WORK/a.png" "$WORK/n.png"
+out=$(sample "$WORK/ema.h5" --out "$WORK/samples/n" --no-ema 2>&1)
+tap_ok "--no-ema uses the raw weights: the same sample as the checkpoint's (--out in a folder it makes)" \
+    cmp "$WORK/a.png" "$WORK/samples/n.png"
 out=$(sample "$WORK/ema.h5" --out "$WORK/m" --ema --save-wan "$WORK/wan-ema" 2>&1)
 tap_ok "--ema uses the /ema weights: the same sample as the default's with /ema present" cmp "$WORK/e.png" "$WORK/m.png"
 out=$($PYTHON -c "
@@ -132,4 +134,36 @@ refused "a file that is not HDF5: exit 2 naming it, no traceback" text "text.h5:
 refused "a truncated checkpoint: exit 2 naming it, no traceback" truncated "truncated.h5: cannot open as HDF5"
 refused "a flipped byte in a tensor: exit 2 naming the tensor (its checksum fails)" flipped \
     "flipped.h5: tensor blocks.0.ffn.0.weight cannot be read"
+# samples during training: [checkpoint] hook runs sample.py on each checkpoint with a prompt file
+cat > "$WORK/prompts.txt" <<'PROMPTS'
+a red ball on the grass | height=32 width=48 frames=9 steps=2 seed=1
+# a comment, then an image
+a blue cat | height=16 width=32 frames=1 steps=2 seed=2
+PROMPTS
+# the interpreter by its path: the hook sees rank 0's environment, which mpirun may set up otherwise (a PATH in
+# which python3 is another, as with pyenv's shims under make check)
+interpreter=$($PYTHON -c 'import sys; print(sys.executable)')
+$MPIEXEC -np 1 "$ALDIT" "$TRAIN_DECK" data.store="$WORK/store.h5" run.dir="$WORK/hooked" run.steps=2 \
+    model.text_dim=24 balance.global_batch=2 checkpoint.hook="$interpreter $top_srcdir/tools/sample.py --checkpoint \"\$ALDIT_CHECKPOINT\" --wan $WORK/models --prompts $WORK/prompts.txt --device cpu --out \"\$ALDIT_RUN_DIR/samples/step_\$ALDIT_STEP\"" \
+    > "$WORK/hooked.log" 2>&1
+status=$?
+wait_for 200 test -s "$WORK/hooked/samples/step_2/02.png"   # the hook runs detached: the run did not wait
+out=$($PYTHON -c "
+import sys, av
+from PIL import Image
+for name in ('01', '02'):
+    with av.open(sys.argv[1] + '/' + name + '.mp4') as c:
+        frames = [f.to_ndarray(format='rgb24') for f in c.decode(video=0)]
+    print(name, len(frames), 'x'.join(str(v) for v in frames[0].shape[:2]), 'x'.join(str(v) for v in Image.open(sys.argv[1] + '/' + name + '.png').size))
+" "$WORK/hooked/samples/step_2" 2>&1)
+want="01 9 32x48 192x96
+02 1 16x32 32x16"
+[ "$out" = "$want" ]
+tap_result $? "the checkpoint hook samples each prompt of the file into the run folder (exit $status)" \
+    "got '$out', want '$want'; $(cat "$WORK/hooked.log" "$WORK/hooked/hooks.log" 2>&1 | tail -30)"
+printf 'a dog | height=32 size=4\n' > "$WORK/bad_prompts.txt"
+out=$($PYTHON "$top_srcdir/tools/sample.py" --checkpoint "$checkpoint" --wan "$WORK/models" --out "$WORK/badp" \
+      --prompts "$WORK/bad_prompts.txt" 2>&1); status=$?
+case $status:$out in 2:*"bad_prompts.txt:1: 'size=4' is not one of"*) found=0 ;; *) found=1 ;; esac
+tap_result $found "a bad line in the prompt file is a usage error naming FILE:LINE" "$status: $out"
 tap_done

@@ -63,7 +63,7 @@ npy "$work/npy/dog.text.npy" '<f4' '(1, 2)' "$one$one"
 out=$($tool pack --out "$work/p.h5" "$work/npy" 2>&1)
 tap_result $? "pack builds a store from .npy files" "$out"
 out=$($tool info "$work/p.h5" 2>&1)
-tap_is "the packed store holds 1 image and 1 video" "$(printf '%s\n' "$out" | grep -c '^samples      2 (1 images, 1 videos)')" 1
+tap_is "the packed store holds 1 image and 1 video" "$(printf '%s\n' "$out" | grep -c '^samples      2 (1 image, 1 video)')" 1
 out=$($tool verify "$work/p.h5" 2>&1)
 tap_result $? "the packed store verifies" "$out"
 

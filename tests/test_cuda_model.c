@@ -62,6 +62,7 @@ static void tiny_model(model *m, int num_layers, uint64_t seed)
 
 static void make_batch(const model *m, const batch_spec *spec, uint64_t seed, host_batch *hb)
 {
+    memset(hb, 0, sizeof *hb);   /* the batch's other fields (sp_size: this rank alone) zero */
     int64_t n_latent = 0, n_text = 0;
     for (int b = 0; b < spec->n_samples; ++b) {
         n_latent += (int64_t)m->in_dim * spec->frames[b] * spec->height[b] * spec->width[b];

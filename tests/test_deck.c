@@ -684,7 +684,9 @@ static void test_cross_key_checks(void **state)
         {{"model.freq_dim=33", NULL}, "model.freq_dim (33) must be even"},
         {{"model.in_dim=36", NULL}, "model.in_dim (36) differs from model.out_dim (16)"},
         {{"train.min_lr=1e-3", NULL}, "train.min_lr (0.001) is larger than train.lr (0.0001)"},
-        {{"train.recompute=block", NULL}, "balance.recompute (none) differs from train.recompute (block)"},
+        {{"checkpoint.resume_data=changed", NULL}, "checkpoint.resume_data = changed needs run.steps"},
+        {{"train.recompute=block", "balance.recompute=none"},
+         "balance.recompute (none) differs from train.recompute (block)"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char first[64], second[64];
@@ -699,6 +701,10 @@ static void test_cross_key_checks(void **state)
     }
     deck config;
     assert_int_equal(load_one("model.num_heads=16", &config), 0); /* 1536/16 = 96 */
+    /* balance.recompute left unset follows train.recompute (issue 32 S11): one setting, written once */
+    assert_int_equal(load_one("train.recompute=block", &config), 0);
+    assert_int_equal(config.balance.recompute, RECOMPUTE_BLOCK);
+    assert_int_equal(load_one("balance.recompute=block", &config), 1);
 }
 
 static void test_cross_key_lines(void **state)

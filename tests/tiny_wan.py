@@ -85,4 +85,10 @@ def media(folder):
 
 
 if __name__ == "__main__":
+    if len(sys.argv) == 2 and sys.argv[1] in ("-h", "--help"):
+        print(__doc__)
+        sys.exit(0)
+    if len(sys.argv) != 3 or sys.argv[1] not in ("models", "media"):
+        print(__doc__.split("\n\n")[1], file=sys.stderr)
+        sys.exit(2)
     {"models": models, "media": media}[sys.argv[1]](sys.argv[2])

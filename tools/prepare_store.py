@@ -298,6 +298,23 @@ def done(work, index, record):
     return True, None
 
 
+def unfit_before(work, index, record):
+    """True when an earlier run found no bucket for sample `index`, made from this very record."""
+    try:
+        with open(os.path.join(work, f"{index:08d}.unfit.json")) as f:
+            return json.load(f) == record
+    except (OSError, ValueError):
+        return False
+
+
+def mark_unfit(work, index, record):
+    """Remember that no bucket fits sample `index`, so that a rerun does not read it (or load encoders) again."""
+    name = os.path.join(work, f"{index:08d}.unfit.json")
+    with open(name + ".tmp", "w") as f:
+        json.dump(record, f)
+    os.replace(name + ".tmp", name)
+
+
 def save_sample(work, index, latent, text, record):
     """Write the sample's arrays, then its .json (the mark that it is complete, with each part's shape, dtype
     and CRC-32), each by rename."""
@@ -355,12 +372,14 @@ def run_encoders(args, todo, progress):
 
     statuses = {}
     paths = {index: path for index, path, _ in todo}
+    captions = {index: caption for index, _, caption in todo}
 
     def report(index, status):
         progress.update(1)
         statuses[index] = status
         if status == "unfit":
             progress.write(f"prepare_store: no bucket fits {paths[index]} (too few frames or too small); left out")
+            mark_unfit(args.work, index, sample_record(paths[index], captions[index], args))
         elif status != "ok":
             if not args.skip_bad:
                 raise SystemExit(f"prepare_store: {status}")
@@ -562,24 +581,28 @@ def main():
             complete.append(i)
         elif problem:
             print(f"prepare_store: {problem}; encoding sample {i} ({path}) again", file=sys.stderr)
-    kept = set(complete)
+    unfit_known = [i for i, (path, caption) in enumerate(items)
+                   if i not in set(complete) and unfit_before(args.work, i, sample_record(path, caption, args))]
+    kept = set(complete) | set(unfit_known)
     todo = [(i, path, caption) for i, (path, caption) in enumerate(items) if i not in kept]
-    print(f"prepare_store: {len(items)} inputs, {len(complete)} already done, {len(todo)} to encode",
-          file=sys.stderr)
+    print(f"prepare_store: {len(items)} inputs, {len(complete)} already done, {len(todo)} to encode"
+          + (f" ({len(unfit_known)} without a bucket, left out before)" if unfit_known else ""), file=sys.stderr)
     limit = len(todo) if args.max_samples is None else min(args.max_samples, len(todo))
-    with tqdm(total=len(complete) + limit, initial=len(complete), unit="sample", desc="encode") as progress:
-        statuses = run_encoders(args, todo[:limit], progress)
+    statuses = {}
+    if limit > 0:   # the encoders load only where there is something to encode
+        with tqdm(total=len(complete) + limit, initial=len(complete), unit="sample", desc="encode") as progress:
+            statuses = run_encoders(args, todo[:limit], progress)
     if limit < len(todo):
         print(f"prepare_store: stopped after {limit} new samples (--max-samples); run again to continue",
               file=sys.stderr)
         return 0
     encoded = [index for index, status in statuses.items() if status == "ok"]
-    unfit = sum(status == "unfit" for status in statuses.values())
+    unfit = sum(status == "unfit" for status in statuses.values()) + len(unfit_known)
     if not complete and not encoded:
         fail("no sample could be made (no bucket fits any input?)", 1)
     n = pack(args, sorted(complete + encoded))
     print(f"prepare_store: wrote {args.out}: {n} samples ({unfit} without a bucket, "
-          f"{len(statuses) - len(encoded) - unfit} unreadable and skipped)", file=sys.stderr)
+          f"{len(statuses) - len(encoded) - (unfit - len(unfit_known))} unreadable and skipped)", file=sys.stderr)
     return 0
 
 

@@ -21,6 +21,10 @@ trimmed to its tokens. --text-padding overrides it.
     python3 tools/sample.py --checkpoint run/checkpoints/step_00010000.h5 --wan Wan2.1-T2V-1.3B-Diffusers \\
         --prompt "a red fox runs through snow" --out fox
 
+--prompts FILE samples each line of FILE instead (the pipeline loaded once): `PROMPT | key=value ...`, the keys
+height, width, frames, steps, seed and guidance overriding the options for that line; blank lines and lines
+starting with # are skipped. OUT is then a folder: OUT/01.mp4 and OUT/01.png for the first prompt, and so on.
+
 Needs torch, diffusers, transformers, h5py, numpy, Pillow and PyAV (`av`, for the mp4).
 """
 import argparse
@@ -59,9 +63,13 @@ def parse_args():
     parser.add_argument("--vae", help="AutoencoderKLWan folder")
     parser.add_argument("--text-encoder", help="UMT5EncoderModel folder")
     parser.add_argument("--tokenizer", help="its tokenizer folder")
-    parser.add_argument("--prompt", required=True)
+    prompts = parser.add_mutually_exclusive_group(required=True)
+    prompts.add_argument("--prompt")
+    prompts.add_argument("--prompts", metavar="FILE",
+                         help="one prompt a line, `PROMPT | height=H width=W frames=F steps=S seed=N guidance=G`; "
+                              "OUT is then a folder of NN.mp4 and NN.png")
     parser.add_argument("--negative-prompt", default="")
-    parser.add_argument("--out", required=True, help="writes OUT.mp4 and OUT.png")
+    parser.add_argument("--out", required=True, help="writes OUT.mp4 and OUT.png (with --prompts: OUT/NN.mp4, .png)")
     parser.add_argument("--height", type=int, default=480, help="pixels, a multiple of 16")
     parser.add_argument("--width", type=int, default=832, help="pixels, a multiple of 16")
     parser.add_argument("--frames", type=int, default=81, help="4k+1 frames (1 = an image)")
@@ -81,12 +89,29 @@ def parse_args():
             setattr(args, part, os.path.join(args.wan, part))
         if getattr(args, part) is None or not os.path.isdir(getattr(args, part)):
             parser.error(f"--{part.replace('_', '-')} DIR (or --wan DIR) must name a folder")
-    if args.height % 16 or args.width % 16 or args.height <= 0 or args.width <= 0:
-        parser.error(f"--height {args.height} --width {args.width}: need positive multiples of 16")
-    if args.frames < 1 or (args.frames - 1) % 4:
-        parser.error(f"--frames {args.frames}: need 4k+1 frames (1, 5, 9, ..., 81)")
+    args.jobs = read_prompts(parser, args) if args.prompts else [job_of(args, args.prompt, {}, args.out)]
+    for job in args.jobs:
+        where = job["where"]
+        if job["height"] % 16 or job["width"] % 16 or job["height"] <= 0 or job["width"] <= 0:
+            parser.error(f"{where}--height {job['height']} --width {job['width']}: need positive multiples of 16")
+        if job["frames"] < 1 or (job["frames"] - 1) % 4:
+            parser.error(f"{where}--frames {job['frames']}: need 4k+1 frames (1, 5, 9, ..., 81)")
+        if job["steps"] < 1:
+            parser.error(f"{where}--steps {job['steps']}: need at least 1")
     if not os.path.isfile(args.checkpoint):
         parser.error(f"--checkpoint {args.checkpoint}: no such file")
+    # the output folders are made (and found writable) now, not after minutes of sampling
+    out_folder = args.out if args.prompts else os.path.dirname(args.out) or "."
+    for option, folder in (("--out", out_folder), ("--save-wan", args.save_wan),
+                           ("--save-diffusers", args.save_diffusers)):
+        if folder is None:
+            continue
+        try:
+            os.makedirs(folder, exist_ok=True)
+        except OSError as error:
+            parser.error(f"{option}: cannot make the folder {folder}: {error.strerror}")
+        if not os.access(folder, os.W_OK):
+            parser.error(f"{option}: the folder {folder} is not writable")
     return args
 
 
@@ -122,6 +147,46 @@ def read_tensor(item, source, name):
         fail(f"{source}: tensor {name} element {bad[0]} is {values.flat[bad[0]]} ({bad.size} values not finite): "
              "these weights cannot make a sample; take an earlier checkpoint")
     return values
+
+
+PROMPT_KEYS = {"height": int, "width": int, "frames": int, "steps": int, "seed": int, "guidance": float}
+
+
+def job_of(args, prompt, settings, out, where=""):
+    """One sample to make: the prompt, the options (settings override them) and the output prefix."""
+    job = {key: settings.get(key, getattr(args, key)) for key in PROMPT_KEYS}
+    job.update(prompt=prompt, out=out, where=where)
+    return job
+
+
+def read_prompts(parser, args):
+    """The --prompts file's lines as jobs (OUT/NN), each checked; a usage error names FILE:LINE."""
+    try:
+        with open(args.prompts, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except OSError as error:
+        parser.error(f"--prompts {args.prompts}: {error.strerror}")
+    jobs = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        where = f"{args.prompts}:{number}: "
+        prompt, _, rest = line.partition("|")
+        settings = {}
+        for item in rest.split():
+            key, equals, value = item.partition("=")
+            if key not in PROMPT_KEYS or not equals:
+                parser.error(f"{where}'{item}' is not one of {', '.join(k + '=' for k in PROMPT_KEYS)}")
+            try:
+                settings[key] = PROMPT_KEYS[key](value)
+            except ValueError:
+                parser.error(f"{where}{key}={value}: not a number")
+        if not prompt.strip():
+            parser.error(f"{where}an empty prompt")
+        jobs.append(job_of(args, prompt.strip(), settings, os.path.join(args.out, f"{len(jobs) + 1:02d}"), where))
+    if not jobs:
+        parser.error(f"--prompts {args.prompts}: no prompt in it")
+    return jobs
 
 
 def read_weights(args):
@@ -271,17 +336,20 @@ def main():
         text_encoder=UMT5EncoderModel.from_pretrained(args.text_encoder, local_files_only=True, torch_dtype=dtype),
         vae=AutoencoderKLWan.from_pretrained(args.vae, local_files_only=True, torch_dtype=torch.float32),
         scheduler=scheduler, transformer=transformer).to(device)
-    positive = prompt_embeddings(pipe, args.prompt, device, padding, dims["text_len"]).to(dtype)
     negative = prompt_embeddings(pipe, args.negative_prompt, device, padding, dims["text_len"]).to(dtype)
-    generator = torch.Generator(device="cpu").manual_seed(args.seed)
-    result = pipe(prompt_embeds=positive, negative_prompt_embeds=negative, height=args.height, width=args.width,
-                  num_frames=args.frames, num_inference_steps=args.steps, guidance_scale=args.guidance,
-                  generator=generator, output_type="np", max_sequence_length=dims["text_len"])
-    frames = (np.clip(np.asarray(result.frames[0], np.float32), 0.0, 1.0) * 255.0).round().astype(np.uint8)
-    write_mp4(frames, args.out + ".mp4", args.fps)
-    shown, shape = write_grid(frames, args.out + ".png")
-    print(f"sample: wrote {args.out}.mp4 ({len(frames)} frames of {frames.shape[2]}x{frames.shape[1]}) and "
-          f"{args.out}.png ({shown} frames, {shape[1]}x{shape[0]})", file=sys.stderr)
+    for job in args.jobs:
+        positive = prompt_embeddings(pipe, job["prompt"], device, padding, dims["text_len"]).to(dtype)
+        generator = torch.Generator(device="cpu").manual_seed(job["seed"])
+        result = pipe(prompt_embeds=positive, negative_prompt_embeds=negative, height=job["height"],
+                      width=job["width"], num_frames=job["frames"], num_inference_steps=job["steps"],
+                      guidance_scale=job["guidance"], generator=generator, output_type="np",
+                      max_sequence_length=dims["text_len"])
+        frames = (np.clip(np.asarray(result.frames[0], np.float32), 0.0, 1.0) * 255.0).round().astype(np.uint8)
+        out = job["out"]
+        write_mp4(frames, out + ".mp4", args.fps)
+        shown, shape = write_grid(frames, out + ".png")
+        print(f"sample: wrote {out}.mp4 ({len(frames)} frames of {frames.shape[2]}x{frames.shape[1]}) and "
+              f"{out}.png ({shown} frames, {shape[1]}x{shape[0]})", file=sys.stderr)
     return 0
 
 

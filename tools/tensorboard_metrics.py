@@ -1,24 +1,21 @@
 #!/usr/bin/env python3
-"""tensorboard_metrics.py — an aldit run's metrics.jsonl as TensorBoard scalars, once or following the run.
+"""tensorboard_metrics.py — a run's metrics.jsonl as TensorBoard scalars, once or following the run as it trains.
 
-usage: tools/tensorboard_metrics.py RUN_DIR [--logdir DIR] [--follow] [--interval S] [--stop-after S]
+    python3 tools/tensorboard_metrics.py run/metrics.jsonl --follow &     # writes run/tensorboard
+    tensorboard --logdir run/tensorboard
 
-Reads RUN_DIR/metrics.jsonl (or a metrics file named directly) and writes TensorBoard event files into DIR
-(default RUN_DIR/tensorboard): train/loss, train/lr, train/grad_norm, throughput/samples_per_s and tokens_per_s
-(per step, over all ranks), throughput/model_tflops_per_s, balance/imbalance and imbalance_pred, time/step_s,
-data_wait_s, comm_s, memory/mem_peak_gib and mem_pred_gib, and on the steps that validated val/loss,
-val/loss_sigma_<σ> for each level of [eval] sigmas, and with an EMA val/loss_ema and val/loss_ema_sigma_<σ>.
-Then `tensorboard --logdir DIR`.
+Each line's numbers become scalars at its step: train/loss, train/lr, train/grad_norm; val/loss and val/loss_ema
+with one curve per noise level (val/loss_sigma/0.1, val/loss_ema_sigma/0.1, ...); throughput/tokens_per_s and
+throughput/samples_per_s (over step_s); balance/imbalance and balance/imbalance_pred; and every other number of
+the line under run/ (mem_peak, data_wait_s, ...). Per-rank lists are left out.
 
-With --follow it keeps reading as the run appends (every --interval seconds, default 5) until interrupted, or
-until the file has not grown for --stop-after seconds. A resumed run rewrites the lines after its checkpoint's
-step: when a step comes again (the file shrank, or a step not after the last one written appears), the scalars
-from that step on are purged (SummaryWriter's purge_step) and written anew, so TensorBoard shows each step once.
-Running the tool again on the same folder writes every step again, purging the earlier pass's events from the
-file's first step on.
+Resumes: a resumed run keeps the lines up to its checkpoint and writes the later steps again. Each time this
+tool starts, and whenever it finds the file rewritten, it marks a restart at the first step it writes (a
+SessionLog START event), so that TensorBoard drops the older points from that step on and each step shows once.
 
-Needs torch and tensorboard (tools/requirements.txt). Exit status: 0, 1 on an unreadable metrics file, 2 on
-usage errors.
+--follow reads the lines the run appends every --interval seconds (a torn last line waits for its end) until
+Ctrl-C, or until --idle seconds pass without a new line. Needs the tensorboard package
+(tools/requirements.txt), not TensorFlow.
 """
 import argparse
 import json
@@ -27,155 +24,149 @@ import os
 import sys
 import time
 
-GIB = float(1 << 30)
+
+def fail(message, status=2):
+    print(f"tensorboard_metrics: {message}", file=sys.stderr)
+    sys.exit(status)
 
 
-def metrics_path(run):
-    if os.path.isdir(run):
-        return os.path.join(run, "metrics.jsonl")
-    return run
+def parse_args():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog=__doc__.split("\n\n", 1)[1])
+    parser.add_argument("metrics", help="metrics.jsonl written by aldit")
+    parser.add_argument("--logdir", help="TensorBoard folder (default: tensorboard beside the metrics file)")
+    parser.add_argument("--follow", action="store_true", help="keep reading the lines the run appends")
+    parser.add_argument("--interval", type=float, default=10.0, help="seconds between reads with --follow")
+    parser.add_argument("--idle", type=float, default=0.0,
+                        help="with --follow: stop after this many seconds without a new line (0: never)")
+    args = parser.parse_args()
+    if not args.follow and not os.path.isfile(args.metrics):
+        parser.error(f"{args.metrics}: no such file")
+    if args.interval <= 0 or args.idle < 0:
+        parser.error("--interval must be positive and --idle at least 0")
+    args.logdir = args.logdir or os.path.join(os.path.dirname(os.path.abspath(args.metrics)), "tensorboard")
+    return args
 
 
-def read_lines(path, offset):
-    """Whole lines from byte `offset` on: (rows, new offset). A last line without its newline (being written) is
-    left for the next read."""
-    rows = []
-    with open(path, "rb") as metrics:
-        metrics.seek(offset)
-        data = metrics.read()
-    end = data.rfind(b"\n")
-    if end < 0:
-        return rows, offset
-    for number, line in enumerate(data[:end].split(b"\n")):
-        line = line.strip()
-        if not line:
-            continue
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError as error:
-            raise SystemExit(f"{path}: byte {offset}: line {number + 1} read here is not JSON: {error}") from None
-    return rows, offset + end + 1
+def number(value):
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def finite(value):
-    return isinstance(value, (int, float)) and math.isfinite(value)
-
-
-def scalars(row):
-    """(tag, value) pairs of one metrics line."""
+def scalars(line):
+    """(tag, value) of one metrics line."""
+    named = {"loss": "train/loss", "lr": "train/lr", "grad_norm": "train/grad_norm", "val_loss": "val/loss",
+             "val_loss_ema": "val/loss_ema", "imbalance": "balance/imbalance",
+             "imbalance_pred": "balance/imbalance_pred"}
     out = []
-
-    def put(tag, value, scale=1.0):
-        if finite(value):
-            out.append((tag, float(value) * scale))
-
-    put("train/loss", row.get("loss"))
-    put("train/lr", row.get("lr"))
-    put("train/grad_norm", row.get("grad_norm"))
-    step_s = row.get("step_s")
-    if finite(step_s) and step_s > 0:
-        put("throughput/samples_per_s", row.get("samples"), 1.0 / step_s)
-        put("throughput/tokens_per_s", row.get("tokens"), 1.0 / step_s)
-        put("throughput/model_tflops_per_s", row.get("model_flops"), 1e-12 / step_s)
-    put("balance/imbalance", row.get("imbalance"))
-    put("balance/imbalance_pred", row.get("imbalance_pred"))
-    for key in ("step_s", "data_wait_s", "comm_s", "compute_s_max"):
-        put("time/" + key, row.get(key))
-    put("memory/mem_peak_gib", row.get("mem_peak"), 1.0 / GIB)
-    put("memory/mem_pred_gib", row.get("mem_pred"), 1.0 / GIB)
-    put("val/loss", row.get("val_loss"))
-    put("val/loss_ema", row.get("val_loss_ema"))
-    sigmas = row.get("val_sigmas") or []
-    for name, key in (("val/loss_sigma_", "val_loss_sigma"), ("val/loss_ema_sigma_", "val_loss_ema_sigma")):
-        for sigma, value in zip(sigmas, row.get(key) or []):
-            put(f"{name}{sigma:g}", value)
+    for key, value in line.items():
+        if key == "step" or not number(value):
+            continue
+        out.append((named.get(key, "run/" + key), float(value)))
+    seconds = line.get("step_s")
+    if number(seconds) and seconds > 0:
+        for key in ("tokens", "samples"):
+            if number(line.get(key)):
+                out.append((f"throughput/{key}_per_s", line[key] / seconds))
+    sigmas = line.get("val_sigmas") or []
+    for key, tag in (("val_loss_sigma", "val/loss_sigma"), ("val_loss_ema_sigma", "val/loss_ema_sigma")):
+        for sigma, value in zip(sigmas, line.get(key) or []):
+            if number(sigma) and number(value):
+                out.append((f"{tag}/{sigma:g}", float(value)))
     return out
 
 
-class Follower:
-    """Writes the metrics file's rows as they come; purges and rewrites from a step that comes again."""
+class Board:
+    """The event file this run of the tool writes, and the last step it wrote."""
 
-    def __init__(self, path, logdir, writer_class):
-        self.path, self.logdir, self.writer_class = path, logdir, writer_class
+    def __init__(self, logdir):
+        from tensorboard.summary.writer.event_file_writer import EventFileWriter
+        from tensorboard.compat.proto.event_pb2 import Event, SessionLog
+        from tensorboard.compat.proto.summary_pb2 import Summary
+        self.Event, self.SessionLog, self.Summary = Event, SessionLog, Summary
         os.makedirs(logdir, exist_ok=True)
-        self.last_step, self.offset, self.size = None, 0, 0
-        self.writer = None
+        self.writer = EventFileWriter(logdir)
+        self.last_step = None     # None: a restart is marked before the next step written
 
-    def open_writer(self, purge_step):
-        if self.writer:
-            self.writer.close()
-        self.writer = self.writer_class(log_dir=self.logdir, purge_step=purge_step)
+    def restart(self):
+        self.last_step = None
 
-    def poll(self):
-        """Read what is new; returns the number of rows written."""
-        try:
-            size = os.path.getsize(self.path)
-        except OSError as error:
-            raise SystemExit(f"{self.path}: {error.strerror}") from None
-        if size < self.size:  # the run rewrote its file (a resume dropped the lines after its checkpoint)
-            self.offset = 0
-        self.size = size
-        rows, self.offset = read_lines(self.path, self.offset)
-        written = 0
-        for row in rows:
-            step = row.get("step")
-            if not isinstance(step, int):
-                continue
-            # the first step written (events of an earlier pass over the folder from it on are dropped), or a step
-            # that comes again after a resume
-            if self.writer is None or step <= self.last_step:
-                self.open_writer(purge_step=step)
-            for tag, value in scalars(row):
-                self.writer.add_scalar(tag, value, step)
-            self.last_step = step
-            written += 1
-        if written:
-            self.writer.flush()
-        return written
+    def write(self, line):
+        step = line.get("step")
+        if not isinstance(step, int):
+            return
+        now = time.time()
+        if self.last_step is None or step <= self.last_step:
+            self.writer.add_event(self.Event(wall_time=now, step=step,
+                                             session_log=self.SessionLog(status=self.SessionLog.START)))
+        values = [self.Summary.Value(tag=tag, simple_value=value) for tag, value in scalars(line)]
+        self.writer.add_event(self.Event(wall_time=now, step=step, summary=self.Summary(value=values)))
+        self.last_step = step
 
     def close(self):
-        if self.writer:
-            self.writer.close()
+        self.writer.flush()
+        self.writer.close()
+
+
+class Reader:
+    """The whole lines appended to the metrics file since the last read; rewritten files are read again."""
+
+    def __init__(self, path):
+        self.path, self.offset, self.last_line = path, 0, b""
+
+    def rewritten(self, f, size):
+        if size < self.offset:
+            return True
+        if not self.last_line:
+            return False
+        f.seek(self.offset - len(self.last_line))
+        return f.read(len(self.last_line)) != self.last_line
+
+    def read(self, board):
+        """Writes the new lines to the board; returns how many."""
+        try:
+            f = open(self.path, "rb")
+        except FileNotFoundError:
+            return 0
+        with f:
+            size = os.fstat(f.fileno()).st_size
+            if self.rewritten(f, size):
+                self.offset, self.last_line = 0, b""
+                board.restart()
+            f.seek(self.offset)
+            chunk = f.read(size - self.offset)
+        lines = chunk.split(b"\n")[:-1]   # the last piece is a torn line or empty
+        for raw in lines:
+            self.offset += len(raw) + 1
+            self.last_line = raw + b"\n"
+            try:
+                board.write(json.loads(raw))
+            except ValueError:
+                print(f"tensorboard_metrics: {self.path}: a line that is not JSON left out", file=sys.stderr)
+        return len(lines)
 
 
 def main():
-    parser = argparse.ArgumentParser(description="aldit metrics.jsonl -> TensorBoard scalars")
-    parser.add_argument("run", help="the run folder ([run] dir) or its metrics file")
-    parser.add_argument("--logdir", help="where the event files go (default: RUN/tensorboard)")
-    parser.add_argument("--follow", action="store_true", help="keep reading as the run appends")
-    parser.add_argument("--interval", type=float, default=5.0, help="seconds between reads with --follow")
-    parser.add_argument("--stop-after", type=float, default=0.0,
-                        help="with --follow: stop when the file has not grown for this many seconds (0: never)")
-    args = parser.parse_args()
-    path = metrics_path(args.run)
-    if not os.path.isfile(path):
-        print(f"tensorboard_metrics.py: {path}: no such metrics file", file=sys.stderr)
-        return 1
-    run_dir = os.path.dirname(os.path.abspath(path))
-    logdir = args.logdir or os.path.join(run_dir, "tensorboard")
+    args = parse_args()
     try:
-        from torch.utils.tensorboard import SummaryWriter
-    except ImportError as error:
-        print(f"tensorboard_metrics.py: needs torch and tensorboard (pip install -r tools/requirements.txt): {error}",
-              file=sys.stderr)
-        return 2
-    follower = Follower(path, logdir, SummaryWriter)
+        board = Board(args.logdir)
+    except ImportError:
+        fail("needs tensorboard: python3 -m pip install -r tools/requirements.txt", 1)
+    reader = Reader(args.metrics)
+    total = reader.read(board)
+    last_new = time.time()
     try:
-        total = follower.poll()
-        grown = time.monotonic()
-        while args.follow:
+        while args.follow and not (args.idle > 0 and time.time() - last_new >= args.idle):
+            board.writer.flush()
             time.sleep(args.interval)
-            written = follower.poll()
-            total += written
-            if written:
-                grown = time.monotonic()
-            elif args.stop_after > 0 and time.monotonic() - grown > args.stop_after:
-                break
+            new = reader.read(board)
+            total += new
+            if new:
+                last_new = time.time()
     except KeyboardInterrupt:
         pass
-    finally:
-        follower.close()
-    print(f"tensorboard_metrics.py: {total} step(s) written to {logdir} (last step {follower.last_step})")
+    board.close()
+    print(f"tensorboard_metrics: {total} lines of {args.metrics} in {args.logdir}", file=sys.stderr)
     return 0
 
 

@@ -259,7 +259,6 @@ static uint64_t hash_samples(const balance_sample *samples, int64_t n_samples)
    reported as errors. Returns the number of errors. */
 static int64_t check_oversize(balancer *b, deck_oversize oversize, FILE *errors)
 {
-    const double gib = 1024.0 * 1024.0 * 1024.0;
     const int max_reported = 10;
     int64_t n_over = 0;
     b->n_active = 0;
@@ -271,15 +270,19 @@ static int64_t check_oversize(balancer *b, deck_oversize oversize, FILE *errors)
             continue;
         }
         if (n_over++ >= max_reported) continue;
-        char line[512];
-        char split[96] = "";
-        if (b->sp_max > 1)
-            snprintf(split, sizeof(split), " (%.2f GiB per rank split over the largest group, %d ranks)",
-                     cost_model_mem_split(&b->cm, sample->tokens, sample->text_len, b->sp_max) / gib, b->sp_max);
-        snprintf(line, sizeof(line), "sample %lld: %d tokens (+%d text tokens) need %.2f GiB of activations%s (recompute = %s), "
-                 "over the memory budget of %.2f GiB per rank (at most %lld tokens fit one rank)",
-                 (long long)sample->id, sample->tokens, sample->text_len, bytes / gib, split,
-                 b->cm.recompute_block ? "block" : "none", b->mem_budget / gib,
+        char line[512], need[32], budget[32], split[96] = "";
+        format_size(bytes, need, sizeof need);
+        format_size(b->mem_budget, budget, sizeof budget);
+        if (b->sp_max > 1) {
+            char per_rank[32];
+            format_size(cost_model_mem_split(&b->cm, sample->tokens, sample->text_len, b->sp_max), per_rank,
+                        sizeof per_rank);
+            snprintf(split, sizeof(split), " (%s per rank split over the largest group, %d ranks)", per_rank, b->sp_max);
+        }
+        snprintf(line, sizeof(line), "sample %lld: %d tokens (+%d text tokens) need %s of activations%s (recompute = %s), "
+                 "over the memory budget of %s per rank (at most %lld tokens fit one rank)",
+                 (long long)sample->id, sample->tokens, sample->text_len, need, split,
+                 b->cm.recompute_block ? "block" : "none", budget,
                  (long long)balancer_max_tokens_in_budget(&b->cm, b->mem_budget, sample->text_len));
         if (oversize == OVERSIZE_SKIP) aldit_warn("balance: skipping %s", line);
         else if (errors) fprintf(errors, "aldit: balance: %s\n", line);
@@ -293,10 +296,13 @@ static int64_t check_oversize(balancer *b, deck_oversize oversize, FILE *errors)
         if (n_over > 0) aldit_warn("balance: %lld of %lld samples skipped as oversize", (long long)n_over, (long long)b->n_samples);
         return 0;
     }
+    /* recomputation is the GPU backend's alone: advised only where the memory model is the GPU's and it is off */
+    const int advise_recompute = b->cm.backend == LAYOUT_BACKEND_GPU && !b->cm.recompute_block;
     if (n_over > 0 && errors)
-        fprintf(errors, "aldit: balance: %lld samples exceed the memory budget: lower their size, set [balance] recompute = block, "
-                "raise [balance] mem_budget, set [balance] sp = auto (global strategy: split a sample over a group of ranks), "
-                "or set [balance] oversize = skip\n", (long long)n_over);
+        fprintf(errors, "aldit: balance: %lld samples exceed the memory budget: lower their size,%s raise [balance] "
+                "mem_budget,%s or set [balance] oversize = skip\n", (long long)n_over,
+                advise_recompute ? " set [train] recompute = block," : "",
+                b->sp_max > 1 ? "" : " set [balance] sp = auto (global strategy: split a sample over a group of ranks),");
     return n_over;
 }
 
@@ -587,6 +593,11 @@ static const char *sp_word(int64_t sp)
     if (sp == 1) return "off";
     for (int j = 0; j < 10; j++) if (sp == (int64_t)2 << j) return powers[j];
     return "?";
+}
+
+void balancer_start_at_epoch(balancer *b, int64_t epoch)
+{
+    balance_start_epoch(b, epoch > 0 ? epoch : 0);
 }
 
 int balancer_load_state(balancer *b, const void *buffer, size_t n_bytes)

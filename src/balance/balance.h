@@ -75,6 +75,10 @@ void balance_assignment_free(balance_assignment *a);
 size_t balancer_state_bytes(const balancer *b);
 void balancer_save_state(const balancer *b, void *buffer);
 int balancer_load_state(balancer *b, const void *buffer, size_t n_bytes);
+/* A warm start onto a changed store ([checkpoint] resume_data = changed): in place of a saved state, begin epoch
+   `epoch`'s order (the count goes on from the checkpoint's, so the order and the samples' noise are new). Call
+   before the first balancer_next. */
+void balancer_start_at_epoch(balancer *b, int64_t epoch);
 
 /* Collective: rank 0 passes the step's assignment (others NULL); every rank receives its own part into
    `mine` (start from a zeroed struct; buffers grow as needed; free with rank_assignment_free), micro_group with it.

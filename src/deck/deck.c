@@ -46,6 +46,7 @@ static const char *const nonfinite_names[] = {"error", "skip", NULL};
 static const char *const lr_schedule_names[] = {"cosine", "constant", NULL};
 static const char *const attention_names[] = {"auto", "cudnn", "own", NULL};
 static const char *const on_corrupt_names[] = {"error", "skip", NULL};
+static const char *const resume_data_names[] = {"same", "changed", NULL};
 
 #define FIELD(member) .offset = offsetof(deck, member), .size = sizeof(((deck *)0)->member)
 #define KEY(sec, key, kind, member) .section = sec, .name = key, .type = kind, FIELD(member)
@@ -172,7 +173,7 @@ static const deck_key deck_keys[] = {
              "its full-depth timings (the cheapest shapes, then up to 2 checks) take at most a third of it, the other "
              "shapes are scaled from models of 1 and 2 blocks (0: all but the cheapest scaled)"},
     {KEY("balance", "recompute", KEY_ENUM, balance.recompute), .choices = recompute_names, .default_text = "none",
-     .help = "activation recomputation the memory model assumes; must equal train.recompute"},
+     .help = "activation recomputation the memory model assumes; unset, it follows train.recompute (set, it must equal it)"},
     {KEY("balance", "sp", KEY_INT, balance.sp), .min = 2, .max = 1024, .zero_word = "auto", .one_word = "off",
      .default_text = "off",
      .help = "sequence parallelism (global strategy): the largest group of ranks the balancer may give one sample, "
@@ -242,9 +243,17 @@ static const deck_key deck_keys[] = {
      .help = "newest checkpoints kept in the run folder"},
     {KEY("checkpoint", "resume", KEY_BOOL, checkpoint.resume), .default_text = "on",
      .help = "resume from the newest complete checkpoint in the run folder"},
+    {KEY("checkpoint", "resume_data", KEY_ENUM, checkpoint.resume_data), .choices = resume_data_names,
+     .default_text = "same",
+     .help = "resuming: same = the checkpoint's store, its epoch order continued; changed = a changed or grown store "
+             "(weights, AdamW moments, EMA, step and schedule carried, a new epoch order from the step; needs run.steps)"},
     {KEY("checkpoint", "at_end", KEY_BOOL, checkpoint.at_end), .default_text = "on",
      .help = "checkpoint when the run's steps or epochs are done (off: no final checkpoint, e.g. for a benchmark; "
              "a signal, every and interval still checkpoint)"},
+    {KEY("checkpoint", "hook", KEY_STRING, checkpoint.hook), .default_text = "",
+     .help = "shell command rank 0 starts after each checkpoint, detached (own session, output appended to "
+             "run.dir/hooks.log), with ALDIT_CHECKPOINT, ALDIT_STEP and ALDIT_RUN_DIR set; none is started while "
+             "the last still runs (empty: none)"},
     /* [log] */
     {KEY("log", "every", KEY_INT64, log.every), .min = 1, .max = 1e12, .default_text = "1",
      .help = "progress line every N steps"},
@@ -870,6 +879,13 @@ static void apply_override(load_context *ctx, const char *argument)
 
 /* ---- cross-key checks ------------------------------------------------------------------------------ */
 
+/* Keys whose default is another key's value: balance.recompute follows train.recompute unless set. */
+static void follow_unset_keys(load_context *ctx)
+{
+    if (ctx->origin[key_index("balance", "recompute")] == ORIGIN_DEFAULT)
+        ctx->config->balance.recompute = ctx->config->train.recompute;
+}
+
 /* Report at the most recent setting among the keys involved: the command line, else the latest deck
    line, else the file (all defaults). */
 static int latest_origin(const load_context *ctx, const int *indices, int n_indices)
@@ -921,6 +937,10 @@ static void check_cross_keys(load_context *ctx)
     if (config->balance.sp > 1 && (config->balance.sp & (config->balance.sp - 1)) != 0)
         report(ctx, latest_origin(ctx, sp, 1), "balance.sp (%d) is not a power of two: give 2, 4, 8, ..., auto or off",
                config->balance.sp);
+    const int warm[] = {key_index("checkpoint", "resume_data"), key_index("run", "steps")};
+    if (config->checkpoint.resume_data == RESUME_DATA_CHANGED && config->run.steps <= 0)
+        report(ctx, latest_origin(ctx, warm, 2), "checkpoint.resume_data = changed needs run.steps (the run's length "
+               "in steps: the epochs of the checkpoint's store do not count on another)");
     const int recompute[] = {key_index("balance", "recompute"), key_index("train", "recompute")};
     if (config->balance.recompute != config->train.recompute)
         report(ctx, latest_origin(ctx, recompute, 2),
@@ -968,6 +988,7 @@ int deck_load(deck *config, const char *path, int n_overrides, char *const overr
         load_file(&ctx, path);
     }
     for (int i = 0; i < n_overrides; i++) apply_override(&ctx, overrides[i]);
+    follow_unset_keys(&ctx);
     if (ctx.n_errors == 0) check_cross_keys(&ctx);
     if (ctx.n_errors > MAX_PRINTED_ERRORS)
         fprintf(errors, "%s: %d more errors not shown\n", ctx.file, ctx.n_errors - MAX_PRINTED_ERRORS);

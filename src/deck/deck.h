@@ -20,6 +20,7 @@ typedef enum { NONFINITE_ERROR, NONFINITE_SKIP } deck_nonfinite;
 typedef enum { LR_COSINE, LR_CONSTANT } deck_lr_schedule;
 typedef enum { ATTENTION_AUTO, ATTENTION_CUDNN, ATTENTION_OWN } deck_attention;
 typedef enum { ON_CORRUPT_ERROR, ON_CORRUPT_SKIP } deck_on_corrupt;
+typedef enum { RESUME_DATA_SAME, RESUME_DATA_CHANGED } deck_resume_data;
 
 /* A list of numbers (e.g. [eval] sigmas): n values in order, at most DECK_LIST_MAX. */
 #define DECK_LIST_MAX 32
@@ -112,7 +113,10 @@ typedef struct {
         int max_failures;              /* stop after this many consecutive failed checkpoints */
         int keep;                      /* keep the newest K checkpoints */
         int resume;                    /* resume from the newest complete checkpoint in the run folder (1) */
+        deck_resume_data resume_data;  /* same: the checkpoint's store, its epoch order continued; changed: a changed
+                                          or grown store, the training state carried and a new epoch order */
         int at_end;                    /* checkpoint when the steps or epochs are done (1); a signal always does */
+        char hook[DECK_PATH_MAX];      /* shell command rank 0 starts, detached, after each checkpoint ("": none) */
     } checkpoint;
     struct {
         int64_t every;                 /* progress line every N steps */

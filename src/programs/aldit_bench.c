@@ -2,7 +2,8 @@
    plain and gated-residual, in GB/s against their byte floors and as % of the copy bandwidth of the same run;
    the cuBLASLt linear layers of a Wan 2.1 block (1.3B or 14B dims), forward and both backward GEMMs, in TFLOP/s;
    self- and cross-attention forward and backward in TFLOP/s; one whole block forward+backward against the floor
-   of its GEMMs and attentions measured in the same run). */
+   of its GEMMs and attentions measured in the same run; one member's block forward+backward of a sample split over a
+   sequence-parallel group of k, with the bytes its exchange moves). */
 #include "config.h"
 
 #include <cuda_profiler_api.h>
@@ -24,9 +25,10 @@
 #include "cuda/lnmod.h"
 #include "model/model.h"
 #include "cuda/model_gpu.h"
+#include "cuda/seqpar_gpu.h"
 #include "core/rng.h"
 
-enum { kMaxDims = 8, kMaxSeq = 8 };
+enum { kMaxDims = 8, kMaxSeq = 8, kMaxSplit = 4 };
 
 /* The block dims of the gemm, attention and block sections (--wan): Wan 2.1's 1.3B and 14B; heads of 128. */
 typedef struct {
@@ -53,15 +55,19 @@ typedef struct {
     int block_layers;      /* block: K, the blocks the deeper model has beyond the 1-layer one */
     const char *json_path;
     const wan_dims *wan;   /* --wan */
+    int run_split;         /* --sections split */
+    int n_split;
+    int split_k[kMaxSplit]; /* --split-k: the group sizes of the split section (default 1,2,4) */
 } bench_options;
 
 static void usage(FILE *out)
 {
     fprintf(out,
-            "usage: aldit-bench [--sections lnmod,gemm,attention,block] [--samples B] [--rows S] [--dims D1,D2,...]\n"
+            "usage: aldit-bench [--sections lnmod,gemm,attention,block,split] [--samples B] [--rows S] [--dims D1,D2,...]\n"
             "                   [--repeats N] [--seq S1,S2,...] [--text-rows T] [--profile-step 0|1]\n"
             "                   [--backends own,cudnn,cudnn-tiles] [--block-layers K]\n"
             "                   [--gemm-autotune 0|1] [--attention-autotune 0|1] [--wan 1.3b|14b] [--json FILE]\n"
+            "                   [--split-k K1,K2,...]\n"
             "  Device copy bandwidth, then the sections (default lnmod,gemm):\n"
             "  lnmod: LayerNorm-Modulate (forward, backward, gated-residual variants) on B packed samples of S rows\n"
             "    each (default B=2, S=32760, D=1536,3072,5120). The kernel and row-group shape of each forward are\n"
@@ -86,6 +92,13 @@ static void usage(FILE *out)
             "    the gemm and attention sections (which it runs too). --profile-step 1 then runs one more\n"
             "    (1 + K)-layer step per S between cudaProfilerStart and cudaProfilerStop, e.g. for\n"
             "    ncu --profile-from-start off --metrics gpu__time_duration.sum (each kernel's time in that step).\n"
+            "  split: one member of a sequence-parallel group of k (--split-k, default 1,2,4; k divides the heads) on\n"
+            "    one sample of S tokens (--seq): its block forward+backward on S/k rows with every head and the\n"
+            "    self-attention over all S rows for h/k heads, timed as the block section does ((1 + K)-layer step -\n"
+            "    1-layer step) / K on this one GPU, the exchange replaced by its own part's copy (a loopback group:\n"
+            "    the bytes it would send, 8 tensors of S/k x dim bf16 times (k-1)/k per block, are reported, with\n"
+            "    their time at 300 GB/s, [balance] sp_bandwidth's default). The cost model's split form,\n"
+            "    cost_k(S) = cost(S)/k + exchange, is the column k x member / block at k = 1.\n"
             "  Short ops: N=21 timed groups of 10 launches; long ones (attention, block) fewer groups of 1 launch,\n"
             "  about 3-6 s per figure; medians reported. --json also writes the figures to FILE.\n");
 }
@@ -116,10 +129,10 @@ enum { kDefaultBlockLayers = 8 };
 static bench_options parse_options(int argc, char **argv)
 {
     bench_options o = {1, 1, 0, 0, 2, 32760, 3, {1536, 3072, 5120}, 21, 10, 4, {4096, 16384, 32760, 75600}, 512, 0,
-                       "own,cudnn,cudnn-tiles", 0, 0, kDefaultBlockLayers, NULL, &kWanModels[0]};
+                       "own,cudnn,cudnn-tiles", 0, 0, kDefaultBlockLayers, NULL, &kWanModels[0], 0, 0, {0}};
     enum {
         kSections = 256, kSamples, kRows, kDims, kRepeats, kSeq, kTextRows, kProfileStep, kBackends, kBlockLayers,
-        kGemmAutotune, kAttentionAutotune, kJson, kWan
+        kGemmAutotune, kAttentionAutotune, kJson, kWan, kSplitK
     };
     static const struct option options[] = {
         {"help", no_argument, NULL, 'h'},
@@ -137,6 +150,7 @@ static bench_options parse_options(int argc, char **argv)
         {"attention-autotune", required_argument, NULL, kAttentionAutotune},
         {"json", required_argument, NULL, kJson},
         {"wan", required_argument, NULL, kWan},
+        {"split-k", required_argument, NULL, kSplitK},
         {NULL, 0, NULL, 0},
     };
     opterr = 0; /* the messages below name the option and exit 2 */
@@ -184,14 +198,16 @@ static bench_options parse_options(int argc, char **argv)
         }
         case kSections: {
             char *copy = strdup(value), *save = NULL;
-            o.run_lnmod = o.run_gemm = o.run_attention = o.run_block = 0;
+            o.run_lnmod = o.run_gemm = o.run_attention = o.run_block = o.run_split = 0;
             for (char *item = strtok_r(copy, ",", &save); item; item = strtok_r(NULL, ",", &save)) {
                 if (!strcmp(item, "lnmod")) o.run_lnmod = 1;
                 else if (!strcmp(item, "gemm")) o.run_gemm = 1;
                 else if (!strcmp(item, "attention")) o.run_attention = 1;
                 else if (!strcmp(item, "block")) o.run_block = 1;
+                else if (!strcmp(item, "split")) o.run_split = 1;
                 else {
-                    fprintf(stderr, "aldit-bench: --sections %s: unknown section %s (lnmod, gemm, attention, block)\n",
+                    fprintf(stderr, "aldit-bench: --sections %s: unknown section %s (lnmod, gemm, attention, block, "
+                            "split)\n",
                             value, item);
                     exit(ALDIT_EXIT_USAGE);
                 }
@@ -208,6 +224,24 @@ static bench_options parse_options(int argc, char **argv)
                     exit(ALDIT_EXIT_USAGE);
                 }
                 o.seq[o.n_seq++] = parse_long(item, "--seq", 1, 1L << 20);
+            }
+            free(copy);
+            break;
+        }
+        case kSplitK: {
+            char *copy = strdup(value), *save = NULL;
+            o.n_split = 0;
+            for (char *item = strtok_r(copy, ",", &save); item; item = strtok_r(NULL, ",", &save)) {
+                if (o.n_split == kMaxSplit) {
+                    fprintf(stderr, "aldit-bench: --split-k %s: at most %d values\n", value, kMaxSplit);
+                    exit(ALDIT_EXIT_USAGE);
+                }
+                const long k = parse_long(item, "--split-k", 1, 64);
+                if (k & (k - 1)) {
+                    fprintf(stderr, "aldit-bench: --split-k %s: %ld is not a power of two\n", value, k);
+                    exit(ALDIT_EXIT_USAGE);
+                }
+                o.split_k[o.n_split++] = (int)k;
             }
             free(copy);
             break;
@@ -236,6 +270,11 @@ static bench_options parse_options(int argc, char **argv)
     }
     if (optind < argc) usage_error("unexpected argument", argv[optind]);
     if (o.run_block) o.run_gemm = o.run_attention = 1; /* the block's floor comes from their rates */
+    if (o.n_split == 0) {
+        const int defaults[] = {1, 2, 4};
+        o.n_split = 3;
+        memcpy(o.split_k, defaults, sizeof defaults);
+    }
     return o;
 }
 
@@ -1067,10 +1106,131 @@ static void run_block_section(const bench_options *o, const gemm_results *gemm, 
     model_free(&layers[1]);
 }
 
+/* ---- split section (issue 31): one member of a sequence-parallel group ---------------------------------------- */
+
+typedef struct {
+    int skipped[kMaxSeq][kMaxSplit];   /* 1: k does not divide the heads; 2: not enough memory */
+    int64_t rows[kMaxSeq][kMaxSplit];  /* the member's rows, S/k */
+    double step_ms[kMaxSeq][kMaxSplit][2], member_ms[kMaxSeq][kMaxSplit];
+    double exchange_bytes[kMaxSeq][kMaxSplit];   /* sent by the member per block forward+backward */
+} split_results;
+
+static const double kSplitBandwidth = 300e9;   /* [balance] sp_bandwidth's default, bytes per second */
+
+/* Device bytes the two models of the split section need at (S, k): their workspaces for the member's rows, weights,
+   the head layout's buffers (model_gpu.h: per block q, k, v, output and log-sum-exps over all S rows for h/k heads,
+   four more for the backward, the packing and the latents) and the margin. */
+static size_t split_need_bytes(const model layers[2], int64_t S, int k, int64_t rows)
+{
+    size_t need = kBlockMemoryMargin;
+    for (int l = 0; l < 2; ++l) {
+        const model *m = &layers[l];
+        need += gpu_model_workspace_bytes(m, rows, 1, 0) + 10 * (size_t)m->n_weights;
+        if (k == 1) continue;
+        const size_t all_rows = (size_t)(S + 256), dk = (size_t)(m->dim / k), hk = (size_t)(m->num_heads / k);
+        need += (size_t)(m->num_layers + 1) * all_rows * (4 * dk * 2 + hk * 4) + 3 * (size_t)rows * m->dim * 2 +
+                2 * (size_t)S * m->patch_in * 4;
+    }
+    return need;
+}
+
+/* The member's step of both models at (S, k), timed as the block section's; the member's block ms. */
+static double time_split_member(const bench_options *o, const model layers[2], const seqpar_gpu *loopback, int64_t S,
+                                int k, int64_t rows, cudaStream_t stream, double step_ms[2])
+{
+    int64_t grid[3];
+    block_grid(S, grid);
+    const int32_t frames = (int32_t)grid[0], height = 2 * (int32_t)grid[1], width = 2 * (int32_t)grid[2],
+                  text_len = o->text_rows;
+    const float sigma = 0.5f;
+    const size_t n_latent = (size_t)layers[1].in_dim * (size_t)frames * (size_t)height * (size_t)width;
+    const size_t n_text = (size_t)text_len * (size_t)layers[1].text_dim;
+    float *latents = xmalloc(n_latent * sizeof *latents), *noise = xmalloc(n_latent * sizeof *noise);
+    float *text = xmalloc(n_text * sizeof *text);
+    uint64_t rng = rng_hash(0x5b117001ull, (uint64_t)S);
+    for (size_t i = 0; i < n_latent; ++i) {
+        latents[i] = (float)rng_normal(&rng);
+        noise[i] = (float)rng_normal(&rng);
+    }
+    for (size_t i = 0; i < n_text; ++i) text[i] = (float)rng_normal(&rng);
+    /* member 0 of a group of k (k = 1: alone); the model finds its loopback group by k */
+    const model_batch batch = {1, &frames, &height, &width, &text_len, latents, noise, &sigma, text, k, 0, NULL};
+    step_context steps[2];
+    for (int l = 0; l < 2; ++l) {
+        steps[l] = (step_context){gpu_model_create(&layers[l], rows + 1, 1, 0), &batch, 0.0};
+        gpu_model_set_autotune(steps[l].gm, o->gemm_autotune, o->attention_autotune);
+        gpu_model_set_seqpar(steps[l].gm, loopback);
+        gpu_model_upload_weights(steps[l].gm, layers[l].weights);
+    }
+    time_steps_alternating(steps, o, stream, step_ms);
+    for (int l = 0; l < 2; ++l) gpu_model_free(steps[l].gm);
+    free(latents);
+    free(noise);
+    free(text);
+    return (step_ms[1] - step_ms[0]) / o->block_layers;
+}
+
+/* One member's block forward+backward at every S and k (--seq, --split-k; --wan dims), against k = 1's block. */
+static void run_split_section(const bench_options *o, cudaStream_t stream, split_results *r)
+{
+    deck config;
+    deck_defaults(&config);
+    config.model.dim = o->wan->dim;
+    config.model.ffn_dim = o->wan->ffn_dim;
+    config.model.num_heads = o->wan->heads;
+    config.model.text_len = o->text_rows;
+    const int K = o->block_layers;
+    model layers[2];
+    for (int l = 0; l < 2; ++l) {
+        config.model.num_layers = l ? 1 + K : 1;
+        model_create(&layers[l], &config);
+        model_init_gaussian(&layers[l], 0xb10c0001ull + (uint64_t)l, 0.02f);
+    }
+    int max_k = 1;
+    for (int i = 0; i < o->n_split; ++i) max_k = o->split_k[i] > max_k ? o->split_k[i] : max_k;
+    seqpar_gpu *loopback = seqpar_gpu_create_loopback(max_k, 0);
+    printf("Wan-%s split sample: one member of a group of k (dim %d, ffn %d, %d heads; one sample of S tokens, %d text "
+           "tokens):\n  member = its block forward+backward on S/k rows and self-attention over S rows for h/k heads, "
+           "((%d-layer - 1-layer step) / %d,\n  the exchange a loopback copy); exchange = bytes it sends per block "
+           "(8 tensors x S/k x dim bf16 x (k-1)/k), ms at %.0f GB/s\n", o->wan->name, o->wan->dim, o->wan->ffn_dim,
+           o->wan->heads, o->text_rows, 1 + K, K, kSplitBandwidth / 1e9);
+    printf("%-6s %3s %7s %6s %11s %13s %12s %12s %12s\n", "S", "k", "rows", "heads", "member ms", "k x member ms",
+           "vs k = 1", "exchange MB", "exchange ms");
+    for (int si = 0; si < o->n_seq; ++si) {
+        const int64_t S = o->seq[si];
+        double alone_ms = 0.0;
+        for (int ki = 0; ki < o->n_split; ++ki) {
+            const int k = o->split_k[ki];
+            const int64_t rows = S / k;
+            r->rows[si][ki] = rows;
+            r->exchange_bytes[si][ki] = 8.0 * (double)rows * o->wan->dim * 2.0 * (double)(k - 1) / k;
+            size_t free_bytes = 0, total_bytes = 0;
+            gpu_memory_info(&free_bytes, &total_bytes);
+            r->skipped[si][ki] = o->wan->heads % k ? 1 : split_need_bytes(layers, S, k, rows) > free_bytes ? 2 : 0;
+            if (r->skipped[si][ki]) {
+                printf("%-6lld %3d skipped: %s\n", (long long)S, k, r->skipped[si][ki] == 1 ? "k does not divide the heads"
+                       : "not enough free memory for the two models");
+                continue;
+            }
+            r->member_ms[si][ki] = time_split_member(o, layers, loopback, S, k, rows, stream, r->step_ms[si][ki]);
+            if (k == 1) alone_ms = r->member_ms[si][ki];
+            char versus[24] = "-";
+            if (alone_ms > 0.0) snprintf(versus, sizeof versus, "%.3f", k * r->member_ms[si][ki] / alone_ms);
+            printf("%-6lld %3d %7lld %6d %11.3f %13.3f %12s %12.1f %12.3f\n", (long long)S, k, (long long)rows,
+                   o->wan->heads / k, r->member_ms[si][ki], k * r->member_ms[si][ki], versus,
+                   r->exchange_bytes[si][ki] / 1e6, 1e3 * r->exchange_bytes[si][ki] / kSplitBandwidth);
+        }
+    }
+    printf("  (vs k = 1: the group's GPU time per block over the unsplit block's: 1 where the split costs cost(S)/k.)\n");
+    seqpar_gpu_free(loopback);
+    model_free(&layers[0]);
+    model_free(&layers[1]);
+}
+
 /* Writes the figures to `json` (opened at the start, so that a bad path fails before the measurements) and closes it. */
 static void write_json(FILE *json, const bench_options *o, const char *device, double copy_gbs,
                        double lnmod[kMaxDims][kLnmodOps][2], const gemm_results *gemm, const attention_results *attn,
-                       const block_results *block)
+                       const block_results *block, const split_results *split)
 {
     fprintf(json, "{\"device\": \"%s\", \"copy_gbs\": %.1f, \"wan\": \"%s\", \"dim\": %d, \"ffn_dim\": %d, "
             "\"heads\": %d", device, copy_gbs, o->wan->name, o->wan->dim, o->wan->ffn_dim, o->wan->heads);
@@ -1153,6 +1313,22 @@ static void write_json(FILE *json, const bench_options *o, const char *device, d
         }
         fprintf(json, "\n]");
     }
+    if (o->run_split) {
+        fprintf(json, ", \"split\": [");
+        int first = 1;
+        for (int si = 0; si < o->n_seq; ++si)
+            for (int ki = 0; ki < o->n_split; ++ki, first = 0) {
+                fprintf(json, "%s\n  {\"S\": %lld, \"k\": %d, \"rows\": %lld, \"heads\": %d, \"exchange_bytes\": %.0f",
+                        first ? "" : ",", (long long)o->seq[si], o->split_k[ki], (long long)split->rows[si][ki],
+                        o->wan->heads / o->split_k[ki], split->exchange_bytes[si][ki]);
+                if (split->skipped[si][ki]) fprintf(json, ", \"skipped\": true}");
+                else
+                    fprintf(json, ", \"block_layers\": %d, \"one_layer_ms\": %.4f, \"deep_step_ms\": %.4f, "
+                            "\"member_ms\": %.4f}", o->block_layers, split->step_ms[si][ki][0],
+                            split->step_ms[si][ki][1], split->member_ms[si][ki]);
+            }
+        fprintf(json, "\n]");
+    }
     fprintf(json, "}\n");
     if (fclose(json)) ALDIT_FATAL("--json %s: writing failed", o->json_path);
 }
@@ -1191,11 +1367,13 @@ int main(int argc, char **argv)
     static gemm_results gemm;
     static attention_results attention;
     static block_results block;
+    static split_results split;
     if (o.run_lnmod) run_lnmod_section(&o, copy_gbs, stream, lnmod_results);
     if (o.run_gemm) run_gemm_section(&o, stream, &gemm);
     if (o.run_attention) run_attention_section(&o, stream, &attention);
     if (o.run_block) run_block_section(&o, &gemm, &attention, stream, &block);
+    if (o.run_split) run_split_section(&o, stream, &split);
     CUDA_CHECK(cudaStreamDestroy(stream));
-    if (json) write_json(json, &o, device, copy_gbs, lnmod_results, &gemm, &attention, &block);
+    if (json) write_json(json, &o, device, copy_gbs, lnmod_results, &gemm, &attention, &block, &split);
     return 0;
 }

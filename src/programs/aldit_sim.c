@@ -10,6 +10,9 @@
 #include "model/layout.h"
 #include "core/rng.h"
 #include "io/store.h"
+#include "model/model.h"
+#include "train/device.h"
+#include "train/train.h"
 
 #include <getopt.h>
 #include <math.h>
@@ -166,7 +169,6 @@ static balance_sample *load_samples(const sim_args *args, const deck *config, in
     } else {
         store data;
         if (store_open(&data, args->store_path, stderr) != 0) exit(ALDIT_EXIT_USAGE);
-        samples = xmalloc((size_t)data.n_samples * sizeof(balance_sample));
         for (int64_t i = 0; i < data.n_samples; i++) {
             int64_t tokens = store_sample_tokens(&data.samples[i], config->model.patch_t, config->model.patch_h,
                                                  config->model.patch_w);
@@ -175,8 +177,8 @@ static balance_sample *load_samples(const sim_args *args, const deck *config, in
                         (long long)i, (long long)tokens, config->model.patch_t, config->model.patch_h, config->model.patch_w);
                 exit(ALDIT_EXIT_USAGE);
             }
-            samples[i] = (balance_sample){.id = i, .tokens = (int32_t)tokens, .text_len = data.samples[i].text_len};
         }
+        samples = train_balance_samples(&data, config); /* as a run sees them (text padding included) */
         *n_samples = data.n_samples;
         store_close(&data);
     }
@@ -291,6 +293,32 @@ typedef struct {
     int64_t largest_id;
 } sim_plan;
 
+/* A GPU deck's memory is planned by the GPU backend itself, as aldit --check plans a GPU job where no GPU is visible
+   (each virtual rank one GPU of balance.device_mem): one memory model, one answer. fn is NULL for a CPU deck or a
+   build without CUDA (then the formula below, which leaves out the GPU model's workspace rounding and the CUDA
+   libraries' reserve). */
+typedef struct {
+    backend_plan_fn fn;
+    comm_info info;           /* the virtual ranks: n_ranks = --ranks, one per GPU */
+    model table;
+    const balance_sample *samples;
+    int64_t n_samples;
+} sim_gpu;
+
+/* The GPU backend's plan under `mode`: 0 and *out (its memory model freed), or non-zero where the mode does not fit
+   (said on stderr when `loud`). */
+static int gpu_plan_of(const sim_gpu *gpu, const deck *config, deck_shard mode, int loud, backend_plan *out)
+{
+    deck copy = *config;
+    copy.train.shard = mode;
+    comm_info info = gpu->info;
+    info.rank = loud ? 0 : 1; /* only rank 0 prints why a plan fails */
+    int status = gpu->fn(&copy, &info, &gpu->table, gpu->samples, gpu->n_samples, out);
+    if (out->has_memory_model) cost_model_free(&out->memory_model);
+    out->has_memory_model = 0;
+    return status;
+}
+
 /* The budget `mode` leaves: a fixed [balance] mem_budget, or the device memory less the margin and the state. */
 static double budget_of(const deck *config, const sim_plan *plan, const layout_state_bytes *state)
 {
@@ -310,7 +338,7 @@ static int mode_fits(const deck *config, const sim_plan *plan, const layout_stat
 /* [train] shard resolved for R ranks (auto: the least sharding that fits; full where none does) and the budget;
    exits 2 where the mode leaves no memory for activations. */
 static sim_plan plan_memory(const sim_args *args, const deck *config, const cost_model *cm,
-                            const balance_sample *samples, int64_t n_samples)
+                            const balance_sample *samples, int64_t n_samples, const sim_gpu *gpu)
 {
     const layout_dims dims = layout_dims_of(config);
     model_layout layout;
@@ -321,6 +349,18 @@ static sim_plan plan_memory(const sim_args *args, const deck *config, const cost
     for (int64_t i = 0; i < n_samples; i++) {
         const double bytes = cost_model_mem(cm, samples[i].tokens, samples[i].text_len);
         if (bytes > plan.largest_bytes) plan.largest_bytes = bytes, plan.largest_id = i;
+    }
+    if (gpu->fn) {
+        backend_plan planned;
+        if (gpu_plan_of(gpu, config, config->train.shard, 1, &planned) != 0) {
+            comm_finalize();
+            exit(ALDIT_EXIT_USAGE);
+        }
+        plan.chosen_by_auto = plan.mode == SHARD_AUTO;
+        plan.mode = planned.shard;
+        plan.state = planned.state;
+        plan.mem_budget = planned.mem_budget;
+        return plan;
     }
     if (plan.mode == SHARD_AUTO) {
         plan.chosen_by_auto = 1;
@@ -343,8 +383,14 @@ static sim_plan plan_memory(const sim_args *args, const deck *config, const cost
     return plan;
 }
 
+static int gpu_deck_without_cuda(const cost_model *cm)
+{
+    return cm->backend == LAYOUT_BACKEND_GPU && !device_offline_gpu_plan_fn();
+}
+
 /* The memory formula the balancer plans with (model/layout.h), the state's breakdown per rank and each mode's. */
-static void print_memory(const sim_args *args, const deck *config, const cost_model *cm, const sim_plan *plan)
+static void print_memory(const sim_args *args, const deck *config, const cost_model *cm, const sim_plan *plan,
+                         const sim_gpu *planner)
 {
     const double gib = 1073741824.0;
     const int gpu = cm->backend == LAYOUT_BACKEND_GPU;
@@ -362,6 +408,15 @@ static void print_memory(const sim_args *args, const deck *config, const cost_mo
            s->moments / gib, s->ema / gib);
     if (config->balance.mem_budget > 0)
         printf("  activation budget %.2f GiB per rank (balance.mem_budget)\n", plan->mem_budget / gib);
+    else if (planner->fn)
+        printf("  activation budget %.2f GiB per rank: the largest whose GPU model fits balance.device_mem %.2f GiB x "
+               "(1 - mem_margin %g) less the state and the CUDA libraries' reserve (aldit --check's plan)\n",
+               plan->mem_budget / gib, config->balance.device_mem / gib, config->balance.mem_margin);
+    else if (gpu_deck_without_cuda(cm))
+        printf("  activation budget %.2f GiB per rank: balance.device_mem %.2f GiB x (1 - mem_margin %g) less the "
+               "state (this build has no CUDA backend: aldit --check on one also counts the GPU model's workspace "
+               "and the CUDA libraries' reserve, a smaller budget)\n", plan->mem_budget / gib,
+               config->balance.device_mem / gib, config->balance.mem_margin);
     else
         printf("  activation budget %.2f GiB per rank: balance.device_mem %.2f GiB x (1 - mem_margin %g) less the "
                "state\n", plan->mem_budget / gib, config->balance.device_mem / gib, config->balance.mem_margin);
@@ -374,9 +429,16 @@ static void print_memory(const sim_args *args, const deck *config, const cost_mo
     printf("  by mode:");
     for (deck_shard mode = SHARD_NONE; mode <= SHARD_FULL; mode++) {
         const layout_state_bytes state = model_layout_state_bytes(&layout, cm->backend, mode, args->n_ranks, ema);
-        const double budget = budget_of(config, plan, &state);
+        double budget = budget_of(config, plan, &state);
+        int fits = mode_fits(config, plan, &state);
+        if (planner->fn) {
+            backend_plan planned;
+            fits = gpu_plan_of(planner, config, mode, 0, &planned) == 0;
+            budget = fits ? planned.mem_budget : 0.0;
+            fits = fits && (config->balance.mem_budget > 0 || budget >= plan->largest_bytes); /* auto's rule */
+        }
         printf("%s %s %.2f GiB (budget %.2f GiB, %s)", mode == SHARD_NONE ? "" : ";", deck_shard_name(mode),
-               layout_state_total(&state) / gib, budget / gib, mode_fits(config, plan, &state) ? "fits" : "does not fit");
+               layout_state_total(&state) / gib, budget / gib, fits ? "fits" : "does not fit");
     }
     printf("\n");
 }
@@ -407,7 +469,16 @@ int main(int argc, char **argv)
     /* true cost: the seed model's prediction with a fixed per-sample relative error */
     cost_model truth;
     cost_model_init(&truth, &config);
-    const sim_plan plan = plan_memory(&args, &config, &truth, samples, n_samples);
+    sim_gpu gpu = {.samples = samples, .n_samples = n_samples};
+    if (truth.backend == LAYOUT_BACKEND_GPU) gpu.fn = device_offline_gpu_plan_fn();
+    if (gpu.fn) { /* the backend's plan is collective: this process alone, standing for --ranks GPUs */
+        gpu.info = comm_init(&argc, &argv);
+        gpu.info.n_ranks = args.n_ranks;
+        gpu.info.local_rank = 0;
+        gpu.info.n_local_ranks = 1;
+        model_create_table(&gpu.table, &config);
+    }
+    const sim_plan plan = plan_memory(&args, &config, &truth, samples, n_samples, &gpu);
     const double mem_budget = plan.mem_budget;
     double *true_cost = xmalloc((size_t)n_samples * sizeof(double));
     uint64_t noise_state = rng_hash(config.run.seed, 0x6e6f697365ull);
@@ -425,7 +496,7 @@ int main(int argc, char **argv)
                mem_budget / 1073741824.0,
                (long long)balancer_max_tokens_in_budget(&truth, mem_budget, config.model.text_len),
                config.model.text_len, config.balance.global_batch > 0 || config.balance.global_tokens > 0 ? "fixed" : "budget");
-        print_memory(&args, &config, &truth, &plan);
+        print_memory(&args, &config, &truth, &plan, &gpu);
         char sp_text[16] = "auto";
         if (config.balance.sp > 1) snprintf(sp_text, sizeof sp_text, "%d", config.balance.sp);
         if (config.balance.sp != 1)
@@ -480,6 +551,10 @@ int main(int argc, char **argv)
             }
         }
         fflush(stdout);
+    }
+    if (gpu.fn) {
+        model_free(&gpu.table);
+        comm_finalize();
     }
     cost_model_free(&truth);
     free(true_cost);

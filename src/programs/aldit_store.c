@@ -47,6 +47,9 @@ static const char usage_text[] =
     "\n"
     "exit status: 0 ok; 1 bad store, bad input data or I/O error; 2 bad command line or length spec.\n";
 
+/* "s" after a count other than one: "1 video", "2 videos". */
+static const char *plural(int64_t count) { return count == 1 ? "" : "s"; }
+
 __attribute__((format(printf, 1, 2)))
 static int usage_error(const char *format, ...)
 {
@@ -245,8 +248,9 @@ static int command_synth(int argc, char **argv)
     }
     if (writer && store_writer_close(writer)) status = EXIT_BAD_DATA;
     if (status == 0)
-        printf("aldit-store: wrote %s: %" PRId64 " samples (%" PRId64 " images, %" PRId64 " videos), %s, text_dim %" PRId64
-               ", %d classes\n", out, n_samples, n_images, n_samples - n_images, store_precision_name(precision), text_dim,
+        printf("aldit-store: wrote %s: %" PRId64 " sample%s (%" PRId64 " image%s, %" PRId64 " video%s), %s, text_dim %" PRId64
+               ", %d classes\n", out, n_samples, plural(n_samples), n_images, plural(n_images), n_samples - n_images,
+               plural(n_samples - n_images), store_precision_name(precision), text_dim,
                SYNTH_CLASSES);
     free(latent);
     free(text);
@@ -600,7 +604,8 @@ static int command_info(int argc, char **argv)
     printf("store        %s\n", s.path);
     printf("format       version %d; latents %s, text %s; %d channels; text_dim %d\n", STORE_FORMAT_VERSION,
            store_precision_name(s.latent_precision), store_precision_name(s.text_precision), s.latent_channels, s.text_dim);
-    printf("samples      %" PRId64 " (%" PRId64 " images, %" PRId64 " videos)\n", s.n_samples, n_images, s.n_samples - n_images);
+    printf("samples      %" PRId64 " (%" PRId64 " image%s, %" PRId64 " video%s)\n", s.n_samples, n_images, plural(n_images),
+           s.n_samples - n_images, plural(s.n_samples - n_images));
     printf("tokens       total %" PRId64 ", min %" PRId64 ", mean %.1f, max %" PRId64 " (patch %dx%dx%d)\n", total_tokens,
            min_tokens, (double)total_tokens / (double)s.n_samples, max_tokens, PATCH_T, PATCH_H, PATCH_W);
     printf("images share %.1f%% of samples, %.1f%% of tokens, %.1f%% of sum(S^2) (attention cost)\n",

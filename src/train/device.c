@@ -39,9 +39,14 @@ int device_resolve(const deck *config, const comm_info *info)
     int device = resolve(config, info);
     if (device != DEVICE_CPU || config->train.recompute != RECOMPUTE_BLOCK) return device;
     /* the balancer's memory model would assume recomputation and plan micro-batches that overrun host memory */
-    if (info->rank == 0)
-        fprintf(stderr, "aldit: error: [train] recompute = block is not available on the CPU backend, which keeps every "
-                "block's activations; set train.recompute = none and balance.recompute = none (or train on GPUs)\n");
+    if (info->rank == 0 && config->run.device == DEVICE_AUTO)
+        fprintf(stderr, "aldit: error: [train] recompute = block needs the GPU backend, and [run] device = auto found "
+                "%s, so it would train on the CPU, which keeps every block's activations; to plan a GPU "
+                "job here (a login node), add run.device=cuda to aldit --check; to train on the CPU, set "
+                "train.recompute = none\n", info->n_ranks > 1 ? "a rank without a GPU" : "no GPU");
+    else if (info->rank == 0)
+        fprintf(stderr, "aldit: error: [train] recompute = block is not available on the CPU backend ([run] device = "
+                "cpu), which keeps every block's activations; set train.recompute = none, or device = cuda on GPUs\n");
     return -2;
 }
 
@@ -64,6 +69,15 @@ backend_plan_fn device_check_plan_fn(int device, int offline)
 #endif
     (void)offline;
     return device_plan_fn(device);
+}
+
+backend_plan_fn device_offline_gpu_plan_fn(void)
+{
+#ifdef HAVE_CUDA
+    return backend_cuda_plan_offline;
+#else
+    return NULL;
+#endif
 }
 
 backend_plan_fn device_plan_fn(int device)

@@ -19,5 +19,8 @@ backend_plan_fn device_plan_fn(int device);
 int device_resolve_check(const deck *config, const comm_info *info, int *offline);
 backend_plan_fn device_check_plan_fn(int device, int offline);
 backend_create_fn device_create_fn(int device);
+/* aldit-sim: the plan aldit --check makes of a GPU job where no GPU is visible (each rank one GPU of
+   balance.device_mem bytes), so that both give one memory answer; NULL where this build has no CUDA backend. */
+backend_plan_fn device_offline_gpu_plan_fn(void);
 
 #endif

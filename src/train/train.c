@@ -18,6 +18,7 @@
 #include "backend/backend.h"
 #include "train/device.h"
 #include "train/eval.h"
+#include "train/hook.h"
 #include "train/metrics.h"
 #include "train/rundir.h"
 #include "train/watchdog.h"
@@ -148,7 +149,7 @@ static int32_t text_rows_of(const store_sample *sample, const deck *config)
     return config->model.text_padding == TEXT_PADDING_WAN ? config->model.text_len : sample->text_len;
 }
 
-static balance_sample *balance_samples(const store *data, const deck *config)
+balance_sample *train_balance_samples(const store *data, const deck *config)
 {
     balance_sample *samples = xmalloc((size_t)data->n_samples * sizeof *samples);
     for (int64_t id = 0; id < data->n_samples; id++) {
@@ -246,22 +247,22 @@ static epoch_plan plan_epoch(const deck *config, const balance_sample *samples, 
 }
 
 /* --check: the samples per step each group size runs, and how the per-rank budget rose ([balance] sp). */
-static void print_groups_line(const epoch_plan *epoch)
+static void print_groups_line(FILE *out, const epoch_plan *epoch)
 {
     if (epoch->sp_max <= 1 || epoch->steps == 0) return;
-    printf("  groups     sp up to %d ranks:", epoch->sp_max);
+    fprintf(out, "  groups     sp up to %d ranks:", epoch->sp_max);
     for (int j = 0, first = 1; j < PLAN_GROUP_SIZES; j++)
         if (epoch->group_samples[j] > 0) {
-            printf("%s k=%d %.1f", first ? "" : ",", 1 << j, epoch->group_samples[j] / (double)epoch->steps);
+            fprintf(out, "%s k=%d %.1f", first ? "" : ",", 1 << j, epoch->group_samples[j] / (double)epoch->steps);
             first = 0;
         }
-    printf(" samples per step; per-rank budget raised in %lld of %lld steps", (long long)epoch->raised_steps,
+    fprintf(out, " samples per step; per-rank budget raised in %lld of %lld steps", (long long)epoch->raised_steps,
            (long long)epoch->steps);
-    if (epoch->raised_steps > 0) printf(" (at most +%.1f%%: no group brings a sample within it)", 100.0 * epoch->raise_max);
-    printf("\n");
+    if (epoch->raised_steps > 0) fprintf(out, " (at most +%.1f%%: no group brings a sample within it)", 100.0 * epoch->raise_max);
+    fprintf(out, "\n");
 }
 
-static void print_store_line(const store *data, const deck *config)
+static void print_store_line(FILE *out, const store *data, const deck *config)
 {
     int64_t total = 0, shortest = INT64_MAX, longest = 0;
     for (int64_t id = 0; id < data->n_samples; id++) {
@@ -271,8 +272,20 @@ static void print_store_line(const store *data, const deck *config)
         if (tokens < shortest) shortest = tokens;
         if (tokens > longest) longest = tokens;
     }
-    printf("  store      %s: %lld samples, %lld tokens (%lld to %lld per sample), text_dim %d\n", data->path,
+    fprintf(out, "  store      %s: %lld samples, %lld tokens (%lld to %lld per sample), text_dim %d\n", data->path,
            (long long)data->n_samples, (long long)total, (long long)shortest, (long long)longest, data->text_dim);
+}
+
+/* 0, or ALDIT_EXIT_USAGE where the deck names no training store (rank 0 says which key; the deck is the same on
+   every rank, so every rank returns the same). */
+static int require_store_key(const deck *config, int rank)
+{
+    if (config->data.store[0]) return 0;
+    if (rank == 0)
+        fprintf(stderr, "aldit: error: %s sets no [data] store: add a [data] section with store = PATH (a latent store "
+                "made by aldit-store or tools/prepare_store.py), or pass data.store=PATH on the command line\n",
+                config->source[0] ? config->source : "the deck");
+    return ALDIT_EXIT_USAGE;
 }
 
 /* Collective (--check): what a run would find in its folder. Resuming: the newest checkpoint must pass the checks
@@ -316,11 +329,14 @@ static int check_resumed_balancer(const deck *config, const balance_sample *samp
         checkpoint_state state = {0};
         checkpoint_reader *reader = checkpoint_reader_open(path, config, &table, stderr);
         status = !reader || checkpoint_check_resume(reader, config, &state) != 0;
-        balancer *packer = status == 0 ? create_balancer(config, samples, n_samples, info, plan) : NULL;
-        if (status == 0 && (!packer || balancer_load_state(packer, state.balancer_state, state.balancer_bytes) != 0)) {
+        /* resume_data = changed: the run starts a new epoch order on this store instead of loading the state */
+        const int same_data = config->checkpoint.resume_data == RESUME_DATA_SAME;
+        balancer *packer = status == 0 && same_data ? create_balancer(config, samples, n_samples, info, plan) : NULL;
+        if (status == 0 && same_data &&
+            (!packer || balancer_load_state(packer, state.balancer_state, state.balancer_bytes) != 0)) {
             fprintf(stderr, "aldit: error: %s: the balancer state does not match this deck and store; the run would "
-                    "not resume from it: use its deck and store, another [run] dir, or move the checkpoint away\n",
-                    path);
+                    "not resume from it: use its deck and store, set checkpoint.resume_data = changed to continue it on "
+                    "this store, use another [run] dir, or move the checkpoint away\n", path);
             status = 1;
         }
         balancer_free(packer);
@@ -336,6 +352,7 @@ static int check_resumed_balancer(const deck *config, const balance_sample *samp
 int train_check(const deck *config, const comm_info *info)
 {
     int offline = 0;
+    if (require_store_key(config, info->rank) != 0) return ALDIT_EXIT_USAGE;
     int device = device_resolve_check(config, info, &offline);
     if (device < 0) return device == -1 ? ALDIT_EXIT_ERROR : ALDIT_EXIT_USAGE;
     if (config->model.init[0]) { /* the names and shapes of [model] init's weights, as a run would load them */
@@ -358,7 +375,7 @@ int train_check(const deck *config, const comm_info *info)
     if (eval) check_store_fits_model(eval_store(eval), config, info->rank, "[eval] store =");
     model table;
     model_create_table(&table, config);
-    balance_sample *samples = balance_samples(&data, config);
+    balance_sample *samples = train_balance_samples(&data, config);
     int64_t n_planned = 0;
     balance_sample *planned = plan_samples(samples, data.n_samples, eval, &n_planned);
     backend_plan plan;
@@ -367,24 +384,26 @@ int train_check(const deck *config, const comm_info *info)
     if (status == 0 && eval) status = eval_plan(eval, &plan, info->n_ranks, 1, 0, NULL, NULL);
     if (status == 0) status = check_resumed_balancer(config, samples, data.n_samples, info, &plan);
     if (status == 0 && info->rank == 0) {
+        /* the resolved deck alone on stdout (a deck --check accepts again); the plan on stderr */
         deck_print(config, stdout);
+        fflush(stdout);
         epoch_plan epoch = plan_epoch(config, samples, data.n_samples, info, &plan, 0, NULL, NULL);
-        printf("\n# plan for %d rank(s)\n", info->n_ranks);
-        print_store_line(&data, config);
-        printf("  model      %s: %lld parameters\n", config->model.name, (long long)table.n_weights);
-        fputs(plan.device_text, stdout);
-        fputs(plan.memory_text, stdout);
-        printf("  balancer   %s: %lld steps per epoch, predicted epoch %.3g s vs lower bound %.3g s "
+        fprintf(stderr, "# plan for %d rank(s)\n", info->n_ranks);
+        print_store_line(stderr, &data, config);
+        fprintf(stderr, "  model      %s: %lld parameters\n", config->model.name, (long long)table.n_weights);
+        fputs(plan.device_text, stderr);
+        fputs(plan.memory_text, stderr);
+        fprintf(stderr, "  balancer   %s: %lld steps per epoch, predicted epoch %.3g s vs lower bound %.3g s "
                "(predicted imbalance %.1f%%)\n", deck_strategy_name(config->balance.strategy), (long long)epoch.steps,
                epoch.predicted_s, epoch.lower_bound_s, 100.0 * epoch.imbalance_pred);
-        print_groups_line(&epoch);
-        if (config->run.steps > 0) printf("  run        %lld steps\n", (long long)config->run.steps);
-        else printf("  run        %lld epochs = %lld steps\n", (long long)config->run.epochs,
+        print_groups_line(stderr, &epoch);
+        if (config->run.steps > 0) fprintf(stderr, "  run        %lld steps\n", (long long)config->run.steps);
+        else fprintf(stderr, "  run        %lld epochs = %lld steps\n", (long long)config->run.epochs,
                     (long long)(config->run.epochs * epoch.steps));
         if (eval) {
             char line[2 * DECK_PATH_MAX];
             eval_describe(eval, line, sizeof line);
-            fputs(line, stdout);
+            fputs(line, stderr);
         }
     }
     eval_close(eval);
@@ -452,6 +471,7 @@ typedef struct {
     metrics_file *metrics;          /* rank 0 */
     int metrics_failed;             /* a write to it failed (warned once; training goes on) */
     int ema_resumed;                /* [train] ema_decay: the EMA came from the checkpoint resumed (else the weights) */
+    checkpoint_hook *hook;          /* rank 0: [checkpoint] hook, NULL when none */
     evaluator *eval;                /* [eval]: NULL when off */
     eval_result last_eval;          /* the last validation pass (has_eval: there was one in this process) */
     int has_eval;
@@ -578,7 +598,7 @@ static double compute_gradients(trainer *t, const sample_batch *batch)
 /* ---- checkpoints --------------------------------------------------------------------------------- */
 
 /* After a checkpoint (the same outcome on every rank): say how it went; end the job when it must. */
-static void checkpoint_outcome(const trainer *t, int must_succeed, const char *path, double seconds)
+static void checkpoint_outcome(trainer *t, int must_succeed, const char *path, double seconds)
 {
     const int give_up = t->checkpoint_failures >= t->config->checkpoint.max_failures;
     if (t->checkpoint_failures > 0 && (must_succeed || give_up)) {
@@ -600,6 +620,7 @@ static void checkpoint_outcome(const trainer *t, int must_succeed, const char *p
                        "training goes on", (long long)t->step, t->checkpoint_failures, t->config->checkpoint.max_failures);
         else printf("aldit: checkpoint %s (%.2f s)\n", path, seconds);
         fflush(stdout);
+        if (t->checkpoint_failures == 0) hook_after_checkpoint(t->hook, path, t->step);
     }
 }
 
@@ -663,15 +684,20 @@ static int open_resume(trainer *t, const char *path, checkpoint_reader **reader,
     checkpoint_reader *r = checkpoint_reader_open(path, config, &t->net, stderr);
     int status = r == NULL;
     if (status == 0) status = checkpoint_check_resume(r, config, &state);
-    if (status == 0 && balancer_load_state(t->packer, state.balancer_state, state.balancer_bytes) != 0) {
-        fprintf(stderr, "aldit: error: %s: the balancer state does not match this deck and store\n", path);
+    /* resume_data = changed: the store is not the checkpoint's; the balancer starts its epoch order anew */
+    const int same_data = config->checkpoint.resume_data == RESUME_DATA_SAME;
+    if (status == 0 && same_data && balancer_load_state(t->packer, state.balancer_state, state.balancer_bytes) != 0) {
+        fprintf(stderr, "aldit: error: %s: the balancer state does not match this deck and store; to continue this "
+                "run on a changed or grown store (weights, AdamW moments, EMA, step and schedule carried over, a new "
+                "epoch order), set checkpoint.resume_data = changed\n", path);
         status = 1;
     }
+    if (status == 0 && !same_data) balancer_start_at_epoch(t->packer, state.epoch + 1);
     *resumed_step = state.step;
     /* keep the schedule the run started with (a new plan would rest on other measured times) */
-    if (state.steps_per_epoch > 0) *resumed_plan = state.steps_per_epoch;
+    if (state.steps_per_epoch > 0 && same_data) *resumed_plan = state.steps_per_epoch;
     /* the balancer drops unobserved steps of another rank count on load; then so do we */
-    if (status == 0 && state.n_ranks == t->info->n_ranks) t->resumed_seconds = state.rank_seconds;
+    if (status == 0 && same_data && state.n_ranks == t->info->n_ranks) t->resumed_seconds = state.rank_seconds;
     else free(state.rank_seconds);
     free(state.balancer_state);
     if (status != 0) {
@@ -756,8 +782,12 @@ static void print_summary_head(const trainer *t)
            config->model.dim, config->model.ffn_dim, config->model.num_heads, config->model.num_layers,
            (long long)t->net.n_weights, weights_text);
     printf("  ranks      %d (%d on this node)\n", t->info->n_ranks, t->info->n_local_ranks);
-    print_store_line(&t->data, config);
-    if (config->balance.global_batch > 0)
+    print_store_line(stdout, &t->data, config);
+    if (config->balance.global_batch > t->data.n_samples) /* the balancer takes what an epoch holds */
+        printf("  strategy   %s, global batch %lld samples: more than the store's %lld, so each step takes the whole "
+               "epoch\n", deck_strategy_name(config->balance.strategy), (long long)config->balance.global_batch,
+               (long long)t->data.n_samples);
+    else if (config->balance.global_batch > 0)
         printf("  strategy   %s, global batch %lld samples\n", deck_strategy_name(config->balance.strategy),
                (long long)config->balance.global_batch);
     else if (config->balance.global_tokens > 0)
@@ -774,7 +804,12 @@ static void print_summary(const trainer *t, const char *resumed_from)
 {
     const deck *config = t->config;
     printf("  run dir    %s (%s)\n", config->run.dir, resumed_from[0] ? "resuming" : "fresh start");
-    if (resumed_from[0]) printf("  resumed    %s at step %lld\n", resumed_from, (long long)t->step);
+    if (resumed_from[0])
+        printf("  resumed    %s at step %lld; the schedule below is this deck's (a run extended past its first "
+               "run.steps re-plans the decay over the new total)\n", resumed_from, (long long)t->step);
+    if (resumed_from[0] && config->checkpoint.resume_data == RESUME_DATA_CHANGED)
+        printf("  data       changed (checkpoint.resume_data): weights, AdamW moments, EMA and step carried over; "
+               "the store's epoch order starts anew with the next epoch\n");
     else if (config->model.init[0]) printf("  init       weights from %s\n", config->model.init);
     printf("  schedule   %lld steps (%lld per epoch), lr %g, warmup %lld, %s to %g, weight decay %g, clip %g\n",
            (long long)t->total_steps, (long long)t->steps_per_epoch, config->train.lr,
@@ -1413,6 +1448,7 @@ static void trainer_setup(trainer *t, const deck *config, const comm_info *info,
     t->config = config;
     t->info = info;
     t->started_s = comm_time();
+    if (require_store_key(config, info->rank) != 0) exit_all(ALDIT_EXIT_USAGE);
     if (info->rank == 0) make_dirs(config->run.dir);
     guard_run_folder(config);
     store_open_bcast(&t->data, config->data.store);
@@ -1421,7 +1457,7 @@ static void trainer_setup(trainer *t, const deck *config, const comm_info *info,
     if (t->eval) check_store_fits_model(eval_store(t->eval), config, info->rank, "[eval] store =");
     model_create_table(&t->net, config); /* the CPU backend allocates the weights it computes with */
     setup_groups(t);
-    t->samples = balance_samples(&t->data, config);
+    t->samples = train_balance_samples(&t->data, config);
     int64_t n_planned = 0;
     balance_sample *planned = plan_samples(t->samples, t->data.n_samples, t->eval, &n_planned);
     t->dev = device_create_fn(device)(config, info, &t->net, planned, n_planned);
@@ -1465,6 +1501,7 @@ static void trainer_setup(trainer *t, const deck *config, const comm_info *info,
         char path[2 * DECK_PATH_MAX];
         metrics_path(config, path, sizeof path);
         t->metrics = metrics_open(path, t->step);
+        t->hook = hook_create(config);
     }
 }
 
@@ -1484,6 +1521,7 @@ static void trainer_free(trainer *t)
         balancer_free(t->packer);
         if (metrics_close(t->metrics) != 0 && !t->metrics_failed)
             aldit_warn("closing the metrics file of %s failed: its last lines may be missing", t->config->run.dir);
+        hook_close(t->hook);
     }
     free(t->samples);
     free(t->snapshot);
@@ -1522,8 +1560,9 @@ int train_run(const deck *config, const comm_info *info)
         if (t.resumed_seconds) balancer_observe(t.packer, t.resumed_seconds);
         finished = config->run.steps <= 0 && t.upcoming.epoch >= config->run.epochs;
     }
-    if (finished && info->rank == 0) printf("aldit: nothing to do: the run is already complete at step %lld\n",
-                                            (long long)t.step);
+    if (finished && info->rank == 0)
+        printf("aldit: nothing to do: the run in %s is already complete at step %lld (raise run.steps or run.epochs to "
+               "train on, or give a new run.dir for another run)\n", config->run.dir, (long long)t.step);
     if (!finished) {
         prefetch_start(t.reader, t.upcoming.ids, t.upcoming.n_samples, t.upcoming.epoch);
         start_device(&t);

@@ -2,8 +2,10 @@
 #ifndef ALDIT_TRAIN_H
 #define ALDIT_TRAIN_H
 
+#include "balance/balance.h"
 #include "core/comm.h"
 #include "deck/deck.h"
+#include "io/store.h"
 
 /* Collective: train as the deck says (resuming from the newest checkpoint when [checkpoint] resume is on)
    until [run] steps / epochs are done or SIGUSR1/SIGTERM asks to stop; the last state is checkpointed.
@@ -11,9 +13,15 @@
    checkpoint, init weights) ends the job with status 2. */
 int train_run(const deck *config, const comm_info *info);
 
-/* Collective (--check): open the store, check that it fits the model, print the resolved deck and the plan
-   (samples, tokens, steps per epoch predicted by the balancer, memory budget) on rank 0. Returns 0. */
+/* Collective (--check): open the store, check that it fits the model, print the resolved deck on stdout and the
+   plan (samples, tokens, steps per epoch predicted by the balancer, memory budget) on stderr, on rank 0. Returns 0,
+   or the exit status of bad input. */
 int train_check(const deck *config, const comm_info *info);
+
+/* Every sample of `data` as the balancer and the backends plan with it (training, --check and aldit-sim alike):
+   its tokens after patching and the text rows the model sees (model.text_len with [model] text_padding = wan, else
+   the stored count). Free with free(). */
+balance_sample *train_balance_samples(const store *data, const deck *config);
 
 /* SIGUSR1 and SIGTERM set a flag that the loop reads at the next step boundary (all ranks agree there). */
 void train_install_signal_handlers(void);
