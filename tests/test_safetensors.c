@@ -190,6 +190,20 @@ static void test_sharded(void **unused)
         assert_int_equal(checkpoint_load_weights(out, &loaded, stderr), 0); /* the folder: read by its index */
         assert_memory_equal(loaded.weights, w, (size_t)table.n_weights * sizeof(float));
     }
+    /* a shard gone: refused naming it */
+    char shard[PATH_SIZE + 64], moved[PATH_SIZE + 64];
+    snprintf(shard, sizeof shard, "%s/diffusion_pytorch_model-00002-of-%05d.safetensors", out,
+             count_files(out, ".safetensors"));
+    snprintf(moved, sizeof moved, "%s/moved", dir);
+    assert_int_equal(rename(shard, moved), 0);
+    FILE *errors = tmpfile();
+    assert_int_not_equal(checkpoint_load_weights(index, &loaded, errors), 0);
+    char *gone = captured(errors);
+    if (!strstr(gone, shard) || !strstr(gone, "cannot open: No such file or directory"))
+        fail_msg("a missing shard, got: %s", gone);
+    free(gone);
+    fclose(errors);
+    assert_int_equal(rename(moved, shard), 0);
     /* the index says blocks.0.modulation is in the first shard, which does not hold it */
     long size;
     char *text = read_whole(index, &size);
@@ -201,7 +215,7 @@ static void test_sharded(void **unused)
     fputs(text, rewrite);
     fclose(rewrite);
     free(text);
-    FILE *errors = tmpfile();
+    errors = tmpfile();
     assert_int_not_equal(checkpoint_load_weights(index, &loaded, errors), 0);
     char *message = captured(errors);
     assert_non_null(strstr(message, "the index names tensor blocks.0.scale_shift_table in "));
