@@ -1,7 +1,7 @@
 #!/bin/sh
 # install_tools.sh — `make install` puts the Python tools beside the programs (issue 32): with prefix=DIR, DIR/bin
-# holds aldit-prepare-store, aldit-sample, aldit-plot, aldit-tensorboard, aldit-export, aldit-wan-parity and
-# aldit-tiny-wan, each
+# holds aldit-prepare-store, aldit-sample, aldit-plot, aldit-tensorboard, aldit-wan-parity and aldit-tiny-wan
+# (and the program aldit-export, which also answers --help), each
 # running the copy
 # in DIR/share/aldit/tools with its helpers; they answer --help from there, and aldit-plot draws a real run's curves
 # (where python3 imports numpy, h5py and matplotlib).

@@ -3,7 +3,8 @@
 aldit's checkpoints and [model] init files name every parameter as Wan's own `WanModel.state_dict()`
 (wan/modules/model.py of Wan-Video/Wan2.1). diffusers' WanTransformer3DModel holds the same tensors, with
 the same shapes, under other names. This table maps one to the other; tools/wan_parity.py and
-tools/sample.py use it. Imported by them; needs nothing but the standard library.
+tools/sample.py use it. Imported by them; needs nothing but the standard library. src/model/wan_names.c holds
+the same pairs in C ([model] init, aldit-export): a change goes into both.
 """
 
 # Outside the blocks: Wan prefix -> diffusers prefix (matched at the start of the name).

@@ -113,7 +113,7 @@ static const deck_key deck_keys[] = {
     {KEY("model", "init_std", KEY_DOUBLE, model.init_std), .min = 0, .min_open = 1, .max = 10,
      .default_text = "0.02", .help = "standard deviation of the random initial weights"},
     {KEY("model", "init", KEY_STRING, model.init), .default_text = "",
-     .help = "start from these weights (HDF5 with Wan parameter names); empty = random"},
+     .help = "start from these weights (HDF5 with Wan parameter names, or Wan or diffusers safetensors: a file, an index.json or their folder); empty = random"},
     /* [data] */
     {KEY("data", "store", KEY_STRING, data.store), .default_text = "",
      .help = "HDF5 latent store (made by aldit-store); required to train"},

@@ -1,8 +1,10 @@
-/* checkpoint.c — HDF5 checkpoints written and read tensor by tensor (checksummed, atomic, keep-K), and the whole-model functions on top. */
+/* checkpoint.c — HDF5 checkpoints written and read tensor by tensor (checksummed, atomic, keep-K), [model] init from HDF5 or safetensors, and the whole-model functions on top. */
 #define _GNU_SOURCE /* memfd_create: see discard() */
 #include "train/checkpoint.h"
 #include "core/check.h"
 #include "io/h5util.h"
+#include "io/safetensors.h"
+#include "model/wan_names.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -767,6 +769,8 @@ struct checkpoint_reader {
     FILE *errors;
     char path[CHECKPOINT_PATH_MAX + 8];
     hid_t file, group[CHECKPOINT_N_GROUPS]; /* -1 where the file lacks the group; [WEIGHTS] is the file */
+    safetensors *st;                         /* a safetensors [model] init instead (file and groups -1) */
+    wan_names names;                         /* the naming of st's tensors */
 };
 
 static void close_groups(checkpoint_reader *r)
@@ -812,20 +816,53 @@ checkpoint_reader *checkpoint_reader_open(const char *path, const deck *config, 
     return r;
 }
 
+/* 1 when `path` is an HDF5 file (quietly: 0 for a missing or other file). */
+static int is_hdf5(const char *path)
+{
+    h5_auto_print quiet = h5_quiet_begin();
+    htri_t hdf5 = H5Fis_hdf5(path);
+    h5_quiet_end(quiet);
+    return hdf5 > 0;
+}
+
+/* Diffusers' naming when any tensor has a name only diffusers uses, else Wan's. */
+static wan_names naming_of(const safetensors *st)
+{
+    for (int i = 0; i < safetensors_count(st); i++)
+        if (wan_name_is_diffusers(safetensors_at(st, i)->name)) return WAN_NAMES_DIFFUSERS;
+    return WAN_NAMES_WAN;
+}
+
+static checkpoint_reader *open_safetensors(const char *path, const model *table, FILE *errors)
+{
+    safetensors *st = safetensors_open(path, errors);
+    if (!st) {
+        fprintf(errors, "%s: cannot read as safetensors ([model] init)\n", path);
+        return NULL;
+    }
+    checkpoint_reader *r = xcalloc(1, sizeof *r);
+    *r = (checkpoint_reader){.table = table, .errors = errors, .file = -1, .st = st, .names = naming_of(st)};
+    for (int g = 0; g < CHECKPOINT_N_GROUPS; g++) r->group[g] = -1;
+    snprintf(r->path, sizeof r->path, "%s", path);
+    return r;
+}
+
 checkpoint_reader *checkpoint_reader_open_init(const char *path, const model *table, FILE *errors)
 {
+    if (!is_hdf5(path) && safetensors_probe(path)) return open_safetensors(path, table, errors);
     h5_auto_print quiet = h5_quiet_begin();
     checkpoint_reader *r = reader_new(path, table, errors);
     h5_quiet_end(quiet);
     if (r->file >= 0) return r;
     if (access(path, R_OK) != 0) fprintf(errors, "%s: cannot open ([model] init): %s\n", path, strerror(errno));
-    else fprintf(errors, "%s: cannot open as HDF5 ([model] init)\n", path);
+    else fprintf(errors, "%s: cannot open as HDF5 or safetensors ([model] init)\n", path);
     checkpoint_reader_close(r);
     return NULL;
 }
 
 int checkpoint_check_model(const char *path, const deck *config, FILE *errors)
 {
+    if (!is_hdf5(path) && safetensors_probe(path)) return 0; /* weights only: no recorded model */
     h5_auto_print quiet = h5_quiet_begin();
     hid_t file = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
     int status = 0;
@@ -840,14 +877,57 @@ int checkpoint_check_model(const char *path, const deck *config, FILE *errors)
     return status;
 }
 
+/* The /model attributes of an open file as deck overrides (keys: those model_dims writes, and eps). */
+static int read_model_group(hid_t file, const char *path, char (*overrides)[CHECKPOINT_OVERRIDE_CHARS], FILE *errors)
+{
+    if (H5Lexists(file, "model", H5P_DEFAULT) <= 0) {
+        fprintf(errors, "%s: no /model group with the model dims: give them (--deck FILE or model.KEY=VALUE)\n", path);
+        return -1;
+    }
+    hid_t group = H5Gopen2(file, "model", H5P_DEFAULT);
+    deck defaults;
+    deck_defaults(&defaults);
+    model_dim dims[MAX_MODEL_DIMS];
+    int n_dims = model_dims(&defaults, dims), n = 0;
+    for (int i = 0; i < n_dims && n >= 0; i++) {
+        int64_t recorded = 0;
+        if (read_attr_i64(group, dims[i].key, &recorded) == 0) {
+            snprintf(overrides[n++], CHECKPOINT_OVERRIDE_CHARS, "model.%s=%" PRId64, dims[i].key, recorded);
+        } else {
+            fprintf(errors, "%s: /model has no attribute %s\n", path, dims[i].key);
+            n = -1;
+        }
+    }
+    double eps = 0.0; /* absent from files written before it was recorded: the deck's stays */
+    if (n >= 0 && H5Aexists(group, "eps") > 0 && read_attr(group, "eps", H5T_NATIVE_DOUBLE, &eps) == 0)
+        snprintf(overrides[n++], CHECKPOINT_OVERRIDE_CHARS, "model.eps=%.17g", eps);
+    H5Gclose(group);
+    return n;
+}
+
+int checkpoint_model_overrides(const char *path, char (*overrides)[CHECKPOINT_OVERRIDE_CHARS], FILE *errors)
+{
+    h5_auto_print quiet = h5_quiet_begin();
+    hid_t file = is_hdf5(path) ? H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT) : -1;
+    int n = -1;
+    if (file < 0) fprintf(errors, "%s: not an HDF5 file with the model dims: give them (--deck FILE or model.KEY=VALUE)\n",
+                          path);
+    else n = read_model_group(file, path, overrides, errors);
+    if (file >= 0) H5Fclose(file);
+    h5_quiet_end(quiet);
+    return n;
+}
+
 int checkpoint_reader_has(const checkpoint_reader *r, checkpoint_group group)
 {
+    if (r->st) return group == CHECKPOINT_WEIGHTS;
     return (int)group >= 0 && group < CHECKPOINT_N_GROUPS && r->group[group] >= 0;
 }
 
 void checkpoint_reader_close(checkpoint_reader *r)
 {
     if (!r) return;
+    safetensors_close(r->st);
     h5_auto_print quiet = h5_quiet_begin();
     close_groups(r);
     if (r->file >= 0) H5Fclose(r->file);
@@ -909,9 +989,10 @@ static int read_param(const checkpoint_reader *r, checkpoint_group group, const 
     return status;
 }
 
-/* The first NaN or Inf of a tensor read, named with its group and index; 0 when all values are finite. */
-static int check_finite(const char *path, checkpoint_group group, const param_info *param, const float *values,
-                        FILE *errors)
+/* The first NaN or Inf of a tensor read, named with its group and index (and `tensor`, the file's name for a
+   weight where it differs from the parameter's, else NULL); 0 when all values are finite. */
+static int check_finite(const char *path, checkpoint_group group, const param_info *param, const char *tensor,
+                        const float *values, FILE *errors)
 {
     for (int64_t i = 0; i < param->n_elements; i++) {
         if (isfinite(values[i])) continue;
@@ -923,13 +1004,48 @@ static int check_finite(const char *path, checkpoint_group group, const param_in
         char where[128];
         format_shape(param->ndim, index, where, sizeof where);
         if (group == CHECKPOINT_WEIGHTS)
-            fprintf(errors, "%s: parameter %s has a non-finite value (%g) at [%s] (element %lld)\n", path, param->name,
-                    (double)values[i], where, (long long)i);
+            fprintf(errors, "%s: parameter %s%s%s%s has a non-finite value (%g) at [%s] (element %lld)\n", path,
+                    param->name, tensor ? " (tensor " : "", tensor ? tensor : "", tensor ? ")" : "", (double)values[i],
+                    where, (long long)i);
         else fprintf(errors, "%s: tensor %s%s has a non-finite value (%g) at [%s] (element %lld)\n", path,
                      group_prefix[group], param->name, (double)values[i], where, (long long)i);
         return 1;
     }
     return 0;
+}
+
+/* A weight of a safetensors init: found under the file's naming, floating point, of the table's shape, read as
+   fp32 and finite; messages name the file holding it (a shard of a set) and the tensor. */
+static int read_safetensor(const checkpoint_reader *r, checkpoint_group group, const param_info *param, float *values)
+{
+    char name[160];
+    if (group != CHECKPOINT_WEIGHTS) {
+        fprintf(r->errors, "%s: a safetensors file holds weights only (no %s%s)\n", r->path, group_prefix[group],
+                param->name);
+        return 1;
+    }
+    if (wan_name_in(r->names, param->name, name, sizeof name)) {
+        fprintf(r->errors, "%s: parameter %s has no %s name\n", r->path, param->name, wan_names_label(r->names));
+        return 1;
+    }
+    const safetensors_tensor *t = safetensors_find(r->st, name);
+    if (!t) {
+        fprintf(r->errors, "%s: missing tensor %s (parameter %s; the file has %s names)\n", r->path, name, param->name,
+                wan_names_label(r->names));
+        return 1;
+    }
+    int same_shape = t->ndim == param->ndim;
+    for (int d = 0; d < t->ndim && same_shape; d++) same_shape = t->shape[d] == param->shape[d];
+    if (!same_shape) {
+        char found[128], expected[128];
+        format_shape(t->ndim, t->shape, found, sizeof found);
+        format_shape(param->ndim, param->shape, expected, sizeof expected);
+        fprintf(r->errors, "%s: parameter %s (tensor %s) has shape [%s] in the file, the model expects [%s]\n", t->file,
+                param->name, name, found, expected);
+        return 1;
+    }
+    if (safetensors_read_f32(r->st, t, values, r->errors)) return 1;
+    return check_finite(t->file, group, param, strcmp(name, param->name) ? name : NULL, values, r->errors);
 }
 
 int checkpoint_read_tensor(checkpoint_reader *r, checkpoint_group group, const char *name, float *values)
@@ -943,6 +1059,7 @@ int checkpoint_read_tensor(checkpoint_reader *r, checkpoint_group group, const c
         fprintf(r->errors, "%s: %s%s: the model has no such parameter\n", r->path, group_prefix[group], name);
         return 1;
     }
+    if (r->st) return read_safetensor(r, group, param, values);
     if (r->group[group] < 0) {
         fprintf(r->errors, "%s: missing group /%s (needed for %s%s)\n", r->path, group_location[group],
                 group_prefix[group], name);
@@ -951,7 +1068,7 @@ int checkpoint_read_tensor(checkpoint_reader *r, checkpoint_group group, const c
     h5_auto_print quiet = h5_quiet_begin();
     int status = read_param(r, group, param, values);
     h5_quiet_end(quiet);
-    if (status == 0) status = check_finite(r->path, group, param, values, r->errors);
+    if (status == 0) status = check_finite(r->path, group, param, NULL, values, r->errors);
     return status;
 }
 

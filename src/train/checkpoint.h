@@ -95,16 +95,30 @@ typedef struct checkpoint_reader checkpoint_reader;
 checkpoint_reader *checkpoint_reader_open(const char *path, const deck *config, const model *table, FILE *errors);
 
 /* A [model] init file: any HDF5 file with a dataset per Wan parameter name at its root (an aldit
-   checkpoint, or converted weights; only CHECKPOINT_WEIGHTS need be there). Nothing else is checked at
-   open; every tensor read through it is checked to be finite, as for any reader. NULL on failure (a missing file is named with errno's text). */
+   checkpoint, or converted weights; only CHECKPOINT_WEIGHTS need be there), or safetensors weights (io/safetensors.h:
+   one file, or a sharded set by its *.safetensors.index.json) under Wan's names or diffusers' WanTransformer3DModel
+   names (model/wan_names.h; a file using any name only diffusers has is read by diffusers' names). Safetensors are
+   told from HDF5 by their content; their header is checked whole at open (a damaged header or a truncated file is
+   refused there, naming the file and the tensor). Nothing else is checked at open; every tensor read through it is
+   checked for name, shape and finiteness, as for any reader (a safetensors file has weights only: has() is 0 for the
+   other groups). NULL on failure (a missing file is named with errno's text). */
 checkpoint_reader *checkpoint_reader_open_init(const char *path, const model *table, FILE *errors);
 
 /* The model a weights file was trained as, against `config`: when `path` has a /model group (an aldit
    checkpoint) its recorded dims and eps must equal the deck's, the check checkpoint_reader_open makes (the
    first difference named with both values: "model.num_layers is 2 in the checkpoint, 1 in the deck");
-   a file without /model (converted weights) passes. Non-zero, with the message on `errors`, on a
+   a file without /model (converted weights, safetensors) passes. Non-zero, with the message on `errors`, on a
    difference or a file that cannot be opened as HDF5. */
 int checkpoint_check_model(const char *path, const deck *config, FILE *errors);
+
+/* The model dims and eps an aldit checkpoint recorded in /model, as deck overrides ("model.dim=1536", ...,
+   "model.eps=1e-06") for deck_load, which validates them as any deck value: the dims of a file to export without a
+   deck. `overrides` has room for CHECKPOINT_MODEL_OVERRIDES strings. Returns their number, or -1 with a message
+   naming the file when it is not HDF5 or has no complete /model (converted weights, safetensors: the caller must
+   give the dims). */
+#define CHECKPOINT_MODEL_OVERRIDES 16
+#define CHECKPOINT_OVERRIDE_CHARS 64
+int checkpoint_model_overrides(const char *path, char (*overrides)[CHECKPOINT_OVERRIDE_CHARS], FILE *errors);
 
 /* 1 when the file has the group `group` (for CHECKPOINT_WEIGHTS: always), else 0. */
 int checkpoint_reader_has(const checkpoint_reader *r, checkpoint_group group);
