@@ -294,7 +294,7 @@ static void forward(model *m, const forward_input *in, float *output)
 static int self_check(model *m, const forward_input *in, const float *output)
 {
     model_batch batch = {in->n_samples, in->frames, in->height, in->width, in->text_len,
-                         in->latents, in->latents, in->sigma, in->text, 1, 0, NULL};
+                         in->latents, in->latents, in->sigma, in->text, 1, 0, NULL, NULL, NULL, NULL, NULL};
     double *loss = xmalloc((size_t)in->n_samples * sizeof(double));
     model_forward_loss(m, &batch, loss);
     int bad = 0;
