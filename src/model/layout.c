@@ -145,16 +145,23 @@ typedef struct {
     int n_specs;
     size_t block_field;
     const char *block_prefix;
+    int on_gpu;   /* the GPU model (cuda/model_gpu.cu) builds it */
 } family_table;
 
 static const family_table families[] = {
-    [FAMILY_WAN] = {wan_tensors, (int)(sizeof wan_tensors / sizeof wan_tensors[0]), offsetof(model_layout, block), "blocks."},
+    [FAMILY_WAN] = {wan_tensors, (int)(sizeof wan_tensors / sizeof wan_tensors[0]), offsetof(model_layout, block), "blocks.", 1},
     [FAMILY_HUNYUANVIDEO15] = {mmdit_tensors, (int)(sizeof mmdit_tensors / sizeof mmdit_tensors[0]),
-                               offsetof(model_layout, mmdit_block), "transformer_blocks."},
+                               offsetof(model_layout, mmdit_block), "transformer_blocks.", 0},
 };
 _Static_assert(sizeof wan_tensors / sizeof wan_tensors[0] <= LAYOUT_MAX_TENSORS, "LAYOUT_MAX_TENSORS holds Wan's table");
 _Static_assert(sizeof mmdit_tensors / sizeof mmdit_tensors[0] <= LAYOUT_MAX_TENSORS,
                "LAYOUT_MAX_TENSORS holds HunyuanVideo-1.5's table");
+
+int layout_family_on_gpu(deck_family family)
+{
+    ALDIT_CHECK(family == FAMILY_WAN || family == FAMILY_HUNYUANVIDEO15, "layout: model family %d unknown", (int)family);
+    return families[family].on_gpu;
+}
 
 static int64_t resolve(const layout_dims *d, dim_symbol symbol)
 {

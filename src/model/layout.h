@@ -107,6 +107,9 @@ typedef struct {
     layout_mmdit_block mmdit_block;   /* hunyuanvideo15: offsets from a block's start */
 } model_layout;
 
+/* 1 when the family has a GPU model (wan), 0 when it runs on the CPU only (hunyuanvideo15 so far): [run]
+   device = auto then means cpu. */
+int layout_family_on_gpu(deck_family family);
 /* The deck's [model] dims. */
 layout_dims layout_dims_of(const deck *config);
 /* Build the table for these dims (no allocation). */

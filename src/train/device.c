@@ -6,26 +6,17 @@
 #include <stdlib.h>
 
 #include "backend/backend_cpu.h"
+#include "model/layout.h"
 #ifdef HAVE_CUDA
 #include "cuda/backend_cuda.h"
 #include "cuda/gpu.h"
 #endif
 
-/* A family without a GPU model (hunyuanvideo15 so far) runs on the CPU: device = cuda is refused (1, rank 0 says
-   why; -2 from device_resolve: a deck error), auto means cpu. */
-static int family_without_gpu(const deck *config, const comm_info *info)
-{
-    if (config->model.family == FAMILY_WAN || config->run.device != DEVICE_CUDA) return 0;
-    if (info->rank == 0)
-        fprintf(stderr, "aldit: error: [model] family = hunyuanvideo15 has no GPU model yet (only the CPU model); set "
-                "[run] device = cpu, or use family = wan on GPUs\n");
-    return 1;
-}
-
 /* The device resolved, or -1 (rank 0 said why). */
 static int resolve(const deck *config, const comm_info *info)
 {
-    if (config->run.device == DEVICE_CPU || config->model.family != FAMILY_WAN) return DEVICE_CPU;
+    /* auto: a family without a GPU model runs on the CPU (the deck refuses device = cuda for it) */
+    if (config->run.device == DEVICE_CPU || !layout_family_on_gpu(config->model.family)) return DEVICE_CPU;
 #ifdef HAVE_CUDA
     int some_rank_without_gpu = comm_allreduce_or_int(gpu_count() == 0);
     if (!some_rank_without_gpu) return DEVICE_CUDA;
@@ -47,7 +38,6 @@ static int resolve(const deck *config, const comm_info *info)
 
 int device_resolve(const deck *config, const comm_info *info)
 {
-    if (family_without_gpu(config, info)) return -2;
     int device = resolve(config, info);
     if (device != DEVICE_CPU || config->train.recompute != RECOMPUTE_BLOCK) return device;
     /* the balancer's memory model would assume recomputation and plan micro-batches that overrun host memory */
@@ -60,7 +50,6 @@ int device_resolve(const deck *config, const comm_info *info)
 int device_resolve_check(const deck *config, const comm_info *info, int *offline)
 {
     *offline = 0;
-    if (family_without_gpu(config, info)) return -2;
 #ifdef HAVE_CUDA
     if (config->run.device == DEVICE_CUDA && comm_allreduce_or_int(gpu_count() == 0)) {
         *offline = 1;
