@@ -2,10 +2,10 @@
 # train_hunyuan.sh — training with model.family = hunyuanvideo15 on the CPU (text-to-video, Qwen captions only):
 # the loss falls; 2 ranks give the 1-rank losses; a stop at step 10 resumed to 20 gives the uninterrupted losses to
 # the bit (a constant learning rate: the cosine schedule spans run.steps); a checkpoint is refused under another
-# family dim; run.device = cuda is refused.
+# family dim; run.device = cuda and padded captions are refused.
 . "${top_srcdir:-.}/tests/train_lib.sh"
 TRAIN_DECK="$top_srcdir/tests/decks/hunyuan_tiny.ini"
-tap_plan 5
+tap_plan 6
 "$top_builddir/aldit-store" synth --spec "$top_srcdir/tests/decks/train_tiny.lengths" --samples 32 --text-len 8 \
     --text-dim 12 --channels 4 --seed 3 --out "$WORK/store.h5" > /dev/null || exit 1
 common="run.threads=1 balance.global_batch=4 train.lr=2e-3 train.lr_schedule=constant train.warmup_steps=5 log.every=1"
@@ -36,4 +36,8 @@ tap_result $found "resuming under another rope_axes_t: exit 2 naming it" "$(tail
 run_aldit 1 gpu $common run.steps=20 run.device=cuda; status=$?
 case "$status:$(cat "$WORK/gpu.log")" in 2:*"hunyuanvideo15 has no GPU model yet"*) found=0 ;; *) found=1 ;; esac
 tap_result $found "run.device = cuda: exit 2 saying the GPU model is not built" "$(tail -3 "$WORK/gpu.log")"
+# shellcheck disable=SC2086
+run_aldit 1 padded $common run.steps=20 model.text_padding=wan; status=$?
+case "$status:$(cat "$WORK/padded.log")" in 2:*"set model.text_padding = trim"*) found=0 ;; *) found=1 ;; esac
+tap_result $found "text_padding = wan (captions padded): exit 2 saying to set trim" "$(tail -3 "$WORK/padded.log")"
 tap_done

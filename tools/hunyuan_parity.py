@@ -63,7 +63,7 @@ def head_dim(args):
 
 
 def aldit_dims(args):
-    return dict(family="hunyuanvideo15", dim=args.dim, ffn_dim=args.mlp_ratio * args.dim, num_heads=args.heads,
+    return dict(family="hunyuanvideo15", text_padding="trim", dim=args.dim, ffn_dim=args.mlp_ratio * args.dim, num_heads=args.heads,
                 num_layers=args.layers, in_dim=2 * args.channels + 1, out_dim=args.channels, patch_t=1,
                 patch_h=args.patch, patch_w=args.patch, text_len=max(s[3] for s in SAMPLES), text_dim=args.text_dim,
                 text_2_dim=args.text_2_dim, image_dim=args.image_dim, rope_axes_t=args.rope_axes_t, freq_dim=256,

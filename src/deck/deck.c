@@ -910,6 +910,11 @@ static void check_family(load_context *ctx)
         report(ctx, latest_origin(ctx, device, 2),
                "model.family = hunyuanvideo15 has no GPU model yet (only the CPU model): set run.device = cpu or auto "
                "(auto runs it on the CPU)");
+    const int padding[] = {key_index("model", "text_padding"), key_index("model", "family")};
+    if (config->model.text_padding != TEXT_PADDING_TRIM)
+        report(ctx, latest_origin(ctx, padding, 2),
+               "model.family = hunyuanvideo15 attends each caption at its own length (diffusers masks the padding): "
+               "set model.text_padding = trim");
     const int axes[] = {key_index("model", "rope_axes_t"), key_index("model", "dim"), key_index("model", "num_heads")};
     const int head_dim = config->model.dim / config->model.num_heads, t = config->model.rope_axes_t;
     if (config->model.dim % config->model.num_heads == 0 && (t % 2 != 0 || t >= head_dim || (head_dim - t) % 4 != 0))
