@@ -145,6 +145,19 @@ static void test_gelu_tanh(void **state)
     assert_float_equal(y[3], 10.0f, 1e-5);
 }
 
+static void test_gelu_erf(void **state)
+{
+    (void)state;
+    check_unary("gelu_erf dx", cpu_gelu_erf_fwd, cpu_gelu_erf_bwd);
+    const float x[4] = {0.0f, 1.0f, -1.0f, 10.0f};
+    float y[4];
+    cpu_gelu_erf_fwd(x, 4, y);
+    assert_float_equal(y[0], 0.0f, 0);
+    assert_float_equal(y[1], 0.8413447f, 1e-6);   /* Phi(1), not the tanh form's 0.841192 */
+    assert_float_equal(y[2], -0.1586553f, 1e-6);
+    assert_float_equal(y[3], 10.0f, 1e-5);
+}
+
 static void test_silu(void **state)
 {
     (void)state;
@@ -359,6 +372,49 @@ static void test_rope(void **state)
     free(t.x); free(t.out_weight); free(t.y); free(dx);
 }
 
+/* The axes' split and theta given (HunyuanVideo-1.5's form): head_dim 16 as 2, 3, 3 pairs, theta 256. */
+typedef struct { rope_case base; int axes[3]; double theta; } rope_axes_case;
+
+static double rope_axes_objective(void *context)
+{
+    rope_axes_case *t = context;
+    cpu_rope_axes_fwd(t->base.x, t->base.n_rows, t->base.num_heads, t->base.head_dim, t->base.positions, t->axes,
+                      t->theta, t->base.y);
+    return weighted_sum(t->base.y, t->base.out_weight, t->base.n_rows * t->base.num_heads * t->base.head_dim);
+}
+
+static void test_rope_axes(void **state)
+{
+    (void)state;
+    const int32_t frames[1] = {2}, height[1] = {3}, width[1] = {2};
+    int32_t positions[12 * 3];
+    cpu_rope_positions(1, frames, height, width, positions);
+    rope_axes_case t = {.base = {.n_rows = 12, .num_heads = 2, .head_dim = 16, .positions = positions},
+                        .axes = {2, 3, 3}, .theta = 256.0};
+    const int64_t n = 12 * 2 * 16;
+    t.base.x = random_array(n, 71, 1.0f);
+    t.base.out_weight = random_array(n, 72, 1.0f);
+    t.base.y = zero_array(n);
+    float *dx = zero_array(n);
+    cpu_rope_axes_bwd(t.base.out_weight, 12, 2, 16, positions, t.axes, t.theta, dx);
+    ASSERT_GRADIENT("rope_axes dx", gradient_error(rope_axes_objective, &t, t.base.x, dx, n, MAX_CHECKS, STEP, 73));
+
+    /* pair 1 of the row axis (pair 3 of the head) turns by h * 256^(-1/3); the frame's pairs stay */
+    const int32_t at_row_two[3] = {0, 2, 0};
+    float unit[16] = {0}, turned[16];
+    unit[6] = 1.0f;
+    cpu_rope_axes_fwd(unit, 1, 1, 16, at_row_two, t.axes, t.theta, turned);
+    assert_float_equal(turned[6], cos(2.0 * pow(256.0, -1.0 / 3.0)), 1e-7);
+    assert_float_equal(turned[7], sin(2.0 * pow(256.0, -1.0 / 3.0)), 1e-7);
+    /* Wan's own split and theta give cpu_rope_fwd's output to the bit */
+    const int wan_axes[3] = {4, 2, 2};
+    float *wan = zero_array(n);
+    cpu_rope_fwd(t.base.x, 12, 2, 16, positions, wan);
+    cpu_rope_axes_fwd(t.base.x, 12, 2, 16, positions, wan_axes, 10000.0, t.base.y);
+    assert_memory_equal(wan, t.base.y, (size_t)n * sizeof(float));
+    free(t.base.x); free(t.base.out_weight); free(t.base.y); free(dx); free(wan);
+}
+
 /* ---- attention ---------------------------------------------------------------------------------- */
 
 typedef struct {
@@ -534,11 +590,13 @@ int main(void)
         cmocka_unit_test(test_linear),
         cmocka_unit_test(test_wrong_gradient_fails),
         cmocka_unit_test(test_gelu_tanh),
+        cmocka_unit_test(test_gelu_erf),
         cmocka_unit_test(test_silu),
         cmocka_unit_test(test_layernorm),
         cmocka_unit_test(test_ln_modulate),
         cmocka_unit_test(test_rmsnorm),
         cmocka_unit_test(test_rope),
+        cmocka_unit_test(test_rope_axes),
         cmocka_unit_test(test_self_attention),
         cmocka_unit_test(test_cross_attention),
         cmocka_unit_test(test_attention_stable_softmax),

@@ -77,7 +77,8 @@ int64_t cost_model_param_count(const deck *config)
 
 layout_backend cost_model_backend(const deck *config)
 {
-    return config->run.device == DEVICE_CPU ? LAYOUT_BACKEND_CPU : LAYOUT_BACKEND_GPU;
+    const int cpu = config->run.device == DEVICE_CPU || !layout_family_on_gpu(config->model.family);
+    return cpu ? LAYOUT_BACKEND_CPU : LAYOUT_BACKEND_GPU;
 }
 
 double cost_model_state_bytes(const deck *config, deck_shard mode, int n_ranks)

@@ -41,6 +41,7 @@ static const char *const strategy_names[] = {"global", "dual", "equal_tokens", N
 static const char *const oversize_names[] = {"error", "skip", NULL};
 static const char *const recompute_names[] = {"none", "block", NULL};
 static const char *const text_padding_names[] = {"wan", "trim", NULL};
+static const char *const family_names[] = {"wan", "hunyuanvideo15", NULL};
 static const char *const shard_names[] = {"auto", "none", "optimizer", "gradients", "full", NULL};
 static const char *const nonfinite_names[] = {"error", "skip", NULL};
 static const char *const lr_schedule_names[] = {"cosine", "constant", NULL};
@@ -76,6 +77,9 @@ static const deck_key deck_keys[] = {
     /* [model] */
     {KEY("model", "name", KEY_STRING, model.name), .nonempty = 1, .default_text = "wan1.3b",
      .help = "label in logs and checkpoints"},
+    {KEY("model", "family", KEY_ENUM, model.family), .choices = family_names, .default_text = "wan",
+     .help = "wan: Wan 2.1's DiT (cross-attention to the text); hunyuanvideo15: HunyuanVideo-1.5's MMDiT (joint "
+             "attention over [video; text], CPU model only so far; docs/model.md)"},
     {KEY("model", "dim", KEY_INT, model.dim), .min = 1, .max = 65536, .default_text = "1536",
      .help = "hidden size D"},
     {KEY("model", "ffn_dim", KEY_INT, model.ffn_dim), .min = 1, .max = 1 << 20, .default_text = "8960",
@@ -100,7 +104,14 @@ static const deck_key deck_keys[] = {
      .help = "wan: each caption's embedding zero-padded to text_len at read time and attended whole, as Wan 2.1 "
              "trains; trim: only the caption's stored tokens"},
     {KEY("model", "text_dim", KEY_INT, model.text_dim), .min = 1, .max = 1 << 20, .default_text = "4096",
-     .help = "text embedding width (umT5: 4096); must match the store"},
+     .help = "text embedding width (umT5: 4096; hunyuanvideo15: Qwen2.5-VL, 3584); must match the store"},
+    {KEY("model", "text_2_dim", KEY_INT, model.text_2_dim), .min = 1, .max = 1 << 20, .default_text = "1472",
+     .help = "hunyuanvideo15: width of the ByT5 glyph embeddings (ignored by wan)"},
+    {KEY("model", "image_dim", KEY_INT, model.image_dim), .min = 1, .max = 1 << 20, .default_text = "1152",
+     .help = "hunyuanvideo15: width of the SigLIP image embeddings (ignored by wan)"},
+    {KEY("model", "rope_axes_t", KEY_INT, model.rope_axes_t), .min = 2, .max = 65536, .default_text = "16",
+     .help = "hunyuanvideo15: head channels the frame index rotates (even); rows and columns get half the rest "
+             "each (head dim 128: 16, 56, 56; ignored by wan)"},
     {KEY("model", "freq_dim", KEY_INT, model.freq_dim), .min = 2, .max = 65536, .default_text = "256",
      .help = "width of the sinusoidal timestep embedding (even)"},
     {KEY("model", "eps", KEY_DOUBLE, model.eps), .min = 1e-12, .max = 0.1, .default_text = "1e-6",
@@ -899,6 +910,35 @@ static int latest_origin(const load_context *ctx, const int *indices, int n_indi
     return latest;
 }
 
+/* hunyuanvideo15: its input is [x_t, condition latent, mask] (2 out_dim + 1 channels) and its RoPE axes fill
+   the head dim in (real, imaginary) pairs. */
+static void check_family(load_context *ctx)
+{
+    const deck *config = ctx->config;
+    if (config->model.family != FAMILY_HUNYUANVIDEO15) return;
+    const int channels[] = {key_index("model", "in_dim"), key_index("model", "out_dim"), key_index("model", "family")};
+    if (config->model.in_dim != 2 * config->model.out_dim + 1)
+        report(ctx, latest_origin(ctx, channels, 3),
+               "model.family = hunyuanvideo15 takes x_t, the condition latent and a mask: model.in_dim (%d) must be "
+               "2 * model.out_dim + 1 = %d", config->model.in_dim, 2 * config->model.out_dim + 1);
+    const int device[] = {key_index("run", "device"), key_index("model", "family")};
+    if (config->run.device == DEVICE_CUDA)
+        report(ctx, latest_origin(ctx, device, 2),
+               "model.family = hunyuanvideo15 has no GPU model yet (only the CPU model): set run.device = cpu or auto "
+               "(auto runs it on the CPU)");
+    const int padding[] = {key_index("model", "text_padding"), key_index("model", "family")};
+    if (config->model.text_padding != TEXT_PADDING_TRIM)
+        report(ctx, latest_origin(ctx, padding, 2),
+               "model.family = hunyuanvideo15 attends each caption at its own length (diffusers masks the padding): "
+               "set model.text_padding = trim");
+    const int axes[] = {key_index("model", "rope_axes_t"), key_index("model", "dim"), key_index("model", "num_heads")};
+    const int head_dim = config->model.dim / config->model.num_heads, t = config->model.rope_axes_t;
+    if (config->model.dim % config->model.num_heads == 0 && (t % 2 != 0 || t >= head_dim || (head_dim - t) % 4 != 0))
+        report(ctx, latest_origin(ctx, axes, 3),
+               "model.rope_axes_t (%d) must be even and leave the rest of the head dim (%d) to split into two even "
+               "halves (rows, columns)", t, head_dim);
+}
+
 static void check_cross_keys(load_context *ctx)
 {
     const deck *config = ctx->config;
@@ -919,8 +959,9 @@ static void check_cross_keys(load_context *ctx)
     if (config->model.freq_dim % 2 != 0)
         report(ctx, latest_origin(ctx, freq, 1), "model.freq_dim (%d) must be even (sin and cos halves)",
                config->model.freq_dim);
+    check_family(ctx);
     const int channels[] = {key_index("model", "in_dim"), key_index("model", "out_dim")};
-    if (config->model.in_dim != config->model.out_dim)
+    if (config->model.family == FAMILY_WAN && config->model.in_dim != config->model.out_dim)
         report(ctx, latest_origin(ctx, channels, 2),
                "model.in_dim (%d) differs from model.out_dim (%d): the flow target lives in the input latent",
                config->model.in_dim, config->model.out_dim);

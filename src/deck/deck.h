@@ -14,6 +14,8 @@ typedef enum { OVERSIZE_ERROR, OVERSIZE_SKIP } deck_oversize;
 typedef enum { RECOMPUTE_NONE, RECOMPUTE_BLOCK } deck_recompute;
 /* [model] text_padding: each caption zero-padded to text_len and attended whole (Wan), or as stored. */
 typedef enum { TEXT_PADDING_WAN, TEXT_PADDING_TRIM } deck_text_padding;
+/* The model family: its layout table and block code (model/layout.c, model/model.c, model/mmdit.c). */
+typedef enum { FAMILY_WAN, FAMILY_HUNYUANVIDEO15 } deck_family;
 /* [train] shard: which training state is split across the ranks (auto: the least that fits). */
 typedef enum { SHARD_AUTO, SHARD_NONE, SHARD_OPTIMIZER, SHARD_GRADIENTS, SHARD_FULL } deck_shard;
 typedef enum { NONFINITE_ERROR, NONFINITE_SKIP } deck_nonfinite;
@@ -40,6 +42,7 @@ typedef struct {
     } run;
     struct {
         char name[DECK_NAME_MAX];      /* label in logs and checkpoints ("wan1.3b", "quickstart") */
+        deck_family family;            /* wan (Wan 2.1 DiT) or hunyuanvideo15 (HunyuanVideo-1.5 MMDiT) */
         int dim;                       /* hidden size D */
         int ffn_dim;                   /* FFN hidden size */
         int num_heads;                 /* attention heads; head dim = dim / num_heads */
@@ -50,6 +53,9 @@ typedef struct {
         int text_len;                  /* text tokens per sample the model accepts (512) */
         deck_text_padding text_padding; /* wan: every caption zero-padded to text_len at read time; trim: as stored */
         int text_dim;                  /* text embedding width (4096, umT5) */
+        int text_2_dim;                /* hunyuanvideo15: ByT5 glyph embedding width (1472) */
+        int image_dim;                 /* hunyuanvideo15: SigLIP image embedding width (1152) */
+        int rope_axes_t;               /* hunyuanvideo15: RoPE channels of the frame axis (16); rows, columns share the rest */
         int freq_dim;                  /* sinusoidal time embedding width (256) */
         double eps;                    /* norm epsilon (1e-6) */
         int qk_norm;                   /* RMSNorm on q and k (1) */

@@ -1,4 +1,4 @@
-/* layout.c — the Wan 2.1 DiT's parameter table (one static description) and its exact activation-memory formula. */
+/* layout.c — each family's parameter table (one static description per family) and its exact activation-memory formula. */
 #include "model/layout.h"
 #include "core/check.h"
 
@@ -8,7 +8,10 @@
 /* ---- the parameter table ------------------------------------------------------------------------ */
 
 /* Symbols of a shape's entries, resolved against the dims. */
-typedef enum { X_END, X_1, X_2, X_6, X_D, X_6D, X_F, X_IN, X_PT, X_PH, X_PW, X_TEXT, X_FREQ, X_OUT_PATCH } dim_symbol;
+typedef enum {
+    X_END, X_1, X_2, X_6, X_D, X_6D, X_F, X_IN, X_PT, X_PH, X_PW, X_TEXT, X_FREQ, X_OUT_PATCH,
+    X_2D, X_4D, X_HEAD, X_TYPES, X_TEXT2, X_IMAGE, X_BYT5
+} dim_symbol;
 typedef enum { WHEN_ALWAYS, WHEN_QK_NORM, WHEN_CROSS_ATTN_NORM } condition;
 typedef enum { PART_EMBEDDING, PART_BLOCK, PART_HEAD } part;
 
@@ -65,8 +68,100 @@ static const tensor_spec wan_tensors[] = {
     HEAD("head.head.weight", head.weight, LAYOUT_INIT_ZERO, LAYOUT_ROWS_TOKENS, X_OUT_PATCH, X_D),
     HEAD("head.head.bias", head.bias, LAYOUT_INIT_ZERO, LAYOUT_ROWS_NONE, X_OUT_PATCH),
 };
-enum { N_SPECS = sizeof wan_tensors / sizeof wan_tensors[0] };
-_Static_assert(N_SPECS <= LAYOUT_MAX_TENSORS, "LAYOUT_MAX_TENSORS holds the table");
+
+/* HunyuanVideo-1.5: diffusers' HunyuanVideo15Transformer3DModel state_dict order and names. Video rows are
+   tokens, the joint text (image, ByT5, Qwen tokens) text rows. */
+#define LIN(part, name, field, rows, out, in)                                                                      \
+    {part, name ".weight", {out, in, X_END}, LAYOUT_INIT_XAVIER, rows, WHEN_ALWAYS, offsetof(model_layout, field.weight)}, \
+    {part, name ".bias", {out, X_END}, LAYOUT_INIT_ZERO, LAYOUT_ROWS_NONE, WHEN_ALWAYS, offsetof(model_layout, field.bias)}
+#define NORM(part, name, field, width)                                                                             \
+    {part, name ".weight", {width, X_END}, LAYOUT_INIT_ONE, LAYOUT_ROWS_NONE, WHEN_ALWAYS, offsetof(model_layout, field##_weight)}, \
+    {part, name ".bias", {width, X_END}, LAYOUT_INIT_ZERO, LAYOUT_ROWS_NONE, WHEN_ALWAYS, offsetof(model_layout, field##_bias)}
+#define MB(field) offsetof(layout_mmdit_block, field)
+#define BLIN(name, field, rows, out, in)                                                                           \
+    {PART_BLOCK, name ".weight", {out, in, X_END}, LAYOUT_INIT_XAVIER, rows, WHEN_ALWAYS, MB(field.weight)},     \
+    {PART_BLOCK, name ".bias", {out, X_END}, LAYOUT_INIT_ZERO, LAYOUT_ROWS_NONE, WHEN_ALWAYS, MB(field.bias)}
+#define BNORM(name, field) {PART_BLOCK, name ".weight", {X_HEAD, X_END}, LAYOUT_INIT_ONE, LAYOUT_ROWS_NONE, WHEN_ALWAYS, MB(field)}
+#define REFINER(i)                                                                                                 \
+    NORM(PART_EMBEDDING, "context_embedder.token_refiner.refiner_blocks." #i ".norm1", mmdit.refiner[i].norm1, X_D), \
+    LIN(PART_EMBEDDING, "context_embedder.token_refiner.refiner_blocks." #i ".attn.to_q", mmdit.refiner[i].q, LAYOUT_ROWS_TEXT, X_D, X_D), \
+    LIN(PART_EMBEDDING, "context_embedder.token_refiner.refiner_blocks." #i ".attn.to_k", mmdit.refiner[i].k, LAYOUT_ROWS_TEXT, X_D, X_D), \
+    LIN(PART_EMBEDDING, "context_embedder.token_refiner.refiner_blocks." #i ".attn.to_v", mmdit.refiner[i].v, LAYOUT_ROWS_TEXT, X_D, X_D), \
+    LIN(PART_EMBEDDING, "context_embedder.token_refiner.refiner_blocks." #i ".attn.to_out.0", mmdit.refiner[i].o, LAYOUT_ROWS_TEXT, X_D, X_D), \
+    NORM(PART_EMBEDDING, "context_embedder.token_refiner.refiner_blocks." #i ".norm2", mmdit.refiner[i].norm2, X_D), \
+    LIN(PART_EMBEDDING, "context_embedder.token_refiner.refiner_blocks." #i ".ff.net.0.proj", mmdit.refiner[i].ff_in, LAYOUT_ROWS_TEXT, X_4D, X_D), \
+    LIN(PART_EMBEDDING, "context_embedder.token_refiner.refiner_blocks." #i ".ff.net.2", mmdit.refiner[i].ff_out, LAYOUT_ROWS_TEXT, X_D, X_4D), \
+    LIN(PART_EMBEDDING, "context_embedder.token_refiner.refiner_blocks." #i ".norm_out.linear", mmdit.refiner[i].ada, LAYOUT_ROWS_SAMPLES, X_2D, X_D)
+
+static const tensor_spec mmdit_tensors[] = {
+    {PART_EMBEDDING, "x_embedder.proj.weight", {X_D, X_IN, X_PT, X_PH, X_PW, X_END}, LAYOUT_INIT_XAVIER, LAYOUT_ROWS_TOKENS,
+     WHEN_ALWAYS, offsetof(model_layout, mmdit.patch.weight)},
+    {PART_EMBEDDING, "x_embedder.proj.bias", {X_D, X_END}, LAYOUT_INIT_ZERO, LAYOUT_ROWS_NONE, WHEN_ALWAYS,
+     offsetof(model_layout, mmdit.patch.bias)},
+    NORM(PART_EMBEDDING, "image_embedder.norm_in", mmdit.image_norm_in, X_IMAGE),
+    LIN(PART_EMBEDDING, "image_embedder.linear_1", mmdit.image_1, LAYOUT_ROWS_TEXT, X_IMAGE, X_IMAGE),
+    LIN(PART_EMBEDDING, "image_embedder.linear_2", mmdit.image_2, LAYOUT_ROWS_TEXT, X_D, X_IMAGE),
+    NORM(PART_EMBEDDING, "image_embedder.norm_out", mmdit.image_norm_out, X_D),
+    LIN(PART_EMBEDDING, "context_embedder.time_text_embed.timestep_embedder.linear_1", mmdit.refiner_time_1, LAYOUT_ROWS_SAMPLES, X_D, X_FREQ),
+    LIN(PART_EMBEDDING, "context_embedder.time_text_embed.timestep_embedder.linear_2", mmdit.refiner_time_2, LAYOUT_ROWS_SAMPLES, X_D, X_D),
+    LIN(PART_EMBEDDING, "context_embedder.time_text_embed.text_embedder.linear_1", mmdit.refiner_text_1, LAYOUT_ROWS_SAMPLES, X_D, X_TEXT),
+    LIN(PART_EMBEDDING, "context_embedder.time_text_embed.text_embedder.linear_2", mmdit.refiner_text_2, LAYOUT_ROWS_SAMPLES, X_D, X_D),
+    LIN(PART_EMBEDDING, "context_embedder.proj_in", mmdit.refiner_proj_in, LAYOUT_ROWS_TEXT, X_D, X_TEXT),
+    REFINER(0),
+    REFINER(1),
+    NORM(PART_EMBEDDING, "context_embedder_2.norm", mmdit.byt5_norm, X_TEXT2),
+    LIN(PART_EMBEDDING, "context_embedder_2.linear_1", mmdit.byt5_1, LAYOUT_ROWS_TEXT, X_BYT5, X_TEXT2),
+    LIN(PART_EMBEDDING, "context_embedder_2.linear_2", mmdit.byt5_2, LAYOUT_ROWS_TEXT, X_BYT5, X_BYT5),
+    LIN(PART_EMBEDDING, "context_embedder_2.linear_3", mmdit.byt5_3, LAYOUT_ROWS_TEXT, X_D, X_BYT5),
+    LIN(PART_EMBEDDING, "time_embed.timestep_embedder.linear_1", mmdit.time_1, LAYOUT_ROWS_SAMPLES, X_D, X_FREQ),
+    LIN(PART_EMBEDDING, "time_embed.timestep_embedder.linear_2", mmdit.time_2, LAYOUT_ROWS_SAMPLES, X_D, X_D),
+    {PART_EMBEDDING, "cond_type_embed.weight", {X_TYPES, X_D, X_END}, LAYOUT_INIT_NORMAL_STD, LAYOUT_ROWS_NONE, WHEN_ALWAYS,
+     offsetof(model_layout, mmdit.cond_type)},
+    BLIN("norm1.linear", norm1, LAYOUT_ROWS_SAMPLES, X_6D, X_D),
+    BLIN("norm1_context.linear", norm1_context, LAYOUT_ROWS_SAMPLES, X_6D, X_D),
+    BNORM("attn.norm_q", norm_q),
+    BNORM("attn.norm_k", norm_k),
+    BLIN("attn.to_q", to_q, LAYOUT_ROWS_TOKENS, X_D, X_D),
+    BLIN("attn.to_k", to_k, LAYOUT_ROWS_TOKENS, X_D, X_D),
+    BLIN("attn.to_v", to_v, LAYOUT_ROWS_TOKENS, X_D, X_D),
+    BLIN("attn.add_k_proj", add_k, LAYOUT_ROWS_TEXT, X_D, X_D),
+    BLIN("attn.add_v_proj", add_v, LAYOUT_ROWS_TEXT, X_D, X_D),
+    BLIN("attn.add_q_proj", add_q, LAYOUT_ROWS_TEXT, X_D, X_D),
+    BLIN("attn.to_out.0", to_out, LAYOUT_ROWS_TOKENS, X_D, X_D),
+    BLIN("attn.to_add_out", to_add_out, LAYOUT_ROWS_TEXT, X_D, X_D),
+    BNORM("attn.norm_added_q", norm_added_q),
+    BNORM("attn.norm_added_k", norm_added_k),
+    BLIN("ff.net.0.proj", ff_in, LAYOUT_ROWS_TOKENS, X_F, X_D),
+    BLIN("ff.net.2", ff_out, LAYOUT_ROWS_TOKENS, X_D, X_F),
+    BLIN("ff_context.net.0.proj", ff_context_in, LAYOUT_ROWS_TEXT, X_F, X_D),
+    BLIN("ff_context.net.2", ff_context_out, LAYOUT_ROWS_TEXT, X_D, X_F),
+    LIN(PART_HEAD, "norm_out.linear", mmdit.norm_out, LAYOUT_ROWS_SAMPLES, X_2D, X_D),
+    LIN(PART_HEAD, "proj_out", mmdit.proj_out, LAYOUT_ROWS_TOKENS, X_OUT_PATCH, X_D),
+};
+
+/* A family: its table, and where its block offsets go in model_layout. */
+typedef struct {
+    const tensor_spec *specs;
+    int n_specs;
+    size_t block_field;
+    const char *block_prefix;
+    int on_gpu;   /* the GPU model (cuda/model_gpu.cu) builds it */
+} family_table;
+
+static const family_table families[] = {
+    [FAMILY_WAN] = {wan_tensors, (int)(sizeof wan_tensors / sizeof wan_tensors[0]), offsetof(model_layout, block), "blocks.", 1},
+    [FAMILY_HUNYUANVIDEO15] = {mmdit_tensors, (int)(sizeof mmdit_tensors / sizeof mmdit_tensors[0]),
+                               offsetof(model_layout, mmdit_block), "transformer_blocks.", 0},
+};
+_Static_assert(sizeof wan_tensors / sizeof wan_tensors[0] <= LAYOUT_MAX_TENSORS, "LAYOUT_MAX_TENSORS holds Wan's table");
+_Static_assert(sizeof mmdit_tensors / sizeof mmdit_tensors[0] <= LAYOUT_MAX_TENSORS,
+               "LAYOUT_MAX_TENSORS holds HunyuanVideo-1.5's table");
+
+int layout_family_on_gpu(deck_family family)
+{
+    ALDIT_CHECK(family == FAMILY_WAN || family == FAMILY_HUNYUANVIDEO15, "layout: model family %d unknown", (int)family);
+    return families[family].on_gpu;
+}
 
 static int64_t resolve(const layout_dims *d, dim_symbol symbol)
 {
@@ -84,6 +179,13 @@ static int64_t resolve(const layout_dims *d, dim_symbol symbol)
     case X_TEXT: return d->text_dim;
     case X_FREQ: return d->freq_dim;
     case X_OUT_PATCH: return d->out_dim * d->patch_t * d->patch_h * d->patch_w;
+    case X_2D: return 2 * d->dim;
+    case X_4D: return LAYOUT_MMDIT_REFINER_MLP_RATIO * d->dim;
+    case X_HEAD: return d->dim / d->num_heads;
+    case X_TYPES: return LAYOUT_MMDIT_TYPES;
+    case X_TEXT2: return d->text_2_dim;
+    case X_IMAGE: return d->image_dim;
+    case X_BYT5: return LAYOUT_MMDIT_BYT5_HIDDEN;
     case X_END: break;
     }
     return 0;
@@ -101,7 +203,8 @@ layout_dims layout_dims_of(const deck *config)
         .num_layers = config->model.num_layers, .in_dim = config->model.in_dim, .out_dim = config->model.out_dim,
         .patch_t = config->model.patch_t, .patch_h = config->model.patch_h, .patch_w = config->model.patch_w,
         .text_dim = config->model.text_dim, .freq_dim = config->model.freq_dim, .qk_norm = config->model.qk_norm,
-        .cross_attn_norm = config->model.cross_attn_norm};
+        .cross_attn_norm = config->model.cross_attn_norm, .family = config->model.family,
+        .text_2_dim = config->model.text_2_dim, .image_dim = config->model.image_dim};
     return d;
 }
 
@@ -112,9 +215,15 @@ void model_layout_init(model_layout *layout, const layout_dims *dims)
     memset(layout, 0, sizeof *layout);
     layout->dims = *dims;
     memset(&layout->block, 0xff, sizeof layout->block);   /* every offset -1 until present */
+    memset(&layout->mmdit, 0xff, sizeof layout->mmdit);
+    memset(&layout->mmdit_block, 0xff, sizeof layout->mmdit_block);
+    ALDIT_CHECK(dims->family == FAMILY_WAN || dims->family == FAMILY_HUNYUANVIDEO15, "layout: model family %d unknown",
+                (int)dims->family);
+    const family_table *family = &families[dims->family];
+    layout->block_prefix = family->block_prefix;
     int64_t at = 0, block_at = 0;
-    for (int k = 0; k < N_SPECS; k++) {
-        const tensor_spec *spec = &wan_tensors[k];
+    for (int k = 0; k < family->n_specs; k++) {
+        const tensor_spec *spec = &family->specs[k];
         if (!present(dims, spec->when)) continue;
         if (spec->where == PART_HEAD && layout->n_tensors == layout->n_embedding + layout->n_block) {
             layout->block_stride = block_at;   /* the first head tensor: the blocks end here */
@@ -133,7 +242,7 @@ void model_layout_init(model_layout *layout, const layout_dims *dims)
             if (layout->n_block++ == 0) layout->blocks_offset = at;
             t->offset = block_at;
             block_at += t->n_elements;
-            set_offset(&layout->block, spec->field, t->offset);
+            set_offset((char *)layout + family->block_field, spec->field, t->offset);
         } else {
             if (spec->where == PART_EMBEDDING) layout->n_embedding++;
             t->offset = at;
@@ -147,12 +256,24 @@ void model_layout_init(model_layout *layout, const layout_dims *dims)
 
 static int64_t shifted(int64_t offset, int64_t by) { return offset < 0 ? -1 : offset + by; }
 
-layout_block model_layout_block(const model_layout *layout, int layer)
+/* Shift `n` offsets (a block's struct of int64_t) by block `layer`'s start. */
+static void shift_block(const model_layout *layout, int layer, int64_t *fields, size_t n)
 {
     const int64_t start = layout->blocks_offset + (int64_t)layer * layout->block_stride;
+    for (size_t i = 0; i < n; i++) fields[i] = shifted(fields[i], start);
+}
+
+layout_block model_layout_block(const model_layout *layout, int layer)
+{
     layout_block b = layout->block;
-    int64_t *fields = (int64_t *)&b;
-    for (size_t i = 0; i < sizeof b / sizeof(int64_t); i++) fields[i] = shifted(fields[i], start);
+    shift_block(layout, layer, (int64_t *)&b, sizeof b / sizeof(int64_t));
+    return b;
+}
+
+layout_mmdit_block model_layout_mmdit_block(const model_layout *layout, int layer)
+{
+    layout_mmdit_block b = layout->mmdit_block;
+    shift_block(layout, layer, (int64_t *)&b, sizeof b / sizeof(int64_t));
     return b;
 }
 
@@ -247,6 +368,66 @@ static void cpu_workspace(tally *t, const layout_dims *d)
     t->fixed += 2 * 8;
 }
 
+/* hunyuanvideo15's CPU arena (mmdit.c, carve: fp32), its RoPE positions and row tables. Text rows L count the
+   costliest source's per-row values (a ByT5 row's 2048-wide hidden states, or an image row's, or a Qwen row's
+   refiner activations), so the count is at most what a micro-batch takes. */
+static void mmdit_cpu_workspace(tally *t, const layout_dims *d)
+{
+    enum { F32 = 4 };
+    const int64_t D = d->dim, F = d->ffn_dim, H = d->num_heads, layers = d->num_layers, R = LAYOUT_MMDIT_REFINER_MLP_RATIO * D;
+    const int64_t E = LAYOUT_MMDIT_BYT5_HIDDEN, refiners = LAYOUT_MMDIT_REFINER_LAYERS;
+    const int64_t patch = d->patch_t * d->patch_h * d->patch_w, P = d->in_dim * patch, PO = d->out_dim * patch;
+    /* every block, per video row and per text row alike: 13 [., D], 4 statistics, 3 [., H], 2 [., F] (counted
+       as pieces of each stream: the joint q, k, v, output and LSE are one piece each, fewer); per sample 12 [B, D]
+       modulation vectors */
+    add(t, 13 * layers, F32, D, 0, 0, 0);
+    add(t, 13 * layers, F32, 0, 0, D, 0);
+    add(t, 4 * layers, F32, 1, 0, 0, 0);
+    add(t, 4 * layers, F32, 0, 0, 1, 0);
+    add(t, 3 * layers, F32, H, 0, 0, 0);
+    add(t, 3 * layers, F32, 0, 0, H, 0);
+    add(t, 2 * layers, F32, F, 0, 0, 0);
+    add(t, 2 * layers, F32, 0, 0, F, 0);
+    add(t, 12 * layers, F32, 0, D, 0, 0);
+    /* every refiner block: 10 [Q, D], 4 statistics, [Q, H], 2 [Q, 4D]; gates [B, 2D] (Q <= L) */
+    add(t, 10 * refiners, F32, 0, 0, D, 0);
+    add(t, 4 * refiners, F32, 0, 0, 1, 0);
+    add(t, refiners, F32, 0, 0, H, 0);
+    add(t, 2 * refiners, F32, 0, 0, R, 0);
+    add(t, 2 * refiners, F32, 0, 2 * D, 0, 0);
+    /* outside the blocks, per video row: tokens_in, video [P]; target, pred, d_pred [PO]; x_final, head_h, d_x, d_xb,
+       t1, t2, the joint d and dq, dk, dv [D]; head statistics; d_ff [F] */
+    add(t, 2, F32, P, 0, 0, 0);
+    add(t, 3, F32, PO, 0, 0, 0);
+    add(t, 10, F32, D, 0, 0, 0);
+    add(t, 2, F32, 1, 0, 0, 0);
+    add(t, 1, F32, F, 0, 0, 0);
+    /* per text row: c_final, d_c, d_cb, tc1, tc2, the joint d, dq, dk, dv, dqc, dkc, dvc [D]; d_ffc [F]; and the
+       costliest source: a Qwen row's refiner output and 6 gradients [D] and the refiner MLP's gradient [4D], a
+       ByT5 row's 4 hidden and 2 gradients [E], 3 [text_2_dim], 2 [D], 2 statistics, an image row's 6 [image_dim],
+       4 [D], 4 statistics */
+    add(t, 12, F32, 0, 0, D, 0);
+    add(t, 1, F32, 0, 0, F, 0);
+    const int64_t qwen = 7 * D + R, byt5 = 6 * E + 3 * d->text_2_dim + 2 * D + 2,
+                  image = 6 * d->image_dim + 4 * D + 4;
+    int64_t source = qwen > byt5 ? qwen : byt5;
+    if (image > source) source = image;
+    add(t, 1, F32, 0, 0, source, 0);
+    /* per sample: timesteps, sinusoid, pooled [text_dim], 15 [B, D], modulation scratch 3 [B, 6D], head 2 [B, 2D],
+       refiner gates' gradient [B, 2D] */
+    add(t, 1, F32, 0, 1, 0, 0);
+    add(t, 1, F32, 0, d->freq_dim, 0, 0);
+    add(t, 1, F32, 0, d->text_dim, 0, 0);
+    add(t, 15, F32, 0, D, 0, 0);
+    add(t, 3, F32, 0, 6 * D, 0, 0);
+    add(t, 3, F32, 0, 2 * D, 0, 0);
+    t->align = LAYOUT_CPU_ALIGN;
+    /* outside the arena: positions [N, 3] int32; 7 row tables [B + 1] int64; the grid [B] int32 x 3 */
+    t->per_token += 3 * 4;
+    t->per_sample += 7 * 8 + 3 * 4;
+    t->fixed += 7 * 8;
+}
+
 /* The GPU model's arena (model_gpu.cu, layout_arena), less its scratch. */
 static void gpu_workspace(tally *t, const layout_dims *d, deck_recompute recompute)
 {
@@ -313,7 +494,11 @@ layout_memory model_layout_memory(const model_layout *layout, layout_backend bac
                                   int64_t device_scratch_bytes)
 {
     tally t = {0, 0, 0, 0, 0, 0};
-    if (backend == LAYOUT_BACKEND_GPU) {
+    ALDIT_CHECK(backend == LAYOUT_BACKEND_CPU || layout->dims.family == FAMILY_WAN,
+                "layout: model.family = hunyuanvideo15 has no GPU model yet (its GPU memory is not known)");
+    if (layout->dims.family == FAMILY_HUNYUANVIDEO15) {
+        mmdit_cpu_workspace(&t, &layout->dims);
+    } else if (backend == LAYOUT_BACKEND_GPU) {
         gpu_workspace(&t, &layout->dims, recompute);
         t.per_token += 4 * layout->dims.num_heads;   /* the scratch: one more piece */
         t.per_sample += 12 * layout->dims.dim;
@@ -347,6 +532,7 @@ int64_t layout_shard_values(const model_layout *layout, layout_backend backend, 
 
 int64_t layout_gpu_fp32_read_values(const model_layout *layout, deck_shard mode)
 {
+    ALDIT_CHECK(layout->dims.family == FAMILY_WAN, "layout: model.family = hunyuanvideo15 has no GPU model yet");
     const int64_t D = layout->dims.dim, time = mode == SHARD_FULL ? 0 : layout->blocks_offset - layout->time_in.weight;
     return time + 2 * D + layout->dims.num_layers * 8 * D;
 }

@@ -1,4 +1,4 @@
-/* layout.h — the one description of the Wan 2.1 DiT's memory: its parameter tensors (names, shapes, offsets in the one flat fp32 allocation, the per-block stride) and the exact bytes of a micro-batch's activations on each backend. */
+/* layout.h — the one description of each model family's memory (Wan 2.1's DiT, HunyuanVideo-1.5's MMDiT): its parameter tensors (names, shapes, offsets in the one flat fp32 allocation, the per-block stride) and the exact bytes of a micro-batch's activations on each backend. */
 #ifndef ALDIT_LAYOUT_H
 #define ALDIT_LAYOUT_H
 
@@ -9,8 +9,17 @@
 
 /* patch_embedding.weight is the one 5-D parameter: [dim, in_dim, patch_t, patch_h, patch_w]. */
 #define LAYOUT_MAX_NDIM 5
-/* Distinct tensors the table describes: 11 embedding tensors, at most 29 of one block, 3 of the head. */
-#define LAYOUT_MAX_TENSORS 48
+/* Distinct tensors a family's table describes (Wan: 11 embedding tensors, at most 29 of one block, 3 of the head;
+   HunyuanVideo-1.5: 69, 32 and 4). */
+#define LAYOUT_MAX_TENSORS 112
+/* HunyuanVideo-1.5's constants that its diffusers class fixes: refiner blocks, the ByT5 projection's hidden width,
+   the refiner's MLP ratio, the type embeddings (Qwen, ByT5, image), RoPE theta, LayerNorm eps of the embedders. */
+#define LAYOUT_MMDIT_REFINER_LAYERS 2
+#define LAYOUT_MMDIT_BYT5_HIDDEN 2048
+#define LAYOUT_MMDIT_REFINER_MLP_RATIO 4
+#define LAYOUT_MMDIT_TYPES 3
+#define LAYOUT_MMDIT_ROPE_THETA 256.0
+#define LAYOUT_MMDIT_EMBEDDER_EPS 1e-5
 /* Rows the GPU model's self-attention tensors have past the micro-batch's tokens: cuDNN runs the last
    sample over whole tiles (model_gpu.cu checks that this covers ATTENTION_CUDNN_TILE - 1). */
 #define LAYOUT_GPU_TILE_SLACK_ROWS 128
@@ -22,6 +31,8 @@
 typedef struct {
     int64_t dim, ffn_dim, num_heads, num_layers, in_dim, out_dim, patch_t, patch_h, patch_w, text_dim, freq_dim;
     int qk_norm, cross_attn_norm;
+    deck_family family;
+    int64_t text_2_dim, image_dim;    /* hunyuanvideo15 only */
 } layout_dims;
 
 /* How a tensor starts (model_init_random says what each means). */
@@ -41,8 +52,35 @@ typedef struct {
     layout_linear ffn_in, ffn_out;
 } layout_block;
 
+/* HunyuanVideo-1.5 (diffusers' HunyuanVideo15Transformer3DModel): a refiner block's offsets, the embeddings' and
+   head's, one dual-stream block's (from the block's start). */
 typedef struct {
-    const char *name;                 /* Wan's name; a block's without its "blocks.<l>." */
+    int64_t norm1_weight, norm1_bias, norm2_weight, norm2_bias;
+    layout_linear q, k, v, o, ff_in, ff_out, ada;
+} layout_refiner_block;
+
+typedef struct {
+    layout_linear patch;
+    int64_t image_norm_in_weight, image_norm_in_bias, image_norm_out_weight, image_norm_out_bias;
+    layout_linear image_1, image_2;
+    layout_linear refiner_time_1, refiner_time_2, refiner_text_1, refiner_text_2, refiner_proj_in;
+    layout_refiner_block refiner[LAYOUT_MMDIT_REFINER_LAYERS];
+    int64_t byt5_norm_weight, byt5_norm_bias;
+    layout_linear byt5_1, byt5_2, byt5_3, time_1, time_2;
+    int64_t cond_type;
+    layout_linear norm_out, proj_out;
+} layout_mmdit;
+
+typedef struct {
+    layout_linear norm1, norm1_context;
+    int64_t norm_q, norm_k;
+    layout_linear to_q, to_k, to_v, add_k, add_v, add_q, to_out, to_add_out;
+    int64_t norm_added_q, norm_added_k;
+    layout_linear ff_in, ff_out, ff_context_in, ff_context_out;
+} layout_mmdit_block;
+
+typedef struct {
+    const char *name;                 /* the family's state_dict name; a block's without its "blocks.<l>." */
     int ndim;
     int64_t shape[LAYOUT_MAX_NDIM];   /* PyTorch shape; entries past ndim are 0 */
     int64_t n_elements;
@@ -51,10 +89,11 @@ typedef struct {
     layout_rows rows;
 } layout_tensor;
 
-/* The table: tensors in Wan's state_dict order, the embeddings' (tensors [0, n_embedding)), one block's
+/* The table: tensors in the family's state_dict order, the embeddings' (tensors [0, n_embedding)), one block's
    ([n_embedding, n_embedding + n_block), repeated num_layers times), the head's (the rest). */
 typedef struct {
     layout_dims dims;
+    const char *block_prefix;         /* a block tensor's state_dict name is block_prefix + "<l>." + its name */
     int n_tensors, n_embedding, n_block;
     layout_tensor tensors[LAYOUT_MAX_TENSORS];
     int n_params;                     /* state_dict entries: n_tensors - n_block + num_layers * n_block */
@@ -64,14 +103,21 @@ typedef struct {
     layout_linear patch, text_in, text_out, time_in, time_out, time_projection, head;
     int64_t head_modulation;
     layout_block block;               /* offsets from a block's start */
+    layout_mmdit mmdit;               /* hunyuanvideo15: the embeddings' and head's offsets */
+    layout_mmdit_block mmdit_block;   /* hunyuanvideo15: offsets from a block's start */
 } model_layout;
 
+/* 1 when the family has a GPU model (wan), 0 when it runs on the CPU only (hunyuanvideo15 so far): [run]
+   device = auto then means cpu. */
+int layout_family_on_gpu(deck_family family);
 /* The deck's [model] dims. */
 layout_dims layout_dims_of(const deck *config);
 /* Build the table for these dims (no allocation). */
 void model_layout_init(model_layout *layout, const layout_dims *dims);
-/* Block `layer`'s tensors' offsets in the flat buffer. */
+/* Block `layer`'s tensors' offsets in the flat buffer (Wan; hunyuanvideo15). Fields of the other family are
+   meaningless. */
 layout_block model_layout_block(const model_layout *layout, int layer);
+layout_mmdit_block model_layout_mmdit_block(const model_layout *layout, int layer);
 /* State_dict entry `index` (0 <= index < n_params): its tensor, and *layer (-1 outside the blocks) and
    *offset (in the flat buffer). */
 const layout_tensor *model_layout_param(const model_layout *layout, int index, int *layer, int64_t *offset);
@@ -97,6 +143,8 @@ layout_gemm_flops model_layout_gemm_flops(const model_layout *layout);
      copied over, the per-micro-batch tables and the backward scratch. The scratch depends on the GPU (its
      SM count) through a constant, device_scratch_bytes (gpu_model_device_scratch_bytes; 0 where no GPU
      is known: then `fixed` is short of the device's by that, the coefficients are the same).
+   hunyuanvideo15 has only the CPU count so far (text rows L are its joint text: image, ByT5 and Qwen tokens);
+   asking for its GPU memory or GPU state is a fatal error naming the missing GPU model.
    The coefficients are what the balancer plans with (cost_model_mem: per_sample + per_token S +
    per_text L a sample); `fixed` is counted once per rank, in the plan of the GPU. */
 typedef enum { LAYOUT_BACKEND_CPU, LAYOUT_BACKEND_GPU } layout_backend;

@@ -1,13 +1,36 @@
-/* model.c — the Wan 2.1 DiT on the CPU: parameter table, init, packed forward/backward of the rectified-flow loss. */
+/* model.c — the model families' common table and init, each family's block code by table, and the Wan 2.1 DiT on the CPU (packed forward/backward of the rectified-flow loss). */
 #include "model/model.h"
 #include "core/check.h"
 #include "core/comm.h"
+#include "model/mmdit.h"
 #include "model/ops_cpu.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* ---- the families' block code ----------------------------------------------------------------------- */
+
+static double wan_forward_loss(model *m, const model_batch *batch, double *sample_loss);
+static double wan_forward_backward(model *m, const model_batch *batch, float *grads, float grad_scale, double *sample_loss);
+static int64_t wan_workspace_bytes(const model *m);
+
+struct model_family {
+    const char *name;
+    void (*create)(model *m);    /* its own workspace beside model.c's (NULL: none) */
+    void (*destroy)(model *m);
+    double (*forward_loss)(model *m, const model_batch *batch, double *sample_loss);
+    double (*forward_backward)(model *m, const model_batch *batch, float *grads, float grad_scale, double *sample_loss);
+    void (*predict)(model *m, const model_batch *batch, float *output);   /* NULL: not built for the family */
+    int64_t (*workspace_bytes)(const model *m);
+};
+
+static const model_family family_code[] = {
+    [FAMILY_WAN] = {"wan", NULL, NULL, wan_forward_loss, wan_forward_backward, NULL, wan_workspace_bytes},
+    [FAMILY_HUNYUANVIDEO15] = {"hunyuanvideo15", mmdit_create, mmdit_free, mmdit_forward_loss, mmdit_forward_backward,
+                               mmdit_predict, mmdit_workspace_bytes},
+};
 
 /* ---- parameter table -------------------------------------------------------------------------- */
 
@@ -80,6 +103,12 @@ void model_create_table(model *m, const deck *config)
     m->qk_norm = config->model.qk_norm;
     m->cross_attn_norm = config->model.cross_attn_norm;
     m->init_std = config->model.init_std;
+    m->family = config->model.family;
+    m->text_2_dim = config->model.text_2_dim;
+    m->image_dim = config->model.image_dim;
+    m->rope_axes_t = config->model.rope_axes_t;
+    ALDIT_CHECK(m->family == FAMILY_WAN || m->family == FAMILY_HUNYUANVIDEO15, "model: family %d unknown", (int)m->family);
+    m->code = &family_code[m->family];
     ALDIT_CHECK(m->dim > 0 && m->num_heads > 0 && m->dim % m->num_heads == 0,
                 "model: dim %d is not a positive multiple of num_heads %d", m->dim, m->num_heads);
     m->head_dim = m->dim / m->num_heads;
@@ -104,7 +133,7 @@ void model_create_table(model *m, const deck *config)
         int layer;
         param_info *p = &m->params[i];
         const layout_tensor *t = model_layout_param(&m->layout, i, &layer, &p->offset);
-        if (layer >= 0) snprintf(p->name, sizeof(p->name), "blocks.%d.%s", layer, t->name);
+        if (layer >= 0) snprintf(p->name, sizeof(p->name), "%s%d.%s", m->layout.block_prefix, layer, t->name);
         else snprintf(p->name, sizeof(p->name), "%s", t->name);
         p->ndim = t->ndim;
         memcpy(p->shape, t->shape, sizeof(p->shape));
@@ -114,6 +143,7 @@ void model_create_table(model *m, const deck *config)
     ws->blocks = xcalloc((size_t)(m->num_layers > 0 ? m->num_layers : 1), sizeof(layout_block));
     for (int l = 0; l < m->num_layers; l++) ws->blocks[l] = model_layout_block(&m->layout, l);
     ws->saved = xcalloc((size_t)(m->num_layers > 0 ? m->num_layers : 1), sizeof(block_saved));
+    if (m->code->create) m->code->create(m);
 }
 
 void model_create(model *m, const deck *config)
@@ -124,6 +154,7 @@ void model_create(model *m, const deck *config)
 
 void model_free(model *m)
 {
+    if (m->code && m->code->destroy) m->code->destroy(m);
     model_workspace *ws = m->workspace;
     if (ws) {
         free(ws->init);
@@ -431,15 +462,23 @@ static void pack_member(model *m, int n_samples, const int32_t *frames, const in
     layout_workspace(m, ws->arena);
 }
 
+/* The one-block entry points are Wan's block code (the GPU model's oracle). */
+static void check_wan(const model *m, const char *what)
+{
+    ALDIT_CHECK(m->family == FAMILY_WAN, "model: %s is Wan's block code, not model.family = %s's", what,
+                m->code ? m->code->name : "?");
+}
+
 int64_t model_pack(model *m, int n_samples, const int32_t *frames, const int32_t *height, const int32_t *width,
                    const int32_t *text_len, int64_t *n_text)
 {
+    check_wan(m, "model_pack");
     pack_member(m, n_samples, frames, height, width, text_len, 1, 0, NULL);
     *n_text = m->workspace->n_text;
     return m->workspace->n_tokens;
 }
 
-int64_t model_workspace_bytes(const model *m)
+static int64_t wan_workspace_bytes(const model *m)
 {
     const model_workspace *ws = m->workspace;
     return ws->arena_used * (int64_t)sizeof(float) + ws->n_total * 3 * (int64_t)sizeof(int32_t) +
@@ -558,6 +597,7 @@ static void self_attention_bwd(model *m, const block_saved *s, const float *d_at
 
 void model_block_forward(model *m, int layer, const float *x_in, const float *e0, const float *context, float *x_out)
 {
+    check_wan(m, "model_block_forward");
     model_workspace *ws = m->workspace;
     const layout_block *bo = &ws->blocks[layer];
     block_saved *s = &ws->saved[layer];
@@ -612,6 +652,7 @@ void model_block_forward(model *m, int layer, const float *x_in, const float *e0
 void model_block_backward(model *m, int layer, const float *dx_out, float *dx_in, float *de0, float *dcontext,
                           float *grads)
 {
+    check_wan(m, "model_block_backward");
     model_workspace *ws = m->workspace;
     const layout_block *bo = &ws->blocks[layer];
     const block_saved *s = &ws->saved[layer];
@@ -786,12 +827,12 @@ static double model_forward(model *m, const model_batch *batch, double *sample_l
     return total;
 }
 
-double model_forward_loss(model *m, const model_batch *batch, double *sample_loss)
+static double wan_forward_loss(model *m, const model_batch *batch, double *sample_loss)
 {
     return model_forward(m, batch, sample_loss);
 }
 
-double model_forward_backward(model *m, const model_batch *batch, float *grads, float grad_scale, double *sample_loss)
+static double wan_forward_backward(model *m, const model_batch *batch, float *grads, float grad_scale, double *sample_loss)
 {
     double total = model_forward(m, batch, sample_loss);
     model_workspace *ws = m->workspace;
@@ -847,4 +888,25 @@ double model_forward_backward(model *m, const model_batch *batch, float *grads, 
     cpu_linear_bwd(ws->sinusoid, ws->d_time_b, B, m->freq_dim, (int)D, param(m, m->layout.time_in.weight), NULL, 0,
                    grad(grads, m->layout.time_in.weight), grad(grads, m->layout.time_in.bias));
     return total;
+}
+
+double model_forward_loss(model *m, const model_batch *batch, double *sample_loss)
+{
+    return m->code->forward_loss(m, batch, sample_loss);
+}
+
+double model_forward_backward(model *m, const model_batch *batch, float *grads, float grad_scale, double *sample_loss)
+{
+    return m->code->forward_backward(m, batch, grads, grad_scale, sample_loss);
+}
+
+void model_predict(model *m, const model_batch *batch, float *output)
+{
+    ALDIT_CHECK(m->code->predict, "model: model_predict is not built for model.family = %s", m->code->name);
+    m->code->predict(m, batch, output);
+}
+
+int64_t model_workspace_bytes(const model *m)
+{
+    return m->code->workspace_bytes(m);
 }

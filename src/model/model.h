@@ -1,4 +1,4 @@
-/* model.h — the Wan 2.1 DiT on the CPU: parameter table with Wan's state_dict names, init, forward/backward of the rectified-flow loss. */
+/* model.h — the model families on the CPU (Wan 2.1's DiT, HunyuanVideo-1.5's MMDiT): parameter table with the family's state_dict names, init, forward/backward of the rectified-flow loss. */
 #ifndef ALDIT_MODEL_H
 #define ALDIT_MODEL_H
 
@@ -19,6 +19,8 @@ typedef struct {
 } param_info;
 
 typedef struct model_workspace model_workspace;   /* saved activations and scratch, private to model.c */
+typedef struct mmdit_workspace mmdit_workspace;   /* hunyuanvideo15's, private to mmdit.c */
+typedef struct model_family model_family;         /* a family's block code (model.c's table) */
 
 typedef struct {
     /* dims from the deck's [model] section */
@@ -28,6 +30,9 @@ typedef struct {
     float eps;
     int qk_norm, cross_attn_norm;
     double init_std;
+    deck_family family;              /* the deck's [model] family: its layout table and block code */
+    const model_family *code;
+    int text_2_dim, image_dim, rope_axes_t;   /* hunyuanvideo15 only */
     int patch_in;                    /* in_dim * patch volume: values per input token */
     int patch_out;                   /* out_dim * patch volume: values per output token */
     /* parameters, in Wan's state_dict order, all in one allocation: the table is computed from `layout`
@@ -38,6 +43,7 @@ typedef struct {
     int64_t n_weights;
     float *weights;
     model_workspace *workspace;      /* grown to the largest micro-batch seen, reused across calls */
+    mmdit_workspace *mmdit;          /* hunyuanvideo15: its own (NULL for wan) */
 } model;
 
 void model_create(model *m, const deck *config);    /* param table + one allocation for all weights */
@@ -71,6 +77,11 @@ typedef struct {   /* one packed micro-batch: samples back to back, no padding *
        member passes the whole micro-batch (all samples, latents, noise, text). */
     int sp_size, sp_rank;
     const struct comm_group *sp_group;       /* core/comm.h's comm_group (comm_group_get) */
+    /* hunyuanvideo15's other caption sources, at their own lengths (NULL: none; wan ignores them): ByT5 rows
+       [text_2_len, text_2_dim] and SigLIP image rows [image_len, image_dim] per sample, back to back. Its joint
+       text per sample is [image; ByT5; Qwen (text)], L = image_len + text_2_len + text_len rows. */
+    const int32_t *text_2_len, *image_len;
+    const float *text_2, *image;
 } model_batch;
 
 /* Forward + backward of the rectified-flow loss: x_t = (1-sigma)*x0 + sigma*eps, target eps - x0,
@@ -87,13 +98,18 @@ typedef struct {   /* one packed micro-batch: samples back to back, no padding *
 double model_forward_backward(model *m, const model_batch *batch, float *grads, float grad_scale, double *sample_loss);
 /* The same loss, forward only (validation, finite-difference checks). */
 double model_forward_loss(model *m, const model_batch *batch, double *sample_loss);
+/* The prediction alone (aldit-forward, parity): batch->latents is each sample's whole input x_t [in_dim, F, H, W]
+   (hunyuanvideo15: x_t, condition latent, mask), noise unused; writes [out_dim, F, H, W] per sample, back to back.
+   hunyuanvideo15 only so far (aldit-forward computes Wan's from the blocks): fatal for wan. */
+void model_predict(model *m, const model_batch *batch, float *output);
 
 /* ---- one block on its own: the oracle for a GPU block, and its gradient check ----------------------
    model_pack lays out a micro-batch (sample grids in latent units, text lengths) in the workspace; then
    model_block_forward runs block `layer` on packed rows x_in [n_tokens, dim] with the per-sample time
    projection e0 [n_samples, 6*dim] and the embedded text context [n_text, dim], saving what its backward
    needs. model_block_backward (after the forward of the same layer and packing) overwrites dx_in and ADDS
-   into de0, dcontext and the block's parameter gradients in grads (n_weights floats). Returns of
+   into de0, dcontext and the block's parameter gradients in grads (n_weights floats). Wan only (fatal for another
+   family). Returns of
    model_pack: the number of tokens; *n_text receives the number of text rows. */
 int64_t model_pack(model *m, int n_samples, const int32_t *frames, const int32_t *height, const int32_t *width,
                    const int32_t *text_len, int64_t *n_text);

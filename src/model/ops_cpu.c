@@ -131,6 +131,28 @@ void cpu_gelu_tanh_bwd(const float *x, const float *dy, int64_t n, float *dx)
     }
 }
 
+#define GELU_INV_SQRT_2 0.70710678118654752
+#define GELU_INV_SQRT_2PI 0.39894228040143268
+
+void cpu_gelu_erf_fwd(const float *x, int64_t n, float *y)
+{
+#pragma omp parallel for schedule(static) if (n > PARALLEL_MIN_VALUES)
+    for (int64_t i = 0; i < n; i++) {
+        double v = x[i];
+        y[i] = (float)(0.5 * v * (1.0 + erf(v * GELU_INV_SQRT_2)));
+    }
+}
+
+void cpu_gelu_erf_bwd(const float *x, const float *dy, int64_t n, float *dx)
+{
+#pragma omp parallel for schedule(static) if (n > PARALLEL_MIN_VALUES)
+    for (int64_t i = 0; i < n; i++) {
+        double v = x[i];
+        double cdf = 0.5 * (1.0 + erf(v * GELU_INV_SQRT_2)), pdf = GELU_INV_SQRT_2PI * exp(-0.5 * v * v);
+        dx[i] = (float)(dy[i] * (cdf + v * pdf));
+    }
+}
+
 void cpu_silu_fwd(const float *x, int64_t n, float *y)
 {
 #pragma omp parallel for schedule(static) if (n > PARALLEL_MIN_VALUES)
@@ -336,16 +358,19 @@ void cpu_rmsnorm_bwd(const float *x, const float *dy, int64_t n_rows, int dim, c
 
 /* Rotate every head of every row by the angles of its (f, h, w) position; direction -1 = the inverse. */
 static void rope_rotate(const float *x, int64_t n_rows, int num_heads, int head_dim, const int32_t *positions,
-                        int direction, float *y)
+                        const int part_pairs[3], double theta, int direction, float *y)
 {
     ALDIT_CHECK(head_dim % 2 == 0, "rope: head_dim %d is odd", head_dim);
     int n_pairs = head_dim / 2;
-    int part_pairs[3] = {n_pairs - 2 * (n_pairs / 3), n_pairs / 3, n_pairs / 3};
+    ALDIT_CHECK(part_pairs[0] >= 0 && part_pairs[1] >= 0 && part_pairs[2] >= 0 &&
+                    part_pairs[0] + part_pairs[1] + part_pairs[2] == n_pairs,
+                "rope: axes of %d, %d, %d pairs do not fill head_dim %d", part_pairs[0], part_pairs[1], part_pairs[2],
+                head_dim);
     double *frequency = xmalloc((size_t)n_pairs * sizeof(double));
     int *pair_axis = xmalloc((size_t)n_pairs * sizeof(int));
     for (int axis = 0, j = 0; axis < 3; axis++)
         for (int local = 0; local < part_pairs[axis]; local++, j++) {
-            frequency[j] = pow(ROPE_THETA, -(double)local / part_pairs[axis]);
+            frequency[j] = pow(theta, -(double)local / part_pairs[axis]);
             pair_axis[j] = axis;
         }
     int64_t width = (int64_t)num_heads * head_dim;
@@ -379,13 +404,27 @@ static void rope_rotate(const float *x, int64_t n_rows, int num_heads, int head_
 void cpu_rope_fwd(const float *x, int64_t n_rows, int num_heads, int head_dim, const int32_t *positions,
                   float *y)
 {
-    rope_rotate(x, n_rows, num_heads, head_dim, positions, 1, y);
+    const int n_pairs = head_dim / 2, parts[3] = {n_pairs - 2 * (n_pairs / 3), n_pairs / 3, n_pairs / 3};
+    rope_rotate(x, n_rows, num_heads, head_dim, positions, parts, ROPE_THETA, 1, y);
 }
 
 void cpu_rope_bwd(const float *dy, int64_t n_rows, int num_heads, int head_dim, const int32_t *positions,
                   float *dx)
 {
-    rope_rotate(dy, n_rows, num_heads, head_dim, positions, -1, dx);
+    const int n_pairs = head_dim / 2, parts[3] = {n_pairs - 2 * (n_pairs / 3), n_pairs / 3, n_pairs / 3};
+    rope_rotate(dy, n_rows, num_heads, head_dim, positions, parts, ROPE_THETA, -1, dx);
+}
+
+void cpu_rope_axes_fwd(const float *x, int64_t n_rows, int num_heads, int head_dim, const int32_t *positions,
+                       const int axis_pairs[3], double theta, float *y)
+{
+    rope_rotate(x, n_rows, num_heads, head_dim, positions, axis_pairs, theta, 1, y);
+}
+
+void cpu_rope_axes_bwd(const float *dy, int64_t n_rows, int num_heads, int head_dim, const int32_t *positions,
+                       const int axis_pairs[3], double theta, float *dx)
+{
+    rope_rotate(dy, n_rows, num_heads, head_dim, positions, axis_pairs, theta, -1, dx);
 }
 
 void cpu_rope_positions(int n_samples, const int32_t *frames, const int32_t *height, const int32_t *width,

@@ -24,6 +24,9 @@ void cpu_linear_bwd(const float *x, const float *dy, int64_t n_rows, int in_dim,
 /* GELU with the tanh approximation (PyTorch approximate='tanh'); y may alias x, dx may alias dy. */
 void cpu_gelu_tanh_fwd(const float *x, int64_t n, float *y);
 void cpu_gelu_tanh_bwd(const float *x, const float *dy, int64_t n, float *dx);
+/* GELU exact (PyTorch's default nn.GELU(): x Phi(x), erf computed in double); y may alias x, dx may alias dy. */
+void cpu_gelu_erf_fwd(const float *x, int64_t n, float *y);
+void cpu_gelu_erf_bwd(const float *x, const float *dy, int64_t n, float *dx);
 /* SiLU: y = x * sigmoid(x); y may alias x, dx may alias dy. */
 void cpu_silu_fwd(const float *x, int64_t n, float *y);
 void cpu_silu_bwd(const float *x, const float *dy, int64_t n, float *dx);
@@ -63,6 +66,14 @@ void cpu_rope_fwd(const float *x, int64_t n_rows, int num_heads, int head_dim, c
 /* The rotation's transpose: dx = R^T dy (dx overwritten, may alias dy). */
 void cpu_rope_bwd(const float *dy, int64_t n_rows, int num_heads, int head_dim, const int32_t *positions,
                   float *dx);
+/* The same rotation with the axes' split and theta given (HunyuanVideo-1.5: 8, 28, 28 pairs of head_dim 128,
+   theta 256): pairs [0, axis_pairs[0]) rotate by the frame, the next axis_pairs[1] by the row, the last
+   axis_pairs[2] by the column (their sum must be head_dim/2: fatal otherwise); pair j of an axis with n pairs
+   by position * theta^(-j / n). cpu_rope_fwd is this with Wan's split and theta 10000. */
+void cpu_rope_axes_fwd(const float *x, int64_t n_rows, int num_heads, int head_dim, const int32_t *positions,
+                       const int axis_pairs[3], double theta, float *y);
+void cpu_rope_axes_bwd(const float *dy, int64_t n_rows, int num_heads, int head_dim, const int32_t *positions,
+                       const int axis_pairs[3], double theta, float *dx);
 /* (f, h, w) of every token of a packed micro-batch: sample b's grid is frames[b] x height[b] x width[b]
    tokens (after patchify), flattened f-major then h then w, samples back to back. */
 void cpu_rope_positions(int n_samples, const int32_t *frames, const int32_t *height, const int32_t *width,

@@ -30,10 +30,14 @@ static const char usage_text[] =
     "attributes (dims, eps, qk_norm, ...) must equal the deck's, as for a resume: a difference is refused.\n"
     "\n"
     "input FILE (HDF5; docs/model.md, section Parity):\n"
-    "  /shapes   integer [B, 4]   frames, height, width (latent units) and text_len of each sample\n"
+    "  /shapes   integer [B, 4]   frames, height, width (latent units) and text_len of each sample;\n"
+    "            model.family = hunyuanvideo15: [B, 6], then its ByT5 and image rows (text_2_len, image_len)\n"
     "  /latents  float [sum C*F*H*W]  the model's input x_t of each sample, [C, F, H, W], back to back\n"
     "  /sigma    float [B]        noise level of each sample; timestep t = 1000 * sigma (fp32)\n"
     "  /text     float [sum text_len*text_dim]  text embeddings [text_len, text_dim], back to back\n"
+    "  /text_2, /image  hunyuanvideo15: float [sum text_2_len*text_2_dim], [sum image_len*image_dim]\n"
+    "            (ByT5 and SigLIP rows; absent = none); its captions are never padded, its /latents are the\n"
+    "            whole input: in_dim = x_t, condition latent, mask channels\n"
     "output FILE: /output float32 [sum out_dim*F*H*W] (the prediction [out_dim, F, H, W] per sample, back\n"
     "  to back) and /shapes as given; written as FILE.tmp, then renamed. FILE (and FILE.tmp) may be absent\n"
     "  or a regular file, which is replaced; a directory, symbolic link or named pipe there is refused.\n"
@@ -124,11 +128,27 @@ static void *read_dataset(hid_t file, const char *path, const char *name, int ra
 }
 
 typedef struct {
-    int n_samples;
-    int32_t *frames, *height, *width, *text_len;
-    float *latents, *sigma, *text;
-    int64_t *shapes;   /* [B, 4] as read, copied to the output */
+    int n_samples, columns;   /* columns of /shapes: 4, or 6 for hunyuanvideo15 */
+    int32_t *frames, *height, *width, *text_len, *text_2_len, *image_len;
+    float *latents, *sigma, *text, *text_2, *image;
+    int64_t *shapes;   /* [B, columns] as read, copied to the output */
 } forward_input;
+
+/* An optional float dataset (NULL and *count 0 where the file has none). */
+static float *read_optional(hid_t file, const char *path, const char *name, int64_t *count)
+{
+    *count = 0;
+    h5_auto_print saved = h5_quiet_begin();
+    const int exists = H5Lexists(file, name, H5P_DEFAULT) > 0;
+    h5_quiet_end(saved);
+    return exists ? read_dataset(file, path, name, 1, H5T_NATIVE_FLOAT, sizeof(float), NULL, count) : NULL;
+}
+
+static void check_finite(const char *path, const char *name, const float *values, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++)
+        if (!isfinite(values[i])) ALDIT_FATAL_CODE(ALDIT_EXIT_USAGE, "%s: %s[%lld] is not finite", path, name, (long long)i);
+}
 
 /* Read and check the packed micro-batch against the model (shapes, counts, sigma in [0, 1], finite values). */
 static void read_input(const char *path, const model *m, forward_input *in)
@@ -138,26 +158,32 @@ static void read_input(const char *path, const model *m, forward_input *in)
     h5_quiet_end(saved);
     if (file < 0) ALDIT_FATAL_CODE(ALDIT_EXIT_USAGE, "%s: cannot open as HDF5", path);
     hsize_t dims[2];
-    int64_t n_shapes, n_latents, n_sigma, n_text;
+    int64_t n_shapes, n_latents, n_sigma, n_text, n_text_2, n_image;
+    in->columns = m->family == FAMILY_WAN ? 4 : 6;
     in->shapes = read_dataset(file, path, "shapes", 2, H5T_NATIVE_INT64, sizeof(int64_t), dims, &n_shapes);
-    if (dims[1] != 4 || dims[0] < 1)
-        ALDIT_FATAL_CODE(ALDIT_EXIT_USAGE, "%s: /shapes is [%llu, %llu], expected [samples >= 1, 4]", path,
-                         (unsigned long long)dims[0], (unsigned long long)dims[1]);
+    if ((int)dims[1] != in->columns || dims[0] < 1)
+        ALDIT_FATAL_CODE(ALDIT_EXIT_USAGE, "%s: /shapes is [%llu, %llu], expected [samples >= 1, %d] for model.family "
+                         "= %s", path, (unsigned long long)dims[0], (unsigned long long)dims[1], in->columns,
+                         m->family == FAMILY_WAN ? "wan" : "hunyuanvideo15");
     int B = in->n_samples = (int)dims[0];
     in->latents = read_dataset(file, path, "latents", 1, H5T_NATIVE_FLOAT, sizeof(float), NULL, &n_latents);
     in->sigma = read_dataset(file, path, "sigma", 1, H5T_NATIVE_FLOAT, sizeof(float), NULL, &n_sigma);
     in->text = read_dataset(file, path, "text", 1, H5T_NATIVE_FLOAT, sizeof(float), NULL, &n_text);
+    in->text_2 = read_optional(file, path, "text_2", &n_text_2);
+    in->image = read_optional(file, path, "image", &n_image);
     H5Fclose(file);
     if (n_sigma != B) ALDIT_FATAL_CODE(ALDIT_EXIT_USAGE, "%s: /sigma has %lld values for %d samples", path, (long long)n_sigma, B);
-    int32_t *columns[4] = {in->frames = xmalloc((size_t)B * sizeof(int32_t)),
+    int32_t *columns[6] = {in->frames = xmalloc((size_t)B * sizeof(int32_t)),
                            in->height = xmalloc((size_t)B * sizeof(int32_t)),
                            in->width = xmalloc((size_t)B * sizeof(int32_t)),
-                           in->text_len = xmalloc((size_t)B * sizeof(int32_t))};
-    int64_t want_latents = 0, want_text = 0;
+                           in->text_len = xmalloc((size_t)B * sizeof(int32_t)),
+                           in->text_2_len = xcalloc((size_t)B, sizeof(int32_t)),
+                           in->image_len = xcalloc((size_t)B, sizeof(int32_t))};
+    int64_t want_latents = 0, want_text = 0, want_text_2 = 0, want_image = 0;
     for (int b = 0; b < B; b++) {
-        for (int c = 0; c < 4; c++) {
-            int64_t value = in->shapes[b * 4 + c];
-            if (value < (c == 3 ? 0 : 1) || value > 65536)
+        for (int c = 0; c < in->columns; c++) {
+            int64_t value = in->shapes[b * in->columns + c];
+            if (value < (c >= 3 ? 0 : 1) || value > 65536)
                 ALDIT_FATAL_CODE(ALDIT_EXIT_USAGE, "%s: /shapes row %d column %d is %lld, out of range", path, b, c,
                                  (long long)value);
             columns[c][b] = (int32_t)value;
@@ -169,7 +195,15 @@ static void read_input(const char *path, const model *m, forward_input *in)
             ALDIT_FATAL_CODE(ALDIT_EXIT_USAGE, "%s: sample %d has sigma %g outside [0, 1]", path, b, in->sigma[b]);
         want_latents += (int64_t)m->in_dim * in->frames[b] * in->height[b] * in->width[b];
         want_text += (int64_t)in->text_len[b] * m->text_dim;
+        want_text_2 += (int64_t)in->text_2_len[b] * m->text_2_dim;
+        want_image += (int64_t)in->image_len[b] * m->image_dim;
     }
+    if (n_text_2 != want_text_2 || n_image != want_image)
+        ALDIT_FATAL_CODE(ALDIT_EXIT_USAGE, "%s: /text_2 and /image have %lld and %lld values, the ByT5 and image lengths "
+                         "(text_2_dim %d, image_dim %d) need %lld and %lld", path, (long long)n_text_2,
+                         (long long)n_image, m->text_2_dim, m->image_dim, (long long)want_text_2, (long long)want_image);
+    check_finite(path, "/text_2", in->text_2, n_text_2);
+    check_finite(path, "/image", in->image, n_image);
     if (n_latents != want_latents)
         ALDIT_FATAL_CODE(ALDIT_EXIT_USAGE, "%s: /latents has %lld values, the shapes (in_dim %d) need %lld", path,
                          (long long)n_latents, m->in_dim, (long long)want_latents);
@@ -201,8 +235,8 @@ static void pad_text(const model *m, forward_input *in)
 
 static void free_input(forward_input *in)
 {
-    free(in->frames); free(in->height); free(in->width); free(in->text_len);
-    free(in->latents); free(in->sigma); free(in->text); free(in->shapes);
+    free(in->frames); free(in->height); free(in->width); free(in->text_len); free(in->text_2_len); free(in->image_len);
+    free(in->latents); free(in->sigma); free(in->text); free(in->text_2); free(in->image); free(in->shapes);
 }
 
 /* ---- forward ---------------------------------------------------------------------------------------- */
@@ -290,14 +324,39 @@ static void forward(model *m, const forward_input *in, float *output)
     free(sinusoid); free(time_hidden); free(e); free(e0); free(shift); free(scale); free(mean); free(rstd); free(pred);
 }
 
+/* Each sample's first out_dim channels (x_t) of its input; NULL when another channel is not zero (the loss
+   builds its input with zero condition channels: the self-check needs text-to-video samples). */
+static float *first_channels(const model *m, const forward_input *in)
+{
+    int64_t in_at = 0, out_at = 0, total = 0;
+    for (int b = 0; b < in->n_samples; b++) total += (int64_t)m->out_dim * in->frames[b] * in->height[b] * in->width[b];
+    float *x = xmalloc((size_t)total * sizeof(float));
+    for (int b = 0; b < in->n_samples; b++) {
+        const int64_t volume = (int64_t)in->frames[b] * in->height[b] * in->width[b];
+        for (int64_t i = volume * m->out_dim; i < volume * m->in_dim; i++)
+            if (in->latents[in_at + i] != 0.0f)
+                ALDIT_FATAL_CODE(ALDIT_EXIT_USAGE, "--self-check: sample %d has condition channels (image-to-video): the "
+                                 "loss forward takes text-to-video inputs only; leave --self-check out", b);
+        memcpy(x + out_at, in->latents + in_at, (size_t)(volume * m->out_dim) * sizeof(float));
+        in_at += volume * m->in_dim;
+        out_at += volume * m->out_dim;
+    }
+    return x;
+}
+
 /* model_forward_loss with x0 = noise = x_t (target 0): each sample's loss is the mean square of the model's
    own prediction; compare with this program's output. 0 when they agree to 1e-5 (relative). */
 static int self_check(model *m, const forward_input *in, const float *output)
 {
-    model_batch batch = {in->n_samples, in->frames, in->height, in->width, in->text_len,
-                         in->latents, in->latents, in->sigma, in->text, 1, 0, NULL};
+    /* the loss takes x0 and eps with out_dim channels (the rest of a hunyuanvideo15 input is zero there) */
+    const float *x0 = in->latents;
+    float *first = NULL;
+    if (m->in_dim != m->out_dim) x0 = first = first_channels(m, in);
+    model_batch batch = {in->n_samples, in->frames, in->height, in->width, in->text_len, x0, x0, in->sigma, in->text,
+                         1, 0, NULL, in->text_2_len, in->image_len, in->text_2, in->image};
     double *loss = xmalloc((size_t)in->n_samples * sizeof(double));
     model_forward_loss(m, &batch, loss);
+    free(first);
     int bad = 0;
     int64_t offset = 0;
     for (int b = 0; b < in->n_samples; b++) {
@@ -356,7 +415,7 @@ static void write_output(const char *path, const forward_input *in, const float 
         h5_quiet_end(saved);
         ALDIT_FATAL("%s: cannot create: %s", temporary, errno ? strerror(errno) : "HDF5 error");
     }
-    hsize_t n = (hsize_t)n_output, shape[2] = {(hsize_t)in->n_samples, 4};
+    hsize_t n = (hsize_t)n_output, shape[2] = {(hsize_t)in->n_samples, (hsize_t)in->columns};
     errno = 0;
     int failed = write_dataset(file, "output", H5T_IEEE_F32LE, H5T_NATIVE_FLOAT, 1, &n, output) ||
                  write_dataset(file, "shapes", H5T_STD_I64LE, H5T_NATIVE_INT64, 2, shape, in->shapes);
@@ -393,11 +452,19 @@ int main(int argc, char **argv)
     if (checkpoint_load_weights(opts.weights, &m, stderr)) return ALDIT_EXIT_USAGE;
     forward_input in;
     read_input(opts.input, &m, &in);
-    if (config.model.text_padding == TEXT_PADDING_WAN) pad_text(&m, &in);
+    if (m.family == FAMILY_WAN && config.model.text_padding == TEXT_PADDING_WAN) pad_text(&m, &in);
     int64_t n_output = 0;
     for (int b = 0; b < in.n_samples; b++) n_output += (int64_t)m.out_dim * in.frames[b] * in.height[b] * in.width[b];
     float *output = xmalloc((size_t)n_output * sizeof(float));
-    forward(&m, &in, output);
+    if (m.family == FAMILY_WAN) {
+        forward(&m, &in, output);
+    } else {
+        model_batch batch = {.n_samples = in.n_samples, .frames = in.frames, .height = in.height, .width = in.width,
+                             .text_len = in.text_len, .latents = in.latents, .sigma = in.sigma, .text = in.text,
+                             .text_2_len = in.text_2_len, .text_2 = in.text_2, .image_len = in.image_len,
+                             .image = in.image};
+        model_predict(&m, &batch, output);
+    }
     if (opts.self_check && self_check(&m, &in, output)) {
         fprintf(stderr, "aldit-forward: self-check FAILED: the output differs from model_forward_loss\n");
         status = ALDIT_EXIT_ERROR;

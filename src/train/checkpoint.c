@@ -52,6 +52,18 @@ static int model_dims(const deck *config, model_dim *dims)
 }
 #define MAX_MODEL_DIMS 16
 
+/* Dims recorded since the model families (absent from older checkpoints, which are Wan's: those resume
+   unchecked); one that is present must equal the deck's. family: 0 wan, 1 hunyuanvideo15. */
+static int family_dims(const deck *config, model_dim *dims)
+{
+    const model_dim all[] = {
+        {"family", (int)config->model.family}, {"text_2_dim", config->model.text_2_dim},
+        {"image_dim", config->model.image_dim}, {"rope_axes_t", config->model.rope_axes_t},
+    };
+    memcpy(dims, all, sizeof all);
+    return (int)(sizeof all / sizeof all[0]);
+}
+
 static void checkpoint_dir(const deck *config, char *dir, size_t dir_size)
 {
     snprintf(dir, dir_size, "%s/%s", config->run.dir, CHECKPOINT_SUBDIR);
@@ -195,6 +207,8 @@ static int write_model_group(hid_t file, const deck *config, h5_failure *why)
     if (group < 0) return noted(why);
     model_dim dims[MAX_MODEL_DIMS];
     int n_dims = model_dims(config, dims), status = 0;
+    for (int i = 0; i < n_dims && status == 0; i++) status = write_attr_i64(group, dims[i].key, dims[i].value, why);
+    n_dims = family_dims(config, dims);
     for (int i = 0; i < n_dims && status == 0; i++) status = write_attr_i64(group, dims[i].key, dims[i].value, why);
     if (status == 0) status = write_attr(group, "eps", H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, &config->model.eps, why);
     if (status == 0) status = write_attr_string(group, "name", config->model.name, why);
@@ -709,6 +723,26 @@ static void format_pair(double a, double b, char *text_a, char *text_b, size_t s
     }
 }
 
+/* family_dims where /model records them. */
+static int check_family_dims(hid_t group, const char *path, const deck *config, FILE *errors)
+{
+    model_dim dims[MAX_MODEL_DIMS];
+    const int n_dims = family_dims(config, dims);
+    for (int i = 0; i < n_dims; i++) {
+        int64_t recorded = 0;
+        if (H5Aexists(group, dims[i].key) <= 0) continue;
+        if (read_attr_i64(group, dims[i].key, &recorded) != 0) {
+            fprintf(errors, "%s: /model attribute %s is unreadable\n", path, dims[i].key);
+            return 1;
+        }
+        if (recorded == dims[i].value) continue;
+        fprintf(errors, "%s: checkpoint of another model: model.%s is %" PRId64 " in the checkpoint, %d in the deck%s\n",
+                path, dims[i].key, recorded, dims[i].value, i == 0 ? " (0 = wan, 1 = hunyuanvideo15)" : "");
+        return 1;
+    }
+    return 0;
+}
+
 /* [model] text_padding as /model records it (absent from checkpoints written before it was: those resume
    unchecked); without this a changed padding was refused later as the balancer's "different store index". */
 static int check_text_padding(hid_t group, const char *path, const deck *config, FILE *errors)
@@ -759,6 +793,7 @@ static int check_model_dims(hid_t file, const char *path, const deck *config, FI
             status = 1;
         }
     }
+    if (status == 0) status = check_family_dims(group, path, config, errors);
     if (status == 0) status = check_text_padding(group, path, config, errors);
     H5Gclose(group);
     return status;

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 
 #include "backend/backend_cpu.h"
+#include "model/layout.h"
 #ifdef HAVE_CUDA
 #include "cuda/backend_cuda.h"
 #include "cuda/gpu.h"
@@ -14,7 +15,8 @@
 /* The device resolved, or -1 (rank 0 said why). */
 static int resolve(const deck *config, const comm_info *info)
 {
-    if (config->run.device == DEVICE_CPU) return DEVICE_CPU;
+    /* auto: a family without a GPU model runs on the CPU (the deck refuses device = cuda for it) */
+    if (config->run.device == DEVICE_CPU || !layout_family_on_gpu(config->model.family)) return DEVICE_CPU;
 #ifdef HAVE_CUDA
     int some_rank_without_gpu = comm_allreduce_or_int(gpu_count() == 0);
     if (!some_rank_without_gpu) return DEVICE_CUDA;

@@ -120,9 +120,9 @@ static void format_duration(double seconds, char *text, size_t text_size)
 static void check_store_fits_model(const store *data, const deck *config, int rank, const char *what)
 {
     char problem[512] = "";
-    if (data->latent_channels != config->model.in_dim || config->model.out_dim != config->model.in_dim)
-        snprintf(problem, sizeof problem, "the store's latents have %d channels; [model] in_dim = %d and out_dim = %d "
-                 "must both equal it", data->latent_channels, config->model.in_dim, config->model.out_dim);
+    if (data->latent_channels != config->model.out_dim)
+        snprintf(problem, sizeof problem, "the store's latents have %d channels; [model] out_dim = %d (the latent the "
+                 "flow is trained in) must equal it", data->latent_channels, config->model.out_dim);
     else if (data->text_dim != config->model.text_dim)
         snprintf(problem, sizeof problem, "the store's text embeddings are %d wide, [model] text_dim = %d",
                  data->text_dim, config->model.text_dim);
