@@ -1154,7 +1154,9 @@ static double time_split_member(const bench_options *o, const model layers[2], c
     }
     for (size_t i = 0; i < n_text; ++i) text[i] = (float)rng_normal(&rng);
     /* member 0 of a group of k (k = 1: alone); the model finds its loopback group by k */
-    const model_batch batch = {1, &frames, &height, &width, &text_len, latents, noise, &sigma, text, k, 0, NULL};
+    const model_batch batch = {.n_samples = 1, .frames = &frames, .height = &height, .width = &width,
+                               .text_len = &text_len, .latents = latents, .noise = noise, .sigma = &sigma, .text = text,
+                               .sp_size = k, .sp_rank = 0, .sp_group = NULL};
     step_context steps[2];
     for (int l = 0; l < 2; ++l) {
         steps[l] = (step_context){gpu_model_create(&layers[l], rows + 1, 1, 0), &batch, 0.0};
