@@ -34,13 +34,15 @@ def parse_args():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
                                      epilog=__doc__.split("\n\n", 1)[1])
-    parser.add_argument("metrics", help="metrics.jsonl written by aldit")
+    parser.add_argument("metrics", help="metrics.jsonl written by aldit, or the run folder ([run] dir) holding it")
     parser.add_argument("--logdir", help="TensorBoard folder (default: tensorboard beside the metrics file)")
     parser.add_argument("--follow", action="store_true", help="keep reading the lines the run appends")
     parser.add_argument("--interval", type=float, default=10.0, help="seconds between reads with --follow")
     parser.add_argument("--idle", type=float, default=0.0,
                         help="with --follow: stop after this many seconds without a new line (0: never)")
     args = parser.parse_args()
+    if os.path.isdir(args.metrics):
+        args.metrics = os.path.join(args.metrics, "metrics.jsonl")
     if not args.follow and not os.path.isfile(args.metrics):
         parser.error(f"{args.metrics}: no such file")
     if args.interval <= 0 or args.idle < 0:
