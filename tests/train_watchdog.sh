@@ -29,6 +29,15 @@ tap_result $? "rank 0 names rank 1" "$(grep aldit "$WORK/stall.log")"
 # clock ticks (1/100 s) rank 0 used in the 1.5 s after the stall: its wait sleeps (polling only the first 50 ms)
 test -n "$cpu_after" && test $((cpu_after - cpu_before)) -lt 75
 tap_result $? "rank 0 waits without holding a core ($((cpu_after - cpu_before)) ticks in 1.5 s)"
+# stop_rank1_and_wait: SIGSTOP rank 1 of run "save", wait up to 60 s for the job to end; $status, $took (seconds)
+stop_rank1_and_wait() {
+    kill -STOP "$rank1"
+    stopped=$(date +%s)
+    wait_for 60 launcher_gone || kill -KILL $launcher $(run_pids save $launcher) 2>/dev/null
+    wait $launcher; status=$?
+    took=$(($(date +%s) - stopped))
+    kill -CONT "$rank1" 2>/dev/null; kill -KILL "$rank1" 2>/dev/null
+}
 # issue 35.1: rank 1 stopped inside a checkpoint's save (a model large enough that the save takes ~0.5 s)
 BIG="model.dim=512 model.ffn_dim=2048 model.num_heads=4 model.num_layers=4 train.shard=full run.step_timeout=2 run.device=cpu"
 start_aldit 2 save run.steps=100000 log.every=1000 checkpoint.every=2 $BIG
@@ -36,12 +45,7 @@ tmp_there() { [ -e "$WORK/save/checkpoints/step_00000004.h5.tmp" ]; }
 found_rank1() { rank1=$(rank_pid save $launcher 1); [ -n "$rank1" ]; }
 wait_for 60 found_rank1
 wait_for 60 tmp_there
-kill -STOP "$rank1"
-stopped=$(date +%s)
-wait_for 60 launcher_gone || kill -KILL $launcher $(run_pids save $launcher) 2>/dev/null
-wait $launcher; status=$?
-took=$(($(date +%s) - stopped))
-kill -CONT "$rank1" 2>/dev/null; kill -KILL "$rank1" 2>/dev/null
+stop_rank1_and_wait
 grep -q "aldit: error: checkpoint of step 4 (a deadline of 2 s for each tensor, from \[run\] step_timeout): rank 1 (of 2) has not arrived by the deadline" "$WORK/save.log" &&
     test "$status" -ne 0 -a "$took" -le 20
 tap_result $? "stopped in a checkpoint's save: exit != 0 ($status) within 20 s ($took s), rank 0 naming rank 1" \
@@ -57,12 +61,7 @@ start_aldit 2 save run.steps=100000 log.every=1000 $BIG
 head_printed() { grep -q "^aldit .*: training" "$WORK/save.log"; }
 wait_for 60 found_rank1
 wait_for 60 head_printed
-kill -STOP "$rank1"
-stopped=$(date +%s)
-wait_for 60 launcher_gone || kill -KILL $launcher $(run_pids save $launcher) 2>/dev/null
-wait $launcher; status=$?
-took=$(($(date +%s) - stopped))
-kill -CONT "$rank1" 2>/dev/null; kill -KILL "$rank1" 2>/dev/null
+stop_rank1_and_wait
 grep -q "aldit: error: resume: loading the checkpoint's state (a deadline of 6 s for each tensor, from \[run\] step_timeout): rank 1 (of 2) has not arrived" "$WORK/save.log" &&
     test "$status" -ne 0 -a "$took" -le 30
 tap_result $? "stopped in a resume's load: exit != 0 ($status) within 30 s ($took s), rank 0 naming rank 1" \

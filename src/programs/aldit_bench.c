@@ -987,6 +987,23 @@ typedef struct {
 static const double kGiB = 1073741824.0;
 static const size_t kBlockMemoryMargin = (size_t)2 << 30; /* cuBLASLt, CUDA context, fragmentation */
 
+/* The block sections' models at --wan's dims: layers[0] of 1 block, layers[1] of 1 + --block-layers blocks (Wan 2.1's
+   defaults otherwise: text_dim 4096, 16 channels, patch 1x2x2, qk_norm, cross_attn_norm), gaussian weights. */
+static void make_block_models(const bench_options *o, model layers[2])
+{
+    deck config;
+    deck_defaults(&config);
+    config.model.dim = o->wan->dim;
+    config.model.ffn_dim = o->wan->ffn_dim;
+    config.model.num_heads = o->wan->heads;
+    config.model.text_len = o->text_rows;
+    for (int l = 0; l < 2; ++l) {
+        config.model.num_layers = l ? 1 + o->block_layers : 1;
+        model_create(&layers[l], &config);
+        model_init_gaussian(&layers[l], 0xb10c0001ull + (uint64_t)l, 0.02f);
+    }
+}
+
 /* One block (--wan dims) forward+backward at every S: the GPU model's step (one sample of S tokens and T text
    tokens, recompute none) with 1 + K layers minus the same with 1 layer, over K (embeddings, head, loss, the
    batch's staging and the final synchronisation cancel; the text embedding too: only the blocks are counted).
@@ -998,19 +1015,9 @@ static const size_t kBlockMemoryMargin = (size_t)2 << 30; /* cuBLASLt, CUDA cont
 static void run_block_section(const bench_options *o, const gemm_results *gemm, const attention_results *attn,
                               cudaStream_t stream, block_results *r)
 {
-    deck config;
-    deck_defaults(&config); /* Wan 2.1: text_dim 4096, 16 channels, patch 1x2x2, qk_norm, cross_attn_norm */
-    config.model.dim = o->wan->dim;
-    config.model.ffn_dim = o->wan->ffn_dim;
-    config.model.num_heads = o->wan->heads;
-    config.model.text_len = o->text_rows;
     const int K = o->block_layers;
     model layers[2];
-    for (int l = 0; l < 2; ++l) {
-        config.model.num_layers = l ? 1 + K : 1;
-        model_create(&layers[l], &config);
-        model_init_gaussian(&layers[l], 0xb10c0001ull + (uint64_t)l, 0.02f);
-    }
+    make_block_models(o, layers);
     const model *deep = &layers[1];
     if (deep->dim / deep->num_heads != o->wan->head_dim)
         ALDIT_FATAL("aldit-bench: the model's heads are %d wide, not %d", deep->dim / deep->num_heads, o->wan->head_dim);
@@ -1175,19 +1182,9 @@ static double time_split_member(const bench_options *o, const model layers[2], c
 /* One member's block forward+backward at every S and k (--seq, --split-k; --wan dims), against k = 1's block. */
 static void run_split_section(const bench_options *o, cudaStream_t stream, split_results *r)
 {
-    deck config;
-    deck_defaults(&config);
-    config.model.dim = o->wan->dim;
-    config.model.ffn_dim = o->wan->ffn_dim;
-    config.model.num_heads = o->wan->heads;
-    config.model.text_len = o->text_rows;
     const int K = o->block_layers;
     model layers[2];
-    for (int l = 0; l < 2; ++l) {
-        config.model.num_layers = l ? 1 + K : 1;
-        model_create(&layers[l], &config);
-        model_init_gaussian(&layers[l], 0xb10c0001ull + (uint64_t)l, 0.02f);
-    }
+    make_block_models(o, layers);
     int max_k = 1;
     for (int i = 0; i < o->n_split; ++i) max_k = o->split_k[i] > max_k ? o->split_k[i] : max_k;
     seqpar_gpu *loopback = seqpar_gpu_create_loopback(max_k, 0);
