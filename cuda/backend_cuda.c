@@ -9,6 +9,7 @@
 
 #include "core/check.h"
 #include "core/comm.h"
+#include "core/rng.h"
 #include "balance/calibration.h"
 #include "balance/costmodel.h"
 #include "cuda/fused.h"
@@ -29,6 +30,8 @@
 
 /* The GPU model takes at most this many samples per micro-batch (gpu_model_create). */
 #define GPU_MAX_SAMPLES 65535
+/* the start-up timing's random weights and data (fill_timing_weights, room_for) */
+#define TIMING_SEED 0x71A1ull
 
 /* How a rank's GPU memory is used. mem_budget and the capacity are the same on every rank. */
 typedef struct {
@@ -857,6 +860,19 @@ static calibration_sizes sizes_of(const model *host, const backend_shape *shapes
     return most;
 }
 
+/* n standard normal values of the stream `key` (the timed micro-batches' latents, noise and text). */
+static float *normal_values(int64_t n, uint64_t key)
+{
+    float *values = xmalloc((size_t)(n > 0 ? n : 1) * sizeof(float));
+    uint64_t state = key;
+    for (int64_t i = 0; i < n; i += 2) {
+        double second;
+        values[i] = (float)rng_normal_pair(&state, &second);
+        if (i + 1 < n) values[i + 1] = (float)second;
+    }
+    return values;
+}
+
 static calibration_batch room_for(const model *host, calibration_sizes most)
 {
     return (calibration_batch){
@@ -865,9 +881,49 @@ static calibration_batch room_for(const model *host, calibration_sizes most)
         .width = xmalloc((size_t)most.samples * sizeof(int32_t)),
         .text_len = xmalloc((size_t)most.samples * sizeof(int32_t)),
         .sigma = xmalloc((size_t)most.samples * sizeof(float)),
-        .latents = xcalloc((size_t)most.latent, sizeof(float)),
-        .noise = xcalloc((size_t)most.latent, sizeof(float)),
-        .text = xcalloc((size_t)(most.text * host->text_dim), sizeof(float))};
+        .latents = normal_values(most.latent, TIMING_SEED + 1),
+        .noise = normal_values(most.latent, TIMING_SEED + 2),
+        .text = normal_values(most.text * host->text_dim, TIMING_SEED + 3)};
+}
+
+/* The timed model's weights as training's: the family's init (model_init_random_param), with the tensors it
+   starts at zero (biases, Wan's head) drawn normal(0, 0.02) so that every GEMM and the backward through the head
+   see nonzero values. Block 0's tensors are drawn on the host and copied to the other blocks on the device. Zeros
+   are not neutral for a timing: an H200's GEMMs on zero operands draw less power and hold higher clocks, and a
+   model timed on zeroed weights and data predicted 0.78-0.92 of training's measured step (docs/PERFORMANCE.md).
+   A model without its own parameters (a sharded state gives them) is left as it is. */
+static void fill_timing_weights(gpu_model *net, const model *table, cudaStream_t stream)
+{
+    const gpu_model_buffers buffers = gpu_model_get_buffers(net);
+    if (!buffers.master) return;
+    int64_t largest = 1;
+    for (int i = 0; i < table->n_params; i++)
+        if (table->params[i].n_elements > largest) largest = table->params[i].n_elements;
+    float *values = xmalloc((size_t)largest * sizeof(float));
+    for (int i = 0; i < table->n_params; i++) {
+        int layer;
+        int64_t offset;
+        model_layout_param(&table->layout, i, &layer, &offset);
+        if (layer > 0) continue;
+        const param_info *p = &table->params[i];
+        model_init_random_param(table, TIMING_SEED, i, values);
+        int zero = 1;
+        for (int64_t j = 0; j < p->n_elements && zero; j++) zero = values[j] == 0.0f;
+        if (zero) {
+            uint64_t state = rng_key(TIMING_SEED, 4, (uint64_t)i);
+            for (int64_t j = 0; j < p->n_elements; j++) values[j] = (float)(0.02 * rng_normal(&state));
+        }
+        CUDA_CHECK(cudaMemcpy(buffers.master + p->offset, values, (size_t)p->n_elements * sizeof(float),
+                              cudaMemcpyHostToDevice));
+    }
+    free(values);
+    const model_layout *layout = &table->layout;
+    for (int layer = 1; layer < table->num_layers; layer++)
+        CUDA_CHECK(cudaMemcpy(buffers.master + layout->blocks_offset + layer * layout->block_stride,
+                              buffers.master + layout->blocks_offset, (size_t)layout->block_stride * sizeof(float),
+                              cudaMemcpyDeviceToDevice));
+    gpu_model_refresh_working(net, stream);
+    CUDA_CHECK(cudaStreamSynchronize(stream));
 }
 
 static void room_free(calibration_batch *room)
@@ -927,6 +983,7 @@ static double cuda_time_shapes(backend *b, int layers, const backend_shape *shap
     calibration_batch room = room_for(host, most);
     model small_table;
     gpu_model *net = layers < host->num_layers ? swap_in_small_model(gpu, layers, most, &small_table) : gpu->net;
+    fill_timing_weights(net, layers < host->num_layers ? &small_table : host, gpu->stream);
     for (int i = 0; i < n_shapes; i++) {
         seconds[i] = copies[i] > 0 ? time_micro_batch(gpu, net, &shapes[i], copies[i], &room, warm_up, repeat_seconds)
                                      : -1.0;

@@ -10,8 +10,11 @@ one, time (sum of step_s), samples/s, tokens/s per GPU, MFU (model_flops / (time
 memory against the budget (largest mem_peak / mem_budget), data-wait share (sum of data_wait_s / time)
 and the share of exposed communication (comm_s / time); the rank error spread, the mean over steps of
 the largest minus the smallest per-rank prediction error (rank_compute_s / rank_pred_s - 1: what
-unbalances the ranks; an error common to all ranks does not; "-" without those arrays); and with
---baseline RUN, each run's samples/s over that run's.
+unbalances the ranks; an error common to all ranks does not; "-" without those arrays); the bias,
+predicted over measured compute per step (the ranks' sums of rank_pred_s over rank_compute_s; without those
+arrays compute_s_pred over compute_s_max), as its mean (least–largest) over the steps: a bias common to all
+ranks does not unbalance them but makes the balancer misjudge a step's length; and with --baseline RUN, each
+run's samples/s over that run's.
 """
 import argparse
 import os
@@ -44,7 +47,22 @@ def summarise(path, rows, peak_tflops):
         "comm": sum(row["comm_s"] for row in rows) / time_s,
         "samples": samples,
         "rank_error_spread": rank_error_spread(rows),
+        "bias": prediction_bias(rows),
     }
+
+
+def prediction_bias(rows):
+    """(mean, least, largest) over steps of predicted / measured compute; None where nothing was measured."""
+    ratios = []
+    for row in rows:
+        measured, predicted = row.get("rank_compute_s"), row.get("rank_pred_s")
+        if measured and predicted:
+            m, p = sum(measured), sum(predicted)
+        else:
+            m, p = row.get("compute_s_max", 0.0), row.get("compute_s_pred", 0.0)
+        if m > 0 and p > 0:
+            ratios.append(p / m)
+    return (sum(ratios) / len(ratios), min(ratios), max(ratios)) if ratios else None
 
 
 def rank_error_spread(rows):
@@ -63,18 +81,19 @@ def rank_error_spread(rows):
 def header(with_baseline):
     """The table's header and rule (with_baseline: the "vs baseline" column too)."""
     return ("| run | GPUs | steps | samples | imbalance measured (predicted) | time (s) | samples/s | tokens/s per GPU "
-            "| MFU | peak mem / budget | data wait | comm | rank error spread |" + (" vs baseline |" if with_baseline else "")
-            + "\n|---|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if with_baseline else ""))
+            "| MFU | peak mem / budget | data wait | comm | rank error spread | predicted / measured |"
+            + (" vs baseline |" if with_baseline else "") + "\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if with_baseline else ""))
 
 
 def row(r, baseline=None):
     """One run's row from summarise(); with `baseline` (samples/s) its ratio to it."""
     spread = "-" if r["rank_error_spread"] is None else f"{100 * r['rank_error_spread']:.1f}%"
     ratio = f" {r['samples_per_s'] / baseline:.3f}x |" if baseline else ""
+    bias = "-" if r["bias"] is None else f"{r['bias'][0]:.3f} ({r['bias'][1]:.3f}–{r['bias'][2]:.3f})"
     return (f"| {r['run']} | {r['ranks']} | {r['steps']} | {r['samples']} | {100 * r['imbalance']:.1f}% "
             f"({100 * r['imbalance_pred']:.1f}%) | {r['time_s']:.2f} | {r['samples_per_s']:.1f} | "
             f"{r['tokens_per_s_per_gpu']:,.0f} | {100 * r['mfu']:.1f}% | {100 * r['mem']:.1f}% | "
-            f"{100 * r['data_wait']:.2f}% | {100 * r['comm']:.2f}% | {spread} |{ratio}")
+            f"{100 * r['data_wait']:.2f}% | {100 * r['comm']:.2f}% | {spread} | {bias} |{ratio}")
 
 
 def main():

@@ -118,7 +118,8 @@ typedef struct {
        caches; these stay with the backend at any depth (the later models and training keep them), so a later
        call of micro-batches an earlier one ran may pass 0. A micro-batch is timed again while
        calibration_repeat_due (balance/calibration.h) says so under repeat_seconds (0: once), the least timing
-       counting. The gradients are dirty after it (begin_step clears them). */
+       counting. The timed model holds random weights of the family's init and the micro-batches random data (a GPU
+       runs zeros faster than training's values); the gradients are dirty after it (begin_step clears them). */
     void (*calibration_copies)(const backend *b, const backend_shape *shapes, int n_shapes, int max_copies, int *copies);
     double (*time_shapes)(backend *b, int layers, const backend_shape *shapes, int n_shapes, const int *copies,
                           double *seconds, int warm_up, double repeat_seconds, backend_timing_progress_fn progress,
