@@ -10,6 +10,7 @@
 #include "core/check.h"
 #include "core/comm.h"
 #include "core/rng.h"
+#include "balance/balance.h"
 #include "balance/calibration.h"
 #include "balance/costmodel.h"
 #include "cuda/fused.h"
@@ -49,6 +50,7 @@ typedef struct {
     int max_samples;
     double workspace_bytes;       /* the GPU model's activation workspace at that capacity ([train] recompute) */
     double attention_buffer_bytes; /* cuDNN attention's own buffer for the longest sample (0 without cuDNN) */
+    double split_bytes;           /* kept for a sequence-parallel group's buffers (split_reserve; 0 without groups) */
     int64_t cudnn_min_tokens;     /* self-attention of samples this long runs on cuDNN; 0: never (a run sets it) */
 } gpu_plan;
 
@@ -165,13 +167,34 @@ static double attention_buffer_for(const deck *config, const model *table, capac
     return 0.0;
 }
 
-/* 1 when the GPU model for the largest micro-batch under `budget` fits `available` bytes. */
+/* The GPU model's buffers of a sequence-parallel group (layout_gpu_split_bytes), which it keeps apart from the
+   workspace: the most any sample the balancer may put on a group of k = 2 ... sp_max ranks under `budget` needs
+   (a sample goes on a group of k only where its ceil(S / k) rows fit the budget, cost_model_mem_split; its buffers
+   shrink as k grows, so for each k the longest such sample counts). 0 where no group can form (sp_max 1). */
+static double split_reserve(const deck *config, const cost_model *cm, const model *table,
+                            const balance_sample *samples, int64_t n_samples, double budget, int sp_max)
+{
+    double most = 0.0;
+    for (int k = 2; k <= sp_max; k *= 2) {
+        int64_t longest = 0;
+        for (int64_t i = 0; i < n_samples; i++)
+            if (samples[i].tokens > longest && cost_model_mem_split(cm, samples[i].tokens, samples[i].text_len, k) <= budget)
+                longest = samples[i].tokens;
+        if (longest > 0)
+            most = fmax(most, (double)layout_gpu_split_bytes(&table->layout, config->train.recompute, longest, 1, k));
+    }
+    return most;
+}
+
+/* 1 when the GPU model for the largest micro-batch under `budget`, and the group buffers it may need, fit
+   `available` bytes. */
 static int budget_fits(const deck *config, const cost_model *cm, const model *table, const balance_sample *samples,
-                       int64_t n_samples, double budget, double available)
+                       int64_t n_samples, double budget, double available, int sp_max)
 {
     capacity c = capacity_for_budget(cm, samples, n_samples, budget);
     return c.samples <= GPU_MAX_SAMPLES
-           && workspace_for(config, table, c) + attention_buffer_for(config, table, c) <= available;
+           && workspace_for(config, table, c) + attention_buffer_for(config, table, c) +
+                      split_reserve(config, cm, table, samples, n_samples, budget, sp_max) <= available;
 }
 
 /* Ranks of this node whose node-local rank maps to `device` (as gpu_select maps them). */
@@ -232,16 +255,17 @@ static int plan_memory(const deck *config, const comm_info *info, const cost_mod
         return ALDIT_EXIT_USAGE;
     plan->state_bytes = layout_state_total(&out->state);
     const double available = usable - plan->state_bytes - plan->reserve_bytes;
+    const int sp_max = balance_sp_limit(config, info->n_ranks);
     if (plan->budget_measured) {
         /* the largest budget whose GPU model fits: the workspace grows with the budget, so bisect */
         double budget = 0.0;
         if (available > 0.0) {
-            if (budget_fits(config, cm, table, samples, n_samples, available, available)) budget = available;
+            if (budget_fits(config, cm, table, samples, n_samples, available, available, sp_max)) budget = available;
             else {
                 double low = 0.0, high = available;
                 for (int i = 0; i < 64 && high - low > 1.0; i++) {
                     double middle = 0.5 * (low + high);
-                    if (budget_fits(config, cm, table, samples, n_samples, middle, available)) low = middle;
+                    if (budget_fits(config, cm, table, samples, n_samples, middle, available, sp_max)) low = middle;
                     else high = middle;
                 }
                 budget = low;
@@ -270,15 +294,17 @@ static int plan_memory(const deck *config, const comm_info *info, const cost_mod
     plan->max_samples = (int)(c.samples < GPU_MAX_SAMPLES ? c.samples : GPU_MAX_SAMPLES);
     plan->workspace_bytes = workspace_for(config, table, c);
     plan->attention_buffer_bytes = attention_buffer_for(config, table, c);
-    if (c.samples > GPU_MAX_SAMPLES || plan->workspace_bytes + plan->attention_buffer_bytes > available) {
+    plan->split_bytes = split_reserve(config, cm, table, samples, n_samples, plan->mem_budget, sp_max);
+    if (c.samples > GPU_MAX_SAMPLES ||
+        plan->workspace_bytes + plan->attention_buffer_bytes + plan->split_bytes > available) {
         if (info->rank == 0)
             fprintf(stderr, "aldit: error: [balance] mem_budget = %.3f GiB does not fit the GPU: its largest "
                     "micro-batch (%lld tokens, %lld samples, %lld text rows) needs %.2f GiB of activation workspace "
-                    "in the GPU model (and cuDNN attention's buffer)%s, but %.2f GiB are free per rank on %s, of "
+                    "in the GPU model (and cuDNN attention's buffer, and the sequence-parallel groups' buffers)%s, but %.2f GiB are free per rank on %s, of "
                     "which %.2f GiB hold weights, gradients and AdamW moments and %.2f GiB are reserved for the CUDA "
                     "libraries; lower mem_budget or set it to auto\n",
                     plan->mem_budget / gib, (long long)c.tokens, (long long)c.samples, (long long)c.text,
-                    (plan->workspace_bytes + plan->attention_buffer_bytes) / gib,
+                    (plan->workspace_bytes + plan->attention_buffer_bytes + plan->split_bytes) / gib,
                     c.samples > GPU_MAX_SAMPLES ? " (and more samples than the 65535 it takes)" : "",
                     plan->free_bytes / gib, plan->description, plan->state_bytes / gib, plan->reserve_bytes / gib);
         return ALDIT_EXIT_USAGE;
@@ -330,6 +356,14 @@ static void describe(const deck *config, const gpu_plan *gpu, const char *gradie
         snprintf(out->memory_text + used, sizeof out->memory_text - (size_t)used,
                  "             and %s kept for cuDNN attention's buffer (the longest sample)\n", buffer_text);
     used = (int)strlen(out->memory_text);
+    if (gpu->split_bytes > 0.0 && (size_t)used < sizeof out->memory_text) {
+        char split_text[32];
+        format_size(gpu->split_bytes, split_text, sizeof split_text);
+        snprintf(out->memory_text + used, sizeof out->memory_text - (size_t)used,
+                 "             and %s kept for a sequence-parallel group's buffers ([balance] sp = off frees it)\n",
+                 split_text);
+        used = (int)strlen(out->memory_text);
+    }
     shard_describe(out->shard, n_ranks, &out->state, config->train.shard == SHARD_AUTO, out->memory_text + used,
                    sizeof out->memory_text - (size_t)used);
     out->mem_budget = gpu->mem_budget;
@@ -379,7 +413,8 @@ static int choose_shard(const deck *config, const comm_info *info, const cost_mo
             layout_state_bytes bytes = model_layout_state_bytes(&table->layout, LAYOUT_BACKEND_GPU, mode, info->n_ranks,
                                                                 config->train.ema_decay > 0.0);
             const double available = usable - layout_state_total(&bytes) - reserve;
-            if (available > least && budget_fits(config, cm, table, samples, n_samples, least, available)) {
+            if (available > least && budget_fits(config, cm, table, samples, n_samples, least, available,
+                                                 balance_sp_limit(config, info->n_ranks))) {
                 out->shard = mode;
                 break;
             }

@@ -154,6 +154,7 @@ struct gpu_model {
     int64_t max_tokens, max_text;
     int max_samples;
     gpu_recompute recompute;
+    model_layout layout;   // the host model's table (layout_gpu_split_bytes checks the head layout's arena by it)
     // parameters: the model's own flat buffers, the host table's offsets (NULL when created without them)
     float *master, *grads;
     gpu_bf16 *working;
@@ -481,6 +482,14 @@ void sp_buffers(gpu_model *gm, const batch_dims &d)
     sp_state &sp = gm->sp;
     carver count = {nullptr, 0};
     layout_sp(gm, count, d);
+    // the plan kept room for it by the layout's formula (exact where this member holds ceil(N / k) rows; its cuDNN
+    // term is the attention buffer's, apart)
+    const deck_recompute mode = gm->recompute == GPU_RECOMPUTE_BLOCK ? RECOMPUTE_BLOCK : RECOMPUTE_NONE;
+    const int64_t cudnn = 4 * (gm->num_heads / sp.size) * (sp.n_total + kTileSlack) * (gm->dim / gm->num_heads + 1);
+    const int64_t planned = layout_gpu_split_bytes(&gm->layout, mode, sp.n_total, d.n_samples, sp.size) - cudnn;
+    ALDIT_CHECK((int64_t)count.used <= planned, "gpu model: the group buffers of a micro-batch of %lld tokens on %d "
+                "ranks take %zu bytes, the memory formula (layout_gpu_split_bytes) says %lld",
+                (long long)sp.n_total, sp.size, count.used, (long long)planned);
     if (count.used > sp.arena_bytes) {
         CUDA_CHECK(cudaFree(sp.arena));
         CUDA_CHECK(cudaMalloc(&sp.arena, count.used));
@@ -1200,6 +1209,7 @@ gpu_model *describe(const model *m, int64_t max_tokens, int max_samples, int64_t
     gm->recompute = recompute;
 
     const model_layout &layout = m->layout;
+    gm->layout = layout;
     gm->patch = layout.patch;
     gm->text_in = layout.text_in;
     gm->text_out = layout.text_out;

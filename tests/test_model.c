@@ -459,6 +459,36 @@ static void test_layout_offsets(void **state)
     model_free(&m);
 }
 
+/* layout_gpu_split_bytes against the pieces of model_gpu.cu's head layout counted by hand (the GPU tests check the
+   formula against the arena the GPU model carves: gpu_ulysses.sh): D 64, 4 heads, 2 blocks, in_dim 16, patch 1x2x2,
+   one sample of 1,152 tokens on k = 2: rows 1,152 + 128, per block q, k, v, out 2 * 1280 * 32 bytes each and the
+   log-sum-exp 4 * 1280 * 2; four gradients once; staging 2 * 3 * 576 * 64; latents and noise 4 * 1152 * 64 each;
+   tables 40 bytes in one 256-byte piece; cuDNN's buffer 4 * 2 * 1280 * 17. */
+static void test_gpu_split_formula(void **state)
+{
+    (void)state;
+    deck config;
+    deck_defaults(&config);
+    config.model.dim = 64;
+    config.model.num_heads = 4;
+    config.model.num_layers = 2;
+    config.model.in_dim = config.model.out_dim = 16;
+    config.model.patch_t = 1;
+    config.model.patch_h = config.model.patch_w = 2;
+    model m;
+    model_create_table(&m, &config);
+    const int64_t per_set = 4 * 81920 + 10240, grads = 4 * 81920, staging = 221184, latents = 2 * 294912;
+    const int64_t tables = 256, cudnn = 4 * 2 * 1280 * 17;
+    assert_int_equal(layout_gpu_split_bytes(&m.layout, RECOMPUTE_NONE, 1152, 1, 2),
+                     2 * per_set + grads + staging + latents + tables + cudnn);
+    assert_int_equal(layout_gpu_split_bytes(&m.layout, RECOMPUTE_BLOCK, 1152, 1, 2),
+                     per_set + grads + staging + latents + tables + cudnn);
+    /* k = 4 holds half the heads' columns: every per-head piece halves, the staging halves, the latents stay */
+    const int64_t k4 = layout_gpu_split_bytes(&m.layout, RECOMPUTE_NONE, 1152, 1, 4);
+    assert_int_equal(k4, (2 * per_set + grads + staging + cudnn) / 2 + latents + tables);
+    model_free(&m);
+}
+
 /* The CPU backend's formula against what the CPU model carves for a micro-batch: never less, more only by
    the padding after each of its 35 pieces per block and 40 outside (at most 60 bytes each), and, where
    every piece is a whole number of 16 floats (tokens, samples and text rows multiples of 16), exactly by
@@ -606,6 +636,7 @@ int main(void)
         cmocka_unit_test(test_wan_1_3b_names_and_shapes),
         cmocka_unit_test(test_layout_offsets),
         cmocka_unit_test(test_cpu_memory_formula),
+        cmocka_unit_test(test_gpu_split_formula),
         cmocka_unit_test(test_init_and_determinism),
         cmocka_unit_test(test_block_gradient),
         cmocka_unit_test(test_model_gradient),

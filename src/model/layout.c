@@ -522,6 +522,25 @@ int64_t layout_memory_bytes(const layout_memory *memory, int64_t tokens, int64_t
 
 static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+/* bytes rounded up to the GPU arena's alignment, as its carver takes each piece */
+static int64_t aligned(int64_t bytes) { return ceil_div(bytes, LAYOUT_GPU_ALIGN) * LAYOUT_GPU_ALIGN; }
+
+int64_t layout_gpu_split_bytes(const model_layout *layout, deck_recompute recompute, int64_t tokens, int64_t samples,
+                               int k)
+{
+    const layout_dims *d = &layout->dims;
+    ALDIT_CHECK(d->family == FAMILY_WAN && k > 1 && d->dim % k == 0 && d->num_heads % k == 0,
+                "layout: no split memory for family %d over %d ranks", (int)d->family, k);
+    const int64_t rows = tokens + LAYOUT_GPU_TILE_SLACK_ROWS, dk = d->dim / k, hk = d->num_heads / k;
+    const int64_t sets = recompute == RECOMPUTE_BLOCK ? 1 : d->num_layers;
+    const int64_t per_set = 4 * aligned(2 * rows * dk) + aligned(4 * rows * hk);
+    const int64_t latent = tokens * d->in_dim * d->patch_t * d->patch_h * d->patch_w;
+    const int64_t arena = sets * per_set + 4 * aligned(2 * rows * dk) + aligned(2 * 3 * ceil_div(tokens, k) * d->dim) +
+                          2 * aligned(4 * latent) + aligned(8 * (3 * samples + 2));
+    const int64_t head_dim = d->dim / d->num_heads;
+    return arena + 4 * hk * rows * (head_dim + 1);
+}
+
 int64_t layout_shard_values(const model_layout *layout, layout_backend backend, int n_ranks)
 {
     const int64_t n = layout->n_weights, blocks_end = layout->blocks_offset + layout->dims.num_layers * layout->block_stride;

@@ -160,6 +160,16 @@ int64_t layout_memory_bytes(const layout_memory *memory, int64_t tokens, int64_t
 int64_t layout_gpu_scratch_bytes(const model_layout *layout, int64_t device_scratch_bytes, int64_t tokens,
                                  int64_t samples);
 
+/* The GPU model's buffers for a micro-batch of N tokens in B whole samples run by a sequence-parallel group of k
+   ranks (k > 1), on each member, apart from its workspace (model_gpu.cu's head layout, grown to the largest such
+   micro-batch), in bytes: per block (one set under RECOMPUTE_BLOCK) q, k, v and the attention output over all N rows
+   (+ the tile slack) for H/k heads, bf16, and their log-sum-exp, fp32; their four gradients once; the exchange's
+   staging of 3 x dim values for the member's rows (at most ceil(N / k)); the whole samples' latents and noise
+   (fp32); the row tables (3B + 2 int64); each piece aligned; plus cuDNN's attention buffer for the head layout
+   (4 (H/k) rows (head_dim + 1) bytes over the N rows and slack: an upper bound of what it grows to). Wan only. */
+int64_t layout_gpu_split_bytes(const model_layout *layout, deck_recompute recompute, int64_t tokens, int64_t samples,
+                               int k);
+
 /* ---- the training state ------------------------------------------------------------------------------
    Bytes of the training state on one rank, by what it holds, for [train] shard = `mode` (resolved: not auto) over
    n_ranks ranks, with the weights' EMA when `ema` is 1 ([train] ema_decay > 0): the one formula both backends allocate by and plan with (aldit --check, aldit-sim, the balancer's
