@@ -28,13 +28,16 @@ static const char usage_text[] =
     "\n"
     "commands:\n"
     "  synth --spec FILE --samples N --out FILE [--seed S] [--draw-seed T] [--text-len L] [--text-dim D]\n"
-    "        [--precision bf16|f16|f32] [--channels C]\n"
+    "        [--precision bf16|f16|f32] [--channels C] [--text-2-dim D2 --image-dim D3 [--text-2-len G]\n"
+    "        [--image-len I]]\n"
     "      a synthetic mixed-mode store: shapes drawn from the length spec FILE; each sample's latent is a\n"
     "      smooth pattern set by a class that its text embedding encodes, so a model can learn it.\n"
     "      --seed sets the classes' patterns, --draw-seed the samples drawn from them (shapes, classes,\n"
     "      noise): another T with the same S makes held-out samples of the same classes.\n"
     "      Defaults: --seed 0 --draw-seed S --text-len 32 (lengths vary in [L/2, L]) --text-dim 4096\n"
-    "      --precision bf16 --channels 16.\n"
+    "      --precision bf16 --channels 16. --text-2-dim and --image-dim add the caption sources of\n"
+    "      hunyuanvideo15 (random rows): 0 to G ByT5 rows per sample (default 8), I SigLIP rows per video\n"
+    "      (default 4; none for images).\n"
     "  pack --out FILE [--precision bf16|f16|f32] DIR\n"
     "      a store from DIR/NAME.npy latents [C, F, H, W] and DIR/NAME.text.npy text embeddings [L, D]\n"
     "      (float16/32/64, little-endian, C order); samples in byte order of NAME.\n"
@@ -197,15 +200,21 @@ static void synth_sample(const synth_model *m, int k, int32_t frames, int32_t he
 static int command_synth(int argc, char **argv)
 {
     const char *spec = NULL, *samples_text = NULL, *out = NULL, *seed_text = "0", *text_len_text = "32",
-               *text_dim_text = "4096", *precision_text = "bf16", *channels_text = "16", *draw_seed_text = NULL;
+               *text_dim_text = "4096", *precision_text = "bf16", *channels_text = "16", *draw_seed_text = NULL,
+               *text_2_dim_text = NULL, *text_2_len_text = "8", *image_dim_text = NULL, *image_len_text = "4";
     option_slot slots[] = {{"spec", &spec}, {"samples", &samples_text}, {"out", &out}, {"seed", &seed_text},
                            {"text-len", &text_len_text}, {"text-dim", &text_dim_text},
-                           {"precision", &precision_text}, {"channels", &channels_text}, {"draw-seed", &draw_seed_text}};
+                           {"precision", &precision_text}, {"channels", &channels_text}, {"draw-seed", &draw_seed_text},
+                           {"text-2-dim", &text_2_dim_text}, {"text-2-len", &text_2_len_text},
+                           {"image-dim", &image_dim_text}, {"image-len", &image_len_text}};
     const char *positional[1];
-    int n_positional = 0, status = parse_options(argc, argv, slots, 9, positional, 0, &n_positional);
+    int n_positional = 0, status = parse_options(argc, argv, slots, 13, positional, 0, &n_positional);
     if (status) return status;
     if (!spec || !samples_text || !out) return usage_error("synth needs --spec FILE, --samples N and --out FILE");
+    if (!text_2_dim_text != !image_dim_text)
+        return usage_error("synth: the caption sources need both --text-2-dim and --image-dim (or neither)");
     int64_t n_samples = 0, text_len = 0, text_dim = 0, channels = 0, seed = 0, draw_seed = 0;
+    int64_t text_2_dim = 0, text_2_len = 0, image_dim = 0, image_len = 0;
     store_precision precision = STORE_BF16;
     if ((status = parse_integer("samples", samples_text, 1, INT64_C(1) << 40, &n_samples)) ||
         (status = parse_integer("seed", seed_text, 0, INT64_MAX, &seed)) ||
@@ -213,7 +222,11 @@ static int command_synth(int argc, char **argv)
         (status = parse_integer("text-len", text_len_text, 1, 1 << 16, &text_len)) ||
         (status = parse_integer("text-dim", text_dim_text, 1, 1 << 16, &text_dim)) ||
         (status = parse_integer("channels", channels_text, 1, 4096, &channels)) ||
-        (status = parse_precision(precision_text, &precision)))
+        (status = parse_precision(precision_text, &precision)) ||
+        (status = parse_integer("text-2-len", text_2_len_text, 0, 1 << 16, &text_2_len)) ||
+        (status = parse_integer("image-len", image_len_text, 0, 1 << 16, &image_len)) ||
+        (text_2_dim_text && (status = parse_integer("text-2-dim", text_2_dim_text, 1, 1 << 16, &text_2_dim))) ||
+        (image_dim_text && (status = parse_integer("image-dim", image_dim_text, 1, 1 << 16, &image_dim))))
         return status;
 
     length_bucket *buckets = NULL;
@@ -234,13 +247,31 @@ static int command_synth(int argc, char **argv)
     float *latent = xmalloc((size_t)max_latent * sizeof *latent), *text = xmalloc((size_t)(text_len * text_dim) * sizeof *text);
     store_writer *writer = store_writer_create(out, (int32_t)text_dim, precision, stderr);
     status = writer ? 0 : EXIT_BAD_DATA;
-    uint64_t state = rng_hash((uint64_t)draw_seed, 7);
+    if (writer && text_2_dim > 0 && store_writer_enable_sources(writer, (int32_t)text_2_dim, (int32_t)image_dim)) {
+        store_writer_discard(writer);
+        writer = NULL;
+        status = EXIT_BAD_DATA;
+    }
+    float *text_2 = xmalloc((size_t)(text_2_len * text_2_dim + 1) * sizeof *text_2);
+    float *image = xmalloc((size_t)(image_len * image_dim + 1) * sizeof *image);
+    uint64_t state = rng_hash((uint64_t)draw_seed, 7), source_state = rng_hash((uint64_t)draw_seed, 9);
     int32_t text_len_min = (int32_t)((text_len + 1) / 2);
     for (int64_t i = 0; writer && i < n_samples; i++) {
         int k = (int)(rng_next_u64(&state) % SYNTH_CLASSES);
         int32_t sample_text_len = text_len_min + (int32_t)(rng_next_u64(&state) % (uint64_t)(text_len - text_len_min + 1));
         synth_sample(&model, k, frames[i], height[i], width[i], sample_text_len, &state, latent, text);
-        if (store_writer_add(writer, (int32_t)channels, frames[i], height[i], width[i], latent, sample_text_len, text)) {
+        int failed;
+        if (text_2_dim > 0) { /* ByT5 rows: 0 to text_2_len; SigLIP rows: image_len for a video, none for an image */
+            int32_t sample_text_2_len = (int32_t)(rng_next_u64(&source_state) % (uint64_t)(text_2_len + 1));
+            int32_t sample_image_len = frames[i] > 1 ? (int32_t)image_len : 0;
+            for (int64_t v = 0; v < (int64_t)sample_text_2_len * text_2_dim; v++) text_2[v] = (float)rng_normal(&source_state);
+            for (int64_t v = 0; v < (int64_t)sample_image_len * image_dim; v++) image[v] = (float)rng_normal(&source_state);
+            failed = store_writer_add_sources(writer, (int32_t)channels, frames[i], height[i], width[i], latent,
+                                              sample_text_len, text, sample_text_2_len, text_2, sample_image_len, image);
+        } else {
+            failed = store_writer_add(writer, (int32_t)channels, frames[i], height[i], width[i], latent, sample_text_len, text);
+        }
+        if (failed) {
             store_writer_discard(writer);
             writer = NULL;
             status = EXIT_BAD_DATA;
@@ -254,6 +285,8 @@ static int command_synth(int argc, char **argv)
                SYNTH_CLASSES);
     free(latent);
     free(text);
+    free(text_2);
+    free(image);
     synth_model_free(&model);
     free(frames);
     free(height);
