@@ -4,6 +4,8 @@
 #include "io/lengths.h"
 #include "core/rng.h"
 #include "io/store.h"
+#include "deck/deck.h"
+#include "train/train.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -43,8 +45,9 @@ static const char usage_text[] =
     "      (float16/32/64, little-endian, C order); samples in byte order of NAME.\n"
     "  info FILE\n"
     "      counts, images vs videos, shape and token histograms (patch 1x2x2), bytes, precision.\n"
-    "  verify FILE\n"
-    "      reads every sample: index ranges and shapes, finite values, stored checksums.\n"
+    "  verify [--deck DECK] FILE\n"
+    "      reads every sample: index ranges and shapes, finite values, stored checksums (the caption\n"
+    "      sources' too); with --deck, also that the store's dims fit the deck's model.\n"
     "\n"
     "  --help, --version\n"
     "\n"
@@ -649,6 +652,21 @@ static int command_info(int argc, char **argv)
     printf("bytes        %lld on disk; values: latents %lld, text %lld\n", file_bytes,
            (long long)s.latents_length * store_precision_bytes(s.latent_precision),
            (long long)s.text_length * store_precision_bytes(s.text_precision));
+    if (s.has_sources) {
+        int64_t total_2 = 0, max_2 = 0, with_image = 0, max_image = 0;
+        for (int64_t id = 0; id < s.n_samples; id++) {
+            total_2 += s.sources[id].text_2_len;
+            if (s.sources[id].text_2_len > max_2) max_2 = s.sources[id].text_2_len;
+            with_image += s.sources[id].image_len > 0;
+            if (s.sources[id].image_len > max_image) max_image = s.sources[id].image_len;
+        }
+        printf("sources      text_2 (ByT5) %s, %d wide: mean %.1f, max %" PRId64 " rows; image (SigLIP) %s, %d wide: %" PRId64
+               " sample%s with rows, max %" PRId64 "; values %lld bytes\n", store_precision_name(s.text_2_precision),
+               s.text_2_dim, (double)total_2 / (double)s.n_samples, max_2, store_precision_name(s.image_precision),
+               s.image_dim, with_image, plural(with_image), max_image,
+               (long long)s.text_2_length * store_precision_bytes(s.text_2_precision) +
+               (long long)s.image_length * store_precision_bytes(s.image_precision));
+    }
     if (n_odd)
         printf("warning      %" PRId64 " samples have a height or width not divisible by the patch (%d x %d)\n", n_odd,
                PATCH_H, PATCH_W);
@@ -690,10 +708,24 @@ static int command_info(int argc, char **argv)
 
 /* ---- verify ---------------------------------------------------------------------------------- */
 
+/* With --deck: the store's dims against the deck's model (train_store_fits, what training checks at start). */
+static int verify_against_deck(const store *s, const char *deck_path)
+{
+    deck config;
+    deck_defaults(&config);
+    if (deck_load(&config, deck_path, 0, NULL, stderr) != 0) return usage_error("verify: the deck %s has errors (above)", deck_path);
+    char problem[512];
+    if (!train_store_fits(s, &config, problem, sizeof problem)) return 0;
+    fprintf(stderr, "aldit-store: verify: %s: FAILED: does not fit the model of %s: %s\n", s->path, deck_path, problem);
+    return EXIT_BAD_DATA;
+}
+
 static int command_verify(int argc, char **argv)
 {
+    const char *deck_path = NULL;
+    option_slot slots[] = {{"deck", &deck_path}};
     const char *positional[1];
-    int n_positional = 0, status = parse_options(argc, argv, NULL, 0, positional, 1, &n_positional);
+    int n_positional = 0, status = parse_options(argc, argv, slots, 1, positional, 1, &n_positional);
     if (status) return status;
     if (n_positional != 1) return usage_error("verify needs one store FILE");
     const char *path = positional[0];
@@ -702,23 +734,36 @@ static int command_verify(int argc, char **argv)
         fprintf(stderr, "aldit-store: verify: %s: FAILED (cannot open the store)\n", path);
         return EXIT_BAD_DATA;
     }
+    if (deck_path && (status = verify_against_deck(&s, deck_path)) != 0) {
+        store_close(&s);
+        return status;
+    }
     enum { MAX_REPORTED = 20 };
     float *latent = xmalloc((size_t)s.max_latent_elements * sizeof *latent);
     float *text = xmalloc((size_t)s.max_text_elements * sizeof *text);
+    float *text_2 = xmalloc((size_t)(s.max_text_2_elements + 1) * sizeof *text_2);
+    float *image = xmalloc((size_t)(s.max_image_elements + 1) * sizeof *image);
     FILE *quiet = fopen("/dev/null", "w"); /* messages after the first MAX_REPORTED bad samples are only counted */
     int64_t n_bad = 0;
-    for (int64_t id = 0; id < s.n_samples; id++)
-        n_bad += store_verify_sample(&s, id, latent, text, n_bad < MAX_REPORTED || !quiet ? stderr : quiet);
+    for (int64_t id = 0; id < s.n_samples; id++) {
+        FILE *errors = n_bad < MAX_REPORTED || !quiet ? stderr : quiet;
+        int bad = store_verify_sample(&s, id, latent, text, errors);
+        if (!bad && s.has_sources) bad = store_verify_sources(&s, id, text_2, image, errors);
+        n_bad += bad;
+    }
     if (quiet) fclose(quiet);
     if (n_bad) {
         fprintf(stderr, "aldit-store: verify: %s: FAILED: %" PRId64 " of %" PRId64 " samples are bad\n", path, n_bad, s.n_samples);
         status = EXIT_BAD_DATA;
     } else {
-        printf("aldit-store: verify: %s: OK (%" PRId64 " samples, shapes, finite values and checksums checked)\n", path,
-               s.n_samples);
+        printf("aldit-store: verify: %s: OK (%" PRId64 " samples, shapes, finite values and checksums checked%s%s%s)\n",
+               path, s.n_samples, s.has_sources ? "; caption sources too" : "", deck_path ? "; fits " : "",
+               deck_path ? deck_path : "");
     }
     free(latent);
     free(text);
+    free(text_2);
+    free(image);
     store_close(&s);
     return status;
 }
