@@ -9,7 +9,7 @@
 python_needs torch diffusers transformers tokenizers h5py av PIL tqdm
 . "$top_srcdir/tests/train_lib.sh"
 tool="$PYTHON $top_srcdir/tools/prepare_store.py"
-tap_plan 6
+tap_plan 8
 
 crop=$($PYTHON "$top_srcdir/tests/tiny_hunyuan.py" models "$WORK/models" 2> "$WORK/models.log" | tail -1) &&
     $PYTHON "$top_srcdir/tests/tiny_wan.py" media "$WORK/media" >> "$WORK/models.log" 2>&1
@@ -90,6 +90,24 @@ case "$glyphs" in *[1-9]*" "*) found=0 ;; *) found=1 ;; esac
 images=${glyphs#* }
 case "$images" in 0,0,[1-9]*,[1-9]*) ;; *) found=1 ;; esac
 tap_result $found "ByT5 rows only for the quoted text, SigLIP rows for the videos alone (ByT5,SigLIP rows: $glyphs)" "$out"
+
+# aldit-store pack reads the same work folder, the sources' parts included
+out=$("$top_builddir/aldit-store" pack --precision f32 --out "$WORK/packed.h5" "$WORK/h.h5.parts" 2>&1) &&
+    out="$out
+$($PYTHON - "$WORK/packed.h5" "$WORK/h.h5" <<'PY' 2>&1
+import sys, h5py, numpy as np
+a, b = h5py.File(sys.argv[1]), h5py.File(sys.argv[2])
+names = ("index", "latents", "text", "text_2", "image", "index_sources")
+sys.exit(0 if all(np.array_equal(a[k][()], b[k][()]) for k in names) else "the datasets differ")
+PY
+)"
+tap_result $? "aldit-store pack of the work folder writes the same store, sources included" "$out"
+cp -r "$WORK/h.h5.parts" "$WORK/parts2"
+rm "$WORK/parts2/00000002.image.npy"
+out=$("$top_builddir/aldit-store" pack --out "$WORK/packed2.h5" "$WORK/parts2" 2>&1); status=$?
+case "$status:$out" in 1:*"parts2/00000002.image.npy: cannot open"*) found=0 ;; *) found=1 ;; esac
+[ -e "$WORK/packed2.h5" ] && found=1
+tap_result $found "a sample's missing .image.npy: pack exits 1 naming it, no store" "$out"
 
 $MPIEXEC -np 1 "$ALDIT" "$WORK/deck.ini" data.store="$WORK/h.h5" run.dir="$WORK/train" run.steps=4 run.threads=1 \
     balance.global_batch=2 train.i2v_share=0.5 > "$WORK/train.log" 2>&1

@@ -42,7 +42,8 @@ static const char usage_text[] =
     "      (default 4; none for images).\n"
     "  pack --out FILE [--precision bf16|f16|f32] DIR\n"
     "      a store from DIR/NAME.npy latents [C, F, H, W] and DIR/NAME.text.npy text embeddings [L, D]\n"
-    "      (float16/32/64, little-endian, C order); samples in byte order of NAME.\n"
+    "      (float16/32/64, little-endian, C order); samples in byte order of NAME. With DIR/NAME.text_2.npy\n"
+    "      [G, D2] and DIR/NAME.image.npy [I, D3] (G, I may be 0) for every sample: the caption sources.\n"
     "  info FILE\n"
     "      counts, images vs videos, shape and token histograms (patch 1x2x2), bytes, precision.\n"
     "  verify [--deck DECK] FILE\n"
@@ -395,7 +396,8 @@ static int npy_read_header(FILE *file, const char *path, npy_header *header)
 }
 
 /* Reads a whole .npy file as fp32 with the expected number of dimensions; 0 ok. *values is malloc'ed. */
-static int npy_load(const char *path, int expected_ndim, npy_header *header, float **values)
+/* allow_empty: a caption source's part (NAME.text_2.npy, NAME.image.npy) may hold no rows, [0, D]. */
+static int npy_load(const char *path, int expected_ndim, npy_header *header, float **values, int allow_empty)
 {
     *values = NULL;
     FILE *file = fopen(path, "rb");
@@ -406,7 +408,10 @@ static int npy_load(const char *path, int expected_ndim, npy_header *header, flo
                 expected_ndim == 4 ? "latent [C, F, H, W]" : "text [L, D]");
         failed = 1;
     }
-    if (!failed && header->n_values == 0) { fprintf(stderr, "%s: array is empty\n", path); failed = 1; }
+    if (!failed && header->n_values == 0 && !(allow_empty && header->shape[1] > 0)) {
+        fprintf(stderr, "%s: array is empty\n", path);
+        failed = 1;
+    }
     struct stat info;
     if (!failed && fstat(fileno(file), &info) == 0 &&
         info.st_size < header->data_offset + header->n_values * header->value_bytes) {
@@ -416,8 +421,8 @@ static int npy_load(const char *path, int expected_ndim, npy_header *header, flo
     }
     if (!failed) {
         size_t n = (size_t)header->n_values, width = (size_t)header->value_bytes;
-        unsigned char *raw = xmalloc(n * width);
-        float *out = xmalloc(n * sizeof *out);
+        unsigned char *raw = xmalloc(n * width + 1);
+        float *out = xmalloc(n * sizeof *out + sizeof *out);
         if (fread(raw, width, n, file) != n) {
             fprintf(stderr, "%s: read error\n", path);
             failed = 1;
@@ -457,7 +462,7 @@ static int pack_list(const char *directory, char ***names_out, int64_t *n_names_
     int64_t n_latents = 0, n_texts = 0, capacity_latents = 0, capacity_texts = 0;
     for (struct dirent *entry = readdir(folder); entry; entry = readdir(folder)) {
         const char *name = entry->d_name;
-        if (!ends_with(name, ".npy")) continue;
+        if (!ends_with(name, ".npy") || ends_with(name, ".text_2.npy") || ends_with(name, ".image.npy")) continue;
         int is_text = ends_with(name, ".text.npy");
         size_t stem = strlen(name) - (is_text ? 9 : 4);
         char ***list = is_text ? &texts : &latents;
@@ -498,6 +503,50 @@ static int pack_list(const char *directory, char ***names_out, int64_t *n_names_
     return 0;
 }
 
+/* A sample's caption sources, DIR/NAME.text_2.npy [G, D2] and DIR/NAME.image.npy [I, D3] (G, I may be 0), their
+   widths those of the first sample (*widths, set from it when 0). 0 ok; else the file is named. */
+static int pack_sources(const char *directory, const char *name, int32_t *widths, npy_header *text_2_header,
+                        float **text_2, npy_header *image_header, float **image)
+{
+    size_t size = strlen(directory) + strlen(name) + 16;
+    char *paths[2] = {xmalloc(size), xmalloc(size)};
+    snprintf(paths[0], size, "%s/%s.text_2.npy", directory, name);
+    snprintf(paths[1], size, "%s/%s.image.npy", directory, name);
+    npy_header *headers[2] = {text_2_header, image_header};
+    float **values[2] = {text_2, image};
+    int failed = 0;
+    for (int k = 0; k < 2 && !failed; k++) {
+        failed = npy_load(paths[k], 2, headers[k], values[k], 1);
+        if (!failed && headers[k]->shape[1] > (1 << 20)) {
+            fprintf(stderr, "%s: width %" PRId64 " too large for a store\n", paths[k], headers[k]->shape[1]);
+            failed = 1;
+        } else if (!failed && widths[k] && headers[k]->shape[1] != widths[k]) {
+            fprintf(stderr, "%s: width %" PRId64 " differs from %d of the first sample\n", paths[k], headers[k]->shape[1],
+                    widths[k]);
+            failed = 1;
+        }
+        if (!failed) widths[k] = (int32_t)headers[k]->shape[1];
+    }
+    free(paths[0]);
+    free(paths[1]);
+    return failed;
+}
+
+/* 1 when DIR/NAME.text_2.npy or DIR/NAME.image.npy exists. When the first sample has one, the store gets the caption
+   sources and every sample needs both parts; when it has none, no other sample may have one. */
+static int has_source_parts(const char *directory, const char *name)
+{
+    size_t size = strlen(directory) + strlen(name) + 16;
+    char *path = xmalloc(size);
+    struct stat info;
+    snprintf(path, size, "%s/%s.text_2.npy", directory, name);
+    int found = stat(path, &info) == 0;
+    snprintf(path, size, "%s/%s.image.npy", directory, name);
+    found = found || stat(path, &info) == 0;
+    free(path);
+    return found;
+}
+
 static int command_pack(int argc, char **argv)
 {
     const char *out = NULL, *precision_text = "bf16";
@@ -514,15 +563,23 @@ static int command_pack(int argc, char **argv)
     if (pack_list(directory, &names, &n_names)) return EXIT_BAD_DATA;
 
     store_writer *writer = NULL;
-    int32_t text_dim = 0;
+    int32_t text_dim = 0, source_widths[2] = {0, 0};
+    int32_t *sources = has_source_parts(directory, names[0]) ? source_widths : NULL;
     size_t path_size = strlen(directory) + 1024;
     char *latent_path = xmalloc(path_size), *text_path = xmalloc(path_size);
     for (int64_t i = 0; i < n_names && status == 0; i++) {
         snprintf(latent_path, path_size, "%s/%s.npy", directory, names[i]);
         snprintf(text_path, path_size, "%s/%s.text.npy", directory, names[i]);
-        npy_header latent_header, text_header;
-        float *latent = NULL, *text = NULL;
-        if (npy_load(latent_path, 4, &latent_header, &latent) || npy_load(text_path, 2, &text_header, &text)) {
+        npy_header latent_header, text_header, source_headers[2];
+        float *latent = NULL, *text = NULL, *text_2 = NULL, *image = NULL;
+        if (!sources && has_source_parts(directory, names[i])) {
+            fprintf(stderr, "%s/%s: has caption source parts (.text_2.npy, .image.npy), but the first sample %s has none: "
+                    "give every sample both or none\n", directory, names[i], names[0]);
+            status = EXIT_BAD_DATA;
+            break;
+        }
+        if (npy_load(latent_path, 4, &latent_header, &latent, 0) || npy_load(text_path, 2, &text_header, &text, 0) ||
+            (sources && pack_sources(directory, names[i], sources, &source_headers[0], &text_2, &source_headers[1], &image))) {
             status = EXIT_BAD_DATA;
         } else if (latent_header.shape[0] > 4096 || latent_header.shape[1] > 65536 || latent_header.shape[2] > 65536 ||
                    latent_header.shape[3] > 65536 || text_header.shape[0] > (1 << 20) || text_header.shape[1] > (1 << 20)) {
@@ -536,25 +593,35 @@ static int command_pack(int argc, char **argv)
             if (!writer) {
                 text_dim = (int32_t)text_header.shape[1];
                 writer = store_writer_create(out, text_dim, precision, stderr);
-                if (!writer) status = EXIT_BAD_DATA;
+                if (!writer || (sources && store_writer_enable_sources(writer, sources[0], sources[1]))) status = EXIT_BAD_DATA;
             }
-            if (writer && store_writer_add(writer, (int32_t)latent_header.shape[0], (int32_t)latent_header.shape[1],
-                                           (int32_t)latent_header.shape[2], (int32_t)latent_header.shape[3], latent,
-                                           (int32_t)text_header.shape[0], text)) {
+            const int32_t shape[4] = {(int32_t)latent_header.shape[0], (int32_t)latent_header.shape[1],
+                                      (int32_t)latent_header.shape[2], (int32_t)latent_header.shape[3]};
+            int failed = status != 0;
+            if (!failed && sources)
+                failed = store_writer_add_sources(writer, shape[0], shape[1], shape[2], shape[3], latent,
+                                                  (int32_t)text_header.shape[0], text, (int32_t)source_headers[0].shape[0],
+                                                  text_2, (int32_t)source_headers[1].shape[0], image);
+            else if (!failed)
+                failed = store_writer_add(writer, shape[0], shape[1], shape[2], shape[3], latent,
+                                          (int32_t)text_header.shape[0], text);
+            if (failed && writer) {
                 fprintf(stderr, "%s: cannot add this sample (see above)\n", latent_path);
                 status = EXIT_BAD_DATA;
             }
         }
         free(latent);
         free(text);
+        free(text_2);
+        free(image);
     }
     if (writer) {
         if (status) store_writer_discard(writer);
         else if (store_writer_close(writer)) status = EXIT_BAD_DATA;
     }
     if (status == 0)
-        printf("aldit-store: wrote %s: %" PRId64 " samples from %s, %s, text_dim %d\n", out, n_names, directory,
-               store_precision_name(precision), text_dim);
+        printf("aldit-store: wrote %s: %" PRId64 " samples from %s, %s, text_dim %d%s\n", out, n_names, directory,
+               store_precision_name(precision), text_dim, sources ? ", with caption sources" : "");
     for (int64_t i = 0; i < n_names; i++) free(names[i]);
     free(names);
     free(latent_path);
