@@ -168,9 +168,11 @@ static void *read_slot(void *arg)
     for (int i = 0; i < slot->n_samples; i++) {
         slot->failed[i] = read(p->source, slot->ids[i], slot->latents + slot->latent_start[i],
                                slot->text + slot->text_start[i], stderr) != 0;
-        if (!slot->failed[i] && p->source->has_sources) /* a text-to-video sample's image rows: checked, not kept */
-            slot->failed[i] = read_sources(p->source, slot->ids[i], slot->text_2 + slot->text_2_start[i],
-                                           slot->i2v[i] ? slot->image + slot->image_start[i] : slot->scratch, stderr) != 0;
+        /* a text-to-video sample's image rows: read for their checksum (verify), not kept; not read without it */
+        float *image = slot->i2v[i] ? slot->image + slot->image_start[i] : p->verify ? slot->scratch : NULL;
+        if (!slot->failed[i] && p->source->has_sources)
+            slot->failed[i] = read_sources(p->source, slot->ids[i], slot->text_2 + slot->text_2_start[i], image,
+                                           stderr) != 0;
         slot->n_failed += slot->failed[i];
     }
     for (int i = 0; i < slot->n_samples && p->text_rows > 0; i++) { /* the zero rows after the stored ones */
