@@ -5,6 +5,7 @@
 # (no sources) is unchanged; with h5py, the checksums recomputed in Python and a store written by h5py.
 . "$top_srcdir/tests/tap.sh"
 tool=./aldit-store
+top_builddir=${top_builddir:-.}
 work=$(mktemp -d "$PWD/store_sources.tmp.XXXXXX") || exit 1
 trap 'rm -rf "$work"' EXIT
 spec="$top_srcdir/tests/decks/train_tiny.lengths"
