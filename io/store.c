@@ -138,6 +138,16 @@ int64_t store_sample_text_elements(const store *s, const store_sample *sample)
     return (int64_t)sample->text_len * s->text_dim;
 }
 
+int64_t store_sample_text_2_elements(const store *s, int64_t id)
+{
+    return s->sources ? (int64_t)s->sources[id].text_2_len * s->text_2_dim : 0;
+}
+
+int64_t store_sample_image_elements(const store *s, int64_t id)
+{
+    return s->sources ? (int64_t)s->sources[id].image_len * s->image_dim : 0;
+}
+
 /* ---- HDF5 error handling: HDF5's own stack printing is off while the store works; we print ours ---- */
 
 typedef struct { char message[256]; int system_errno; } h5_error_found;
@@ -322,7 +332,7 @@ static int read_precision_attribute(hid_t file, const char *name, store_precisio
 
 /* ---- opening ------------------------------------------------------------------------------------ */
 
-static void handles_reset(store *s) { s->h5_file = s->h5_latents = s->h5_text = -1; }
+static void handles_reset(store *s) { s->h5_file = s->h5_latents = s->h5_text = s->h5_text_2 = s->h5_image = -1; }
 
 static int open_file(store *s, const char *path, FILE *errors)
 {
@@ -502,26 +512,45 @@ static int open_value_datasets(store *s, FILE *errors)
            open_values(s->h5_file, "/text", "text_dtype", s->text_precision, &s->h5_text, &s->text_length, s->path, errors);
 }
 
-/* Checks that the optional `columns` attribute of /index, if present, names our column order. */
-static int check_index_columns(hid_t index, const char *path, FILE *errors)
+/* Checks that the optional `columns` attribute of an index dataset (`name`), if present, names `expected`. */
+static int check_columns(hid_t index, const char *name, const char *expected, const char *path, FILE *errors)
 {
     htri_t exists = H5Aexists(index, "columns");
-    if (exists < 0) return report_h5(errors, path, "cannot look up /index attribute columns");
+    if (exists < 0) return report_h5(errors, path, "cannot look up %s attribute columns", name);
     if (exists == 0) return 0;
     hid_t attribute = H5Aopen(index, "columns", H5P_DEFAULT);
-    if (attribute < 0) return report_h5(errors, path, "cannot open /index attribute columns");
+    if (attribute < 0) return report_h5(errors, path, "cannot open %s attribute columns", name);
     hid_t file_type = H5Aget_type(attribute), space = H5Aget_space(attribute);
-    char columns[256] = "";
+    char columns[256] = "", what[64];
+    snprintf(what, sizeof what, "%s attribute columns", name);
     int failed = 0;
-    if (file_type < 0 || space < 0) failed = report_h5(errors, path, "cannot query /index attribute columns");
-    else if (H5Tget_class(file_type) != H5T_STRING) failed = report(errors, path, "/index attribute columns is not a string");
-    else if (H5Sget_simple_extent_npoints(space) != 1) failed = report(errors, path, "/index attribute columns must hold one value");
-    else failed = read_string_value(attribute, "/index attribute columns", columns, sizeof columns, path, errors);
-    if (!failed && strcmp(columns, STORE_INDEX_COLUMN_NAMES) != 0)
-        failed = report(errors, path, "/index columns are '%s'; expected '%s'", columns, STORE_INDEX_COLUMN_NAMES);
+    if (file_type < 0 || space < 0) failed = report_h5(errors, path, "cannot query %s", what);
+    else if (H5Tget_class(file_type) != H5T_STRING) failed = report(errors, path, "%s is not a string", what);
+    else if (H5Sget_simple_extent_npoints(space) != 1) failed = report(errors, path, "%s must hold one value", what);
+    else failed = read_string_value(attribute, what, columns, sizeof columns, path, errors);
+    if (!failed && strcmp(columns, expected) != 0)
+        failed = report(errors, path, "%s columns are '%s'; expected '%s'", name, columns, expected);
     if (space >= 0) H5Sclose(space);
     if (file_type >= 0) H5Tclose(file_type);
     H5Aclose(attribute);
+    return failed;
+}
+
+/* An index dataset must hold integers of at least 32 bits (the checksum column); *wraps = 1 for a 32-bit signed one,
+   whose checksums of 2^31 and above were stored wrapped to negative values. */
+static int check_index_type(hid_t index, const char *name, int *wraps, const char *path, FILE *errors)
+{
+    hid_t type = H5Dget_type(index);
+    int failed = 0;
+    if (type < 0) failed = report_h5(errors, path, "cannot query the type of %s", name);
+    else if (H5Tget_class(type) != H5T_INTEGER) failed = report(errors, path, "%s does not hold integers", name);
+    else if (H5Tget_size(type) < 4) {
+        char found[96];
+        type_name(type, found, sizeof found);
+        failed = report(errors, path, "%s holds %s values; the checksum column needs 32 bits (int64, uint32 or int32)",
+                        name, found);
+    } else *wraps = H5Tget_size(type) == 4 && H5Tget_sign(type) != H5T_SGN_NONE;
+    if (type >= 0) H5Tclose(type);
     return failed;
 }
 
@@ -562,7 +591,7 @@ static int read_index(store *s, FILE *errors)
     hsize_t dims[2];
     int64_t *rows = NULL;
     int failed = dataset_dims(index, "/index", 2, dims, s->path, errors) || check_filters(index, "/index", s->path, errors) ||
-                 check_index_columns(index, s->path, errors);
+                 check_columns(index, "/index", STORE_INDEX_COLUMN_NAMES, s->path, errors);
     int wraps = 0; /* a 32-bit signed index: checksums >= 2^31 were stored wrapped to negative values */
     if (!failed && dims[1] != STORE_INDEX_COLUMNS)
         failed = report(errors, s->path, "/index has %llu columns, expected %d (%s)", (unsigned long long)dims[1],
@@ -571,18 +600,7 @@ static int read_index(store *s, FILE *errors)
     if (!failed && dims[0] > (hsize_t)s->latents_length) /* every sample holds at least one latent value */
         failed = report(errors, s->path, "/index has %llu rows but /latents only %lld values (corrupt index)",
                         (unsigned long long)dims[0], (long long)s->latents_length);
-    if (!failed) {
-        hid_t type = H5Dget_type(index);
-        if (type < 0) failed = report_h5(errors, s->path, "cannot query the type of /index");
-        else if (H5Tget_class(type) != H5T_INTEGER) failed = report(errors, s->path, "/index does not hold integers");
-        else if (H5Tget_size(type) < 4) {
-            char found[96];
-            type_name(type, found, sizeof found);
-            failed = report(errors, s->path, "/index holds %s values; the checksum column needs 32 bits (int64, uint32 or "
-                                             "int32)", found);
-        } else wraps = H5Tget_size(type) == 4 && H5Tget_sign(type) != H5T_SGN_NONE;
-        if (type >= 0) H5Tclose(type);
-    }
+    if (!failed) failed = check_index_type(index, "/index", &wraps, s->path, errors);
     if (!failed) {
         rows = xmalloc((size_t)dims[0] * STORE_INDEX_COLUMNS * sizeof *rows);
         if (H5Dread(index, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, rows) < 0)
@@ -618,13 +636,139 @@ static int read_index(store *s, FILE *errors)
     return 0;
 }
 
+/* ---- the caption sources (optional: all of these objects or none) ---------------------------------- */
+
+static const char *const source_objects[] = {"text_2_dim", "text_2_dtype", "image_dim", "image_dtype", "/text_2", "/image",
+                                             "/index_sources"};
+enum { N_SOURCE_OBJECTS = sizeof source_objects / sizeof source_objects[0] };
+
+/* Which of the source objects the file has: sets *has_sources, or reports the first missing one of a partial set. */
+static int find_sources(store *s, FILE *errors)
+{
+    int present[N_SOURCE_OBJECTS], n_present = 0;
+    for (int i = 0; i < N_SOURCE_OBJECTS; i++) {
+        const char *name = source_objects[i];
+        htri_t exists = name[0] == '/' ? H5Lexists(s->h5_file, name, H5P_DEFAULT)
+                                       : H5Aexists_by_name(s->h5_file, "/", name, H5P_DEFAULT);
+        if (exists < 0) return report_h5(errors, s->path, "cannot look up %s", name);
+        present[i] = exists > 0;
+        n_present += present[i];
+    }
+    s->has_sources = n_present == N_SOURCE_OBJECTS;
+    if (n_present == 0 || s->has_sources) return 0;
+    int have = 0, missing = 0;
+    while (!present[have]) have++;
+    while (present[missing]) missing++;
+    return report(errors, s->path, "the caption sources are incomplete: %s%s is missing, but the store has %s%s (all of "
+                  "text_2_dim, text_2_dtype, image_dim, image_dtype, /text_2, /image, /index_sources, or none)",
+                  source_objects[missing][0] == '/' ? "" : "root attribute ", source_objects[missing],
+                  source_objects[have][0] == '/' ? "" : "root attribute ", source_objects[have]);
+}
+
+static int read_source_attributes(store *s, FILE *errors)
+{
+    int64_t dims[2] = {0, 0};
+    if (read_int_attribute(s->h5_file, "text_2_dim", &dims[0], s->path, errors) ||
+        read_precision_attribute(s->h5_file, "text_2_dtype", &s->text_2_precision, s->path, errors) ||
+        read_int_attribute(s->h5_file, "image_dim", &dims[1], s->path, errors) ||
+        read_precision_attribute(s->h5_file, "image_dtype", &s->image_precision, s->path, errors))
+        return 1;
+    for (int i = 0; i < 2; i++)
+        if (dims[i] < 1 || dims[i] > MAX_TEXT_DIM)
+            return report(errors, s->path, "root attribute %s = %lld is outside [1, %d]", i ? "image_dim" : "text_2_dim",
+                          (long long)dims[i], MAX_TEXT_DIM);
+    s->text_2_dim = (int32_t)dims[0];
+    s->image_dim = (int32_t)dims[1];
+    return 0;
+}
+
+static int open_source_datasets(store *s, FILE *errors)
+{
+    return open_values(s->h5_file, "/text_2", "text_2_dtype", s->text_2_precision, &s->h5_text_2, &s->text_2_length,
+                       s->path, errors) ||
+           open_values(s->h5_file, "/image", "image_dtype", s->image_precision, &s->h5_image, &s->image_length, s->path,
+                       errors);
+}
+
+/* Checks one /index_sources row; returns 1 (and prints unless quiet). */
+static int check_sources_row(const store *s, int64_t id, const int64_t *row, int print, FILE *errors)
+{
+    char why[256] = "";
+    const char *names[2] = {"text_2", "image"};
+    const int64_t widths[2] = {s->text_2_dim, s->image_dim}, lengths[2] = {s->text_2_length, s->image_length};
+    for (int k = 0; k < 2 && !why[0]; k++) {
+        const int64_t len = row[2 * k], offset = row[2 * k + 1], count = len * widths[k];
+        if (len < 0 || len > MAX_TEXT_LEN)
+            snprintf(why, sizeof why, "%s_len %lld is outside [0, %d]", names[k], (long long)len, MAX_TEXT_LEN);
+        else if (offset < 0 || offset > lengths[k] - count)
+            snprintf(why, sizeof why, "%s range [%lld, %lld) is outside /%s (length %lld)", names[k], (long long)offset,
+                     (long long)(offset + count), names[k], (long long)lengths[k]);
+    }
+    if (!why[0] && (row[4] < 0 || row[4] > (int64_t)UINT32_MAX))
+        snprintf(why, sizeof why, "checksum %lld is not a 32-bit value", (long long)row[4]);
+    if (!why[0]) return 0;
+    if (print) report(errors, s->path, "/index_sources row %lld (sample %lld): %s (truncated or corrupt index)",
+                      (long long)id, (long long)id, why);
+    return 1;
+}
+
+/* Reads /index_sources (integer, [n_samples, 5], its columns attribute if present naming ours) into s->sources. */
+static int read_index_sources(store *s, FILE *errors)
+{
+    hid_t index = open_dataset(s->h5_file, "/index_sources", H5P_DEFAULT, s->path, errors);
+    if (index < 0) return 1;
+    hsize_t dims[2];
+    int failed = dataset_dims(index, "/index_sources", 2, dims, s->path, errors) ||
+                 check_filters(index, "/index_sources", s->path, errors) ||
+                 check_columns(index, "/index_sources", STORE_SOURCES_COLUMN_NAMES, s->path, errors);
+    if (!failed && (dims[1] != STORE_SOURCES_COLUMNS || dims[0] != (hsize_t)s->n_samples))
+        failed = report(errors, s->path, "/index_sources is [%llu, %llu], expected [%lld, %d] (a row per sample of /index: "
+                        "%s)", (unsigned long long)dims[0], (unsigned long long)dims[1], (long long)s->n_samples,
+                        STORE_SOURCES_COLUMNS, STORE_SOURCES_COLUMN_NAMES);
+    int wraps = 0;
+    if (!failed) failed = check_index_type(index, "/index_sources", &wraps, s->path, errors);
+    int64_t *rows = NULL;
+    if (!failed) {
+        rows = xmalloc((size_t)dims[0] * STORE_SOURCES_COLUMNS * sizeof *rows);
+        if (H5Dread(index, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, rows) < 0)
+            failed = report_h5(errors, s->path, "cannot read /index_sources (truncated or corrupt file?)");
+    }
+    if (H5Dclose(index) < 0 && !failed) failed = report_h5(errors, s->path, "cannot close /index_sources");
+    if (failed) { free(rows); return 1; }
+    int64_t n_bad = 0;
+    for (int64_t id = 0; id < s->n_samples; id++) {
+        int64_t *row = rows + id * STORE_SOURCES_COLUMNS;
+        if (wraps && row[4] < 0) row[4] += INT64_C(1) << 32;
+        n_bad += check_sources_row(s, id, row, n_bad < MAX_REPORTED_ROWS, errors);
+    }
+    if (n_bad > MAX_REPORTED_ROWS) report(errors, s->path, "... %lld bad /index_sources rows in all", (long long)n_bad);
+    if (n_bad) { free(rows); return 1; }
+    s->sources = xmalloc((size_t)s->n_samples * sizeof *s->sources);
+    for (int64_t id = 0; id < s->n_samples; id++) {
+        const int64_t *row = rows + id * STORE_SOURCES_COLUMNS;
+        s->sources[id] = (store_sources){.text_2_len = (int32_t)row[0], .text_2_offset = row[1],
+                                         .image_len = (int32_t)row[2], .image_offset = row[3], .checksum = (uint32_t)row[4]};
+        if (store_sample_text_2_elements(s, id) > s->max_text_2_elements) s->max_text_2_elements = store_sample_text_2_elements(s, id);
+        if (store_sample_image_elements(s, id) > s->max_image_elements) s->max_image_elements = store_sample_image_elements(s, id);
+    }
+    free(rows);
+    return 0;
+}
+
+static int read_sources(store *s, FILE *errors)
+{
+    if (find_sources(s, errors)) return 1;
+    if (!s->has_sources) return 0;
+    return read_source_attributes(s, errors) || open_source_datasets(s, errors) || read_index_sources(s, errors);
+}
+
 int store_open(store *s, const char *path, FILE *errors)
 {
     memset(s, 0, sizeof *s);
     handles_reset(s);
     h5_auto_print saved = h5_quiet_begin();
     int failed = open_file(s, path, errors) || read_attributes(s, errors) || open_value_datasets(s, errors) ||
-                 read_index(s, errors);
+                 read_index(s, errors) || read_sources(s, errors);
     h5_quiet_end(saved);
     if (failed) store_close(s);
     return failed;
@@ -635,19 +779,26 @@ void store_close(store *s)
     h5_auto_print saved = h5_quiet_begin();
     if (s->h5_latents > 0 && H5Dclose(s->h5_latents) < 0) aldit_warn("%s: cannot close /latents", s->path);
     if (s->h5_text > 0 && H5Dclose(s->h5_text) < 0) aldit_warn("%s: cannot close /text", s->path);
+    if (s->h5_text_2 > 0 && H5Dclose(s->h5_text_2) < 0) aldit_warn("%s: cannot close /text_2", s->path);
+    if (s->h5_image > 0 && H5Dclose(s->h5_image) < 0) aldit_warn("%s: cannot close /image", s->path);
     if (s->h5_file > 0 && H5Fclose(s->h5_file) < 0) aldit_warn("%s: cannot close the file", s->path);
     H5Eclear2(H5E_DEFAULT);
     h5_quiet_end(saved);
     handles_reset(s);
     free(s->samples);
+    free(s->sources);
     s->samples = NULL;
+    s->sources = NULL;
     s->n_samples = 0;
+    s->has_sources = 0;
 }
 
 /* What rank 0 broadcasts before the index rows. */
 typedef struct {
     int32_t failed, text_dim, latent_channels, latent_precision, text_precision;
+    int32_t has_sources, text_2_dim, image_dim, text_2_precision, image_precision;
     int64_t n_samples, latents_length, text_length, max_latent_elements, max_text_elements;
+    int64_t text_2_length, image_length, max_text_2_elements, max_image_elements;
 } store_header;
 
 void store_open_bcast(store *s, const char *path)
@@ -665,6 +816,15 @@ void store_open_bcast(store *s, const char *path)
         header.text_length = s->text_length;
         header.max_latent_elements = s->max_latent_elements;
         header.max_text_elements = s->max_text_elements;
+        header.has_sources = s->has_sources;
+        header.text_2_dim = s->text_2_dim;
+        header.image_dim = s->image_dim;
+        header.text_2_precision = (int32_t)s->text_2_precision;
+        header.image_precision = (int32_t)s->image_precision;
+        header.text_2_length = s->text_2_length;
+        header.image_length = s->image_length;
+        header.max_text_2_elements = s->max_text_2_elements;
+        header.max_image_elements = s->max_image_elements;
     }
     comm_bcast_bytes(&header, sizeof header);
     if (header.failed) {
@@ -684,15 +844,26 @@ void store_open_bcast(store *s, const char *path)
         s->max_latent_elements = header.max_latent_elements;
         s->max_text_elements = header.max_text_elements;
         s->samples = xmalloc((size_t)header.n_samples * sizeof *s->samples);
+        s->has_sources = header.has_sources;
+        s->text_2_dim = header.text_2_dim;
+        s->image_dim = header.image_dim;
+        s->text_2_precision = (store_precision)header.text_2_precision;
+        s->image_precision = (store_precision)header.image_precision;
+        s->max_text_2_elements = header.max_text_2_elements;
+        s->max_image_elements = header.max_image_elements;
+        if (s->has_sources) s->sources = xmalloc((size_t)header.n_samples * sizeof *s->sources);
         h5_auto_print saved = h5_quiet_begin();
-        failed = open_file(s, path, stderr) || open_value_datasets(s, stderr);
+        failed = open_file(s, path, stderr) || open_value_datasets(s, stderr) ||
+                 (s->has_sources && open_source_datasets(s, stderr));
         h5_quiet_end(saved);
-        if (!failed && (s->latents_length != header.latents_length || s->text_length != header.text_length))
-            failed = report(stderr, path, "rank %d sees different /latents or /text lengths than rank 0 "
+        if (!failed && (s->latents_length != header.latents_length || s->text_length != header.text_length ||
+                        s->text_2_length != header.text_2_length || s->image_length != header.image_length))
+            failed = report(stderr, path, "rank %d sees different /latents, /text, /text_2 or /image lengths than rank 0 "
                                           "(not the same file on every node?)", rank);
         if (failed) fprintf(stderr, "aldit: error: rank %d cannot open the latent store %s\n", rank, path);
     }
     comm_bcast_bytes(s->samples, (size_t)header.n_samples * sizeof *s->samples);
+    if (header.has_sources) comm_bcast_bytes(s->sources, (size_t)header.n_samples * sizeof *s->sources);
     if (comm_allreduce_or_int(failed)) {
         store_close(s);
         comm_finalize();
@@ -802,6 +973,56 @@ int store_verify_sample(const store *s, int64_t id, float *latent, float *text, 
     return check_finite(s, id, latent, text, errors);
 }
 
+/* Reads one sample's sources; when `checksum` is not NULL it receives the CRC-32 of the stored bytes. */
+static int read_sources_of(const store *s, int64_t id, float *text_2, float *image, uint32_t *checksum, FILE *errors)
+{
+    if (!s->has_sources) return report(errors, s->path, "the store holds no caption sources (/text_2, /image)");
+    if (id < 0 || id >= s->n_samples)
+        return report(errors, s->path, "sample id %lld out of range (the store holds %lld samples)", (long long)id,
+                      (long long)s->n_samples);
+    const store_sources *row = &s->sources[id];
+    const int64_t counts[2] = {store_sample_text_2_elements(s, id), store_sample_image_elements(s, id)};
+    const int64_t offsets[2] = {row->text_2_offset, row->image_offset};
+    const hid_t datasets[2] = {s->h5_text_2, s->h5_image};
+    const store_precision precisions[2] = {s->text_2_precision, s->image_precision};
+    float *values[2] = {text_2, image};
+    const char *names[2] = {"/text_2", "/image"};
+    uint32_t crc = 0;
+    int failed = 0;
+    h5_auto_print saved = h5_quiet_begin();
+    for (int k = 0; k < 2 && !failed; k++) {
+        if (!values[k] || counts[k] == 0) continue;
+        failed = read_raw(s, datasets[k], names[k], precisions[k], offsets[k], counts[k], values[k], id, errors);
+        if (!failed && checksum) crc = store_crc32(crc, values[k], (size_t)counts[k] * (size_t)store_precision_bytes(precisions[k]));
+        if (!failed) widen_in_place(values[k], counts[k], precisions[k]);
+    }
+    h5_quiet_end(saved);
+    if (checksum) *checksum = crc;
+    for (int k = 0; k < 2 && !failed; k++) {
+        int64_t bad = values[k] ? first_nonfinite(values[k], counts[k]) : -1;
+        if (bad >= 0)
+            failed = report(errors, s->path, "sample %lld: %s element %lld is not finite (corrupt data)", (long long)id,
+                            names[k], (long long)bad);
+    }
+    return failed;
+}
+
+int store_read_sources(const store *s, int64_t id, float *text_2, float *image, FILE *errors)
+{
+    return read_sources_of(s, id, text_2, image, NULL, errors);
+}
+
+int store_verify_sources(const store *s, int64_t id, float *text_2, float *image, FILE *errors)
+{
+    uint32_t crc = 0;
+    if (read_sources_of(s, id, text_2, image, &crc, errors)) return 1;
+    if (crc != s->sources[id].checksum)
+        return report(errors, s->path, "sample %lld: /index_sources checksum mismatch (index says 0x%08x, the stored "
+                      "/text_2 and /image bytes give 0x%08x): corrupt data", (long long)id,
+                      (unsigned)s->sources[id].checksum, (unsigned)crc);
+    return 0;
+}
+
 /* ---- writer ------------------------------------------------------------------------------------- */
 
 struct store_writer {
@@ -813,6 +1034,13 @@ struct store_writer {
     int64_t latents_length, text_length;
     int64_t n_samples, capacity;
     int64_t *index;                 /* n_samples rows of STORE_INDEX_COLUMNS */
+    int sources;                    /* the store holds the caption sources (store_writer_enable_sources) */
+    int32_t text_2_dim, image_dim;
+    hid_t text_2, image;
+    int64_t text_2_length, image_length;
+    int64_t *index_sources;         /* n_samples rows of STORE_SOURCES_COLUMNS (with sources) */
+    int32_t pending_text_2_len, pending_image_len;   /* the sources store_writer_add_sources hands store_writer_add */
+    const float *pending_text_2, *pending_image;
     void *scratch;                  /* stored bit patterns of one sample's values */
     size_t scratch_bytes;
     int failed;                     /* an add failed: close refuses to publish the file */
@@ -849,11 +1077,11 @@ static hid_t create_values_dataset(store_writer *w, const char *name)
 static int writer_close_handles(store_writer *w, char message[256])
 {
     int failed = 0;
-    hid_t *handles[4] = {&w->memory_type, &w->latents, &w->text, &w->file};
-    for (int i = 0; i < 4; i++) {
+    hid_t *handles[6] = {&w->memory_type, &w->latents, &w->text, &w->text_2, &w->image, &w->file};
+    for (int i = 0; i < 6; i++) {
         hid_t handle = *handles[i];
         if (handle <= 0) continue;
-        herr_t status = i == 0 ? H5Tclose(handle) : i == 3 ? H5Fclose(handle) : H5Dclose(handle);
+        herr_t status = i == 0 ? H5Tclose(handle) : i == 5 ? H5Fclose(handle) : H5Dclose(handle);
         if (status < 0 && !failed++) h5_last_error(message);
         *handles[i] = -1;
     }
@@ -863,6 +1091,7 @@ static int writer_close_handles(store_writer *w, char message[256])
 static void writer_free(store_writer *w)
 {
     free(w->index);
+    free(w->index_sources);
     free(w->scratch);
     free(w);
 }
@@ -908,7 +1137,7 @@ store_writer *store_writer_create(const char *path, int32_t text_dim, store_prec
     w->errors = errors;
     w->precision = precision;
     w->text_dim = text_dim;
-    w->file = w->latents = w->text = w->memory_type = -1;
+    w->file = w->latents = w->text = w->memory_type = w->text_2 = w->image = -1;
     h5_auto_print saved = h5_quiet_begin();
     w->file = H5Fcreate(w->temporary_path, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
     int failed = 0;
@@ -984,8 +1213,9 @@ static int append_values(store_writer *w, hid_t dataset, const char *name, int64
 static int64_t writer_size_estimate(const store_writer *w, int64_t latents_length, int64_t text_length, int64_t n_rows)
 {
     int64_t chunk = (int64_t)CHUNK_ELEMENTS, chunks = (latents_length + chunk - 1) / chunk + (text_length + chunk - 1) / chunk;
-    return chunks * chunk * store_precision_bytes(w->precision) + n_rows * STORE_INDEX_COLUMNS * 8 + chunks * 64 +
-           ((int64_t)64 << 10);
+    if (w->sources) chunks += (w->text_2_length + chunk) / chunk + (w->image_length + chunk) / chunk;
+    return chunks * chunk * store_precision_bytes(w->precision) +
+           n_rows * (STORE_INDEX_COLUMNS + (w->sources ? STORE_SOURCES_COLUMNS : 0)) * 8 + chunks * 64 + ((int64_t)64 << 10);
 }
 
 /* Checks, before HDF5 is asked to write them, that `latent_count` and `text_count` more values (and the index)
@@ -1013,6 +1243,73 @@ static int writer_check_space(store_writer *w, int64_t latent_count, int64_t tex
     return 0;
 }
 
+int store_writer_enable_sources(store_writer *w, int32_t text_2_dim, int32_t image_dim)
+{
+    if (w->failed) return 1;
+    if (w->n_samples > 0 || w->sources)
+        return w->failed = report(w->errors, w->path, "the caption sources must be enabled once, before the first sample");
+    if (text_2_dim < 1 || text_2_dim > MAX_TEXT_DIM || image_dim < 1 || image_dim > MAX_TEXT_DIM)
+        return w->failed = report(w->errors, w->path, "text_2_dim %d or image_dim %d is outside [1, %d]", text_2_dim,
+                                  image_dim, MAX_TEXT_DIM);
+    h5_auto_print saved = h5_quiet_begin();
+    w->text_2 = create_values_dataset(w, "/text_2");
+    w->image = w->text_2 < 0 ? -1 : create_values_dataset(w, "/image");
+    h5_quiet_end(saved);
+    if (w->text_2 < 0 || w->image < 0) return w->failed = 1;
+    w->sources = 1;
+    w->text_2_dim = text_2_dim;
+    w->image_dim = image_dim;
+    return 0;
+}
+
+/* Appends one sample's sources (the sample being added as number w->n_samples): values, then its index row. */
+static int writer_append_sources(store_writer *w, int32_t text_2_len, const float *text_2, int32_t image_len,
+                                 const float *image)
+{
+    const int64_t counts[2] = {(int64_t)text_2_len * w->text_2_dim, (int64_t)image_len * w->image_dim};
+    const int64_t offsets[2] = {w->text_2_length, w->image_length};
+    const float *values[2] = {text_2, image};
+    const hid_t datasets[2] = {w->text_2, w->image};
+    int64_t *lengths[2] = {&w->text_2_length, &w->image_length};
+    const char *names[2] = {"/text_2", "/image"};
+    uint32_t crc = 0;
+    h5_auto_print saved = h5_quiet_begin();
+    int failed = 0;
+    for (int k = 0; k < 2 && !failed; k++) {
+        if (counts[k] == 0) continue;
+        failed = convert_values(w, values[k], counts[k], names[k] + 1);
+        if (!failed) crc = store_crc32(crc, w->scratch, (size_t)counts[k] * (size_t)store_precision_bytes(w->precision));
+        failed = failed || append_values(w, datasets[k], names[k], lengths[k], counts[k]);
+    }
+    h5_quiet_end(saved);
+    if (failed) return 1;
+    w->index_sources = xrealloc(w->index_sources, (size_t)w->capacity * STORE_SOURCES_COLUMNS * sizeof *w->index_sources);
+    int64_t *row = w->index_sources + w->n_samples * STORE_SOURCES_COLUMNS;
+    row[0] = text_2_len; row[1] = offsets[0]; row[2] = image_len; row[3] = offsets[1]; row[4] = crc;
+    return 0;
+}
+
+int store_writer_add_sources(store_writer *w, int32_t channels, int32_t frames, int32_t height, int32_t width,
+                             const float *latent, int32_t text_len, const float *text, int32_t text_2_len,
+                             const float *text_2, int32_t image_len, const float *image)
+{
+    if (w->failed) return 1;
+    if (!w->sources)
+        return w->failed = report(w->errors, w->path, "sample %lld: the writer holds no caption sources "
+                                  "(store_writer_enable_sources)", (long long)w->n_samples);
+    if (text_2_len < 0 || text_2_len > MAX_TEXT_LEN || image_len < 0 || image_len > MAX_TEXT_LEN)
+        return w->failed = report(w->errors, w->path, "sample %lld: text_2_len %d or image_len %d is outside [0, %d]",
+                                  (long long)w->n_samples, text_2_len, image_len, MAX_TEXT_LEN);
+    w->pending_text_2_len = text_2_len;
+    w->pending_image_len = image_len;
+    w->pending_text_2 = text_2;
+    w->pending_image = image;
+    int failed = store_writer_add(w, channels, frames, height, width, latent, text_len, text);
+    w->pending_text_2_len = w->pending_image_len = 0;
+    w->pending_text_2 = w->pending_image = NULL;
+    return failed;
+}
+
 int store_writer_add(store_writer *w, int32_t channels, int32_t frames, int32_t height, int32_t width,
                      const float *latent, int32_t text_len, const float *text)
 {
@@ -1031,7 +1328,8 @@ int store_writer_add(store_writer *w, int32_t channels, int32_t frames, int32_t 
     size_t value_bytes = (size_t)store_precision_bytes(w->precision);
     int64_t latent_offset = w->latents_length, text_offset = w->text_length;
 
-    if (writer_check_space(w, latent_count, text_count)) return w->failed = 1;
+    const int64_t source_count = (int64_t)w->pending_text_2_len * w->text_2_dim + (int64_t)w->pending_image_len * w->image_dim;
+    if (writer_check_space(w, latent_count, text_count + source_count)) return w->failed = 1;
     h5_auto_print saved = h5_quiet_begin();
     int failed = convert_values(w, latent, latent_count, "latent");
     uint32_t crc = failed ? 0 : store_crc32(0, w->scratch, (size_t)latent_count * value_bytes);
@@ -1046,6 +1344,9 @@ int store_writer_add(store_writer *w, int32_t channels, int32_t frames, int32_t 
         w->capacity = w->capacity ? 2 * w->capacity : 1024;
         w->index = xrealloc(w->index, (size_t)w->capacity * STORE_INDEX_COLUMNS * sizeof *w->index);
     }
+    if (w->sources && writer_append_sources(w, w->pending_text_2_len, w->pending_text_2, w->pending_image_len,
+                                            w->pending_image))
+        return w->failed = 1;
     int64_t *row = w->index + w->n_samples * STORE_INDEX_COLUMNS;
     row[0] = channels; row[1] = frames; row[2] = height; row[3] = width; row[4] = text_len;
     row[5] = latent_offset; row[6] = text_offset; row[7] = crc;
@@ -1076,6 +1377,25 @@ static int write_string_attribute(hid_t location, const char *name, const char *
     return failed;
 }
 
+/* /index_sources and the sources' root attributes. */
+static int write_index_sources(store_writer *w)
+{
+    hsize_t dims[2] = {(hsize_t)w->n_samples, STORE_SOURCES_COLUMNS};
+    hid_t space = H5Screate_simple(2, dims, NULL), index = -1;
+    const char *precision = store_precision_name(w->precision);
+    int failed = space < 0 ||
+                 (index = H5Dcreate2(w->file, "/index_sources", H5T_STD_I64LE, space, H5P_DEFAULT, H5P_DEFAULT,
+                                     H5P_DEFAULT)) < 0 ||
+                 H5Dwrite(index, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, w->index_sources) < 0 ||
+                 write_string_attribute(index, "columns", STORE_SOURCES_COLUMN_NAMES);
+    if (index >= 0 && H5Dclose(index) < 0) failed = 1;
+    if (space >= 0) H5Sclose(space);
+    return failed || write_int_attribute(w->file, "text_2_dim", w->text_2_dim) ||
+           write_string_attribute(w->file, "text_2_dtype", precision) ||
+           write_int_attribute(w->file, "image_dim", w->image_dim) ||
+           write_string_attribute(w->file, "image_dtype", precision);
+}
+
 static int write_index(store_writer *w)
 {
     hsize_t dims[2] = {(hsize_t)w->n_samples, STORE_INDEX_COLUMNS};
@@ -1087,6 +1407,7 @@ static int write_index(store_writer *w)
     if (index >= 0 && H5Dclose(index) < 0) failed = 1;
     if (space >= 0) H5Sclose(space);
     const char *precision = store_precision_name(w->precision);
+    failed = failed || (w->sources && write_index_sources(w));
     failed = failed || write_int_attribute(w->file, "aldit_store_version", STORE_FORMAT_VERSION) ||
              write_string_attribute(w->file, "latent_dtype", precision) ||
              write_string_attribute(w->file, "text_dtype", precision) ||

@@ -10,6 +10,10 @@
 /* Columns of the /index table (int64 [n_samples, STORE_INDEX_COLUMNS]), in this order. */
 #define STORE_INDEX_COLUMNS 8
 #define STORE_INDEX_COLUMN_NAMES "channels,frames,height,width,text_len,latent_offset,text_offset,checksum"
+/* The optional caption sources (hunyuanvideo15: ByT5 glyph rows and SigLIP image rows; docs/store.md): the columns
+   of /index_sources (integer [n_samples, STORE_SOURCES_COLUMNS]), in this order. */
+#define STORE_SOURCES_COLUMNS 5
+#define STORE_SOURCES_COLUMN_NAMES "text_2_len,text_2_offset,image_len,image_offset,checksum"
 
 /* On-disk precision of /latents and /text; readers always get fp32. */
 typedef enum {
@@ -26,6 +30,14 @@ typedef struct {
     uint32_t checksum;                       /* CRC-32 of the latent's stored bytes followed by the text's */
 } store_sample;
 
+/* One row of /index_sources: a sample's ByT5 rows [text_2_len, text_2_dim] and SigLIP rows [image_len, image_dim]
+   (either length may be 0), offsets in elements of /text_2 and /image. */
+typedef struct {
+    int32_t text_2_len, image_len;
+    int64_t text_2_offset, image_offset;
+    uint32_t checksum;                       /* CRC-32 of the text_2's stored bytes followed by the image's */
+} store_sources;
+
 typedef struct {
     char path[1024];
     int64_t n_samples;
@@ -36,7 +48,14 @@ typedef struct {
     int64_t latents_length, text_length; /* elements in /latents and /text */
     int64_t max_latent_elements;         /* largest C*F*H*W of any sample (buffer size for reads) */
     int64_t max_text_elements;           /* largest text_len*text_dim of any sample */
-    int64_t h5_file, h5_latents, h5_text; /* HDF5 handles (hid_t), private to store.c */
+    /* The caption sources, all or none: has_sources = 0 (a Wan store) leaves the rest zero and sources NULL. */
+    int has_sources;
+    int32_t text_2_dim, image_dim;
+    store_precision text_2_precision, image_precision;
+    store_sources *sources;              /* n_samples rows (NULL without sources) */
+    int64_t text_2_length, image_length; /* elements in /text_2 and /image */
+    int64_t max_text_2_elements, max_image_elements; /* largest per sample */
+    int64_t h5_file, h5_latents, h5_text, h5_text_2, h5_image; /* HDF5 handles (hid_t), private to store.c */
 } store;
 
 /* One process: open read-only, read and check the index and attributes. On error prints
@@ -58,6 +77,13 @@ int store_read_sample(const store *s, int64_t id, float *latent, float *text, FI
    sample is sound. */
 int store_verify_sample(const store *s, int64_t id, float *latent, float *text, FILE *errors);
 
+/* Read sample `id`'s caption sources as fp32: text_2 (text_2_len * text_2_dim values) and image (image_len *
+   image_dim values); either pointer may be NULL to skip that part. A store without sources is an error. Errors as
+   store_read_sample's (naming the sample, the dataset and the file); 0 on success. */
+int store_read_sources(const store *s, int64_t id, float *text_2, float *image, FILE *errors);
+/* Like store_read_sources (both buffers required), and also checks the row's checksum. 0 when sound. */
+int store_verify_sources(const store *s, int64_t id, float *text_2, float *image, FILE *errors);
+
 /* Close the HDF5 handles and free the index; `s` may be closed twice. */
 void store_close(store *s);
 
@@ -66,6 +92,9 @@ int64_t store_sample_tokens(const store_sample *sample, int patch_t, int patch_h
 /* Elements of a sample's latent (C*F*H*W) and text (text_len*text_dim). */
 int64_t store_sample_latent_elements(const store_sample *sample);
 int64_t store_sample_text_elements(const store *s, const store_sample *sample);
+/* Elements of sample id's ByT5 rows and SigLIP rows (0 without sources). */
+int64_t store_sample_text_2_elements(const store *s, int64_t id);
+int64_t store_sample_image_elements(const store *s, int64_t id);
 
 /* Precision names as they appear in the attributes and on command lines: "bf16", "f16", "f32". */
 const char *store_precision_name(store_precision precision);
@@ -95,6 +124,15 @@ int store_writer_add(store_writer *w, int32_t channels, int32_t frames, int32_t 
 /* Write the index and attributes, close and rename into place; frees `w`. 0 on success; on failure the
    temporary file is removed. A store needs at least one sample. */
 int store_writer_close(store_writer *w);
+/* Make the store hold the caption sources (/text_2, /image, /index_sources; docs/store.md), of these widths, in the
+   writer's precision. Call before the first sample; then every sample gets a row (store_writer_add gives it none).
+   0 on success. */
+int store_writer_enable_sources(store_writer *w, int32_t text_2_dim, int32_t image_dim);
+/* Append one sample with its sources: ByT5 rows text_2 [text_2_len, text_2_dim] and SigLIP rows image [image_len,
+   image_dim], either length 0 for none (the pointer may then be NULL). Needs store_writer_enable_sources. */
+int store_writer_add_sources(store_writer *w, int32_t channels, int32_t frames, int32_t height, int32_t width,
+                             const float *latent, int32_t text_len, const float *text, int32_t text_2_len,
+                             const float *text_2, int32_t image_len, const float *image);
 /* Give up: close and remove the temporary file, free `w`. */
 void store_writer_discard(store_writer *w);
 

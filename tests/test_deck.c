@@ -707,6 +707,40 @@ static void test_cross_key_checks(void **state)
     assert_int_equal(load_one("balance.recompute=block", &config), 1);
 }
 
+/* A family's own defaults: hunyuanvideo15 trains by HunyuanVideo-1.5's recipe (logit-normal u, shift 3, 30% of
+   the videos image-to-video) unless the deck sets a key; wan keeps the table's; an i2v share is refused for wan. */
+static void test_family_defaults(void **state)
+{
+    (void)state;
+    static const char hunyuan[] = "[model]\nfamily = hunyuanvideo15\nin_dim = 33\nout_dim = 16\ntext_padding = trim\n"
+                                  "dim = 256\nnum_heads = 2\n";
+    load_result result = {0};
+    load_text(&result, hunyuan, 0, NULL);
+    assert_int_equal(result.n_errors, 0);
+    assert_true(result.config.train.timestep_shift == 3.0);
+    assert_int_equal(result.config.train.timesteps, TIMESTEPS_LOGIT_NORMAL);
+    assert_true(result.config.train.i2v_share == 0.3);
+    load_free(&result);
+    char *overrides[] = {"train.timestep_shift=5", "train.i2v_share=0.5", "train.timesteps=uniform"};
+    load_text(&result, hunyuan, 3, overrides);
+    assert_int_equal(result.n_errors, 0);
+    assert_true(result.config.train.timestep_shift == 5.0);
+    assert_true(result.config.train.i2v_share == 0.5);
+    assert_int_equal(result.config.train.timesteps, TIMESTEPS_UNIFORM);
+    load_free(&result);
+    load_text(&result, "[train]\ntimestep_shift = 4\n", 0, NULL);
+    assert_int_equal(result.n_errors, 0);
+    assert_true(result.config.train.timestep_shift == 4.0);
+    assert_int_equal(result.config.train.timesteps, TIMESTEPS_UNIFORM);
+    assert_true(result.config.train.i2v_share == 0.0);
+    load_free(&result);
+    char *wan_share[] = {"train.i2v_share=0.3"};
+    load_path(&result, NULL, 1, wan_share);
+    assert_int_equal(result.n_errors, 1);
+    assert_message(&result, "command line", 0, "train.i2v_share (0.3) is for model.family = hunyuanvideo15");
+    load_free(&result);
+}
+
 static void test_cross_key_lines(void **state)
 {
     (void)state;
@@ -857,7 +891,7 @@ static void test_help_lists_every_key(void **state)
     assert_non_null(strstr(text, "usage: "));
     assert_non_null(strstr(text, "  model.dim = 1536\n"));
     assert_non_null(strstr(text, "  balance.global_batch = budget\n"));
-    assert_non_null(strstr(text, "  train.timestep_shift = 5\n"));
+    assert_non_null(strstr(text, "  train.timestep_shift = 5 (model.family = hunyuanvideo15: 3)\n"));
     assert_non_null(strstr(text, "  log.metrics = metrics.jsonl\n"));
     assert_non_null(strstr(text, "one of: global, dual, equal_tokens"));
     free(text);
@@ -994,6 +1028,7 @@ int main(void)
         cmocka_unit_test(test_lists),
         cmocka_unit_test(test_strings),
         cmocka_unit_test(test_cross_key_checks),
+        cmocka_unit_test(test_family_defaults),
         cmocka_unit_test(test_cross_key_lines),
         cmocka_unit_test(test_cross_checks_wait_for_clean_keys),
         cmocka_unit_test(test_print_reparses_good_deck),

@@ -198,6 +198,61 @@ static void test_packing_invariance(void **state)
     model_free(&m);
 }
 
+/* Image-to-video in the loss: with i2v = 1 for the videos, each sample's loss equals the mean square of
+   model_predict's output (on the input built by hand as HunyuanVideo-1.5's trainer does: x_t, then x0's first latent
+   frame as the condition and a mask of 1 on that frame, zeros elsewhere) minus eps - x0; and differs from the
+   text-to-video loss of the same sample. */
+static void test_i2v_condition(void **state)
+{
+    (void)state;
+    deck config;
+    tiny_deck(&config);
+    model m;
+    random_model(&m, &config);
+    test_batch t;
+    make_batch(&t, &m, (const int[]){0, 1, 2}, 3);
+    const unsigned char i2v[3] = {1, 0, 1};
+    double t2v_loss[3], i2v_loss[3];
+    model_forward_loss(&m, &t.batch, t2v_loss);
+    t.batch.i2v = i2v;
+    model_forward_loss(&m, &t.batch, i2v_loss);
+    int64_t values = 0;
+    for (int b = 0; b < 3; b++) values += (int64_t)t.frames[b] * t.height[b] * t.width[b];
+    float *input = calloc((size_t)(values * m.in_dim), sizeof(float)), *pred = malloc((size_t)(values * m.out_dim) * sizeof(float));
+    for (int b = 0, at = 0; b < 3; b++) {
+        const int64_t plane = (int64_t)t.height[b] * t.width[b], volume = t.frames[b] * plane;
+        const float *x0 = t.latents + at * m.out_dim, *eps = t.noise + at * m.out_dim;
+        float *in = input + at * m.in_dim;
+        for (int64_t i = 0; i < volume * m.out_dim; i++) in[i] = (1.0f - t.sigma[b]) * x0[i] + t.sigma[b] * eps[i];
+        for (int c = 0; c < m.out_dim && i2v[b]; c++)
+            for (int64_t i = 0; i < plane; i++) in[(m.out_dim + c) * volume + i] = x0[c * volume + i];
+        for (int64_t i = 0; i < plane && i2v[b]; i++) in[2 * m.out_dim * volume + i] = 1.0f;
+        at += (int)volume;
+    }
+    model_batch whole = t.batch;
+    whole.latents = input;
+    model_predict(&m, &whole, pred);
+    for (int b = 0, at = 0; b < 3; b++) {
+        const int64_t volume = (int64_t)t.frames[b] * t.height[b] * t.width[b];
+        double sum = 0.0;
+        for (int64_t i = at * m.out_dim; i < (at + volume) * m.out_dim; i++) {
+            const double d = (double)pred[i] - ((double)t.noise[i] - t.latents[i]);
+            sum += d * d;
+        }
+        const double expected = sum / (double)(volume * m.out_dim);
+        print_message("# sample %d (i2v %d): loss %.9g, from the hand-built input %.9g, text-to-video %.9g\n", b, i2v[b],
+                      i2v_loss[b], expected, t2v_loss[b]);
+        assert_true(fabs(i2v_loss[b] - expected) <= 1e-5 * expected);
+        if (i2v[b]) assert_true(fabs(i2v_loss[b] - t2v_loss[b]) > 1e-4 * t2v_loss[b]);
+        else assert_true(i2v_loss[b] == t2v_loss[b]);
+        at += (int)volume;
+    }
+    free(input);
+    free(pred);
+    free_batch(&t);
+    model_free(&m);
+}
+
 /* The full-size table: diffusers' HunyuanVideo15Transformer3DModel() has 1801 tensors, 8,326,608,160 values. */
 static void test_full_size_names_and_shapes(void **state)
 {
@@ -270,6 +325,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_full_size_names_and_shapes),
         cmocka_unit_test(test_packing_invariance),
+        cmocka_unit_test(test_i2v_condition),
         cmocka_unit_test(test_cpu_memory_formula),
         cmocka_unit_test(test_gradient),
     };

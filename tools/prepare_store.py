@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""prepare_store.py — videos and images with captions -> an aldit latent store (docs/store.md), with Wan 2.1's VAE and umT5.
+"""prepare_store.py — videos and images with captions -> an aldit latent store (docs/store.md), with Wan 2.1's VAE and umT5 or HunyuanVideo-1.5's encoders.
 
 Inputs, either
   --csv FILE     a CSV with a header row and columns `path` and `caption` (paths relative to the CSV's folder)
@@ -17,6 +17,18 @@ embedding is trimmed to the caption's real token count (the store's text_len), a
 
 Weights come from local folders only (no hub downloads): --vae DIR, --text-encoder DIR, --tokenizer DIR,
 or --wan DIR for a diffusers Wan 2.1 folder holding vae/, text_encoder/ and tokenizer/.
+
+--family hunyuanvideo15 makes a store for HunyuanVideo-1.5 (docs/store.md, "Caption sources") with the encoders
+of its diffusers pipelines, from --hunyuan DIR (a diffusers HunyuanVideo-1.5 folder: vae/, text_encoder/,
+tokenizer/, text_encoder_2/, tokenizer_2/, image_encoder/, feature_extractor/) or the seven folders one by one:
+latents from AutoencoderKLHunyuanVideo15 (16x spatial, 4x temporal, 32 channels: the posterior's mode times the
+VAE's scaling_factor, as the image-to-video pipeline encodes its image; buckets in latent units then mean
+pixels = 16 x height/width, and --native crops to 16 pixels); /text from Qwen2.5-VL (the pipeline's chat template
+and system message, the hidden states of the third-last layer, the template's first --qwen-crop-start tokens
+dropped, at most --text-len tokens (1000), trimmed to the caption's own); /text_2 from ByT5 on the caption's
+quoted glyph texts (the pipeline's extract_glyph_texts; none: 0 rows; at most 256 tokens); /image from SigLIP
+on a video's first frame (after the resize and crop; the pipeline's feature extractor; images get none, as the
+official trainer trains images as text-to-video only).
 
 Resumable: each finished sample is kept in --work DIR (default OUT.parts) as NNNNNNNN.npy (latent
 [C, F, H, W]), NNNNNNNN.text.npy ([L, D]) and NNNNNNNN.json (its source, caption, and each part's shape,
@@ -49,6 +61,7 @@ VIDEO_EXTENSIONS = {".mp4", ".mov", ".mkv", ".webm", ".avi", ".gif"}
 COLUMNS = "channels,frames,height,width,text_len,latent_offset,text_offset,checksum"
 CHUNK = 1 << 18
 SPATIAL, TEMPORAL, PATCH = 8, 4, 2   # Wan VAE strides; the DiT's 2x2 patch needs even latent height and width
+SOURCE_COLUMNS = "text_2_len,text_2_offset,image_len,image_offset,checksum"
 
 
 def fail(message, status=2):
@@ -146,13 +159,13 @@ def read_media(path):
     return np.stack(frames)
 
 
-def choose_shape(frames, height, width, buckets):
+def choose_shape(frames, height, width, buckets, spatial=SPATIAL, patch=PATCH):
     """(pixel frames, height, width) of the nearest bucket: same kind (image = 1 latent frame, video = more,
     no more frames than the clip has), then the closest aspect ratio, then the closest area, then the most
     frames. None when no bucket fits. Without buckets (--native): the clip's own size, cropped."""
     if buckets is None:
         f = 1 if frames == 1 else (frames - 1) // TEMPORAL * TEMPORAL + 1
-        h, w = height // (SPATIAL * PATCH) * SPATIAL * PATCH, width // (SPATIAL * PATCH) * SPATIAL * PATCH
+        h, w = height // (spatial * patch) * spatial * patch, width // (spatial * patch) * spatial * patch
         return (f, h, w) if h and w else None
     fitting = [b for b in buckets if (b[0] == 1) == (frames == 1) and TEMPORAL * (b[0] - 1) + 1 <= frames]
     if not fitting:
@@ -160,11 +173,11 @@ def choose_shape(frames, height, width, buckets):
 
     def cost(bucket):
         aspect = abs(math.log((bucket[2] / bucket[1]) / (width / height)))
-        area = abs(math.log(bucket[1] * bucket[2] * SPATIAL * SPATIAL / (height * width)))
+        area = abs(math.log(bucket[1] * bucket[2] * spatial * spatial / (height * width)))
         return (round(aspect, 6), round(area, 6), -bucket[0])
 
     f, h, w = min(fitting, key=cost)
-    return TEMPORAL * (f - 1) + 1, SPATIAL * h, SPATIAL * w
+    return TEMPORAL * (f - 1) + 1, spatial * h, spatial * w
 
 
 def fit_clip(frames, shape):
@@ -200,6 +213,7 @@ def clean_caption(text):
 
 class Encoders:
     """The Wan VAE and the umT5 encoder with its tokenizer, on one device."""
+    parts = (".npy", ".text.npy")   # what arrays() gives, as the work folder keeps them
 
     def __init__(self, args, device):
         import torch
@@ -238,15 +252,76 @@ class Encoders:
                                        tokens.attention_mask.to(self.device)).last_hidden_state
         return hidden[0, :max(length, 1)].float().cpu().numpy()
 
+    def arrays(self, clip, caption):
+        """The sample's parts (self.parts' order) from the fitted clip [3, F, H, W] and its caption."""
+        return self.latent(clip), self.text(caption)
+
+
+class HunyuanEncoders:
+    """HunyuanVideo-1.5's VAE and its three encoders (Qwen2.5-VL, ByT5, SigLIP) as its diffusers pipelines call them."""
+    parts = (".npy", ".text.npy", ".text_2.npy", ".image.npy")
+
+    def __init__(self, args, device):
+        import torch
+        from diffusers import AutoencoderKLHunyuanVideo15
+        from diffusers.pipelines.hunyuan_video1_5.pipeline_hunyuan_video1_5 import HunyuanVideo15Pipeline
+        from diffusers.pipelines.hunyuan_video1_5.pipeline_hunyuan_video1_5_image2video import (
+            HunyuanVideo15ImageToVideoPipeline)
+        from transformers import (AutoImageProcessor, AutoTokenizer, Qwen2_5_VLTextModel, SiglipVisionModel,
+                                  T5EncoderModel)
+
+        self.torch, self.device, self.args = torch, device, args
+        self.pipeline, self.i2v_pipeline = HunyuanVideo15Pipeline, HunyuanVideo15ImageToVideoPipeline
+        dtype = torch.float32 if device == "cpu" or args.text_dtype == "float32" else torch.bfloat16
+        load = {"local_files_only": True}
+        self.vae = AutoencoderKLHunyuanVideo15.from_pretrained(args.vae, torch_dtype=torch.float32, **load).to(device).eval()
+        if args.vae_tiling:
+            self.vae.enable_tiling()
+        self.tokenizer = AutoTokenizer.from_pretrained(args.tokenizer, **load)
+        self.text_encoder = Qwen2_5_VLTextModel.from_pretrained(args.text_encoder, torch_dtype=dtype, **load).to(device).eval()
+        self.tokenizer_2 = AutoTokenizer.from_pretrained(args.tokenizer_2, **load)
+        self.text_encoder_2 = T5EncoderModel.from_pretrained(args.text_encoder_2, torch_dtype=dtype, **load).to(device).eval()
+        self.feature_extractor = AutoImageProcessor.from_pretrained(args.feature_extractor, **load)
+        self.image_encoder = SiglipVisionModel.from_pretrained(args.image_encoder, torch_dtype=dtype, **load).to(device).eval()
+
+    def arrays(self, clip, caption):
+        from PIL import Image
+
+        torch, caption = self.torch, clean_caption(caption)
+        with torch.no_grad():
+            latent = self.vae.encode(clip[None].to(self.device)).latent_dist.mode() * self.vae.config.scaling_factor
+            text, mask = self.pipeline._get_mllm_prompt_embeds(self.text_encoder, self.tokenizer, [caption], self.device,
+                                                               tokenizer_max_length=self.args.text_len,
+                                                               crop_start=self.args.qwen_crop_start)
+            text_2, mask_2 = self.pipeline._get_byt5_prompt_embeds(self.tokenizer_2, self.text_encoder_2, [caption],
+                                                                   self.device, tokenizer_max_length=256)
+            image = np.zeros((0, self.image_encoder.config.hidden_size), dtype=np.float32)
+            if clip.shape[1] > 1:   # a video: SigLIP rows of its first frame (images train as text-to-video only)
+                first = ((clip[:, 0].permute(1, 2, 0).float().cpu().numpy() + 1.0) * 127.5).round().clip(0, 255)
+                image = self.i2v_pipeline._get_image_embeds(self.image_encoder, self.feature_extractor,
+                                                            Image.fromarray(first.astype(np.uint8)), self.device)[0]
+                image = image.float().cpu().numpy()
+        # each source at its own length: the rows its mask keeps (the pipelines pad and mask them)
+        text = text[0][mask[0].bool()].float().cpu().numpy()
+        text_2 = text_2[0][mask_2[0].bool()].float().cpu().numpy()
+        if text.shape[0] == 0:
+            raise ValueError("the caption gives no Qwen2.5-VL tokens after the template (--qwen-crop-start too large?)")
+        return latent[0].float().cpu().numpy(), text, text_2, image
+
 
 def sample_record(path, caption, args):
     """What a finished sample was made from: a rerun reuses it only when all of this is unchanged."""
-    return {"source": os.path.abspath(path), "caption": caption, "shapes": args.shapes,
-            "vae": os.path.abspath(args.vae), "text_encoder": os.path.abspath(args.text_encoder),
-            "tokenizer": os.path.abspath(args.tokenizer), "text_len_max": args.text_len}
+    record = {"source": os.path.abspath(path), "caption": caption, "shapes": args.shapes,
+              "vae": os.path.abspath(args.vae), "text_encoder": os.path.abspath(args.text_encoder),
+              "tokenizer": os.path.abspath(args.tokenizer), "text_len_max": args.text_len}
+    if args.family == "hunyuanvideo15":
+        record.update({part: os.path.abspath(getattr(args, part)) for part in HUNYUAN_EXTRA_PARTS})
+        record.update({"family": args.family, "qwen_crop_start": args.qwen_crop_start})
+    return record
 
 
-PARTS = (".npy", ".text.npy")   # a sample's arrays in the work folder: the latent, the text embedding
+PARTS = (".npy", ".text.npy")   # a sample's arrays in the work folder: the latent, the text embedding (Wan)
+HUNYUAN_EXTRA_PARTS = ("text_encoder_2", "tokenizer_2", "image_encoder", "feature_extractor")
 
 
 def part_record(array):
@@ -283,7 +358,7 @@ def read_record(name):
     return kept if isinstance(kept, dict) else None
 
 
-def done(work, index, record):
+def done(work, index, record, parts=PARTS):
     """(True, None) when sample `index` is in the work folder, made from this very record, its parts as
     written; (False, None) when it is not there (or was made from something else); (False, message) when
     its .json is there but a part fails its check: the message names the file."""
@@ -291,7 +366,7 @@ def done(work, index, record):
     kept = read_record(name)
     if kept is None or {k: kept.get(k) for k in record} != record:
         return False, None
-    for suffix in PARTS:
+    for suffix in parts:
         _, problem = load_part(name, suffix, kept)
         if problem:
             return False, problem
@@ -315,12 +390,13 @@ def mark_unfit(work, index, record):
     os.replace(name + ".tmp", name)
 
 
-def save_sample(work, index, latent, text, record):
-    """Write the sample's arrays, then its .json (the mark that it is complete, with each part's shape, dtype
-    and CRC-32), each by rename."""
+def save_sample(work, index, arrays, record, suffixes=PARTS):
+    """Write the sample's arrays (latent, text, and a HunyuanVideo-1.5 store's text_2 and image), then its .json (the
+    mark that it is complete, with each part's shape, dtype and CRC-32), each by rename."""
     name = os.path.join(work, f"{index:08d}")
+    latent, text = arrays[0], arrays[1]
     parts = {}
-    for suffix, array in zip(PARTS, (latent, text)):
+    for suffix, array in zip(suffixes, arrays):
         array = np.ascontiguousarray(array, dtype=np.float32)
         with open(name + suffix + ".tmp", "wb") as f:
             np.save(f, array)
@@ -336,21 +412,21 @@ def encode_items(args, device, todo, report):
     "unfit" (no bucket fits the clip) or an error message naming the file."""
     import time
     started = time.time()
-    encoders = Encoders(args, device)
+    encoders = (HunyuanEncoders if args.family == "hunyuanvideo15" else Encoders)(args, device)
     print(f"prepare_store: {device}: models loaded in {time.time() - started:.1f} s", file=sys.stderr)
     seconds = []
     for index, path, caption in todo:
         sample_started = time.time()
         try:
             frames = read_media(path)
-            shape = choose_shape(frames.shape[0], frames.shape[1], frames.shape[2], args.buckets)
+            shape = choose_shape(frames.shape[0], frames.shape[1], frames.shape[2], args.buckets, args.spatial, args.patch)
             if shape is None:
                 report(index, "unfit")
                 continue
-            latent, text = encoders.latent(fit_clip(frames, shape)), encoders.text(caption)
-            if not (np.isfinite(latent).all() and np.isfinite(text).all()):
+            arrays = encoders.arrays(fit_clip(frames, shape), caption)
+            if not all(np.isfinite(array).all() for array in arrays):
                 raise ValueError("the encoders gave values that are not finite")
-            save_sample(args.work, index, latent, text, sample_record(path, caption, args))
+            save_sample(args.work, index, arrays, sample_record(path, caption, args), encoders.parts)
             seconds.append(time.time() - sample_started)
             report(index, "ok")
         except Exception as error:   # reported with the file's name; the caller stops or skips
@@ -432,7 +508,7 @@ def packed_sample(args, index):
     name = os.path.join(args.work, f"{index:08d}")
     kept = read_record(name) or {}
     arrays = []
-    for suffix in PARTS:
+    for suffix in getattr(args, "parts", PARTS):
         array, problem = load_part(name, suffix, kept)
         if problem:
             try:
@@ -450,13 +526,30 @@ def write_store(args, indices, path):
     from tqdm import tqdm
 
     element = {"bf16": np.uint16, "f16": np.float16, "f32": np.float32}[args.precision]
-    rows, channels, text_dim = [], None, None
+    rows, source_rows, channels, text_dim, widths = [], [], None, None, None
     with h5py.File(path, "w") as f:
         latents = f.create_dataset("latents", shape=(0,), maxshape=(None,), chunks=(CHUNK,), dtype=element)
         texts = f.create_dataset("text", shape=(0,), maxshape=(None,), chunks=(CHUNK,), dtype=element)
+        sources = [f.create_dataset(name, shape=(0,), maxshape=(None,), chunks=(CHUNK,), dtype=element)
+                   for name in ("text_2", "image")] if len(getattr(args, "parts", PARTS)) == 4 else []
         for index in tqdm(indices, desc="pack", unit="sample"):
             name = os.path.join(args.work, f"{index:08d}")
-            latent, text = packed_sample(args, index)
+            latent, text, *extra = packed_sample(args, index)
+            if sources:   # the caption sources: ByT5 rows and SigLIP rows, each at its own length (docs/store.md)
+                widths = widths or (extra[0].shape[1], extra[1].shape[1])
+                if (extra[0].shape[1], extra[1].shape[1]) != widths:
+                    fail(f"{name}: text_2 / image widths {extra[0].shape[1]} / {extra[1].shape[1]}, the first sample "
+                         f"has {widths[0]} / {widths[1]}", 1)
+                try:
+                    values = [stored(array, args.precision) for array in extra]
+                except ValueError as error:
+                    fail(f"{name}: {error}", 1)
+                source_rows.append([extra[0].shape[0], sources[0].shape[0], extra[1].shape[0], sources[1].shape[0],
+                                    zlib.crc32(values[1].tobytes(), zlib.crc32(values[0].tobytes()))])
+                for dataset, stored_values in zip(sources, values):
+                    start = dataset.shape[0]
+                    dataset.resize((start + stored_values.size,))
+                    dataset[start:] = stored_values
             if channels is None:
                 channels, text_dim = latent.shape[0], text.shape[1]
             if latent.shape[0] != channels or text.shape[1] != text_dim:
@@ -479,6 +572,12 @@ def write_store(args, indices, path):
         f.attrs["text_dtype"] = args.precision
         f.attrs["text_dim"] = text_dim
         f.attrs["latent_channels"] = channels
+        if sources:
+            index_sources = f.create_dataset("index_sources", data=np.array(source_rows, dtype=np.int64))
+            index_sources.attrs["columns"] = SOURCE_COLUMNS
+            for key, value in (("text_2_dim", widths[0]), ("text_2_dtype", args.precision), ("image_dim", widths[1]),
+                               ("image_dtype", args.precision)):
+                f.attrs[key] = value
     with open(path, "rb") as f:
         os.fsync(f.fileno())
     return len(rows)
@@ -531,14 +630,24 @@ def parse_args():
     source.add_argument("--csv", help="CSV with `path` and `caption` columns")
     source.add_argument("--media", help="folder of media files with a NAME.txt caption beside each")
     parser.add_argument("--out", required=True, help="the store to write (HDF5)")
+    parser.add_argument("--family", choices=("wan", "hunyuanvideo15"), default="wan",
+                        help="the model family whose encoders make the store (default wan)")
     parser.add_argument("--wan", help="a diffusers Wan 2.1 folder with vae/, text_encoder/, tokenizer/")
-    parser.add_argument("--vae", help="AutoencoderKLWan folder (config.json + weights)")
-    parser.add_argument("--text-encoder", help="UMT5EncoderModel folder")
+    parser.add_argument("--hunyuan", help="a diffusers HunyuanVideo-1.5 folder with vae/, text_encoder/, tokenizer/, "
+                        "text_encoder_2/, tokenizer_2/, image_encoder/, feature_extractor/")
+    parser.add_argument("--vae", help="AutoencoderKLWan (AutoencoderKLHunyuanVideo15) folder (config.json + weights)")
+    parser.add_argument("--text-encoder", help="UMT5EncoderModel (Qwen2_5_VLTextModel) folder")
     parser.add_argument("--tokenizer", help="its tokenizer folder")
+    parser.add_argument("--text-encoder-2", help="hunyuanvideo15: the ByT5 T5EncoderModel folder")
+    parser.add_argument("--tokenizer-2", help="hunyuanvideo15: the ByT5 tokenizer folder")
+    parser.add_argument("--image-encoder", help="hunyuanvideo15: the SigLIP SiglipVisionModel folder")
+    parser.add_argument("--feature-extractor", help="hunyuanvideo15: SigLIP's image processor folder")
+    parser.add_argument("--qwen-crop-start", type=int, default=108,
+                        help="hunyuanvideo15: template tokens dropped before the caption's (the pipeline's 108)")
     shape = parser.add_mutually_exclusive_group(required=True)
     shape.add_argument("--lengths", help="length spec: resize and crop each clip to its nearest bucket")
     shape.add_argument("--native", action="store_true", help="keep each clip's size (cropped to 16 px, 4k+1 frames)")
-    parser.add_argument("--text-len", type=int, default=512, help="most text tokens per caption (Wan: 512)")
+    parser.add_argument("--text-len", type=int, help="most text tokens per caption (Wan: 512; hunyuanvideo15: 1000)")
     parser.add_argument("--precision", choices=("bf16", "f16", "f32"), default="bf16")
     parser.add_argument("--work", help="folder of finished samples (default OUT.parts)")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
@@ -548,19 +657,26 @@ def parse_args():
     parser.add_argument("--skip-bad", action="store_true", help="skip unreadable media (listed) instead of stopping")
     parser.add_argument("--max-samples", type=int, help="encode at most this many new samples, then stop (resume later)")
     args = parser.parse_args()
-    for part in ("vae", "text_encoder", "tokenizer"):
-        if getattr(args, part) is None and args.wan:
-            setattr(args, part, os.path.join(args.wan, part))
+    hunyuan = args.family == "hunyuanvideo15"
+    folder, folder_option = (args.hunyuan, "--hunyuan") if hunyuan else (args.wan, "--wan")
+    for part in ("vae", "text_encoder", "tokenizer") + (HUNYUAN_EXTRA_PARTS if hunyuan else ()):
+        if getattr(args, part) is None and folder:
+            setattr(args, part, os.path.join(folder, part))
         if getattr(args, part) is None:
-            parser.error(f"--{part.replace('_', '-')} DIR (or --wan DIR) is required")
+            parser.error(f"--{part.replace('_', '-')} DIR (or {folder_option} DIR) is required")
         if not os.path.isdir(getattr(args, part)):
             parser.error(f"--{part.replace('_', '-')} {getattr(args, part)}: not a folder")
     for option, path, isthere in (("--csv", args.csv, os.path.isfile), ("--media", args.media, os.path.isdir),
                                   ("--lengths", args.lengths, os.path.isfile)):
         if path is not None and not isthere(path):
             parser.error(f"{option} {path}: no such {'folder' if option == '--media' else 'file'}")
+    if args.text_len is None:
+        args.text_len = 1000 if hunyuan else 512
     if args.text_len < 1:
         parser.error("--text-len must be at least 1")
+    # the VAE's spatial stride and the DiT's patch: crops and buckets in pixels
+    args.spatial, args.patch = (16, 1) if hunyuan else (SPATIAL, PATCH)
+    args.parts = HunyuanEncoders.parts if hunyuan else Encoders.parts
     args.work = args.work or args.out + ".parts"
     refuse_unreplaceable(args.out)
     return args
@@ -576,7 +692,7 @@ def main():
     os.makedirs(args.work, exist_ok=True)
     complete = []
     for i, (path, caption) in enumerate(items):
-        finished, problem = done(args.work, i, sample_record(path, caption, args))
+        finished, problem = done(args.work, i, sample_record(path, caption, args), args.parts)
         if finished:
             complete.append(i)
         elif problem:

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""sample.py — samples from an aldit checkpoint: Wan-format weights, then a video (mp4) and a frame grid (PNG) with diffusers' WanPipeline.
+"""sample.py — samples from an aldit checkpoint: Wan-format weights, then a video (mp4) and a frame grid (PNG) with diffusers' WanPipeline (or HunyuanVideo-1.5's pipelines).
 
 Reads the weights of an aldit checkpoint (or any HDF5 file with a dataset per Wan parameter name), or its
 `/ema/<name>` datasets when the file has an `/ema` group (a run with [train] ema_decay writes one; --ema: those,
@@ -20,6 +20,19 @@ trimmed to its tokens. --text-padding overrides it.
 
     python3 tools/sample.py --checkpoint run/checkpoints/step_00010000.h5 --wan Wan2.1-T2V-1.3B-Diffusers \\
         --prompt "a red fox runs through snow" --out fox
+
+HunyuanVideo-1.5 (a checkpoint of model.family = hunyuanvideo15, its /model attribute family = 1): the weights,
+kept under diffusers' names, go into HunyuanVideo15Transformer3DModel (its timestep sinusoids computed in float64,
+as aldit computes them), and diffusers' HunyuanVideo15Pipeline samples with the VAE (AutoencoderKLHunyuanVideo15),
+Qwen2.5-VL and ByT5 of --hunyuan DIR (a diffusers HunyuanVideo-1.5 folder; or --vae, --text-encoder, --tokenizer,
+--text-encoder-2, --tokenizer-2), Euler flow matching with --shift and classifier-free guidance --guidance; with
+--image FILE, HunyuanVideo15ImageToVideoPipeline animates that image (also --image-encoder, --feature-extractor:
+SigLIP). The pipeline pads and masks each caption, which equals aldit's training on captions at their own lengths
+(docs/model.md). --qwen-crop-start sets the template tokens dropped before the caption (the pipeline's 108; tiny
+test tokenizers need another).
+
+    python3 tools/sample.py --checkpoint run/checkpoints/step_00010000.h5 --hunyuan HunyuanVideo-1.5-Diffusers-480p_t2v \\
+        --prompt "a red fox runs through snow" --height 480 --width 848 --frames 121 --out fox
 
 --prompts FILE samples each line of FILE instead (the pipeline loaded once): `PROMPT | key=value ...`, the keys
 height, width, frames, steps, seed and guidance overriding the options for that line; blank lines and lines
@@ -60,9 +73,21 @@ def parse_args():
     parser.add_argument("--deck-dims", metavar="KEY=VALUE,...",
                         help="model dims for a file without /model, e.g. dim=32,ffn_dim=64,num_heads=2,...")
     parser.add_argument("--wan", help="a diffusers Wan 2.1 folder with vae/, text_encoder/, tokenizer/")
-    parser.add_argument("--vae", help="AutoencoderKLWan folder")
-    parser.add_argument("--text-encoder", help="UMT5EncoderModel folder")
+    parser.add_argument("--hunyuan", help="a diffusers HunyuanVideo-1.5 folder: vae/, text_encoder/, tokenizer/, "
+                        "text_encoder_2/, tokenizer_2/ (and image_encoder/, feature_extractor/ for --image)")
+    parser.add_argument("--vae", help="AutoencoderKLWan (AutoencoderKLHunyuanVideo15) folder")
+    parser.add_argument("--text-encoder", help="UMT5EncoderModel (Qwen2_5_VLTextModel) folder")
     parser.add_argument("--tokenizer", help="its tokenizer folder")
+    parser.add_argument("--text-encoder-2", help="hunyuanvideo15: the ByT5 T5EncoderModel folder")
+    parser.add_argument("--tokenizer-2", help="hunyuanvideo15: the ByT5 tokenizer folder")
+    parser.add_argument("--image-encoder", help="hunyuanvideo15 with --image: the SigLIP SiglipVisionModel folder")
+    parser.add_argument("--feature-extractor", help="hunyuanvideo15 with --image: SigLIP's image processor folder")
+    parser.add_argument("--image", help="hunyuanvideo15: image-to-video, this image as the first frame")
+    parser.add_argument("--target-size", type=int, help="hunyuanvideo15 with --image: the pipeline's base size (its "
+                        "transformer's target_size, 640): the video takes the crop bucket of that size nearest the "
+                        "image's aspect ratio (--height and --width are not used)")
+    parser.add_argument("--qwen-crop-start", type=int, default=108,
+                        help="hunyuanvideo15: template tokens dropped before the caption (the pipeline's 108)")
     prompts = parser.add_mutually_exclusive_group(required=True)
     prompts.add_argument("--prompt")
     prompts.add_argument("--prompts", metavar="FILE",
@@ -84,11 +109,22 @@ def parse_args():
     parser.add_argument("--save-wan", metavar="DIR", help="also write Wan's official format here")
     parser.add_argument("--save-diffusers", metavar="DIR", help="also write the WanTransformer3DModel here")
     args = parser.parse_args()
-    for part in ("vae", "text_encoder", "tokenizer"):
-        if getattr(args, part) is None and args.wan:
-            setattr(args, part, os.path.join(args.wan, part))
+    if not os.path.isfile(args.checkpoint):
+        parser.error(f"--checkpoint {args.checkpoint}: no such file")
+    args.family = family_of(args.checkpoint)
+    hunyuan = args.family == "hunyuanvideo15"
+    if args.image and not hunyuan:
+        parser.error("--image (image-to-video) is for a hunyuanvideo15 checkpoint")
+    folder, folder_option = (args.hunyuan, "--hunyuan") if hunyuan else (args.wan, "--wan")
+    parts = ("vae", "text_encoder", "tokenizer") + (("text_encoder_2", "tokenizer_2") if hunyuan else ()) + \
+        (("image_encoder", "feature_extractor") if args.image else ())
+    for part in parts:
+        if getattr(args, part) is None and folder:
+            setattr(args, part, os.path.join(folder, part))
         if getattr(args, part) is None or not os.path.isdir(getattr(args, part)):
-            parser.error(f"--{part.replace('_', '-')} DIR (or --wan DIR) must name a folder")
+            parser.error(f"--{part.replace('_', '-')} DIR (or {folder_option} DIR) must name a folder")
+    if args.image and not os.path.isfile(args.image):
+        parser.error(f"--image {args.image}: no such file")
     args.jobs = read_prompts(parser, args) if args.prompts else [job_of(args, args.prompt, {}, args.out)]
     for job in args.jobs:
         where = job["where"]
@@ -98,8 +134,6 @@ def parse_args():
             parser.error(f"{where}--frames {job['frames']}: need 4k+1 frames (1, 5, 9, ..., 81)")
         if job["steps"] < 1:
             parser.error(f"{where}--steps {job['steps']}: need at least 1")
-    if not os.path.isfile(args.checkpoint):
-        parser.error(f"--checkpoint {args.checkpoint}: no such file")
     # the output folders are made (and found writable) now, not after minutes of sampling
     out_folder = args.out if args.prompts else os.path.dirname(args.out) or "."
     for option, folder in (("--out", out_folder), ("--save-wan", args.save_wan),
@@ -113,6 +147,13 @@ def parse_args():
         if not os.access(folder, os.W_OK):
             parser.error(f"{option}: the folder {folder} is not writable")
     return args
+
+
+def family_of(path):
+    """The checkpoint's model family: hunyuanvideo15 where its /model attribute family is 1, else wan."""
+    with open_checkpoint(path) as f:
+        family = int(f["model"].attrs.get("family", 0)) if "model" in f else 0
+    return "hunyuanvideo15" if family == 1 else "wan"
 
 
 def open_checkpoint(path):
@@ -131,7 +172,7 @@ def check_complete(f, path):
              "stopped): sample from a complete one, e.g. the newest step_*.h5 that aldit resumes from")
 
 
-def read_tensor(item, source, name):
+def read_tensor(item, source, name, family="wan"):
     """One weights dataset as float32, checked: exit 2 naming the file and the tensor where it cannot be read
     (a damaged or truncated file, a failed Fletcher-32 checksum) or where a value is not finite."""
     try:
@@ -139,7 +180,8 @@ def read_tensor(item, source, name):
     except (OSError, ValueError, TypeError, KeyError, RuntimeError) as error:
         fail(f"{source}: tensor {name} cannot be read ({error}): the file is damaged or truncated")
     try:
-        wan_names.wan_to_diffusers(name)
+        if family == "wan":   # hunyuanvideo15 keeps diffusers' names: every root dataset is a parameter
+            wan_names.wan_to_diffusers(name)
     except KeyError:
         return values   # not a model parameter: not used (as [model] init ignores it)
     bad = np.flatnonzero(~np.isfinite(values))
@@ -209,7 +251,9 @@ def read_contents(f, args):
             fail(f"--deck-dims {args.deck_dims}: expected KEY=VALUE,... with whole numbers (dim=32,num_heads=2,...)")
     else:
         fail(f"{args.checkpoint}: no /model attributes (not an aldit checkpoint): give --deck-dims")
-    missing = [k for k in wan_names.MODEL_KEYS if k not in dims]
+    if args.family == "hunyuanvideo15":
+        dims.update({k: int(f["model"].attrs[k]) for k in HUNYUAN_KEYS if k in f["model"].attrs})
+    missing = [k for k in wan_names.MODEL_KEYS + (HUNYUAN_KEYS if args.family == "hunyuanvideo15" else ()) if k not in dims]
     if missing:
         fail(f"{args.checkpoint}: model dims lack {', '.join(missing)}")
     deck = f.attrs.get("deck", "")
@@ -220,7 +264,8 @@ def read_contents(f, args):
         fail(f"{args.checkpoint}: --ema, but the file has no /ema group (its run kept no EMA: [train] ema_decay = off)")
     group = f["ema"] if has_ema and not args.no_ema else f
     source = f"{args.checkpoint}:/ema" if group is not f else args.checkpoint
-    state = {name: read_tensor(item, source, name) for name, item in group.items() if isinstance(item, h5py.Dataset)}
+    state = {name: read_tensor(item, source, name, args.family) for name, item in group.items()
+             if isinstance(item, h5py.Dataset)}
     return state, dims, found.group(1) if found else None, source
 
 
@@ -240,6 +285,94 @@ def build_transformer(state, dims, dtype):
     except RuntimeError as error:
         fail(f"the weights do not fit the model dims: {error}")
     return wan_names.wan_sinusoid_timesteps(model.to(dtype).eval())
+
+
+HUNYUAN_KEYS = ("text_2_dim", "image_dim", "rope_axes_t")
+
+
+def float64_sinusoid():
+    """diffusers' Timesteps(256, flip_sin_to_cos=True, downscale_freq_shift=0) in float64, as aldit computes it."""
+    import torch
+
+    class Sinusoid(torch.nn.Module):
+        def forward(self, timesteps):
+            half = 128
+            frequency = torch.exp(-math.log(10000.0) * torch.arange(half, dtype=torch.float64) / half)
+            angle = timesteps.to(torch.float64)[:, None] * frequency.to(timesteps.device)[None]
+            return torch.cat([torch.cos(angle), torch.sin(angle)], dim=-1)
+
+    return Sinusoid()
+
+
+def build_hunyuan_transformer(state, dims, dtype):
+    """HunyuanVideo15Transformer3DModel of the checkpoint's dims, its weights as saved (diffusers' names)."""
+    import torch
+    from diffusers import HunyuanVideo15Transformer3DModel
+
+    head = dims["dim"] // dims["num_heads"]
+    t = dims["rope_axes_t"]
+    if dims["patch_h"] != dims["patch_w"] or dims["patch_t"] != 1 or dims["freq_dim"] != 256:
+        fail(f"model dims {dims}: diffusers' HunyuanVideo15Transformer3DModel needs patch_t 1, patch_h = patch_w and "
+             "freq_dim 256")
+    model = HunyuanVideo15Transformer3DModel(
+        in_channels=dims["in_dim"], out_channels=dims["out_dim"], num_attention_heads=dims["num_heads"],
+        attention_head_dim=head, num_layers=dims["num_layers"], num_refiner_layers=2,
+        mlp_ratio=dims["ffn_dim"] / dims["dim"], patch_size=dims["patch_h"], patch_size_t=1,
+        text_embed_dim=dims["text_dim"], text_embed_2_dim=dims["text_2_dim"], image_embed_dim=dims["image_dim"],
+        rope_axes_dim=(t, (head - t) // 2, (head - t) // 2))
+    wanted = model.state_dict()
+    loaded = {name: torch.from_numpy(values) for name, values in state.items() if name in wanted}
+    try:
+        model.load_state_dict(loaded, strict=True)
+    except RuntimeError as error:
+        fail(f"the weights do not fit the model dims: {error}")
+    model.time_embed.time_proj = float64_sinusoid()
+    model.context_embedder.time_text_embed.time_proj = float64_sinusoid()
+    return model.to(dtype).eval()
+
+
+def hunyuan_pipeline(args, transformer, dtype, device):
+    """HunyuanVideo-1.5's diffusers pipeline (image-to-video with --image) around the transformer."""
+    import torch
+    from diffusers import (AutoencoderKLHunyuanVideo15, FlowMatchEulerDiscreteScheduler, HunyuanVideo15ImageToVideoPipeline,
+                           HunyuanVideo15Pipeline)
+    from diffusers.guiders import ClassifierFreeGuidance
+    from transformers import AutoImageProcessor, AutoTokenizer, Qwen2_5_VLTextModel, SiglipVisionModel, T5EncoderModel
+
+    load = {"local_files_only": True}
+    parts = dict(
+        tokenizer=AutoTokenizer.from_pretrained(args.tokenizer, **load),
+        text_encoder=Qwen2_5_VLTextModel.from_pretrained(args.text_encoder, torch_dtype=dtype, **load),
+        tokenizer_2=AutoTokenizer.from_pretrained(args.tokenizer_2, **load),
+        text_encoder_2=T5EncoderModel.from_pretrained(args.text_encoder_2, torch_dtype=dtype, **load),
+        vae=AutoencoderKLHunyuanVideo15.from_pretrained(args.vae, torch_dtype=torch.float32, **load),
+        scheduler=FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=args.shift),
+        guider=ClassifierFreeGuidance(guidance_scale=args.guidance), transformer=transformer)
+    if args.image:
+        parts.update(image_encoder=SiglipVisionModel.from_pretrained(args.image_encoder, torch_dtype=dtype, **load),
+                     feature_extractor=AutoImageProcessor.from_pretrained(args.feature_extractor, **load))
+    pipe = (HunyuanVideo15ImageToVideoPipeline if args.image else HunyuanVideo15Pipeline)(**parts).to(device)
+    pipe.prompt_template_encode_start_idx = args.qwen_crop_start
+    return pipe
+
+
+def hunyuan_frames(pipe, args, job):
+    """One sample of HunyuanVideo-1.5's pipeline: uint8 frames [T, H, W, 3]."""
+    import torch
+    from diffusers.guiders import ClassifierFreeGuidance
+    from PIL import Image
+
+    pipe.guider = ClassifierFreeGuidance(guidance_scale=job["guidance"])
+    if args.image:   # the pipeline sizes the video from the image (crop buckets of its target_size)
+        extra = {"image": Image.open(args.image).convert("RGB")}
+        if args.target_size:
+            pipe.target_size = args.target_size
+    else:
+        extra = {"height": job["height"], "width": job["width"]}
+    result = pipe(prompt=job["prompt"], negative_prompt=args.negative_prompt,
+                  num_frames=job["frames"], num_inference_steps=job["steps"],
+                  generator=torch.Generator(device="cpu").manual_seed(job["seed"]), output_type="np", **extra)
+    return (np.clip(np.asarray(result.frames[0], np.float32), 0.0, 1.0) * 255.0).round().astype(np.uint8)
 
 
 def save_wan(state, dims, folder):
@@ -317,6 +450,8 @@ def main():
     device = "cuda" if args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available()) else "cpu"
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     state, dims, deck_padding, source = read_weights(args)
+    if args.family == "hunyuanvideo15":
+        return main_hunyuan(args, state, dims, source, dtype, device)
     padding = args.text_padding or deck_padding or "trim"
     if padding not in ("trim", "wan"):
         fail(f"{args.checkpoint}: the deck's text_padding is {padding}, not wan or trim")
@@ -345,6 +480,25 @@ def main():
                       guidance_scale=job["guidance"], generator=generator, output_type="np",
                       max_sequence_length=dims["text_len"])
         frames = (np.clip(np.asarray(result.frames[0], np.float32), 0.0, 1.0) * 255.0).round().astype(np.uint8)
+        out = job["out"]
+        write_mp4(frames, out + ".mp4", args.fps)
+        shown, shape = write_grid(frames, out + ".png")
+        print(f"sample: wrote {out}.mp4 ({len(frames)} frames of {frames.shape[2]}x{frames.shape[1]}) and "
+              f"{out}.png ({shown} frames, {shape[1]}x{shape[0]})", file=sys.stderr)
+    return 0
+
+
+def main_hunyuan(args, state, dims, source, dtype, device):
+    if args.save_wan:
+        fail("--save-wan: Wan's format holds a wan checkpoint only (this one is hunyuanvideo15)")
+    print(f"sample: weights {source} ({len(state)} tensors), hunyuanvideo15 dims {dims}"
+          f"{', image-to-video from ' + args.image if args.image else ''}", file=sys.stderr)
+    transformer = build_hunyuan_transformer(state, dims, dtype)
+    if args.save_diffusers:
+        transformer.save_pretrained(args.save_diffusers)
+    pipe = hunyuan_pipeline(args, transformer, dtype, device)
+    for job in args.jobs:
+        frames = hunyuan_frames(pipe, args, job)
         out = job["out"]
         write_mp4(frames, out + ".mp4", args.fps)
         shown, shape = write_grid(frames, out + ".png")

@@ -30,6 +30,8 @@ typedef struct {
     int nonempty;                   /* strings: "" is an error */
     const char *const *choices;     /* enums: value i is choices[i]; NULL-terminated */
     const char *default_text;
+    const char *family_default[2];  /* per model.family (deck_family): the default when the deck leaves the key unset;
+                                       NULL = default_text */
     const char *help;
 } deck_key;
 
@@ -48,6 +50,7 @@ static const char *const lr_schedule_names[] = {"cosine", "constant", NULL};
 static const char *const attention_names[] = {"auto", "cudnn", "own", NULL};
 static const char *const on_corrupt_names[] = {"error", "skip", NULL};
 static const char *const resume_data_names[] = {"same", "changed", NULL};
+static const char *const timesteps_names[] = {"uniform", "logit_normal", NULL};
 
 #define FIELD(member) .offset = offsetof(deck, member), .size = sizeof(((deck *)0)->member)
 #define KEY(sec, key, kind, member) .section = sec, .name = key, .type = kind, FIELD(member)
@@ -214,7 +217,18 @@ static const deck_key deck_keys[] = {
     {KEY("train", "grad_clip", KEY_DOUBLE, train.grad_clip), .min = 0, .max = 1e6, .default_text = "1",
      .help = "clip the global gradient norm to this (0 = off)"},
     {KEY("train", "timestep_shift", KEY_DOUBLE, train.timestep_shift), .min = 0, .min_open = 1, .max = 100,
-     .default_text = "5", .help = "shift of the flow-matching timestep distribution (Wan: 5)"},
+     .default_text = "5", .family_default = {[FAMILY_HUNYUANVIDEO15] = "3"},
+     .help = "shift of the flow-matching timestep distribution: sigma = shift u / (1 + (shift - 1) u) (Wan: 5; "
+             "HunyuanVideo-1.5's train.py: 3)"},
+    {KEY("train", "timesteps", KEY_ENUM, train.timesteps), .choices = timesteps_names, .default_text = "uniform",
+     .family_default = {[FAMILY_HUNYUANVIDEO15] = "logit_normal"},
+     .help = "law of u before the shift: uniform on (0, 1) (Wan), or logit_normal, u = sigmoid(n) with n ~ N(0, 1), "
+             "kept in [1e-5, 1 - 1e-5] (HunyuanVideo-1.5's train.py)"},
+    {KEY("train", "i2v_share", KEY_DOUBLE, train.i2v_share), .min = 0, .max = 1, .default_text = "0",
+     .family_default = {[FAMILY_HUNYUANVIDEO15] = "0.3"},
+     .help = "hunyuanvideo15: share of the videos (store rows with SigLIP image rows) trained as image-to-video, the "
+             "first latent frame as the condition (HunyuanVideo-1.5's train.py: i2v_prob 0.3); images and videos without "
+             "image rows train as text-to-video; wan: must be 0"},
     {KEY("train", "recompute", KEY_ENUM, train.recompute), .choices = recompute_names, .default_text = "none",
      .help = "activation recomputation: none, or block (keep only block inputs, recompute in backward)"},
     {KEY("train", "nonfinite", KEY_ENUM, train.nonfinite), .choices = nonfinite_names, .default_text = "error",
@@ -893,6 +907,10 @@ static void apply_override(load_context *ctx, const char *argument)
 /* Keys whose default is another key's value: balance.recompute follows train.recompute unless set. */
 static void follow_unset_keys(load_context *ctx)
 {
+    for (int i = 0; i < N_KEYS; i++) { /* the family's own defaults of the keys the deck leaves unset */
+        const char *text = deck_keys[i].family_default[ctx->config->model.family];
+        if (text && ctx->origin[i] == ORIGIN_DEFAULT) set_key(ctx, i, text, ORIGIN_DEFAULT);
+    }
     if (ctx->origin[key_index("balance", "recompute")] == ORIGIN_DEFAULT)
         ctx->config->balance.recompute = ctx->config->train.recompute;
 }
@@ -915,17 +933,22 @@ static int latest_origin(const load_context *ctx, const int *indices, int n_indi
 static void check_family(load_context *ctx)
 {
     const deck *config = ctx->config;
-    if (config->model.family != FAMILY_HUNYUANVIDEO15) return;
     const int channels[] = {key_index("model", "in_dim"), key_index("model", "out_dim"), key_index("model", "family")};
-    if (config->model.in_dim != 2 * config->model.out_dim + 1)
+    if (config->model.family == FAMILY_HUNYUANVIDEO15 && config->model.in_dim != 2 * config->model.out_dim + 1)
         report(ctx, latest_origin(ctx, channels, 3),
                "model.family = hunyuanvideo15 takes x_t, the condition latent and a mask: model.in_dim (%d) must be "
                "2 * model.out_dim + 1 = %d", config->model.in_dim, 2 * config->model.out_dim + 1);
     const int device[] = {key_index("run", "device"), key_index("model", "family")};
-    if (config->run.device == DEVICE_CUDA)
+    if (config->model.family == FAMILY_HUNYUANVIDEO15 && config->run.device == DEVICE_CUDA)
         report(ctx, latest_origin(ctx, device, 2),
                "model.family = hunyuanvideo15 has no GPU model yet (only the CPU model): set run.device = cpu or auto "
                "(auto runs it on the CPU)");
+    const int share[] = {key_index("train", "i2v_share"), key_index("model", "family")};
+    if (config->model.family == FAMILY_WAN && config->train.i2v_share > 0)
+        report(ctx, latest_origin(ctx, share, 2),
+               "train.i2v_share (%g) is for model.family = hunyuanvideo15: wan has no condition input (set it to 0)",
+               config->train.i2v_share);
+    if (config->model.family != FAMILY_HUNYUANVIDEO15) return;
     const int padding[] = {key_index("model", "text_padding"), key_index("model", "family")};
     if (config->model.text_padding != TEXT_PADDING_TRIM)
         report(ctx, latest_origin(ctx, padding, 2),
@@ -1117,7 +1140,9 @@ void deck_print_help(FILE *out)
         }
         char type[192];
         describe_type(key, type, sizeof type);
-        fprintf(out, "  %s.%s = %s\n      %s; %s\n", key->section, key->name, key->default_text, key->help, type);
+        const char *family = key->family_default[FAMILY_HUNYUANVIDEO15];
+        fprintf(out, "  %s.%s = %s%s%s%s\n      %s; %s\n", key->section, key->name, key->default_text,
+                family ? " (model.family = hunyuanvideo15: " : "", family ? family : "", family ? ")" : "", key->help, type);
     }
 }
 
@@ -1132,8 +1157,10 @@ void deck_print_reference(FILE *out)
         }
         char type[192];
         describe_type(key, type, sizeof type);
-        fprintf(out, "| `%s.%s` | %s%s%s | %s | %s |\n", key->section, key->name, key->default_text[0] ? "`" : "",
-                key->default_text[0] ? key->default_text : "(empty)", key->default_text[0] ? "`" : "", type, key->help);
+        const char *family = key->family_default[FAMILY_HUNYUANVIDEO15];
+        fprintf(out, "| `%s.%s` | %s%s%s%s%s%s | %s | %s |\n", key->section, key->name, key->default_text[0] ? "`" : "",
+                key->default_text[0] ? key->default_text : "(empty)", key->default_text[0] ? "`" : "",
+                family ? " (hunyuanvideo15: `" : "", family ? family : "", family ? "`)" : "", type, key->help);
     }
 }
 

@@ -14,6 +14,8 @@ typedef enum { OVERSIZE_ERROR, OVERSIZE_SKIP } deck_oversize;
 typedef enum { RECOMPUTE_NONE, RECOMPUTE_BLOCK } deck_recompute;
 /* [model] text_padding: each caption zero-padded to text_len and attended whole (Wan), or as stored. */
 typedef enum { TEXT_PADDING_WAN, TEXT_PADDING_TRIM } deck_text_padding;
+/* How the flow objective draws u before the shift: uniform on (0, 1), or logit-normal (HunyuanVideo-1.5). */
+typedef enum { TIMESTEPS_UNIFORM, TIMESTEPS_LOGIT_NORMAL } deck_timesteps;
 /* The model family: its layout table and block code (model/layout.c, model/model.c, model/mmdit.c). */
 typedef enum { FAMILY_WAN, FAMILY_HUNYUANVIDEO15 } deck_family;
 /* [train] shard: which training state is split across the ranks (auto: the least that fits). */
@@ -102,6 +104,8 @@ typedef struct {
         double beta1, beta2, adam_eps; /* AdamW moments */
         double grad_clip;              /* clip the global gradient norm to this (0 = off) */
         double timestep_shift;         /* shift of the flow-matching timestep distribution */
+        deck_timesteps timesteps;      /* law of u before the shift (family default) */
+        double i2v_share;              /* hunyuanvideo15: share of the videos with SigLIP rows trained as image-to-video */
         deck_recompute recompute;      /* activation recomputation: none | block */
         deck_nonfinite nonfinite;      /* a NaN/Inf loss: error | skip the step */
         int max_skipped;               /* stop after this many consecutive skipped steps (0 = no limit) */

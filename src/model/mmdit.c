@@ -575,8 +575,19 @@ static void assemble_text(model *m, float *context)
 
 /* ---- the whole model ------------------------------------------------------------------------------------- */
 
+/* Image-to-video condition of a sample in its input video [in_dim, F, H, W]: x0's first latent frame in channels
+   [out_dim, 2 out_dim) and 1 in the mask channel 2 out_dim, on frame 0 only (the rest stays zero). */
+static void put_condition(const model *m, const float *x0, int32_t f, int32_t h, int32_t w, float *video)
+{
+    const int64_t plane = (int64_t)h * w, volume = (int64_t)f * plane;
+    for (int64_t c = 0; c < m->out_dim; c++)
+        memcpy(video + (m->out_dim + c) * volume, x0 + c * volume, (size_t)plane * sizeof(float));
+    for (int64_t i = 0; i < plane; i++) video[2 * (int64_t)m->out_dim * volume + i] = 1.0f;
+}
+
 /* Patchified model input: each sample's in_dim channels as given (whole = 1), or x_t = (1 - sigma) x0 + sigma eps
-   in the first out_dim channels and zeros past them (text-to-video), with the target eps - x0. */
+   in the first out_dim channels and past them zeros (text-to-video) or the condition (image-to-video: batch->i2v),
+   with the target eps - x0. */
 static void prepare_inputs(model *m, const model_batch *batch, int whole)
 {
     mmdit_workspace *ws = m->mmdit;
@@ -596,6 +607,7 @@ static void prepare_inputs(model *m, const model_batch *batch, int whole)
         const float *eps = batch->noise + ws->sample_values[b] * m->out_dim;
         memset(ws->video, 0, (size_t)(volume * m->in_dim) * sizeof(float));
         for (int64_t i = 0; i < volume * m->out_dim; i++) ws->video[i] = (1.0f - sigma) * x0[i] + sigma * eps[i];
+        if (batch->i2v && batch->i2v[b]) put_condition(m, x0, f, h, w, ws->video);
         cpu_patchify(ws->video, m->in_dim, f, h, w, m->patch_t, m->patch_h, m->patch_w, 0,
                      ws->tokens_in + ws->tok[b] * m->patch_in);
         for (int64_t i = 0; i < volume * m->out_dim; i++) ws->video[i] = eps[i] - x0[i];

@@ -11,7 +11,8 @@ void mmdit_free(model *m);
 /* model_forward_loss / model_forward_backward for the family (model.h says what they compute). Beyond Wan's batch
    it reads text_2_len/text_2 (ByT5 rows) and image_len/image (SigLIP rows), NULL = none; the sample's joint text is
    [image; ByT5; Qwen] rows, at their own lengths. Its input channels past out_dim (condition latent and mask) are
-   zero: text-to-video. Sequence parallelism (sp_size > 1) is refused (fatal, exit 2). */
+   zero for a text-to-video sample; for one with batch->i2v[b] = 1 (image-to-video) they hold x0's first latent frame
+   and a mask of 1 on that frame (zero on the others), as HunyuanVideo-1.5's trainer builds them (get_condition). Sequence parallelism (sp_size > 1) is refused (fatal, exit 2). */
 double mmdit_forward_loss(model *m, const model_batch *batch, double *sample_loss);
 double mmdit_forward_backward(model *m, const model_batch *batch, float *grads, float grad_scale, double *sample_loss);
 /* model_predict for the family: batch->latents is the whole input (in_dim channels: x_t, condition, mask). */

@@ -82,6 +82,10 @@ typedef struct {   /* one packed micro-batch: samples back to back, no padding *
        text per sample is [image; ByT5; Qwen (text)], L = image_len + text_2_len + text_len rows. */
     const int32_t *text_2_len, *image_len;
     const float *text_2, *image;
+    /* hunyuanvideo15, per sample (NULL: all 0): 1 = image-to-video, the loss's input carries the sample's first
+       latent frame (of x0) as the condition latent and a mask of 1 on that frame (0 = text-to-video: both zero).
+       wan ignores it. */
+    const unsigned char *i2v;
 } model_batch;
 
 /* Forward + backward of the rectified-flow loss: x_t = (1-sigma)*x0 + sigma*eps, target eps - x0,

@@ -1072,7 +1072,7 @@ static void run_block_section(const bench_options *o, const gemm_results *gemm, 
             noise[i] = (float)rng_normal(&rng);
         }
         for (size_t i = 0; i < n_text; ++i) text[i] = (float)rng_normal(&rng);
-        const model_batch batch = {1, &frames, &height, &width, &text_len, latents, noise, &sigma, text, 1, 0, NULL, NULL, NULL, NULL, NULL};
+        const model_batch batch = {1, &frames, &height, &width, &text_len, latents, noise, &sigma, text, 1, 0, NULL, NULL, NULL, NULL, NULL, NULL};
 
         step_context steps[2];
         for (int l = 0; l < 2; ++l) {

@@ -353,7 +353,7 @@ static int self_check(model *m, const forward_input *in, const float *output)
     float *first = NULL;
     if (m->in_dim != m->out_dim) x0 = first = first_channels(m, in);
     model_batch batch = {in->n_samples, in->frames, in->height, in->width, in->text_len, x0, x0, in->sigma, in->text,
-                         1, 0, NULL, in->text_2_len, in->image_len, in->text_2, in->image};
+                         1, 0, NULL, in->text_2_len, in->image_len, in->text_2, in->image, NULL};
     double *loss = xmalloc((size_t)in->n_samples * sizeof(double));
     model_forward_loss(m, &batch, loss);
     free(first);

@@ -4,6 +4,8 @@
 #include "io/lengths.h"
 #include "core/rng.h"
 #include "io/store.h"
+#include "deck/deck.h"
+#include "train/train.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -28,20 +30,25 @@ static const char usage_text[] =
     "\n"
     "commands:\n"
     "  synth --spec FILE --samples N --out FILE [--seed S] [--draw-seed T] [--text-len L] [--text-dim D]\n"
-    "        [--precision bf16|f16|f32] [--channels C]\n"
+    "        [--precision bf16|f16|f32] [--channels C] [--text-2-dim D2 --image-dim D3 [--text-2-len G]\n"
+    "        [--image-len I]]\n"
     "      a synthetic mixed-mode store: shapes drawn from the length spec FILE; each sample's latent is a\n"
     "      smooth pattern set by a class that its text embedding encodes, so a model can learn it.\n"
     "      --seed sets the classes' patterns, --draw-seed the samples drawn from them (shapes, classes,\n"
     "      noise): another T with the same S makes held-out samples of the same classes.\n"
     "      Defaults: --seed 0 --draw-seed S --text-len 32 (lengths vary in [L/2, L]) --text-dim 4096\n"
-    "      --precision bf16 --channels 16.\n"
+    "      --precision bf16 --channels 16. --text-2-dim and --image-dim add the caption sources of\n"
+    "      hunyuanvideo15 (random rows): 0 to G ByT5 rows per sample (default 8), I SigLIP rows per video\n"
+    "      (default 4; none for images).\n"
     "  pack --out FILE [--precision bf16|f16|f32] DIR\n"
     "      a store from DIR/NAME.npy latents [C, F, H, W] and DIR/NAME.text.npy text embeddings [L, D]\n"
-    "      (float16/32/64, little-endian, C order); samples in byte order of NAME.\n"
+    "      (float16/32/64, little-endian, C order); samples in byte order of NAME. With DIR/NAME.text_2.npy\n"
+    "      [G, D2] and DIR/NAME.image.npy [I, D3] (G, I may be 0) for every sample: the caption sources.\n"
     "  info FILE\n"
     "      counts, images vs videos, shape and token histograms (patch 1x2x2), bytes, precision.\n"
-    "  verify FILE\n"
-    "      reads every sample: index ranges and shapes, finite values, stored checksums.\n"
+    "  verify [--deck DECK] FILE\n"
+    "      reads every sample: index ranges and shapes, finite values, stored checksums (the caption\n"
+    "      sources' too); with --deck, also that the store's dims fit the deck's model.\n"
     "\n"
     "  --help, --version\n"
     "\n"
@@ -197,15 +204,21 @@ static void synth_sample(const synth_model *m, int k, int32_t frames, int32_t he
 static int command_synth(int argc, char **argv)
 {
     const char *spec = NULL, *samples_text = NULL, *out = NULL, *seed_text = "0", *text_len_text = "32",
-               *text_dim_text = "4096", *precision_text = "bf16", *channels_text = "16", *draw_seed_text = NULL;
+               *text_dim_text = "4096", *precision_text = "bf16", *channels_text = "16", *draw_seed_text = NULL,
+               *text_2_dim_text = NULL, *text_2_len_text = "8", *image_dim_text = NULL, *image_len_text = "4";
     option_slot slots[] = {{"spec", &spec}, {"samples", &samples_text}, {"out", &out}, {"seed", &seed_text},
                            {"text-len", &text_len_text}, {"text-dim", &text_dim_text},
-                           {"precision", &precision_text}, {"channels", &channels_text}, {"draw-seed", &draw_seed_text}};
+                           {"precision", &precision_text}, {"channels", &channels_text}, {"draw-seed", &draw_seed_text},
+                           {"text-2-dim", &text_2_dim_text}, {"text-2-len", &text_2_len_text},
+                           {"image-dim", &image_dim_text}, {"image-len", &image_len_text}};
     const char *positional[1];
-    int n_positional = 0, status = parse_options(argc, argv, slots, 9, positional, 0, &n_positional);
+    int n_positional = 0, status = parse_options(argc, argv, slots, 13, positional, 0, &n_positional);
     if (status) return status;
     if (!spec || !samples_text || !out) return usage_error("synth needs --spec FILE, --samples N and --out FILE");
+    if (!text_2_dim_text != !image_dim_text)
+        return usage_error("synth: the caption sources need both --text-2-dim and --image-dim (or neither)");
     int64_t n_samples = 0, text_len = 0, text_dim = 0, channels = 0, seed = 0, draw_seed = 0;
+    int64_t text_2_dim = 0, text_2_len = 0, image_dim = 0, image_len = 0;
     store_precision precision = STORE_BF16;
     if ((status = parse_integer("samples", samples_text, 1, INT64_C(1) << 40, &n_samples)) ||
         (status = parse_integer("seed", seed_text, 0, INT64_MAX, &seed)) ||
@@ -213,7 +226,11 @@ static int command_synth(int argc, char **argv)
         (status = parse_integer("text-len", text_len_text, 1, 1 << 16, &text_len)) ||
         (status = parse_integer("text-dim", text_dim_text, 1, 1 << 16, &text_dim)) ||
         (status = parse_integer("channels", channels_text, 1, 4096, &channels)) ||
-        (status = parse_precision(precision_text, &precision)))
+        (status = parse_precision(precision_text, &precision)) ||
+        (status = parse_integer("text-2-len", text_2_len_text, 0, 1 << 16, &text_2_len)) ||
+        (status = parse_integer("image-len", image_len_text, 0, 1 << 16, &image_len)) ||
+        (text_2_dim_text && (status = parse_integer("text-2-dim", text_2_dim_text, 1, 1 << 16, &text_2_dim))) ||
+        (image_dim_text && (status = parse_integer("image-dim", image_dim_text, 1, 1 << 16, &image_dim))))
         return status;
 
     length_bucket *buckets = NULL;
@@ -234,13 +251,31 @@ static int command_synth(int argc, char **argv)
     float *latent = xmalloc((size_t)max_latent * sizeof *latent), *text = xmalloc((size_t)(text_len * text_dim) * sizeof *text);
     store_writer *writer = store_writer_create(out, (int32_t)text_dim, precision, stderr);
     status = writer ? 0 : EXIT_BAD_DATA;
-    uint64_t state = rng_hash((uint64_t)draw_seed, 7);
+    if (writer && text_2_dim > 0 && store_writer_enable_sources(writer, (int32_t)text_2_dim, (int32_t)image_dim)) {
+        store_writer_discard(writer);
+        writer = NULL;
+        status = EXIT_BAD_DATA;
+    }
+    float *text_2 = xmalloc((size_t)(text_2_len * text_2_dim + 1) * sizeof *text_2);
+    float *image = xmalloc((size_t)(image_len * image_dim + 1) * sizeof *image);
+    uint64_t state = rng_hash((uint64_t)draw_seed, 7), source_state = rng_hash((uint64_t)draw_seed, 9);
     int32_t text_len_min = (int32_t)((text_len + 1) / 2);
     for (int64_t i = 0; writer && i < n_samples; i++) {
         int k = (int)(rng_next_u64(&state) % SYNTH_CLASSES);
         int32_t sample_text_len = text_len_min + (int32_t)(rng_next_u64(&state) % (uint64_t)(text_len - text_len_min + 1));
         synth_sample(&model, k, frames[i], height[i], width[i], sample_text_len, &state, latent, text);
-        if (store_writer_add(writer, (int32_t)channels, frames[i], height[i], width[i], latent, sample_text_len, text)) {
+        int failed;
+        if (text_2_dim > 0) { /* ByT5 rows: 0 to text_2_len; SigLIP rows: image_len for a video, none for an image */
+            int32_t sample_text_2_len = (int32_t)(rng_next_u64(&source_state) % (uint64_t)(text_2_len + 1));
+            int32_t sample_image_len = frames[i] > 1 ? (int32_t)image_len : 0;
+            for (int64_t v = 0; v < (int64_t)sample_text_2_len * text_2_dim; v++) text_2[v] = (float)rng_normal(&source_state);
+            for (int64_t v = 0; v < (int64_t)sample_image_len * image_dim; v++) image[v] = (float)rng_normal(&source_state);
+            failed = store_writer_add_sources(writer, (int32_t)channels, frames[i], height[i], width[i], latent,
+                                              sample_text_len, text, sample_text_2_len, text_2, sample_image_len, image);
+        } else {
+            failed = store_writer_add(writer, (int32_t)channels, frames[i], height[i], width[i], latent, sample_text_len, text);
+        }
+        if (failed) {
             store_writer_discard(writer);
             writer = NULL;
             status = EXIT_BAD_DATA;
@@ -254,6 +289,8 @@ static int command_synth(int argc, char **argv)
                SYNTH_CLASSES);
     free(latent);
     free(text);
+    free(text_2);
+    free(image);
     synth_model_free(&model);
     free(frames);
     free(height);
@@ -359,7 +396,8 @@ static int npy_read_header(FILE *file, const char *path, npy_header *header)
 }
 
 /* Reads a whole .npy file as fp32 with the expected number of dimensions; 0 ok. *values is malloc'ed. */
-static int npy_load(const char *path, int expected_ndim, npy_header *header, float **values)
+/* allow_empty: a caption source's part (NAME.text_2.npy, NAME.image.npy) may hold no rows, [0, D]. */
+static int npy_load(const char *path, int expected_ndim, npy_header *header, float **values, int allow_empty)
 {
     *values = NULL;
     FILE *file = fopen(path, "rb");
@@ -370,7 +408,10 @@ static int npy_load(const char *path, int expected_ndim, npy_header *header, flo
                 expected_ndim == 4 ? "latent [C, F, H, W]" : "text [L, D]");
         failed = 1;
     }
-    if (!failed && header->n_values == 0) { fprintf(stderr, "%s: array is empty\n", path); failed = 1; }
+    if (!failed && header->n_values == 0 && !(allow_empty && header->shape[1] > 0)) {
+        fprintf(stderr, "%s: array is empty\n", path);
+        failed = 1;
+    }
     struct stat info;
     if (!failed && fstat(fileno(file), &info) == 0 &&
         info.st_size < header->data_offset + header->n_values * header->value_bytes) {
@@ -380,8 +421,8 @@ static int npy_load(const char *path, int expected_ndim, npy_header *header, flo
     }
     if (!failed) {
         size_t n = (size_t)header->n_values, width = (size_t)header->value_bytes;
-        unsigned char *raw = xmalloc(n * width);
-        float *out = xmalloc(n * sizeof *out);
+        unsigned char *raw = xmalloc(n * width + 1);
+        float *out = xmalloc(n * sizeof *out + sizeof *out);
         if (fread(raw, width, n, file) != n) {
             fprintf(stderr, "%s: read error\n", path);
             failed = 1;
@@ -421,7 +462,7 @@ static int pack_list(const char *directory, char ***names_out, int64_t *n_names_
     int64_t n_latents = 0, n_texts = 0, capacity_latents = 0, capacity_texts = 0;
     for (struct dirent *entry = readdir(folder); entry; entry = readdir(folder)) {
         const char *name = entry->d_name;
-        if (!ends_with(name, ".npy")) continue;
+        if (!ends_with(name, ".npy") || ends_with(name, ".text_2.npy") || ends_with(name, ".image.npy")) continue;
         int is_text = ends_with(name, ".text.npy");
         size_t stem = strlen(name) - (is_text ? 9 : 4);
         char ***list = is_text ? &texts : &latents;
@@ -462,6 +503,50 @@ static int pack_list(const char *directory, char ***names_out, int64_t *n_names_
     return 0;
 }
 
+/* A sample's caption sources, DIR/NAME.text_2.npy [G, D2] and DIR/NAME.image.npy [I, D3] (G, I may be 0), their
+   widths those of the first sample (*widths, set from it when 0). 0 ok; else the file is named. */
+static int pack_sources(const char *directory, const char *name, int32_t *widths, npy_header *text_2_header,
+                        float **text_2, npy_header *image_header, float **image)
+{
+    size_t size = strlen(directory) + strlen(name) + 16;
+    char *paths[2] = {xmalloc(size), xmalloc(size)};
+    snprintf(paths[0], size, "%s/%s.text_2.npy", directory, name);
+    snprintf(paths[1], size, "%s/%s.image.npy", directory, name);
+    npy_header *headers[2] = {text_2_header, image_header};
+    float **values[2] = {text_2, image};
+    int failed = 0;
+    for (int k = 0; k < 2 && !failed; k++) {
+        failed = npy_load(paths[k], 2, headers[k], values[k], 1);
+        if (!failed && headers[k]->shape[1] > (1 << 20)) {
+            fprintf(stderr, "%s: width %" PRId64 " too large for a store\n", paths[k], headers[k]->shape[1]);
+            failed = 1;
+        } else if (!failed && widths[k] && headers[k]->shape[1] != widths[k]) {
+            fprintf(stderr, "%s: width %" PRId64 " differs from %d of the first sample\n", paths[k], headers[k]->shape[1],
+                    widths[k]);
+            failed = 1;
+        }
+        if (!failed) widths[k] = (int32_t)headers[k]->shape[1];
+    }
+    free(paths[0]);
+    free(paths[1]);
+    return failed;
+}
+
+/* 1 when DIR/NAME.text_2.npy or DIR/NAME.image.npy exists. When the first sample has one, the store gets the caption
+   sources and every sample needs both parts; when it has none, no other sample may have one. */
+static int has_source_parts(const char *directory, const char *name)
+{
+    size_t size = strlen(directory) + strlen(name) + 16;
+    char *path = xmalloc(size);
+    struct stat info;
+    snprintf(path, size, "%s/%s.text_2.npy", directory, name);
+    int found = stat(path, &info) == 0;
+    snprintf(path, size, "%s/%s.image.npy", directory, name);
+    found = found || stat(path, &info) == 0;
+    free(path);
+    return found;
+}
+
 static int command_pack(int argc, char **argv)
 {
     const char *out = NULL, *precision_text = "bf16";
@@ -478,15 +563,23 @@ static int command_pack(int argc, char **argv)
     if (pack_list(directory, &names, &n_names)) return EXIT_BAD_DATA;
 
     store_writer *writer = NULL;
-    int32_t text_dim = 0;
+    int32_t text_dim = 0, source_widths[2] = {0, 0};
+    int32_t *sources = has_source_parts(directory, names[0]) ? source_widths : NULL;
     size_t path_size = strlen(directory) + 1024;
     char *latent_path = xmalloc(path_size), *text_path = xmalloc(path_size);
     for (int64_t i = 0; i < n_names && status == 0; i++) {
         snprintf(latent_path, path_size, "%s/%s.npy", directory, names[i]);
         snprintf(text_path, path_size, "%s/%s.text.npy", directory, names[i]);
-        npy_header latent_header, text_header;
-        float *latent = NULL, *text = NULL;
-        if (npy_load(latent_path, 4, &latent_header, &latent) || npy_load(text_path, 2, &text_header, &text)) {
+        npy_header latent_header, text_header, source_headers[2];
+        float *latent = NULL, *text = NULL, *text_2 = NULL, *image = NULL;
+        if (!sources && has_source_parts(directory, names[i])) {
+            fprintf(stderr, "%s/%s: has caption source parts (.text_2.npy, .image.npy), but the first sample %s has none: "
+                    "give every sample both or none\n", directory, names[i], names[0]);
+            status = EXIT_BAD_DATA;
+            break;
+        }
+        if (npy_load(latent_path, 4, &latent_header, &latent, 0) || npy_load(text_path, 2, &text_header, &text, 0) ||
+            (sources && pack_sources(directory, names[i], sources, &source_headers[0], &text_2, &source_headers[1], &image))) {
             status = EXIT_BAD_DATA;
         } else if (latent_header.shape[0] > 4096 || latent_header.shape[1] > 65536 || latent_header.shape[2] > 65536 ||
                    latent_header.shape[3] > 65536 || text_header.shape[0] > (1 << 20) || text_header.shape[1] > (1 << 20)) {
@@ -500,25 +593,35 @@ static int command_pack(int argc, char **argv)
             if (!writer) {
                 text_dim = (int32_t)text_header.shape[1];
                 writer = store_writer_create(out, text_dim, precision, stderr);
-                if (!writer) status = EXIT_BAD_DATA;
+                if (!writer || (sources && store_writer_enable_sources(writer, sources[0], sources[1]))) status = EXIT_BAD_DATA;
             }
-            if (writer && store_writer_add(writer, (int32_t)latent_header.shape[0], (int32_t)latent_header.shape[1],
-                                           (int32_t)latent_header.shape[2], (int32_t)latent_header.shape[3], latent,
-                                           (int32_t)text_header.shape[0], text)) {
+            const int32_t shape[4] = {(int32_t)latent_header.shape[0], (int32_t)latent_header.shape[1],
+                                      (int32_t)latent_header.shape[2], (int32_t)latent_header.shape[3]};
+            int failed = status != 0;
+            if (!failed && sources)
+                failed = store_writer_add_sources(writer, shape[0], shape[1], shape[2], shape[3], latent,
+                                                  (int32_t)text_header.shape[0], text, (int32_t)source_headers[0].shape[0],
+                                                  text_2, (int32_t)source_headers[1].shape[0], image);
+            else if (!failed)
+                failed = store_writer_add(writer, shape[0], shape[1], shape[2], shape[3], latent,
+                                          (int32_t)text_header.shape[0], text);
+            if (failed && writer) {
                 fprintf(stderr, "%s: cannot add this sample (see above)\n", latent_path);
                 status = EXIT_BAD_DATA;
             }
         }
         free(latent);
         free(text);
+        free(text_2);
+        free(image);
     }
     if (writer) {
         if (status) store_writer_discard(writer);
         else if (store_writer_close(writer)) status = EXIT_BAD_DATA;
     }
     if (status == 0)
-        printf("aldit-store: wrote %s: %" PRId64 " samples from %s, %s, text_dim %d\n", out, n_names, directory,
-               store_precision_name(precision), text_dim);
+        printf("aldit-store: wrote %s: %" PRId64 " samples from %s, %s, text_dim %d%s\n", out, n_names, directory,
+               store_precision_name(precision), text_dim, sources ? ", with caption sources" : "");
     for (int64_t i = 0; i < n_names; i++) free(names[i]);
     free(names);
     free(latent_path);
@@ -616,6 +719,21 @@ static int command_info(int argc, char **argv)
     printf("bytes        %lld on disk; values: latents %lld, text %lld\n", file_bytes,
            (long long)s.latents_length * store_precision_bytes(s.latent_precision),
            (long long)s.text_length * store_precision_bytes(s.text_precision));
+    if (s.has_sources) {
+        int64_t total_2 = 0, max_2 = 0, with_image = 0, max_image = 0;
+        for (int64_t id = 0; id < s.n_samples; id++) {
+            total_2 += s.sources[id].text_2_len;
+            if (s.sources[id].text_2_len > max_2) max_2 = s.sources[id].text_2_len;
+            with_image += s.sources[id].image_len > 0;
+            if (s.sources[id].image_len > max_image) max_image = s.sources[id].image_len;
+        }
+        printf("sources      text_2 (ByT5) %s, %d wide: mean %.1f, max %" PRId64 " rows; image (SigLIP) %s, %d wide: %" PRId64
+               " sample%s with rows, max %" PRId64 "; values %lld bytes\n", store_precision_name(s.text_2_precision),
+               s.text_2_dim, (double)total_2 / (double)s.n_samples, max_2, store_precision_name(s.image_precision),
+               s.image_dim, with_image, plural(with_image), max_image,
+               (long long)s.text_2_length * store_precision_bytes(s.text_2_precision) +
+               (long long)s.image_length * store_precision_bytes(s.image_precision));
+    }
     if (n_odd)
         printf("warning      %" PRId64 " samples have a height or width not divisible by the patch (%d x %d)\n", n_odd,
                PATCH_H, PATCH_W);
@@ -657,10 +775,24 @@ static int command_info(int argc, char **argv)
 
 /* ---- verify ---------------------------------------------------------------------------------- */
 
+/* With --deck: the store's dims against the deck's model (train_store_fits, what training checks at start). */
+static int verify_against_deck(const store *s, const char *deck_path)
+{
+    deck config;
+    deck_defaults(&config);
+    if (deck_load(&config, deck_path, 0, NULL, stderr) != 0) return usage_error("verify: the deck %s has errors (above)", deck_path);
+    char problem[512];
+    if (!train_store_fits(s, &config, problem, sizeof problem)) return 0;
+    fprintf(stderr, "aldit-store: verify: %s: FAILED: does not fit the model of %s: %s\n", s->path, deck_path, problem);
+    return EXIT_BAD_DATA;
+}
+
 static int command_verify(int argc, char **argv)
 {
+    const char *deck_path = NULL;
+    option_slot slots[] = {{"deck", &deck_path}};
     const char *positional[1];
-    int n_positional = 0, status = parse_options(argc, argv, NULL, 0, positional, 1, &n_positional);
+    int n_positional = 0, status = parse_options(argc, argv, slots, 1, positional, 1, &n_positional);
     if (status) return status;
     if (n_positional != 1) return usage_error("verify needs one store FILE");
     const char *path = positional[0];
@@ -669,23 +801,36 @@ static int command_verify(int argc, char **argv)
         fprintf(stderr, "aldit-store: verify: %s: FAILED (cannot open the store)\n", path);
         return EXIT_BAD_DATA;
     }
+    if (deck_path && (status = verify_against_deck(&s, deck_path)) != 0) {
+        store_close(&s);
+        return status;
+    }
     enum { MAX_REPORTED = 20 };
     float *latent = xmalloc((size_t)s.max_latent_elements * sizeof *latent);
     float *text = xmalloc((size_t)s.max_text_elements * sizeof *text);
+    float *text_2 = xmalloc((size_t)(s.max_text_2_elements + 1) * sizeof *text_2);
+    float *image = xmalloc((size_t)(s.max_image_elements + 1) * sizeof *image);
     FILE *quiet = fopen("/dev/null", "w"); /* messages after the first MAX_REPORTED bad samples are only counted */
     int64_t n_bad = 0;
-    for (int64_t id = 0; id < s.n_samples; id++)
-        n_bad += store_verify_sample(&s, id, latent, text, n_bad < MAX_REPORTED || !quiet ? stderr : quiet);
+    for (int64_t id = 0; id < s.n_samples; id++) {
+        FILE *errors = n_bad < MAX_REPORTED || !quiet ? stderr : quiet;
+        int bad = store_verify_sample(&s, id, latent, text, errors);
+        if (!bad && s.has_sources) bad = store_verify_sources(&s, id, text_2, image, errors);
+        n_bad += bad;
+    }
     if (quiet) fclose(quiet);
     if (n_bad) {
         fprintf(stderr, "aldit-store: verify: %s: FAILED: %" PRId64 " of %" PRId64 " samples are bad\n", path, n_bad, s.n_samples);
         status = EXIT_BAD_DATA;
     } else {
-        printf("aldit-store: verify: %s: OK (%" PRId64 " samples, shapes, finite values and checksums checked)\n", path,
-               s.n_samples);
+        printf("aldit-store: verify: %s: OK (%" PRId64 " samples, shapes, finite values and checksums checked%s%s%s)\n",
+               path, s.n_samples, s.has_sources ? "; caption sources too" : "", deck_path ? "; fits " : "",
+               deck_path ? deck_path : "");
     }
     free(latent);
     free(text);
+    free(text_2);
+    free(image);
     store_close(&s);
     return status;
 }

@@ -40,7 +40,9 @@ static int32_t text_rows_of(const store_sample *sample, const deck *config)
 prefetch_noise eval_noise(const deck *config, int threads)
 {
     return (prefetch_noise){.noise_seed = rng_hash(config->run.seed, EVAL_NOISE_TAG),
-                            .timestep_shift = config->train.timestep_shift, .threads = threads > 0 ? threads : 1};
+                            .timestep_shift = config->train.timestep_shift,
+                            .logit_normal = config->train.timesteps == TIMESTEPS_LOGIT_NORMAL,
+                            .i2v_share = config->train.i2v_share, .threads = threads > 0 ? threads : 1};
 }
 
 /* Rank 0 opens the store once on its own, so that a failure names [eval] store before store_open_bcast ends
@@ -335,7 +337,8 @@ static void evaluate_batch(evaluator *e, backend *b, const sample_batch *batch, 
     }
     model_batch mb = {.n_samples = n, .frames = e->frames, .height = e->height, .width = e->width,
                       .text_len = e->text_len, .latents = batch->latents, .noise = batch->noise, .sigma = e->sigma,
-                      .text = batch->text};
+                      .text = batch->text, .text_2_len = batch->text_2_len, .text_2 = batch->text_2,
+                      .image_len = batch->image_len, .image = batch->image, .i2v = batch->i2v};
     for (int level = 0; level < config->eval.sigmas.n; level++) {
         for (int i = 0; i < n; i++) e->sigma[i] = (float)config->eval.sigmas.values[level];
         sums[level] += b->ops->eval_batch(b, &mb, NULL);

@@ -4,10 +4,14 @@
 #include "core/comm.h"
 #include "core/rng.h"
 
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* Tag of a sample's image-to-video draw, hashed into its key so that it never shares the sigma's stream. */
+#define I2V_STREAM_TAG 0x693276ull /* "i2v" */
 
 struct prefetcher {
     const store *source;
@@ -45,6 +49,11 @@ static void layout_slot(const store *source, int32_t text_rows, sample_batch *sl
         slot->text_start = xrealloc(slot->text_start, (size_t)(n_ids + 1) * sizeof *slot->text_start);
         slot->sigma = xrealloc(slot->sigma, (size_t)n_ids * sizeof *slot->sigma);
         slot->failed = xrealloc(slot->failed, (size_t)(n_ids > 0 ? n_ids : 1));
+        slot->text_2_start = xrealloc(slot->text_2_start, (size_t)(n_ids + 1) * sizeof *slot->text_2_start);
+        slot->image_start = xrealloc(slot->image_start, (size_t)(n_ids + 1) * sizeof *slot->image_start);
+        slot->text_2_len = xrealloc(slot->text_2_len, (size_t)(n_ids > 0 ? n_ids : 1) * sizeof *slot->text_2_len);
+        slot->image_len = xrealloc(slot->image_len, (size_t)(n_ids > 0 ? n_ids : 1) * sizeof *slot->image_len);
+        slot->i2v = xrealloc(slot->i2v, (size_t)(n_ids > 0 ? n_ids : 1));
     }
     slot->n_samples = n_ids;
     slot->n_failed = 0;
@@ -74,15 +83,62 @@ static void layout_slot(const store *source, int32_t text_rows, sample_batch *sl
     }
 }
 
+/* The sources' lengths and offsets of the slot's samples, and each sample's task (drawn now: a text-to-video sample
+   takes no image rows). */
+static void layout_sources(const prefetcher *p, sample_batch *slot)
+{
+    const store *source = p->source;
+    slot->text_2_start[0] = slot->image_start[0] = 0;
+    for (int i = 0; i < slot->n_samples; i++) {
+        const int64_t id = slot->ids[i];
+        const int eligible = source->has_sources && source->samples[id].frames > 1 && source->sources[id].image_len > 0;
+        slot->i2v[i] = (unsigned char)prefetch_i2v(&p->noise, p->epoch, id, eligible);
+        slot->text_2_len[i] = source->has_sources ? source->sources[id].text_2_len : 0;
+        slot->image_len[i] = slot->i2v[i] ? source->sources[id].image_len : 0;
+        slot->text_2_start[i + 1] = slot->text_2_start[i] + store_sample_text_2_elements(source, id);
+        slot->image_start[i + 1] = slot->image_start[i] + (slot->i2v[i] ? store_sample_image_elements(source, id) : 0);
+    }
+    const int n = slot->n_samples;
+    if (slot->text_2_start[n] > slot->text_2_capacity || !slot->text_2) {
+        slot->text_2_capacity = slot->text_2_start[n];
+        free(slot->text_2);
+        slot->text_2 = xmalloc((size_t)(slot->text_2_capacity + 1) * sizeof *slot->text_2);
+    }
+    if (slot->image_start[n] > slot->image_capacity || !slot->image) {
+        slot->image_capacity = slot->image_start[n];
+        free(slot->image);
+        slot->image = xmalloc((size_t)(slot->image_capacity + 1) * sizeof *slot->image);
+    }
+    if (source->max_image_elements > slot->scratch_capacity) {
+        slot->scratch_capacity = source->max_image_elements;
+        free(slot->scratch);
+        slot->scratch = xmalloc((size_t)slot->scratch_capacity * sizeof *slot->scratch);
+    }
+}
+
+float prefetch_sigma(const prefetch_noise *noise, int64_t epoch, int64_t id)
+{
+    uint64_t stream = rng_key(noise->noise_seed, (uint64_t)epoch, (uint64_t)id);
+    double u;
+    if (noise->logit_normal) u = 1e-5 + (1.0 - 2e-5) / (1.0 + exp(-rng_normal(&stream)));
+    else u = ((double)(rng_next_u64(&stream) >> 11) + 0.5) * 0x1.0p-53; /* in (0, 1) */
+    const double shift = noise->timestep_shift;
+    return (float)(shift * u / (1.0 + (shift - 1.0) * u));
+}
+
+int prefetch_i2v(const prefetch_noise *noise, int64_t epoch, int64_t id, int eligible)
+{
+    if (!eligible || noise->i2v_share <= 0.0) return 0;
+    uint64_t stream = rng_hash(rng_key(noise->noise_seed, (uint64_t)epoch, (uint64_t)id), I2V_STREAM_TAG);
+    return rng_uniform(&stream) < noise->i2v_share;
+}
+
 /* Sample i's timestep and noise, from its own streams (the same numbers on any rank, in any order): the
    timestep from the sample's key, each chunk of its noise from a stream of its own, chunks in parallel. */
 static void draw_noise(const prefetcher *p, sample_batch *slot, int i)
 {
-    const double shift = p->noise.timestep_shift;
     const uint64_t key = rng_key(p->noise.noise_seed, (uint64_t)p->epoch, (uint64_t)slot->ids[i]);
-    uint64_t stream = key;
-    double u = ((double)(rng_next_u64(&stream) >> 11) + 0.5) * 0x1.0p-53; /* in (0, 1) */
-    slot->sigma[i] = (float)(shift * u / (1.0 + (shift - 1.0) * u));
+    slot->sigma[i] = prefetch_sigma(&p->noise, p->epoch, slot->ids[i]);
     const int64_t first = slot->latent_start[i], n_values = slot->latent_start[i + 1] - first;
     const int64_t n_chunks = (n_values + PREFETCH_NOISE_CHUNK - 1) / PREFETCH_NOISE_CHUNK;
     #pragma omp parallel for schedule(static) num_threads(p->noise.threads) if (n_chunks > 1)
@@ -107,9 +163,16 @@ static void *read_slot(void *arg)
     /* HDF5 reads one after another (the library is not thread-safe), then the noise */
     int (*const read)(const store *, int64_t, float *, float *, FILE *) =
         p->verify ? store_verify_sample : store_read_sample;
+    int (*const read_sources)(const store *, int64_t, float *, float *, FILE *) =
+        p->verify ? store_verify_sources : store_read_sources;
     for (int i = 0; i < slot->n_samples; i++) {
         slot->failed[i] = read(p->source, slot->ids[i], slot->latents + slot->latent_start[i],
                                slot->text + slot->text_start[i], stderr) != 0;
+        /* a text-to-video sample's image rows: read for their checksum (verify), not kept; not read without it */
+        float *image = slot->i2v[i] ? slot->image + slot->image_start[i] : p->verify ? slot->scratch : NULL;
+        if (!slot->failed[i] && p->source->has_sources)
+            slot->failed[i] = read_sources(p->source, slot->ids[i], slot->text_2 + slot->text_2_start[i], image,
+                                           stderr) != 0;
         slot->n_failed += slot->failed[i];
     }
     for (int i = 0; i < slot->n_samples && p->text_rows > 0; i++) { /* the zero rows after the stored ones */
@@ -127,6 +190,7 @@ void prefetch_start(prefetcher *p, const int64_t *ids, int n_ids, int64_t epoch)
     p->filling ^= 1;
     p->epoch = epoch;
     layout_slot(p->source, p->text_rows, &p->slots[p->filling], ids, n_ids);
+    layout_sources(p, &p->slots[p->filling]);
     p->pending = 1;
     if (p->background) {
         int status = pthread_create(&p->thread, NULL, read_slot, p);
@@ -165,25 +229,38 @@ int prefetch_drop_failed(prefetcher *p, int *micro_start, int n_micro)
         if (m == 0 || kept > micro_start[kept_micro]) micro_start[m == 0 ? 0 : ++kept_micro] = kept;
     }
     int kept = 0;
-    int64_t latent_end = 0, text_end = 0;
+    int64_t latent_end = 0, text_end = 0, text_2_end = 0, image_end = 0;
     for (int i = 0; i < slot->n_samples; i++) {
         if (slot->failed[i]) continue;
         const int64_t latents = slot->latent_start[i + 1] - slot->latent_start[i];
         const int64_t text = slot->text_start[i + 1] - slot->text_start[i];
+        const int64_t text_2 = slot->text_2_start[i + 1] - slot->text_2_start[i];
+        const int64_t image = slot->image_start[i + 1] - slot->image_start[i];
         memmove(slot->latents + latent_end, slot->latents + slot->latent_start[i], (size_t)latents * sizeof(float));
         memmove(slot->noise + latent_end, slot->noise + slot->latent_start[i], (size_t)latents * sizeof(float));
         memmove(slot->text + text_end, slot->text + slot->text_start[i], (size_t)text * sizeof(float));
+        memmove(slot->text_2 + text_2_end, slot->text_2 + slot->text_2_start[i], (size_t)text_2 * sizeof(float));
+        memmove(slot->image + image_end, slot->image + slot->image_start[i], (size_t)image * sizeof(float));
         slot->ids[kept] = slot->ids[i];
         slot->sigma[kept] = slot->sigma[i];
+        slot->text_2_len[kept] = slot->text_2_len[i];
+        slot->image_len[kept] = slot->image_len[i];
+        slot->i2v[kept] = slot->i2v[i];
         slot->failed[kept] = 0;
         slot->latent_start[kept] = latent_end;
         slot->text_start[kept] = text_end;
+        slot->text_2_start[kept] = text_2_end;
+        slot->image_start[kept] = image_end;
         latent_end += latents;
         text_end += text;
+        text_2_end += text_2;
+        image_end += image;
         kept++;
     }
     slot->latent_start[kept] = latent_end;
     slot->text_start[kept] = text_end;
+    slot->text_2_start[kept] = text_2_end;
+    slot->image_start[kept] = image_end;
     slot->n_samples = kept;
     slot->n_failed = 0;
     return kept_micro;
@@ -202,6 +279,14 @@ void prefetch_destroy(prefetcher *p)
         free(p->slots[s].noise);
         free(p->slots[s].sigma);
         free(p->slots[s].failed);
+        free(p->slots[s].text_2_start);
+        free(p->slots[s].image_start);
+        free(p->slots[s].text_2_len);
+        free(p->slots[s].image_len);
+        free(p->slots[s].i2v);
+        free(p->slots[s].text_2);
+        free(p->slots[s].image);
+        free(p->slots[s].scratch);
     }
     free(p);
 }

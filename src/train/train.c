@@ -117,27 +117,39 @@ static void format_duration(double seconds, char *text, size_t text_size)
 /* Every sample must fit the model: latent channels, patch multiples, text width and length. All ranks
    hold the index, so all detect the same problem; rank 0 names it (`what`: "store" or "[eval] store =", then
    the path) and every rank exits with status 2. */
-static void check_store_fits_model(const store *data, const deck *config, int rank, const char *what)
+int train_store_fits(const store *data, const deck *config, char *problem, size_t problem_size)
 {
-    char problem[512] = "";
+    problem[0] = '\0';
     if (data->latent_channels != config->model.out_dim)
-        snprintf(problem, sizeof problem, "the store's latents have %d channels; [model] out_dim = %d (the latent the "
+        snprintf(problem, problem_size, "the store's latents have %d channels; [model] out_dim = %d (the latent the "
                  "flow is trained in) must equal it", data->latent_channels, config->model.out_dim);
     else if (data->text_dim != config->model.text_dim)
-        snprintf(problem, sizeof problem, "the store's text embeddings are %d wide, [model] text_dim = %d",
+        snprintf(problem, problem_size, "the store's text embeddings are %d wide, [model] text_dim = %d",
                  data->text_dim, config->model.text_dim);
+    else if (config->model.family == FAMILY_HUNYUANVIDEO15 && data->has_sources && data->text_2_dim != config->model.text_2_dim)
+        snprintf(problem, problem_size, "the store's ByT5 rows (/text_2) are %d wide, [model] text_2_dim = %d",
+                 data->text_2_dim, config->model.text_2_dim);
+    else if (config->model.family == FAMILY_HUNYUANVIDEO15 && data->has_sources && data->image_dim != config->model.image_dim)
+        snprintf(problem, problem_size, "the store's SigLIP rows (/image) are %d wide, [model] image_dim = %d",
+                 data->image_dim, config->model.image_dim);
     for (int64_t id = 0; id < data->n_samples && !problem[0]; id++) {
         const store_sample *sample = &data->samples[id];
         if (sample->frames % config->model.patch_t || sample->height % config->model.patch_h
             || sample->width % config->model.patch_w)
-            snprintf(problem, sizeof problem, "sample %lld has latent frames x height x width %d x %d x %d, not a "
+            snprintf(problem, problem_size, "sample %lld has latent frames x height x width %d x %d x %d, not a "
                      "multiple of the patch %d x %d x %d", (long long)id, sample->frames, sample->height, sample->width,
                      config->model.patch_t, config->model.patch_h, config->model.patch_w);
         else if (sample->text_len > config->model.text_len)
-            snprintf(problem, sizeof problem, "sample %lld has %d text tokens, more than [model] text_len = %d",
+            snprintf(problem, problem_size, "sample %lld has %d text tokens, more than [model] text_len = %d",
                      (long long)id, sample->text_len, config->model.text_len);
     }
-    if (!problem[0]) return;
+    return problem[0] != '\0';
+}
+
+static void check_store_fits_model(const store *data, const deck *config, int rank, const char *what)
+{
+    char problem[512];
+    if (!train_store_fits(data, config, problem, sizeof problem)) return;
     if (rank == 0) fprintf(stderr, "aldit: error: %s %s does not fit the model: %s\n", what, data->path, problem);
     exit_all(ALDIT_EXIT_USAGE);
 }
@@ -157,6 +169,8 @@ balance_sample *train_balance_samples(const store *data, const deck *config)
         samples[id].tokens = (int32_t)store_sample_tokens(&data->samples[id], config->model.patch_t,
                                                           config->model.patch_h, config->model.patch_w);
         samples[id].text_len = text_rows_of(&data->samples[id], config);
+        if (config->model.family == FAMILY_HUNYUANVIDEO15 && data->has_sources) /* the joint text, at most (I2V) */
+            samples[id].text_len += data->sources[id].text_2_len + data->sources[id].image_len;
     }
     return samples;
 }
@@ -587,6 +601,9 @@ static double compute_gradients(trainer *t, const sample_batch *batch)
             .noise = batch->noise + batch->latent_start[first],
             .sigma = batch->sigma + first,
             .text = batch->text + batch->text_start[first],
+            .text_2_len = batch->text_2_len + first, .text_2 = batch->text_2 + batch->text_2_start[first],
+            .image_len = batch->image_len + first, .image = batch->image + batch->image_start[first],
+            .i2v = batch->i2v + first,
             .sp_size = group, .sp_rank = t->info->rank % group, .sp_group = comm_group_get(group),
         };
         loss_sum += t->dev->ops->micro_batch(t->dev, &mb, grad_scale, micro == t->current.n_micro - 1);
@@ -1497,6 +1514,8 @@ static void trainer_setup(trainer *t, const deck *config, const comm_info *info,
     t->first_step = t->checkpoint_step = t->step;
     prefetch_noise noise = {.noise_seed = rng_hash(config->run.seed, NOISE_STREAM_TAG),
                             .timestep_shift = config->train.timestep_shift,
+                            .logit_normal = config->train.timesteps == TIMESTEPS_LOGIT_NORMAL,
+                            .i2v_share = config->train.i2v_share,
                             /* where the model runs on the rank's threads (the CPU), one draws the noise */
                             .threads = t->dev->ops->uses_host_threads ? 1 : threads_per_rank(config, info)};
     const int32_t text_rows = config->model.text_padding == TEXT_PADDING_WAN ? config->model.text_len : 0;

@@ -18,9 +18,15 @@ int train_run(const deck *config, const comm_info *info);
    or the exit status of bad input. */
 int train_check(const deck *config, const comm_info *info);
 
+/* Whether every sample of `data` fits the deck's model: latent channels = out_dim, text_dim, (hunyuanvideo15, a store
+   with caption sources) text_2_dim and image_dim, patch multiples, text_len. 0 when it does; else 1 with the first
+   problem, naming the sample, in `problem`. */
+int train_store_fits(const store *data, const deck *config, char *problem, size_t problem_size);
+
 /* Every sample of `data` as the balancer and the backends plan with it (training, --check and aldit-sim alike):
    its tokens after patching and the text rows the model sees (model.text_len with [model] text_padding = wan, else
-   the stored count). Free with free(). */
+   the stored count; hunyuanvideo15 with caption sources: the joint text, Qwen + ByT5 + SigLIP rows, which an
+   image-to-video draw takes whole and a text-to-video one less the SigLIP rows). Free with free(). */
 balance_sample *train_balance_samples(const store *data, const deck *config);
 
 /* SIGUSR1 and SIGTERM set a flag that the loop reads at the next step boundary (all ranks agree there). */
