@@ -379,7 +379,7 @@ int train_check(const deck *config, const comm_info *info)
     int64_t n_planned = 0;
     balance_sample *planned = plan_samples(samples, data.n_samples, eval, &n_planned);
     backend_plan plan;
-    int status = device_check_plan_fn(device, offline)(config, info, &table, planned, n_planned, &plan);
+    int status = device_check_plan_fn(config, device, offline)(config, info, &table, planned, n_planned, &plan);
     free(planned);
     if (status == 0 && eval) status = eval_plan(eval, &plan, info->n_ranks, 1, 0, NULL, NULL);
     if (status == 0) status = check_resumed_balancer(config, samples, data.n_samples, info, &plan);
@@ -1172,20 +1172,25 @@ static void report_calibration(trainer *t)
     const cost_features *f = &t->calibration_features[at >= 0 ? at : 0];
     char split[96] = "";
     if (cm->attention_split_tokens > 0)
-        snprintf(split, sizeof split, ", %.3g S^2 in place of c below %lld tokens", cm->coef[5],
-                 (long long)cm->attention_split_tokens);
-    printf("             cost model fitted: seconds = %.3g + %.3g S + %.3g S^2 + %.3g S L + %.3g L%s (worst misfit of a "
-           "timed shape %.1f%%: %.0f x %.0f tokens)\n", cm->coef[0], cm->coef[1], cm->coef[2], cm->coef[3],
-           cm->coef[4], split, 100.0 * worst, f->value[0], f->value[0] > 0 ? f->value[1] / f->value[0] : 0.0);
+        snprintf(split, sizeof split, ", %.3g %s^2 in place of c below %lld %s", cm->coef[5], cm->joint_text ? "N" : "S",
+                 (long long)cm->attention_split_tokens, cm->joint_text ? "rows" : "tokens");
+    char form[160];
+    cost_model_form_text(cm, form, sizeof form);
+    printf("             cost model fitted: seconds = %s%s (worst misfit of a timed shape %.1f%%: %.0f x %.0f %s)\n",
+           form, split, 100.0 * worst, f->value[0], f->value[0] > 0 ? f->value[1] / f->value[0] : 0.0,
+           cm->joint_text ? "rows" : "tokens");
     const double text = f->value[0] > 0 ? f->value[4] / f->value[0] : 0.0;
     int same_text = 1;
     for (int i = 0; i < t->n_calibration; i++) {
         const cost_features *g = &t->calibration_features[i];
         same_text &= fabs(g->value[4] - text * g->value[0]) <= 1e-9 * (1.0 + g->value[4]);
     }
-    if (same_text && t->n_calibration > 1)
-        printf("             (every timed sample has L = %.0f text rows: the timings fix a + e L = %.3g and b + d L = "
-               "%.3g, not their parts)\n", text, cm->coef[0] + cm->coef[4] * text, cm->coef[1] + cm->coef[3] * text);
+    if (same_text && t->n_calibration > 1) {
+        char fixed[160];
+        cost_model_same_text_text(cm, text, fixed, sizeof fixed);
+        printf("             (every timed sample has L = %.0f text rows: the timings fix %s, not their parts)\n", text,
+               fixed);
+    }
     fflush(stdout);
 }
 
