@@ -1287,7 +1287,8 @@ static void warm_up_device(trainer *t, const backend_shape *shapes, const calibr
 }
 
 /* Time the store's distinct sample shapes (at most CALIBRATION_MAX_SHAPES, spread over the length range;
-   each with its mean text length) on the backend's device, each packed into a micro-batch of as many copies as
+   each with its mean text length, or, where the text joins the attention, its shortest and longest caption in
+   turn: calibration_text_rows) on the backend's device, each packed into a micro-batch of as many copies as
    training would pack (one copy with [balance] calibrate_packed off), so that the timings carry the
    per-micro-batch fixed cost as training does (time_calibration: on models of one and two blocks, scaled to
    the depth, the cheap shapes and a few checks timed at full depth); rank 0 prints the progress and keeps the
@@ -1305,11 +1306,19 @@ static void calibrate(trainer *t)
     }
     qsort(all, (size_t)n_samples, sizeof *all, compare_shapes);
     backend_shape *distinct = xmalloc((size_t)(n_samples > 0 ? n_samples : 1) * sizeof *distinct);
+    int32_t *text_range = xmalloc((size_t)(n_samples > 0 ? n_samples : 1) * 2 * sizeof *text_range);
     int64_t n_distinct = 0;
     for (int64_t first = 0, end; first < n_samples; first = end) {
         double text_sum = 0.0;
-        for (end = first; end < n_samples && compare_shapes(&all[end], &all[first]) == 0; end++) text_sum += all[end].text_len;
+        int32_t shortest = all[first].text_len, longest = all[first].text_len;
+        for (end = first; end < n_samples && compare_shapes(&all[end], &all[first]) == 0; end++) {
+            text_sum += all[end].text_len;
+            if (all[end].text_len < shortest) shortest = all[end].text_len;
+            if (all[end].text_len > longest) longest = all[end].text_len;
+        }
         int32_t mean_text = (int32_t)lround(text_sum / (double)(end - first));
+        text_range[2 * n_distinct] = shortest > 0 ? shortest : 1;
+        text_range[2 * n_distinct + 1] = longest > 0 ? longest : 1;
         distinct[n_distinct++] = (backend_shape){all[first].frames, all[first].height, all[first].width,
                                              mean_text > 0 ? mean_text : 1};
     }
@@ -1317,8 +1326,14 @@ static void calibrate(trainer *t)
 
     int n_shapes = n_distinct < CALIBRATION_MAX_SHAPES ? (int)n_distinct : CALIBRATION_MAX_SHAPES;
     backend_shape shapes[CALIBRATION_MAX_SHAPES];
-    for (int i = 0; i < n_shapes; i++) /* evenly spaced over the sorted shapes, both ends included */
-        shapes[i] = distinct[n_shapes > 1 ? (int64_t)i * (n_distinct - 1) / (n_shapes - 1) : 0];
+    const int joint_text = layout_family_attention(t->config->model.family).joint_text;
+    for (int i = 0; i < n_shapes; i++) { /* evenly spaced over the sorted shapes, both ends included */
+        const int64_t pick = n_shapes > 1 ? (int64_t)i * (n_distinct - 1) / (n_shapes - 1) : 0;
+        shapes[i] = distinct[pick];
+        shapes[i].text_len = calibration_text_rows(joint_text, i, text_range[2 * pick], distinct[pick].text_len,
+                                                   text_range[2 * pick + 1]);
+    }
+    free(text_range);
     int copies[CALIBRATION_MAX_SHAPES];
     const int max_copies = t->config->balance.calibrate_packed ? CALIBRATION_MAX_COPIES : 1;
     t->dev->ops->calibration_copies(t->dev, shapes, n_shapes, max_copies, copies);
