@@ -235,8 +235,9 @@ static double rank_true_seconds(const balancer *b, const balance_assignment *ste
         while ((1 << size_index) < k && size_index < SIM_GROUP_SIZES - 1) size_index++;
         for (int64_t i = step->micro_start[m]; i < step->micro_start[m + 1]; i++) {
             const int64_t index = step->indices[i];
-            seconds += k > 1 ? true_cost[index] / k + cost_model_exchange(balancer_cost_model(b), samples[index].tokens, k)
-                             : true_cost[index];
+            const cost_model *cm = balancer_cost_model(b);
+            const int64_t rows = cost_model_length(cm, samples[index].tokens, samples[index].text_len);
+            seconds += k > 1 ? true_cost[index] / k + cost_model_exchange(cm, rows, k) : true_cost[index];
             group_samples[size_index] += 1.0 / k;
             *work += k > 1 ? true_cost[index] / k : true_cost[index];
         }
