@@ -1261,6 +1261,39 @@ static void test_joint_calibration(void **state)
     balancer_free(b);
 }
 
+/* The online refit in the joint form: steps measured at 1.5x the seed make the balancer predict 1.5x, for samples
+   whose captions vary as the steps' did. */
+static void test_joint_online_refit(void **state)
+{
+    (void)state;
+    deck config = hunyuan_deck();
+    config.balance.strategy = STRATEGY_GLOBAL;
+    config.balance.pool = 256;
+    balance_sample *samples = random_samples(31, 2000, 20000);
+    balancer *b = balancer_create(&config, samples, 2000, 4, 1e12, NULL);
+    const double seed_prediction = cost_model_predict(balancer_cost_model(b), 9000, 300);
+    cost_model truth;
+    cost_model_init(&truth, &config);
+    balance_assignment a = {0};
+    double seconds[4];
+    for (int t = 0; t < 12; t++) {
+        balancer_next(b, &a);
+        for (int r = 0; r < 4; r++) {
+            seconds[r] = 0;
+            for (int64_t k = a.rank_start[r]; k < a.rank_start[r + 1]; k++) {
+                const balance_sample *sample = &samples[a.indices[k]];
+                seconds[r] += 1.5 * cost_model_predict(&truth, sample->tokens, sample->text_len);
+            }
+        }
+        balancer_observe(b, seconds);
+    }
+    assert_true(fabs(cost_model_predict(balancer_cost_model(b), 9000, 300) / (1.5 * seed_prediction) - 1) < 0.02);
+    cost_model_free(&truth);
+    balance_assignment_free(&a);
+    balancer_free(b);
+    free(samples);
+}
+
 static void test_nnls_clamps_negative(void **state)
 {
     (void)state;
@@ -1572,6 +1605,7 @@ int main(void)
         cmocka_unit_test(test_joint_length_cost),
         cmocka_unit_test(test_joint_memory_counts_text),
         cmocka_unit_test(test_joint_calibration),
+        cmocka_unit_test(test_joint_online_refit),
         cmocka_unit_test(test_nnls_clamps_negative),
         cmocka_unit_test(test_refit_recovers_coefficients),
         cmocka_unit_test(test_refit_ignores_stragglers),
