@@ -20,20 +20,49 @@ static int parse_dim(const char *text, int32_t *value)
     return 0;
 }
 
+/* Parse an integer in [1, max] that ends at `stop` (a character of the text, or '\0'); 0 on success, *end after it. */
+static int parse_bounded(const char *text, long max, char stop, int32_t *value, const char **end)
+{
+    char *after = NULL;
+    errno = 0;
+    long parsed = strtol(text, &after, 10);
+    if (errno != 0 || after == text || *after != stop || parsed < 1 || parsed > max || !(text[0] >= '0' && text[0] <= '9'))
+        return 1;
+    *value = (int32_t)parsed;
+    if (end) *end = after;
+    return 0;
+}
+
+/* The caption field: `L` or `MIN-MAX`. */
+static int parse_text(const char *text, length_bucket *bucket, char *why, size_t why_size)
+{
+    const char *end = NULL;
+    const int range = strchr(text, '-') != NULL;
+    int bad = parse_bounded(text, LENGTHS_MAX_TEXT, range ? '-' : '\0', &bucket->text_min, &end);
+    if (!bad && range) bad = parse_bounded(end + 1, LENGTHS_MAX_TEXT, '\0', &bucket->text_max, NULL);
+    if (!bad && !range) bucket->text_max = bucket->text_min;
+    if (!bad && bucket->text_min <= bucket->text_max) return 0;
+    snprintf(why, why_size, "text '%s' is not a caption length L or a range MIN-MAX of integers in [1, %d], MIN <= MAX",
+             text, LENGTHS_MAX_TEXT);
+    return 1;
+}
+
 /* Parse one non-comment, non-blank line into `bucket`; on error writes the reason into `why`. */
 static int parse_line(char *line, length_bucket *bucket, char *why, size_t why_size)
 {
     static const char *names[3] = {"frames", "height", "width"};
-    char *fields[4] = {0};
+    char *fields[5] = {0};
     int n_fields = 0;
     for (char *token = strtok(line, " \t\r\n"); token; token = strtok(NULL, " \t\r\n")) {
-        if (n_fields < 4) fields[n_fields] = token;
+        if (n_fields < 5) fields[n_fields] = token;
         n_fields++;
     }
-    if (n_fields != 4) {
-        snprintf(why, why_size, "expected 4 fields `weight frames height width`, found %d", n_fields);
+    if (n_fields != 4 && n_fields != 5) {
+        snprintf(why, why_size, "expected 4 or 5 fields `weight frames height width [text]`, found %d", n_fields);
         return 1;
     }
+    bucket->text_min = bucket->text_max = 0;
+    if (n_fields == 5 && parse_text(fields[4], bucket, why, why_size)) return 1;
     char *end = NULL;
     errno = 0;
     bucket->weight = strtod(fields[0], &end);
@@ -118,10 +147,16 @@ int lengths_load(const char *path, length_bucket **buckets, int *n_buckets, FILE
 void lengths_draw(const length_bucket *buckets, int n_buckets, int64_t n_samples, uint64_t seed,
                   int32_t *frames, int32_t *height, int32_t *width)
 {
+    lengths_draw_text(buckets, n_buckets, n_samples, seed, frames, height, width, NULL);
+}
+
+void lengths_draw_text(const length_bucket *buckets, int n_buckets, int64_t n_samples, uint64_t seed,
+                       int32_t *frames, int32_t *height, int32_t *width, int32_t *text)
+{
     double *cumulative = xmalloc((size_t)n_buckets * sizeof *cumulative);
     double total = 0.0;
     for (int b = 0; b < n_buckets; b++) cumulative[b] = (total += buckets[b].weight);
-    uint64_t state = rng_hash(seed, 0x6c656e67);
+    uint64_t state = rng_hash(seed, 0x6c656e67), text_state = rng_hash(seed, 0x74657874);
     for (int64_t i = 0; i < n_samples; i++) {
         double target = rng_uniform(&state) * total;
         int low = 0, high = n_buckets - 1; /* first bucket whose cumulative weight exceeds target */
@@ -132,6 +167,10 @@ void lengths_draw(const length_bucket *buckets, int n_buckets, int64_t n_samples
         frames[i] = buckets[low].frames;
         height[i] = buckets[low].height;
         width[i] = buckets[low].width;
+        if (!text) continue;
+        const uint64_t span = (uint64_t)(buckets[low].text_max - buckets[low].text_min) + 1;
+        const uint64_t draw = rng_next_u64(&text_state) % span;   /* drawn for every sample: one stream position each */
+        text[i] = buckets[low].text_min > 0 ? buckets[low].text_min + (int32_t)draw : 0;
     }
     free(cumulative);
 }

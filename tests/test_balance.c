@@ -1103,6 +1103,197 @@ static void test_memory_is_the_layout_formula(void **state)
     assert_int_equal(cost_model_param_count(&config), 14288491584);
 }
 
+/* HunyuanVideo-1.5 at full size (inputs/hunyuanvideo15.ini's dims): the MMDiT family, whose text joins the attention. */
+static deck hunyuan_deck(void)
+{
+    deck config;
+    deck_defaults(&config);
+    config.model.family = FAMILY_HUNYUANVIDEO15;
+    config.model.dim = 2048;
+    config.model.ffn_dim = 8192;
+    config.model.num_heads = 16;
+    config.model.num_layers = 54;
+    config.model.in_dim = 65;
+    config.model.out_dim = 32;
+    config.model.patch_t = config.model.patch_h = config.model.patch_w = 1;
+    config.model.text_len = 1000;
+    config.model.text_padding = TEXT_PADDING_TRIM;
+    config.model.text_dim = 3584;
+    config.model.text_2_dim = 1472;
+    config.model.image_dim = 1152;
+    config.model.qk_norm = 0;
+    config.model.cross_attn_norm = 0;
+    return config;
+}
+
+/* The joint form: a sample of S video tokens and L text tokens costs a + b N + c N^2 + d L^2 + e L with N = S + L,
+   its features are (1, N, N^2, L^2, L, 0); the seed is the layout's FLOPs at the deck's rates, counted by hand here:
+   per row of either stream and block 2 (4 D^2 + 2 D F) GEMM FLOPs and 4 D N of joint attention, the patch embedding
+   and head per video row, the refiner's 2 self-attention layers over the caption (4 D L^2 each). */
+static void test_joint_length_cost(void **state)
+{
+    (void)state;
+    deck config = hunyuan_deck();
+    cost_model cm;
+    cost_model_init(&cm, &config);
+    assert_int_equal(cm.joint_text, 1);
+    const double D = 2048, F = 8192, layers = 54, gemm_rate = 600e12, attention_rate = 500e12;
+    const double *k = cm.coef;
+    assert_true(fabs(k[1] / ((3 * layers * 2 * (4 * D * D + 2 * D * F) + 3 * 2 * (65 * D + D * 32)) / gemm_rate) - 1) < 1e-12);
+    assert_true(fabs(k[2] / (3 * layers * 4 * D / attention_rate) - 1) < 1e-12);
+    assert_true(fabs(k[3] / (3 * 2 * 4 * D / attention_rate) - 1) < 1e-12);
+    assert_true(k[0] > 0 && k[4] > 0);   /* the time path per sample; the refiner's GEMMs per text row */
+    const int64_t cases[][2] = {{256, 50}, {1590, 1000}, {49290, 377}, {111600, 1000}, {3000, 0}};
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        const double S = (double)cases[i][0], L = (double)cases[i][1], N = S + L;
+        const double form = k[0] + k[1] * N + k[2] * N * N + k[3] * L * L + k[4] * L;
+        const double predicted = cost_model_predict(&cm, cases[i][0], cases[i][1]);
+        assert_true(fabs(predicted / form - 1) < 1e-13);
+        double gemm = 0, attention = 0;
+        cost_model_flops(&config, cases[i][0], cases[i][1], &gemm, &attention);
+        assert_true(fabs(predicted / (gemm / gemm_rate + attention / attention_rate) - 1) < 1e-12);
+        cost_features features = {0};
+        cost_features_add(&cm, &features, cases[i][0], cases[i][1]);
+        const double expected[COST_N_FEATURES] = {1, N, N * N, L * L, L, 0};
+        assert_memory_equal(features.value, expected, sizeof expected);
+        assert_true(fabs(cost_model_predict_features(&cm, &features) / predicted - 1) < 1e-13);
+        assert_true(cost_model_length(&cm, cases[i][0], cases[i][1]) == cases[i][0] + cases[i][1]);
+    }
+    /* the attention is over the joint length: at a fixed N, moving rows from video to text only adds d L^2 + e L */
+    const double moved = cost_model_predict(&cm, 10000, 1000) - cost_model_predict(&cm, 11000, 0);
+    assert_true(fabs(moved / (k[3] * 1e6 + k[4] * 1e3) - 1) < 1e-6);
+    /* a group of k: the joint cost over k plus the exchange of all N rows */
+    assert_true(fabs(cost_model_predict_split(&cm, 111600, 1000, 4) -
+                     (cost_model_predict(&cm, 111600, 1000) / 4 + cost_model_exchange(&cm, 112600, 4))) < 1e-12);
+    assert_true(cost_model_exchange(&cm, 112600, 4) > cost_model_exchange(&cm, 111600, 4));
+    cost_model_free(&cm);
+    /* Wan: the length is S alone, and its cross-attention term S L */
+    deck_defaults(&config);
+    cost_model_init(&cm, &config);
+    assert_int_equal(cm.joint_text, 0);
+    assert_true(cost_model_length(&cm, 1000, 512) == 1000);
+    cost_features features = {0};
+    cost_features_add(&cm, &features, 1000, 512);
+    const double wan[COST_N_FEATURES] = {1, 1000, 1e6, 512000, 512, 0};
+    assert_memory_equal(features.value, wan, sizeof wan);
+    cost_model_free(&cm);
+}
+
+/* The joint family's memory is the layout's formula on each backend: text rows per_text bytes each (cost_model_mem of L
+   text tokens = the layout's at L text rows); a text row holds a block's activations as a video row does (recomputation
+   saves the same per row of either stream); at full size with recompute = block the 720p 121-frame video with a
+   1,000-token caption fits an 80 GiB GPU beside the full-sharded state of 64 ranks, not without recomputation. */
+static void test_joint_memory_counts_text(void **state)
+{
+    (void)state;
+    deck config = hunyuan_deck();
+    const layout_dims dims = layout_dims_of(&config);
+    model_layout layout;
+    model_layout_init(&layout, &dims);
+    for (int device = 0; device < 3; device++) {
+        config.run.device = device == 0 ? DEVICE_CUDA : device == 1 ? DEVICE_CPU : DEVICE_AUTO;
+        const layout_backend backend = device == 0 ? LAYOUT_BACKEND_GPU : LAYOUT_BACKEND_CPU; /* auto: no GPU model */
+        for (int block = 0; block < 2; block++) {
+            config.balance.recompute = block ? RECOMPUTE_BLOCK : RECOMPUTE_NONE;
+            cost_model cm;
+            cost_model_init(&cm, &config);
+            const layout_memory expected = model_layout_memory(&layout, backend, config.balance.recompute, 0);
+            assert_int_equal(cm.backend, backend);
+            assert_memory_equal(&cm.memory, &expected, sizeof expected);
+            assert_true(expected.per_text > 0);
+            assert_true(cost_model_mem(&cm, 5000, 700) ==
+                        (double)(layout_memory_bytes(&expected, 5000, 1, 700) - expected.fixed));
+            assert_true(cost_model_mem(&cm, 5000, 700) - cost_model_mem(&cm, 5000, 0) == 700.0 * (double)expected.per_text);
+            assert_true(cost_model_mem_split(&cm, 40000, 700, 4) == cost_model_mem(&cm, 10000, 700));
+            cost_model_free(&cm);
+        }
+    }
+    const layout_memory none = model_layout_memory(&layout, LAYOUT_BACKEND_GPU, RECOMPUTE_NONE, 0);
+    const layout_memory block = model_layout_memory(&layout, LAYOUT_BACKEND_GPU, RECOMPUTE_BLOCK, 0);
+    assert_true(none.per_token - block.per_token == none.per_text - block.per_text);
+    assert_true(none.per_token - block.per_token == 53 * (11 * 2 * 2048 + 4 * 2 * 2048 + 2 * 2 * 8192 + 7 * 4 + 4 * 16));
+    const double gib = 1073741824.0;
+    config.run.device = DEVICE_CUDA;
+    config.balance.recompute = RECOMPUTE_BLOCK;
+    cost_model cm;
+    cost_model_init(&cm, &config);
+    const double budget = 80 * gib * 0.9 - cost_model_state_bytes(&config, SHARD_FULL, 64);
+    assert_true(cost_model_mem(&cm, 111600, 1000) < budget);
+    cost_model_free(&cm);
+    config.balance.recompute = RECOMPUTE_NONE;
+    cost_model_init(&cm, &config);
+    assert_true(cost_model_mem(&cm, 111600, 1000) > 8 * budget);
+    cost_model_free(&cm);
+}
+
+/* Start-up calibration in the joint form: timings of micro-batches of mixed video lengths and caption lengths from a
+   device unlike the seed (a fixed cost per sample, slower GEMMs, faster attention, a dearer text path) make the
+   balancer predict that device for lengths it did not time. */
+static void test_joint_calibration(void **state)
+{
+    (void)state;
+    deck config = hunyuan_deck();
+    config.run.device = DEVICE_CUDA;
+    config.balance.recompute = config.train.recompute = RECOMPUTE_BLOCK;
+    balance_sample samples[64];
+    for (int i = 0; i < 64; i++) samples[i] = (balance_sample){.id = i, .tokens = 256 + 900 * i, .text_len = 50 + 15 * i};
+    balancer *b = balancer_create(&config, samples, 64, 2, 60.0 * 1073741824.0, NULL);
+    const double *seed = balancer_cost_model(b)->coef;
+    const double truth[COST_N_FEATURES] = {5e-3, 2.0 * seed[1], 0.6 * seed[2], seed[3], 3.0 * seed[4], 0};
+    enum { n_shapes = 20 };
+    cost_features features[n_shapes] = {0};
+    double seconds[n_shapes];
+    for (int i = 0; i < n_shapes; i++) {
+        const int copies = 1 + i % 3;
+        for (int c = 0; c < copies; c++)
+            cost_features_add(balancer_cost_model(b), &features[i], 256 + 2900 * i, i % 2 ? 1000 : 50 + 40 * i);
+        seconds[i] = 0;
+        for (int j = 0; j < COST_N_FEATURES; j++) seconds[i] += truth[j] * features[i].value[j];
+    }
+    assert_int_equal(balancer_calibrate(b, n_shapes, features, seconds), 1);
+    const cost_model *cm = balancer_cost_model(b);
+    for (int64_t tokens = 500; tokens <= 60000; tokens += 7000)
+        for (int64_t text = 60; text <= 1000; text += 310) {
+            const double n = (double)(tokens + text), l = (double)text;
+            const double want = truth[0] + n * (truth[1] + truth[2] * n) + l * (truth[3] * l + truth[4]);
+            assert_true(fabs(cost_model_predict(cm, tokens, text) / want - 1) < 0.02);
+        }
+    balancer_free(b);
+}
+
+/* The online refit in the joint form: steps measured at 1.5x the seed make the balancer predict 1.5x, for samples
+   whose captions vary as the steps' did. */
+static void test_joint_online_refit(void **state)
+{
+    (void)state;
+    deck config = hunyuan_deck();
+    config.balance.strategy = STRATEGY_GLOBAL;
+    config.balance.pool = 256;
+    balance_sample *samples = random_samples(31, 2000, 20000);
+    balancer *b = balancer_create(&config, samples, 2000, 4, 1e12, NULL);
+    const double seed_prediction = cost_model_predict(balancer_cost_model(b), 9000, 300);
+    cost_model truth;
+    cost_model_init(&truth, &config);
+    balance_assignment a = {0};
+    double seconds[4];
+    for (int t = 0; t < 12; t++) {
+        balancer_next(b, &a);
+        for (int r = 0; r < 4; r++) {
+            seconds[r] = 0;
+            for (int64_t k = a.rank_start[r]; k < a.rank_start[r + 1]; k++) {
+                const balance_sample *sample = &samples[a.indices[k]];
+                seconds[r] += 1.5 * cost_model_predict(&truth, sample->tokens, sample->text_len);
+            }
+        }
+        balancer_observe(b, seconds);
+    }
+    assert_true(fabs(cost_model_predict(balancer_cost_model(b), 9000, 300) / (1.5 * seed_prediction) - 1) < 0.02);
+    cost_model_free(&truth);
+    balance_assignment_free(&a);
+    balancer_free(b);
+    free(samples);
+}
+
 static void test_nnls_clamps_negative(void **state)
 {
     (void)state;
@@ -1411,6 +1602,10 @@ int main(void)
         cmocka_unit_test(test_flops_and_attention_share),
         cmocka_unit_test(test_memory_model),
         cmocka_unit_test(test_split_cost),
+        cmocka_unit_test(test_joint_length_cost),
+        cmocka_unit_test(test_joint_memory_counts_text),
+        cmocka_unit_test(test_joint_calibration),
+        cmocka_unit_test(test_joint_online_refit),
         cmocka_unit_test(test_nnls_clamps_negative),
         cmocka_unit_test(test_refit_recovers_coefficients),
         cmocka_unit_test(test_refit_ignores_stragglers),

@@ -638,6 +638,18 @@ static void test_repeat_due(void **state)
     assert_false(calibration_repeat_due(0, 0.0, 0.5));
 }
 
+/* The text rows a timed shape gets: its mean caption where only the video attends (Wan); where the text joins the
+   attention the shortest and longest in turn, so that L varies against S over the timings. */
+static void test_text_rows_by_family(void **state)
+{
+    (void)state;
+    for (int i = 0; i < 4; i++) assert_int_equal(calibration_text_rows(0, i, 50, 512, 1000), 512);
+    assert_int_equal(calibration_text_rows(1, 0, 50, 512, 1000), 50);
+    assert_int_equal(calibration_text_rows(1, 1, 50, 512, 1000), 1000);
+    assert_int_equal(calibration_text_rows(1, 6, 50, 512, 1000), 50);
+    assert_int_equal(calibration_text_rows(1, 7, 77, 77, 77), 77);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -657,6 +669,7 @@ int main(void)
         cmocka_unit_test(test_fit_names_a_bad_timing),
         cmocka_unit_test(test_fit_learns_the_attention_split),
         cmocka_unit_test(test_repeat_due),
+        cmocka_unit_test(test_text_rows_by_family),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

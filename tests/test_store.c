@@ -1023,21 +1023,29 @@ static void test_lengths_errors_name_lines(void **state)
                "1 1 32 32\n"
                "1 1 32\n"           /* line 3: too few fields */
                "0 1 32 32\n"        /* line 4: zero weight */
-               "1 1 32 32 7\n"      /* line 5: too many fields */
+               "1 1 32 32 7 8\n"    /* line 5: too many fields */
                "1 1.5 32 32\n"      /* line 6: non-integer frames */
                "1 1 0 32\n"         /* line 7: height 0 */
                "abc 1 32 32\n"      /* line 8: weight not a number */
                "1 1 32 99999999\n"  /* line 9: width too large */
-               "nan 1 2 2\n");      /* line 10: weight not finite */
+               "nan 1 2 2\n"        /* line 10: weight not finite */
+               "1 1 2 2 0\n"        /* line 11: caption length 0 */
+               "1 1 2 2 900-50\n"   /* line 12: MIN > MAX */
+               "1 1 2 2 50-\n"      /* line 13: no MAX */
+               "1 1 2 2 -5\n"       /* line 14: no MIN */
+               "1 1 2 2 5x\n"       /* line 15: not an integer */
+               "1 1 2 2 1-70000\n"); /* line 16: past LENGTHS_MAX_TEXT */
     length_bucket *buckets = NULL;
     int n_buckets = 0;
     char *messages = NULL, expected[700];
-    assert_int_equal(load_spec(folder->path, &buckets, &n_buckets, &messages), 8);
+    assert_int_equal(load_spec(folder->path, &buckets, &n_buckets, &messages), 14);
     assert_null(buckets);
     assert_int_equal(n_buckets, 0);
-    const char *fragments[] = {":3: expected 4 fields", ":4: weight '0' is not a positive", ":5: expected 4 fields",
+    const char *fragments[] = {":3: expected 4 or 5 fields", ":4: weight '0' is not a positive", ":5: expected 4 or 5 fields",
                                ":6: frames '1.5' is not an integer", ":7: height '0'", ":8: weight 'abc'",
-                               ":9: width '99999999'", ":10: weight 'nan'"};
+                               ":9: width '99999999'", ":10: weight 'nan'", ":11: text '0' is not a caption length",
+                               ":12: text '900-50'", ":13: text '50-'", ":14: text '-5'", ":15: text '5x'",
+                               ":16: text '1-70000'"};
     for (size_t i = 0; i < sizeof fragments / sizeof *fragments; i++) {
         snprintf(expected, sizeof expected, "%s%s", folder->path, fragments[i]);
         if (!strstr(messages, expected)) fail_msg("messages lack '%s':\n%s", expected, messages);
@@ -1086,10 +1094,52 @@ static void test_lengths_missing_and_empty(void **state)
     free(messages);
 }
 
+/* The optional fifth field: a caption length or a range, drawn per sample uniformly over the range (both ends
+   included), without changing the shapes drawn; a bucket without it gives 0. */
+static void test_lengths_text(void **state)
+{
+    const test_folder *folder = *state;
+    write_text(folder->path, "1 1 4 4 50-1000  # images\n1 5 8 8 77\n1 2 2 2\n");
+    length_bucket *buckets = NULL;
+    int n_buckets = 0;
+    char *messages = NULL;
+    assert_int_equal(load_spec(folder->path, &buckets, &n_buckets, &messages), 0);
+    assert_int_equal(n_buckets, 3);
+    assert_true(buckets[0].text_min == 50 && buckets[0].text_max == 1000);
+    assert_true(buckets[1].text_min == 77 && buckets[1].text_max == 77);
+    assert_true(buckets[2].text_min == 0 && buckets[2].text_max == 0);
+    enum { N = 30000 };
+    static int32_t f1[N], h1[N], w1[N], f2[N], h2[N], w2[N], text[N];
+    lengths_draw(buckets, 3, N, 5, f1, h1, w1);
+    lengths_draw_text(buckets, 3, N, 5, f2, h2, w2, text);
+    assert_memory_equal(f1, f2, sizeof f1);
+    assert_memory_equal(h1, h2, sizeof h1);
+    assert_memory_equal(w1, w2, sizeof w1);
+    int64_t in_images = 0, low = 0, high = 0, smallest = 1 << 30, largest = 0;
+    double sum = 0;
+    for (int i = 0; i < N; i++) {
+        if (f2[i] == 5) assert_int_equal(text[i], 77);
+        if (f2[i] == 2) assert_int_equal(text[i], 0);
+        if (f2[i] != 1) continue;
+        assert_true(text[i] >= 50 && text[i] <= 1000);
+        in_images++;
+        sum += text[i];
+        low += text[i] < 525;
+        high += text[i] >= 525;
+        if (text[i] < smallest) smallest = text[i];
+        if (text[i] > largest) largest = text[i];
+    }
+    assert_true(smallest == 50 && largest == 1000);   /* ~10 draws per value: both ends drawn */
+    assert_true(fabs(sum / (double)in_images - 525.0) < 10.0);   /* uniform: mean 525 (sd 274 / sqrt(10000)) */
+    assert_true(llabs(low - high) < in_images / 20);
+    free(buckets);
+    free(messages);
+}
+
 static void test_lengths_draw(void **state)
 {
     (void)state;
-    length_bucket buckets[2] = {{1.0, 1, 4, 4}, {3.0, 2, 8, 8}};
+    length_bucket buckets[2] = {{1.0, 1, 4, 4, 0, 0}, {3.0, 2, 8, 8, 0, 0}};
     enum { N = 20000 };
     static int32_t f1[N], h1[N], w1[N], f2[N], h2[N], w2[N];
     lengths_draw(buckets, 2, N, 11, f1, h1, w1);
@@ -1176,6 +1226,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_lengths_good, folder_setup, folder_teardown),
         cmocka_unit_test_setup_teardown(test_lengths_errors_name_lines, folder_setup, folder_teardown),
         cmocka_unit_test_setup_teardown(test_lengths_missing_and_empty, folder_setup, folder_teardown),
+        cmocka_unit_test_setup_teardown(test_lengths_text, folder_setup, folder_teardown),
         cmocka_unit_test(test_lengths_draw),
         cmocka_unit_test(test_shipped_specs),
     };

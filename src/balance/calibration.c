@@ -239,6 +239,12 @@ double calibration_misfit(double predicted, double measured)
     return measured > 0.0 ? predicted / measured - 1.0 : 0.0;
 }
 
+int32_t calibration_text_rows(int joint_text, int index, int32_t shortest, int32_t mean, int32_t longest)
+{
+    if (!joint_text) return mean;
+    return index % 2 ? longest : shortest;
+}
+
 /* Append to text at *used (a no-op once full). */
 static void append(char *text, size_t text_size, size_t *used, const char *format, ...)
 {

@@ -120,6 +120,13 @@ typedef struct {
 /* How far a prediction is off: predicted / measured - 1 (0 when measured is not a timing). */
 double calibration_misfit(double predicted, double measured);
 
+/* The text rows the start-up calibration times the index-th picked shape with, given the shortest, mean and longest
+   caption among the store's samples of that shape: the mean where the text's length enters the cost only with the
+   video's (Wan: d S L + e L, and captions padded alike), but, where the text joins the attention (joint_text, MMDiT:
+   a + b N + c N^2 + d L^2 + e L), the shortest for even and the longest for odd indices, so that the timings also
+   vary L against S and fix the text's own terms (d, e) apart from a. */
+int32_t calibration_text_rows(int joint_text, int index, int32_t shortest, int32_t mean, int32_t longest);
+
 /* The scaling's misfits as text, without a newline, n_scaled the shapes left scaled: "misfit of the scaling at L
    blocks: worst -25.3% (1 x 56 x 32, 32 per micro-batch) of the 14 cheapest shapes timed there; checks of the 6
    scaled: +4.0% (5 x 60 x 104, 32 per micro-batch), +3.1% (...); worst 25.3%" ("none scaled" when n_scaled is 0,

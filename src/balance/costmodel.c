@@ -3,14 +3,19 @@
 #include "core/check.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-/* Forward FLOPs of one sample, split into the parts that scale with S, S^2, S*L, L and per sample. */
+/* Forward FLOPs of one sample, split into the parts that scale with S, S^2, S*L, L and per sample; with a joint
+   attention (layout_attention.joint_text) the blocks' attention scales with N^2 (N = S + L) and there is no
+   cross-attention; the text's own attention outside the blocks (the refiner) with L^2. */
 typedef struct {
     double block_gemm_per_token, block_gemm_per_text_token;  /* all layers */
     double outside_gemm_per_token, outside_gemm_per_text_token, outside_gemm_per_sample;
-    double self_attention_per_token2, cross_attention_per_token_text;  /* all layers */
+    double self_attention_per_token2, cross_attention_per_token_text;  /* all layers; per N^2 with joint_text */
+    double text_attention_per_text2;   /* outside the blocks */
+    int joint_text;
 } forward_flops;
 
 static model_layout layout_of(const deck *config)
@@ -32,10 +37,14 @@ static forward_flops count_forward_flops(const deck *config)
     f.outside_gemm_per_token = gemm.outside_per_token;
     f.outside_gemm_per_text_token = gemm.outside_per_text;
     f.outside_gemm_per_sample = gemm.outside_per_sample;
-    /* QK^T and PV: 2 S^2 D each; cross-attention the same with L keys */
+    /* QK^T and PV: 2 S^2 D each; cross-attention the same with L keys; a joint attention 2 N^2 D each, N = S + L; the
+       text's own self-attention layers 2 L^2 D each */
+    const layout_attention attention = layout_family_attention(config->model.family);
     const double dim = config->model.dim, layers = config->model.num_layers;
+    f.joint_text = attention.joint_text;
     f.self_attention_per_token2 = layers * 4.0 * dim;
-    f.cross_attention_per_token_text = layers * 4.0 * dim;
+    f.cross_attention_per_token_text = attention.joint_text ? 0.0 : layers * 4.0 * dim;
+    f.text_attention_per_text2 = attention.text_attention_layers * 4.0 * dim;
     return f;
 }
 
@@ -48,13 +57,14 @@ static void count_flops(const deck *config, int64_t tokens, int64_t text_len, do
                         double *attention_flops)
 {
     const forward_flops f = count_forward_flops(config);
-    const double s = (double)tokens, l = (double)text_len;
+    const double s = (double)tokens, l = (double)text_len, n = f.joint_text ? s + l : s;
     if (gemm_flops)
         *gemm_flops = block * (f.block_gemm_per_token * s + f.block_gemm_per_text_token * l)
                     + outside_pass_factor * (f.outside_gemm_per_token * s + f.outside_gemm_per_text_token * l
                                              + f.outside_gemm_per_sample);
     if (attention_flops)
-        *attention_flops = block * (f.self_attention_per_token2 * s * s + f.cross_attention_per_token_text * s * l);
+        *attention_flops = block * (f.self_attention_per_token2 * n * n + f.cross_attention_per_token_text * s * l)
+                         + outside_pass_factor * f.text_attention_per_text2 * l * l;
 }
 
 void cost_model_flops(const deck *config, int64_t tokens, int64_t text_len, double *gemm_flops, double *attention_flops)
@@ -77,7 +87,9 @@ int64_t cost_model_param_count(const deck *config)
 
 layout_backend cost_model_backend(const deck *config)
 {
-    const int cpu = config->run.device == DEVICE_CPU || !layout_family_on_gpu(config->model.family);
+    /* auto runs a family without a GPU model on the CPU; device = cuda plans it on GPUs (aldit-sim, aldit --check) */
+    const int cpu = config->run.device == DEVICE_CPU ||
+                    (config->run.device == DEVICE_AUTO && !layout_family_on_gpu(config->model.family));
     return cpu ? LAYOUT_BACKEND_CPU : LAYOUT_BACKEND_GPU;
 }
 
@@ -114,7 +126,7 @@ double cost_model_exchange(const cost_model *cm, int64_t tokens, int k)
 double cost_model_predict_split(const cost_model *cm, int64_t tokens, int64_t text_len, int k)
 {
     const double whole = cost_model_predict(cm, tokens, text_len);
-    return k <= 1 ? whole : whole / k + cost_model_exchange(cm, tokens, k);
+    return k <= 1 ? whole : whole / k + cost_model_exchange(cm, cost_model_length(cm, tokens, text_len), k);
 }
 
 double cost_model_mem_split(const cost_model *cm, int64_t tokens, int64_t text_len, int k)
@@ -156,11 +168,21 @@ void cost_model_init(cost_model *cm, const deck *config)
     const double block = block_pass_factor(config);
     const double gemm_rate = config->balance.device_tflops * 1e12;
     const double attention_rate = config->balance.attention_tflops * 1e12;
+    const double per_token = block * f.block_gemm_per_token + outside_pass_factor * f.outside_gemm_per_token;
+    const double per_text = block * f.block_gemm_per_text_token + outside_pass_factor * f.outside_gemm_per_text_token;
+    cm->joint_text = f.joint_text;
     cm->seed_coef[0] = outside_pass_factor * f.outside_gemm_per_sample / gemm_rate;
-    cm->seed_coef[1] = (block * f.block_gemm_per_token + outside_pass_factor * f.outside_gemm_per_token) / gemm_rate;
+    cm->seed_coef[1] = per_token / gemm_rate;
     cm->seed_coef[2] = block * f.self_attention_per_token2 / attention_rate;
-    cm->seed_coef[3] = block * f.cross_attention_per_token_text / attention_rate;
-    cm->seed_coef[4] = (block * f.block_gemm_per_text_token + outside_pass_factor * f.outside_gemm_per_text_token) / gemm_rate;
+    if (f.joint_text) {
+        /* b N + e L = b S + (b + e) L: e is what a text row costs beyond a video row (the text path: refiner,
+           embedders), not below 0 (the form's coefficients are not negative) */
+        cm->seed_coef[3] = outside_pass_factor * f.text_attention_per_text2 / attention_rate;
+        cm->seed_coef[4] = fmax(per_text - per_token, 0.0) / gemm_rate;
+    } else {
+        cm->seed_coef[3] = block * f.cross_attention_per_token_text / attention_rate;
+        cm->seed_coef[4] = per_text / gemm_rate;
+    }
     cm->seed_coef[5] = cm->seed_coef[2]; /* the short-sample kernel seeded at the same attention rate */
     memcpy(cm->coef, cm->seed_coef, sizeof(cm->coef));
     cm->recompute_block = config->balance.recompute == RECOMPUTE_BLOCK;
@@ -176,7 +198,24 @@ void cost_model_free(cost_model *cm)
     memset(cm, 0, sizeof(*cm));
 }
 
+void cost_model_form_text(const cost_model *cm, char *text, size_t text_size)
+{
+    const double *c = cm->coef;
+    if (cm->joint_text)
+        snprintf(text, text_size, "%.3g + %.3g N + %.3g N^2 + %.3g L^2 + %.3g L (N = S + L)", c[0], c[1], c[2], c[3], c[4]);
+    else snprintf(text, text_size, "%.3g + %.3g S + %.3g S^2 + %.3g S L + %.3g L", c[0], c[1], c[2], c[3], c[4]);
+}
+
+void cost_model_same_text_text(const cost_model *cm, double text_len, char *text, size_t text_size)
+{
+    const double *c = cm->coef, l = text_len;
+    if (cm->joint_text)
+        snprintf(text, text_size, "a + e L + d L^2 = %.3g (b and c by the lengths N = S + L)", c[0] + l * (c[4] + l * c[3]));
+    else snprintf(text, text_size, "a + e L = %.3g and b + d L = %.3g", c[0] + c[4] * l, c[1] + c[3] * l);
+}
+
 /* The external definitions of the inline functions of costmodel.h. */
+extern inline int64_t cost_model_length(const cost_model *cm, int64_t tokens, int64_t text_len);
 extern inline void cost_features_add(const cost_model *cm, cost_features *features, int64_t tokens, int64_t text_len);
 extern inline double cost_model_predict_features(const cost_model *cm, const cost_features *features);
 extern inline double cost_model_predict(const cost_model *cm, int64_t tokens, int64_t text_len);

@@ -2,6 +2,7 @@
 #ifndef ALDIT_COSTMODEL_H
 #define ALDIT_COSTMODEL_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "deck/deck.h"
@@ -10,15 +11,22 @@
 /* Features of a set of samples: count, sum S, sum S^2, sum S*L, sum L (S tokens, L text tokens) and the sum S^2 of
    the samples whose attention runs on the backend's short-sample kernel (S < attention_split_tokens; those samples
    leave feature 2). The predicted seconds of the set are the dot product of its features with the coefficients
-   (a, b, c, d, e, c'). */
+   (a, b, c, d, e, c').
+   A family whose text joins the attention (layout_family_attention: joint_text, MMDiT) counts by the joint length
+   N = S + L instead: count, sum N, sum N^2, sum L^2, sum L, sum N^2 of the samples under the split (N <
+   attention_split_tokens), for seconds = a + b N + c N^2 + d L^2 + e L (see cost_model below). */
 enum { COST_N_FEATURES = 6 };
 enum { COST_NORMAL_SIZE = COST_N_FEATURES * COST_N_FEATURES + COST_N_FEATURES + 1 };
 typedef struct { double value[COST_N_FEATURES]; } cost_features;
 
 typedef struct {
     double coef[COST_N_FEATURES];       /* current a, b, c, d, e, c': seconds = a + b S + c S^2 + d S L + e L,
-                                           with c' in place of c for a sample shorter than attention_split_tokens */
+                                           with c' in place of c for a sample shorter than attention_split_tokens;
+                                           with joint_text, seconds = a + b N + c N^2 + d L^2 + e L, N = S + L:
+                                           b the blocks' GEMMs per row of either stream, c the joint attention, d the
+                                           text's own attention (the refiner), e the text path's GEMMs beyond b */
     double seed_coef[COST_N_FEATURES];  /* from FLOP counts and device rates */
+    int joint_text;                     /* 1: the family's text rows join its attention ([model] family; layout.h) */
     /* memory: the layout's exact formula (model_layout_memory) for `backend`; the per-sample terms below
        are its coefficients as doubles, `memory.fixed` (once per rank, without the GPU's device scratch)
        is left to the GPU plan */
@@ -61,11 +69,23 @@ double cost_model_model_flops(const deck *config, int64_t tokens, int64_t text_l
 /* The per-sample functions below are inline (the balancer calls them for every sample of every step);
    costmodel.c holds their external definitions. */
 
+/* The length of one sample as its attention sees it: its S tokens, or N = S + L where the text joins the attention
+   (joint_text). Its attention kernel is chosen by this length; a group's exchanges move this many rows. */
+inline int64_t cost_model_length(const cost_model *cm, int64_t tokens, int64_t text_len)
+{
+    return cm->joint_text ? tokens + text_len : tokens;
+}
+
 /* Predicted seconds of one sample's forward + backward. */
 inline double cost_model_predict(const cost_model *cm, int64_t tokens, int64_t text_len)
 {
     const double s = (double)tokens, l = (double)text_len;
-    const double square = tokens < cm->attention_split_tokens ? cm->coef[5] : cm->coef[2];
+    const int64_t length = cost_model_length(cm, tokens, text_len);
+    const double square = length < cm->attention_split_tokens ? cm->coef[5] : cm->coef[2];
+    if (cm->joint_text) {
+        const double n = (double)length;
+        return cm->coef[0] + n * (cm->coef[1] + square * n) + l * (cm->coef[3] * l + cm->coef[4]);
+    }
     return cm->coef[0] + s * (cm->coef[1] + square * s + cm->coef[3] * l) + cm->coef[4] * l;
 }
 
@@ -84,15 +104,16 @@ inline double cost_model_mem(const cost_model *cm, int64_t tokens, int64_t text_
     return cm->mem_per_sample + cm->mem_per_token * (double)tokens + cm->mem_per_text_token * (double)text_len;
 }
 
-/* Seconds of the all-to-all exchanges of one sample of `tokens` tokens run by a group of k ranks, per rank: each
-   rank holds tokens / k of them and sends (k - 1) / k of those at each exchange, exchange_bytes_per_token /
-   sp_bytes_per_second seconds per token exchanged; 0 for k = 1. */
+/* Seconds of the all-to-all exchanges of one sample of `tokens` rows (cost_model_length: with joint_text its video
+   and text rows) run by a group of k ranks, per rank: each rank holds tokens / k of them and sends (k - 1) / k of
+   those at each exchange, exchange_bytes_per_token / sp_bytes_per_second seconds per row exchanged; 0 for k = 1. */
 double cost_model_exchange(const cost_model *cm, int64_t tokens, int k);
 /* Predicted seconds per rank of one sample run by a group of k ranks (k >= 1): cost_model_predict / k plus
-   cost_model_exchange; exactly cost_model_predict for k = 1. */
+   cost_model_exchange of its cost_model_length; exactly cost_model_predict for k = 1. */
 double cost_model_predict_split(const cost_model *cm, int64_t tokens, int64_t text_len, int k);
 /* Activation bytes per rank of one sample run by a group of k ranks: its tokens split k ways (each rank holds at most
-   ceil(tokens / k)), the text replicated; exactly cost_model_mem for k = 1. */
+   ceil(tokens / k)), the text replicated (with joint_text too: an upper bound whichever way a group splits the joint
+   sequence's text rows); exactly cost_model_mem for k = 1. */
 double cost_model_mem_split(const cost_model *cm, int64_t tokens, int64_t text_len, int k);
 
 /* Copies of one sample (tokens, text_len) that one micro-batch of the GPU start-up calibration holds: the
@@ -117,16 +138,24 @@ double cost_model_state_bytes(const deck *config, deck_shard mode, int n_ranks);
 /* Parameters of the configured model: the layout table's n_weights. */
 int64_t cost_model_param_count(const deck *config);
 
-/* Add the features of one sample to `features`, under cm's attention split. */
+/* Add the features of one sample to `features`, under cm's attention split (by joint length with joint_text). */
 inline void cost_features_add(const cost_model *cm, cost_features *features, int64_t tokens, int64_t text_len)
 {
-    const double s = (double)tokens, l = (double)text_len;
+    const double l = (double)text_len;
+    const int64_t length = cost_model_length(cm, tokens, text_len);
+    const double x = (double)length;
     features->value[0] += 1.0;
-    features->value[1] += s;
-    features->value[tokens < cm->attention_split_tokens ? 5 : 2] += s * s;
-    features->value[3] += s * l;
+    features->value[1] += x;
+    features->value[length < cm->attention_split_tokens ? 5 : 2] += x * x;
+    features->value[3] += (cm->joint_text ? l : x) * l;
     features->value[4] += l;
 }
+
+/* The fitted form as text, "a + b S + c S^2 + d S L + e L" with the coefficients (or the joint form, "... (N = S + L)"),
+   and, where every timed sample had the same L text rows, the sums of coefficients such timings fix: "a + e L = ..
+   and b + d L = .." (Wan) or "a + e L + d L^2 = .." (joint: b and c stay determined by the lengths). */
+void cost_model_form_text(const cost_model *cm, char *text, size_t text_size);
+void cost_model_same_text_text(const cost_model *cm, double text_len, char *text, size_t text_size);
 
 /* Record one step's observations: per rank, the features of its samples and its measured seconds
    (ranks with no samples or no valid time are left out). Ranks whose relative error is far from the

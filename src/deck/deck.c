@@ -194,6 +194,9 @@ static const deck_key deck_keys[] = {
              "a power of two; auto = as large as the heads and ranks_per_node allow; off = every sample on one rank"},
     {KEY("balance", "sp_bandwidth", KEY_DOUBLE, balance.sp_bandwidth), .min = 0, .min_open = 1, .max = 1e6,
      .default_text = "300", .help = "all-to-all bandwidth within a group, GB/s: the exchange's cost in cost_k(S)"},
+    {KEY("balance", "lengths", KEY_STRING, balance.lengths), .default_text = "",
+     .help = "a length spec aldit-sim draws its samples from when given neither --spec nor --store (a relative path "
+             "not found from the working folder is taken from the deck's folder)"},
     {KEY("balance", "ranks_per_node", KEY_INT, balance.ranks_per_node), .min = 1, .max = 1 << 20, .zero_word = "auto",
      .default_text = "auto",
      .help = "ranks of one node, the most a group may span (auto = the ranks that share the node; aldit-sim: 8)"},
@@ -938,11 +941,6 @@ static void check_family(load_context *ctx)
         report(ctx, latest_origin(ctx, channels, 3),
                "model.family = hunyuanvideo15 takes x_t, the condition latent and a mask: model.in_dim (%d) must be "
                "2 * model.out_dim + 1 = %d", config->model.in_dim, 2 * config->model.out_dim + 1);
-    const int device[] = {key_index("run", "device"), key_index("model", "family")};
-    if (config->model.family == FAMILY_HUNYUANVIDEO15 && config->run.device == DEVICE_CUDA)
-        report(ctx, latest_origin(ctx, device, 2),
-               "model.family = hunyuanvideo15 has no GPU model yet (only the CPU model): set run.device = cpu or auto "
-               "(auto runs it on the CPU)");
     const int share[] = {key_index("train", "i2v_share"), key_index("model", "family")};
     if (config->model.family == FAMILY_WAN && config->train.i2v_share > 0)
         report(ctx, latest_origin(ctx, share, 2),
@@ -1166,6 +1164,7 @@ void deck_print_reference(FILE *out)
 
 const char *deck_strategy_name(deck_strategy strategy) { return strategy_names[strategy]; }
 const char *deck_device_name(deck_device device) { return device_names[device]; }
+const char *deck_family_name(deck_family family) { return family_names[family]; }
 const char *deck_recompute_name(deck_recompute recompute) { return recompute_names[recompute]; }
 const char *deck_shard_name(deck_shard shard) { return shard_names[shard]; }
 const char *deck_text_padding_name(deck_text_padding padding) { return text_padding_names[padding]; }

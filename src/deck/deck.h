@@ -94,6 +94,7 @@ typedef struct {
         int sp;                        /* largest sequence-parallel group (a power of two); 0 = auto, 1 = off */
         double sp_bandwidth;           /* all-to-all bandwidth of a group, GB/s, for the exchange's cost */
         int ranks_per_node;            /* ranks a group may span (0 = what the run finds; aldit-sim: 8) */
+        char lengths[DECK_PATH_MAX];   /* aldit-sim's length spec where the command line names none ("" = none) */
     } balance;
     struct {
         double lr;                     /* peak learning rate */
@@ -169,6 +170,7 @@ void deck_print_reference(FILE *out);
 /* Names of enum values, for printing. */
 const char *deck_strategy_name(deck_strategy strategy);
 const char *deck_device_name(deck_device device);
+const char *deck_family_name(deck_family family);
 const char *deck_recompute_name(deck_recompute recompute);
 const char *deck_shard_name(deck_shard shard);
 const char *deck_text_padding_name(deck_text_padding padding);

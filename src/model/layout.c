@@ -163,6 +163,18 @@ int layout_family_on_gpu(deck_family family)
     return families[family].on_gpu;
 }
 
+/* How each family's attention sees the text (layout.h). */
+static const layout_attention family_attention[] = {
+    [FAMILY_WAN] = {0, 0},
+    [FAMILY_HUNYUANVIDEO15] = {1, LAYOUT_MMDIT_REFINER_LAYERS},
+};
+
+layout_attention layout_family_attention(deck_family family)
+{
+    ALDIT_CHECK(family == FAMILY_WAN || family == FAMILY_HUNYUANVIDEO15, "layout: model family %d unknown", (int)family);
+    return family_attention[family];
+}
+
 static int64_t resolve(const layout_dims *d, dim_symbol symbol)
 {
     switch (symbol) {
@@ -484,6 +496,70 @@ static void gpu_workspace(tally *t, const layout_dims *d, deck_recompute recompu
     t->align = LAYOUT_GPU_ALIGN;
 }
 
+/* hunyuanvideo15's GPU arena as the plan its GPU model is to carve it by (layout.h): Wan's GPU arena per row
+   (gpu_workspace), for the rows of both streams alike, less the cross-attention's; the text path kept whole per text
+   row; the batch; the tables. */
+static void mmdit_gpu_workspace(tally *t, const layout_dims *d, deck_recompute recompute)
+{
+    enum { BF16 = 2, F32 = 4, I32 = 4, I64 = 8 };
+    const int64_t D = d->dim, F = d->ffn_dim, H = d->num_heads, layers = d->num_layers, slack = LAYOUT_GPU_TILE_SLACK_ROWS;
+    const int64_t R = LAYOUT_MMDIT_REFINER_MLP_RATIO * D, refiners = LAYOUT_MMDIT_REFINER_LAYERS;
+    const int64_t patch = d->patch_t * d->patch_h * d->patch_w, patch_in = d->in_dim * patch,
+                  patch_out = d->out_dim * patch;
+    /* kept by every block, per row of either stream: its input [., D] bf16, LN1 mean and rstd; per sample the 12
+       modulation vectors (6 a stream) [12B, D] and their gradient, fp32 */
+    add(t, layers, BF16, D, 0, D, 0);
+    add(t, 2 * layers, F32, 1, 0, 1, 0);
+    add(t, 2 * layers, F32, 0, 12 * D, 0, 0);
+    /* the rest, every block's or one set, per row of either stream: 11 [., D] bf16, the joint q, k, v and output
+       4 [. + slack, D] bf16 (one tensor over N + L rows), 2 [., F] bf16, 7 statistics, the LSE [. + slack, H] fp32 */
+    const int64_t sets = recompute == RECOMPUTE_BLOCK ? (layers > 0) : layers;
+    add(t, 11 * sets, BF16, D, 0, D, 0);
+    add(t, 4 * sets, BF16, D, 0, D, slack * D);
+    add(t, 2 * sets, BF16, F, 0, F, 0);
+    add(t, 7 * sets, F32, 1, 0, 1, 0);
+    add(t, 1 * sets, F32, H, 0, H, slack * H);
+    /* the text path, never recomputed, per text row: the source's input fp32 and bf16 [L, text_dim] (the widest),
+       the refiner's input [L, D] and per refiner block 10 [L, D] and 2 [L, 4D] bf16, 4 statistics, the LSE [L, H];
+       per sample its gates [B, 2D] and the pooled caption [B, text_dim] fp32 */
+    add(t, 1, F32, 0, 0, d->text_dim, 0);
+    add(t, 1, BF16, 0, 0, d->text_dim, 0);
+    add(t, 1, BF16, 0, 0, D, 0);
+    add(t, 10 * refiners, BF16, 0, 0, D, 0);
+    add(t, 2 * refiners, BF16, 0, 0, R, 0);
+    add(t, 4 * refiners, F32, 0, 0, 1, 0);
+    add(t, refiners, F32, 0, 0, H, 0);
+    add(t, 2 * refiners, F32, 0, 2 * D, 0, 0);
+    add(t, 1, F32, 0, d->text_dim, 0, 0);
+    /* the batch: latents and noise fp32 [N, patch_in], tokens_in bf16 [N, patch_in], x0 and noise tokens fp32
+       [N, patch_out] */
+    add(t, 2, F32, patch_in, 0, 0, 0);
+    add(t, 1, BF16, patch_in, 0, 0, 0);
+    add(t, 2, F32, patch_out, 0, 0, 0);
+    /* embeddings and head: 16 [B, D] and 2 [B, 6D] fp32; head statistics [N]; x_final, head_h [N, D] bf16; pred,
+       d_pred [N, patch_out] bf16; sample_loss [B] */
+    add(t, 16, F32, 0, D, 0, 0);
+    add(t, 2, F32, 0, 6 * D, 0, 0);
+    add(t, 2, F32, 1, 0, 0, 0);
+    add(t, 2, BF16, D, 0, 0, 0);
+    add(t, 2, BF16, patch_out, 0, 0, 0);
+    add(t, 1, F32, 0, 1, 0, 0);
+    /* gradients, per row of either stream: 3 [., D] and 4 [. + slack, D] bf16, d_ffn [., F]; the text path's
+       gradient [L, D] fp32 */
+    add(t, 3, BF16, D, 0, D, 0);
+    add(t, 4, BF16, D, 0, D, slack * D);
+    add(t, 1, BF16, F, 0, F, 0);
+    add(t, 1, F32, 0, 0, D, 0);
+    /* the tables: 7 row offsets [B + 1] int64, latent shapes [B, 3] and positions [N, 3] int32, sigma [B] and
+       sinusoid [B, freq_dim] fp32 */
+    add(t, 7, I64, 0, 1, 0, 1);
+    add(t, 1, I32, 0, 3, 0, 0);
+    add(t, 1, I32, 3, 0, 0, 0);
+    add(t, 1, F32, 0, 1, 0, 0);
+    add(t, 1, F32, 0, d->freq_dim, 0, 0);
+    t->align = LAYOUT_GPU_ALIGN;
+}
+
 int64_t layout_gpu_scratch_bytes(const model_layout *layout, int64_t device_scratch_bytes, int64_t tokens,
                                  int64_t samples)
 {
@@ -494,16 +570,17 @@ layout_memory model_layout_memory(const model_layout *layout, layout_backend bac
                                   int64_t device_scratch_bytes)
 {
     tally t = {0, 0, 0, 0, 0, 0};
-    ALDIT_CHECK(backend == LAYOUT_BACKEND_CPU || layout->dims.family == FAMILY_WAN,
-                "layout: model.family = hunyuanvideo15 has no GPU model yet (its GPU memory is not known)");
-    if (layout->dims.family == FAMILY_HUNYUANVIDEO15) {
-        mmdit_cpu_workspace(&t, &layout->dims);
-    } else if (backend == LAYOUT_BACKEND_GPU) {
-        gpu_workspace(&t, &layout->dims, recompute);
-        t.per_token += 4 * layout->dims.num_heads;   /* the scratch: one more piece */
+    const int joint = layout_family_attention(layout->dims.family).joint_text;
+    if (backend == LAYOUT_BACKEND_GPU) {
+        if (joint) mmdit_gpu_workspace(&t, &layout->dims, recompute);
+        else gpu_workspace(&t, &layout->dims, recompute);
+        t.per_token += 4 * layout->dims.num_heads;   /* the scratch: one more piece (attention over the text rows too) */
+        t.per_text += joint ? 4 * layout->dims.num_heads : 0;
         t.per_sample += 12 * layout->dims.dim;
         t.fixed += device_scratch_bytes;
         t.pieces += 1;
+    } else if (joint) {
+        mmdit_cpu_workspace(&t, &layout->dims);
     } else {
         cpu_workspace(&t, &layout->dims);
     }
@@ -551,8 +628,13 @@ int64_t layout_shard_values(const model_layout *layout, layout_backend backend, 
 
 int64_t layout_gpu_fp32_read_values(const model_layout *layout, deck_shard mode)
 {
-    ALDIT_CHECK(layout->dims.family == FAMILY_WAN, "layout: model.family = hunyuanvideo15 has no GPU model yet");
-    const int64_t D = layout->dims.dim, time = mode == SHARD_FULL ? 0 : layout->blocks_offset - layout->time_in.weight;
+    const int64_t D = layout->dims.dim;
+    if (layout->dims.family == FAMILY_HUNYUANVIDEO15) {
+        /* the plan until its GPU model says (layout.h): each block's 4 q/k RMSNorm weights, the time path */
+        const int64_t time = mode == SHARD_FULL ? 0 : layout->mmdit.cond_type - layout->mmdit.time_1.weight;
+        return time + layout->dims.num_layers * 4 * (D / layout->dims.num_heads);
+    }
+    const int64_t time = mode == SHARD_FULL ? 0 : layout->blocks_offset - layout->time_in.weight;
     return time + 2 * D + layout->dims.num_layers * 8 * D;
 }
 

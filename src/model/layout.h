@@ -110,6 +110,13 @@ typedef struct {
 /* 1 when the family has a GPU model (wan), 0 when it runs on the CPU only (hunyuanvideo15 so far): [run]
    device = auto then means cpu. */
 int layout_family_on_gpu(deck_family family);
+/* How a family's attention sees the text, for the balancer's cost by length (docs/balancer.md): joint_text 1 where the
+   text rows join each block's self-attention (MMDiT: one attention over the sample's [video; text], so that the
+   length a sample's attention and GEMMs see is N = S + L), 0 where the video attends to them by cross-attention
+   (Wan); text_attention_layers: the text's own self-attention layers outside the blocks, over its L rows
+   (HunyuanVideo-1.5's token refiner: LAYOUT_MMDIT_REFINER_LAYERS; Wan: 0). */
+typedef struct { int joint_text; int text_attention_layers; } layout_attention;
+layout_attention layout_family_attention(deck_family family);
 /* The deck's [model] dims. */
 layout_dims layout_dims_of(const deck *config);
 /* Build the table for these dims (no allocation). */
@@ -143,8 +150,12 @@ layout_gemm_flops model_layout_gemm_flops(const model_layout *layout);
      copied over, the per-micro-batch tables and the backward scratch. The scratch depends on the GPU (its
      SM count) through a constant, device_scratch_bytes (gpu_model_device_scratch_bytes; 0 where no GPU
      is known: then `fixed` is short of the device's by that, the coefficients are the same).
-   hunyuanvideo15 has only the CPU count so far (text rows L are its joint text: image, ByT5 and Qwen tokens);
-   asking for its GPU memory or GPU state is a fatal error naming the missing GPU model.
+   hunyuanvideo15: text rows L are its joint text (image, ByT5 and Qwen tokens), each a row of the text stream of
+     every block (the same activations per row as a video row's) and of the text path (refiner, embedders). Its CPU
+     count is the CPU model's (mmdit.c); its GPU count is the plan its GPU model is to carve its arena by: Wan's GPU
+     arena per row for the rows of both streams, the joint attention's tensors over N + L rows, the refiner kept per
+     text row, 12 modulation vectors per block and sample (until cuda/ builds that model, aldit-sim and aldit --check
+     plan GPU runs of the family with it).
    The coefficients are what the balancer plans with (cost_model_mem: per_sample + per_token S +
    per_text L a sample); `fixed` is counted once per rank, in the plan of the GPU. */
 typedef enum { LAYOUT_BACKEND_CPU, LAYOUT_BACKEND_GPU } layout_backend;
@@ -202,7 +213,8 @@ layout_state_bytes model_layout_state_bytes(const model_layout *layout, layout_b
 double layout_state_total(const layout_state_bytes *bytes);
 /* f above: the values the GPU model reads in fp32 (gpu_model_params) kept whole under `mode` (sharded):
    head.modulation (2 dim), each block's modulation and norm3 (8 dim) and, but in full, the time path
-   (time_embedding.0.weight to the end of the embeddings). */
+   (time_embedding.0.weight to the end of the embeddings). hunyuanvideo15, as planned until its GPU model says: each
+   block's four q/k RMSNorm weights (4 head dims) and, but in full, the time path (time_embed's two Linears). */
 int64_t layout_gpu_fp32_read_values(const model_layout *layout, deck_shard mode);
 /* s above: the values of one sharded array a rank holds (the largest over ranks), as shard.h cuts it. */
 int64_t layout_shard_values(const model_layout *layout, layout_backend backend, int n_ranks);

@@ -53,7 +53,7 @@ typedef struct {
 static void print_usage(FILE *out)
 {
     fprintf(out,
-            "usage: aldit-sim (--spec FILE | --store FILE) --model DECK --ranks R [--strategy NAME|all]\n"
+            "usage: aldit-sim [--spec FILE | --store FILE] --model DECK --ranks R [--strategy NAME|all]\n"
             "                 [--samples N] [--noise F] [--seed S] [--json] [section.key=value ...]\n"
             "Runs aldit's balancer for R virtual ranks over one epoch, without training, and reports per strategy\n"
             "the predicted imbalance, the epoch time against its lower bound, memory use and balancer time. First it\n"
@@ -61,7 +61,8 @@ static void print_usage(FILE *out)
             "budget holds the largest sample; none, optimizer, gradients, full) and [train] ema_decay with its breakdown,\n"
             "and the budget that balance.device_mem x (1 - balance.mem_margin) leaves beside it (or a fixed\n"
             "balance.mem_budget).\n"
-            "  --spec FILE       length spec (weight frames height width per line); N samples are drawn from it\n"
+            "  --spec FILE       length spec (weight frames height width [text] per line); N samples are drawn from\n"
+            "                    it (default: the deck's balance.lengths)\n"
             "  --store FILE      an aldit latent store: its index gives the samples\n"
             "  --model DECK      input deck; its [model] and [balance] sections are used (overrides may follow)\n"
             "  --ranks R         virtual ranks\n"
@@ -133,14 +134,15 @@ static sim_args parse_args(int argc, char **argv)
         }
     }
     for (int i = optind; i < argc; i++) usage_error("unknown argument '%s'", argv[i]); /* words after "--" */
-    if (!args.spec_path == !args.store_path) usage_error("give exactly one of --spec FILE and --store FILE%s", "");
+    if (args.spec_path && args.store_path) usage_error("give one of --spec FILE and --store FILE, not both%s", "");
     if (!args.deck_path) usage_error("--model DECK is required%s", "");
     if (args.n_ranks <= 0) usage_error("--ranks R is required%s", "");
     if (!args.strategy) usage_error("--strategy needs a value%s", "");
     return args;
 }
 
-/* The samples: drawn from a spec (text_len of the deck's model) or read from a store's index. */
+/* The samples: drawn from a spec (each with its bucket's caption length, or the deck's text_len where the spec gives
+   none; text_len with [model] text_padding = wan, as a run pads them) or read from a store's index. */
 static balance_sample *load_samples(const sim_args *args, const deck *config, int64_t *n_samples)
 {
     balance_sample *samples = NULL;
@@ -150,8 +152,14 @@ static balance_sample *load_samples(const sim_args *args, const deck *config, in
         if (lengths_load(args->spec_path, &buckets, &n_buckets, stderr) != 0) exit(ALDIT_EXIT_USAGE);
         int64_t n = args->n_samples;
         int32_t *frames = xmalloc((size_t)n * sizeof(int32_t)), *height = xmalloc((size_t)n * sizeof(int32_t));
-        int32_t *width = xmalloc((size_t)n * sizeof(int32_t));
-        lengths_draw(buckets, n_buckets, n, config->run.seed, frames, height, width);
+        int32_t *width = xmalloc((size_t)n * sizeof(int32_t)), *text = xmalloc((size_t)n * sizeof(int32_t));
+        lengths_draw_text(buckets, n_buckets, n, config->run.seed, frames, height, width, text);
+        for (int b = 0; b < n_buckets; b++)
+            if (buckets[b].text_max > config->model.text_len) {
+                fprintf(stderr, "aldit-sim: %s: a bucket's captions reach %d text tokens, more than model.text_len = %d\n",
+                        args->spec_path, buckets[b].text_max, config->model.text_len);
+                exit(ALDIT_EXIT_USAGE);
+            }
         samples = xmalloc((size_t)n * sizeof(balance_sample));
         for (int64_t i = 0; i < n; i++) {
             store_sample shape = {.frames = frames[i], .height = height[i], .width = width[i]};
@@ -162,10 +170,12 @@ static balance_sample *load_samples(const sim_args *args, const deck *config, in
                         config->model.patch_h, config->model.patch_w);
                 exit(ALDIT_EXIT_USAGE);
             }
-            samples[i] = (balance_sample){.id = i, .tokens = (int32_t)tokens, .text_len = config->model.text_len};
+            const int padded = config->model.text_padding == TEXT_PADDING_WAN || text[i] == 0;
+            samples[i] = (balance_sample){.id = i, .tokens = (int32_t)tokens,
+                                          .text_len = padded ? config->model.text_len : text[i]};
         }
         *n_samples = n;
-        free(frames); free(height); free(width); free(buckets);
+        free(frames); free(height); free(width); free(text); free(buckets);
     } else {
         store data;
         if (store_open(&data, args->store_path, stderr) != 0) exit(ALDIT_EXIT_USAGE);
@@ -183,6 +193,24 @@ static balance_sample *load_samples(const sim_args *args, const deck *config, in
         store_close(&data);
     }
     return samples;
+}
+
+/* Where neither --spec nor --store is given: the deck's balance.lengths, as given when it opens from the working
+   folder, else (a relative path) from the deck's folder; exits 2 where the deck names none. */
+static void default_spec(sim_args *args, const deck *config, char *path, size_t path_size)
+{
+    if (args->spec_path || args->store_path) return;
+    if (!config->balance.lengths[0])
+        usage_error("give --spec FILE or --store FILE (or name a length spec in the deck: balance.lengths)%s", "");
+    snprintf(path, path_size, "%s", config->balance.lengths);
+    FILE *file = fopen(path, "r");
+    if (!file && config->balance.lengths[0] != '/') {
+        const char *slash = strrchr(args->deck_path, '/');
+        if (slash) snprintf(path, path_size, "%.*s/%s", (int)(slash - args->deck_path), args->deck_path,
+                            config->balance.lengths);
+    }
+    if (file) fclose(file);
+    args->spec_path = path;
 }
 
 /* CPU time of this thread: the balancer's own cost, unaffected by other processes on a shared machine. */
@@ -207,8 +235,9 @@ static double rank_true_seconds(const balancer *b, const balance_assignment *ste
         while ((1 << size_index) < k && size_index < SIM_GROUP_SIZES - 1) size_index++;
         for (int64_t i = step->micro_start[m]; i < step->micro_start[m + 1]; i++) {
             const int64_t index = step->indices[i];
-            seconds += k > 1 ? true_cost[index] / k + cost_model_exchange(balancer_cost_model(b), samples[index].tokens, k)
-                             : true_cost[index];
+            const cost_model *cm = balancer_cost_model(b);
+            const int64_t rows = cost_model_length(cm, samples[index].tokens, samples[index].text_len);
+            seconds += k > 1 ? true_cost[index] / k + cost_model_exchange(cm, rows, k) : true_cost[index];
             group_samples[size_index] += 1.0 / k;
             *work += k > 1 ? true_cost[index] / k : true_cost[index];
         }
@@ -383,9 +412,9 @@ static sim_plan plan_memory(const sim_args *args, const deck *config, const cost
     return plan;
 }
 
-static int gpu_deck_without_cuda(const cost_model *cm)
+static int gpu_deck_without_cuda(const deck *config, const cost_model *cm)
 {
-    return cm->backend == LAYOUT_BACKEND_GPU && !device_offline_gpu_plan_fn();
+    return cm->backend == LAYOUT_BACKEND_GPU && !device_offline_gpu_plan_fn(config);
 }
 
 /* The memory formula the balancer plans with (model/layout.h), the state's breakdown per rank and each mode's. */
@@ -412,7 +441,12 @@ static void print_memory(const sim_args *args, const deck *config, const cost_mo
         printf("  activation budget %.2f GiB per rank: the largest whose GPU model fits balance.device_mem %.2f GiB x "
                "(1 - mem_margin %g) less the state and the CUDA libraries' reserve (aldit --check's plan)\n",
                plan->mem_budget / gib, config->balance.device_mem / gib, config->balance.mem_margin);
-    else if (gpu_deck_without_cuda(cm))
+    else if (gpu && !layout_family_on_gpu(config->model.family))
+        printf("  activation budget %.2f GiB per rank: balance.device_mem %.2f GiB x (1 - mem_margin %g) less the "
+               "state (model.family = %s has no GPU model yet: its activations by the layout's GPU formula, as "
+               "aldit --check plans it)\n", plan->mem_budget / gib, config->balance.device_mem / gib,
+               config->balance.mem_margin, deck_family_name(config->model.family));
+    else if (gpu_deck_without_cuda(config, cm))
         printf("  activation budget %.2f GiB per rank: balance.device_mem %.2f GiB x (1 - mem_margin %g) less the "
                "state (this build has no CUDA backend: aldit --check on one also counts the GPU model's workspace "
                "and the CUDA libraries' reserve, a smaller budget)\n", plan->mem_budget / gib,
@@ -451,6 +485,8 @@ int main(int argc, char **argv)
     if (deck_load(&config, args.deck_path, args.n_overrides, args.overrides, stderr) != 0) return ALDIT_EXIT_USAGE;
     if (args.seed != UINT64_MAX) config.run.seed = args.seed;
     if (config.balance.ranks_per_node == 0) config.balance.ranks_per_node = SIM_RANKS_PER_NODE;
+    char spec_path[2 * DECK_PATH_MAX + 2];
+    default_spec(&args, &config, spec_path, sizeof spec_path);
     deck_strategy strategies[3];
     int n_strategies = 0;
     if (!strcmp(args.strategy, "all")) {
@@ -470,7 +506,7 @@ int main(int argc, char **argv)
     cost_model truth;
     cost_model_init(&truth, &config);
     sim_gpu gpu = {.samples = samples, .n_samples = n_samples};
-    if (truth.backend == LAYOUT_BACKEND_GPU) gpu.fn = device_offline_gpu_plan_fn();
+    if (truth.backend == LAYOUT_BACKEND_GPU) gpu.fn = device_offline_gpu_plan_fn(&config);
     if (gpu.fn) { /* the backend's plan is collective: this process alone, standing for --ranks GPUs */
         gpu.info = comm_init(&argc, &argv);
         gpu.info.n_ranks = args.n_ranks;

@@ -36,10 +36,11 @@ static const char usage_text[] =
     "      smooth pattern set by a class that its text embedding encodes, so a model can learn it.\n"
     "      --seed sets the classes' patterns, --draw-seed the samples drawn from them (shapes, classes,\n"
     "      noise): another T with the same S makes held-out samples of the same classes.\n"
-    "      Defaults: --seed 0 --draw-seed S --text-len 32 (lengths vary in [L/2, L]) --text-dim 4096\n"
-    "      --precision bf16 --channels 16. --text-2-dim and --image-dim add the caption sources of\n"
-    "      hunyuanvideo15 (random rows): 0 to G ByT5 rows per sample (default 8), I SigLIP rows per video\n"
-    "      (default 4; none for images).\n"
+    "      A spec line's caption field (MIN-MAX, see docs/balancer.md) draws that bucket's caption lengths, at\n"
+    "      most --text-len. Defaults: --seed 0 --draw-seed S --text-len 32 (lengths vary in [L/2, L] where the\n"
+    "      spec gives none) --text-dim 4096 --precision bf16 --channels 16. --text-2-dim and --image-dim add the\n"
+    "      caption sources of hunyuanvideo15 (random rows): 0 to G ByT5 rows per sample (default 8), I SigLIP\n"
+    "      rows per video (default 4; none for images).\n"
     "  pack --out FILE [--precision bf16|f16|f32] DIR\n"
     "      a store from DIR/NAME.npy latents [C, F, H, W] and DIR/NAME.text.npy text embeddings [L, D]\n"
     "      (float16/32/64, little-endian, C order); samples in byte order of NAME. With DIR/NAME.text_2.npy\n"
@@ -236,9 +237,16 @@ static int command_synth(int argc, char **argv)
     length_bucket *buckets = NULL;
     int n_buckets = 0;
     if (lengths_load(spec, &buckets, &n_buckets, stderr)) return EXIT_BAD_USAGE;
+    for (int b = 0; b < n_buckets; b++)
+        if (buckets[b].text_max > text_len) {
+            fprintf(stderr, "aldit-store: %s: a bucket's captions reach %d text tokens, more than --text-len %lld\n", spec,
+                    buckets[b].text_max, (long long)text_len);
+            free(buckets);
+            return EXIT_BAD_USAGE;
+        }
     int32_t *frames = xmalloc((size_t)n_samples * sizeof *frames), *height = xmalloc((size_t)n_samples * sizeof *height),
-            *width = xmalloc((size_t)n_samples * sizeof *width);
-    lengths_draw(buckets, n_buckets, n_samples, (uint64_t)draw_seed, frames, height, width);
+            *width = xmalloc((size_t)n_samples * sizeof *width), *caption = xmalloc((size_t)n_samples * sizeof *caption);
+    lengths_draw_text(buckets, n_buckets, n_samples, (uint64_t)draw_seed, frames, height, width, caption);
     int64_t max_latent = 0, n_images = 0;
     for (int64_t i = 0; i < n_samples; i++) {
         int64_t elements = channels * frames[i] * height[i] * width[i];
@@ -263,6 +271,7 @@ static int command_synth(int argc, char **argv)
     for (int64_t i = 0; writer && i < n_samples; i++) {
         int k = (int)(rng_next_u64(&state) % SYNTH_CLASSES);
         int32_t sample_text_len = text_len_min + (int32_t)(rng_next_u64(&state) % (uint64_t)(text_len - text_len_min + 1));
+        if (caption[i] > 0) sample_text_len = caption[i]; /* the spec's (the draw above keeps the stream as it was) */
         synth_sample(&model, k, frames[i], height[i], width[i], sample_text_len, &state, latent, text);
         int failed;
         if (text_2_dim > 0) { /* ByT5 rows: 0 to text_2_len; SigLIP rows: image_len for a video, none for an image */
@@ -295,6 +304,7 @@ static int command_synth(int argc, char **argv)
     free(frames);
     free(height);
     free(width);
+    free(caption);
     free(buckets);
     return status;
 }

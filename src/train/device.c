@@ -6,6 +6,7 @@
 #include <stdlib.h>
 
 #include "backend/backend_cpu.h"
+#include "backend/plan_layout.h"
 #include "model/layout.h"
 #ifdef HAVE_CUDA
 #include "cuda/backend_cuda.h"
@@ -15,7 +16,7 @@
 /* The device resolved, or -1 (rank 0 said why). */
 static int resolve(const deck *config, const comm_info *info)
 {
-    /* auto: a family without a GPU model runs on the CPU (the deck refuses device = cuda for it) */
+    /* auto: a family without a GPU model runs on the CPU (device_resolve refuses cuda for it) */
     if (config->run.device == DEVICE_CPU || !layout_family_on_gpu(config->model.family)) return DEVICE_CPU;
 #ifdef HAVE_CUDA
     int some_rank_without_gpu = comm_allreduce_or_int(gpu_count() == 0);
@@ -38,6 +39,13 @@ static int resolve(const deck *config, const comm_info *info)
 
 int device_resolve(const deck *config, const comm_info *info)
 {
+    if (config->run.device == DEVICE_CUDA && !layout_family_on_gpu(config->model.family)) {
+        if (info->rank == 0)
+            fprintf(stderr, "aldit: error: [run] device = cuda, but model.family = %s has no GPU model yet (only the "
+                    "CPU model): aldit --check and aldit-sim plan its GPU runs (by the layout's GPU memory); to train, "
+                    "set run.device = cpu or auto\n", deck_family_name(config->model.family));
+        return -2;
+    }
     int device = resolve(config, info);
     if (device != DEVICE_CPU || config->train.recompute != RECOMPUTE_BLOCK) return device;
     /* the balancer's memory model would assume recomputation and plan micro-batches that overrun host memory */
@@ -55,6 +63,10 @@ int device_resolve(const deck *config, const comm_info *info)
 int device_resolve_check(const deck *config, const comm_info *info, int *offline)
 {
     *offline = 0;
+    if (config->run.device == DEVICE_CUDA && !layout_family_on_gpu(config->model.family)) {
+        *offline = 1; /* planned by the layout's formula (device_check_plan_fn) */
+        return DEVICE_CUDA;
+    }
 #ifdef HAVE_CUDA
     if (config->run.device == DEVICE_CUDA && comm_allreduce_or_int(gpu_count() == 0)) {
         *offline = 1;
@@ -64,8 +76,9 @@ int device_resolve_check(const deck *config, const comm_info *info, int *offline
     return device_resolve(config, info);
 }
 
-backend_plan_fn device_check_plan_fn(int device, int offline)
+backend_plan_fn device_check_plan_fn(const deck *config, int device, int offline)
 {
+    if (device == DEVICE_CUDA && !layout_family_on_gpu(config->model.family)) return backend_layout_gpu_plan;
 #ifdef HAVE_CUDA
     if (device == DEVICE_CUDA && offline) return backend_cuda_plan_offline;
 #endif
@@ -73,8 +86,9 @@ backend_plan_fn device_check_plan_fn(int device, int offline)
     return device_plan_fn(device);
 }
 
-backend_plan_fn device_offline_gpu_plan_fn(void)
+backend_plan_fn device_offline_gpu_plan_fn(const deck *config)
 {
+    if (!layout_family_on_gpu(config->model.family)) return NULL;
 #ifdef HAVE_CUDA
     return backend_cuda_plan_offline;
 #else

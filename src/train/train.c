@@ -393,7 +393,7 @@ int train_check(const deck *config, const comm_info *info)
     int64_t n_planned = 0;
     balance_sample *planned = plan_samples(samples, data.n_samples, eval, &n_planned);
     backend_plan plan;
-    int status = device_check_plan_fn(device, offline)(config, info, &table, planned, n_planned, &plan);
+    int status = device_check_plan_fn(config, device, offline)(config, info, &table, planned, n_planned, &plan);
     free(planned);
     if (status == 0 && eval) status = eval_plan(eval, &plan, info->n_ranks, 1, 0, NULL, NULL);
     if (status == 0) status = check_resumed_balancer(config, samples, data.n_samples, info, &plan);
@@ -1189,20 +1189,25 @@ static void report_calibration(trainer *t)
     const cost_features *f = &t->calibration_features[at >= 0 ? at : 0];
     char split[96] = "";
     if (cm->attention_split_tokens > 0)
-        snprintf(split, sizeof split, ", %.3g S^2 in place of c below %lld tokens", cm->coef[5],
-                 (long long)cm->attention_split_tokens);
-    printf("             cost model fitted: seconds = %.3g + %.3g S + %.3g S^2 + %.3g S L + %.3g L%s (worst misfit of a "
-           "timed shape %.1f%%: %.0f x %.0f tokens)\n", cm->coef[0], cm->coef[1], cm->coef[2], cm->coef[3],
-           cm->coef[4], split, 100.0 * worst, f->value[0], f->value[0] > 0 ? f->value[1] / f->value[0] : 0.0);
+        snprintf(split, sizeof split, ", %.3g %s^2 in place of c below %lld %s", cm->coef[5], cm->joint_text ? "N" : "S",
+                 (long long)cm->attention_split_tokens, cm->joint_text ? "rows" : "tokens");
+    char form[160];
+    cost_model_form_text(cm, form, sizeof form);
+    printf("             cost model fitted: seconds = %s%s (worst misfit of a timed shape %.1f%%: %.0f x %.0f %s)\n",
+           form, split, 100.0 * worst, f->value[0], f->value[0] > 0 ? f->value[1] / f->value[0] : 0.0,
+           cm->joint_text ? "rows" : "tokens");
     const double text = f->value[0] > 0 ? f->value[4] / f->value[0] : 0.0;
     int same_text = 1;
     for (int i = 0; i < t->n_calibration; i++) {
         const cost_features *g = &t->calibration_features[i];
         same_text &= fabs(g->value[4] - text * g->value[0]) <= 1e-9 * (1.0 + g->value[4]);
     }
-    if (same_text && t->n_calibration > 1)
-        printf("             (every timed sample has L = %.0f text rows: the timings fix a + e L = %.3g and b + d L = "
-               "%.3g, not their parts)\n", text, cm->coef[0] + cm->coef[4] * text, cm->coef[1] + cm->coef[3] * text);
+    if (same_text && t->n_calibration > 1) {
+        char fixed[160];
+        cost_model_same_text_text(cm, text, fixed, sizeof fixed);
+        printf("             (every timed sample has L = %.0f text rows: the timings fix %s, not their parts)\n", text,
+               fixed);
+    }
     fflush(stdout);
 }
 
@@ -1299,7 +1304,8 @@ static void warm_up_device(trainer *t, const backend_shape *shapes, const calibr
 }
 
 /* Time the store's distinct sample shapes (at most CALIBRATION_MAX_SHAPES, spread over the length range;
-   each with its mean text length) on the backend's device, each packed into a micro-batch of as many copies as
+   each with its mean text length, or, where the text joins the attention, its shortest and longest caption in
+   turn: calibration_text_rows) on the backend's device, each packed into a micro-batch of as many copies as
    training would pack (one copy with [balance] calibrate_packed off), so that the timings carry the
    per-micro-batch fixed cost as training does (time_calibration: on models of one and two blocks, scaled to
    the depth, the cheap shapes and a few checks timed at full depth); rank 0 prints the progress and keeps the
@@ -1317,11 +1323,19 @@ static void calibrate(trainer *t)
     }
     qsort(all, (size_t)n_samples, sizeof *all, compare_shapes);
     backend_shape *distinct = xmalloc((size_t)(n_samples > 0 ? n_samples : 1) * sizeof *distinct);
+    int32_t *text_range = xmalloc((size_t)(n_samples > 0 ? n_samples : 1) * 2 * sizeof *text_range);
     int64_t n_distinct = 0;
     for (int64_t first = 0, end; first < n_samples; first = end) {
         double text_sum = 0.0;
-        for (end = first; end < n_samples && compare_shapes(&all[end], &all[first]) == 0; end++) text_sum += all[end].text_len;
+        int32_t shortest = all[first].text_len, longest = all[first].text_len;
+        for (end = first; end < n_samples && compare_shapes(&all[end], &all[first]) == 0; end++) {
+            text_sum += all[end].text_len;
+            if (all[end].text_len < shortest) shortest = all[end].text_len;
+            if (all[end].text_len > longest) longest = all[end].text_len;
+        }
         int32_t mean_text = (int32_t)lround(text_sum / (double)(end - first));
+        text_range[2 * n_distinct] = shortest > 0 ? shortest : 1;
+        text_range[2 * n_distinct + 1] = longest > 0 ? longest : 1;
         distinct[n_distinct++] = (backend_shape){all[first].frames, all[first].height, all[first].width,
                                              mean_text > 0 ? mean_text : 1};
     }
@@ -1329,8 +1343,14 @@ static void calibrate(trainer *t)
 
     int n_shapes = n_distinct < CALIBRATION_MAX_SHAPES ? (int)n_distinct : CALIBRATION_MAX_SHAPES;
     backend_shape shapes[CALIBRATION_MAX_SHAPES];
-    for (int i = 0; i < n_shapes; i++) /* evenly spaced over the sorted shapes, both ends included */
-        shapes[i] = distinct[n_shapes > 1 ? (int64_t)i * (n_distinct - 1) / (n_shapes - 1) : 0];
+    const int joint_text = layout_family_attention(t->config->model.family).joint_text;
+    for (int i = 0; i < n_shapes; i++) { /* evenly spaced over the sorted shapes, both ends included */
+        const int64_t pick = n_shapes > 1 ? (int64_t)i * (n_distinct - 1) / (n_shapes - 1) : 0;
+        shapes[i] = distinct[pick];
+        shapes[i].text_len = calibration_text_rows(joint_text, i, text_range[2 * pick], distinct[pick].text_len,
+                                                   text_range[2 * pick + 1]);
+    }
+    free(text_range);
     int copies[CALIBRATION_MAX_SHAPES];
     const int max_copies = t->config->balance.calibrate_packed ? CALIBRATION_MAX_COPIES : 1;
     t->dev->ops->calibration_copies(t->dev, shapes, n_shapes, max_copies, copies);
