@@ -175,6 +175,7 @@ static double split_reserve(const deck *config, const cost_model *cm, const mode
                             const balance_sample *samples, int64_t n_samples, double budget, int sp_max)
 {
     double most = 0.0;
+    if (table->family != FAMILY_WAN) return 0.0; /* the one family whose GPU model runs groups so far */
     for (int k = 2; k <= sp_max; k *= 2) {
         int64_t longest = 0;
         for (int64_t i = 0; i < n_samples; i++)
