@@ -11,6 +11,7 @@
 #include "core/comm.h"
 #include "balance/calibration.h"
 #include "balance/costmodel.h"
+#include "cuda/fp8.h"
 #include "cuda/fused.h"
 #include "cuda/gemm.h"
 #include "cuda/gpu.h"
@@ -162,13 +163,21 @@ static double attention_buffer_for(const deck *config, const model *table, capac
     return 0.0;
 }
 
+/* [train] precision = fp8: the GPU model's FP8 scratch, also outside the workspace (gpu_model_fp8_bytes); planned with
+   the attention buffer. */
+static double fp8_buffer_for(const deck *config, const model *table, capacity c)
+{
+    return config->train.precision == PRECISION_FP8 ? (double)gpu_model_fp8_bytes(table, c.tokens) : 0.0;
+}
+
 /* 1 when the GPU model for the largest micro-batch under `budget` fits `available` bytes. */
 static int budget_fits(const deck *config, const cost_model *cm, const model *table, const balance_sample *samples,
                        int64_t n_samples, double budget, double available)
 {
     capacity c = capacity_for_budget(cm, samples, n_samples, budget);
     return c.samples <= GPU_MAX_SAMPLES
-           && workspace_for(config, table, c) + attention_buffer_for(config, table, c) <= available;
+           && workspace_for(config, table, c) + attention_buffer_for(config, table, c) + fp8_buffer_for(config, table, c)
+                  <= available;
 }
 
 /* Ranks of this node whose node-local rank maps to `device` (as gpu_select maps them). */
@@ -266,7 +275,7 @@ static int plan_memory(const deck *config, const comm_info *info, const cost_mod
     plan->max_text = c.text;
     plan->max_samples = (int)(c.samples < GPU_MAX_SAMPLES ? c.samples : GPU_MAX_SAMPLES);
     plan->workspace_bytes = workspace_for(config, table, c);
-    plan->attention_buffer_bytes = attention_buffer_for(config, table, c);
+    plan->attention_buffer_bytes = attention_buffer_for(config, table, c) + fp8_buffer_for(config, table, c);
     if (c.samples > GPU_MAX_SAMPLES || plan->workspace_bytes + plan->attention_buffer_bytes > available) {
         if (info->rank == 0)
             fprintf(stderr, "aldit: error: [balance] mem_budget = %.3f GiB does not fit the GPU: its largest "
@@ -396,6 +405,13 @@ static int plan_run(const deck *config, const comm_info *info, const model *tabl
     if (resolve_shard(config, info, plan) != 0) return ALDIT_EXIT_USAGE;
     if (offline) plan_without_device(config, &gpu);
     else select_device(info, &gpu);
+    int major = 0, minor = 0;
+    if (!offline && config->train.precision == PRECISION_FP8 && !fp8_gpu_supported(&major, &minor)) {
+        fprintf(stderr, "aldit: error: rank %d: [train] precision = fp8 needs a GPU of compute capability 8.9 or more "
+                "(FP8 tensor cores); %s is %d.%d: set [train] precision = bf16\n", info->rank, gpu.description, major,
+                minor);
+        return ALDIT_EXIT_USAGE;
+    }
     cost_model_init(&plan->memory_model, config);
     plan->has_memory_model = 1;
     use_gpu_memory(&plan->memory_model, config);
@@ -450,6 +466,8 @@ static gpu_model *make_gpu_model(const deck *config, const model *table, int64_t
                                               [ATTENTION_CUDNN] = GPU_ATTENTION_CUDNN,
                                               [ATTENTION_OWN] = GPU_ATTENTION_OWN};
     const int cudnn = gpu_model_set_attention(net, attention[config->train.attention], GPU_ATTENTION_CUDNN_MIN_TOKENS);
+    if (config->train.precision == PRECISION_FP8)
+        gpu_model_set_precision(net, 1, config->train.fp8_amax_history, config->train.fp8_margin);
     *cudnn_min_tokens = cudnn ? GPU_ATTENTION_CUDNN_MIN_TOKENS : 0;
     return net;
 }
@@ -764,6 +782,7 @@ static void cuda_finish_step(backend *b, const adamw_step *hyper, int update, ba
             misc_ema_update(gpu->ema, buffers->master, buffers->n_weights, optim_ema_decay(config, hyper->step),
                             gpu->clip_scale, gpu->stream);
     }
+    gpu_model_fp8_step(gpu->net, gpu->stream);  /* delayed scaling: this step's amaxes into the histories */
     CUDA_CHECK(cudaEventRecord(gpu->optimizer_done, gpu->stream));
     CUDA_CHECK(cudaMemcpyAsync(gpu->grad_norm_host, gpu->grad_norm, sizeof(double), cudaMemcpyDeviceToHost,
                                gpu->stream));
@@ -945,6 +964,24 @@ static void cuda_profile(backend *b, int on)
     gpu_profiler(on);
 }
 
+static size_t cuda_fp8_state_bytes(const backend *b)
+{
+    const train_gpu *gpu = b->state;
+    return gpu_model_fp8_state_bytes(gpu->net);
+}
+
+static void cuda_get_fp8_state(const backend *b, void *blob)
+{
+    const train_gpu *gpu = b->state;
+    gpu_model_fp8_save(gpu->net, blob, gpu->stream);
+}
+
+static int cuda_set_fp8_state(backend *b, const void *blob, size_t bytes, char *why, size_t why_size)
+{
+    train_gpu *gpu = b->state;
+    return gpu_model_fp8_load(gpu->net, blob, bytes, why, why_size);
+}
+
 static const backend_ops cuda_ops = {
     .name = "cuda",
     .free = cuda_free,
@@ -963,6 +1000,9 @@ static const backend_ops cuda_ops = {
     .time_shapes = cuda_time_shapes,
     .profile = cuda_profile,
     .device_key = cuda_device_key,
+    .fp8_state_bytes = cuda_fp8_state_bytes,
+    .get_fp8_state = cuda_get_fp8_state,
+    .set_fp8_state = cuda_set_fp8_state,
 };
 
 layout_state_bytes backend_cuda_state_bytes(const backend *b)
