@@ -1,0 +1,503 @@
+/* test_cuda_fp8.c — cmocka tests of the FP8 path of issue 34: the casts (cuda/fp8.h) against a host decoding of their
+   bytes, the delayed-scaling update against a host reference (bit for bit) and its save/load, and each FP8 GEMM
+   (gemm.h: forward with bias and GELU epilogues, dgrad plain, with DGELU and added into dx, wgrad added into dW)
+   through the real casts against the exact product of the same bf16 inputs, within bounds derived from E4M3/E5M2
+   rounding (below). Skips without a GPU, or on one below compute capability 8.9.
+
+   The bounds. Round to nearest in a format with p mantissa bits turns a value x of the normal range into
+   x (1 + d) with |d| <= u = 2^-(p+1): E4M3 (p = 3) u = 2^-4, E5M2 (p = 2) u = 2^-3. Within a binade the absolute
+   error is uniform on [-ulp/2, ulp/2] and ulp <= 2 u |x|, so E[d] = 0 and E[d^2] <= u^2 / 3. An output of a GEMM,
+   y = sum_i a_i b_i over K terms, computed from the cast operands, errs by e = sum_i a_i b_i (d_i + f_i + d_i f_i): to
+   first order a sum of K independent zero-mean terms of variance (u_a^2 + u_b^2) / 3 (a_i b_i)^2, so with
+   S = sqrt(sum_i (a_i b_i)^2) and sigma = sqrt((u_a^2 + u_b^2) / 3):
+     statistical:  |e| <= z sigma S,   z = 6 (K >= 64 terms make e near Gaussian; a 6-sigma excess has odds ~2e-9 per
+                   element, and the model's variance is an upper bound), and over a whole output
+                   0.25 sigma ||S|| <= ||e|| <= 1.25 sigma ||S|| (the lower end shows FP8 rounding really happened:
+                   bf16 operands would err ~30x less);
+     worst case:   |e| <= (u_a + u_b + u_a u_b) sum_i |a_i b_i| <= (u_a + u_b + u_a u_b) sqrt(K) S, every rounding
+                   aligned: the sqrt(K) accumulation bound, asserted too.
+   Both get the bf16 output's own rounding, 2^-8 |y|, and the fast accumulation of the forward and dgrad (FP8
+   products summed in the tensor core's reduced-precision accumulator before fp32): 2^-11 sum_i |a_i b_i|, far below
+   the FP8 term. wgrad (fp32 output, no fast accumulation) gets neither. The scales come from the operands' own amax
+   (the first use of a fresh scaling set), so the values sit in the normal range: subnormals are not modelled. */
+#include "config.h"
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "cuda_test_util.h"
+
+#ifdef HAVE_CUDA
+
+#include <math.h>
+
+#include "core/check.h"
+#include "core/rng.h"
+#include "cuda/fp8.h"
+#include "cuda/gemm.h"
+#include "cuda/gpu.h"
+
+static const double kU[2] = {0x1p-4, 0x1p-3}; /* unit roundoff of E4M3, E5M2 */
+static const double kZ = 6.0;                 /* sigmas of the statistical element bound */
+static const double kBf16Out = 0x1p-8;        /* a bf16 output's rounding */
+static const double kFastAccumulation = 0x1p-11;
+
+static uint64_t g_seed = 0xf8f8f8f8ull;
+static gemm_context *g_gemm;
+
+typedef struct {
+    const char *name;
+    int64_t rows;
+    int in_dim, out_dim;
+    int64_t check_rows; /* rows of y / dx compared (half from each end; 0: all), dW rows compared likewise */
+} shape;
+
+static const shape kShapes[] = {
+    {"37 rows, 64 -> 128 (rows padded to 48 in wgrad)", 37, 64, 128, 0},
+    {"Wan-1.3B attention: 1000 rows, 1536 -> 1536", 1000, 1536, 1536, 32},
+    {"Wan-1.3B FFN up: 300 rows, 1536 -> 8960", 300, 1536, 8960, 16},
+    {"Wan-1.3B FFN down: 300 rows, 8960 -> 1536", 300, 8960, 1536, 16},
+};
+
+/* n values normal(0, spread) rounded to bf16: floats (returned) and bits. */
+static float *random_bf16(size_t n, double spread, gpu_bf16 **bits)
+{
+    uint64_t seed = g_seed++;
+    return random_normal_bf16(&seed, n, 0.0, spread, bits);
+}
+
+/* The value of an E4M3 (bias 7, 3 mantissa bits) or E5M2 (bias 15, 2 bits) byte (NaN and infinity not decoded). */
+static double fp8_decode(uint8_t byte, int e5m2)
+{
+    const int mantissa_bits = e5m2 ? 2 : 3, bias = e5m2 ? 15 : 7;
+    const int exponent = (byte & 0x7f) >> mantissa_bits, mantissa = byte & ((1 << mantissa_bits) - 1);
+    const double fraction = (double)mantissa / (double)(1 << mantissa_bits);
+    const double magnitude = exponent == 0 ? ldexp(fraction, 1 - bias) : ldexp(1.0 + fraction, exponent - bias);
+    return byte & 0x80 ? -magnitude : magnitude;
+}
+
+static int64_t row_of(int64_t i, int64_t rows, int64_t check)
+{
+    if (check <= 0 || check >= rows) return i;
+    return i < check / 2 ? i : rows - (check - i);
+}
+
+static int64_t checked_count(int64_t rows, int64_t check) { return check <= 0 || check >= rows ? rows : check; }
+
+/* The error of one GEMM output against the bounds above; accumulates the whole output's norms. */
+typedef struct {
+    double sigma, worst_u, fast;
+    double err2, s2, ref2;
+    int64_t n;
+    const char *what, *case_name;
+} bound_check;
+
+static bound_check bounds_for(int format_a, int format_b, int bf16_out, const char *what, const char *case_name)
+{
+    const double ua = kU[format_a], ub = kU[format_b];
+    bound_check b = {sqrt((ua * ua + ub * ub) / 3.0), ua + ub + ua * ub, bf16_out ? kFastAccumulation : 0.0, 0, 0, 0, 0,
+                     what, case_name};
+    return b;
+}
+
+/* got against ref = sum a_i b_i with S = sqrt(sum (a_i b_i)^2), A = sum |a_i b_i|; out_scale: got and ref are further
+   multiplied by it (a GELU gradient), plus_ref: added to both exactly (a bias, an earlier dx). */
+static void check_element(bound_check *b, double got, double ref, double S, double A, double out_scale, double plus_ref,
+                          int bf16_out)
+{
+    const double want = ref * out_scale + plus_ref, err = fabs(got - want);
+    const double rounding = bf16_out ? kBf16Out * fabs(want) + 1e-30 : 1e-6 * fabs(want) + 1e-30;
+    const double fast = b->fast * A * fabs(out_scale);
+    const double statistical = kZ * b->sigma * S * fabs(out_scale) + fast + rounding;
+    const double worst = b->worst_u * A * fabs(out_scale) + fast + rounding;
+    if (!(err <= statistical) || !(err <= worst))
+        fail_msg("%s (%s): element %lld is %.8g, want %.8g: error %.3g above the %s bound %.3g", b->what, b->case_name,
+                 (long long)b->n, got, want, err, err > worst ? "worst-case" : "statistical",
+                 err > worst ? worst : statistical);
+    b->err2 += (got - want) * (got - want);
+    b->s2 += S * S * out_scale * out_scale;
+    b->ref2 += want * want;
+    b->n++;
+}
+
+static void check_norms(const bound_check *b, int bf16_out)
+{
+    const double err = sqrt(b->err2), s = sqrt(b->s2), ref = sqrt(b->ref2);
+    const double upper = 1.25 * b->sigma * s + (bf16_out ? kBf16Out : 1e-6) * ref + b->fast * sqrt((double)b->n) * s;
+    const double lower = 0.25 * b->sigma * s;
+    printf("# %s (%s): ||e|| / (sigma ||S||) = %.3f over %lld values\n", b->what, b->case_name, err / (b->sigma * s),
+           (long long)b->n);
+    if (!(err <= upper && err >= lower))
+        fail_msg("%s (%s): ||error|| = %.4g outside [%.4g, %.4g] (0.25 and 1.25 sigma ||S||, sigma = %.4g)", b->what,
+                 b->case_name, err, lower, upper, b->sigma);
+}
+
+/* sum, S and A of a_i b_i for i < K, a with stride sa, b with stride sb. */
+static void dot_stats(const float *a, int64_t sa, const float *b, int64_t sb, int64_t K, double *sum, double *S, double *A)
+{
+    double s = 0.0, s2 = 0.0, sa_ = 0.0;
+    for (int64_t i = 0; i < K; ++i) {
+        const double p = (double)a[i * sa] * (double)b[i * sb];
+        s += p, s2 += p * p, sa_ += fabs(p);
+    }
+    *sum = s, *S = sqrt(s2), *A = sa_;
+}
+
+static double gelu_tanh(double v)
+{
+    return 0.5 * v * (1.0 + tanh(0.7978845608028654 * (v + 0.044715 * v * v * v)));
+}
+static double gelu_tanh_grad(double v)
+{
+    const double t = tanh(0.7978845608028654 * (v + 0.044715 * v * v * v));
+    return 0.5 * (1.0 + t) + 0.5 * v * (1.0 - t * t) * 0.7978845608028654 * (1.0 + 3.0 * 0.044715 * v * v);
+}
+
+/* A fresh scaling set of the three tensors a GEMM casts: 0 input (E4M3), 1 weight (E4M3), 2 gradient (E5M2). */
+static fp8_scaling *fresh_scaling(void)
+{
+    const fp8_format formats[3] = {FP8_E4M3, FP8_E4M3, FP8_E5M2};
+    return fp8_scaling_create(3, formats, 16, 0);
+}
+
+/* ---- casts ------------------------------------------------------------------------------------------------ */
+
+static void test_cast(void **state)
+{
+    (void)state;
+    const int64_t rows = 45;
+    const int cols = 96;
+    const int64_t ld_t = 48;
+    const size_t n = (size_t)rows * cols;
+    for (int format = 0; format < 2; ++format) {
+        gpu_bf16 *bits;
+        float *x = random_bf16(n, 3.0, &bits);
+        x[7] = 0.0f, bits[7] = gpu_bf16_from_float(0.0f);
+        const fp8_format formats[1] = {(fp8_format)format};
+        fp8_scaling *s = fp8_scaling_create(1, formats, 4, 0);
+        gpu_bf16 *d_x = device_upload(bits, n * sizeof *bits);
+        uint8_t *d_q = device_poisoned(n), *d_t = device_poisoned((size_t)cols * ld_t);
+        fp8_quantize(s, 0, d_x, rows, cols, d_q, d_t, ld_t, 0);
+        CUDA_CHECK(cudaDeviceSynchronize());
+        uint8_t *q = xmalloc(n), *t = xmalloc((size_t)cols * ld_t);
+        CUDA_CHECK(cudaMemcpy(q, d_q, n, cudaMemcpyDeviceToHost));
+        CUDA_CHECK(cudaMemcpy(t, d_t, (size_t)cols * ld_t, cudaMemcpyDeviceToHost));
+        float scale, scale_inv, amax;
+        fp8_scaling_download(s, &scale, &scale_inv, &amax, NULL);
+        double want_amax = 0.0;
+        for (size_t i = 0; i < n; ++i) want_amax = fmax(want_amax, fabs(x[i]));
+        assert_true(amax == (float)want_amax);
+        assert_true(scale == fp8_scale_for(amax, (fp8_format)format, 0, 1.0f)); /* current scaling before any update */
+        assert_true(scale_inv == 1.0f / scale);
+        for (int64_t r = 0; r < rows; ++r)
+            for (int c = 0; c < cols; ++c) {
+                const double v = x[r * cols + c], got = fp8_decode(q[r * cols + c], format) * scale_inv;
+                /* nearest: half an ulp, at most u |v|, or half the subnormal spacing (2^-10, 2^-17) times scale_inv */
+                const double tolerance = kU[format] * fabs(v) + ldexp(1.0, format ? -17 : -10) * scale_inv;
+                if (!(fabs(got - v) <= tolerance * (1 + 1e-6)))
+                    fail_msg("cast %s: (%lld, %d) = %.6g decodes to %.6g", format ? "E5M2" : "E4M3", (long long)r, c,
+                             v, got);
+                assert_int_equal(t[(int64_t)c * ld_t + r], q[r * cols + c]);
+            }
+        for (int c = 0; c < cols; ++c)
+            for (int64_t r = rows; r < ld_t; ++r) assert_int_equal(t[(int64_t)c * ld_t + r], 0);
+        void *host[] = {x, bits, q, t};
+        void *device[] = {d_x, d_q, d_t};
+        free_host_buffers(host, 4);
+        free_device_buffers(device, 3);
+        fp8_scaling_free(s);
+    }
+}
+
+/* ---- delayed scaling -------------------------------------------------------------------------------------- */
+
+/* Steps of casts of tensors with known amax (0 for some: the scale is kept), then updates, against a host replay. */
+static void test_delayed_scaling(void **state)
+{
+    (void)state;
+    enum { kTensors = 3, kHistory = 4, kSteps = 9, kCols = 64, kRows = 8 };
+    const fp8_format formats[kTensors] = {FP8_E4M3, FP8_E5M2, FP8_E4M3};
+    const int margin = 1;
+    fp8_scaling *s = fp8_scaling_create(kTensors, formats, kHistory, margin);
+    float host_scale[kTensors] = {1, 1, 1}, host_amax[kTensors] = {0}, host_history[kTensors][kHistory] = {{0}};
+    int position = 0;
+    gpu_bf16 *bits = xmalloc(kRows * kCols * sizeof *bits);
+    gpu_bf16 *d_x = device_poisoned(kRows * kCols * sizeof *bits);
+    uint8_t *d_q = device_poisoned(kRows * kCols);
+    unsigned char *saved = NULL;
+    float saved_scale[kTensors];
+    for (int step = 0; step < kSteps; ++step) {
+        for (int t = 0; t < kTensors; ++t) {
+            /* two casts per step (two micro-batches); tensor 2 casts zeros at steps 2 to 6 */
+            for (int call = 0; call < 2; ++call) {
+                const double peak = (t == 2 && step >= 2 && step <= 6) ? 0.0 : ldexp(1.0, (step * 3 + t * 5) % 11 - 4) * (1 + call);
+                for (int i = 0; i < kRows * kCols; ++i)
+                    bits[i] = gpu_bf16_from_float((float)(peak * (i == 17 ? -1.0 : rng_uniform(&g_seed) * 0.5)));
+                float amax_call = 0.0f;
+                for (int i = 0; i < kRows * kCols; ++i) amax_call = fmaxf(amax_call, fabsf(gpu_float_from_bf16(bits[i])));
+                CUDA_CHECK(cudaMemcpy(d_x, bits, kRows * kCols * sizeof *bits, cudaMemcpyHostToDevice));
+                fp8_quantize(s, t, d_x, kRows, kCols, d_q, NULL, 0, 0);
+                host_amax[t] = fmaxf(host_amax[t], amax_call);
+                if (step == 0) host_scale[t] = fp8_scale_for(host_amax[t], formats[t], margin, host_scale[t]);
+            }
+        }
+        if (step == 5) { /* a checkpoint between steps: saved here, restored after step 7, the replay follows it */
+            saved = xmalloc(fp8_scaling_state_bytes(s));
+            fp8_scaling_save(s, saved, 0);
+            memcpy(saved_scale, host_scale, sizeof saved_scale);
+        }
+        fp8_scaling_update(s, 0);
+        for (int t = 0; t < kTensors; ++t) {
+            host_history[t][position] = host_amax[t];
+            host_amax[t] = 0.0f;
+            float m = 0.0f;
+            for (int i = 0; i < kHistory; ++i) m = fmaxf(m, host_history[t][i]);
+            host_scale[t] = fp8_scale_for(m, formats[t], margin, host_scale[t]);
+        }
+        position = (position + 1) % kHistory;
+        float scale[kTensors], scale_inv[kTensors], amax[kTensors], history[kTensors * kHistory];
+        fp8_scaling_download(s, scale, scale_inv, amax, history);
+        assert_int_equal(fp8_scaling_position(s), position);
+        assert_int_equal(fp8_scaling_updates(s), step + 1);
+        for (int t = 0; t < kTensors; ++t) {
+            if (scale[t] != host_scale[t] || scale_inv[t] != 1.0f / host_scale[t] || amax[t] != 0.0f)
+                fail_msg("step %d tensor %d: scale %.9g (host %.9g), scale_inv %.9g, amax %.9g", step, t, scale[t],
+                         host_scale[t], scale_inv[t], amax[t]);
+            assert_memory_equal(history + t * kHistory, host_history[t], sizeof host_history[t]);
+        }
+    }
+    /* tensor 2's zeros (steps 2-6) fell out of a 4-step history by step 8 only partly: its scale followed the rule */
+    assert_true(host_scale[2] != 1.0f);
+    /* restore the state saved before step 5's update: the device state and the counters come back */
+    char why[256];
+    assert_int_equal(fp8_scaling_load(s, saved, fp8_scaling_state_bytes(s) - 1, why, sizeof why), 1);
+    assert_int_equal(fp8_scaling_load(s, saved, fp8_scaling_state_bytes(s), why, sizeof why), 0);
+    unsigned char *again = xmalloc(fp8_scaling_state_bytes(s));
+    fp8_scaling_save(s, again, 0);
+    assert_memory_equal(again, saved, fp8_scaling_state_bytes(s));
+    assert_int_equal(fp8_scaling_updates(s), 5);
+    float scale[kTensors];
+    fp8_scaling_download(s, scale, NULL, NULL, NULL);
+    assert_memory_equal(scale, saved_scale, sizeof scale);
+    free(again), free(saved), free(bits);
+    CUDA_CHECK(cudaFree(d_x));
+    CUDA_CHECK(cudaFree(d_q));
+    fp8_scaling_free(s);
+}
+
+/* ---- GEMMs -------------------------------------------------------------------------------------------------- */
+
+/* Forward: y = x W^T + b (and the GELU variant: pre against the bound, y = gelu(pre) to bf16). */
+static void check_forward(const shape *sh, int gelu)
+{
+    const int64_t rows = sh->rows;
+    const int in = sh->in_dim, out = sh->out_dim;
+    gpu_bf16 *x_bits, *w_bits, *b_bits;
+    float *x = random_bf16((size_t)rows * in, 1.0, &x_bits);
+    float *w = random_bf16((size_t)out * in, 1.0 / sqrt((double)in), &w_bits);
+    float *b = random_bf16((size_t)out, 0.5, &b_bits);
+    gpu_bf16 *d_x = device_upload(x_bits, (size_t)rows * in * 2), *d_w = device_upload(w_bits, (size_t)out * in * 2);
+    gpu_bf16 *d_b = device_upload(b_bits, (size_t)out * 2);
+    uint8_t *x8 = device_poisoned((size_t)rows * in), *w8 = device_poisoned((size_t)out * in);
+    gpu_bf16 *d_y = device_poisoned((size_t)rows * out * 2), *d_pre = gelu ? device_poisoned((size_t)rows * out * 2) : NULL;
+    fp8_scaling *s = fresh_scaling();
+    fp8_quantize(s, 0, d_x, rows, in, x8, NULL, 0, 0);
+    fp8_quantize(s, 1, d_w, out, in, w8, NULL, 0, 0);
+    gemm_fp8_fwd(g_gemm, x8, fp8_scale_inv(s, 0), rows, in, out, w8, fp8_scale_inv(s, 1), d_b,
+                 gelu ? GEMM_EPILOGUE_GELU_AUX_BIAS : GEMM_EPILOGUE_BIAS, d_y, d_pre, 0);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    float *y = download_bf16(d_y, (size_t)rows * out), *pre = gelu ? download_bf16(d_pre, (size_t)rows * out) : NULL;
+    char case_name[160];
+    snprintf(case_name, sizeof case_name, "%s%s", sh->name, gelu ? ", bias + GELU" : ", bias");
+    bound_check bc = bounds_for(0, 0, 1, gelu ? "gemm_fp8_fwd pre_gelu" : "gemm_fp8_fwd y", case_name);
+    const int64_t n_check = checked_count(rows, sh->check_rows);
+    for (int64_t i = 0; i < n_check; ++i) {
+        const int64_t r = row_of(i, rows, sh->check_rows);
+        for (int o = 0; o < out; ++o) {
+            double sum, S, A;
+            dot_stats(x + r * in, 1, w + (int64_t)o * in, 1, in, &sum, &S, &A);
+            const float got = gelu ? pre[r * out + o] : y[r * out + o];
+            check_element(&bc, got, sum, S, A, 1.0, b[o], 1);
+            if (gelu) {
+                const double want = gelu_tanh(pre[r * out + o]);
+                if (!(fabs(y[r * out + o] - want) <= 0x1p-7 * fabs(want) + 1e-6))
+                    fail_msg("gemm_fp8_fwd y (%s): gelu(%.6g) = %.6g, got %.6g", case_name, pre[r * out + o], want,
+                             y[r * out + o]);
+            }
+        }
+    }
+    check_norms(&bc, 1);
+    expect_finite("gemm_fp8_fwd y", case_name, y, (size_t)rows * out);
+    void *host[] = {x, x_bits, w, w_bits, b, b_bits, y, pre};
+    void *device[] = {d_x, d_w, d_b, x8, w8, d_y, d_pre};
+    free_host_buffers(host, 8);
+    free_device_buffers(device, gelu ? 7 : 6);
+    fp8_scaling_free(s);
+}
+
+/* dgrad: dx = dy W (E5M2 x E4M3 through W's transpose), plain, times gelu'(gin), or added into dx0. */
+static void check_dgrad(const shape *sh, int with_gelu, int accumulate)
+{
+    const int64_t rows = sh->rows;
+    const int in = sh->in_dim, out = sh->out_dim;
+    gpu_bf16 *dy_bits, *w_bits, *g_bits, *dx0_bits;
+    float *dy = random_bf16((size_t)rows * out, 1e-3, &dy_bits);
+    float *w = random_bf16((size_t)out * in, 1.0 / sqrt((double)out), &w_bits);
+    float *gin = random_bf16(with_gelu ? (size_t)rows * in : 1, 1.5, &g_bits);
+    float *dx0 = random_bf16(accumulate ? (size_t)rows * in : 1, 1e-3, &dx0_bits);
+    gpu_bf16 *d_dy = device_upload(dy_bits, (size_t)rows * out * 2), *d_w = device_upload(w_bits, (size_t)out * in * 2);
+    gpu_bf16 *d_gin = device_upload(g_bits, (with_gelu ? (size_t)rows * in : 1) * 2);
+    gpu_bf16 *d_dx = accumulate ? device_upload(dx0_bits, (size_t)rows * in * 2) : device_poisoned((size_t)rows * in * 2);
+    uint8_t *g8 = device_poisoned((size_t)rows * out), *gt8 = device_poisoned((size_t)out * gemm_fp8_padded_rows(rows));
+    uint8_t *wt8 = device_poisoned((size_t)out * in);
+    fp8_scaling *s = fresh_scaling();
+    fp8_quantize(s, 2, d_dy, rows, out, g8, gt8, gemm_fp8_padded_rows(rows), 0);
+    fp8_quantize(s, 1, d_w, out, in, NULL, wt8, out, 0);
+    gemm_fp8_bwd_data(g_gemm, g8, fp8_scale_inv(s, 2), rows, in, out, wt8, fp8_scale_inv(s, 1),
+                      with_gelu ? d_gin : NULL, d_dx, accumulate, 0);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    float *dx = download_bf16(d_dx, (size_t)rows * in);
+    char case_name[160];
+    snprintf(case_name, sizeof case_name, "%s, %s", sh->name, with_gelu ? "GELU gradient" : accumulate ? "added" : "plain");
+    bound_check bc = bounds_for(1, 0, 1, "gemm_fp8_bwd_data dx", case_name);
+    const int64_t n_check = checked_count(rows, sh->check_rows);
+    for (int64_t i = 0; i < n_check; ++i) {
+        const int64_t r = row_of(i, rows, sh->check_rows);
+        for (int c = 0; c < in; ++c) {
+            double sum, S, A;
+            dot_stats(dy + r * out, 1, w + c, in, out, &sum, &S, &A);
+            const double scale = with_gelu ? gelu_tanh_grad(gin[r * in + c]) : 1.0;
+            check_element(&bc, dx[r * in + c], sum, S, A, scale, accumulate ? dx0[r * in + c] : 0.0, 1);
+        }
+    }
+    check_norms(&bc, 1);
+    void *host[] = {dy, dy_bits, w, w_bits, gin, g_bits, dx0, dx0_bits, dx};
+    void *device[] = {d_dy, d_w, d_gin, d_dx, g8, gt8, wt8};
+    free_host_buffers(host, 9);
+    free_device_buffers(device, 7);
+    fp8_scaling_free(s);
+}
+
+/* wgrad: dW += dy^T x (E4M3 x^T, E5M2 dy^T, rows padded with zeros), fp32, no fast accumulation. */
+static void check_wgrad(const shape *sh)
+{
+    const int64_t rows = sh->rows, padded = gemm_fp8_padded_rows(rows);
+    const int in = sh->in_dim, out = sh->out_dim;
+    gpu_bf16 *x_bits, *dy_bits;
+    float *x = random_bf16((size_t)rows * in, 1.0, &x_bits);
+    float *dy = random_bf16((size_t)rows * out, 1e-3, &dy_bits);
+    uint64_t seed = g_seed++;
+    float *dw0 = random_normal_f32(&seed, (size_t)out * in, 0.0, 1e-3);
+    gpu_bf16 *d_x = device_upload(x_bits, (size_t)rows * in * 2), *d_dy = device_upload(dy_bits, (size_t)rows * out * 2);
+    float *d_dw = device_upload(dw0, (size_t)out * in * sizeof(float));
+    uint8_t *xt8 = device_poisoned((size_t)in * padded), *gt8 = device_poisoned((size_t)out * padded);
+    uint8_t *g8 = device_poisoned((size_t)rows * out);
+    fp8_scaling *s = fresh_scaling();
+    fp8_quantize(s, 0, d_x, rows, in, NULL, xt8, padded, 0);
+    fp8_quantize(s, 2, d_dy, rows, out, g8, gt8, padded, 0);
+    gemm_fp8_bwd_weight(g_gemm, xt8, fp8_scale_inv(s, 0), gt8, fp8_scale_inv(s, 2), padded, in, out, d_dw, 1, 0);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    float *dw = download_f32(d_dw, (size_t)out * in);
+    char case_name[160];
+    snprintf(case_name, sizeof case_name, "%s, added into dW", sh->name);
+    bound_check bc = bounds_for(0, 1, 0, "gemm_fp8_bwd_weight dW", case_name);
+    const int64_t n_check = checked_count(out, sh->check_rows);
+    for (int64_t i = 0; i < n_check; ++i) {
+        const int64_t o = row_of(i, out, sh->check_rows);
+        for (int c = 0; c < in; ++c) {
+            double sum, S, A;
+            dot_stats(dy + o, out, x + c, in, rows, &sum, &S, &A);
+            check_element(&bc, dw[o * in + c], sum, S, A, 1.0, dw0[o * in + c], 0);
+        }
+    }
+    check_norms(&bc, 0);
+    void *host[] = {x, x_bits, dy, dy_bits, dw0, dw};
+    void *device[] = {d_x, d_dy, d_dw, xt8, gt8, g8};
+    free_host_buffers(host, 6);
+    free_device_buffers(device, 6);
+    fp8_scaling_free(s);
+}
+
+static void test_forward(void **state)
+{
+    (void)state;
+    for (size_t i = 0; i < sizeof kShapes / sizeof *kShapes; ++i) {
+        check_forward(&kShapes[i], 0);
+        check_forward(&kShapes[i], 1);
+    }
+}
+
+static void test_dgrad(void **state)
+{
+    (void)state;
+    for (size_t i = 0; i < sizeof kShapes / sizeof *kShapes; ++i) {
+        check_dgrad(&kShapes[i], 0, 0);
+        check_dgrad(&kShapes[i], 1, 0);
+        check_dgrad(&kShapes[i], 0, 1);
+    }
+}
+
+static void test_wgrad(void **state)
+{
+    (void)state;
+    for (size_t i = 0; i < sizeof kShapes / sizeof *kShapes; ++i) check_wgrad(&kShapes[i]);
+}
+
+/* The bias gradient's column sums equal gemm_linear_bwd_weight's (the same kernels). */
+static void test_column_sums(void **state)
+{
+    (void)state;
+    const int64_t rows = 300;
+    const int cols = 136;
+    gpu_bf16 *bits;
+    float *dy = random_bf16((size_t)rows * cols, 1.0, &bits);
+    gpu_bf16 *d_dy = device_upload(bits, (size_t)rows * cols * 2);
+    float *d_sum = device_poisoned(cols * sizeof(float));
+    gemm_column_sums(g_gemm, d_dy, rows, cols, d_sum, 0, 0);
+    float *sum = download_f32(d_sum, cols);
+    for (int c = 0; c < cols; ++c) {
+        double want = 0.0;
+        for (int64_t r = 0; r < rows; ++r) want += dy[r * cols + c];
+        assert_true(fabs(sum[c] - want) <= 1e-5 * (1.0 + fabs(want)) * sqrt((double)rows));
+    }
+    void *host[] = {dy, bits, sum};
+    void *device[] = {d_dy, d_sum};
+    free_host_buffers(host, 3);
+    free_device_buffers(device, 2);
+}
+
+int main(void)
+{
+    if (gpu_count() == 0) return skip_test_program("no GPU visible (cudaGetDeviceCount found none)");
+    gpu_select(0);
+    int major = 0, minor = 0;
+    if (!fp8_gpu_supported(&major, &minor)) {
+        char why[96];
+        snprintf(why, sizeof why, "GPU of compute capability %d.%d has no FP8 tensor cores (8.9 or more)", major, minor);
+        return skip_test_program(why);
+    }
+    g_gemm = gemm_create(0, 1);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_cast),    cmocka_unit_test(test_delayed_scaling), cmocka_unit_test(test_forward),
+        cmocka_unit_test(test_dgrad),   cmocka_unit_test(test_wgrad),           cmocka_unit_test(test_column_sums),
+    };
+    const int status = cmocka_run_group_tests(tests, NULL, NULL);
+    gemm_free(g_gemm);
+    return status;
+}
+
+#else /* built without CUDA */
+
+int main(void)
+{
+    return skip_test_program("built without CUDA");
+}
+
+#endif
