@@ -19,7 +19,18 @@
    Both get the bf16 output's own rounding, 2^-8 |y|, and the fast accumulation of the forward and dgrad (FP8
    products summed in the tensor core's reduced-precision accumulator before fp32): 2^-11 sum_i |a_i b_i|, far below
    the FP8 term. wgrad (fp32 output, no fast accumulation) gets neither. The scales come from the operands' own amax
-   (the first use of a fresh scaling set), so the values sit in the normal range: subnormals are not modelled. */
+   (the first use of a fresh scaling set), so the values sit in the normal range: subnormals are not modelled.
+
+   The model (cuda/model_gpu.h with gpu_model_set_precision): on a tiny Wan model (dim 64, FFN 128, 2 blocks) over a
+   packed batch, fp8 against bf16 from the same weights: the loss within 2 eps + eps^2 and the whole gradient within
+   sqrt(eps_f^2 + eps_b^2 + sigma_w^2) relative L2, where eps_f = sqrt(2 G) sigma_fwd bounds an activation's error
+   (G = 16 FP8 linears, each erring by at most sigma_fwd = sqrt(2/3) 2^-4 of its output, its input's error as large
+   again), eps_b = sqrt(2 G) sigma_dgrad the output gradient's (sigma_dgrad = sigma_wgrad = sqrt((2^-8 + 2^-6) / 3)),
+   sigma_w = sigma_wgrad the weight gradient GEMM's own, and eps = eps_f for the loss (|dL| <= L (2 eps rho +
+   eps^2 rho^2) by Cauchy-Schwarz, rho = rms(prediction) / sqrt(L) <= 1 for a model whose prediction is uncorrelated
+   with the target). Exact: in fp8, block recomputation gives the losses and gradients of none bit for bit, a second
+   call the same loss (the scales fixed within a step), and a model given another's saved scaling state (after a
+   step's update) computes the same loss and gradients bit for bit as that one. */
 #include "config.h"
 
 #include <setjmp.h>
@@ -43,6 +54,9 @@
 #include "cuda/fp8.h"
 #include "cuda/gemm.h"
 #include "cuda/gpu.h"
+#include "cuda/model_gpu.h"
+#include "deck/deck.h"
+#include "model/model.h"
 
 static const double kU[2] = {0x1p-4, 0x1p-3}; /* unit roundoff of E4M3, E5M2 */
 static const double kZ = 6.0;                 /* sigmas of the statistical element bound */
@@ -473,6 +487,188 @@ static void test_column_sums(void **state)
     free_device_buffers(device, 2);
 }
 
+/* ---- the model in fp8 ------------------------------------------------------------------------------------- */
+
+typedef struct {
+    model_batch batch;
+    int32_t frames[3], height[3], width[3], text_len[3];
+    float sigma[3];
+    float *latents, *noise, *text;
+} fp8_batch;
+
+/* The tiny Wan model (dim 64, FFN 128, 4 heads, 16 text tokens of 32) with `layers` blocks, gaussian weights. */
+static void fp8_tiny_model(model *m, int layers)
+{
+    deck config;
+    deck_defaults(&config);
+    config.model.dim = 64;
+    config.model.ffn_dim = 128;
+    config.model.num_heads = 4;
+    config.model.num_layers = layers;
+    config.model.text_len = 16;
+    config.model.text_dim = 32;
+    config.model.freq_dim = 32;
+    model_create(m, &config);
+    model_init_gaussian(m, 0xf8f8ull, 0.1f);
+}
+
+/* 3 samples packed: 1x8x8 (16 tokens), 3x4x6 (18), 2x6x10 (30); 16, 5 and 11 text rows. */
+static void fp8_make_batch(const model *m, fp8_batch *fb)
+{
+    memset(fb, 0, sizeof *fb);
+    const int32_t frames[3] = {1, 3, 2}, height[3] = {8, 4, 6}, width[3] = {8, 6, 10}, text[3] = {16, 5, 11};
+    const float sigma[3] = {0.2f, 0.5f, 0.9f};
+    memcpy(fb->frames, frames, sizeof frames), memcpy(fb->height, height, sizeof height);
+    memcpy(fb->width, width, sizeof width), memcpy(fb->text_len, text, sizeof text);
+    memcpy(fb->sigma, sigma, sizeof sigma);
+    int64_t n_latent = 0, n_text = 0;
+    for (int b = 0; b < 3; ++b) {
+        n_latent += (int64_t)m->in_dim * frames[b] * height[b] * width[b];
+        n_text += (int64_t)text[b] * m->text_dim;
+    }
+    uint64_t seed = 0xba7c4ull;
+    fb->latents = random_normal_f32(&seed, (size_t)n_latent, 0.0, 1.0);
+    fb->noise = random_normal_f32(&seed, (size_t)n_latent, 0.0, 1.0);
+    fb->text = random_normal_f32(&seed, (size_t)n_text, 0.0, 1.0);
+    fb->batch.n_samples = 3;
+    fb->batch.frames = fb->frames, fb->batch.height = fb->height, fb->batch.width = fb->width;
+    fb->batch.text_len = fb->text_len, fb->batch.sigma = fb->sigma;
+    fb->batch.latents = fb->latents, fb->batch.noise = fb->noise, fb->batch.text = fb->text;
+}
+
+static void fp8_free_batch(fp8_batch *fb)
+{
+    free(fb->latents), free(fb->noise), free(fb->text);
+}
+
+/* A GPU model of m (fp8 or bf16, recomputation as given) with m's weights and zero gradients. */
+static gpu_model *fp8_gpu_model(const model *m, int fp8, gpu_recompute recompute)
+{
+    gpu_model *gm = gpu_model_create_with_recompute(m, 256, 4, 0, recompute);
+    gpu_model_set_precision(gm, fp8, 16, 0);
+    gpu_model_upload_weights(gm, m->weights);
+    gpu_model_zero_grads(gm, 0);
+    return gm;
+}
+
+static float *fp8_grads(const gpu_model *gm, const model *m)
+{
+    float *g = xmalloc((size_t)m->n_weights * sizeof *g);
+    gpu_model_download_grads(gm, g);
+    return g;
+}
+
+static int64_t count_differing(const float *a, const float *b, int64_t n)
+{
+    int64_t differing = 0;
+    for (int64_t i = 0; i < n; ++i) differing += memcmp(&a[i], &b[i], sizeof *a) != 0;
+    return differing;
+}
+
+static void test_model_against_bf16(void **state)
+{
+    (void)state;
+    model m;
+    fp8_tiny_model(&m, 2);
+    fp8_batch fb;
+    fp8_make_batch(&m, &fb);
+    const double sigma_fwd = sqrt(2.0 / 3.0) * kU[0], sigma_bwd = sqrt((kU[0] * kU[0] + kU[1] * kU[1]) / 3.0);
+    const double G = 8.0 * m.num_layers, eps_f = sqrt(2.0 * G) * sigma_fwd, eps_b = sqrt(2.0 * G) * sigma_bwd;
+    const double loss_bound = 2.0 * eps_f + eps_f * eps_f;
+    const double grad_bound = sqrt(eps_f * eps_f + eps_b * eps_b + sigma_bwd * sigma_bwd);
+    double loss[2];
+    float *grads[2];
+    for (int fp8 = 0; fp8 < 2; ++fp8) {
+        gpu_model *gm = fp8_gpu_model(&m, fp8, GPU_RECOMPUTE_NONE);
+        loss[fp8] = gpu_model_forward_backward(gm, &fb.batch, 1.0f / 3.0f, NULL, 0);
+        grads[fp8] = fp8_grads(gm, &m);
+        gpu_model_free(gm);
+    }
+    const double loss_error = fabs(loss[1] - loss[0]) / fabs(loss[0]);
+    const double grad_error = relative_l2_error(grads[1], grads[0], (size_t)m.n_weights);
+    printf("# model fp8 vs bf16: loss %.6f vs %.6f (relative %.2e, bound %.2f); gradient relative L2 %.3e (bound %.2f)\n",
+           loss[1], loss[0], loss_error, loss_bound, grad_error, grad_bound);
+    expect_finite("fp8 model gradient", "2 blocks", grads[1], (size_t)m.n_weights);
+    assert_true(loss_error <= loss_bound);
+    assert_true(grad_error <= grad_bound);
+    assert_true(count_differing(grads[0], grads[1], m.n_weights) > 0); /* the FP8 path ran */
+    free(grads[0]), free(grads[1]);
+    fp8_free_batch(&fb);
+    model_free(&m);
+}
+
+static void test_model_recompute_and_repeat(void **state)
+{
+    (void)state;
+    model m;
+    fp8_tiny_model(&m, 4);
+    fp8_batch fb;
+    fp8_make_batch(&m, &fb);
+    double loss[2], again = 0.0;
+    float *grads[2];
+    const gpu_recompute modes[2] = {GPU_RECOMPUTE_NONE, GPU_RECOMPUTE_BLOCK};
+    for (int i = 0; i < 2; ++i) {
+        gpu_model *gm = fp8_gpu_model(&m, 1, modes[i]);
+        loss[i] = gpu_model_forward_backward(gm, &fb.batch, 1.0f / 3.0f, NULL, 0);
+        grads[i] = fp8_grads(gm, &m);
+        if (i == 0) again = gpu_model_forward_backward(gm, &fb.batch, 1.0f / 3.0f, NULL, 0);
+        gpu_model_free(gm);
+    }
+    const int64_t differing = count_differing(grads[0], grads[1], m.n_weights);
+    printf("# fp8 recompute block vs none: loss %.9g vs %.9g, %lld gradient values differ; second call %.9g\n", loss[1],
+           loss[0], (long long)differing, again);
+    assert_true(loss[1] == loss[0]);
+    assert_int_equal(differing, 0);
+    assert_true(again == loss[0]);
+    free(grads[0]), free(grads[1]);
+    fp8_free_batch(&fb);
+    model_free(&m);
+}
+
+/* Model A: two steps (forward_backward, update); its state loaded into a fresh model B; both run the same batch. */
+static void test_model_state_restore(void **state)
+{
+    (void)state;
+    model m;
+    fp8_tiny_model(&m, 2);
+    fp8_batch fb;
+    fp8_make_batch(&m, &fb);
+    gpu_model *a = fp8_gpu_model(&m, 1, GPU_RECOMPUTE_NONE), *b = fp8_gpu_model(&m, 1, GPU_RECOMPUTE_NONE);
+    for (int step = 0; step < 2; ++step) { /* gradients 6 times those below: other E5M2 scales than their own */
+        gpu_model_forward_backward(a, &fb.batch, 2.0f, NULL, 0);
+        gpu_model_fp8_step(a, 0);
+    }
+    const size_t bytes = gpu_model_fp8_state_bytes(a);
+    assert_true(bytes > 0 && bytes == gpu_model_fp8_state_bytes(b));
+    unsigned char *blob = xmalloc(bytes);
+    gpu_model_fp8_save(a, blob, 0);
+    char why[256];
+    assert_int_equal(gpu_model_fp8_load(b, blob, bytes - 8, why, sizeof why), 1);
+    assert_int_equal(gpu_model_fp8_load(b, blob, bytes, why, sizeof why), 0);
+    gpu_model_zero_grads(a, 0);
+    gpu_model_zero_grads(b, 0);
+    const double loss_a = gpu_model_forward_backward(a, &fb.batch, 1.0f / 3.0f, NULL, 0);
+    const double loss_b = gpu_model_forward_backward(b, &fb.batch, 1.0f / 3.0f, NULL, 0);
+    float *ga = fp8_grads(a, &m), *gb = fp8_grads(b, &m);
+    const int64_t differing = count_differing(ga, gb, m.n_weights);
+    printf("# fp8 state restored: loss %.9g vs %.9g, %lld gradient values differ\n", loss_b, loss_a, (long long)differing);
+    assert_true(loss_a == loss_b);
+    assert_int_equal(differing, 0);
+    /* a fresh model (scales from each cast's own amax) computes otherwise: the delayed scales were in use */
+    gpu_model *c = fp8_gpu_model(&m, 1, GPU_RECOMPUTE_NONE);
+    const double loss_c = gpu_model_forward_backward(c, &fb.batch, 1.0f / 3.0f, NULL, 0);
+    float *gc = fp8_grads(c, &m);
+    const int64_t differing_c = count_differing(ga, gc, m.n_weights);
+    printf("# a fresh fp8 model: loss %.9g, %lld gradient values differ from the restored one's\n", loss_c,
+           (long long)differing_c);
+    assert_true(differing_c > 0);
+    free(ga), free(gb), free(gc), free(blob);
+    gpu_model_free(a), gpu_model_free(b), gpu_model_free(c);
+    fp8_free_batch(&fb);
+    model_free(&m);
+}
+
+
 int main(void)
 {
     if (gpu_count() == 0) return skip_test_program("no GPU visible (cudaGetDeviceCount found none)");
@@ -487,6 +683,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_cast),    cmocka_unit_test(test_delayed_scaling), cmocka_unit_test(test_forward),
         cmocka_unit_test(test_dgrad),   cmocka_unit_test(test_wgrad),           cmocka_unit_test(test_column_sums),
+        cmocka_unit_test(test_model_against_bf16), cmocka_unit_test(test_model_recompute_and_repeat),
+        cmocka_unit_test(test_model_state_restore),
     };
     const int status = cmocka_run_group_tests(tests, NULL, NULL);
     gemm_free(g_gemm);
