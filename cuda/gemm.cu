@@ -241,6 +241,13 @@ void build_plan(Device &dev, const PlanKey &key, const void *bias, const void *a
     if (fp8) {  // fast accumulation in the forward and dgrad; off for wgrad (its k, the rows, is long)
         const int8_t fast = key.kind != kFp8BackwardWeight;
         CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof fast));
+        // bf16 bias and GELU aux as in the bf16 GEMMs (FP8 defaults could differ): said, not assumed
+        const cudaDataType_t bf16 = CUDA_R_16BF;
+        if (epilogue_has_bias(key.epilogue))
+            CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bf16, sizeof bf16));
+        if (epilogue_has_aux(key.epilogue))
+            CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, &bf16,
+                                                        sizeof bf16));
     }
     // The heuristic reads the bias and aux pointers' alignment (not their contents): set the real ones.
     if (epilogue_has_bias(key.epilogue))
