@@ -73,6 +73,9 @@ typedef struct {
     float *clip_scale;            /* device: the clip factor AdamW reads */
     void *sumsq_workspace;
     double *grad_norm_host;       /* pinned */
+    float *fp8_amax_host;         /* pinned [fp8_amax_count]: the step's FP8 amaxes, max-reduced over the ranks */
+    double *fp8_amax_max;         /* [fp8_amax_count] */
+    int fp8_amax_count;
     adamw_run *runs;
     int n_runs;
     cudaStream_t stream;
@@ -559,6 +562,8 @@ static void cuda_free(backend *b)
     CUDA_CHECK(cudaFree(gpu->clip_scale));
     CUDA_CHECK(cudaFree(gpu->sumsq_workspace));
     CUDA_CHECK(cudaFreeHost(gpu->grad_norm_host));
+    if (gpu->fp8_amax_host) CUDA_CHECK(cudaFreeHost(gpu->fp8_amax_host));
+    free(gpu->fp8_amax_max);
     CUDA_CHECK(cudaEventDestroy(gpu->optimizer_started));
     CUDA_CHECK(cudaEventDestroy(gpu->optimizer_done));
     CUDA_CHECK(cudaStreamDestroy(gpu->stream));
@@ -755,6 +760,30 @@ static void cuda_sum_gradients(backend *b)
     gradsync_finish(gpu->sync, gpu->stream);
 }
 
+/* [train] precision = fp8 over several ranks: the step's running amaxes to pinned host memory (queued), ... */
+static void fetch_fp8_amax(train_gpu *gpu, const float *amax, int n)
+{
+    if (gpu->fp8_amax_count != n) {
+        if (gpu->fp8_amax_host) CUDA_CHECK(cudaFreeHost(gpu->fp8_amax_host));
+        free(gpu->fp8_amax_max);
+        CUDA_CHECK(cudaMallocHost((void **)&gpu->fp8_amax_host, (size_t)n * sizeof(float)));
+        gpu->fp8_amax_max = xmalloc((size_t)n * sizeof(double));
+        gpu->fp8_amax_count = n;
+    }
+    CUDA_CHECK(cudaMemcpyAsync(gpu->fp8_amax_host, amax, (size_t)n * sizeof(float), cudaMemcpyDeviceToHost, gpu->stream));
+}
+
+/* ... and, collective once the stream is drained, their maximum over the ranks back (queued): every rank's scales and
+   histories stay the same (as Transformer Engine reduces amax over the data-parallel group), so a checkpoint's
+   (rank 0's) scaling state is every rank's. Exact: fp32 values through fp64. */
+static void reduce_fp8_amax(train_gpu *gpu, float *amax, int n)
+{
+    for (int i = 0; i < n; i++) gpu->fp8_amax_max[i] = gpu->fp8_amax_host[i];
+    comm_allreduce_max_f64(gpu->fp8_amax_max, (size_t)n);
+    for (int i = 0; i < n; i++) gpu->fp8_amax_host[i] = (float)gpu->fp8_amax_max[i];
+    CUDA_CHECK(cudaMemcpyAsync(amax, gpu->fp8_amax_host, (size_t)n * sizeof(float), cudaMemcpyHostToDevice, gpu->stream));
+}
+
 static void cuda_finish_step(backend *b, const adamw_step *hyper, int update, backend_step_result *result)
 {
     train_gpu *gpu = b->state;
@@ -782,7 +811,11 @@ static void cuda_finish_step(backend *b, const adamw_step *hyper, int update, ba
             misc_ema_update(gpu->ema, buffers->master, buffers->n_weights, optim_ema_decay(config, hyper->step),
                             gpu->clip_scale, gpu->stream);
     }
-    gpu_model_fp8_step(gpu->net, gpu->stream);  /* delayed scaling: this step's amaxes into the histories */
+    /* delayed scaling: this step's amaxes into the histories; over several ranks first their maximum (below) */
+    int n_amax = 0;
+    float *amax = gpu->n_ranks > 1 ? gpu_model_fp8_amax(gpu->net, &n_amax) : NULL;
+    if (amax) fetch_fp8_amax(gpu, amax, n_amax);
+    else gpu_model_fp8_step(gpu->net, gpu->stream);
     CUDA_CHECK(cudaEventRecord(gpu->optimizer_done, gpu->stream));
     CUDA_CHECK(cudaMemcpyAsync(gpu->grad_norm_host, gpu->grad_norm, sizeof(double), cudaMemcpyDeviceToHost,
                                gpu->stream));
@@ -793,6 +826,10 @@ static void cuda_finish_step(backend *b, const adamw_step *hyper, int update, ba
                                                            recompute_of(config))
         : 0.0;
     gpu_stream_wait(gpu->stream);  /* the step's NCCL sums are on its path: watched */
+    if (amax) {  /* after the wait finish_step has anyway: the reduction adds no synchronisation */
+        reduce_fp8_amax(gpu, amax, n_amax);
+        gpu_model_fp8_step(gpu->net, gpu->stream);
+    }
     float milliseconds = 0.0f;
     CUDA_CHECK(cudaEventElapsedTime(&milliseconds, gpu->optimizer_started, gpu->optimizer_done));
     result->grad_norm = *gpu->grad_norm_host;

@@ -215,6 +215,7 @@ extern "C" void fp8_scaling_free(fp8_scaling *s)
 }
 
 extern "C" int fp8_scaling_count(const fp8_scaling *s) { return s->n; }
+extern "C" float *fp8_scaling_amax(fp8_scaling *s) { return amax_of(s); }
 extern "C" int64_t fp8_scaling_updates(const fp8_scaling *s) { return s->updates; }
 extern "C" int fp8_scaling_position(const fp8_scaling *s) { return s->position; }
 

@@ -41,6 +41,9 @@ void fp8_scaling_free(fp8_scaling *s);
 int fp8_scaling_count(const fp8_scaling *s);
 /* Device pointer to tensor t's scale_inv (valid while the set lives; what a GEMM's scale pointer takes). */
 const float *fp8_scale_inv(const fp8_scaling *s, int tensor);
+/* Device pointer to the running amaxes [n_tensors] (this step's, zeroed by each update): for a caller that makes
+   them the same on every rank (a max over the ranks) between the step's last cast and the update. */
+float *fp8_scaling_amax(fp8_scaling *s);
 /* Updates done (fp8_scaling_update calls since the start of the run, restored with the state). */
 int64_t fp8_scaling_updates(const fp8_scaling *s);
 

@@ -1777,6 +1777,13 @@ void gpu_model_fp8_step(gpu_model *gm, cudaStream_t stream)
     if (gm->fp8 && gm->fp8->scaling) fp8_scaling_update(gm->fp8->scaling, stream);
 }
 
+float *gpu_model_fp8_amax(gpu_model *gm, int *count)
+{
+    const bool any = gm->fp8 && gm->fp8->scaling;
+    *count = any ? fp8_scaling_count(gm->fp8->scaling) : 0;
+    return any ? fp8_scaling_amax(gm->fp8->scaling) : nullptr;
+}
+
 size_t gpu_model_fp8_state_bytes(const gpu_model *gm)
 {
     return gm->fp8 && gm->fp8->scaling ? fp8_scaling_state_bytes(gm->fp8->scaling) : 0;

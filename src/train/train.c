@@ -657,7 +657,7 @@ static void save_checkpoint(trainer *t, int must_succeed)
     const backend_ops *ops = t->dev->ops;
     unsigned char *fp8 = NULL;
     if (t->info->rank == 0 && ops->fp8_state_bytes && (state.fp8_bytes = ops->fp8_state_bytes(t->dev)) > 0) {
-        fp8 = xmalloc(state.fp8_bytes);  /* rank 0's scaling state (each rank keeps its own: backend.h) */
+        fp8 = xmalloc(state.fp8_bytes);  /* rank 0's scaling state, every rank's (backend.h) */
         ops->get_fp8_state(t->dev, fp8);
         state.fp8_state = fp8;
     }
