@@ -6,7 +6,8 @@
 # bf16's (the FP8 path ran), its first 5 stay within the bound below of bf16's, and its loss falls; an fp8 run of 10
 # steps resumed to 20 gives steps 11-20 bit for bit as the uninterrupted fp8 run (the scales and amax histories come
 # from the checkpoint), where a bf16 run resumed the same way is checked bit for bit too (to tell the two apart); a
-# resume with another fp8_amax_history is refused.
+# resume with another fp8_amax_history is refused; with 2 GPU ranks (the amaxes max-reduced over them, so rank 0's
+# scaling state in the checkpoint is both ranks') an fp8 run resumed is bit for bit as uninterrupted too.
 #
 # The loss bound (steps 1-5). Each FP8 forward GEMM's output errs by a relative RMS of at most
 # sigma = sqrt((u^2 + u^2) / 3) = 0.051 (E4M3 x E4M3, u = 2^-4; the derivation is test_cuda_fp8.c's). The deck's
@@ -22,7 +23,7 @@ STEPS=20
 HALF=10
 SAME="train.lr_schedule=constant balance.calibrate=0 train.autotune=off"
 LOSS_BOUND=0.67
-tap_plan 12
+tap_plan 13
 
 n_gpus=0
 probe="$top_builddir/tests/gpu_present"
@@ -42,7 +43,7 @@ env CUDA_VISIBLE_DEVICES=-1 $MPIEXEC -np 1 --oversubscribe "$ALDIT" "$TRAIN_DECK
 case $status:$(cat "$WORK/auto_fp8.log") in 2:*"precision = fp8 needs the CUDA backend"*"CPU backend"*) found=0 ;; *) found=1 ;; esac
 tap_result $found "precision = fp8 where device = auto lands on the CPU: exit 2 saying why" "$(cat "$WORK/auto_fp8.log")"
 
-names="bf16 run exits 0|fp8 run exits 0|fp8's losses differ from bf16's (the FP8 path ran)|fp8's first 5 steps within $LOSS_BOUND of bf16|the fp8 loss falls|a 10-step fp8 run resumed to 20 steps exits 0 and restores the FP8 state|fp8 steps 11-20 after the resume bit for bit as uninterrupted|bf16 steps 11-20 after the resume bit for bit as uninterrupted|a resume with another fp8_amax_history is refused (exit 2)"
+names="bf16 run exits 0|fp8 run exits 0|fp8's losses differ from bf16's (the FP8 path ran)|fp8's first 5 steps within $LOSS_BOUND of bf16|the fp8 loss falls|a 10-step fp8 run resumed to 20 steps exits 0 and restores the FP8 state|fp8 steps 11-20 after the resume bit for bit as uninterrupted|bf16 steps 11-20 after the resume bit for bit as uninterrupted|a resume with another fp8_amax_history is refused (exit 2)|2 ranks: fp8 steps 11-20 after the resume bit for bit as uninterrupted"
 skip_rest() {
     echo "$names" | tr '|' '\n' | while read -r name; do skip "$name" "$1"; done
     tap_done
@@ -93,4 +94,17 @@ run_aldit 1 resumed_fp8 run.device=cuda run.steps=$((STEPS + 2)) $SAME train.pre
 status=$?
 case $status:$(cat "$WORK/resumed_fp8.log") in 2:*"cannot resume from"*"history 16"*"fp8_amax_history"*) found=0 ;; *) found=1 ;; esac
 tap_result $found "a resume with another fp8_amax_history is refused (exit 2)" "$(tail -5 "$WORK/resumed_fp8.log")"
+
+if [ "$n_gpus" -ge 2 ]; then
+    run_aldit 2 two_fp8 run.device=cuda run.steps=$STEPS $SAME train.precision=fp8
+    run_aldit 2 two_resumed run.device=cuda run.steps=$HALF $SAME train.precision=fp8 &&
+        run_aldit 2 two_resumed run.device=cuda run.steps=$STEPS $SAME train.precision=fp8
+    losses "$WORK/two_fp8/metrics.jsonl" | awk -v h=$HALF '$1 > h' > "$WORK/two.tail"
+    losses "$WORK/two_resumed/metrics.jsonl" | awk -v h=$HALF '$1 > h' > "$WORK/two_resumed.losses"
+    [ -s "$WORK/two.tail" ] && cmp -s "$WORK/two.tail" "$WORK/two_resumed.losses"
+    tap_result $? "2 ranks: fp8 steps 11-20 after the resume bit for bit as uninterrupted" \
+        "$(paste "$WORK/two.tail" "$WORK/two_resumed.losses"; tail -5 "$WORK/two_resumed.log")"
+else
+    skip "2 ranks: fp8 steps 11-20 after the resume bit for bit as uninterrupted" "one GPU rank"
+fi
 tap_done
