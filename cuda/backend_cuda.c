@@ -625,6 +625,7 @@ static void cuda_get_range(const backend *b, backend_group group, int64_t first,
 static void cuda_start(backend *b)
 {
     train_gpu *gpu = b->state;
+    gpu_model_fp8_fresh(gpu->net, gpu->stream);  /* a fresh run's FP8 scales start from its first step's casts */
     if (gpu->shard) shard_gpu_start(gpu->shard, gpu->ema_set);
     else {
         if (gpu->ema && !gpu->ema_set)

@@ -262,6 +262,15 @@ extern "C" void fp8_quantize(fp8_scaling *s, int tensor, const gpu_bf16 *x, int6
     }
 }
 
+extern "C" void fp8_scaling_reset(fp8_scaling *s, cudaStream_t stream)
+{
+    init_kernel<<<gpu_grid_blocks((int64_t)state_floats(s), 256, 1024), 256, 0, stream>>>(s->state, s->n,
+                                                                                       state_floats(s));
+    CUDA_CHECK_LAUNCH();
+    s->position = 0;
+    s->updates = 0;
+}
+
 extern "C" void fp8_scaling_update(fp8_scaling *s, cudaStream_t stream)
 {
     update_kernel<<<(s->n + kUpdateThreads - 1) / kUpdateThreads, kUpdateThreads, 0, stream>>>(

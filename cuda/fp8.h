@@ -56,6 +56,10 @@ float fp8_scale_for(float m, fp8_format format, int margin, float previous);
 void fp8_quantize(fp8_scaling *s, int tensor, const gpu_bf16 *x, int64_t rows, int cols, uint8_t *out, uint8_t *out_t,
                   int64_t ld_t, cudaStream_t stream);
 
+/* Back to the state of a new set (scales 1, amaxes and histories 0, no update done), queued on `stream`: what casts
+   before the run's first step (start-up warm-ups on zero data) recorded is forgotten. */
+void fp8_scaling_reset(fp8_scaling *s, cudaStream_t stream);
+
 /* The step's update of every tensor of the set (one launch), queued on `stream`. */
 void fp8_scaling_update(fp8_scaling *s, cudaStream_t stream);
 

@@ -178,6 +178,9 @@ int gpu_model_precision_fp8(const gpu_model *gm);
 /* The step's delayed-scaling update (fp8_scaling_update), queued on `stream`: once per optimizer step, after it.
    Nothing in bf16. */
 void gpu_model_fp8_step(gpu_model *gm, cudaStream_t stream);
+/* Before the first step of a run that restored no scaling state (none restored: no update done yet), forget what casts
+   so far recorded (fp8_scaling_reset; start-up warm-ups). Nothing in bf16 or once an update was done or restored. */
+void gpu_model_fp8_fresh(gpu_model *gm, cudaStream_t stream);
 /* The running amaxes of the step (fp8_scaling_amax; device, *count values; NULL and 0 in bf16), for a max over the
    data-parallel ranks before gpu_model_fp8_step, so that every rank scales alike. */
 float *gpu_model_fp8_amax(gpu_model *gm, int *count);
