@@ -47,6 +47,15 @@ __host__ __device__ float scale_rule(float m, int format, int margin, float prev
     return isfinite(scale) && scale > 0.0f ? scale : previous;
 }
 
+// gelu_tanh (PyTorch's approximate='tanh'; the constants of cpu_gelu_tanh_fwd) where GELU, else the value itself: what a
+// cast reads from its bf16 input.
+template <bool GELU>
+__device__ __forceinline__ float input_value(float v)
+{
+    if constexpr (GELU) return 0.5f * v * (1.0f + tanhf(0.7978845608028654f * (v + 0.044715f * v * v * v)));
+    return v;
+}
+
 __device__ __forceinline__ uint8_t to_fp8(float v, int format)
 {
     return (uint8_t)__nv_cvt_float_to_fp8(v, __NV_SATFINITE, format == FP8_E5M2 ? __NV_E5M2 : __NV_E4M3);
@@ -68,6 +77,7 @@ __device__ void block_amax_into(float local, float *amax)
 }
 
 // Where the value is NaN, fmaxf ignores it; a NaN input makes the amax at least the largest finite magnitude seen.
+template <bool GELU>
 __global__ void amax_kernel(const uint4 *__restrict__ x, int64_t n_vecs, float *__restrict__ amax)
 {
     float local = 0.0f;
@@ -75,7 +85,7 @@ __global__ void amax_kernel(const uint4 *__restrict__ x, int64_t n_vecs, float *
         float f[kVecElems];
         unpack8(x[i], f);
 #pragma unroll
-        for (int j = 0; j < kVecElems; ++j) local = fmaxf(local, fabsf(f[j]));
+        for (int j = 0; j < kVecElems; ++j) local = fmaxf(local, fabsf(input_value<GELU>(f[j])));
     }
     block_amax_into(local, amax);
 }
@@ -89,6 +99,7 @@ __global__ void scale_from_amax_kernel(float *__restrict__ state, int n, int t, 
 }
 
 // out[i] = fp8(x[i] * scale), 8 values per thread and step; the amax of x into *amax.
+template <bool GELU>
 __global__ void cast_kernel(const uint4 *__restrict__ x, int64_t n_vecs, const float *__restrict__ scale_p, int format,
                             uint2 *__restrict__ out, float *__restrict__ amax)
 {
@@ -100,8 +111,9 @@ __global__ void cast_kernel(const uint4 *__restrict__ x, int64_t n_vecs, const f
         uint8_t q[kVecElems];
 #pragma unroll
         for (int j = 0; j < kVecElems; ++j) {
-            local = fmaxf(local, fabsf(f[j]));
-            q[j] = to_fp8(f[j] * scale, format);
+            const float v = input_value<GELU>(f[j]);
+            local = fmaxf(local, fabsf(v));
+            q[j] = to_fp8(v * scale, format);
         }
         uint2 packed;
         memcpy(&packed, q, sizeof packed);
@@ -112,6 +124,7 @@ __global__ void cast_kernel(const uint4 *__restrict__ x, int64_t n_vecs, const f
 
 // Tile (blockIdx.y, blockIdx.x) of kTile rows x kTile columns: out (when not NULL) [rows, cols] and out_t [cols, ld_t],
 // the rows from `rows` to ld_t zero in out_t.
+template <bool GELU>
 __global__ void __launch_bounds__(kTile *kTileRows)
     cast_transpose_kernel(const __nv_bfloat16 *__restrict__ x, int64_t rows, int cols, const float *__restrict__ scale_p,
                           int format, uint8_t *__restrict__ out, uint8_t *__restrict__ out_t, int64_t ld_t,
@@ -127,7 +140,7 @@ __global__ void __launch_bounds__(kTile *kTileRows)
         const int64_t r = r0 + dr;
         uint8_t q = 0;
         if (r < rows && c < cols) {
-            const float v = __bfloat162float(x[r * cols + c]);
+            const float v = input_value<GELU>(__bfloat162float(x[r * cols + c]));
             local = fmaxf(local, fabsf(v));
             q = to_fp8(v * scale, format);
             if (out) out[r * cols + c] = q;
@@ -158,6 +171,13 @@ __global__ void update_kernel(float *__restrict__ state, const int *__restrict__
         scale[t] = scale_rule(m, formats[t], margin, scale[t]);
         scale_inv[t] = 1.0f / scale[t];
     }
+}
+
+// *amax (the running amax of a tensor) = max(*amax, *value): a value another kernel (a GEMM's AMAX_D) set.
+__global__ void record_amax_kernel(float *__restrict__ amax, const float *__restrict__ value)
+{
+    const float v = *value;
+    if (v > 0.0f) atomicMax(reinterpret_cast<unsigned int *>(amax), __float_as_uint(v));
 }
 
 __global__ void init_kernel(float *__restrict__ state, int n, size_t total)
@@ -225,10 +245,12 @@ extern "C" const float *fp8_scale_inv(const fp8_scaling *s, int tensor)
     return scale_inv_of(s) + tensor;
 }
 
-extern "C" void fp8_quantize(fp8_scaling *s, int tensor, const gpu_bf16 *x, int64_t rows, int cols, uint8_t *out,
-                             uint8_t *out_t, int64_t ld_t, cudaStream_t stream)
+namespace {
+
+template <bool GELU>
+void quantize(fp8_scaling *s, int tensor, const gpu_bf16 *x, int64_t rows, int cols, uint8_t *out, uint8_t *out_t,
+              int64_t ld_t, cudaStream_t stream, const char *call)
 {
-    static const char call[] = "fp8_quantize";
     check_tensor(s, tensor, call);
     ALDIT_CHECK(rows >= 0 && cols > 0 && cols % 8 == 0, "%s: rows %lld, cols %d (a multiple of 8)", call,
                 (long long)rows, cols);
@@ -240,7 +262,7 @@ extern "C" void fp8_quantize(fp8_scaling *s, int tensor, const gpu_bf16 *x, int6
     const float *scale = scale_of(s) + tensor;
     const int64_t n_vecs = rows * cols / 8;
     if (s->updates == 0 && n_vecs > 0) {  // no history yet: this cast's own amax sets the scale
-        amax_kernel<<<gpu_grid_blocks(n_vecs, kCastThreads, kCastMaxBlocks), kCastThreads, 0, stream>>>(
+        amax_kernel<GELU><<<gpu_grid_blocks(n_vecs, kCastThreads, kCastMaxBlocks), kCastThreads, 0, stream>>>(
             (const uint4 *)x, n_vecs, amax);
         CUDA_CHECK_LAUNCH();
         scale_from_amax_kernel<<<1, 1, 0, stream>>>(s->state, s->n, tensor, format, s->margin);
@@ -252,14 +274,41 @@ extern "C" void fp8_quantize(fp8_scaling *s, int tensor, const gpu_bf16 *x, int6
                     (long long)rows, kTile);
         if (row_tiles == 0) return;
         const dim3 grid((unsigned)((cols + kTile - 1) / kTile), (unsigned)row_tiles);
-        cast_transpose_kernel<<<grid, dim3(kTile, kTileRows), 0, stream>>>((const __nv_bfloat16 *)x, rows, cols, scale,
+        cast_transpose_kernel<GELU><<<grid, dim3(kTile, kTileRows), 0, stream>>>((const __nv_bfloat16 *)x, rows, cols, scale,
                                                                         format, out, out_t, ld_t, amax);
         CUDA_CHECK_LAUNCH();
     } else if (n_vecs > 0) {
-        cast_kernel<<<gpu_grid_blocks(n_vecs, kCastThreads, kCastMaxBlocks), kCastThreads, 0, stream>>>(
+        cast_kernel<GELU><<<gpu_grid_blocks(n_vecs, kCastThreads, kCastMaxBlocks), kCastThreads, 0, stream>>>(
             (const uint4 *)x, n_vecs, scale, format, (uint2 *)out, amax);
         CUDA_CHECK_LAUNCH();
     }
+}
+
+}  // namespace
+
+extern "C" void fp8_quantize(fp8_scaling *s, int tensor, const gpu_bf16 *x, int64_t rows, int cols, uint8_t *out,
+                             uint8_t *out_t, int64_t ld_t, cudaStream_t stream)
+{
+    quantize<false>(s, tensor, x, rows, cols, out, out_t, ld_t, stream, "fp8_quantize");
+}
+
+extern "C" void fp8_quantize_gelu(fp8_scaling *s, int tensor, const gpu_bf16 *pre, int64_t rows, int cols, uint8_t *out,
+                                  uint8_t *out_t, int64_t ld_t, cudaStream_t stream)
+{
+    quantize<true>(s, tensor, pre, rows, cols, out, out_t, ld_t, stream, "fp8_quantize_gelu");
+}
+
+extern "C" const float *fp8_scale(const fp8_scaling *s, int tensor)
+{
+    check_tensor(s, tensor, "fp8_scale");
+    return scale_of(s) + tensor;
+}
+
+extern "C" void fp8_record_amax(fp8_scaling *s, int tensor, const float *value, cudaStream_t stream)
+{
+    check_tensor(s, tensor, "fp8_record_amax");
+    record_amax_kernel<<<1, 1, 0, stream>>>(amax_of(s) + tensor, value);
+    CUDA_CHECK_LAUNCH();
 }
 
 extern "C" void fp8_scaling_reset(fp8_scaling *s, cudaStream_t stream)

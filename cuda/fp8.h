@@ -56,6 +56,16 @@ float fp8_scale_for(float m, fp8_format format, int margin, float previous);
 void fp8_quantize(fp8_scaling *s, int tensor, const gpu_bf16 *x, int64_t rows, int cols, uint8_t *out, uint8_t *out_t,
                   int64_t ld_t, cudaStream_t stream);
 
+/* fp8_quantize of gelu_tanh(pre) (PyTorch's approximate='tanh', in fp32 from the bf16 pre): the cast of a GELU's
+   output that exists only as its input (the FFN's, whose GEMM emitted its FP8 copy directly in the forward). */
+void fp8_quantize_gelu(fp8_scaling *s, int tensor, const gpu_bf16 *pre, int64_t rows, int cols, uint8_t *out,
+                       uint8_t *out_t, int64_t ld_t, cudaStream_t stream);
+
+/* Device pointer to tensor t's scale (what a GEMM that writes the tensor in FP8 takes as its D scale). */
+const float *fp8_scale(const fp8_scaling *s, int tensor);
+/* Tensor t's running amax = max(itself, *value) (a device float another kernel set: a GEMM's AMAX_D), queued. */
+void fp8_record_amax(fp8_scaling *s, int tensor, const float *value, cudaStream_t stream);
+
 /* Back to the state of a new set (scales 1, amaxes and histories 0, no update done), queued on `stream`: what casts
    before the run's first step (start-up warm-ups on zero data) recorded is forgotten. */
 void fp8_scaling_reset(fp8_scaling *s, cudaStream_t stream);

@@ -36,13 +36,15 @@ constexpr float kGeluSqrt2OverPi = 0.7978845608028654f;  // the constants of cpu
 constexpr float kGeluCubic = 0.044715f;
 
 enum GemmKind { kForward = 0, kBackwardData = 1, kBackwardWeight = 2, kFp8Forward = 3, kFp8BackwardData = 4,
-                kFp8BackwardWeight = 5, kKinds = 6 };
+                kFp8BackwardWeight = 5, kFp8ForwardFp8Out = 6, kKinds = 7 };
 const char *const kKindNames[kKinds] = {"forward (y = x W^T)", "backward data (dx = dy W)",
                                         "backward weight (dW = dy^T x)", "FP8 forward (y = x W^T, E4M3 x E4M3)",
                                         "FP8 backward data (dx = dy W, E5M2 x E4M3 W^T)",
-                                        "FP8 backward weight (dW = dy^T x, E4M3 x^T x E5M2 dy^T)"};
+                                        "FP8 backward weight (dW = dy^T x, E4M3 x^T x E5M2 dy^T)",
+                                        "FP8 forward with E4M3 output (y8 = x W^T, E4M3 x E4M3 -> E4M3)"};
 bool is_fp8(int kind) { return kind >= kFp8Forward; }
 bool writes_fp32(int kind) { return kind == kBackwardWeight || kind == kFp8BackwardWeight; }
+bool writes_fp8(int kind) { return kind == kFp8ForwardFp8Out; }
 
 struct PlanKey {
     int kind;
@@ -59,6 +61,7 @@ struct Plan {
     uint64_t last_use;
     cublasLtMatmulDesc_t desc;
     cublasLtMatrixLayout_t a, b, d;
+    cublasLtMatrixLayout_t c;   // C's: d's own handle, but bf16 where D is FP8 (C is then the aux matrix, unread)
     cublasLtMatmulAlgo_t algo;  // the one that runs
     cublasLtMatmulAlgo_t candidates[kTuneCandidates];  // the heuristic's, best guess first
     int n_candidates;
@@ -215,6 +218,7 @@ void destroy_plan(Plan &plan)
         CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(plan.a));
         CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(plan.b));
         CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(plan.d));
+        if (plan.c != plan.d) CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(plan.c));
         CUBLAS_CHECK(cublasLtMatmulDescDestroy(plan.desc));
     }
     memset(&plan, 0, sizeof plan);
@@ -228,9 +232,10 @@ void build_plan(Device &dev, const PlanKey &key, const void *bias, const void *a
     const bool fp8 = is_fp8(key.kind);
     const cublasOperation_t trans_a = key.kind == kForward || fp8 ? CUBLAS_OP_T : CUBLAS_OP_N;
     const cublasOperation_t trans_b = key.kind == kBackwardWeight ? CUBLAS_OP_T : CUBLAS_OP_N;
-    const cudaDataType_t d_type = writes_fp32(key.kind) ? CUDA_R_32F : CUDA_R_16BF;
+    const cudaDataType_t d_type = writes_fp32(key.kind) ? CUDA_R_32F : writes_fp8(key.kind) ? CUDA_R_8F_E4M3 : CUDA_R_16BF;
     const cudaDataType_t a_type = fp8 ? CUDA_R_8F_E4M3 : CUDA_R_16BF;
-    const cudaDataType_t b_type = key.kind == kFp8Forward ? CUDA_R_8F_E4M3 : fp8 ? CUDA_R_8F_E5M2 : CUDA_R_16BF;
+    const cudaDataType_t b_type =
+        key.kind == kFp8Forward || key.kind == kFp8ForwardFp8Out ? CUDA_R_8F_E4M3 : fp8 ? CUDA_R_8F_E5M2 : CUDA_R_16BF;
     plan.key = key;
     plan.used = true;
     CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
@@ -264,6 +269,9 @@ void build_plan(Device &dev, const PlanKey &key, const void *bias, const void *a
     CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.a, a_type, a_rows, a_cols, (int64_t)a_rows));
     CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.b, b_type, b_rows, b_cols, (int64_t)b_rows));
     CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.d, d_type, (uint64_t)key.m, (uint64_t)key.n, key.m));
+    plan.c = plan.d;
+    if (writes_fp8(key.kind))  // an FP8 D takes a bf16 C (cuBLASLt's FP8 rules)
+        CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.c, CUDA_R_16BF, (uint64_t)key.m, (uint64_t)key.n, key.m));
 
     cublasLtMatmulPreference_t preference;
     CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference));
@@ -283,7 +291,7 @@ void build_plan(Device &dev, const PlanKey &key, const void *bias, const void *a
     cublasLtMatmulHeuristicResult_t results[kTuneCandidates];
     memset(results, 0, sizeof results);
     int returned = 0;
-    const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(dev.handle, plan.desc, plan.a, plan.b, plan.d,
+    const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(dev.handle, plan.desc, plan.a, plan.b, plan.c,
                                                                  plan.d, preference, dev.autotune ? kTuneCandidates : 1,
                                                                  results, &returned);
     CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(preference));
@@ -300,6 +308,7 @@ void build_plan(Device &dev, const PlanKey &key, const void *bias, const void *a
         CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(plan.a));
         CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(plan.b));
         CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(plan.d));
+        if (plan.c != plan.d) CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(plan.c));
         CUBLAS_CHECK(cublasLtMatmulDescDestroy(plan.desc));
     }
 }
@@ -309,7 +318,8 @@ void build_plan(Device &dev, const PlanKey &key, const void *bias, const void *a
 // the plan's algorithm, the heuristic's first unless another beats it by kTuneMargin. The runs write D (and a
 // GELU aux or bias gradient) as the call itself is about to; where the call adds into D (beta != 0), they run on
 // a copy of D instead, and when that copy does not fit in device memory the heuristic's first choice stays.
-void tune_plan(Device &dev, Plan &plan, const void *a, const void *b, float beta, void *d, cudaStream_t stream)
+void tune_plan(Device &dev, Plan &plan, const void *a, const void *b, float beta, void *d, const void *c_other,
+               cudaStream_t stream)
 {
     plan.tuned = true;
     void *target = d, *copy = NULL;
@@ -332,9 +342,9 @@ void tune_plan(Device &dev, Plan &plan, const void *a, const void *b, float beta
         CUDA_CHECK(cudaEventRecord(dev.tune_marks[0], stream));
         for (int c = 0; c < plan.n_candidates; ++c) {
             if (!refused[c])
-                refused[c] = cublasLtMatmul(dev.handle, plan.desc, &alpha, a, plan.a, b, plan.b, &beta, target, plan.d,
-                                            target, plan.d, &plan.candidates[c], dev.lane->workspace, kWorkspaceBytes,
-                                            stream) != CUBLAS_STATUS_SUCCESS;
+                refused[c] = cublasLtMatmul(dev.handle, plan.desc, &alpha, a, plan.a, b, plan.b, &beta,
+                                            c_other ? c_other : target, plan.c, target, plan.d, &plan.candidates[c],
+                                            dev.lane->workspace, kWorkspaceBytes, stream) != CUBLAS_STATUS_SUCCESS;
             CUDA_CHECK(cudaEventRecord(dev.tune_marks[c + 1], stream));
         }
         CUDA_CHECK(cudaEventSynchronize(dev.tune_marks[plan.n_candidates]));
@@ -396,8 +406,15 @@ Plan *find_plan(Device &dev, int kind, cublasLtEpilogue_t epilogue, int64_t m, i
 }
 
 void run_plan(Device &dev, Plan &plan, const void *a, const void *b, float beta, void *d, const void *bias,
-              const void *aux, cudaStream_t stream, const float *a_scale = NULL, const float *b_scale = NULL)
+              const void *aux, cudaStream_t stream, const float *a_scale = NULL, const float *b_scale = NULL,
+              const float *d_scale = NULL, float *d_amax = NULL)
 {
+    if (writes_fp8(plan.key.kind)) {  // D = fp8(d_scale * result); d_amax = max |result|
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_D_SCALE_POINTER, &d_scale,
+                                                    sizeof d_scale));
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_AMAX_D_POINTER, &d_amax,
+                                                    sizeof d_amax));
+    }
     if (is_fp8(plan.key.kind)) {  // D = (a_scale * b_scale) * op(A) op(B) (+ beta C) (+ bias): the operands' scale_inv
         CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &a_scale,
                                                     sizeof a_scale));
@@ -409,10 +426,12 @@ void run_plan(Device &dev, Plan &plan, const void *a, const void *b, float beta,
     if (epilogue_has_aux(plan.key.epilogue))
         CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux,
                                                     sizeof aux));
-    if (!plan.tuned) tune_plan(dev, plan, a, b, beta, d, stream);
+    // C: D itself, but where D is FP8 the (bf16, unread: beta = 0) aux matrix under C's own layout
+    const void *c_other = writes_fp8(plan.key.kind) ? aux : NULL;
+    if (!plan.tuned) tune_plan(dev, plan, a, b, beta, d, c_other, stream);
     const float alpha = 1.0f;
-    CUBLAS_CHECK(cublasLtMatmul(dev.handle, plan.desc, &alpha, a, plan.a, b, plan.b, &beta, d, plan.d, d, plan.d,
-                                &plan.algo, dev.lane->workspace, kWorkspaceBytes, stream));
+    CUBLAS_CHECK(cublasLtMatmul(dev.handle, plan.desc, &alpha, a, plan.a, b, plan.b, &beta, c_other ? c_other : d,
+                                plan.c, d, plan.d, &plan.algo, dev.lane->workspace, kWorkspaceBytes, stream));
     dev.stats.flops += 2.0 * (double)plan.key.m * (double)plan.key.n * (double)plan.key.k;
     dev.stats.gemms += 1;
 }
@@ -744,6 +763,31 @@ extern "C" void gemm_fp8_fwd(gemm_context *context, const uint8_t *x8, const flo
         }
     }
     end_call(dev);
+}
+
+extern "C" int gemm_fp8_fwd_gelu_fp8(gemm_context *context, const uint8_t *x8, const float *x_scale_inv,
+                                     int64_t n_rows, int in_dim, int out_dim, const uint8_t *w8,
+                                     const float *w_scale_inv, const gpu_bf16 *bias, const float *y_scale, uint8_t *y8,
+                                     gpu_bf16 *pre_gelu, float *y_amax, cudaStream_t stream)
+{
+    static const char call[] = "gemm_fp8_fwd_gelu_fp8";
+    check_fp8_shape(call, n_rows, in_dim, out_dim);
+    check_aligned(call, "x8", x8), check_aligned(call, "w8", w8), check_aligned(call, "y8", y8);
+    check_aligned(call, "bias", bias), check_aligned(call, "pre_gelu", pre_gelu);
+    ALDIT_CHECK(x_scale_inv && w_scale_inv && y_scale && y_amax, "%s: a scale or amax pointer is NULL", call);
+    Device &dev = context_of(context, call);
+    if (!dev.fused) return 0;
+    if (n_rows == 0) {
+        CUDA_CHECK(cudaMemsetAsync(y_amax, 0, sizeof *y_amax, stream));
+        return 1;
+    }
+    begin_call(dev, stream);
+    Plan *plan = find_plan(dev, kFp8ForwardFp8Out, CUBLASLT_EPILOGUE_GELU_AUX_BIAS, out_dim, n_rows, in_dim, w8, x8, y8,
+                           bias, pre_gelu, false);
+    if (plan) run_plan(dev, *plan, w8, x8, 0.0f, y8, bias, pre_gelu, stream, w_scale_inv, x_scale_inv, y_scale, y_amax);
+    else dev.stats.unfused += 1;
+    end_call(dev);
+    return plan != NULL;
 }
 
 extern "C" void gemm_fp8_bwd_data(gemm_context *context, const uint8_t *dy8, const float *dy_scale_inv, int64_t n_rows,

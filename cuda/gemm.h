@@ -128,6 +128,14 @@ int64_t gemm_fp8_padded_rows(int64_t n_rows);
 void gemm_fp8_fwd(gemm_context *context, const uint8_t *x8, const float *x_scale_inv, int64_t n_rows, int in_dim,
                   int out_dim, const uint8_t *w8, const float *w_scale_inv, const gpu_bf16 *bias, gemm_epilogue epilogue,
                   gpu_bf16 *y, gpu_bf16 *pre_gelu, cudaStream_t stream);
+/* The FFN's first linear with its GELU emitting the next GEMM's FP8 input directly (no bf16 output, no cast pass):
+   pre_gelu = x W^T + b (bf16, as GELU_AUX_BIAS), y8 = E4M3(gelu(pre) * y_scale) [rows, out] (cuBLASLt's D scale,
+   saturating) and *y_amax = max |gelu(pre)| over the call (set, not accumulated: cuBLASLt's AMAX_D). Returns 0, with
+   nothing queued, where cuBLASLt has no algorithm for it (or the context was made with fused_epilogues = 0): the
+   caller then takes gemm_fp8_fwd's bf16 output and casts it. */
+int gemm_fp8_fwd_gelu_fp8(gemm_context *context, const uint8_t *x8, const float *x_scale_inv, int64_t n_rows,
+                          int in_dim, int out_dim, const uint8_t *w8, const float *w_scale_inv, const gpu_bf16 *bias,
+                          const float *y_scale, uint8_t *y8, gpu_bf16 *pre_gelu, float *y_amax, cudaStream_t stream);
 void gemm_fp8_bwd_data(gemm_context *context, const uint8_t *dy8, const float *dy_scale_inv, int64_t n_rows, int in_dim,
                        int out_dim, const uint8_t *wt8, const float *w_scale_inv, const gpu_bf16 *gelu_input,
                        gpu_bf16 *dx, int accumulate_dx, cudaStream_t stream);

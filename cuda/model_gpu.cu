@@ -150,6 +150,8 @@ struct fp8_linears {
     uint8_t *x8, *xt8;     // the input [rows, in] and its transpose [in, padded rows]
     uint8_t *g8, *gt8;     // the output gradient [rows, out] and its transpose [out, padded rows]
     uint8_t *w8, *wt8;     // the weight [out, in] and its transpose [in, out]
+    float *amax_d;         // the FFN's first GEMM's AMAX_D (device, one float)
+    bool act_ready;        // g8 holds the FFN's GELU output in E4M3, which its first GEMM emitted (the forward)
     size_t bytes;
 };
 
@@ -659,9 +661,26 @@ void block_linear_fwd(const gpu_model *gm, int layer, int which, const gpu_bf16 
         return;
     }
     const int input = fp8_tensor(layer, fp8_input_owner(which), kFp8Input), weight = fp8_tensor(layer, which, kFp8Weight);
-    if (fp8_input_owner(which) == which) fp8_quantize(f->scaling, input, x, n_rows, in_dim, f->x8, nullptr, 0, stream);
+    // the FFN's second linear reads the E4M3 copy of the GELU output its first one emitted, where it did
+    const bool emitted = which == kFfnOut && f->act_ready;
+    f->act_ready = false;
+    const uint8_t *x8 = emitted ? f->g8 : f->x8;
+    if (fp8_input_owner(which) == which && !emitted)
+        fp8_quantize(f->scaling, input, x, n_rows, in_dim, f->x8, nullptr, 0, stream);
     fp8_quantize(f->scaling, weight, w + lin.weight, out_dim, in_dim, f->w8, nullptr, 0, stream);
-    gemm_fp8_fwd(gm->gemm, f->x8, fp8_scale_inv(f->scaling, input), n_rows, in_dim, out_dim, f->w8,
+    // the FFN's first linear: its GELU output straight to E4M3 at the second's input scale (from the second step on:
+    // the first casts by its own amax), the bf16 output not written; else bf16 and a cast before the second
+    if (which == kFfnIn && fp8_scaling_updates(f->scaling) > 0) {
+        const int act = fp8_tensor(layer, kFfnOut, kFp8Input);
+        if (gemm_fp8_fwd_gelu_fp8(gm->gemm, x8, fp8_scale_inv(f->scaling, input), n_rows, in_dim, out_dim, f->w8,
+                                  fp8_scale_inv(f->scaling, weight), w + lin.bias, fp8_scale(f->scaling, act), f->g8,
+                                  pre, f->amax_d, stream)) {
+            fp8_record_amax(f->scaling, act, f->amax_d, stream);
+            f->act_ready = true;
+            return;
+        }
+    }
+    gemm_fp8_fwd(gm->gemm, x8, fp8_scale_inv(f->scaling, input), n_rows, in_dim, out_dim, f->w8,
                  fp8_scale_inv(f->scaling, weight), w + lin.bias, epilogue, y, pre, stream);
 }
 
@@ -681,7 +700,10 @@ void block_linear_bwd(gpu_model *gm, int layer, int which, const gpu_bf16 *w, fl
     const int input = fp8_tensor(layer, fp8_input_owner(which), kFp8Input), weight = fp8_tensor(layer, which, kFp8Weight);
     const int grad = fp8_tensor(layer, which, kFp8Grad);
     fp8_quantize(f->scaling, grad, dy, n_rows, out_dim, f->g8, f->gt8, padded, stream);
-    if (fp8_input_owner(which) == which) fp8_quantize(f->scaling, input, x, n_rows, in_dim, nullptr, f->xt8, padded, stream);
+    if (which == kFfnOut && gelu_input)  // its input is gelu(pre): cast from pre (the forward may not have kept it)
+        fp8_quantize_gelu(f->scaling, input, gelu_input, n_rows, in_dim, nullptr, f->xt8, padded, stream);
+    else if (fp8_input_owner(which) == which)
+        fp8_quantize(f->scaling, input, x, n_rows, in_dim, nullptr, f->xt8, padded, stream);
     gemm_fp8_bwd_weight(gm->gemm, f->xt8, fp8_scale_inv(f->scaling, input), f->gt8, fp8_scale_inv(f->scaling, grad),
                         padded, in_dim, out_dim, g + lin.weight, 1, stream);
     gemm_column_sums(gm->gemm, dy, n_rows, out_dim, g + lin.bias, 1, stream);
@@ -1716,15 +1738,15 @@ double gpu_model_forward_loss(gpu_model *gm, const model_batch *batch, double *s
 
 namespace {
 
-// The FP8 scratch for `max_rows` rows: input, gradient and their transposes at the widest linear (ffn_dim), and the
-// widest weight and its transpose; as allocated, each piece rounded up to 256 bytes.
+// The FP8 scratch for `max_rows` rows: input, gradient and their transposes at the widest linear (ffn_dim), the
+// widest weight and its transpose, and a float for a GEMM's AMAX_D; as allocated, each piece rounded up to 256 bytes.
 size_t fp8_scratch_bytes(int64_t dim, int64_t ffn_dim, int64_t max_rows, size_t *pieces)
 {
     const int64_t wide = dim > ffn_dim ? dim : ffn_dim;
     const size_t act = (size_t)(gemm_fp8_padded_rows(max_rows) * wide + 255) / 256 * 256;
     const size_t weight = (size_t)(dim * ffn_dim + 255) / 256 * 256;
     if (pieces) pieces[0] = act, pieces[1] = weight;
-    return 4 * act + 2 * weight;
+    return 4 * act + 2 * weight + 256;  // + the AMAX_D float
 }
 
 void free_fp8(gpu_model *gm)
@@ -1764,6 +1786,7 @@ void gpu_model_set_precision(gpu_model *gm, int fp8, int amax_history, int margi
     CUDA_CHECK(cudaMalloc(&base, f->bytes));
     f->x8 = base, f->xt8 = base + pieces[0], f->g8 = base + 2 * pieces[0], f->gt8 = base + 3 * pieces[0];
     f->w8 = base + 4 * pieces[0], f->wt8 = base + 4 * pieces[0] + pieces[1];
+    f->amax_d = reinterpret_cast<float *>(base + 4 * pieces[0] + 2 * pieces[1]);
     gm->fp8 = f;
 }
 

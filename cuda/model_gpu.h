@@ -170,6 +170,10 @@ void gpu_model_grads_ready_all(const gpu_model *gm, cudaStream_t stream);
    amax history of amax_history steps and the given margin; the casts run just before each GEMM from the bf16
    tensors the model already keeps (a separate pass over each GEMM input; the weights on every use, the input again in
    the backward), into a scratch of its own, gpu_model_fp8_bytes(host_model, max_tokens) bytes outside the workspace.
+   The exception, from the second step on: the FFN's first GEMM emits its GELU output in E4M3 at the second's input
+   scale, with its amax (gemm_fp8_fwd_gelu_fp8; where cuBLASLt has no algorithm for it, the cast as above), and the
+   bf16 GELU output (saved ffn_act) is then not written: the backward casts the second linear's input from the kept
+   pre-activation (fp8_quantize_gelu) in either case.
    Fatal on a GPU below compute capability 8.9 or when dim or ffn_dim is not a multiple of 16. fp8 = 0 frees it
    all (the scaling state is lost). */
 void gpu_model_set_precision(gpu_model *gm, int fp8, int amax_history, int margin);

@@ -174,11 +174,12 @@ static double gelu_tanh_grad(double v)
     return 0.5 * (1.0 + t) + 0.5 * v * (1.0 - t * t) * 0.7978845608028654 * (1.0 + 3.0 * 0.044715 * v * v);
 }
 
-/* A fresh scaling set of the three tensors a GEMM casts: 0 input (E4M3), 1 weight (E4M3), 2 gradient (E5M2). */
+/* A fresh scaling set of the tensors a GEMM casts: 0 input (E4M3), 1 weight (E4M3), 2 gradient (E5M2), and 3 an
+   output a GEMM writes in E4M3. */
 static fp8_scaling *fresh_scaling(void)
 {
-    const fp8_format formats[3] = {FP8_E4M3, FP8_E4M3, FP8_E5M2};
-    return fp8_scaling_create(3, formats, 16, 0);
+    const fp8_format formats[4] = {FP8_E4M3, FP8_E4M3, FP8_E5M2, FP8_E4M3};
+    return fp8_scaling_create(4, formats, 16, 0);
 }
 
 /* ---- casts ------------------------------------------------------------------------------------------------ */
@@ -356,6 +357,82 @@ static void check_forward(const shape *sh, int gelu)
     fp8_scaling_free(s);
 }
 
+/* The FFN's first GEMM with its GELU output in E4M3 (gemm_fp8_fwd_gelu_fp8): pre against the bound, the E4M3 output
+   against gelu of the exact pre: the GEMM's bound times max |gelu'| = 1.13 plus E4M3's own rounding (u = 2^-4 of the value, or
+   half the subnormal spacing, 2^-10, times scale_inv), and the amax it reports against the host's. The output scale
+   is that of a cast of the host's gelu values (their own amax, as a delayed scale would have it). */
+static void check_forward_fp8_out(const shape *sh)
+{
+    const int64_t rows = sh->rows;
+    const int in = sh->in_dim, out = sh->out_dim;
+    gpu_bf16 *x_bits, *w_bits, *b_bits;
+    float *x = random_bf16((size_t)rows * in, 1.0, &x_bits);
+    float *w = random_bf16((size_t)out * in, 1.0 / sqrt((double)in), &w_bits);
+    float *b = random_bf16((size_t)out, 0.5, &b_bits);
+    const int64_t n_check = checked_count(rows, sh->check_rows);
+    double *ref = xmalloc((size_t)n_check * out * sizeof *ref), *S = xmalloc((size_t)n_check * out * sizeof *S);
+    double *A = xmalloc((size_t)n_check * out * sizeof *A), host_amax = 0.0;
+    gpu_bf16 *gelu_bits = xmalloc((size_t)n_check * out * sizeof *gelu_bits);
+    for (int64_t i = 0; i < n_check; ++i)
+        for (int o = 0; o < out; ++o) {
+            const int64_t r = row_of(i, rows, sh->check_rows), k = i * out + o;
+            dot_stats(x + r * in, 1, w + (int64_t)o * in, 1, in, &ref[k], &S[k], &A[k]);
+            ref[k] += b[o];
+            host_amax = fmax(host_amax, fabs(gelu_tanh(ref[k])));
+            gelu_bits[k] = gpu_bf16_from_float((float)gelu_tanh(ref[k]));
+        }
+    gpu_bf16 *d_x = device_upload(x_bits, (size_t)rows * in * 2), *d_w = device_upload(w_bits, (size_t)out * in * 2);
+    gpu_bf16 *d_b = device_upload(b_bits, (size_t)out * 2);
+    gpu_bf16 *d_gelu = device_upload(gelu_bits, (size_t)n_check * out * 2), *d_pre = device_poisoned((size_t)rows * out * 2);
+    uint8_t *x8 = device_poisoned((size_t)rows * in), *w8 = device_poisoned((size_t)out * in);
+    uint8_t *y8 = device_poisoned((size_t)rows * out), *scratch8 = device_poisoned((size_t)n_check * out);
+    float *d_amax = device_poisoned(sizeof(float));
+    fp8_scaling *s = fresh_scaling();
+    fp8_quantize(s, 0, d_x, rows, in, x8, NULL, 0, 0);
+    fp8_quantize(s, 1, d_w, out, in, w8, NULL, 0, 0);
+    fp8_quantize(s, 3, d_gelu, n_check, out, scratch8, NULL, 0, 0); /* the output's scale from the host's values */
+    const int done = gemm_fp8_fwd_gelu_fp8(g_gemm, x8, fp8_scale_inv(s, 0), rows, in, out, w8, fp8_scale_inv(s, 1), d_b,
+                                           fp8_scale(s, 3), y8, d_pre, d_amax, 0);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    if (!done) {
+        printf("# gemm_fp8_fwd_gelu_fp8 (%s): cuBLASLt has no algorithm; the model casts the bf16 GELU output instead\n",
+               sh->name);
+    } else {
+        float *pre = download_bf16(d_pre, (size_t)rows * out), *amax = download_f32(d_amax, 1);
+        uint8_t *q = xmalloc((size_t)rows * out);
+        CUDA_CHECK(cudaMemcpy(q, y8, (size_t)rows * out, cudaMemcpyDeviceToHost));
+        float scale_inv;
+        CUDA_CHECK(cudaMemcpy(&scale_inv, fp8_scale_inv(s, 3), sizeof scale_inv, cudaMemcpyDeviceToHost));
+        char case_name[160];
+        snprintf(case_name, sizeof case_name, "%s, GELU output in E4M3", sh->name);
+        bound_check bc = bounds_for(0, 0, 1, "gemm_fp8_fwd_gelu_fp8 pre_gelu", case_name);
+        for (int64_t i = 0; i < n_check; ++i) {
+            const int64_t r = row_of(i, rows, sh->check_rows);
+            for (int o = 0; o < out; ++o) {
+                const int64_t k = i * out + o;
+                check_element(&bc, pre[r * out + o], ref[k] - b[o], S[k], A[k], 1.0, b[o], 1);
+                const double want = gelu_tanh(ref[k]), got = fp8_decode(q[r * out + o], 0) * scale_inv;
+                const double gemm = kZ * bc.sigma * S[k] + kFastAccumulation * A[k] + kBf16Out * fabs(ref[k]);
+                /* |gelu'| <= 1.13 anywhere (its largest value, near 1.5) */
+                const double bound = (1.13 * gemm) * (1.0 + kU[0]) + kU[0] * fabs(want) + 0x1p-10 * scale_inv + 1e-6;
+                if (!(fabs(got - want) <= bound))
+                    fail_msg("%s: element (%lld, %d) decodes to %.6g, gelu(pre) = %.6g (bound %.3g)", case_name,
+                             (long long)r, o, got, want, bound);
+            }
+        }
+        check_norms(&bc, 1);
+        printf("# %s: AMAX_D %.6g, host max |gelu| over the checked rows %.6g\n", case_name, amax[0], host_amax);
+        if (!(amax[0] >= host_amax * (1.0 - 0x1p-4) && amax[0] <= host_amax * 2.0 + 1.0))
+            fail_msg("%s: AMAX_D %.6g against the host's %.6g (of its rows)", case_name, amax[0], host_amax);
+        free(pre), free(amax), free(q);
+    }
+    void *host[] = {x, x_bits, w, w_bits, b, b_bits, ref, S, A, gelu_bits};
+    void *device[] = {d_x, d_w, d_b, d_gelu, d_pre, x8, w8, y8, scratch8, d_amax};
+    free_host_buffers(host, 10);
+    free_device_buffers(device, 10);
+    fp8_scaling_free(s);
+}
+
 /* dgrad: dx = dy W (E5M2 x E4M3 through W's transpose), plain, times gelu'(gin), or added into dx0. */
 static void check_dgrad(const shape *sh, int with_gelu, int accumulate)
 {
@@ -445,6 +522,7 @@ static void test_forward(void **state)
     for (size_t i = 0; i < sizeof kShapes / sizeof *kShapes; ++i) {
         check_forward(&kShapes[i], 0);
         check_forward(&kShapes[i], 1);
+        check_forward_fp8_out(&kShapes[i]);
     }
 }
 
@@ -597,6 +675,38 @@ static void test_model_against_bf16(void **state)
     model_free(&m);
 }
 
+/* The same after a step and its update: the delayed scales in use and the FFN's GELU emitting E4M3 directly (where
+   cuBLASLt has the algorithm), within the same bounds of bf16 (the weights unchanged: no optimizer here). */
+static void test_model_delayed_against_bf16(void **state)
+{
+    (void)state;
+    model m;
+    fp8_tiny_model(&m, 2);
+    fp8_batch fb;
+    fp8_make_batch(&m, &fb);
+    const double sigma_fwd = sqrt(2.0 / 3.0) * kU[0], sigma_bwd = sqrt((kU[0] * kU[0] + kU[1] * kU[1]) / 3.0);
+    const double G = 8.0 * m.num_layers, eps_f = sqrt(2.0 * G) * sigma_fwd, eps_b = sqrt(2.0 * G) * sigma_bwd;
+    gpu_model *bf16 = fp8_gpu_model(&m, 0, GPU_RECOMPUTE_NONE), *fp8 = fp8_gpu_model(&m, 1, GPU_RECOMPUTE_NONE);
+    const double loss_bf16 = gpu_model_forward_backward(bf16, &fb.batch, 1.0f / 3.0f, NULL, 0);
+    float *g_bf16 = fp8_grads(bf16, &m);
+    gpu_model_forward_backward(fp8, &fb.batch, 1.0f / 3.0f, NULL, 0);
+    gpu_model_fp8_step(fp8, 0);
+    gpu_model_zero_grads(fp8, 0);
+    const double loss_fp8 = gpu_model_forward_backward(fp8, &fb.batch, 1.0f / 3.0f, NULL, 0);
+    float *g_fp8 = fp8_grads(fp8, &m);
+    const double loss_error = fabs(loss_fp8 - loss_bf16) / fabs(loss_bf16);
+    const double grad_error = relative_l2_error(g_fp8, g_bf16, (size_t)m.n_weights);
+    printf("# model fp8 (delayed scales) vs bf16: loss %.6f vs %.6f (relative %.2e); gradient relative L2 %.3e\n",
+           loss_fp8, loss_bf16, loss_error, grad_error);
+    expect_finite("fp8 model gradient, delayed scales", "2 blocks", g_fp8, (size_t)m.n_weights);
+    assert_true(loss_error <= 2.0 * eps_f + eps_f * eps_f);
+    assert_true(grad_error <= sqrt(eps_f * eps_f + eps_b * eps_b + sigma_bwd * sigma_bwd));
+    free(g_bf16), free(g_fp8);
+    gpu_model_free(bf16), gpu_model_free(fp8);
+    fp8_free_batch(&fb);
+    model_free(&m);
+}
+
 static void test_model_recompute_and_repeat(void **state)
 {
     (void)state;
@@ -683,7 +793,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_cast),    cmocka_unit_test(test_delayed_scaling), cmocka_unit_test(test_forward),
         cmocka_unit_test(test_dgrad),   cmocka_unit_test(test_wgrad),           cmocka_unit_test(test_column_sums),
-        cmocka_unit_test(test_model_against_bf16), cmocka_unit_test(test_model_recompute_and_repeat),
+        cmocka_unit_test(test_model_against_bf16), cmocka_unit_test(test_model_delayed_against_bf16),
+        cmocka_unit_test(test_model_recompute_and_repeat),
         cmocka_unit_test(test_model_state_restore),
     };
     const int status = cmocka_run_group_tests(tests, NULL, NULL);
