@@ -714,22 +714,26 @@ static void test_model_recompute_and_repeat(void **state)
     fp8_tiny_model(&m, 4);
     fp8_batch fb;
     fp8_make_batch(&m, &fb);
-    double loss[2], again = 0.0;
+    /* per mode: a first step (casts by their own amax), a repeat of it, the update, a step on the delayed scales */
+    double loss[2], again[2], delayed[2];
     float *grads[2];
     const gpu_recompute modes[2] = {GPU_RECOMPUTE_NONE, GPU_RECOMPUTE_BLOCK};
     for (int i = 0; i < 2; ++i) {
         gpu_model *gm = fp8_gpu_model(&m, 1, modes[i]);
         loss[i] = gpu_model_forward_backward(gm, &fb.batch, 1.0f / 3.0f, NULL, 0);
+        again[i] = gpu_model_forward_backward(gm, &fb.batch, 1.0f / 3.0f, NULL, 0);
+        gpu_model_fp8_step(gm, 0);
+        gpu_model_zero_grads(gm, 0);
+        delayed[i] = gpu_model_forward_backward(gm, &fb.batch, 1.0f / 3.0f, NULL, 0);
         grads[i] = fp8_grads(gm, &m);
-        if (i == 0) again = gpu_model_forward_backward(gm, &fb.batch, 1.0f / 3.0f, NULL, 0);
         gpu_model_free(gm);
     }
     const int64_t differing = count_differing(grads[0], grads[1], m.n_weights);
-    printf("# fp8 recompute block vs none: loss %.9g vs %.9g, %lld gradient values differ; second call %.9g\n", loss[1],
-           loss[0], (long long)differing, again);
-    assert_true(loss[1] == loss[0]);
+    printf("# fp8 recompute block vs none: first step %.9g vs %.9g (repeated: %.9g), delayed scales %.9g vs %.9g, "
+           "%lld gradient values differ\n", loss[1], loss[0], again[0], delayed[1], delayed[0], (long long)differing);
+    assert_true(loss[1] == loss[0] && again[0] == loss[0] && again[1] == loss[1]);
+    assert_true(delayed[1] == delayed[0]);
     assert_int_equal(differing, 0);
-    assert_true(again == loss[0]);
     free(grads[0]), free(grads[1]);
     fp8_free_batch(&fb);
     model_free(&m);
