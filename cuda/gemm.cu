@@ -253,6 +253,15 @@ void build_plan(Device &dev, const PlanKey &key, const void *bias, const void *a
         if (epilogue_has_aux(key.epilogue))
             CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, &bf16,
                                                         sizeof bf16));
+        // the heuristic sees the scale (and amax) pointers set, as every call sets them (run_plan): a valid device
+        // address stands in for them here (it is not read)
+        const void *stand_in = dev.lane->workspace;
+        const cublasLtMatmulDescAttributes_t pointers[] = {CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
+                                                           CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
+                                                           CUBLASLT_MATMUL_DESC_D_SCALE_POINTER,
+                                                           CUBLASLT_MATMUL_DESC_AMAX_D_POINTER};
+        for (int p = 0; p < (writes_fp8(key.kind) ? 4 : 2); ++p)
+            CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, pointers[p], &stand_in, sizeof stand_in));
     }
     // The heuristic reads the bias and aux pointers' alignment (not their contents): set the real ones.
     if (epilogue_has_bias(key.epilogue))
