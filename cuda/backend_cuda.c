@@ -313,12 +313,17 @@ static void describe(const deck *config, const gpu_plan *gpu, const char *gradie
         snprintf(attention, sizeof attention, "  attention  cuDNN's fused attention (self and cross) for samples of "
                  "%lld tokens or more, our flash attention below\n", (long long)gpu->cudnn_min_tokens);
     else if (gradient_sum) snprintf(attention, sizeof attention, "  attention  our flash attention\n");
+    char precision[192] = "";
+    if (config->train.precision == PRECISION_FP8)
+        snprintf(precision, sizeof precision, "  precision  fp8: the blocks' q/k/v/o, cross q/o and FFN GEMMs in E4M3/E5M2 "
+                 "(delayed scaling, amax history %d, margin %d); the rest bf16/fp32\n", config->train.fp8_amax_history,
+                 config->train.fp8_margin);
     if (gpu->offline) snprintf(gpu_text, sizeof gpu_text, "GPU %s", gpu->description);
     else snprintf(gpu_text, sizeof gpu_text, "GPU %d, %s; %d rank(s) per GPU", gpu->device, gpu->description,
                   gpu->ranks_per_gpu);
-    snprintf(out->device_text, sizeof out->device_text, "  device     cuda%s: %s%s%s%s\n%s", chosen, gpu_text,
+    snprintf(out->device_text, sizeof out->device_text, "  device     cuda%s: %s%s%s%s\n%s%s", chosen, gpu_text,
              gradient_sum ? (sharded_grads ? "; gradient sum: " : "; gradient all-reduce: ") : "",
-             gradient_sum ? gradient_sum : "", buckets, attention);
+             gradient_sum ? gradient_sum : "", buckets, attention, precision);
 
     char budget_text[32], free_text[32], state_text[32], workspace_text[32], buffer_text[32];
     format_size(gpu->mem_budget, budget_text, sizeof budget_text);
@@ -337,7 +342,8 @@ static void describe(const deck *config, const gpu_plan *gpu, const char *gradie
         gpu->max_samples, (long long)gpu->max_text, workspace_text);
     if (gpu->attention_buffer_bytes > 0.0 && used > 0 && (size_t)used < sizeof out->memory_text)
         snprintf(out->memory_text + used, sizeof out->memory_text - (size_t)used,
-                 "             and %s kept for cuDNN attention's buffer (the longest sample)\n", buffer_text);
+                 "             and %s kept for cuDNN attention's buffer (the longest sample)%s\n", buffer_text,
+                 config->train.precision == PRECISION_FP8 ? " and the FP8 GEMMs' operands" : "");
     used = (int)strlen(out->memory_text);
     shard_describe(out->shard, n_ranks, &out->state, config->train.shard == SHARD_AUTO, out->memory_text + used,
                    sizeof out->memory_text - (size_t)used);

@@ -29,7 +29,7 @@ typedef struct {
        attention): the trainer puts the sample that gains most last (rank_assignment_order_whole_tiles). 0: none. */
     int64_t last_sample_tile, last_sample_min_tokens;
     /* The summary's device and memory lines (rank 0 prints them; a run adds what only a run knows). */
-    char device_text[512];
+    char device_text[1024];
     char memory_text[1024];
 } backend_plan;
 
