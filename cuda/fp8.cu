@@ -18,6 +18,10 @@ constexpr int kCastMaxBlocks = 4096;
 constexpr int kTile = 32;        // transpose tile: kTile x kTile values, block kTile x kTileRows threads
 constexpr int kTileRows = 8;
 constexpr int kUpdateThreads = 128;
+constexpr int kWideTile = 64;      // the vectorised transpose: kWideTile x kWideTile values a block,
+constexpr int kWideThreads = 256;  // 16-byte loads (8 bf16) and 8-byte stores (8 FP8) along rows of x and of out_t
+constexpr int kWideVecs = kWideTile / 8;  // vectors of 8 across a tile
+static_assert(kWideTile * kWideVecs % kWideThreads == 0, "whole vectors per thread");
 
 }  // namespace
 
@@ -156,6 +160,60 @@ __global__ void __launch_bounds__(kTile *kTileRows)
     block_amax_into(local, amax);
 }
 
+// cast_transpose_kernel with whole vectors, where cols and ld_t are multiples of 8: tile (blockIdx.y, blockIdx.x) of
+// kWideTile rows x kWideTile columns; a thread casts vectors of 8 values of x's rows (16-byte loads, 8-byte stores
+// to out) into the shared tile, then writes vectors of 8 bytes of out_t's rows from it.
+template <bool GELU>
+__global__ void __launch_bounds__(kWideThreads)
+    cast_transpose_wide_kernel(const uint4 *__restrict__ x, int64_t rows, int cols, const float *__restrict__ scale_p,
+                               int format, uint2 *__restrict__ out, uint8_t *__restrict__ out_t, int64_t ld_t,
+                               float *__restrict__ amax)
+{
+    __shared__ uint8_t tile[kWideTile][kWideTile + 8];  // [row of x][column of x]; +8: rows start on other banks
+    const float scale = *scale_p;
+    const int64_t r0 = (int64_t)blockIdx.y * kWideTile;
+    const int c0 = blockIdx.x * kWideTile;
+    const int col_vecs = cols / 8;
+    float local = 0.0f;
+    for (int v = threadIdx.x; v < kWideTile * kWideVecs; v += kWideThreads) {
+        const int dr = v / kWideVecs, dv = v % kWideVecs;
+        const int64_t r = r0 + dr;
+        const int cv = c0 / 8 + dv;
+        uint8_t q[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        if (r < rows && cv < col_vecs) {
+            float f[kVecElems];
+            unpack8(x[r * col_vecs + cv], f);
+#pragma unroll
+            for (int j = 0; j < kVecElems; ++j) {
+                const float value = input_value<GELU>(f[j]);
+                local = fmaxf(local, fabsf(value));
+                q[j] = to_fp8(value * scale, format);
+            }
+            if (out) {
+                uint2 packed;
+                memcpy(&packed, q, sizeof packed);
+                out[r * col_vecs + cv] = packed;
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < 8; ++j) tile[dr][dv * 8 + j] = q[j];
+    }
+    __syncthreads();
+    // out_t row c0 + dc, columns r0 + 8 dv ... + 7: column dc of tile rows 8 dv ... 8 dv + 7
+    for (int v = threadIdx.x; v < kWideTile * kWideVecs; v += kWideThreads) {
+        const int dc = v / kWideVecs, dv = v % kWideVecs;
+        const int64_t col = r0 + 8 * dv;
+        if (c0 + dc >= cols || col >= ld_t) continue;
+        uint8_t q[8];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) q[j] = tile[8 * dv + j][dc];
+        uint2 packed;
+        memcpy(&packed, q, sizeof packed);
+        *reinterpret_cast<uint2 *>(out_t + (int64_t)(c0 + dc) * ld_t + col) = packed;
+    }
+    block_amax_into(local, amax);
+}
+
 // Every tensor: the running amax into the history's slot `position`, then the scale from the history.
 __global__ void update_kernel(float *__restrict__ state, const int *__restrict__ formats, int n, int history_len,
                               int position, int margin)
@@ -268,7 +326,16 @@ void quantize(fp8_scaling *s, int tensor, const gpu_bf16 *x, int64_t rows, int c
         scale_from_amax_kernel<<<1, 1, 0, stream>>>(s->state, s->n, tensor, format, s->margin);
         CUDA_CHECK_LAUNCH();
     }
-    if (out_t) {
+    if (out_t && ld_t % 8 == 0 && (uintptr_t)out_t % 8 == 0) {
+        const int64_t row_tiles = (ld_t + kWideTile - 1) / kWideTile;  // ld_t >= rows
+        ALDIT_CHECK(row_tiles <= 65535, "%s: %lld rows, more than the transposing grid takes (65535 x %d)", call,
+                    (long long)rows, kWideTile);
+        if (row_tiles == 0) return;
+        const dim3 grid((unsigned)((cols + kWideTile - 1) / kWideTile), (unsigned)row_tiles);
+        cast_transpose_wide_kernel<GELU><<<grid, kWideThreads, 0, stream>>>((const uint4 *)x, rows, cols, scale, format,
+                                                                            (uint2 *)out, out_t, ld_t, amax);
+        CUDA_CHECK_LAUNCH();
+    } else if (out_t) {
         const int64_t row_tiles = ((rows > ld_t ? rows : ld_t) + kTile - 1) / kTile;
         ALDIT_CHECK(row_tiles <= 65535, "%s: %lld rows, more than the transposing grid takes (65535 x %d)", call,
                     (long long)rows, kTile);

@@ -184,51 +184,57 @@ static fp8_scaling *fresh_scaling(void)
 
 /* ---- casts ------------------------------------------------------------------------------------------------ */
 
+/* Casts of each format into out and out_t at once; the shapes take the vectorised transpose (ld_t a multiple of 8: one
+   row tile and a partial column tile, then several of each) and the per-value one (ld_t = rows = 45). */
 static void test_cast(void **state)
 {
     (void)state;
-    const int64_t rows = 45;
-    const int cols = 96;
-    const int64_t ld_t = 48;
-    const size_t n = (size_t)rows * cols;
-    for (int format = 0; format < 2; ++format) {
-        gpu_bf16 *bits;
-        float *x = random_bf16(n, 3.0, &bits);
-        x[7] = 0.0f, bits[7] = gpu_bf16_from_float(0.0f);
-        const fp8_format formats[1] = {(fp8_format)format};
-        fp8_scaling *s = fp8_scaling_create(1, formats, 4, 0);
-        gpu_bf16 *d_x = device_upload(bits, n * sizeof *bits);
-        uint8_t *d_q = device_poisoned(n), *d_t = device_poisoned((size_t)cols * ld_t);
-        fp8_quantize(s, 0, d_x, rows, cols, d_q, d_t, ld_t, 0);
-        CUDA_CHECK(cudaDeviceSynchronize());
-        uint8_t *q = xmalloc(n), *t = xmalloc((size_t)cols * ld_t);
-        CUDA_CHECK(cudaMemcpy(q, d_q, n, cudaMemcpyDeviceToHost));
-        CUDA_CHECK(cudaMemcpy(t, d_t, (size_t)cols * ld_t, cudaMemcpyDeviceToHost));
-        float scale, scale_inv, amax;
-        fp8_scaling_download(s, &scale, &scale_inv, &amax, NULL);
-        double want_amax = 0.0;
-        for (size_t i = 0; i < n; ++i) want_amax = fmax(want_amax, fabs(x[i]));
-        assert_true(amax == (float)want_amax);
-        assert_true(scale == fp8_scale_for(amax, (fp8_format)format, 0, 1.0f)); /* current scaling before any update */
-        assert_true(scale_inv == 1.0f / scale);
-        for (int64_t r = 0; r < rows; ++r)
-            for (int c = 0; c < cols; ++c) {
-                const double v = x[r * cols + c], got = fp8_decode(q[r * cols + c], format) * scale_inv;
-                /* nearest: half an ulp, at most u |v|, or half the subnormal spacing (2^-10, 2^-17) times scale_inv */
-                const double tolerance = kU[format] * fabs(v) + ldexp(1.0, format ? -17 : -10) * scale_inv;
-                if (!(fabs(got - v) <= tolerance * (1 + 1e-6)))
-                    fail_msg("cast %s: (%lld, %d) = %.6g decodes to %.6g", format ? "E5M2" : "E4M3", (long long)r, c,
-                             v, got);
-                assert_int_equal(t[(int64_t)c * ld_t + r], q[r * cols + c]);
-            }
-        for (int c = 0; c < cols; ++c)
-            for (int64_t r = rows; r < ld_t; ++r) assert_int_equal(t[(int64_t)c * ld_t + r], 0);
-        void *host[] = {x, bits, q, t};
-        void *device[] = {d_x, d_q, d_t};
-        free_host_buffers(host, 4);
-        free_device_buffers(device, 3);
-        fp8_scaling_free(s);
-    }
+    static const struct { int64_t rows; int cols; int64_t ld_t; } shapes[] = {{45, 96, 48}, {45, 96, 45}, {130, 200, 144}};
+    for (size_t k = 0; k < sizeof shapes / sizeof *shapes; ++k)
+        for (int format = 0; format < 2; ++format) {
+            const int64_t rows = shapes[k].rows, ld_t = shapes[k].ld_t;
+            const int cols = shapes[k].cols;
+            const size_t n = (size_t)rows * cols;
+            gpu_bf16 *bits;
+            float *x = random_bf16(n, 3.0, &bits);
+            x[7] = 0.0f, bits[7] = gpu_bf16_from_float(0.0f);
+            const fp8_format formats[1] = {(fp8_format)format};
+            fp8_scaling *s = fp8_scaling_create(1, formats, 4, 0);
+            gpu_bf16 *d_x = device_upload(bits, n * sizeof *bits);
+            uint8_t *d_q = device_poisoned(n), *d_t = device_poisoned((size_t)cols * ld_t);
+            fp8_quantize(s, 0, d_x, rows, cols, d_q, d_t, ld_t, 0);
+            CUDA_CHECK(cudaDeviceSynchronize());
+            uint8_t *q = xmalloc(n), *t = xmalloc((size_t)cols * ld_t);
+            CUDA_CHECK(cudaMemcpy(q, d_q, n, cudaMemcpyDeviceToHost));
+            CUDA_CHECK(cudaMemcpy(t, d_t, (size_t)cols * ld_t, cudaMemcpyDeviceToHost));
+            float scale, scale_inv, amax;
+            fp8_scaling_download(s, &scale, &scale_inv, &amax, NULL);
+            double want_amax = 0.0;
+            for (size_t i = 0; i < n; ++i) want_amax = fmax(want_amax, fabs(x[i]));
+            assert_true(amax == (float)want_amax);
+            assert_true(scale == fp8_scale_for(amax, (fp8_format)format, 0, 1.0f)); /* current scaling: no update yet */
+            assert_true(scale_inv == 1.0f / scale);
+            for (int64_t r = 0; r < rows; ++r)
+                for (int c = 0; c < cols; ++c) {
+                    const double v = x[r * cols + c], got = fp8_decode(q[r * cols + c], format) * scale_inv;
+                    /* nearest: at most u |v|, or half the subnormal spacing (2^-10, 2^-17) times scale_inv */
+                    const double tolerance = kU[format] * fabs(v) + ldexp(1.0, format ? -17 : -10) * scale_inv;
+                    if (!(fabs(got - v) <= tolerance * (1 + 1e-6)))
+                        fail_msg("cast %s: (%lld, %d) = %.6g decodes to %.6g", format ? "E5M2" : "E4M3", (long long)r,
+                                 c, v, got);
+                    if (t[(int64_t)c * ld_t + r] != q[r * cols + c])
+                        fail_msg("cast %s, %lld x %d, ld_t %lld: out_t (%d, %lld) is %d, out (%lld, %d) is %d",
+                                 format ? "E5M2" : "E4M3", (long long)rows, cols, (long long)ld_t, c, (long long)r,
+                                 t[(int64_t)c * ld_t + r], (long long)r, c, q[r * cols + c]);
+                }
+            for (int c = 0; c < cols; ++c)
+                for (int64_t r = rows; r < ld_t; ++r) assert_int_equal(t[(int64_t)c * ld_t + r], 0);
+            void *host[] = {x, bits, q, t};
+            void *device[] = {d_x, d_q, d_t};
+            free_host_buffers(host, 4);
+            free_device_buffers(device, 3);
+            fp8_scaling_free(s);
+        }
 }
 
 /* ---- delayed scaling -------------------------------------------------------------------------------------- */
