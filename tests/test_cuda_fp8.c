@@ -237,6 +237,46 @@ static void test_cast(void **state)
         }
 }
 
+/* fp8_quantize_gelu: the cast of gelu_tanh(pre), decoded against the host's gelu of the same bf16 pre (fp32 tanhf on
+   the device: 1e-6 relative besides E4M3's rounding); out and out_t the same bytes; the amax max |gelu|. */
+static void test_cast_gelu(void **state)
+{
+    (void)state;
+    const int64_t rows = 45, ld_t = 48;
+    const int cols = 96;
+    const size_t n = (size_t)rows * cols;
+    gpu_bf16 *bits;
+    float *pre = random_bf16(n, 2.0, &bits);
+    const fp8_format formats[1] = {FP8_E4M3};
+    fp8_scaling *s = fp8_scaling_create(1, formats, 4, 0);
+    gpu_bf16 *d_pre = device_upload(bits, n * sizeof *bits);
+    uint8_t *d_q = device_poisoned(n), *d_t = device_poisoned((size_t)cols * ld_t);
+    fp8_quantize_gelu(s, 0, d_pre, rows, cols, d_q, d_t, ld_t, 0);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    uint8_t *q = xmalloc(n), *t = xmalloc((size_t)cols * ld_t);
+    CUDA_CHECK(cudaMemcpy(q, d_q, n, cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(t, d_t, (size_t)cols * ld_t, cudaMemcpyDeviceToHost));
+    float scale_inv, amax;
+    fp8_scaling_download(s, NULL, &scale_inv, &amax, NULL);
+    double want_amax = 0.0;
+    for (size_t i = 0; i < n; ++i) want_amax = fmax(want_amax, fabs(gelu_tanh(pre[i])));
+    assert_true(fabs(amax - want_amax) <= 1e-6 * want_amax);
+    for (int64_t r = 0; r < rows; ++r)
+        for (int c = 0; c < cols; ++c) {
+            const double g = gelu_tanh(pre[r * cols + c]), got = fp8_decode(q[r * cols + c], 0) * scale_inv;
+            const double tolerance = (kU[0] + 1e-6) * fabs(g) + 0x1p-10 * scale_inv + 1e-7;
+            if (!(fabs(got - g) <= tolerance))
+                fail_msg("gelu cast: (%lld, %d): gelu(%.6g) = %.6g decodes to %.6g", (long long)r, c, pre[r * cols + c],
+                         g, got);
+            assert_int_equal(t[(int64_t)c * ld_t + r], q[r * cols + c]);
+        }
+    void *host[] = {pre, bits, q, t};
+    void *device[] = {d_pre, d_q, d_t};
+    free_host_buffers(host, 4);
+    free_device_buffers(device, 3);
+    fp8_scaling_free(s);
+}
+
 /* ---- delayed scaling -------------------------------------------------------------------------------------- */
 
 /* Steps of casts of tensors with known amax (0 for some: the scale is kept), then updates, against a host replay. */
@@ -801,7 +841,7 @@ int main(void)
     }
     g_gemm = gemm_create(0, 1);
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_cast),    cmocka_unit_test(test_delayed_scaling), cmocka_unit_test(test_forward),
+        cmocka_unit_test(test_cast),    cmocka_unit_test(test_cast_gelu), cmocka_unit_test(test_delayed_scaling), cmocka_unit_test(test_forward),
         cmocka_unit_test(test_dgrad),   cmocka_unit_test(test_wgrad),           cmocka_unit_test(test_column_sums),
         cmocka_unit_test(test_model_against_bf16), cmocka_unit_test(test_model_delayed_against_bf16),
         cmocka_unit_test(test_model_recompute_and_repeat),
