@@ -500,6 +500,23 @@ __global__ void gelu_kernel(const uint4 *__restrict__ pre, uint4 *__restrict__ y
     }
 }
 
+// d[r, c] = d[r, c] + bias[c] (rounded to bf16 again), in place, over n_vecs vectors of 8 (row_vecs a row): where the
+// FP8 GEMM has no bias epilogue.
+__global__ void add_bias_kernel(uint4 *__restrict__ d, const uint4 *__restrict__ bias, int row_vecs, int64_t n_vecs)
+{
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n_vecs; i += (int64_t)gridDim.x * blockDim.x) {
+        Vec8 v, b;
+        v.raw = d[i];
+        b.raw = bias[i % row_vecs];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const float2 fv = __bfloat1622float2(v.pair[j]), fb = __bfloat1622float2(b.pair[j]);
+            v.pair[j] = __floats2bfloat162_rn(fv.x + fb.x, fv.y + fb.y);
+        }
+        d[i] = v.raw;
+    }
+}
+
 // d = d * gelu_tanh'(pre), in place, over n_vecs vectors of 8.
 __global__ void dgelu_kernel(uint4 *__restrict__ d, const uint4 *__restrict__ pre, int64_t n_vecs)
 {
@@ -761,9 +778,20 @@ extern "C" void gemm_fp8_fwd(gemm_context *context, const uint8_t *x8, const flo
         else dev.stats.unfused += 1;
     }
     if (!done) {
+        // the bias epilogue, else (no FP8 algorithm for it here) the plain GEMM and the bias added by our kernel
         gpu_bf16 *d = gelu ? pre_gelu : y;
-        Plan *plan = find_plan(dev, kFp8Forward, CUBLASLT_EPILOGUE_BIAS, m, n, k, w8, x8, d, bias, NULL, true);
-        run_plan(dev, *plan, w8, x8, 0.0f, d, bias, NULL, stream, w_scale_inv, x_scale_inv);
+        Plan *plan = find_plan(dev, kFp8Forward, CUBLASLT_EPILOGUE_BIAS, m, n, k, w8, x8, d, bias, NULL, false);
+        if (plan) {
+            run_plan(dev, *plan, w8, x8, 0.0f, d, bias, NULL, stream, w_scale_inv, x_scale_inv);
+        } else {
+            dev.stats.unfused += 1;
+            plan = find_plan(dev, kFp8Forward, CUBLASLT_EPILOGUE_DEFAULT, m, n, k, w8, x8, d, NULL, NULL, true);
+            run_plan(dev, *plan, w8, x8, 0.0f, d, NULL, NULL, stream, w_scale_inv, x_scale_inv);
+            const int64_t n_vecs = n_rows * out_dim / 8;
+            add_bias_kernel<<<elementwise_blocks(n_vecs), kElementwiseThreads, 0, stream>>>(
+                (uint4 *)d, (const uint4 *)bias, out_dim / 8, n_vecs);
+            CUDA_CHECK_LAUNCH();
+        }
         if (gelu) {
             const int64_t n_vecs = n_rows * out_dim / 8;
             gelu_kernel<<<elementwise_blocks(n_vecs), kElementwiseThreads, 0, stream>>>((const uint4 *)pre_gelu,
