@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "cuda/bf16vec.cuh"
+#include "cuda/colsum.cuh"
 
 namespace {
 
@@ -21,7 +22,7 @@ constexpr int kUpdateThreads = 128;
 constexpr int kWideTile = 64;      // the vectorised transpose: kWideTile x kWideTile values a block,
 constexpr int kWideThreads = 256;  // 16-byte loads (8 bf16) and 8-byte stores (8 FP8) along rows of x and of out_t
 constexpr int kWideVecs = kWideTile / 8;  // vectors of 8 across a tile
-static_assert(kWideTile * kWideVecs % kWideThreads == 0, "whole vectors per thread");
+static_assert(kWideTile * kWideVecs == 2 * kWideThreads, "two vectors a thread, 32 rows apart, in the same columns");
 
 }  // namespace
 
@@ -162,14 +163,18 @@ __global__ void __launch_bounds__(kTile *kTileRows)
 
 // cast_transpose_kernel with whole vectors, where cols and ld_t are multiples of 8: tile (blockIdx.y, blockIdx.x) of
 // kWideTile rows x kWideTile columns; a thread casts vectors of 8 values of x's rows (16-byte loads, 8-byte stores
-// to out) into the shared tile, then writes vectors of 8 bytes of out_t's rows from it.
+// to out) into the shared tile, then writes vectors of 8 bytes of out_t's rows from it. partials (may be NULL):
+// [row tiles][cols], the column sums of x over the tile's rows (each thread's two rows, then the 32 threads of a
+// column added in order: the same bits on every run).
 template <bool GELU>
 __global__ void __launch_bounds__(kWideThreads)
     cast_transpose_wide_kernel(const uint4 *__restrict__ x, int64_t rows, int cols, const float *__restrict__ scale_p,
                                int format, uint2 *__restrict__ out, uint8_t *__restrict__ out_t, int64_t ld_t,
-                               float *__restrict__ amax)
+                               float *__restrict__ amax, float *__restrict__ partials)
 {
     __shared__ uint8_t tile[kWideTile][kWideTile + 8];  // [row of x][column of x]; +8: rows start on other banks
+    __shared__ float column_parts[kWideThreads / kWideVecs][kWideTile];  // [row pair][column] (partials only)
+    float part[kVecElems] = {0, 0, 0, 0, 0, 0, 0, 0};
     const float scale = *scale_p;
     const int64_t r0 = (int64_t)blockIdx.y * kWideTile;
     const int c0 = blockIdx.x * kWideTile;
@@ -185,6 +190,7 @@ __global__ void __launch_bounds__(kWideThreads)
             unpack8(x[r * col_vecs + cv], f);
 #pragma unroll
             for (int j = 0; j < kVecElems; ++j) {
+                part[j] += f[j];
                 const float value = input_value<GELU>(f[j]);
                 local = fmaxf(local, fabsf(value));
                 q[j] = to_fp8(value * scale, format);
@@ -198,7 +204,17 @@ __global__ void __launch_bounds__(kWideThreads)
 #pragma unroll
         for (int j = 0; j < 8; ++j) tile[dr][dv * 8 + j] = q[j];
     }
+    if (partials) {
+        const int pair = threadIdx.x / kWideVecs, dv = threadIdx.x % kWideVecs;
+#pragma unroll
+        for (int j = 0; j < kVecElems; ++j) column_parts[pair][dv * 8 + j] = part[j];
+    }
     __syncthreads();
+    if (partials && threadIdx.x < kWideTile && c0 + (int)threadIdx.x < cols) {
+        float sum = 0.0f;
+        for (int pair = 0; pair < kWideThreads / kWideVecs; ++pair) sum += column_parts[pair][threadIdx.x];
+        partials[(int64_t)blockIdx.y * cols + c0 + threadIdx.x] = sum;
+    }
     // out_t row c0 + dc, columns r0 + 8 dv ... + 7: column dc of tile rows 8 dv ... 8 dv + 7
     for (int v = threadIdx.x; v < kWideTile * kWideVecs; v += kWideThreads) {
         const int dc = v / kWideVecs, dv = v % kWideVecs;
@@ -307,8 +323,10 @@ namespace {
 
 template <bool GELU>
 void quantize(fp8_scaling *s, int tensor, const gpu_bf16 *x, int64_t rows, int cols, uint8_t *out, uint8_t *out_t,
-              int64_t ld_t, cudaStream_t stream, const char *call)
+              int64_t ld_t, cudaStream_t stream, const char *call, float *dbias = nullptr, float *partials = nullptr)
 {
+    ALDIT_CHECK(!dbias || (partials && out_t && ld_t % 8 == 0 && (uintptr_t)out_t % 8 == 0),
+                "%s: the bias gradient needs out_t with ld_t a multiple of 8 and partials", call);
     check_tensor(s, tensor, call);
     ALDIT_CHECK(rows >= 0 && cols > 0 && cols % 8 == 0, "%s: rows %lld, cols %d (a multiple of 8)", call,
                 (long long)rows, cols);
@@ -330,11 +348,16 @@ void quantize(fp8_scaling *s, int tensor, const gpu_bf16 *x, int64_t rows, int c
         const int64_t row_tiles = (ld_t + kWideTile - 1) / kWideTile;  // ld_t >= rows
         ALDIT_CHECK(row_tiles <= 65535, "%s: %lld rows, more than the transposing grid takes (65535 x %d)", call,
                     (long long)rows, kWideTile);
-        if (row_tiles == 0) return;
+        if (row_tiles == 0) return;  // no rows: nothing to add to dbias either
         const dim3 grid((unsigned)((cols + kWideTile - 1) / kWideTile), (unsigned)row_tiles);
         cast_transpose_wide_kernel<GELU><<<grid, kWideThreads, 0, stream>>>((const uint4 *)x, rows, cols, scale, format,
-                                                                            (uint2 *)out, out_t, ld_t, amax);
+                                                                            (uint2 *)out, out_t, ld_t, amax, partials);
         CUDA_CHECK_LAUNCH();
+        if (dbias) {
+            column_partials_kernel<<<(cols + kPartialColumns - 1) / kPartialColumns, kPartialThreads, 0, stream>>>(
+                partials, (int)row_tiles, cols, dbias, 1);
+            CUDA_CHECK_LAUNCH();
+        }
     } else if (out_t) {
         const int64_t row_tiles = ((rows > ld_t ? rows : ld_t) + kTile - 1) / kTile;
         ALDIT_CHECK(row_tiles <= 65535, "%s: %lld rows, more than the transposing grid takes (65535 x %d)", call,
@@ -363,6 +386,17 @@ extern "C" void fp8_quantize_gelu(fp8_scaling *s, int tensor, const gpu_bf16 *pr
                                   uint8_t *out_t, int64_t ld_t, cudaStream_t stream)
 {
     quantize<true>(s, tensor, pre, rows, cols, out, out_t, ld_t, stream, "fp8_quantize_gelu");
+}
+
+extern "C" size_t fp8_dbias_partials_floats(int64_t ld_t, int cols)
+{
+    return (size_t)((ld_t + kWideTile - 1) / kWideTile) * (size_t)cols;
+}
+
+extern "C" void fp8_quantize_dbias(fp8_scaling *s, int tensor, const gpu_bf16 *dy, int64_t rows, int cols, uint8_t *out,
+                                   uint8_t *out_t, int64_t ld_t, float *dbias, float *partials, cudaStream_t stream)
+{
+    quantize<false>(s, tensor, dy, rows, cols, out, out_t, ld_t, stream, "fp8_quantize_dbias", dbias, partials);
 }
 
 extern "C" const float *fp8_scale(const fp8_scaling *s, int tensor)

@@ -61,6 +61,14 @@ void fp8_quantize(fp8_scaling *s, int tensor, const gpu_bf16 *x, int64_t rows, i
 void fp8_quantize_gelu(fp8_scaling *s, int tensor, const gpu_bf16 *pre, int64_t rows, int cols, uint8_t *out,
                        uint8_t *out_t, int64_t ld_t, cudaStream_t stream);
 
+/* fp8_quantize of an output gradient dy into out and out_t (ld_t a multiple of 8, out_t 8-byte aligned) that also adds
+   the column sums of dy (the bias gradient, fp32 [cols]) into dbias, in the same pass over dy: per tile of 64 rows a
+   partial sum into `partials` (device, fp8_dbias_partials_floats(ld_t, cols) floats), then a fixed-order sum of the
+   tiles' partials (bitwise reproducible; the order differs from gemm_column_sums'). */
+size_t fp8_dbias_partials_floats(int64_t ld_t, int cols);
+void fp8_quantize_dbias(fp8_scaling *s, int tensor, const gpu_bf16 *dy, int64_t rows, int cols, uint8_t *out,
+                        uint8_t *out_t, int64_t ld_t, float *dbias, float *partials, cudaStream_t stream);
+
 /* Device pointer to tensor t's scale (what a GEMM that writes the tensor in FP8 takes as its D scale). */
 const float *fp8_scale(const fp8_scaling *s, int tensor);
 /* Tensor t's running amax = max(itself, *value) (a device float another kernel set: a GEMM's AMAX_D), queued. */

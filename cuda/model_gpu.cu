@@ -151,6 +151,7 @@ struct fp8_linears {
     uint8_t *g8, *gt8;     // the output gradient [rows, out] and its transpose [out, padded rows]
     uint8_t *w8, *wt8;     // the weight [out, in] and its transpose [in, out]
     float *amax_d;         // the FFN's first GEMM's AMAX_D (device, one float)
+    float *partials;       // the bias gradients' per-tile column sums (fp8_quantize_dbias)
     bool act_ready;        // g8 holds the FFN's GELU output in E4M3, which its first GEMM emitted (the forward)
     size_t bytes;
 };
@@ -685,8 +686,9 @@ void block_linear_fwd(const gpu_model *gm, int layer, int which, const gpu_bf16 
 }
 
 // The backward of block_linear_fwd: dW, db added into g; dx (skipped when NULL) overwritten or added into; with
-// gelu_input, dx is the gradient of the GELU's input (as linear_bwd). FP8: dy cast to E5M2 with its transpose, the
-// input's transpose (once for self q, k, v: q's backward comes first), the weight's transpose; db from the bf16 dy.
+// gelu_input, dx is the gradient of the GELU's input (as linear_bwd). FP8: dy cast to E5M2 with its transpose and db
+// (its column sums) in one pass, the input's transpose (once for self q, k, v: q's backward comes first), the
+// weight's transpose.
 void block_linear_bwd(gpu_model *gm, int layer, int which, const gpu_bf16 *w, float *g, const gpu_bf16 *x,
                       const gpu_bf16 *dy, int64_t n_rows, int in_dim, int out_dim, linear_offsets lin,
                       const gpu_bf16 *gelu_input, gpu_bf16 *dx, int accumulate_dx, cudaStream_t stream)
@@ -699,14 +701,13 @@ void block_linear_bwd(gpu_model *gm, int layer, int which, const gpu_bf16 *w, fl
     const int64_t padded = gemm_fp8_padded_rows(n_rows);
     const int input = fp8_tensor(layer, fp8_input_owner(which), kFp8Input), weight = fp8_tensor(layer, which, kFp8Weight);
     const int grad = fp8_tensor(layer, which, kFp8Grad);
-    fp8_quantize(f->scaling, grad, dy, n_rows, out_dim, f->g8, f->gt8, padded, stream);
+    fp8_quantize_dbias(f->scaling, grad, dy, n_rows, out_dim, f->g8, f->gt8, padded, g + lin.bias, f->partials, stream);
     if (which == kFfnOut && gelu_input)  // its input is gelu(pre): cast from pre (the forward may not have kept it)
         fp8_quantize_gelu(f->scaling, input, gelu_input, n_rows, in_dim, nullptr, f->xt8, padded, stream);
     else if (fp8_input_owner(which) == which)
         fp8_quantize(f->scaling, input, x, n_rows, in_dim, nullptr, f->xt8, padded, stream);
     gemm_fp8_bwd_weight(gm->gemm, f->xt8, fp8_scale_inv(f->scaling, input), f->gt8, fp8_scale_inv(f->scaling, grad),
                         padded, in_dim, out_dim, g + lin.weight, 1, stream);
-    gemm_column_sums(gm->gemm, dy, n_rows, out_dim, g + lin.bias, 1, stream);
     if (!dx) return;
     fp8_quantize(f->scaling, weight, w + lin.weight, out_dim, in_dim, nullptr, f->wt8, out_dim, stream);
     gemm_fp8_bwd_data(gm->gemm, f->g8, fp8_scale_inv(f->scaling, grad), n_rows, in_dim, out_dim, f->wt8,
@@ -1739,14 +1740,16 @@ double gpu_model_forward_loss(gpu_model *gm, const model_batch *batch, double *s
 namespace {
 
 // The FP8 scratch for `max_rows` rows: input, gradient and their transposes at the widest linear (ffn_dim), the
-// widest weight and its transpose, and a float for a GEMM's AMAX_D; as allocated, each piece rounded up to 256 bytes.
+// widest weight and its transpose, the bias gradients' partial sums and a float for a GEMM's AMAX_D; as allocated,
+// each piece rounded up to 256 bytes.
 size_t fp8_scratch_bytes(int64_t dim, int64_t ffn_dim, int64_t max_rows, size_t *pieces)
 {
-    const int64_t wide = dim > ffn_dim ? dim : ffn_dim;
-    const size_t act = (size_t)(gemm_fp8_padded_rows(max_rows) * wide + 255) / 256 * 256;
+    const int64_t wide = dim > ffn_dim ? dim : ffn_dim, padded = gemm_fp8_padded_rows(max_rows);
+    const size_t act = (size_t)(padded * wide + 255) / 256 * 256;
     const size_t weight = (size_t)(dim * ffn_dim + 255) / 256 * 256;
-    if (pieces) pieces[0] = act, pieces[1] = weight;
-    return 4 * act + 2 * weight + 256;  // + the AMAX_D float
+    const size_t partials = (fp8_dbias_partials_floats(padded, (int)wide) * sizeof(float) + 255) / 256 * 256;
+    if (pieces) pieces[0] = act, pieces[1] = weight, pieces[2] = partials;
+    return 4 * act + 2 * weight + partials + 256;  // + the AMAX_D float
 }
 
 void free_fp8(gpu_model *gm)
@@ -1780,13 +1783,14 @@ void gpu_model_set_precision(gpu_model *gm, int fp8, int amax_history, int margi
     for (int t = 0; t < n; ++t) formats[t] = t % kFp8Roles == kFp8Grad ? FP8_E5M2 : FP8_E4M3;
     f->scaling = n > 0 ? fp8_scaling_create(n, formats, amax_history, margin) : nullptr;
     free(formats);
-    size_t pieces[2];
+    size_t pieces[3];
     f->bytes = fp8_scratch_bytes(gm->dim, gm->ffn_dim, gm->max_tokens, pieces);
     uint8_t *base = nullptr;
     CUDA_CHECK(cudaMalloc(&base, f->bytes));
     f->x8 = base, f->xt8 = base + pieces[0], f->g8 = base + 2 * pieces[0], f->gt8 = base + 3 * pieces[0];
     f->w8 = base + 4 * pieces[0], f->wt8 = base + 4 * pieces[0] + pieces[1];
-    f->amax_d = reinterpret_cast<float *>(base + 4 * pieces[0] + 2 * pieces[1]);
+    f->partials = reinterpret_cast<float *>(base + 4 * pieces[0] + 2 * pieces[1]);
+    f->amax_d = reinterpret_cast<float *>(base + 4 * pieces[0] + 2 * pieces[1] + pieces[2]);
     gm->fp8 = f;
 }
 

@@ -277,6 +277,55 @@ static void test_cast_gelu(void **state)
     fp8_scaling_free(s);
 }
 
+/* fp8_quantize_dbias: the same bytes as fp8_quantize, and the column sums of dy added into dbias (against the host's
+   double sums: fp32 sums of 64 rows a tile, then of the tiles, err by at most ~(64 + tiles) 2^-24 of the absolute
+   sum), over one and several row tiles and a partial column tile. */
+static void test_cast_dbias(void **state)
+{
+    (void)state;
+    static const struct { int64_t rows; int cols; } shapes[] = {{45, 96}, {300, 200}};
+    for (size_t k = 0; k < sizeof shapes / sizeof *shapes; ++k) {
+        const int64_t rows = shapes[k].rows, ld_t = gemm_fp8_padded_rows(rows);
+        const int cols = shapes[k].cols;
+        const size_t n = (size_t)rows * cols;
+        gpu_bf16 *bits;
+        float *dy = random_bf16(n, 1e-3, &bits);
+        uint64_t seed = g_seed++;
+        float *db0 = random_normal_f32(&seed, (size_t)cols, 0.0, 1e-2);
+        const fp8_format formats[1] = {FP8_E5M2};
+        fp8_scaling *a = fp8_scaling_create(1, formats, 4, 0), *b = fp8_scaling_create(1, formats, 4, 0);
+        gpu_bf16 *d_dy = device_upload(bits, n * sizeof *bits);
+        uint8_t *q[2] = {device_poisoned(n), device_poisoned(n)};
+        uint8_t *t[2] = {device_poisoned((size_t)cols * ld_t), device_poisoned((size_t)cols * ld_t)};
+        float *d_db = device_upload(db0, (size_t)cols * sizeof(float));
+        float *partials = device_poisoned(fp8_dbias_partials_floats(ld_t, cols) * sizeof(float));
+        fp8_quantize(a, 0, d_dy, rows, cols, q[0], t[0], ld_t, 0);
+        fp8_quantize_dbias(b, 0, d_dy, rows, cols, q[1], t[1], ld_t, d_db, partials, 0);
+        CUDA_CHECK(cudaDeviceSynchronize());
+        unsigned char *host_q[2], *host_t[2];
+        for (int i = 0; i < 2; ++i) {
+            host_q[i] = xmalloc(n), host_t[i] = xmalloc((size_t)cols * ld_t);
+            CUDA_CHECK(cudaMemcpy(host_q[i], q[i], n, cudaMemcpyDeviceToHost));
+            CUDA_CHECK(cudaMemcpy(host_t[i], t[i], (size_t)cols * ld_t, cudaMemcpyDeviceToHost));
+        }
+        assert_memory_equal(host_q[0], host_q[1], n);
+        assert_memory_equal(host_t[0], host_t[1], (size_t)cols * ld_t);
+        float *db = download_f32(d_db, (size_t)cols);
+        const double tiles = (double)((ld_t + 63) / 64);
+        for (int c = 0; c < cols; ++c) {
+            double want = db0[c], absolute = fabs(db0[c]);
+            for (int64_t r = 0; r < rows; ++r) want += dy[r * cols + c], absolute += fabs(dy[r * cols + c]);
+            if (!(fabs(db[c] - want) <= (64.0 + tiles + 2.0) * 0x1p-24 * absolute))
+                fail_msg("dbias (%lld x %d): column %d is %.9g, want %.9g", (long long)rows, cols, c, db[c], want);
+        }
+        void *host[] = {dy, bits, db0, db, host_q[0], host_q[1], host_t[0], host_t[1]};
+        void *device[] = {d_dy, q[0], q[1], t[0], t[1], d_db, partials};
+        free_host_buffers(host, 8);
+        free_device_buffers(device, 7);
+        fp8_scaling_free(a), fp8_scaling_free(b);
+    }
+}
+
 /* ---- delayed scaling -------------------------------------------------------------------------------------- */
 
 /* Steps of casts of tensors with known amax (0 for some: the scale is kept), then updates, against a host replay. */
@@ -841,7 +890,8 @@ int main(void)
     }
     g_gemm = gemm_create(0, 1);
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_cast),    cmocka_unit_test(test_cast_gelu), cmocka_unit_test(test_delayed_scaling), cmocka_unit_test(test_forward),
+        cmocka_unit_test(test_cast),    cmocka_unit_test(test_cast_gelu), cmocka_unit_test(test_cast_dbias),
+        cmocka_unit_test(test_delayed_scaling), cmocka_unit_test(test_forward),
         cmocka_unit_test(test_dgrad),   cmocka_unit_test(test_wgrad),           cmocka_unit_test(test_column_sums),
         cmocka_unit_test(test_model_against_bf16), cmocka_unit_test(test_model_delayed_against_bf16),
         cmocka_unit_test(test_model_recompute_and_repeat),
