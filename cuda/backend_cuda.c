@@ -13,6 +13,7 @@
 #include "balance/balance.h"
 #include "balance/calibration.h"
 #include "balance/costmodel.h"
+#include "cuda/fp8.h"
 #include "cuda/fused.h"
 #include "cuda/gemm.h"
 #include "cuda/gpu.h"
@@ -77,6 +78,9 @@ typedef struct {
     float *clip_scale;            /* device: the clip factor AdamW reads */
     void *sumsq_workspace;
     double *grad_norm_host;       /* pinned */
+    float *fp8_amax_host;         /* pinned [fp8_amax_count]: the step's FP8 amaxes, max-reduced over the ranks */
+    double *fp8_amax_max;         /* [fp8_amax_count] */
+    int fp8_amax_count;
     adamw_run *runs;
     int n_runs;
     cudaStream_t stream;
@@ -187,6 +191,13 @@ static double split_reserve(const deck *config, const cost_model *cm, const mode
     return most;
 }
 
+/* [train] precision = fp8: the GPU model's FP8 scratch, also outside the workspace (gpu_model_fp8_bytes); planned with
+   the attention buffer. */
+static double fp8_buffer_for(const deck *config, const model *table, capacity c)
+{
+    return config->train.precision == PRECISION_FP8 ? (double)gpu_model_fp8_bytes(table, c.tokens) : 0.0;
+}
+
 /* 1 when the GPU model for the largest micro-batch under `budget`, and the group buffers it may need, fit
    `available` bytes. */
 static int budget_fits(const deck *config, const cost_model *cm, const model *table, const balance_sample *samples,
@@ -194,7 +205,7 @@ static int budget_fits(const deck *config, const cost_model *cm, const model *ta
 {
     capacity c = capacity_for_budget(cm, samples, n_samples, budget);
     return c.samples <= GPU_MAX_SAMPLES
-           && workspace_for(config, table, c) + attention_buffer_for(config, table, c) +
+           && workspace_for(config, table, c) + attention_buffer_for(config, table, c) + fp8_buffer_for(config, table, c) +
                       split_reserve(config, cm, table, samples, n_samples, budget, sp_max) <= available;
 }
 
@@ -294,7 +305,7 @@ static int plan_memory(const deck *config, const comm_info *info, const cost_mod
     plan->max_text = c.text;
     plan->max_samples = (int)(c.samples < GPU_MAX_SAMPLES ? c.samples : GPU_MAX_SAMPLES);
     plan->workspace_bytes = workspace_for(config, table, c);
-    plan->attention_buffer_bytes = attention_buffer_for(config, table, c);
+    plan->attention_buffer_bytes = attention_buffer_for(config, table, c) + fp8_buffer_for(config, table, c);
     plan->split_bytes = split_reserve(config, cm, table, samples, n_samples, plan->mem_budget, sp_max);
     if (c.samples > GPU_MAX_SAMPLES ||
         plan->workspace_bytes + plan->attention_buffer_bytes + plan->split_bytes > available) {
@@ -331,12 +342,17 @@ static void describe(const deck *config, const gpu_plan *gpu, const char *gradie
         snprintf(attention, sizeof attention, "  attention  cuDNN's fused attention (self and cross) for samples of "
                  "%lld tokens or more, our flash attention below\n", (long long)gpu->cudnn_min_tokens);
     else if (gradient_sum) snprintf(attention, sizeof attention, "  attention  our flash attention\n");
+    char precision[192] = "";
+    if (config->train.precision == PRECISION_FP8)
+        snprintf(precision, sizeof precision, "  precision  fp8: the blocks' q/k/v/o, cross q/o and FFN GEMMs in E4M3/E5M2 "
+                 "(delayed scaling, amax history %d, margin %d); the rest bf16/fp32\n", config->train.fp8_amax_history,
+                 config->train.fp8_margin);
     if (gpu->offline) snprintf(gpu_text, sizeof gpu_text, "GPU %s", gpu->description);
     else snprintf(gpu_text, sizeof gpu_text, "GPU %d, %s; %d rank(s) per GPU", gpu->device, gpu->description,
                   gpu->ranks_per_gpu);
-    snprintf(out->device_text, sizeof out->device_text, "  device     cuda%s: %s%s%s%s\n%s", chosen, gpu_text,
+    snprintf(out->device_text, sizeof out->device_text, "  device     cuda%s: %s%s%s%s\n%s%s", chosen, gpu_text,
              gradient_sum ? (sharded_grads ? "; gradient sum: " : "; gradient all-reduce: ") : "",
-             gradient_sum ? gradient_sum : "", buckets, attention);
+             gradient_sum ? gradient_sum : "", buckets, attention, precision);
 
     char budget_text[32], free_text[32], state_text[32], workspace_text[32], buffer_text[32];
     format_size(gpu->mem_budget, budget_text, sizeof budget_text);
@@ -355,7 +371,8 @@ static void describe(const deck *config, const gpu_plan *gpu, const char *gradie
         gpu->max_samples, (long long)gpu->max_text, workspace_text);
     if (gpu->attention_buffer_bytes > 0.0 && used > 0 && (size_t)used < sizeof out->memory_text)
         snprintf(out->memory_text + used, sizeof out->memory_text - (size_t)used,
-                 "             and %s kept for cuDNN attention's buffer (the longest sample)\n", buffer_text);
+                 "             and %s kept for cuDNN attention's buffer (the longest sample)%s\n", buffer_text,
+                 config->train.precision == PRECISION_FP8 ? " and the FP8 GEMMs' operands" : "");
     used = (int)strlen(out->memory_text);
     if (gpu->split_bytes > 0.0 && (size_t)used < sizeof out->memory_text) {
         char split_text[32];
@@ -435,6 +452,13 @@ static int plan_run(const deck *config, const comm_info *info, const model *tabl
     if (resolve_shard(config, info, plan) != 0) return ALDIT_EXIT_USAGE;
     if (offline) plan_without_device(config, &gpu);
     else select_device(info, &gpu);
+    int major = 0, minor = 0;
+    if (!offline && config->train.precision == PRECISION_FP8 && !fp8_gpu_supported(&major, &minor)) {
+        fprintf(stderr, "aldit: error: rank %d: [train] precision = fp8 needs a GPU of compute capability 8.9 or more "
+                "(FP8 tensor cores); %s is %d.%d: set [train] precision = bf16\n", info->rank, gpu.description, major,
+                minor);
+        return ALDIT_EXIT_USAGE;
+    }
     cost_model_init(&plan->memory_model, config);
     plan->has_memory_model = 1;
     use_gpu_memory(&plan->memory_model, config);
@@ -489,6 +513,8 @@ static gpu_model *make_gpu_model(const deck *config, const model *table, int64_t
                                               [ATTENTION_CUDNN] = GPU_ATTENTION_CUDNN,
                                               [ATTENTION_OWN] = GPU_ATTENTION_OWN};
     const int cudnn = gpu_model_set_attention(net, attention[config->train.attention], GPU_ATTENTION_CUDNN_MIN_TOKENS);
+    if (config->train.precision == PRECISION_FP8)
+        gpu_model_set_precision(net, 1, config->train.fp8_amax_history, config->train.fp8_margin);
     *cudnn_min_tokens = cudnn ? GPU_ATTENTION_CUDNN_MIN_TOKENS : 0;
     return net;
 }
@@ -580,6 +606,8 @@ static void cuda_free(backend *b)
     CUDA_CHECK(cudaFree(gpu->clip_scale));
     CUDA_CHECK(cudaFree(gpu->sumsq_workspace));
     CUDA_CHECK(cudaFreeHost(gpu->grad_norm_host));
+    if (gpu->fp8_amax_host) CUDA_CHECK(cudaFreeHost(gpu->fp8_amax_host));
+    free(gpu->fp8_amax_max);
     CUDA_CHECK(cudaEventDestroy(gpu->optimizer_started));
     CUDA_CHECK(cudaEventDestroy(gpu->optimizer_done));
     CUDA_CHECK(cudaStreamDestroy(gpu->stream));
@@ -641,6 +669,7 @@ static void cuda_get_range(const backend *b, backend_group group, int64_t first,
 static void cuda_start(backend *b)
 {
     train_gpu *gpu = b->state;
+    gpu_model_fp8_fresh(gpu->net, gpu->stream);  /* a fresh run's FP8 scales start from its first step's casts */
     if (gpu->shard) shard_gpu_start(gpu->shard, gpu->ema_set);
     else {
         if (gpu->ema && !gpu->ema_set)
@@ -776,6 +805,30 @@ static void cuda_sum_gradients(backend *b)
     gradsync_finish(gpu->sync, gpu->stream);
 }
 
+/* [train] precision = fp8 over several ranks: the step's running amaxes to pinned host memory (queued), ... */
+static void fetch_fp8_amax(train_gpu *gpu, const float *amax, int n)
+{
+    if (gpu->fp8_amax_count != n) {
+        if (gpu->fp8_amax_host) CUDA_CHECK(cudaFreeHost(gpu->fp8_amax_host));
+        free(gpu->fp8_amax_max);
+        CUDA_CHECK(cudaMallocHost((void **)&gpu->fp8_amax_host, (size_t)n * sizeof(float)));
+        gpu->fp8_amax_max = xmalloc((size_t)n * sizeof(double));
+        gpu->fp8_amax_count = n;
+    }
+    CUDA_CHECK(cudaMemcpyAsync(gpu->fp8_amax_host, amax, (size_t)n * sizeof(float), cudaMemcpyDeviceToHost, gpu->stream));
+}
+
+/* ... and, collective once the stream is drained, their maximum over the ranks back (queued): every rank's scales and
+   histories stay the same (as Transformer Engine reduces amax over the data-parallel group), so a checkpoint's
+   (rank 0's) scaling state is every rank's. Exact: fp32 values through fp64. */
+static void reduce_fp8_amax(train_gpu *gpu, float *amax, int n)
+{
+    for (int i = 0; i < n; i++) gpu->fp8_amax_max[i] = gpu->fp8_amax_host[i];
+    comm_allreduce_max_f64(gpu->fp8_amax_max, (size_t)n);
+    for (int i = 0; i < n; i++) gpu->fp8_amax_host[i] = (float)gpu->fp8_amax_max[i];
+    CUDA_CHECK(cudaMemcpyAsync(amax, gpu->fp8_amax_host, (size_t)n * sizeof(float), cudaMemcpyHostToDevice, gpu->stream));
+}
+
 static void cuda_finish_step(backend *b, const adamw_step *hyper, int update, backend_step_result *result)
 {
     train_gpu *gpu = b->state;
@@ -803,6 +856,11 @@ static void cuda_finish_step(backend *b, const adamw_step *hyper, int update, ba
             misc_ema_update(gpu->ema, buffers->master, buffers->n_weights, optim_ema_decay(config, hyper->step),
                             gpu->clip_scale, gpu->stream);
     }
+    /* delayed scaling: this step's amaxes into the histories; over several ranks first their maximum (below) */
+    int n_amax = 0;
+    float *amax = gpu->n_ranks > 1 ? gpu_model_fp8_amax(gpu->net, &n_amax) : NULL;
+    if (amax) fetch_fp8_amax(gpu, amax, n_amax);
+    else gpu_model_fp8_step(gpu->net, gpu->stream);
     CUDA_CHECK(cudaEventRecord(gpu->optimizer_done, gpu->stream));
     CUDA_CHECK(cudaMemcpyAsync(gpu->grad_norm_host, gpu->grad_norm, sizeof(double), cudaMemcpyDeviceToHost,
                                gpu->stream));
@@ -813,6 +871,10 @@ static void cuda_finish_step(backend *b, const adamw_step *hyper, int update, ba
                                                            recompute_of(config))
         : 0.0;
     gpu_stream_wait(gpu->stream);  /* the step's NCCL sums are on its path: watched */
+    if (amax) {  /* after the wait finish_step has anyway: the reduction adds no synchronisation */
+        reduce_fp8_amax(gpu, amax, n_amax);
+        gpu_model_fp8_step(gpu->net, gpu->stream);
+    }
     float milliseconds = 0.0f;
     CUDA_CHECK(cudaEventElapsedTime(&milliseconds, gpu->optimizer_started, gpu->optimizer_done));
     result->grad_norm = *gpu->grad_norm_host;
@@ -1038,6 +1100,24 @@ static void cuda_profile(backend *b, int on)
     gpu_profiler(on);
 }
 
+static size_t cuda_fp8_state_bytes(const backend *b)
+{
+    const train_gpu *gpu = b->state;
+    return gpu_model_fp8_state_bytes(gpu->net);
+}
+
+static void cuda_get_fp8_state(const backend *b, void *blob)
+{
+    const train_gpu *gpu = b->state;
+    gpu_model_fp8_save(gpu->net, blob, gpu->stream);
+}
+
+static int cuda_set_fp8_state(backend *b, const void *blob, size_t bytes, char *why, size_t why_size)
+{
+    train_gpu *gpu = b->state;
+    return gpu_model_fp8_load(gpu->net, blob, bytes, why, why_size);
+}
+
 static const backend_ops cuda_ops = {
     .name = "cuda",
     .free = cuda_free,
@@ -1056,6 +1136,9 @@ static const backend_ops cuda_ops = {
     .time_shapes = cuda_time_shapes,
     .profile = cuda_profile,
     .device_key = cuda_device_key,
+    .fp8_state_bytes = cuda_fp8_state_bytes,
+    .get_fp8_state = cuda_get_fp8_state,
+    .set_fp8_state = cuda_set_fp8_state,
 };
 
 layout_state_bytes backend_cuda_state_bytes(const backend *b)

@@ -35,8 +35,16 @@ constexpr int kElementwiseMaxBlocks = 4096;
 constexpr float kGeluSqrt2OverPi = 0.7978845608028654f;  // the constants of cpu_gelu_tanh_fwd
 constexpr float kGeluCubic = 0.044715f;
 
-enum GemmKind { kForward = 0, kBackwardData = 1, kBackwardWeight = 2 };
-const char *const kKindNames[] = {"forward (y = x W^T)", "backward data (dx = dy W)", "backward weight (dW = dy^T x)"};
+enum GemmKind { kForward = 0, kBackwardData = 1, kBackwardWeight = 2, kFp8Forward = 3, kFp8BackwardData = 4,
+                kFp8BackwardWeight = 5, kFp8ForwardFp8Out = 6, kKinds = 7 };
+const char *const kKindNames[kKinds] = {"forward (y = x W^T)", "backward data (dx = dy W)",
+                                        "backward weight (dW = dy^T x)", "FP8 forward (y = x W^T, E4M3 x E4M3)",
+                                        "FP8 backward data (dx = dy W, E5M2 x E4M3 W^T)",
+                                        "FP8 backward weight (dW = dy^T x, E4M3 x^T x E5M2 dy^T)",
+                                        "FP8 forward with E4M3 output (y8 = x W^T, E4M3 x E4M3 -> E4M3)"};
+bool is_fp8(int kind) { return kind >= kFp8Forward; }
+bool writes_fp32(int kind) { return kind == kBackwardWeight || kind == kFp8BackwardWeight; }
+bool writes_fp8(int kind) { return kind == kFp8ForwardFp8Out; }
 
 struct PlanKey {
     int kind;
@@ -53,6 +61,7 @@ struct Plan {
     uint64_t last_use;
     cublasLtMatmulDesc_t desc;
     cublasLtMatrixLayout_t a, b, d;
+    cublasLtMatrixLayout_t c;   // C's: d's own handle, but bf16 where D is FP8 (C is then the aux matrix, unread)
     cublasLtMatmulAlgo_t algo;  // the one that runs
     cublasLtMatmulAlgo_t candidates[kTuneCandidates];  // the heuristic's, best guess first
     int n_candidates;
@@ -78,7 +87,7 @@ struct gemm_context {
     int device;          // the GPU current at gemm_create
     bool autotune;       // plans time the heuristic's candidates (gemm_create)
     bool fused;          // epilogues inside cuBLASLt where it has an algorithm (gemm_create)
-    bool warned[3];      // a missing fused algorithm was reported, per GEMM kind
+    bool warned[kKinds];  // a missing fused algorithm was reported, per GEMM kind
     cublasLtHandle_t handle;
     Lane lanes[kLanes];
     Lane *lane;  // the current call's (begin_call .. end_call)
@@ -209,6 +218,7 @@ void destroy_plan(Plan &plan)
         CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(plan.a));
         CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(plan.b));
         CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(plan.d));
+        if (plan.c != plan.d) CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(plan.c));
         CUBLAS_CHECK(cublasLtMatmulDescDestroy(plan.desc));
     }
     memset(&plan, 0, sizeof plan);
@@ -218,9 +228,14 @@ void destroy_plan(Plan &plan)
 // (forward: the weight), else m x k; B stored n x k when transposed (dW: dy), else k x n; D m x n.
 void build_plan(Device &dev, const PlanKey &key, const void *bias, const void *aux, Plan &plan)
 {
-    const cublasOperation_t trans_a = key.kind == kForward ? CUBLAS_OP_T : CUBLAS_OP_N;
+    // FP8 on Hopper takes only TN (both operands contiguous along k): the callers pass W^T, x^T, dy^T copies
+    const bool fp8 = is_fp8(key.kind);
+    const cublasOperation_t trans_a = key.kind == kForward || fp8 ? CUBLAS_OP_T : CUBLAS_OP_N;
     const cublasOperation_t trans_b = key.kind == kBackwardWeight ? CUBLAS_OP_T : CUBLAS_OP_N;
-    const cudaDataType_t d_type = key.kind == kBackwardWeight ? CUDA_R_32F : CUDA_R_16BF;
+    const cudaDataType_t d_type = writes_fp32(key.kind) ? CUDA_R_32F : writes_fp8(key.kind) ? CUDA_R_8F_E4M3 : CUDA_R_16BF;
+    const cudaDataType_t a_type = fp8 ? CUDA_R_8F_E4M3 : CUDA_R_16BF;
+    const cudaDataType_t b_type =
+        key.kind == kFp8Forward || key.kind == kFp8ForwardFp8Out ? CUDA_R_8F_E4M3 : fp8 ? CUDA_R_8F_E5M2 : CUDA_R_16BF;
     plan.key = key;
     plan.used = true;
     CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
@@ -228,6 +243,26 @@ void build_plan(Device &dev, const PlanKey &key, const void *bias, const void *a
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSB, &trans_b, sizeof trans_b));
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &key.epilogue,
                                                 sizeof key.epilogue));
+    if (fp8) {  // fast accumulation in the forward and dgrad; off for wgrad (its k, the rows, is long)
+        const int8_t fast = key.kind != kFp8BackwardWeight;
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof fast));
+        // bf16 bias and GELU aux as in the bf16 GEMMs (FP8 defaults could differ): said, not assumed
+        const cudaDataType_t bf16 = CUDA_R_16BF;
+        if (epilogue_has_bias(key.epilogue))
+            CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bf16, sizeof bf16));
+        if (epilogue_has_aux(key.epilogue))
+            CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, &bf16,
+                                                        sizeof bf16));
+        // the heuristic sees the scale (and amax) pointers set, as every call sets them (run_plan): a valid device
+        // address stands in for them here (it is not read)
+        const void *stand_in = dev.lane->workspace;
+        const cublasLtMatmulDescAttributes_t pointers[] = {CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
+                                                           CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
+                                                           CUBLASLT_MATMUL_DESC_D_SCALE_POINTER,
+                                                           CUBLASLT_MATMUL_DESC_AMAX_D_POINTER};
+        for (int p = 0; p < (writes_fp8(key.kind) ? 4 : 2); ++p)
+            CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, pointers[p], &stand_in, sizeof stand_in));
+    }
     // The heuristic reads the bias and aux pointers' alignment (not their contents): set the real ones.
     if (epilogue_has_bias(key.epilogue))
         CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
@@ -240,9 +275,12 @@ void build_plan(Device &dev, const PlanKey &key, const void *bias, const void *a
     }
     const uint64_t a_rows = trans_a == CUBLAS_OP_T ? key.k : key.m, a_cols = trans_a == CUBLAS_OP_T ? key.m : key.k;
     const uint64_t b_rows = trans_b == CUBLAS_OP_T ? key.n : key.k, b_cols = trans_b == CUBLAS_OP_T ? key.k : key.n;
-    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.a, CUDA_R_16BF, a_rows, a_cols, (int64_t)a_rows));
-    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.b, CUDA_R_16BF, b_rows, b_cols, (int64_t)b_rows));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.a, a_type, a_rows, a_cols, (int64_t)a_rows));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.b, b_type, b_rows, b_cols, (int64_t)b_rows));
     CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.d, d_type, (uint64_t)key.m, (uint64_t)key.n, key.m));
+    plan.c = plan.d;
+    if (writes_fp8(key.kind))  // an FP8 D takes a bf16 C (cuBLASLt's FP8 rules)
+        CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.c, CUDA_R_16BF, (uint64_t)key.m, (uint64_t)key.n, key.m));
 
     cublasLtMatmulPreference_t preference;
     CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference));
@@ -262,7 +300,7 @@ void build_plan(Device &dev, const PlanKey &key, const void *bias, const void *a
     cublasLtMatmulHeuristicResult_t results[kTuneCandidates];
     memset(results, 0, sizeof results);
     int returned = 0;
-    const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(dev.handle, plan.desc, plan.a, plan.b, plan.d,
+    const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(dev.handle, plan.desc, plan.a, plan.b, plan.c,
                                                                  plan.d, preference, dev.autotune ? kTuneCandidates : 1,
                                                                  results, &returned);
     CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(preference));
@@ -279,6 +317,7 @@ void build_plan(Device &dev, const PlanKey &key, const void *bias, const void *a
         CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(plan.a));
         CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(plan.b));
         CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(plan.d));
+        if (plan.c != plan.d) CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(plan.c));
         CUBLAS_CHECK(cublasLtMatmulDescDestroy(plan.desc));
     }
 }
@@ -288,13 +327,14 @@ void build_plan(Device &dev, const PlanKey &key, const void *bias, const void *a
 // the plan's algorithm, the heuristic's first unless another beats it by kTuneMargin. The runs write D (and a
 // GELU aux or bias gradient) as the call itself is about to; where the call adds into D (beta != 0), they run on
 // a copy of D instead, and when that copy does not fit in device memory the heuristic's first choice stays.
-void tune_plan(Device &dev, Plan &plan, const void *a, const void *b, float beta, void *d, cudaStream_t stream)
+void tune_plan(Device &dev, Plan &plan, const void *a, const void *b, float beta, void *d, const void *c_other,
+               cudaStream_t stream)
 {
     plan.tuned = true;
     void *target = d, *copy = NULL;
     if (beta != 0.0f) {
         const size_t d_bytes = (size_t)plan.key.m * (size_t)plan.key.n *
-                               (plan.key.kind == kBackwardWeight ? sizeof(float) : sizeof(gpu_bf16));
+                               (writes_fp32(plan.key.kind) ? sizeof(float) : sizeof(gpu_bf16));
         if (cudaMalloc(&copy, d_bytes) != cudaSuccess) {
             (void)cudaGetLastError();  // clear the allocation failure: tuning is optional
             dev.stats.untuned += 1;
@@ -311,9 +351,9 @@ void tune_plan(Device &dev, Plan &plan, const void *a, const void *b, float beta
         CUDA_CHECK(cudaEventRecord(dev.tune_marks[0], stream));
         for (int c = 0; c < plan.n_candidates; ++c) {
             if (!refused[c])
-                refused[c] = cublasLtMatmul(dev.handle, plan.desc, &alpha, a, plan.a, b, plan.b, &beta, target, plan.d,
-                                            target, plan.d, &plan.candidates[c], dev.lane->workspace, kWorkspaceBytes,
-                                            stream) != CUBLAS_STATUS_SUCCESS;
+                refused[c] = cublasLtMatmul(dev.handle, plan.desc, &alpha, a, plan.a, b, plan.b, &beta,
+                                            c_other ? c_other : target, plan.c, target, plan.d, &plan.candidates[c],
+                                            dev.lane->workspace, kWorkspaceBytes, stream) != CUBLAS_STATUS_SUCCESS;
             CUDA_CHECK(cudaEventRecord(dev.tune_marks[c + 1], stream));
         }
         CUDA_CHECK(cudaEventSynchronize(dev.tune_marks[plan.n_candidates]));
@@ -360,9 +400,9 @@ Plan *find_plan(Device &dev, int kind, cublasLtEpilogue_t epilogue, int64_t m, i
         if (!victim->supported) {
             const char *why = cublasLtGetStatusString(victim->heuristic_status);
             if (required)
-                ALDIT_FATAL("gemm: cuBLASLt has no algorithm for the %s GEMM m=%lld n=%lld k=%lld, epilogue %s (bf16 "
+                ALDIT_FATAL("gemm: cuBLASLt has no algorithm for the %s GEMM m=%lld n=%lld k=%lld, epilogue %s (%s "
                             "inputs, fp32 accumulation): %s", kKindNames[kind], (long long)m, (long long)n,
-                            (long long)k, epilogue_name(epilogue), why);
+                            (long long)k, epilogue_name(epilogue), is_fp8(kind) ? "FP8" : "bf16", why);
             if (!dev.warned[kind])
                 aldit_warn("gemm: cuBLASLt has no algorithm for epilogue %s in the %s GEMM m=%lld n=%lld k=%lld (%s); "
                            "running a plain GEMM and aldit's own kernel instead (said once)", epilogue_name(epilogue),
@@ -375,17 +415,32 @@ Plan *find_plan(Device &dev, int kind, cublasLtEpilogue_t epilogue, int64_t m, i
 }
 
 void run_plan(Device &dev, Plan &plan, const void *a, const void *b, float beta, void *d, const void *bias,
-              const void *aux, cudaStream_t stream)
+              const void *aux, cudaStream_t stream, const float *a_scale = NULL, const float *b_scale = NULL,
+              const float *d_scale = NULL, float *d_amax = NULL)
 {
+    if (writes_fp8(plan.key.kind)) {  // D = fp8(d_scale * result); d_amax = max |result|
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_D_SCALE_POINTER, &d_scale,
+                                                    sizeof d_scale));
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_AMAX_D_POINTER, &d_amax,
+                                                    sizeof d_amax));
+    }
+    if (is_fp8(plan.key.kind)) {  // D = (a_scale * b_scale) * op(A) op(B) (+ beta C) (+ bias): the operands' scale_inv
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &a_scale,
+                                                    sizeof a_scale));
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &b_scale,
+                                                    sizeof b_scale));
+    }
     if (epilogue_has_bias(plan.key.epilogue))
         CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
     if (epilogue_has_aux(plan.key.epilogue))
         CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux,
                                                     sizeof aux));
-    if (!plan.tuned) tune_plan(dev, plan, a, b, beta, d, stream);
+    // C: D itself, but where D is FP8 the (bf16, unread: beta = 0) aux matrix under C's own layout
+    const void *c_other = writes_fp8(plan.key.kind) ? aux : NULL;
+    if (!plan.tuned) tune_plan(dev, plan, a, b, beta, d, c_other, stream);
     const float alpha = 1.0f;
-    CUBLAS_CHECK(cublasLtMatmul(dev.handle, plan.desc, &alpha, a, plan.a, b, plan.b, &beta, d, plan.d, d, plan.d,
-                                &plan.algo, dev.lane->workspace, kWorkspaceBytes, stream));
+    CUBLAS_CHECK(cublasLtMatmul(dev.handle, plan.desc, &alpha, a, plan.a, b, plan.b, &beta, c_other ? c_other : d,
+                                plan.c, d, plan.d, &plan.algo, dev.lane->workspace, kWorkspaceBytes, stream));
     dev.stats.flops += 2.0 * (double)plan.key.m * (double)plan.key.n * (double)plan.key.k;
     dev.stats.gemms += 1;
 }
@@ -442,6 +497,23 @@ __global__ void gelu_kernel(const uint4 *__restrict__ pre, uint4 *__restrict__ y
             v.pair[j] = __floats2bfloat162_rn(gelu_tanh(f.x), gelu_tanh(f.y));
         }
         y[i] = v.raw;
+    }
+}
+
+// d[r, c] = d[r, c] + bias[c] (rounded to bf16 again), in place, over n_vecs vectors of 8 (row_vecs a row): where the
+// FP8 GEMM has no bias epilogue.
+__global__ void add_bias_kernel(uint4 *__restrict__ d, const uint4 *__restrict__ bias, int row_vecs, int64_t n_vecs)
+{
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n_vecs; i += (int64_t)gridDim.x * blockDim.x) {
+        Vec8 v, b;
+        v.raw = d[i];
+        b.raw = bias[i % row_vecs];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const float2 fv = __bfloat1622float2(v.pair[j]), fb = __bfloat1622float2(b.pair[j]);
+            v.pair[j] = __floats2bfloat162_rn(fv.x + fb.x, fv.y + fb.y);
+        }
+        d[i] = v.raw;
     }
 }
 
@@ -652,6 +724,185 @@ extern "C" void gemm_linear_bwd_weight(gemm_context *context, const gpu_bf16 *x,
     Plan *plan = find_plan(dev, kBackwardWeight, CUBLASLT_EPILOGUE_DEFAULT, m, n, k, x, dy, dweight, NULL, NULL, true);
     run_plan(dev, *plan, x, dy, beta, dweight, NULL, NULL, stream);
     if (dbias) column_sums(dev, dy, n_rows, out_dim, dbias, accumulate, stream);
+    end_call(dev);
+}
+
+// ---- FP8 (gemm.h's FP8 section) ------------------------------------------------------------------------
+
+namespace {
+
+void check_fp8_shape(const char *call, int64_t n_rows, int in_dim, int out_dim)
+{
+    ALDIT_CHECK(n_rows >= 0 && gemm_fp8_supported(in_dim, out_dim),
+                "%s: n_rows=%lld in_dim=%d out_dim=%d: FP8 GEMMs need in_dim and out_dim multiples of 16", call,
+                (long long)n_rows, in_dim, out_dim);
+}
+
+}  // namespace
+
+extern "C" int gemm_fp8_supported(int in_dim, int out_dim)
+{
+    return in_dim > 0 && out_dim > 0 && in_dim % 16 == 0 && out_dim % 16 == 0;
+}
+
+extern "C" int64_t gemm_fp8_padded_rows(int64_t n_rows)
+{
+    return (n_rows + 15) / 16 * 16;
+}
+
+extern "C" void gemm_fp8_fwd(gemm_context *context, const uint8_t *x8, const float *x_scale_inv, int64_t n_rows,
+                             int in_dim, int out_dim, const uint8_t *w8, const float *w_scale_inv, const gpu_bf16 *bias,
+                             gemm_epilogue epilogue, gpu_bf16 *y, gpu_bf16 *pre_gelu, cudaStream_t stream)
+{
+    static const char call[] = "gemm_fp8_fwd";
+    check_fp8_shape(call, n_rows, in_dim, out_dim);
+    ALDIT_CHECK(epilogue == GEMM_EPILOGUE_BIAS || epilogue == GEMM_EPILOGUE_GELU_AUX_BIAS,
+                "%s: epilogue %d (BIAS or GELU_AUX_BIAS)", call, (int)epilogue);
+    const bool gelu = epilogue == GEMM_EPILOGUE_GELU_AUX_BIAS;
+    ALDIT_CHECK(gelu == (pre_gelu != NULL), "%s: pre_gelu must be given with GEMM_EPILOGUE_GELU_AUX_BIAS and only "
+                "then", call);
+    check_aligned(call, "x8", x8), check_aligned(call, "w8", w8), check_aligned(call, "y", y);
+    check_aligned(call, "bias", bias);
+    ALDIT_CHECK(x_scale_inv && w_scale_inv, "%s: a scale pointer is NULL", call);
+    if (gelu) check_aligned(call, "pre_gelu", pre_gelu);
+    if (n_rows == 0) return;
+
+    Device &dev = context_of(context, call);
+    begin_call(dev, stream);
+    const int64_t m = out_dim, n = n_rows, k = in_dim;
+    bool done = false;
+    if (gelu && dev.fused) {
+        Plan *plan = find_plan(dev, kFp8Forward, CUBLASLT_EPILOGUE_GELU_AUX_BIAS, m, n, k, w8, x8, y, bias, pre_gelu,
+                               false);
+        if (plan) run_plan(dev, *plan, w8, x8, 0.0f, y, bias, pre_gelu, stream, w_scale_inv, x_scale_inv), done = true;
+        else dev.stats.unfused += 1;
+    }
+    if (!done) {
+        // the bias epilogue, else (no FP8 algorithm for it here) the plain GEMM and the bias added by our kernel
+        gpu_bf16 *d = gelu ? pre_gelu : y;
+        Plan *plan = find_plan(dev, kFp8Forward, CUBLASLT_EPILOGUE_BIAS, m, n, k, w8, x8, d, bias, NULL, false);
+        if (plan) {
+            run_plan(dev, *plan, w8, x8, 0.0f, d, bias, NULL, stream, w_scale_inv, x_scale_inv);
+        } else {
+            dev.stats.unfused += 1;
+            plan = find_plan(dev, kFp8Forward, CUBLASLT_EPILOGUE_DEFAULT, m, n, k, w8, x8, d, NULL, NULL, true);
+            run_plan(dev, *plan, w8, x8, 0.0f, d, NULL, NULL, stream, w_scale_inv, x_scale_inv);
+            const int64_t n_vecs = n_rows * out_dim / 8;
+            add_bias_kernel<<<elementwise_blocks(n_vecs), kElementwiseThreads, 0, stream>>>(
+                (uint4 *)d, (const uint4 *)bias, out_dim / 8, n_vecs);
+            CUDA_CHECK_LAUNCH();
+        }
+        if (gelu) {
+            const int64_t n_vecs = n_rows * out_dim / 8;
+            gelu_kernel<<<elementwise_blocks(n_vecs), kElementwiseThreads, 0, stream>>>((const uint4 *)pre_gelu,
+                                                                                       (uint4 *)y, n_vecs);
+            CUDA_CHECK_LAUNCH();
+        }
+    }
+    end_call(dev);
+}
+
+extern "C" int gemm_fp8_fwd_gelu_fp8(gemm_context *context, const uint8_t *x8, const float *x_scale_inv,
+                                     int64_t n_rows, int in_dim, int out_dim, const uint8_t *w8,
+                                     const float *w_scale_inv, const gpu_bf16 *bias, const float *y_scale, uint8_t *y8,
+                                     gpu_bf16 *pre_gelu, float *y_amax, cudaStream_t stream)
+{
+    static const char call[] = "gemm_fp8_fwd_gelu_fp8";
+    check_fp8_shape(call, n_rows, in_dim, out_dim);
+    check_aligned(call, "x8", x8), check_aligned(call, "w8", w8), check_aligned(call, "y8", y8);
+    check_aligned(call, "bias", bias), check_aligned(call, "pre_gelu", pre_gelu);
+    ALDIT_CHECK(x_scale_inv && w_scale_inv && y_scale && y_amax, "%s: a scale or amax pointer is NULL", call);
+    Device &dev = context_of(context, call);
+    if (!dev.fused) return 0;
+    if (n_rows == 0) {
+        CUDA_CHECK(cudaMemsetAsync(y_amax, 0, sizeof *y_amax, stream));
+        return 1;
+    }
+    begin_call(dev, stream);
+    Plan *plan = find_plan(dev, kFp8ForwardFp8Out, CUBLASLT_EPILOGUE_GELU_AUX_BIAS, out_dim, n_rows, in_dim, w8, x8, y8,
+                           bias, pre_gelu, false);
+    if (plan) run_plan(dev, *plan, w8, x8, 0.0f, y8, bias, pre_gelu, stream, w_scale_inv, x_scale_inv, y_scale, y_amax);
+    else dev.stats.unfused += 1;
+    end_call(dev);
+    return plan != NULL;
+}
+
+extern "C" void gemm_fp8_bwd_data(gemm_context *context, const uint8_t *dy8, const float *dy_scale_inv, int64_t n_rows,
+                                  int in_dim, int out_dim, const uint8_t *wt8, const float *w_scale_inv,
+                                  const gpu_bf16 *gelu_input, gpu_bf16 *dx, int accumulate_dx, cudaStream_t stream)
+{
+    static const char call[] = "gemm_fp8_bwd_data";
+    check_fp8_shape(call, n_rows, in_dim, out_dim);
+    check_aligned(call, "dy8", dy8), check_aligned(call, "wt8", wt8), check_aligned(call, "dx", dx);
+    if (gelu_input) check_aligned(call, "gelu_input", gelu_input);
+    ALDIT_CHECK(dy_scale_inv && w_scale_inv, "%s: a scale pointer is NULL", call);
+    ALDIT_CHECK(!(gelu_input && accumulate_dx), "%s: accumulate_dx cannot be combined with gelu_input", call);
+    if (n_rows == 0) return;
+
+    Device &dev = context_of(context, call);
+    begin_call(dev, stream);
+    const int64_t m = in_dim, n = n_rows, k = out_dim;
+    const float beta = accumulate_dx ? 1.0f : 0.0f;
+    bool done = false;
+    if (gelu_input && dev.fused) {
+        Plan *plan = find_plan(dev, kFp8BackwardData, CUBLASLT_EPILOGUE_DGELU, m, n, k, wt8, dy8, dx, NULL, gelu_input,
+                               false);
+        if (plan) run_plan(dev, *plan, wt8, dy8, beta, dx, NULL, gelu_input, stream, w_scale_inv, dy_scale_inv), done = true;
+        else dev.stats.unfused += 1;
+    }
+    if (!done) {
+        Plan *plan = find_plan(dev, kFp8BackwardData, CUBLASLT_EPILOGUE_DEFAULT, m, n, k, wt8, dy8, dx, NULL, NULL, true);
+        run_plan(dev, *plan, wt8, dy8, beta, dx, NULL, NULL, stream, w_scale_inv, dy_scale_inv);
+        if (gelu_input) {
+            const int64_t n_vecs = n_rows * in_dim / 8;
+            dgelu_kernel<<<elementwise_blocks(n_vecs), kElementwiseThreads, 0, stream>>>((uint4 *)dx,
+                                                                                        (const uint4 *)gelu_input, n_vecs);
+            CUDA_CHECK_LAUNCH();
+        }
+    }
+    end_call(dev);
+}
+
+extern "C" void gemm_fp8_bwd_weight(gemm_context *context, const uint8_t *xt8, const float *x_scale_inv,
+                                    const uint8_t *dyt8, const float *dy_scale_inv, int64_t padded_rows, int in_dim,
+                                    int out_dim, float *dweight, int accumulate, cudaStream_t stream)
+{
+    static const char call[] = "gemm_fp8_bwd_weight";
+    check_fp8_shape(call, padded_rows, in_dim, out_dim);
+    ALDIT_CHECK(padded_rows % 16 == 0, "%s: padded_rows %lld is not a multiple of 16", call, (long long)padded_rows);
+    check_aligned(call, "xt8", xt8), check_aligned(call, "dyt8", dyt8), check_aligned(call, "dweight", dweight);
+    ALDIT_CHECK(x_scale_inv && dy_scale_inv, "%s: a scale pointer is NULL", call);
+
+    Device &dev = context_of(context, call);
+    begin_call(dev, stream);
+    if (padded_rows == 0) {
+        if (!accumulate)
+            CUDA_CHECK(cudaMemsetAsync(dweight, 0, (size_t)out_dim * (size_t)in_dim * sizeof *dweight, stream));
+        end_call(dev);
+        return;
+    }
+    const int64_t m = in_dim, n = out_dim, k = padded_rows;
+    const float beta = accumulate ? 1.0f : 0.0f;
+    Plan *plan = find_plan(dev, kFp8BackwardWeight, CUBLASLT_EPILOGUE_DEFAULT, m, n, k, xt8, dyt8, dweight, NULL, NULL,
+                           true);
+    run_plan(dev, *plan, xt8, dyt8, beta, dweight, NULL, NULL, stream, x_scale_inv, dy_scale_inv);
+    end_call(dev);
+}
+
+extern "C" void gemm_column_sums(gemm_context *context, const gpu_bf16 *dy, int64_t n_rows, int cols, float *out,
+                                 int accumulate, cudaStream_t stream)
+{
+    static const char call[] = "gemm_column_sums";
+    ALDIT_CHECK(n_rows >= 0 && cols > 0 && cols % 8 == 0, "%s: n_rows %lld, cols %d (a multiple of 8)", call,
+                (long long)n_rows, cols);
+    check_aligned(call, "dy", dy), check_aligned(call, "out", out);
+    Device &dev = context_of(context, call);
+    begin_call(dev, stream);
+    if (n_rows == 0) {
+        if (!accumulate) CUDA_CHECK(cudaMemsetAsync(out, 0, (size_t)cols * sizeof *out, stream));
+    } else {
+        column_sums(dev, dy, n_rows, cols, out, accumulate, stream);
+    }
     end_call(dev);
 }
 

@@ -1,4 +1,4 @@
-/* gemm.h — linear layers on cuBLASLt: y = x·W^T + b with bias / GELU epilogues and the backward GEMMs (dx, fp32 dW and db), bf16 data, fp32 accumulation. */
+/* gemm.h — linear layers on cuBLASLt: y = x·W^T + b with bias / GELU epilogues and the backward GEMMs (dx, fp32 dW and db), bf16 or FP8 data, fp32 accumulation. */
 #ifndef ALDIT_GEMM_H
 #define ALDIT_GEMM_H
 
@@ -108,6 +108,45 @@ void gemm_linear_bwd_data(gemm_context *context, const gpu_bf16 *dy, int64_t n_r
    of one step accumulate in place, the convention of cpu_linear_bwd); 0: overwritten. */
 void gemm_linear_bwd_weight(gemm_context *context, const gpu_bf16 *x, const gpu_bf16 *dy, int64_t n_rows,
                             int in_dim, int out_dim, float *dweight, float *dbias, int accumulate, cudaStream_t stream);
+
+/* ---- FP8 (cuda/fp8.h makes the operands) ----------------------------------------------------------------
+   The same three GEMMs with FP8 operands, each with its per-tensor scale_inv (a device fp32, fp8.h: the value an
+   FP8 byte q stands for is q * scale_inv), bf16 outputs (fp32 for dW), fp32 accumulation: cuBLASLt's
+   CUBLASLT_MATMUL_DESC_A/B_SCALE_POINTER multiply the product by both scale_inv before the bias is added.
+   Hopper's FP8 kernels take only the TN layout (both operands contiguous along the reduction), so:
+     forward  y  [rows, out]  = x8 [rows, in] (E4M3) . w8 [out, in]^T (E4M3)        (TN as the bf16 forward)
+     dgrad    dx [rows, in]   = dy8 [rows, out] (E5M2) . wt8 [in, out]^T (E4M3)     (wt8: W transposed)
+     wgrad    dW [out, in]   (+)= dyt8 [out, P] (E5M2) . xt8 [in, P]^T (E4M3)       (x and dy transposed, rows
+              padded with zeros to P = gemm_fp8_padded_rows(rows), cuBLASLt's multiple of 16 for k)
+   Fast accumulation (FP8 products summed in the tensor core's reduced-precision accumulator before fp32) is on in
+   the forward and dgrad, off in wgrad, whose reduction runs over all rows. The bias, GELU and DGELU epilogues are
+   those of the bf16 calls (same fallbacks); the bias gradient is not computed here (gemm_column_sums of the bf16 dy, or
+   fp8_quantize_dbias in the pass that casts dy, as the model does). in_dim and out_dim
+   must be multiples of 16 (gemm_fp8_supported), pointers 16-byte aligned. */
+int gemm_fp8_supported(int in_dim, int out_dim);
+int64_t gemm_fp8_padded_rows(int64_t n_rows);
+/* epilogue: BIAS or GELU_AUX_BIAS (bias required). */
+void gemm_fp8_fwd(gemm_context *context, const uint8_t *x8, const float *x_scale_inv, int64_t n_rows, int in_dim,
+                  int out_dim, const uint8_t *w8, const float *w_scale_inv, const gpu_bf16 *bias, gemm_epilogue epilogue,
+                  gpu_bf16 *y, gpu_bf16 *pre_gelu, cudaStream_t stream);
+/* The FFN's first linear with its GELU emitting the next GEMM's FP8 input directly (no bf16 output, no cast pass):
+   pre_gelu = x W^T + b (bf16, as GELU_AUX_BIAS), y8 = E4M3(gelu(pre) * y_scale) [rows, out] (cuBLASLt's D scale,
+   saturating) and *y_amax = max |gelu(pre)| over the call (set, not accumulated: cuBLASLt's AMAX_D). Returns 0, with
+   nothing queued, where cuBLASLt has no algorithm for it (or the context was made with fused_epilogues = 0): the
+   caller then takes gemm_fp8_fwd's bf16 output and casts it. */
+int gemm_fp8_fwd_gelu_fp8(gemm_context *context, const uint8_t *x8, const float *x_scale_inv, int64_t n_rows,
+                          int in_dim, int out_dim, const uint8_t *w8, const float *w_scale_inv, const gpu_bf16 *bias,
+                          const float *y_scale, uint8_t *y8, gpu_bf16 *pre_gelu, float *y_amax, cudaStream_t stream);
+void gemm_fp8_bwd_data(gemm_context *context, const uint8_t *dy8, const float *dy_scale_inv, int64_t n_rows, int in_dim,
+                       int out_dim, const uint8_t *wt8, const float *w_scale_inv, const gpu_bf16 *gelu_input,
+                       gpu_bf16 *dx, int accumulate_dx, cudaStream_t stream);
+void gemm_fp8_bwd_weight(gemm_context *context, const uint8_t *xt8, const float *x_scale_inv, const uint8_t *dyt8,
+                         const float *dy_scale_inv, int64_t padded_rows, int in_dim, int out_dim, float *dweight,
+                         int accumulate, cudaStream_t stream);
+/* out [cols] (+)= column sums of dy [n_rows, cols] (bf16, cols a multiple of 8): the deterministic sums
+   gemm_linear_bwd_weight gives the bias gradient with. */
+void gemm_column_sums(gemm_context *context, const gpu_bf16 *dy, int64_t n_rows, int cols, float *out, int accumulate,
+                      cudaStream_t stream);
 
 /* FLOPs of one of the three GEMMs of a linear layer: 2 · n_rows · in_dim · out_dim. */
 double gemm_linear_flops(int64_t n_rows, int in_dim, int out_dim);

@@ -34,6 +34,7 @@
 #include "cuda/attention_cudnn.h"
 #endif
 #include "cuda/fused.h"
+#include "cuda/fp8.h"
 #include "cuda/gemm.h"
 #include "cuda/kernels_misc.h"
 #include "cuda/lnmod.h"
@@ -140,6 +141,21 @@ struct sp_state {
     int64_t *tables;                       // device copy of tables_pinned
 };
 
+// FP8 of the Wan block's large linears (gpu_model_set_precision): per block kFp8Linears linears of three scaled
+// tensors each (input E4M3, weight E4M3, output gradient E5M2), and one GEMM's FP8 operands at a time.
+enum Fp8Linear { kSelfQ, kSelfK, kSelfV, kSelfO, kCrossQ, kCrossO, kFfnIn, kFfnOut, kFp8Linears };
+enum Fp8Role { kFp8Input, kFp8Weight, kFp8Grad, kFp8Roles };
+struct fp8_linears {
+    fp8_scaling *scaling;  // tensor (layer * kFp8Linears + linear) * kFp8Roles + role
+    uint8_t *x8, *xt8;     // the input [rows, in] and its transpose [in, padded rows]
+    uint8_t *g8, *gt8;     // the output gradient [rows, out] and its transpose [out, padded rows]
+    uint8_t *w8, *wt8;     // the weight [out, in] and its transpose [in, out]
+    float *amax_d;         // the FFN's first GEMM's AMAX_D (device, one float)
+    float *partials;       // the bias gradients' per-tile column sums (fp8_quantize_dbias)
+    bool act_ready;        // g8 holds the FFN's GELU output in E4M3, which its first GEMM emitted (the forward)
+    size_t bytes;
+};
+
 } // namespace
 
 
@@ -213,6 +229,8 @@ struct gpu_model {
     void *grads_ready_context;
     // sequence parallelism (gpu_model_set_seqpar; sp.group NULL for a micro-batch of this rank alone)
     sp_state sp;
+    // [train] precision = fp8: the block's large linears in FP8 (gpu_model_set_precision); NULL in bf16
+    fp8_linears *fp8;
 };
 
 namespace {
@@ -628,6 +646,83 @@ void linear_bwd(gpu_model *gm, const gpu_bf16 *w, float *g, const gpu_bf16 *x, c
                                  stream);
 }
 
+// ---- the block's large linears in bf16 or FP8 ([train] precision) ----------------------------------------
+
+int fp8_tensor(int layer, int linear, int role)
+{
+    return (layer * kFp8Linears + linear) * kFp8Roles + role;
+}
+
+// Self k and v read the input q read (h1): its FP8 copy and scale, made once by q's call, serve all three.
+int fp8_input_owner(int linear)
+{
+    return linear == kSelfK || linear == kSelfV ? kSelfQ : linear;
+}
+
+// y = x W^T + b (pre: with the GELU epilogue, pre = x W^T + b and y = gelu(pre)) of block `layer`'s linear `which`:
+// bf16, or FP8 operands cast here (the input once for self q, k, v; the weight on each use).
+void block_linear_fwd(const gpu_model *gm, int layer, int which, const gpu_bf16 *w, const gpu_bf16 *x, int64_t n_rows,
+                      int in_dim, int out_dim, linear_offsets lin, gpu_bf16 *y, gpu_bf16 *pre, cudaStream_t stream)
+{
+    const gemm_epilogue epilogue = pre ? GEMM_EPILOGUE_GELU_AUX_BIAS : GEMM_EPILOGUE_BIAS;
+    fp8_linears *f = gm->fp8;
+    if (!f) {
+        gemm_linear_fwd(gm->gemm, x, n_rows, in_dim, out_dim, w + lin.weight, w + lin.bias, epilogue, y, pre, stream);
+        return;
+    }
+    const int input = fp8_tensor(layer, fp8_input_owner(which), kFp8Input), weight = fp8_tensor(layer, which, kFp8Weight);
+    // the FFN's second linear reads the E4M3 copy of the GELU output its first one emitted, where it did
+    const bool emitted = which == kFfnOut && f->act_ready;
+    f->act_ready = false;
+    const uint8_t *x8 = emitted ? f->g8 : f->x8;
+    if (fp8_input_owner(which) == which && !emitted)
+        fp8_quantize(f->scaling, input, x, n_rows, in_dim, f->x8, nullptr, 0, stream);
+    fp8_quantize(f->scaling, weight, w + lin.weight, out_dim, in_dim, f->w8, nullptr, 0, stream);
+    // the FFN's first linear: its GELU output straight to E4M3 at the second's input scale (from the second step on:
+    // the first casts by its own amax), the bf16 output not written; else bf16 and a cast before the second
+    if (which == kFfnIn && fp8_scaling_updates(f->scaling) > 0) {
+        const int act = fp8_tensor(layer, kFfnOut, kFp8Input);
+        if (gemm_fp8_fwd_gelu_fp8(gm->gemm, x8, fp8_scale_inv(f->scaling, input), n_rows, in_dim, out_dim, f->w8,
+                                  fp8_scale_inv(f->scaling, weight), w + lin.bias, fp8_scale(f->scaling, act), f->g8,
+                                  pre, f->amax_d, stream)) {
+            fp8_record_amax(f->scaling, act, f->amax_d, stream);
+            f->act_ready = true;
+            return;
+        }
+    }
+    gemm_fp8_fwd(gm->gemm, x8, fp8_scale_inv(f->scaling, input), n_rows, in_dim, out_dim, f->w8,
+                 fp8_scale_inv(f->scaling, weight), w + lin.bias, epilogue, y, pre, stream);
+}
+
+// The backward of block_linear_fwd: dW, db added into g; dx (skipped when NULL) overwritten or added into; with
+// gelu_input, dx is the gradient of the GELU's input (as linear_bwd). FP8: dy cast to E5M2 with its transpose and db
+// (its column sums) in one pass, the input's transpose (once for self q, k, v: q's backward comes first), the
+// weight's transpose.
+void block_linear_bwd(gpu_model *gm, int layer, int which, const gpu_bf16 *w, float *g, const gpu_bf16 *x,
+                      const gpu_bf16 *dy, int64_t n_rows, int in_dim, int out_dim, linear_offsets lin,
+                      const gpu_bf16 *gelu_input, gpu_bf16 *dx, int accumulate_dx, cudaStream_t stream)
+{
+    fp8_linears *f = gm->fp8;
+    if (!f) {
+        linear_bwd(gm, w, g, x, dy, n_rows, in_dim, out_dim, lin, gelu_input, dx, accumulate_dx, stream);
+        return;
+    }
+    const int64_t padded = gemm_fp8_padded_rows(n_rows);
+    const int input = fp8_tensor(layer, fp8_input_owner(which), kFp8Input), weight = fp8_tensor(layer, which, kFp8Weight);
+    const int grad = fp8_tensor(layer, which, kFp8Grad);
+    fp8_quantize_dbias(f->scaling, grad, dy, n_rows, out_dim, f->g8, f->gt8, padded, g + lin.bias, f->partials, stream);
+    if (which == kFfnOut && gelu_input)  // its input is gelu(pre): cast from pre (the forward may not have kept it)
+        fp8_quantize_gelu(f->scaling, input, gelu_input, n_rows, in_dim, nullptr, f->xt8, padded, stream);
+    else if (fp8_input_owner(which) == which)
+        fp8_quantize(f->scaling, input, x, n_rows, in_dim, nullptr, f->xt8, padded, stream);
+    gemm_fp8_bwd_weight(gm->gemm, f->xt8, fp8_scale_inv(f->scaling, input), f->gt8, fp8_scale_inv(f->scaling, grad),
+                        padded, in_dim, out_dim, g + lin.weight, 1, stream);
+    if (!dx) return;
+    fp8_quantize(f->scaling, weight, w + lin.weight, out_dim, in_dim, nullptr, f->wt8, out_dim, stream);
+    gemm_fp8_bwd_data(gm->gemm, f->g8, fp8_scale_inv(f->scaling, grad), n_rows, in_dim, out_dim, f->wt8,
+                      fp8_scale_inv(f->scaling, weight), gelu_input, dx, accumulate_dx, stream);
+}
+
 // The fp32 value of the time path at flat offset `offset` (time_first <= offset < blocks_offset), of the time path's
 // weights `time_w` (from gpu_model_params.time_weights).
 const float *time_weight(const gpu_model *gm, const float *time_w, int64_t offset)
@@ -922,22 +1017,22 @@ void block_forward(gpu_model *gm, const batch_dims &d, int l, bool recomputing, 
     }
 
     // self-attention: q, k RMSNorm + 3D RoPE; each sample attends to its own tokens
-    linear_fwd(gm, w, s.h1, N, D, D, bo.self_q, s.q_pre, stream);
-    linear_fwd(gm, w, s.h1, N, D, D, bo.self_k, s.k_pre, stream);
-    linear_fwd(gm, w, s.h1, N, D, D, bo.self_v, s.v, stream);
+    block_linear_fwd(gm, l, kSelfQ, w, s.h1, N, D, D, bo.self_q, s.q_pre, nullptr, stream);
+    block_linear_fwd(gm, l, kSelfK, w, s.h1, N, D, D, bo.self_k, s.k_pre, nullptr, stream);
+    block_linear_fwd(gm, l, kSelfV, w, s.h1, N, D, D, bo.self_v, s.v, nullptr, stream);
     fused_qk_norm_rope_fwd(s.q_pre, N, H, hd, w + bo.self_norm_q, eps, t.positions, s.q, s.q_rstd,
                            stream);
     fused_qk_norm_rope_fwd(s.k_pre, N, H, hd, w + bo.self_norm_k, eps, t.positions, s.k, s.k_rstd,
                            stream);
     self_attention_fwd(gm, d, l, s, stream);
-    linear_fwd(gm, w, s.attn, N, D, D, bo.self_o, s.y_attn, stream);
+    block_linear_fwd(gm, l, kSelfO, w, s.attn, N, D, D, bo.self_o, s.y_attn, nullptr, stream);
 
     // x1 = x_in + y_attn e2; n3 = norm3(x1) (affine LN as LN-modulate with shift = bias, scale = weight - 1)
     lnmod_residual_fwd(s.x_in, s.y_attn, N, D, t.token_start, B, mod[2], s.n3_shift, s.n3_scale, eps, s.x1, s.n3,
                        s.n3_mean, s.n3_rstd, stream);
 
     // cross-attention: each sample's tokens attend to its own text rows; q, k RMSNorm (no RoPE)
-    linear_fwd(gm, w, s.n3, N, D, D, bo.cross_q, s.cq_pre, stream);
+    block_linear_fwd(gm, l, kCrossQ, w, s.n3, N, D, D, bo.cross_q, s.cq_pre, nullptr, stream);
     fused_qk_norm_rope_fwd(s.cq_pre, N, H, hd, w + bo.cross_norm_q, eps, nullptr, s.cq, s.cq_rstd,
                            stream);
     if (L > 0) {
@@ -947,15 +1042,15 @@ void block_forward(gpu_model *gm, const batch_dims &d, int l, bool recomputing, 
         linear_fwd(gm, w, gm->context, L, D, D, bo.cross_v, s.cv, stream);
     }
     cross_attention_fwd(gm, d, s, stream);
-    linear_fwd(gm, w, s.cattn, N, D, D, bo.cross_o, s.y_cross, stream);
+    block_linear_fwd(gm, l, kCrossO, w, s.cattn, N, D, D, bo.cross_o, s.y_cross, nullptr, stream);
 
     // x2 = x1 + y_cross (gate 1); h2 = LN(x2) (1 + e4) + e3
     lnmod_residual_fwd(s.x1, s.y_cross, N, D, t.token_start, B, gm->ones, mod[3], mod[4], eps, s.x2, s.h2,
                        s.ln2_mean, s.ln2_rstd, stream);
 
     // FFN: Linear, GELU-tanh (epilogue), Linear; its gated residual opens the next block
-    linear_gelu_fwd(gm, w, s.h2, N, D, F, bo.ffn_in, s.ffn_pre, s.ffn_act, stream);
-    linear_fwd(gm, w, s.ffn_act, N, F, D, bo.ffn_out, s.y_ffn, stream);
+    block_linear_fwd(gm, l, kFfnIn, w, s.h2, N, D, F, bo.ffn_in, s.ffn_act, s.ffn_pre, stream);
+    block_linear_fwd(gm, l, kFfnOut, w, s.ffn_act, N, F, D, bo.ffn_out, s.y_ffn, nullptr, stream);
 }
 
 // Embeddings, blocks and head; ends with the per-sample losses and, unless loss_only, the gradient of the
@@ -1084,14 +1179,14 @@ void backward(gpu_model *gm, const batch_dims &d, cudaStream_t stream)
         }
 
         // FFN: the second Linear's dx comes out as the gradient of the GELU's input (DGELU epilogue)
-        linear_bwd(gm, w, g, s.ffn_act, gm->d_y, N, F, D, bo.ffn_out, s.ffn_pre, gm->d_ffn, 0, stream);
-        linear_bwd(gm, w, g, s.h2, gm->d_ffn, N, D, F, bo.ffn_in, nullptr, gm->d_h, 0, stream);
+        block_linear_bwd(gm, l, kFfnOut, w, g, s.ffn_act, gm->d_y, N, F, D, bo.ffn_out, s.ffn_pre, gm->d_ffn, 0, stream);
+        block_linear_bwd(gm, l, kFfnIn, w, g, s.h2, gm->d_ffn, N, D, F, bo.ffn_in, nullptr, gm->d_h, 0, stream);
         // x2 = x1 + y_cross, h2 = LN-modulate(x2): d_x becomes dL/dx1, d_y dL/dy_cross
         lnmod_residual_bwd(s.x2, s.y_cross, gm->d_h, gm->d_x, N, D, t.token_start, B, gm->ones, mod[4], s.ln2_mean,
                            s.ln2_rstd, gm->d_x, gm->d_y, d_mod[3], d_mod[4], gm->d_unused_gate, scratch, stream);
 
         // cross-attention
-        linear_bwd(gm, w, g, s.cattn, gm->d_y, N, D, D, bo.cross_o, nullptr, gm->d_t, 0, stream);
+        block_linear_bwd(gm, l, kCrossO, w, g, s.cattn, gm->d_y, N, D, D, bo.cross_o, nullptr, gm->d_t, 0, stream);
         cross_attention_bwd(gm, d, s, stream);
         if (L > 0) {
             linear_bwd(gm, w, g, gm->context, gm->d_cv, L, D, D, bo.cross_v, nullptr, gm->d_ctx_part, 0,
@@ -1104,7 +1199,7 @@ void backward(gpu_model *gm, const batch_dims &d, cudaStream_t stream)
         }
         fused_qk_norm_rope_bwd(s.cq_pre, gm->d_q, N, H, hd, w + bo.cross_norm_q, nullptr, s.cq_rstd, gm->d_q,
                                g + bo.cross_norm_q, scratch, stream);
-        linear_bwd(gm, w, g, s.n3, gm->d_q, N, D, D, bo.cross_q, nullptr, gm->d_h, 0, stream);
+        block_linear_bwd(gm, l, kCrossQ, w, g, s.n3, gm->d_q, N, D, D, bo.cross_q, nullptr, gm->d_h, 0, stream);
         // x1 = x_in + y_attn e2, n3 = norm3(x1): d_x becomes dL/dx_in, d_y dL/dy_attn; norm3's weight and
         // bias gradients are the per-sample dscale and dshift summed over the samples
         lnmod_residual_bwd(s.x1, s.y_attn, gm->d_h, gm->d_x, N, D, t.token_start, B, mod[2], s.n3_scale, s.n3_mean,
@@ -1113,15 +1208,15 @@ void backward(gpu_model *gm, const batch_dims &d, cudaStream_t stream)
         misc_sum_samples_into(gm->d_n3_shift, B, D, g + bo.norm3_bias, stream);
 
         // self-attention
-        linear_bwd(gm, w, g, s.attn, gm->d_y, N, D, D, bo.self_o, nullptr, gm->d_t, 0, stream);
+        block_linear_bwd(gm, l, kSelfO, w, g, s.attn, gm->d_y, N, D, D, bo.self_o, nullptr, gm->d_t, 0, stream);
         self_attention_bwd(gm, d, l, s, stream);
         fused_qk_norm_rope_bwd(s.q_pre, gm->d_q, N, H, hd, w + bo.self_norm_q, t.positions, s.q_rstd, gm->d_q,
                                g + bo.self_norm_q, scratch, stream);
         fused_qk_norm_rope_bwd(s.k_pre, gm->d_k, N, H, hd, w + bo.self_norm_k, t.positions, s.k_rstd, gm->d_k,
                                g + bo.self_norm_k, scratch, stream);
-        linear_bwd(gm, w, g, s.h1, gm->d_q, N, D, D, bo.self_q, nullptr, gm->d_h, 0, stream);
-        linear_bwd(gm, w, g, s.h1, gm->d_k, N, D, D, bo.self_k, nullptr, gm->d_h, 1, stream);
-        linear_bwd(gm, w, g, s.h1, gm->d_v, N, D, D, bo.self_v, nullptr, gm->d_h, 1, stream);
+        block_linear_bwd(gm, l, kSelfQ, w, g, s.h1, gm->d_q, N, D, D, bo.self_q, nullptr, gm->d_h, 0, stream);
+        block_linear_bwd(gm, l, kSelfK, w, g, s.h1, gm->d_k, N, D, D, bo.self_k, nullptr, gm->d_h, 1, stream);
+        block_linear_bwd(gm, l, kSelfV, w, g, s.h1, gm->d_v, N, D, D, bo.self_v, nullptr, gm->d_h, 1, stream);
 
         // h1 = LN-modulate(x_in): with l > 0, x_in = x2 + y_ffn e5 of block l - 1, whose gradients come out
         // here. With block recomputation block l - 1's activations are rebuilt first: this needs its y_ffn,
@@ -1548,6 +1643,7 @@ void gpu_model_free(gpu_model *gm)
     free(gm->timesteps_host);
     free(gm->blocks);
     free(gm->saved);
+    gpu_model_set_precision(gm, 0, 1, 0);
     free(gm);
 }
 
@@ -1647,4 +1743,110 @@ double gpu_model_forward_loss(gpu_model *gm, const model_batch *batch, double *s
     const batch_dims dims = stage_batch(gm, batch, stream);
     forward(gm, dims, 0.0f, true, stream);
     return wait_for_losses(gm, dims.n_samples, sample_loss, stream);
+}
+
+// ---- FP8 of the block's large linears ---------------------------------------------------------------------
+
+namespace {
+
+// The FP8 scratch for `max_rows` rows: input, gradient and their transposes at the widest linear (ffn_dim), the
+// widest weight and its transpose, the bias gradients' partial sums and a float for a GEMM's AMAX_D; as allocated,
+// each piece rounded up to 256 bytes.
+size_t fp8_scratch_bytes(int64_t dim, int64_t ffn_dim, int64_t max_rows, size_t *pieces)
+{
+    const int64_t wide = dim > ffn_dim ? dim : ffn_dim, padded = gemm_fp8_padded_rows(max_rows);
+    const size_t act = (size_t)(padded * wide + 255) / 256 * 256;
+    const size_t weight = (size_t)(dim * ffn_dim + 255) / 256 * 256;
+    const size_t partials = (fp8_dbias_partials_floats(padded, (int)wide) * sizeof(float) + 255) / 256 * 256;
+    if (pieces) pieces[0] = act, pieces[1] = weight, pieces[2] = partials;
+    return 4 * act + 2 * weight + partials + 256;  // + the AMAX_D float
+}
+
+void free_fp8(gpu_model *gm)
+{
+    if (!gm->fp8) return;
+    fp8_scaling_free(gm->fp8->scaling);
+    CUDA_CHECK(cudaFree(gm->fp8->x8));
+    free(gm->fp8);
+    gm->fp8 = nullptr;
+}
+
+}  // namespace
+
+size_t gpu_model_fp8_bytes(const model *host_model, int64_t max_tokens)
+{
+    return fp8_scratch_bytes(host_model->dim, host_model->ffn_dim, max_tokens, nullptr);
+}
+
+void gpu_model_set_precision(gpu_model *gm, int fp8, int amax_history, int margin)
+{
+    free_fp8(gm);
+    if (!fp8) return;
+    int major = 0, minor = 0;
+    ALDIT_CHECK(fp8_gpu_supported(&major, &minor), "gpu model: [train] precision = fp8 needs a GPU of compute capability "
+                "8.9 or more (FP8 tensor cores); this one is %d.%d: set [train] precision = bf16", major, minor);
+    ALDIT_CHECK(gemm_fp8_supported(gm->dim, gm->ffn_dim), "gpu model: [train] precision = fp8 needs model.dim (%d) and "
+                "model.ffn_dim (%d) multiples of 16 (cuBLASLt's FP8 GEMMs)", gm->dim, gm->ffn_dim);
+    fp8_linears *f = static_cast<fp8_linears *>(xcalloc(1, sizeof *f));
+    const int n = gm->num_layers * kFp8Linears * kFp8Roles;
+    fp8_format *formats = static_cast<fp8_format *>(xmalloc((size_t)(n > 0 ? n : 1) * sizeof *formats));
+    for (int t = 0; t < n; ++t) formats[t] = t % kFp8Roles == kFp8Grad ? FP8_E5M2 : FP8_E4M3;
+    f->scaling = n > 0 ? fp8_scaling_create(n, formats, amax_history, margin) : nullptr;
+    free(formats);
+    size_t pieces[3];
+    f->bytes = fp8_scratch_bytes(gm->dim, gm->ffn_dim, gm->max_tokens, pieces);
+    uint8_t *base = nullptr;
+    CUDA_CHECK(cudaMalloc(&base, f->bytes));
+    f->x8 = base, f->xt8 = base + pieces[0], f->g8 = base + 2 * pieces[0], f->gt8 = base + 3 * pieces[0];
+    f->w8 = base + 4 * pieces[0], f->wt8 = base + 4 * pieces[0] + pieces[1];
+    f->partials = reinterpret_cast<float *>(base + 4 * pieces[0] + 2 * pieces[1]);
+    f->amax_d = reinterpret_cast<float *>(base + 4 * pieces[0] + 2 * pieces[1] + pieces[2]);
+    gm->fp8 = f;
+}
+
+int gpu_model_precision_fp8(const gpu_model *gm)
+{
+    return gm->fp8 != nullptr;
+}
+
+void gpu_model_fp8_step(gpu_model *gm, cudaStream_t stream)
+{
+    if (gm->fp8 && gm->fp8->scaling) fp8_scaling_update(gm->fp8->scaling, stream);
+}
+
+void gpu_model_fp8_fresh(gpu_model *gm, cudaStream_t stream)
+{
+    if (gm->fp8 && gm->fp8->scaling && fp8_scaling_updates(gm->fp8->scaling) == 0)
+        fp8_scaling_reset(gm->fp8->scaling, stream);
+}
+
+float *gpu_model_fp8_amax(gpu_model *gm, int *count)
+{
+    const bool any = gm->fp8 && gm->fp8->scaling;
+    *count = any ? fp8_scaling_count(gm->fp8->scaling) : 0;
+    return any ? fp8_scaling_amax(gm->fp8->scaling) : nullptr;
+}
+
+size_t gpu_model_fp8_state_bytes(const gpu_model *gm)
+{
+    return gm->fp8 && gm->fp8->scaling ? fp8_scaling_state_bytes(gm->fp8->scaling) : 0;
+}
+
+void gpu_model_fp8_save(const gpu_model *gm, void *blob, cudaStream_t stream)
+{
+    if (gpu_model_fp8_state_bytes(gm) > 0) fp8_scaling_save(gm->fp8->scaling, blob, stream);
+}
+
+int gpu_model_fp8_load(gpu_model *gm, const void *blob, size_t bytes, char *why, size_t why_size)
+{
+    if (gpu_model_fp8_state_bytes(gm) == 0) {
+        snprintf(why, why_size, "this model runs in bf16 and keeps no FP8 scaling state");
+        return 1;
+    }
+    return fp8_scaling_load(gm->fp8->scaling, blob, bytes, why, why_size);
+}
+
+fp8_scaling *gpu_model_fp8_scaling(gpu_model *gm)
+{
+    return gm->fp8 ? gm->fp8->scaling : nullptr;
 }

@@ -161,6 +161,42 @@ void gpu_model_set_grads_ready(gpu_model *gm, gpu_grads_ready_fn ready, void *co
    than another rank), whose collectives must be the same calls as the others'. */
 void gpu_model_grads_ready_all(const gpu_model *gm, cudaStream_t stream);
 
+/* Precision of the Wan block's large linears ([train] precision; bf16 at creation): fp8 = 1 runs self q/k/v/o,
+   cross q/o and the FFN's two linears of every block with FP8 operands through cuBLASLt (gemm.h's FP8 section): the
+   forward E4M3 input x E4M3 weight, dgrad E5M2 output gradient x E4M3 weight, wgrad E4M3 input x E5M2 gradient, bf16
+   outputs and fp32 weight gradients; the cross-attention's k/v of the text rows, embeddings, time and text MLPs,
+   modulation, norms, RoPE, attention, gates and the head stay as they are. Each of those linears has three scaled
+   tensors (input, weight, output gradient; self k and v share q's input) under delayed scaling (cuda/fp8.h) with an
+   amax history of amax_history steps and the given margin; the casts run just before each GEMM from the bf16
+   tensors the model already keeps (a separate pass over each GEMM input; the weights on every use, the input again in
+   the backward), into a scratch of its own, gpu_model_fp8_bytes(host_model, max_tokens) bytes outside the workspace.
+   The exception, from the second step on: the FFN's first GEMM emits its GELU output in E4M3 at the second's input
+   scale, with its amax (gemm_fp8_fwd_gelu_fp8; where cuBLASLt has no algorithm for it, the cast as above), and the
+   bf16 GELU output (saved ffn_act) is then not written: the backward casts the second linear's input from the kept
+   pre-activation (fp8_quantize_gelu) in either case.
+   Fatal on a GPU below compute capability 8.9 or when dim or ffn_dim is not a multiple of 16. fp8 = 0 frees it
+   all (the scaling state is lost). */
+void gpu_model_set_precision(gpu_model *gm, int fp8, int amax_history, int margin);
+size_t gpu_model_fp8_bytes(const model *host_model, int64_t max_tokens);
+int gpu_model_precision_fp8(const gpu_model *gm);
+/* The step's delayed-scaling update (fp8_scaling_update), queued on `stream`: once per optimizer step, after it.
+   Nothing in bf16. */
+void gpu_model_fp8_step(gpu_model *gm, cudaStream_t stream);
+/* Before the first step of a run that restored no scaling state (none restored: no update done yet), forget what casts
+   so far recorded (fp8_scaling_reset; start-up warm-ups). Nothing in bf16 or once an update was done or restored. */
+void gpu_model_fp8_fresh(gpu_model *gm, cudaStream_t stream);
+/* The running amaxes of the step (fp8_scaling_amax; device, *count values; NULL and 0 in bf16), for a max over the
+   data-parallel ranks before gpu_model_fp8_step, so that every rank scales alike. */
+float *gpu_model_fp8_amax(gpu_model *gm, int *count);
+/* The scaling state for checkpoints (fp8_scaling_save/load): its size (0 in bf16), a copy (waits for `stream`),
+   and a restore (1 and why on a mismatch). */
+size_t gpu_model_fp8_state_bytes(const gpu_model *gm);
+void gpu_model_fp8_save(const gpu_model *gm, void *blob, cudaStream_t stream);
+int gpu_model_fp8_load(gpu_model *gm, const void *blob, size_t bytes, char *why, size_t why_size);
+/* The model's scaling set (NULL in bf16), for tests: tensor (layer * 8 + linear) * 3 + role, linear in the order
+   self q, k, v, o, cross q, o, FFN in, out; role input, weight, gradient. */
+struct fp8_scaling *gpu_model_fp8_scaling(gpu_model *gm);
+
 gpu_model_buffers gpu_model_get_buffers(const gpu_model *gm);
 /* Device bytes this model holds: weights, bf16 copies, gradients (where it has its own) and the workspace (not its
    cuBLASLt and cuDNN contexts'). */

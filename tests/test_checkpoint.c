@@ -113,6 +113,8 @@ static void test_round_trip(void **unused)
     assert_memory_equal(state.balancer_state, saved.blob, sizeof saved.blob);
     assert_int_equal(state.n_ranks, 3);
     assert_memory_equal(state.rank_seconds, saved.rank_seconds, sizeof saved.rank_seconds);
+    assert_null(state.fp8_state); /* a bf16 run's checkpoint has no /run/fp8_scaling */
+    assert_int_equal(state.fp8_bytes, 0);
     free(state.balancer_state);
     free(state.rank_seconds);
 
@@ -363,6 +365,10 @@ static void test_tensor_api(void **unused)
         }
         free(copy);
     }
+    unsigned char fp8[37]; /* an FP8 scaling state: an opaque blob under /run/fp8_scaling */
+    for (size_t i = 0; i < sizeof fp8; i++) fp8[i] = (unsigned char)(3 * i + 1);
+    saved.state.fp8_state = fp8;
+    saved.state.fp8_bytes = sizeof fp8;
     assert_int_equal(checkpoint_write_state(w, &saved.state), 0);
     char path[2 * DECK_PATH_MAX];
     assert_int_equal(checkpoint_writer_commit(w, path, sizeof path), 0);
@@ -378,8 +384,11 @@ static void test_tensor_api(void **unused)
     assert_memory_equal(loaded.adam_v, saved.adam_v, weight_bytes);
     assert_int_equal(state.step, 7);
     assert_memory_equal(state.balancer_state, saved.blob, sizeof saved.blob);
+    assert_int_equal(state.fp8_bytes, sizeof fp8);
+    assert_memory_equal(state.fp8_state, fp8, sizeof fp8);
     free(state.balancer_state);
     free(state.rank_seconds);
+    free(state.fp8_state);
 
     /* tensor by tensor back, with the misuses named */
     checkpoint_reader *r = checkpoint_reader_open(path, &config, &table, stderr);
@@ -405,8 +414,10 @@ static void test_tensor_api(void **unused)
     assert_int_equal(checkpoint_read_state(r, &read_back), 0);
     assert_int_equal(read_back.seed, 41);
     assert_int_equal(read_back.n_ranks, 3);
+    assert_int_equal(read_back.fp8_bytes, sizeof fp8);
     free(read_back.balancer_state);
     free(read_back.rank_seconds);
+    free(read_back.fp8_state);
     checkpoint_reader_close(r);
     free(values);
 

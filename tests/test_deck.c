@@ -687,6 +687,7 @@ static void test_cross_key_checks(void **state)
         {{"checkpoint.resume_data=changed", NULL}, "checkpoint.resume_data = changed needs run.steps"},
         {{"train.recompute=block", "balance.recompute=none"},
          "balance.recompute (none) differs from train.recompute (block)"},
+        {{"train.precision=fp8", "run.device=cpu"}, "train.precision = fp8 needs the CUDA backend"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char first[64], second[64];
@@ -705,6 +706,14 @@ static void test_cross_key_checks(void **state)
     assert_int_equal(load_one("train.recompute=block", &config), 0);
     assert_int_equal(config.balance.recompute, RECOMPUTE_BLOCK);
     assert_int_equal(load_one("balance.recompute=block", &config), 1);
+    /* precision: bf16 by default; fp8 with device auto or cuda (the backend checks the GPU) */
+    deck_defaults(&config);
+    assert_int_equal(config.train.precision, PRECISION_BF16);
+    assert_int_equal(config.train.fp8_amax_history, 16);
+    assert_int_equal(config.train.fp8_margin, 0);
+    assert_int_equal(load_one("train.precision=fp8", &config), 0);
+    assert_int_equal(config.train.precision, PRECISION_FP8);
+    assert_int_equal(load_one("train.fp8_amax_history=0", &config), 1);
 }
 
 /* A family's own defaults: hunyuanvideo15 trains by HunyuanVideo-1.5's recipe (logit-normal u, shift 3, 30% of

@@ -29,7 +29,7 @@ typedef struct {
        attention): the trainer puts the sample that gains most last (rank_assignment_order_whole_tiles). 0: none. */
     int64_t last_sample_tile, last_sample_min_tokens;
     /* The summary's device and memory lines (rank 0 prints them; a run adds what only a run knows). */
-    char device_text[512];
+    char device_text[1024];
     char memory_text[1024];
 } backend_plan;
 
@@ -129,6 +129,15 @@ typedef struct {
     void (*profile)(backend *b, int on);
     /* The key under which start-up timings of this device are cached in the run folder (calibration.h). */
     const char *(*device_key)(const backend *b, int *ranks_per_device);
+    /* NULL where the backend keeps no FP8 state: the delayed-scaling state of [train] precision = fp8 (amax histories
+       and scales, cuda/fp8.h) as an opaque blob, for checkpoints; between steps, not collective. fp8_state_bytes: its
+       size (0: none in this run); get_fp8_state waits for the queued work and copies it; set_fp8_state restores one
+       after set_range (1 and why on a mismatch: another model, history length or margin). The state is the same on every
+       rank after the first step (the amaxes are max-reduced over the ranks before each update; the first step's
+       casts scale by their own amax): a checkpoint holds rank 0's and a resume gives it to every rank. */
+    size_t (*fp8_state_bytes)(const backend *b);
+    void (*get_fp8_state)(const backend *b, void *blob);
+    int (*set_fp8_state)(backend *b, const void *blob, size_t bytes, char *why, size_t why_size);
 } backend_ops;
 
 struct backend {

@@ -82,6 +82,13 @@ int backend_cpu_plan(const deck *config, const comm_info *info, const model *tab
                      int64_t n_samples, backend_plan *plan)
 {
     memset(plan, 0, sizeof *plan);
+    if (config->train.precision == PRECISION_FP8) {
+        if (info->rank == 0)
+            fprintf(stderr, "aldit: error: [train] precision = fp8 needs the CUDA backend on a GPU of compute capability "
+                    "8.9 or more; this run is on the CPU backend (run.device = %s): set [train] precision = bf16\n",
+                    deck_device_name(config->run.device));
+        return ALDIT_EXIT_USAGE;
+    }
     plan->budget_measured = config->balance.mem_budget <= 0.0;
     plan->mem_budget = config->balance.mem_budget;
     double available = host_available_bytes();

@@ -51,6 +51,7 @@ static const char *const attention_names[] = {"auto", "cudnn", "own", NULL};
 static const char *const on_corrupt_names[] = {"error", "skip", NULL};
 static const char *const resume_data_names[] = {"same", "changed", NULL};
 static const char *const timesteps_names[] = {"uniform", "logit_normal", NULL};
+static const char *const precision_names[] = {"bf16", "fp8", NULL};
 
 #define FIELD(member) .offset = offsetof(deck, member), .size = sizeof(((deck *)0)->member)
 #define KEY(sec, key, kind, member) .section = sec, .name = key, .type = kind, FIELD(member)
@@ -253,6 +254,14 @@ static const deck_key deck_keys[] = {
      .default_text = "off",
      .help = "keep an fp32 exponential moving average of the weights, ema = d ema + (1 - d) w after each optimizer "
              "update (e.g. 0.9999), in the checkpoints as /ema (off = 0: none)"},
+    {KEY("train", "precision", KEY_ENUM, train.precision), .choices = precision_names, .default_text = "bf16",
+     .help = "the Wan block's large linears (self q/k/v/o, cross q/o, FFN up/down): bf16, or fp8 (E4M3 activations "
+             "and weights, E5M2 gradients, per-tensor delayed scaling; CUDA on a GPU of compute capability 8.9 or "
+             "more); everything else stays bf16/fp32"},
+    {KEY("train", "fp8_amax_history", KEY_INT, train.fp8_amax_history), .min = 1, .max = 1024, .default_text = "16",
+     .help = "precision = fp8: steps of amax history per tensor; a tensor's scale comes from the history's maximum"},
+    {KEY("train", "fp8_margin", KEY_INT, train.fp8_margin), .min = 0, .max = 8, .default_text = "0",
+     .help = "precision = fp8: scale = fp8_max / amax / 2^margin (headroom for an amax growing between steps)"},
     {KEY("train", "ema_warmup", KEY_BOOL, train.ema_warmup), .default_text = "off",
      .help = "the EMA update of optimizer step k + 1 (step 1: k = 0) uses min(ema_decay, (1 + k) / (10 + k)), "
              "so the first weights fade fast (off: ema_decay from the first update)"},
@@ -960,6 +969,23 @@ static void check_family(load_context *ctx)
                "halves (rows, columns)", t, head_dim);
 }
 
+/* precision = fp8 runs only on the CUDA backend's Wan model (the GPU's compute capability is checked there). */
+static void check_precision(load_context *ctx)
+{
+    const deck *config = ctx->config;
+    if (config->train.precision != PRECISION_FP8) return;
+    const int device[] = {key_index("train", "precision"), key_index("run", "device")};
+    if (config->run.device == DEVICE_CPU)
+        report(ctx, latest_origin(ctx, device, 2),
+               "train.precision = fp8 needs the CUDA backend (FP8 GEMMs on a GPU of compute capability 8.9 or more); "
+               "run.device = cpu has no FP8: set train.precision = bf16 or run.device = cuda");
+    const int family[] = {key_index("train", "precision"), key_index("model", "family")};
+    if (config->model.family != FAMILY_WAN)
+        report(ctx, latest_origin(ctx, family, 2),
+               "train.precision = fp8 covers the Wan block's GEMMs only: set train.precision = bf16 for model.family "
+               "= %s", family_names[config->model.family]);
+}
+
 static void check_cross_keys(load_context *ctx)
 {
     const deck *config = ctx->config;
@@ -981,6 +1007,7 @@ static void check_cross_keys(load_context *ctx)
         report(ctx, latest_origin(ctx, freq, 1), "model.freq_dim (%d) must be even (sin and cos halves)",
                config->model.freq_dim);
     check_family(ctx);
+    check_precision(ctx);
     const int channels[] = {key_index("model", "in_dim"), key_index("model", "out_dim")};
     if (config->model.family == FAMILY_WAN && config->model.in_dim != config->model.out_dim)
         report(ctx, latest_origin(ctx, channels, 2),

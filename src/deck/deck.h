@@ -19,6 +19,8 @@ typedef enum { TIMESTEPS_UNIFORM, TIMESTEPS_LOGIT_NORMAL } deck_timesteps;
 /* The model family: its layout table and block code (model/layout.c, model/model.c, model/mmdit.c). */
 typedef enum { FAMILY_WAN, FAMILY_HUNYUANVIDEO15 } deck_family;
 /* [train] shard: which training state is split across the ranks (auto: the least that fits). */
+/* [train] precision: the Wan block's large linears in bf16, or in FP8 (E4M3/E5M2, delayed scaling; CUDA, sm_89+). */
+typedef enum { PRECISION_BF16, PRECISION_FP8 } deck_precision;
 typedef enum { SHARD_AUTO, SHARD_NONE, SHARD_OPTIMIZER, SHARD_GRADIENTS, SHARD_FULL } deck_shard;
 typedef enum { NONFINITE_ERROR, NONFINITE_SKIP } deck_nonfinite;
 typedef enum { LR_COSINE, LR_CONSTANT } deck_lr_schedule;
@@ -117,6 +119,9 @@ typedef struct {
         double ema_decay;              /* EMA of the fp32 weights: ema = d ema + (1 - d) w per update (0 = off) */
         int ema_warmup;                /* 1: step k + 1 (k from 0) uses min(ema_decay, (1 + k) / (10 + k)) */
         int ema_drop;                  /* 1: a resume with ema_decay off may drop the checkpoint's /ema (else refused) */
+        deck_precision precision;      /* bf16 | fp8: the Wan block's large GEMMs */
+        int fp8_amax_history;          /* fp8: amax history length per tensor (delayed scaling) */
+        int fp8_margin;                /* fp8: scale = fp8_max / amax / 2^margin */
     } train;
     struct {
         int64_t every;                 /* checkpoint every N steps (0 = only at the end / on a signal) */

@@ -518,6 +518,9 @@ int checkpoint_write_state(checkpoint_writer *w, const checkpoint_state *state)
                                             state->balancer_state, &why);
     if (status == 0) status = write_dataset(run, "last_step_rank_seconds", H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, 1,
                                             &n_ranks, state->rank_seconds, &why);
+    hsize_t fp8_bytes = state->fp8_bytes;
+    if (status == 0 && fp8_bytes > 0)
+        status = write_dataset(run, "fp8_scaling", H5T_STD_U8LE, H5T_NATIVE_UCHAR, 1, &fp8_bytes, state->fp8_state, &why);
     if (run >= 0 && H5Gclose(run) < 0 && status == 0) status = noted(&why);
     h5_quiet_end(quiet);
     if (status != 0) return writer_failed(w, "writing the run state", "", &why);
@@ -1145,6 +1148,8 @@ int checkpoint_read_state(checkpoint_reader *r, checkpoint_state *state)
     state->balancer_bytes = 0;
     state->rank_seconds = NULL;
     state->n_ranks = 0;
+    state->fp8_state = NULL;
+    state->fp8_bytes = 0;
     h5_auto_print quiet = h5_quiet_begin();
     hid_t file = r->file;
     int status = 0;
@@ -1161,6 +1166,10 @@ int checkpoint_read_state(checkpoint_reader *r, checkpoint_state *state)
                                           r->path, r->errors);
     if (status == 0) status = read_vector(file, "run/last_step_rank_seconds", H5T_NATIVE_DOUBLE, sizeof(double),
                                           &seconds, &n_ranks, r->path, r->errors);
+    void *fp8 = NULL; /* optional: only a run with [train] precision = fp8 writes it */
+    if (status == 0 && H5Lexists(file, "run/fp8_scaling", H5P_DEFAULT) > 0)
+        status = read_vector(file, "run/fp8_scaling", H5T_NATIVE_UCHAR, 1, &fp8, &state->fp8_bytes, r->path, r->errors);
+    state->fp8_state = fp8;
     h5_quiet_end(quiet);
     state->balancer_state = blob;
     state->rank_seconds = seconds;
@@ -1222,6 +1231,7 @@ int checkpoint_check_resumable(const char *path, const deck *config, const model
     checkpoint_state state;
     int status = checkpoint_check_resume(r, config, &state);
     free(state.balancer_state);
+    free(state.fp8_state);
     free(state.rank_seconds);
     int64_t largest = 1;
     for (int p = 0; p < table->n_params; p++)

@@ -26,6 +26,11 @@ typedef struct {
        was saved (a resumed run observes them after its first draw, as the uninterrupted run did). */
     double *rank_seconds;          /* load allocates it (release with free) */
     int n_ranks;
+    /* [train] precision = fp8: the backend's FP8 delayed-scaling state (backend_ops.get_fp8_state, an opaque blob
+       under /run/fp8_scaling); NULL and 0 where the run keeps none (bf16) or the file has none. Load allocates it
+       (release with free). */
+    unsigned char *fp8_state;
+    size_t fp8_bytes;
 } checkpoint_state;
 
 /* The tensor groups of a checkpoint; each holds one dataset per parameter, named as in Wan's state_dict. */

@@ -355,6 +355,7 @@ static int check_resumed_balancer(const deck *config, const balance_sample *samp
         }
         balancer_free(packer);
         free(state.balancer_state);
+        free(state.fp8_state);
         free(state.rank_seconds);
         checkpoint_reader_close(reader);
         model_free(&table);
@@ -453,6 +454,8 @@ typedef struct {
     double *rank_seconds;           /* rank 0: measured compute seconds per rank of the last step */
     double *rank_measures;          /* rank 0: the gathered (compute s, data wait s, memory peak) per rank */
     double *resumed_seconds;        /* rank 0: those of the checkpoint resumed from, observed after the first draw */
+    unsigned char *resumed_fp8;     /* rank 0: the checkpoint's FP8 scaling state (NULL: none), until it is restored */
+    size_t resumed_fp8_bytes;
     prefetcher *reader;
     rank_assignment current, upcoming;
     balance_assignment drawn;       /* rank 0: the last assignment drawn */
@@ -668,9 +671,16 @@ static void save_checkpoint(trainer *t, int must_succeed)
     char what[64];
     snprintf(what, sizeof what, "checkpoint of step %lld", (long long)t->step);
     watchdog_state_begin(t->info->rank, what, t->step_timeout);
+    const backend_ops *ops = t->dev->ops;
+    unsigned char *fp8 = NULL;
+    if (t->info->rank == 0 && ops->fp8_state_bytes && (state.fp8_bytes = ops->fp8_state_bytes(t->dev)) > 0) {
+        fp8 = xmalloc(state.fp8_bytes);  /* rank 0's scaling state, every rank's (backend.h) */
+        ops->get_fp8_state(t->dev, fp8);
+        state.fp8_state = fp8;
+    }
     if (t->info->rank == 0) {
         prefetch_drain(t->reader);
-        const size_t state_bytes = t->snapshot_bytes + sizeof(double) * (size_t)t->info->n_ranks;
+        const size_t state_bytes = t->snapshot_bytes + sizeof(double) * (size_t)t->info->n_ranks + state.fp8_bytes;
         writer = checkpoint_writer_open(t->config, &t->net, t->step, groups, state_bytes, stderr);
         status = writer == NULL;
     }
@@ -684,6 +694,7 @@ static void save_checkpoint(trainer *t, int must_succeed)
         comm_bcast_bytes(&status, sizeof status);
     }
     watchdog_state_end();
+    free(fp8);
     t->phase_s[PHASE_CHECKPOINT] += seconds_since(started);
     t->checkpoint_failures = status != 0 ? t->checkpoint_failures + 1 : 0;
     if (status == 0) t->checkpoint_step = t->step;
@@ -717,12 +728,42 @@ static int open_resume(trainer *t, const char *path, checkpoint_reader **reader,
     if (status == 0 && same_data && state.n_ranks == t->info->n_ranks) t->resumed_seconds = state.rank_seconds;
     else free(state.rank_seconds);
     free(state.balancer_state);
+    t->resumed_fp8 = state.fp8_state;
+    t->resumed_fp8_bytes = state.fp8_bytes;
     if (status != 0) {
         checkpoint_reader_close(r);
         r = NULL;
     }
     *reader = r;
     return status;
+}
+
+/* Collective, on a resume: the checkpoint's FP8 scaling state (rank 0 read it) to every rank's backend, where the run
+   keeps one ([train] precision = fp8); a checkpoint without one (a bf16 run's) leaves the scaling to start afresh. */
+static void restore_fp8_state(trainer *t, const char *path)
+{
+    const backend_ops *ops = t->dev->ops;
+    const int keeps = ops->fp8_state_bytes && ops->fp8_state_bytes(t->dev) > 0;
+    uint64_t bytes = t->resumed_fp8_bytes;
+    comm_bcast_bytes(&bytes, sizeof bytes);
+    if (keeps && bytes > 0) {
+        if (t->info->rank != 0) t->resumed_fp8 = xmalloc((size_t)bytes);
+        comm_bcast_bytes(t->resumed_fp8, (size_t)bytes);
+        char why[512];
+        if (ops->set_fp8_state(t->dev, t->resumed_fp8, (size_t)bytes, why, sizeof why) != 0) {
+            if (t->info->rank == 0)
+                fprintf(stderr, "aldit: error: cannot resume from %s: %s; resume with the checkpoint's [train] "
+                        "precision, fp8_amax_history and fp8_margin, or move it away\n", path, why);
+            exit_all(ALDIT_EXIT_USAGE);
+        }
+    } else if (t->info->rank == 0 && keeps) {
+        printf("aldit: note: %s has no FP8 scaling state (a bf16 run's): the FP8 scales start afresh\n", path);
+    } else if (t->info->rank == 0 && bytes > 0) {
+        printf("aldit: note: the FP8 scaling state of %s is dropped: this run is bf16\n", path);
+    }
+    free(t->resumed_fp8);
+    t->resumed_fp8 = NULL;
+    t->resumed_fp8_bytes = 0;
 }
 
 /* Collective: the backend's state from a checkpoint to resume from, [model] init's weights, or the random init,
@@ -774,6 +815,7 @@ static void initial_state(trainer *t, char *resumed_from, size_t resumed_size)
                 resumed_from);
     checkpoint_reader_close(reader);
     if (status != 0) exit_all(ALDIT_EXIT_USAGE);
+    if (found) restore_fp8_state(t, resumed_from);
     comm_bcast_bytes(&resumed_step, sizeof resumed_step);
     comm_bcast_bytes(&resumed_plan, sizeof resumed_plan);
     if (resumed_plan > 0 && config->run.steps <= 0) {

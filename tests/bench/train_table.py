@@ -180,6 +180,8 @@ def main():
     parser.add_argument("--aldit-peak-gib", type=float, help="aldit's peak device memory (e.g. from nvidia-smi)")
     parser.add_argument("--peer-peak-gib", type=float, help="the peer's peak device memory (default: its own count)")
     parser.add_argument("--aldit-wall-s", type=float, help="aldit's whole run, start-up included")
+    parser.add_argument("--aldit-fp8", help="metrics.jsonl of the same epoch with [train] precision = fp8 (a row of its own)")
+    parser.add_argument("--aldit-fp8-peak-gib", type=float, help="that run's peak device memory")
     parser.add_argument("--json")
     parser.add_argument("overrides", nargs="*", help="section.key=value, as given to aldit")
     args = parser.parse_args()
@@ -195,10 +197,16 @@ def main():
     same = {key: (aldit[key], peer[key]) for key in ("samples", "tokens", "model_flops")}
     tolerance = {"samples": 0.0, "tokens": 0.0, "model_flops": 1e-5}
     mismatch = [k for k, (a, p) in same.items() if abs(a - p) > tolerance[k] * abs(a)]
+    runs = [("aldit", aldit, args.aldit_peak_gib),
+            (f"peer (diffusers, compile {peer.get('compile')})", peer, args.peer_peak_gib or peer.get("peak_gib"))]
+    if args.aldit_fp8:
+        fp8 = aldit_summary(args.aldit_fp8)
+        fp8_same = [k for k in ("samples", "tokens") if fp8[k] != aldit[k]]
+        mismatch += [f"{k} (fp8 run)" for k in fp8_same]
+        same.update({f"{k} (fp8 run)": (fp8[k], aldit[k]) for k in fp8_same})
+        runs.append(("aldit fp8", fp8, args.aldit_fp8_peak_gib))
     rows = []
-    for name, run, peak in (("aldit", aldit, args.aldit_peak_gib),
-                            (f"peer (diffusers, compile {peer.get('compile')})", peer,
-                             args.peer_peak_gib or peer.get("peak_gib"))):
+    for name, run, peak in runs:
         t = run["time_s"]
         rows.append({"run": name, "time_s": t, "samples_per_s": run["samples"] / t, "tokens_per_s": run["tokens"] / t,
                      "model_tflops": run["model_flops"] / t / 1e12, "peak_gib": peak})
@@ -218,11 +226,18 @@ def main():
     for r in rows:
         print(f"| {r['run']} | {r['time_s']:.2f} | {r['samples_per_s']:.2f} | {r['tokens_per_s']:,.0f} | "
               f"{r['model_tflops']:.1f} | {cell(r['peak_gib'], '.1f')} |")
-    a, p = rows
+    a, p = rows[0], rows[1]
     peak_ratio = a["peak_gib"] / p["peak_gib"] if a["peak_gib"] and p["peak_gib"] else None
     print(f"| aldit / peer | {a['time_s'] / p['time_s']:.3f} | {a['samples_per_s'] / p['samples_per_s']:.3f}x | "
           f"{a['tokens_per_s'] / p['tokens_per_s']:.3f}x | {a['model_tflops'] / p['model_tflops']:.3f}x | "
           f"{cell(peak_ratio, '.3f')} |")
+    if len(rows) > 2:
+        f8 = rows[2]
+        for label, base in (("aldit fp8 / aldit", a), ("aldit fp8 / peer", p)):
+            ratio = f8["peak_gib"] / base["peak_gib"] if f8["peak_gib"] and base["peak_gib"] else None
+            print(f"| {label} | {f8['time_s'] / base['time_s']:.3f} | {f8['samples_per_s'] / base['samples_per_s']:.3f}x | "
+                  f"{f8['tokens_per_s'] / base['tokens_per_s']:.3f}x | {f8['model_tflops'] / base['model_tflops']:.3f}x | "
+                  f"{cell(ratio, '.3f')} |")
     if floor:
         print(f"| floor (GEMM {floor['gemm_s']:.2f} s + attention {floor['attention_s']:.2f} s) | {floor['time_s']:.2f} | "
               f"{aldit['samples'] / floor['time_s']:.2f} | {aldit['tokens'] / floor['time_s']:,.0f} | "

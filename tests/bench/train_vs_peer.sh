@@ -14,7 +14,9 @@
 #     where torch, diffusers or h5py do not import. make check runs it (tests/bench/train_smoke.sh).
 # Environment: WORK (scratch folder; default a new one under /tmp, kept), ALDIT_LAUNCH (default "mpirun -np 1";
 # --smoke: none), PEER_ARGS (more peer_train.py options, e.g. "--compile model"), SAMPLES (800), SMOKE_COMPILE
-# (--smoke: the peer's --compile, default none: inductor's first CPU compile takes minutes).
+# (--smoke: the peer's --compile, default none: inductor's first CPU compile takes minutes), FP8 (1: after the bf16
+# run, the same epoch again with train.precision=fp8 into WORK/aldit_fp8, a row of its own in the table with its
+# ratios to bf16 aldit and to the peer; GPU only, a GPU of compute capability 8.9 or more).
 set -u
 smoke=0
 [ "${1:-}" = "--smoke" ] && { smoke=1; shift; }
@@ -83,7 +85,17 @@ started=$(date +%s.%N)
 # shellcheck disable=SC2086
 peak_watch "$work/aldit.peak" $launch "$build/aldit" "$deck" "$@" > "$work/aldit.log" 2>&1; aldit_status=$?
 aldit_wall=$(awk -v a="$started" -v b="$(date +%s.%N)" 'BEGIN {printf "%.1f", b - a}')
-[ "$smoke" = 1 ] || { tail -n 25 "$work/aldit.log"; echo "== peer_train.py"; }
+[ "$smoke" = 1 ] || tail -n 25 "$work/aldit.log"
+fp8_status=0
+if [ "${FP8:-0}" = 1 ] && [ "$smoke" = 0 ]; then
+    echo "== aldit: $deck data.store=$store run.dir=$work/aldit_fp8 train.precision=fp8"
+    rm -rf "$work/aldit_fp8"
+    # shellcheck disable=SC2086
+    peak_watch "$work/aldit_fp8.peak" $launch "$build/aldit" "$deck" "data.store=$store" "run.dir=$work/aldit_fp8" \
+        train.precision=fp8 > "$work/aldit_fp8.log" 2>&1; fp8_status=$?
+    tail -n 25 "$work/aldit_fp8.log"
+fi
+[ "$smoke" = 1 ] || echo "== peer_train.py"
 # shellcheck disable=SC2086
 peak_watch "$work/peer.peak" "$PYTHON" "$srcdir/tests/bench/peer_train.py" --deck "$deck" $peer_options ${PEER_ARGS:-} \
     --json "$work/peer.json" "$@" > "$work/peer.log" 2>&1; peer_status=$?
@@ -94,14 +106,19 @@ table_options=
 aldit_gib=$(gib_of "$work/aldit.peak"); peer_gib=$(gib_of "$work/peer.peak")
 [ -n "$aldit_gib" ] && table_options="$table_options --aldit-peak-gib $aldit_gib"
 [ -n "$peer_gib" ] && table_options="$table_options --peer-peak-gib $peer_gib"
+if [ "${FP8:-0}" = 1 ] && [ "$smoke" = 0 ]; then
+    table_options="$table_options --aldit-fp8 $work/aldit_fp8/metrics.jsonl"
+    fp8_gib=$(gib_of "$work/aldit_fp8.peak")
+    [ -n "$fp8_gib" ] && table_options="$table_options --aldit-fp8-peak-gib $fp8_gib"
+fi
 # shellcheck disable=SC2086
 "$PYTHON" "$srcdir/tests/bench/train_table.py" --deck "$deck" --aldit "$work/aldit/metrics.jsonl" --peer "$work/peer.json" \
     --aldit-wall-s "$aldit_wall" --json "$work/table.json" $table_options "$@" > "$work/table.txt" 2>&1; table_status=$?
 
 if [ "$smoke" = 0 ]; then
     cat "$work/table.txt"
-    echo "(files in $work; aldit exit $aldit_status, peer exit $peer_status)"
-    [ $aldit_status = 0 ] && [ $peer_status = 0 ] && [ $table_status = 0 ]
+    echo "(files in $work; aldit exit $aldit_status, peer exit $peer_status${FP8:+, aldit fp8 exit $fp8_status})"
+    [ $aldit_status = 0 ] && [ $peer_status = 0 ] && [ $table_status = 0 ] && [ $fp8_status = 0 ]
     exit $?
 fi
 
