@@ -921,11 +921,6 @@ static void check_family(load_context *ctx)
         report(ctx, latest_origin(ctx, channels, 3),
                "model.family = hunyuanvideo15 takes x_t, the condition latent and a mask: model.in_dim (%d) must be "
                "2 * model.out_dim + 1 = %d", config->model.in_dim, 2 * config->model.out_dim + 1);
-    const int device[] = {key_index("run", "device"), key_index("model", "family")};
-    if (config->run.device == DEVICE_CUDA)
-        report(ctx, latest_origin(ctx, device, 2),
-               "model.family = hunyuanvideo15 has no GPU model yet (only the CPU model): set run.device = cpu or auto "
-               "(auto runs it on the CPU)");
     const int padding[] = {key_index("model", "text_padding"), key_index("model", "family")};
     if (config->model.text_padding != TEXT_PADDING_TRIM)
         report(ctx, latest_origin(ctx, padding, 2),
