@@ -1572,7 +1572,19 @@ void gpu_model_free(gpu_model *gm)
 {
     if (!gm) return;
     free_contexts(gm);
-    mmdit_gpu_free(gm->family);
+    if (gm->family) {  // its workspace and staging are the family's; the parameter buffers the model's
+        mmdit_gpu_free(gm->family);
+        float *owned[] = {gm->master, gm->grads};
+        for (float *p : owned)
+            if (p) CUDA_CHECK(cudaFree(p));
+        if (gm->working) CUDA_CHECK(cudaFree(gm->working));
+        free(gm->own_modulation);
+        free(gm->own_norm3);
+        free(gm->blocks);
+        free(gm->saved);
+        free(gm);
+        return;
+    }
     CUDA_CHECK(cudaFree(gm->master));
     CUDA_CHECK(cudaFree(gm->grads));
     CUDA_CHECK(cudaFree(gm->working));

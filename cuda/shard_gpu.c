@@ -539,7 +539,8 @@ static void publish_weights(shard_gpu *sh)
                              sh->compute);
     }
     /* the fp32 reads: this rank's values, zeros elsewhere, summed over the ranks (exact: one value and zeros) */
-    CUDA_CHECK(cudaMemsetAsync(sh->fp32_reads, 0, (size_t)sh->fp32_values * sizeof(float), sh->compute));
+    if (sh->fp32_values > 0)   /* none in full for a family without fp32 block reads (hunyuanvideo15) */
+        CUDA_CHECK(cudaMemsetAsync(sh->fp32_reads, 0, (size_t)sh->fp32_values * sizeof(float), sh->compute));
     for (int i = 0; i < sh->n_fp32_ranges; i++) {
         const fp32_range *range = &sh->fp32_ranges[i];
         int64_t own_first = 0, own_count = 0;
