@@ -153,14 +153,26 @@ __global__ void rows_linear_dweight_kernel(const float *x, const float *dy, int 
     }
 }
 
-// dx[r, i] (+)= sum_o dy[r, o] W[o, i].
-__global__ void rows_linear_dx_kernel(const float *dy, int rows, int in, int out, int chunk, const gpu_bf16 *weight,
-                                      int accumulate, float *dx)
+// dx[r, i] (+)= sum_o dy[r, o] W[o, i], the outputs cut into `slices` ranges (threads enough for the GPU with few
+// rows): partial[slice][r][i], then their sum in slice order (deterministic).
+__global__ void rows_linear_dx_partial_kernel(const float *dy, int rows, int in, int out, int chunk,
+                                              const gpu_bf16 *weight, int slices, float *partial)
 {
-    FOR_EACH_INDEX(k, (int64_t)rows * in) {
-        const int r = (int)(k / in), i = (int)(k % in);
+    const int64_t n = (int64_t)rows * in;
+    FOR_EACH_INDEX(k, slices * n) {
+        const int slice = (int)(k / n), r = (int)(k % n / in), i = (int)(k % in);
+        const int first = (int)((int64_t)out * slice / slices), last = (int)((int64_t)out * (slice + 1) / slices);
         float sum = 0.0f;
-        for (int o = 0; o < out; ++o) sum += dy[rows_index(r, o, rows, out, chunk)] * bf(weight[(int64_t)o * in + i]);
+        for (int o = first; o < last; ++o) sum += dy[rows_index(r, o, rows, out, chunk)] * bf(weight[(int64_t)o * in + i]);
+        partial[k] = sum;
+    }
+}
+
+__global__ void rows_linear_dx_sum_kernel(const float *partial, int slices, int64_t n, int accumulate, float *dx)
+{
+    FOR_EACH_INDEX(k, n) {
+        float sum = 0.0f;
+        for (int slice = 0; slice < slices; ++slice) sum += partial[slice * n + k];
         dx[k] = accumulate ? dx[k] + sum : sum;
     }
 }
@@ -347,12 +359,20 @@ void rows_linear_fwd(const float *x, int rows, int in, int out, const gpu_bf16 *
     CUDA_CHECK_LAUNCH();
 }
 
-// dW, db added into g (the unit's gradients); dx (NULL: none) overwritten or added into.
+// dW, db added into g (the unit's gradients); dx (NULL: none) overwritten or added into, through partial sums over
+// up to 64 slices of the outputs in `scratch` (as many as its bytes hold: the same for every call of a model).
 void rows_linear_bwd(const float *x, const float *dy, int rows, int in, int out, const gpu_bf16 *w, float *g,
-                     const layout_linear &lin, int chunk, float *dx, int accumulate, cudaStream_t stream)
+                     const layout_linear &lin, int chunk, float *dx, int accumulate, void *scratch, size_t scratch_bytes,
+                     cudaStream_t stream)
 {
     LAUNCH(rows_linear_dweight_kernel, (int64_t)out * in, x, dy, rows, in, out, chunk, g + lin.weight, g + lin.bias);
-    if (dx) LAUNCH(rows_linear_dx_kernel, (int64_t)rows * in, dy, rows, in, out, chunk, w + lin.weight, accumulate, dx);
+    if (!dx || rows <= 0) return;
+    const int64_t n = (int64_t)rows * in, room = (int64_t)(scratch_bytes / sizeof(float)) / n;
+    const int slices = (int)(room < 64 ? (room < 1 ? 1 : room) : 64);
+    ALDIT_CHECK(room >= 1, "gpu model: the scratch holds no [%d, %d] partial sum", rows, in);
+    float *partial = static_cast<float *>(scratch);
+    LAUNCH(rows_linear_dx_partial_kernel, slices * n, dy, rows, in, out, chunk, w + lin.weight, slices, partial);
+    LAUNCH(rows_linear_dx_sum_kernel, n, partial, slices, n, accumulate, dx);
 }
 
 // ---- the workspace ---------------------------------------------------------------------------------------------
@@ -1167,7 +1187,8 @@ void stream_qkv_bwd(mmdit_gpu *mm, const mmdit_gpu_env *env, const gpu_bf16 *w, 
     lnmod_bwd(s.x_in, sc.d_h, v.n, D, v.start, B, chunk(s.mod, 1, B, D), s.ln1_mean, s.ln1_rstd, sc.d_t,
               chunk(sc.d_mod, 0, B, D), chunk(sc.d_mod, 1, B, D), mm->scratch, stream);
     misc_add_bf16(sc.d_res, sc.d_t, v.n * D, sc.d_res, stream);
-    rows_linear_bwd(mm->temb_silu, sc.d_mod, B, D, 6 * D, w, g, v.off.mod, D, mm->d_temb_silu, 1, stream);
+    rows_linear_bwd(mm->temb_silu, sc.d_mod, B, D, 6 * D, w, g, v.off.mod, D, mm->d_temb_silu, 1, mm->scratch,
+                    mm->scratch_bytes, stream);
 }
 
 void grads_ready(const mmdit_gpu_env *env, int64_t first, int64_t count, cudaStream_t stream)
@@ -1382,7 +1403,8 @@ void refiner_block_bwd(mmdit_gpu *mm, const mmdit_gpu_env *env, const gpu_bf16 *
     misc_sum_samples_into(mm->d_scale, B, D, grads + rb.norm1_weight, stream);
     misc_sum_samples_into(mm->d_shift, B, D, grads + rb.norm1_bias, stream);
     misc_add_bf16(dr, sc.d_t, Q * D, dr, stream);
-    rows_linear_bwd(mm->cvec_silu, mm->d_gates, B, D, 2 * D, ew, grads, rb.ada, D, mm->d_cvec_silu, 1, stream);
+    rows_linear_bwd(mm->cvec_silu, mm->d_gates, B, D, 2 * D, ew, grads, rb.ada, D, mm->d_cvec_silu, 1, mm->scratch,
+                    mm->scratch_bytes, stream);
 }
 
 void byt5_bwd(mmdit_gpu *mm, const mmdit_gpu_env *env, const gpu_bf16 *ew, float *grads, cudaStream_t stream)
@@ -1423,12 +1445,16 @@ void conditioning_bwd(mmdit_gpu *mm, const mmdit_gpu_env *env, const gpu_bf16 *e
     const int B = mm->n_samples, D = mm->D, FQ = mm->FQ;
     const int64_t BD = (int64_t)B * D;
     misc_silu_f32_bwd(mm->cvec, mm->d_cvec_silu, BD, mm->d_cvec, stream);
-    rows_linear_bwd(mm->rt_act, mm->d_cvec, B, D, D, ew, grads, e.refiner_time_2, 0, mm->d_tb, 0, stream);
+    rows_linear_bwd(mm->rt_act, mm->d_cvec, B, D, D, ew, grads, e.refiner_time_2, 0, mm->d_tb, 0, mm->scratch,
+                    mm->scratch_bytes, stream);
     misc_silu_f32_bwd(mm->rt_pre, mm->d_tb, BD, mm->d_tb, stream);
-    rows_linear_bwd(mm->dev.sinusoid, mm->d_tb, B, FQ, D, ew, grads, e.refiner_time_1, 0, nullptr, 0, stream);
-    rows_linear_bwd(mm->rp_act, mm->d_cvec, B, D, D, ew, grads, e.refiner_text_2, 0, mm->d_tb, 0, stream);
+    rows_linear_bwd(mm->dev.sinusoid, mm->d_tb, B, FQ, D, ew, grads, e.refiner_time_1, 0, nullptr, 0, mm->scratch,
+                    mm->scratch_bytes, stream);
+    rows_linear_bwd(mm->rp_act, mm->d_cvec, B, D, D, ew, grads, e.refiner_text_2, 0, mm->d_tb, 0, mm->scratch,
+                    mm->scratch_bytes, stream);
     misc_silu_f32_bwd(mm->rp_pre, mm->d_tb, BD, mm->d_tb, stream);
-    rows_linear_bwd(mm->pooled, mm->d_tb, B, mm->T, D, ew, grads, e.refiner_text_1, 0, nullptr, 0, stream);
+    rows_linear_bwd(mm->pooled, mm->d_tb, B, mm->T, D, ew, grads, e.refiner_text_1, 0, nullptr, 0, mm->scratch,
+                    mm->scratch_bytes, stream);
     const float *tw = p.time_weights(p.context, 1, stream);
     misc_silu_f32_bwd(mm->temb, mm->d_temb_silu, BD, mm->d_temb, stream);
     misc_linear_f32_bwd(mm->t_act, mm->d_temb, B, D, D, time_value(mm, tw, e.time_2.weight), mm->d_tb,
@@ -1460,7 +1486,7 @@ void backward(mmdit_gpu *mm, const mmdit_gpu_env *env, cudaStream_t stream)
     lnmod_bwd(mm->x_final, mm->sv.d_h, N, D, mm->dev.tok, B, chunk(mm->head_mod, 0, B, D), mm->head_mean, mm->head_rstd,
               mm->sv.d_res, chunk(mm->d_head_mod, 1, B, D), chunk(mm->d_head_mod, 0, B, D), mm->scratch, stream);
     rows_linear_bwd(mm->temb_silu, mm->d_head_mod, B, D, 2 * D, hw, p.head_grads, norm_out, D, mm->d_temb_silu, 0,
-                    stream);
+                    mm->scratch, mm->scratch_bytes, stream);
     CUDA_CHECK(cudaMemsetAsync(mm->st.d_res, 0, (size_t)(L * D) * sizeof(gpu_bf16), stream));
 
     for (int l = mm->layers - 1; l >= 0; --l) block_backward(mm, env, l, stream);
