@@ -3,7 +3,7 @@
 # GPU, run.device = cuda is refused with exit 1 (the family is not); on a GPU, 1 GPU rank against the CPU (bf16
 # against fp32: the first 5 steps within 2e-2, as tests/train_gpu.sh holds Wan) with the loss falling on both,
 # recompute = block giving recompute = none's losses to the bit, train.shard = full with an EMA on 1 rank giving
-# none's within 1e-6, and on 2 GPU ranks (where the node runs them) shard = gradients and full against none.
+# none's within 1e-6, and on 2 GPU ranks (where the node runs them) shard = optimizer, gradients and full against none.
 . "${top_srcdir:-.}/tests/train_lib.sh"
 TRAIN_DECK="$top_srcdir/tests/decks/hunyuan_tiny_gpu.ini"
 STEPS=20
@@ -39,7 +39,7 @@ if [ "$n_gpus" -lt 1 ]; then
     for name in "1-rank CPU run exits 0" "1-GPU run exits 0" "first 5 steps within 2e-2 of the CPU" \
                 "the loss falls on the CPU and on the GPU" "recompute = block: recompute = none's losses to the bit" \
                 "1 GPU rank, train.shard = full with an EMA: none's losses within 1e-6" \
-                "2 GPU ranks: shard = gradients and full give none's losses within 1e-5"; do
+                "2 GPU ranks: shard = optimizer, gradients and full give none's losses within 1e-5"; do
         skip "$name" "no GPU visible"
     done
     tap_done
@@ -79,19 +79,19 @@ tap_result $status "1 GPU rank, train.shard = full with an EMA: none's losses wi
 
 if [ "$n_gpus" -ge 2 ]; then
     status=0
-    for mode in none gradients full; do
+    for mode in none optimizer gradients full; do
         # shellcheck disable=SC2086
         run_aldit 2 two_$mode $common run.steps=$STEPS run.device=cuda train.autotune=off train.shard=$mode \
             || status=$((status + 1))
         losses "$WORK/two_$mode/metrics.jsonl" > "$WORK/two_$mode.losses"
     done
-    for mode in gradients full; do
+    for mode in optimizer gradients full; do
         out=$(compare "$WORK/two_none.losses" "$WORK/two_$mode.losses" 1e-5 1 $STEPS) || status=$((status + 1))
         echo "# 2 GPU ranks, shard = $mode against none: largest $out"
     done
-    tap_result $status "2 GPU ranks: shard = gradients and full give none's losses within 1e-5" \
+    tap_result $status "2 GPU ranks: shard = optimizer, gradients and full give none's losses within 1e-5" \
         "$(tail -3 "$WORK/two_full.log")"
 else
-    skip "2 GPU ranks: shard = gradients and full give none's losses within 1e-5" "$n_gpus GPU rank(s) possible"
+    skip "2 GPU ranks: shard = optimizer, gradients and full give none's losses within 1e-5" "$n_gpus GPU rank(s) possible"
 fi
 tap_done
