@@ -81,20 +81,22 @@ __device__ __forceinline__ void sincos_moderate(float angle, float &sin_out, flo
 
 // cos and sin of the 4 pairs of the vector that starts at column `column` (a multiple of 8), for a row at
 // grid position (f, h, w). Pair j of a head (n_pairs = head_dim / 2) belongs to the frame part (the first
-// n_pairs - 2 * (n_pairs / 3) pairs), then the row part and the column part (n_pairs / 3 each) and turns
-// by position * theta^(-local / part_pairs), as cpu_rope_fwd. direction -1 gives the inverse rotation.
-__device__ __forceinline__ void rope_angles(int column, int head_dim, const int (&position)[3], float direction,
+// rope_first pairs), then the row part (rope_second pairs) and the column part (the rest) and turns by
+// position * theta^(-local / part_pairs), as cpu_rope_axes_fwd (Wan's split: rope_first = n_pairs - 2 (n_pairs / 3),
+// rope_second = n_pairs / 3, theta 10000). direction -1 gives the inverse rotation.
+__device__ __forceinline__ void rope_angles(int column, int head_dim, int rope_first, int rope_second,
+                                            float neg_log2_theta, const int (&position)[3], float direction,
                                             float (&cos_a)[4], float (&sin_a)[4])
 {
-    const int n_pairs = head_dim / 2, third = n_pairs / 3, first = n_pairs - 2 * third;
+    const int n_pairs = head_dim / 2, first = rope_first, second = rope_second, third = n_pairs - first - second;
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
         const int pair = ((column + 2 * k) % head_dim) / 2;
         int at, local, part;  // at: the position along the pair's axis (selected, not indexed: no local memory)
         if (pair < first) { at = position[0]; local = pair; part = first; }
-        else if (pair < first + third) { at = position[1]; local = pair - first; part = third; }
-        else { at = position[2]; local = pair - first - third; part = third; }
-        const float frequency = exp2f(kNegLog2Theta * (float)local / (float)part);
+        else if (pair < first + second) { at = position[1]; local = pair - first; part = second; }
+        else { at = position[2]; local = pair - first - second; part = third; }
+        const float frequency = exp2f(neg_log2_theta * (float)local / (float)part);
         sincos_moderate((float)at * frequency, sin_a[k], cos_a[k]);
         sin_a[k] *= direction;
     }
@@ -116,7 +118,10 @@ __device__ __forceinline__ void rotate_pairs(float (&f)[kVecElems], const float 
 struct QkArgs {
     const uint4 *x, *dy;           // dy: backward only
     const unsigned short *weight;  // bf16 bits
-    const int32_t *positions;      // NULL: no RoPE
+    const int32_t *positions;      // NULL: no RoPE; row r's position is positions[(r / position_div) * 3 ...]
+    int position_div;              // 1, or the heads of a token when each row is one head (fused_head_norm_rope)
+    int rope_first, rope_second;   // the frame and row parts' pairs (rope_angles)
+    float neg_log2_theta;
     const float *rstd_in;          // backward only
     int64_t n_rows;
     int dim, head_dim;
@@ -124,6 +129,7 @@ struct QkArgs {
     uint4 *out;                    // y (forward) or dx (backward)
     float *rstd_out;               // forward only
     float *partial;                // backward only: [gridDim.x][dim] column sums of dweight
+    cudaStream_t stream_;          // host side only: the launch's stream
 };
 
 // VPT vectors of row `row` per thread (zeros where the row or the vector does not exist).
@@ -155,10 +161,12 @@ __device__ __forceinline__ void load_weight(const unsigned short *weight, int nv
     }
 }
 
-__device__ __forceinline__ void load_position(const int32_t *positions, int64_t row, bool valid, int (&position)[3])
+__device__ __forceinline__ void load_position(const int32_t *positions, int64_t row, int position_div, bool valid,
+                                              int (&position)[3])
 {
+    const int64_t token = row / position_div;
 #pragma unroll
-    for (int axis = 0; axis < 3; ++axis) position[axis] = positions && valid ? __ldg(positions + row * 3 + axis) : 0;
+    for (int axis = 0; axis < 3; ++axis) position[axis] = positions && valid ? __ldg(positions + token * 3 + axis) : 0;
 }
 
 // A grid of resident blocks strides over the row groups; each thread loads its vectors of the next row
@@ -186,7 +194,7 @@ __global__ void __launch_bounds__(kBlockThreads, VPT <= 3 ? 3 : 2) qk_norm_rope_
         for (int i = 0; i < VPT; ++i) xv[i] = next[i];
         load_row<TPR, VPT>(a.x, row + stride, row + stride < a.n_rows, nvec, next);
         int position[3];
-        load_position(a.positions, row, valid, position);
+        load_position(a.positions, row, a.position_div, valid, position);
 
         float sum_sq = 0.0f;
 #pragma unroll
@@ -212,7 +220,7 @@ __global__ void __launch_bounds__(kBlockThreads, VPT <= 3 ? 3 : 2) qk_norm_rope_
 #pragma unroll
             for (int j = 0; j < kVecElems; ++j) f[j] = f[j] * rstd * w[j];
             if (a.positions) {
-                if (i == 0 || !shared_angles) rope_angles(v * kVecElems, a.head_dim, position, 1.0f, cos_a, sin_a);
+                if (i == 0 || !shared_angles) rope_angles(v * kVecElems, a.head_dim, a.rope_first, a.rope_second, a.neg_log2_theta, position, 1.0f, cos_a, sin_a);
                 rotate_pairs(f, cos_a, sin_a);
             }
             a.out[row * nvec + v] = pack8(f);
@@ -256,7 +264,7 @@ __global__ void __launch_bounds__(kBlockThreads, VPT <= 3 ? 3 : 2) qk_norm_rope_
         load_row<TPR, VPT>(a.x, row, valid, nvec, xv);
         load_row<TPR, VPT>(a.dy, row, valid, nvec, dyv);
         int position[3];
-        load_position(a.positions, row, valid, position);
+        load_position(a.positions, row, a.position_div, valid, position);
         const float rstd = valid ? a.rstd_in[row] : 0.0f;
 
         // g = R^T dy is formed twice (for the row sum, then for dx) rather than kept: fewer registers, more
@@ -269,7 +277,7 @@ __global__ void __launch_bounds__(kBlockThreads, VPT <= 3 ? 3 : 2) qk_norm_rope_
             float g[kVecElems], f[kVecElems], w[kVecElems];
             unpack8(dyv[i], g);  // zeros outside the row
             if (a.positions && v < nvec) {
-                if (i == 0 || !shared_angles) rope_angles(v * kVecElems, a.head_dim, position, -1.0f, cos_a, sin_a);
+                if (i == 0 || !shared_angles) rope_angles(v * kVecElems, a.head_dim, a.rope_first, a.rope_second, a.neg_log2_theta, position, -1.0f, cos_a, sin_a);
                 rotate_pairs(g, cos_a, sin_a);
             }
             unpack8(xv[i], f);
@@ -293,7 +301,7 @@ __global__ void __launch_bounds__(kBlockThreads, VPT <= 3 ? 3 : 2) qk_norm_rope_
             float g[kVecElems], f[kVecElems], w[kVecElems];
             unpack8(dyv[i], g);
             if (a.positions) {
-                if (!shared_angles) rope_angles(v * kVecElems, a.head_dim, position, -1.0f, cos_a, sin_a);
+                if (!shared_angles) rope_angles(v * kVecElems, a.head_dim, a.rope_first, a.rope_second, a.neg_log2_theta, position, -1.0f, cos_a, sin_a);
                 rotate_pairs(g, cos_a, sin_a);
             }
             unpack8(xv[i], f);
@@ -606,6 +614,104 @@ void flow_loss(const Pred *pred, const float *x0, const float *noise, const int6
 
 // ---- wrappers --------------------------------------------------------------------------------------
 
+namespace {
+
+// Wan's RoPE split of a head (rope_angles) and theta 10000; positions one per row.
+void wan_rope(QkArgs &a, int head_dim)
+{
+    const int n_pairs = head_dim / 2;
+    a.position_div = 1;
+    a.rope_first = n_pairs - 2 * (n_pairs / 3);
+    a.rope_second = n_pairs / 3;
+    a.neg_log2_theta = kNegLog2Theta;
+}
+
+// HunyuanVideo-1.5's: every row one head (position_div heads per token), the given axes and theta.
+void axes_rope(QkArgs &a, int num_heads, int head_dim, const int axis_pairs[3], double theta)
+{
+    ALDIT_CHECK(axis_pairs[0] >= 0 && axis_pairs[1] >= 0 && axis_pairs[2] >= 0 &&
+                axis_pairs[0] + axis_pairs[1] + axis_pairs[2] == head_dim / 2 && theta > 1.0,
+                "fused_head_norm_rope: axes of %d, %d, %d pairs and theta %g do not fit head_dim %d", axis_pairs[0],
+                axis_pairs[1], axis_pairs[2], theta, head_dim);
+    a.position_div = num_heads;
+    a.rope_first = axis_pairs[0];
+    a.rope_second = axis_pairs[1];
+    a.neg_log2_theta = (float)-log2(theta);
+}
+
+void qk_fwd_launch(const QkArgs &a)
+{
+    with_row_shape(a.dim, [&](auto tpr, auto vpt) {
+        constexpr int kTpr = decltype(tpr)::value, kRows = kBlockThreads / kTpr;
+        const auto kernel = qk_norm_rope_fwd_kernel<kTpr, decltype(vpt)::value>;
+        static Residency residency;
+        const int64_t groups = (a.n_rows + kRows - 1) / kRows;
+        const int64_t most = resident_blocks(residency, reinterpret_cast<const void *>(kernel), 0);
+        const unsigned blocks = (unsigned)(groups < most ? groups : most);
+        kernel<<<blocks, dim3(kTpr, kRows), 0, a.stream_>>>(a);
+    });
+    CUDA_CHECK_LAUNCH();
+}
+
+void qk_bwd_launch(QkArgs &a, float *dweight)
+{
+    int n_blocks = (int)qk_bwd_block_bound(a.n_rows);  // the workspace holds this many partials
+    with_row_shape(a.dim, [&](auto tpr, auto vpt) {
+        constexpr int kTpr = decltype(tpr)::value, kRows = kBlockThreads / kTpr;
+        const auto kernel = qk_norm_rope_bwd_kernel<kTpr, decltype(vpt)::value>;
+        static Residency residency;
+        // the row groups' sums (kRows * dim floats, at most 8192) and the weight (dim bf16): up to 48 KiB, past
+        // the default limit of dynamic shared memory (48 KiB less the static) near FUSED_QK_MAX_DIM
+        const size_t shared_bytes = (size_t)kRows * a.dim * sizeof(float) + (size_t)a.dim * sizeof(gpu_bf16);
+        if (shared_bytes > kDefaultDynamicShared)
+            CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared_bytes));
+        const int64_t resident = resident_blocks(residency, reinterpret_cast<const void *>(kernel), shared_bytes);
+        if (resident < n_blocks) n_blocks = (int)resident;
+        kernel<<<n_blocks, dim3(kTpr, kRows), shared_bytes, a.stream_>>>(a);
+    });
+    CUDA_CHECK_LAUNCH();
+    column_partials_kernel<<<(a.dim + kPartialColumns - 1) / kPartialColumns, kPartialThreads, 0, a.stream_>>>(
+        a.partial, n_blocks, a.dim, dweight, 1);
+    CUDA_CHECK_LAUNCH();
+}
+
+QkArgs qk_fwd_args(const gpu_bf16 *x, int64_t n_rows, int dim, int head_dim, const gpu_bf16 *weight, float eps,
+                   const int32_t *positions, gpu_bf16 *y, float *rstd, cudaStream_t stream)
+{
+    QkArgs a = {};
+    a.x = reinterpret_cast<const uint4 *>(x);
+    a.weight = weight;
+    a.positions = positions;
+    a.n_rows = n_rows;
+    a.dim = dim;
+    a.head_dim = head_dim;
+    a.eps = eps;
+    a.out = reinterpret_cast<uint4 *>(y);
+    a.rstd_out = rstd;
+    a.stream_ = stream;
+    return a;
+}
+
+QkArgs qk_bwd_args(const gpu_bf16 *x, const gpu_bf16 *dy, int64_t n_rows, int dim, int head_dim, const gpu_bf16 *weight,
+                   const int32_t *positions, const float *rstd, gpu_bf16 *dx, void *workspace, cudaStream_t stream)
+{
+    QkArgs a = {};
+    a.x = reinterpret_cast<const uint4 *>(x);
+    a.dy = reinterpret_cast<const uint4 *>(dy);
+    a.weight = weight;
+    a.positions = positions;
+    a.rstd_in = rstd;
+    a.n_rows = n_rows;
+    a.dim = dim;
+    a.head_dim = head_dim;
+    a.out = reinterpret_cast<uint4 *>(dx);
+    a.partial = static_cast<float *>(workspace);
+    a.stream_ = stream;
+    return a;
+}
+
+}  // namespace
+
 extern "C" void fused_qk_norm_rope_fwd(const gpu_bf16 *x, int64_t n_rows, int num_heads, int head_dim,
                                        const gpu_bf16 *weight, float eps, const int32_t *positions, gpu_bf16 *y,
                                        float *rstd, cudaStream_t stream)
@@ -615,26 +721,9 @@ extern "C" void fused_qk_norm_rope_fwd(const gpu_bf16 *x, int64_t n_rows, int nu
     if (n_rows == 0) return;
     check_rows_aligned(op, "x", x);
     check_rows_aligned(op, "y", y);
-    QkArgs a = {};
-    a.x = reinterpret_cast<const uint4 *>(x);
-    a.weight = weight;
-    a.positions = positions;
-    a.n_rows = n_rows;
-    a.dim = num_heads * head_dim;
-    a.head_dim = head_dim;
-    a.eps = eps;
-    a.out = reinterpret_cast<uint4 *>(y);
-    a.rstd_out = rstd;
-    with_row_shape(a.dim, [&](auto tpr, auto vpt) {
-        constexpr int kTpr = decltype(tpr)::value, kRows = kBlockThreads / kTpr;
-        const auto kernel = qk_norm_rope_fwd_kernel<kTpr, decltype(vpt)::value>;
-        static Residency residency;
-        const int64_t groups = (n_rows + kRows - 1) / kRows;
-        const int64_t most = resident_blocks(residency, reinterpret_cast<const void *>(kernel), 0);
-        const unsigned blocks = (unsigned)(groups < most ? groups : most);
-        kernel<<<blocks, dim3(kTpr, kRows), 0, stream>>>(a);
-    });
-    CUDA_CHECK_LAUNCH();
+    QkArgs a = qk_fwd_args(x, n_rows, num_heads * head_dim, head_dim, weight, eps, positions, y, rstd, stream);
+    wan_rope(a, head_dim);
+    qk_fwd_launch(a);
 }
 
 extern "C" size_t fused_qk_norm_rope_bwd_workspace_bytes(int64_t n_rows, int dim)
@@ -653,35 +742,48 @@ extern "C" void fused_qk_norm_rope_bwd(const gpu_bf16 *x, const gpu_bf16 *dy, in
     check_rows_aligned(op, "x", x);
     check_rows_aligned(op, "dy", dy);
     check_rows_aligned(op, "dx", dx);
-    QkArgs a = {};
-    a.x = reinterpret_cast<const uint4 *>(x);
-    a.dy = reinterpret_cast<const uint4 *>(dy);
-    a.weight = weight;
-    a.positions = positions;
-    a.rstd_in = rstd;
-    a.n_rows = n_rows;
-    a.dim = num_heads * head_dim;
-    a.head_dim = head_dim;
-    a.out = reinterpret_cast<uint4 *>(dx);
-    a.partial = static_cast<float *>(workspace);
-    int n_blocks = (int)qk_bwd_block_bound(n_rows);  // the workspace holds this many partials
-    with_row_shape(a.dim, [&](auto tpr, auto vpt) {
-        constexpr int kTpr = decltype(tpr)::value, kRows = kBlockThreads / kTpr;
-        const auto kernel = qk_norm_rope_bwd_kernel<kTpr, decltype(vpt)::value>;
-        static Residency residency;
-        // the row groups' sums (kRows * dim floats, at most 8192) and the weight (dim bf16): up to 48 KiB, past
-        // the default limit of dynamic shared memory (48 KiB less the static) near FUSED_QK_MAX_DIM
-        const size_t shared_bytes = (size_t)kRows * a.dim * sizeof(float) + (size_t)a.dim * sizeof(gpu_bf16);
-        if (shared_bytes > kDefaultDynamicShared)
-            CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared_bytes));
-        const int64_t resident = resident_blocks(residency, reinterpret_cast<const void *>(kernel), shared_bytes);
-        if (resident < n_blocks) n_blocks = (int)resident;
-        kernel<<<n_blocks, dim3(kTpr, kRows), shared_bytes, stream>>>(a);
-    });
-    CUDA_CHECK_LAUNCH();
-    column_partials_kernel<<<(a.dim + kPartialColumns - 1) / kPartialColumns, kPartialThreads, 0, stream>>>(
-        a.partial, n_blocks, a.dim, dweight, 1);
-    CUDA_CHECK_LAUNCH();
+    QkArgs a = qk_bwd_args(x, dy, n_rows, num_heads * head_dim, head_dim, weight, positions, rstd, dx, workspace, stream);
+    wan_rope(a, head_dim);
+    qk_bwd_launch(a, dweight);
+}
+
+extern "C" void fused_head_norm_rope_fwd(const gpu_bf16 *x, int64_t n_tokens, int num_heads, int head_dim,
+                                         const gpu_bf16 *weight, float eps, const int32_t *positions,
+                                         const int axis_pairs[3], double theta, gpu_bf16 *y, float *rstd,
+                                         cudaStream_t stream)
+{
+    const char *op = "fused_head_norm_rope_fwd";
+    check_qk_shape(op, n_tokens, num_heads, head_dim);
+    if (n_tokens == 0) return;
+    check_rows_aligned(op, "x", x);
+    check_rows_aligned(op, "y", y);
+    QkArgs a = qk_fwd_args(x, n_tokens * num_heads, head_dim, head_dim, weight, eps, positions, y, rstd, stream);
+    if (positions) axes_rope(a, num_heads, head_dim, axis_pairs, theta);
+    else a.position_div = 1;
+    qk_fwd_launch(a);
+}
+
+extern "C" size_t fused_head_norm_rope_bwd_workspace_bytes(int64_t n_tokens, int num_heads, int head_dim)
+{
+    return fused_qk_norm_rope_bwd_workspace_bytes(n_tokens * num_heads, head_dim);
+}
+
+extern "C" void fused_head_norm_rope_bwd(const gpu_bf16 *x, const gpu_bf16 *dy, int64_t n_tokens, int num_heads,
+                                         int head_dim, const gpu_bf16 *weight, const int32_t *positions,
+                                         const int axis_pairs[3], double theta, const float *rstd, gpu_bf16 *dx,
+                                         float *dweight, void *workspace, cudaStream_t stream)
+{
+    const char *op = "fused_head_norm_rope_bwd";
+    check_qk_shape(op, n_tokens, num_heads, head_dim);
+    if (n_tokens == 0) return;
+    check_rows_aligned(op, "x", x);
+    check_rows_aligned(op, "dy", dy);
+    check_rows_aligned(op, "dx", dx);
+    QkArgs a = qk_bwd_args(x, dy, n_tokens * num_heads, head_dim, head_dim, weight, positions, rstd, dx, workspace,
+                           stream);
+    if (positions) axes_rope(a, num_heads, head_dim, axis_pairs, theta);
+    else a.position_div = 1;
+    qk_bwd_launch(a, dweight);
 }
 
 extern "C" size_t fused_sumsq_workspace_bytes(void)

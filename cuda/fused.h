@@ -39,6 +39,20 @@ void fused_qk_norm_rope_bwd(const gpu_bf16 *x, const gpu_bf16 *dy, int64_t n_row
                             const float *rstd, gpu_bf16 *dx, float *dweight, void *workspace,
                             cudaStream_t stream);
 
+/* The same per head (HunyuanVideo-1.5's q/k norms): x, y, dy, dx [n_tokens, num_heads * head_dim] bf16 rows,
+   each head normalised on its own (rstd fp32 [n_tokens * num_heads], token-major; weight bf16 [head_dim], shared by
+   the heads), then, with positions (int32 [n_tokens, 3], one per token; NULL = RMSNorm only, the text stream), RoPE
+   with axis_pairs[0] pairs by frame, [1] by row, [2] by column (summing to head_dim / 2) at the given theta, exactly
+   as cpu_rmsnorm_fwd over the heads followed by cpu_rope_axes_fwd. head_dim a multiple of 8. dweight (fp32
+   [head_dim]) is ADDED into. workspace: fused_head_norm_rope_bwd_workspace_bytes bytes. */
+void fused_head_norm_rope_fwd(const gpu_bf16 *x, int64_t n_tokens, int num_heads, int head_dim,
+                              const gpu_bf16 *weight, float eps, const int32_t *positions, const int axis_pairs[3],
+                              double theta, gpu_bf16 *y, float *rstd, cudaStream_t stream);
+size_t fused_head_norm_rope_bwd_workspace_bytes(int64_t n_tokens, int num_heads, int head_dim);
+void fused_head_norm_rope_bwd(const gpu_bf16 *x, const gpu_bf16 *dy, int64_t n_tokens, int num_heads, int head_dim,
+                              const gpu_bf16 *weight, const int32_t *positions, const int axis_pairs[3], double theta,
+                              const float *rstd, gpu_bf16 *dx, float *dweight, void *workspace, cudaStream_t stream);
+
 /* ---- gradient norm, clipping and AdamW ----------------------------------------------------------- */
 
 /* *sumsq = sum of values[i]^2 in double (fp64 per thread, a fixed grid of per-block partials, then one

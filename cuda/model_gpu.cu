@@ -38,6 +38,7 @@
 #include "cuda/gemm.h"
 #include "cuda/kernels_misc.h"
 #include "cuda/lnmod.h"
+#include "cuda/mmdit_gpu.h"
 #include "cuda/seqpar_gpu.h"
 
 extern "C" {
@@ -231,6 +232,8 @@ struct gpu_model {
     sp_state sp;
     // [train] precision = fp8: the block's large linears in FP8 (gpu_model_set_precision); NULL in bf16
     fp8_linears *fp8;
+    // the family's block code when it is not Wan's (cuda/mmdit_gpu.h: hunyuanvideo15); NULL: the code below
+    mmdit_gpu *family;
 };
 
 namespace {
@@ -1273,8 +1276,12 @@ void backward(gpu_model *gm, const batch_dims &d, cudaStream_t stream)
 namespace {
 
 // A gpu_model with its dims, capacity, parameter offsets and workspace size set, nothing allocated on the device.
+gpu_model *describe_family(const model *m, int64_t max_tokens, int max_samples, int64_t max_text,
+                           gpu_recompute recompute);
+
 gpu_model *describe(const model *m, int64_t max_tokens, int max_samples, int64_t max_text, gpu_recompute recompute)
 {
+    if (m->family != FAMILY_WAN) return describe_family(m, max_tokens, max_samples, max_text, recompute);
     check_supported(m);
     ALDIT_CHECK(max_tokens > 0 && max_samples > 0 && max_samples <= 65535 && max_text >= 0,
                 "gpu model: capacity of %lld tokens, %d samples (at most 65535), %lld text rows must be positive",
@@ -1353,6 +1360,42 @@ gpu_model *describe(const model *m, int64_t max_tokens, int max_samples, int64_t
     return gm;
 }
 
+// Another family's model (cuda/mmdit_gpu.h): its block code holds the workspace; the gpu_model keeps what every
+// family shares (dims, capacity, the parameter buffers and source, the contexts).
+gpu_model *describe_family(const model *m, int64_t max_tokens, int max_samples, int64_t max_text,
+                           gpu_recompute recompute)
+{
+    gpu_model *gm = static_cast<gpu_model *>(xcalloc(1, sizeof(gpu_model)));
+    gm->family = mmdit_gpu_describe(m, max_tokens, max_samples, max_text, recompute, gpu_model_device_scratch_bytes(m),
+                                    &gm->arena_bytes);
+    gm->dim = m->dim;
+    gm->num_heads = m->num_heads;
+    gm->head_dim = m->head_dim;
+    gm->num_layers = m->num_layers;
+    gm->n_weights = m->n_weights;
+    gm->max_tokens = max_tokens;
+    gm->max_samples = max_samples;
+    gm->recompute = recompute;
+    const model_layout &layout = m->layout;
+    gm->time_first = layout.gpu_time_first;
+    gm->head_first = layout.blocks_offset + (int64_t)m->num_layers * layout.block_stride;
+    const size_t layers = (size_t)(m->num_layers > 0 ? m->num_layers : 1);
+    gm->blocks = static_cast<block_offsets *>(xcalloc(layers, sizeof(block_offsets)));
+    for (int l = 0; l < m->num_layers; ++l) {
+        gm->blocks[l].first = layout.blocks_offset + (int64_t)l * layout.block_stride;
+        gm->blocks[l].end = gm->blocks[l].first + layout.block_stride;
+    }
+    gm->saved = static_cast<block_saved *>(xcalloc(layers, sizeof(block_saved)));
+    return gm;
+}
+
+// What the family's block code borrows from the model for a call.
+mmdit_gpu_env family_env(const gpu_model *gm)
+{
+    return {gm->gemm, gm->cudnn, gm->use_cudnn, gm->cudnn_min_tokens, &gm->params, gm->grads_ready,
+            gm->grads_ready_context};
+}
+
 } // namespace
 
 int64_t gpu_model_device_scratch_bytes(const model *host_model)
@@ -1376,6 +1419,7 @@ size_t gpu_model_workspace_bytes_with_recompute(const model *host_model, int64_t
 {
     gpu_model *gm = describe(host_model, max_tokens, max_samples, max_text, recompute);
     const size_t bytes = gm->arena_bytes;
+    mmdit_gpu_free(gm->family);
     free(gm->blocks);
     free(gm->saved);
     free(gm);
@@ -1480,6 +1524,12 @@ gpu_model *create(const model *m, int64_t max_tokens, int max_samples, int64_t m
 {
     gpu_model *gm = describe(m, max_tokens, max_samples, max_text, recompute);
     if (with_params) own_params(gm);
+    if (gm->family) {
+        mmdit_gpu_allocate(gm->family);
+        make_contexts(gm, 0, 0);
+        gpu_model_set_attention(gm, GPU_ATTENTION_AUTO, 0);
+        return gm;
+    }
     CUDA_CHECK(cudaMalloc(&gm->arena, gm->arena_bytes));
     // Poisoned (all bits set is NaN in bf16 and fp32): a value read before it is written shows up as NaN.
     CUDA_CHECK(cudaMemset(gm->arena, 0xff, gm->arena_bytes));
@@ -1548,6 +1598,11 @@ void gpu_model_set_grads_ready(gpu_model *gm, gpu_grads_ready_fn ready, void *co
 
 void gpu_model_grads_ready_all(const gpu_model *gm, cudaStream_t stream)
 {
+    if (gm->family) {
+        const mmdit_gpu_env env = family_env(gm);
+        mmdit_gpu_grads_ready_all(gm->family, &env, stream);
+        return;
+    }
     // the calls block_forward and backward make, in their order
     const gpu_model_params &p = gm->params;
     p.time_weights(p.context, 0, stream);
@@ -1584,6 +1639,7 @@ int gpu_model_set_attention(gpu_model *gm, gpu_attention_choice choice, int64_t 
 
 double gpu_model_enqueue_seconds(const gpu_model *gm)
 {
+    if (gm->family) return mmdit_gpu_enqueue_seconds(gm->family);
     return gm->enqueue_seconds;
 }
 
@@ -1621,6 +1677,19 @@ void gpu_model_free(gpu_model *gm)
 {
     if (!gm) return;
     free_contexts(gm);
+    if (gm->family) {  // its workspace and staging are the family's; the parameter buffers the model's
+        mmdit_gpu_free(gm->family);
+        float *owned[] = {gm->master, gm->grads};
+        for (float *p : owned)
+            if (p) CUDA_CHECK(cudaFree(p));
+        if (gm->working) CUDA_CHECK(cudaFree(gm->working));
+        free(gm->own_modulation);
+        free(gm->own_norm3);
+        free(gm->blocks);
+        free(gm->saved);
+        free(gm);
+        return;
+    }
     CUDA_CHECK(cudaFree(gm->master));
     CUDA_CHECK(cudaFree(gm->grads));
     CUDA_CHECK(cudaFree(gm->working));
@@ -1724,6 +1793,10 @@ double gpu_model_forward_backward(gpu_model *gm, const model_batch *batch, float
     timespec queue_start, queue_end;
     clock_gettime(CLOCK_MONOTONIC, &queue_start);
     ALDIT_CHECK(gm->params.block_weights, "gpu model: a forward_backward before gpu_model_set_params");
+    if (gm->family) {
+        const mmdit_gpu_env env = family_env(gm);
+        return mmdit_gpu_forward_backward(gm->family, &env, batch, grad_scale, sample_loss, stream);
+    }
     const batch_dims dims = stage_batch(gm, batch, stream);
     forward(gm, dims, grad_scale, false, stream);
     backward(gm, dims, stream);
@@ -1739,6 +1812,10 @@ double gpu_model_forward_loss(gpu_model *gm, const model_batch *batch, double *s
         gm->params.time_weights(gm->params.context, 0, stream);
         for (int l = 0; l < gm->num_layers; ++l) block_weights(gm, l, forward_next(gm, l), stream);
         return 0.0;
+    }
+    if (gm->family) {
+        const mmdit_gpu_env env = family_env(gm);
+        return mmdit_gpu_forward_loss(gm->family, &env, batch, sample_loss, stream);
     }
     const batch_dims dims = stage_batch(gm, batch, stream);
     forward(gm, dims, 0.0f, true, stream);

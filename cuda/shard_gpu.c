@@ -178,25 +178,25 @@ static fp32_range next_range(int64_t first, int64_t count, int64_t *at)
     return range;
 }
 
-/* The fp32-reads array: the time path (not in full: gathered when the model asks, gathered_time_weights),
-   head.modulation, then each block's modulation and norm3 (gpu_model_params). */
+/* The fp32-reads array: the time path (not in full: gathered when the model asks, gathered_time_weights), the
+   head's range, then each block's two (the layout's gpu_head_fp32, gpu_block_fp32: Wan's head.modulation, modulation
+   and norm3; none for hunyuanvideo15, whose ranges are empty). */
 static void make_fp32_reads(shard_gpu *sh)
 {
     const model_layout *layout = &sh->host->layout;
-    const int64_t D = layout->dims.dim;
     const int time_whole = sh->mode != SHARD_FULL;
     sh->n_fp32_ranges = time_whole + 1 + 2 * sh->num_layers;
     sh->fp32_ranges = xcalloc((size_t)sh->n_fp32_ranges, sizeof *sh->fp32_ranges);
     int64_t at = 0;
     int n = 0;
     if (time_whole)
-        sh->fp32_ranges[n++] = next_range(layout->time_in.weight, layout->blocks_offset - layout->time_in.weight, &at);
-    sh->fp32_ranges[n++] = next_range(layout->head_modulation, 2 * D, &at);
+        sh->fp32_ranges[n++] = next_range(layout->gpu_time_first, layout->blocks_offset - layout->gpu_time_first, &at);
+    sh->fp32_ranges[n++] = next_range(layout->gpu_head_fp32.offset, layout->gpu_head_fp32.count, &at);
     const int first_block = n;
     for (int l = 0; l < sh->num_layers; l++) {
-        const layout_block block = model_layout_block(layout, l);
-        sh->fp32_ranges[n++] = next_range(block.modulation, 6 * D, &at);
-        sh->fp32_ranges[n++] = next_range(block.norm3_weight, 2 * D, &at);
+        const int64_t start = layout->blocks_offset + (int64_t)l * layout->block_stride;
+        for (int k = 0; k < 2; k++)
+            sh->fp32_ranges[n++] = next_range(start + layout->gpu_block_fp32[k].offset, layout->gpu_block_fp32[k].count, &at);
     }
     sh->fp32_values = at;
     ALDIT_CHECK(at == layout_gpu_fp32_read_values(layout, sh->mode), "cuda backend: %lld fp32 values read whole, not "
@@ -345,7 +345,7 @@ static const float *gathered_time_weights(void *context, int backward, cudaStrea
     ALDIT_CHECK(stream == sh->compute, "cuda backend: the model runs on another stream than the sharded state's");
     if (!sh->time_gathered) gather_time(sh);
     CUDA_CHECK(cudaStreamWaitEvent(stream, sh->time_ready, 0));
-    return sh->staging[STAGE_TIME] + sh->host->layout.time_in.weight;
+    return sh->staging[STAGE_TIME] + sh->host->layout.gpu_time_first;
 }
 
 /* The reduce-scatter of one unit's gradients in `values` (R c), after `filled` (recorded now on compute), and this
@@ -539,7 +539,8 @@ static void publish_weights(shard_gpu *sh)
                              sh->compute);
     }
     /* the fp32 reads: this rank's values, zeros elsewhere, summed over the ranks (exact: one value and zeros) */
-    CUDA_CHECK(cudaMemsetAsync(sh->fp32_reads, 0, (size_t)sh->fp32_values * sizeof(float), sh->compute));
+    if (sh->fp32_values > 0)   /* none in full for a family without fp32 block reads (hunyuanvideo15) */
+        CUDA_CHECK(cudaMemsetAsync(sh->fp32_reads, 0, (size_t)sh->fp32_values * sizeof(float), sh->compute));
     for (int i = 0; i < sh->n_fp32_ranges; i++) {
         const fp32_range *range = &sh->fp32_ranges[i];
         int64_t own_first = 0, own_count = 0;

@@ -2,8 +2,8 @@
 # hunyuan_parity.sh — aldit-forward (model.family = hunyuanvideo15) against diffusers' HunyuanVideo15Transformer3DModel
 # (tools/hunyuan_parity.py) on tiny random models: T2V and I2V samples of mixed shapes and caption lengths packed
 # varlen within 1e-5 of each sample alone and of diffusers' padded-and-masked batches, two configurations; a
-# perturbed weight caught; the family's refusals (training with device = cuda, a Wan-shaped input). Skips where torch, diffusers
-# or h5py do not import.
+# perturbed weight caught; aldit --check planning run.device = cuda for the family; its refusal of a Wan-shaped
+# input. Skips where torch, diffusers or h5py do not import.
 . "${top_srcdir:-.}/tests/python_lib.sh"
 python_needs torch diffusers h5py numpy
 work=$(mktemp -d "$PWD/hunyuan_parity.tmp.XXXXXX") || exit 1
@@ -21,9 +21,12 @@ tap_result $? "3 blocks, dim 64, 4 heads, patch 2 (channel-major unpatchify): wi
 out=$(parity --perturb transformer_blocks.1.attn.norm_added_k.weight 2>&1); status=$?
 tap_is "a weight off by 1e-3 in aldit's copy fails the comparison" "$status" 1
 
-"$top_builddir/aldit" "$top_srcdir/tests/decks/hunyuan_tiny.ini" run.device=cuda > "$work/cuda.log" 2>&1; status=$?
-case "$status:$(cat "$work/cuda.log")" in 2:*"hunyuanvideo15 has no GPU model"*) found=0 ;; *) found=1 ;; esac
-tap_result $found "training with run.device = cuda and family = hunyuanvideo15: exit 2 saying why" "$(cat "$work/cuda.log")"
+"$top_builddir/aldit-store" synth --spec "$top_srcdir/tests/decks/train_tiny.lengths" --samples 16 --text-len 16 \
+    --text-dim 32 --channels 8 --seed 3 --out "$work/gpu_store.h5" > /dev/null
+"$top_builddir/aldit" --check "$top_srcdir/tests/decks/hunyuan_tiny_gpu.ini" data.store="$work/gpu_store.h5" \
+    run.device=cuda > "$work/cuda.log" 2>&1; status=$?
+case "$status:$(cat "$work/cuda.log")" in 0:*"capacity   GPU model for micro-batches"*) found=0 ;; *) found=1 ;; esac
+tap_result $found "run.device = cuda with family = hunyuanvideo15: aldit --check plans the GPU model" "$(tail -8 "$work/cuda.log")"
 "$top_builddir/aldit" --check "$top_srcdir/tests/decks/hunyuan_tiny.ini" model.in_dim=4 > "$work/in.log" 2>&1; status=$?
 case "$status:$(cat "$work/in.log")" in 2:*"2 * model.out_dim + 1"*) found=0 ;; *) found=1 ;; esac
 tap_result $found "in_dim not 2 out_dim + 1: exit 2 naming the rule" "$(cat "$work/in.log")"

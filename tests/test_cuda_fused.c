@@ -1,4 +1,4 @@
-/* test_cuda_fused.c — cmocka tests of the fused CUDA ops (q/k RMSNorm + RoPE, gradient norm, clipping, AdamW,
+/* test_cuda_fused.c — cmocka tests of the fused CUDA ops (q/k RMSNorm + RoPE (Wan's and HunyuanVideo-1.5's per head), gradient norm, clipping, AdamW,
    flow mixing and loss) against the fp32 CPU ops and host loops, on fresh random inputs, outputs poisoned with NaN. */
 #include "config.h"
 
@@ -186,6 +186,83 @@ static void test_qk_many_rows(void **state)
     const grid_batch batch = {"2 samples (5x30x40, 2x17x23)", 2, {5, 2}, {30, 17}, {40, 23}};
     check_qk(&batch, 12, 128, 1, 0);
     check_qk(&batch, 2, 64, 1, 1);
+}
+
+/* fused_head_norm_rope (HunyuanVideo-1.5's q/k: each head normalised on its own with a head_dim-wide weight, RoPE
+   with the given axes and theta 256) against cpu_rmsnorm_* over the heads composed with cpu_rope_axes_*. */
+static void check_head_qk(const grid_batch *batch, int num_heads, int head_dim, int t_pairs, int with_rope)
+{
+    const int dim = num_heads * head_dim, axes[3] = {t_pairs, (head_dim / 2 - t_pairs) / 2, (head_dim / 2 - t_pairs) / 2};
+    const double theta = 256.0;
+    int64_t n_tokens = 0;
+    for (int b = 0; b < batch->n_samples; ++b) n_tokens += (int64_t)batch->frames[b] * batch->height[b] * batch->width[b];
+    const int64_t n_heads = n_tokens * num_heads;
+    const size_t n = (size_t)n_tokens * dim;
+    int32_t *positions = xmalloc((size_t)n_tokens * 3 * sizeof *positions);
+    cpu_rope_positions(batch->n_samples, batch->frames, batch->height, batch->width, positions);
+    gpu_bf16 *x_bits, *dy_bits, *w_bits;
+    float *x = random_normal_bf16(&g_seed, n, 0.0, 1.5, &x_bits);
+    float *dy = random_normal_bf16(&g_seed, n, 0.0, 1.0, &dy_bits);
+    float *weight = random_normal_bf16(&g_seed, (size_t)head_dim, 0.0, 0.6, &w_bits);
+    for (int c = 0; c < head_dim; ++c) {
+        w_bits[c] = gpu_bf16_from_float(1.0f + weight[c]);
+        weight[c] = gpu_float_from_bf16(w_bits[c]);
+    }
+    float *normed = xmalloc((n + 1) * sizeof *normed), *y_ref = xmalloc((n + 1) * sizeof *y_ref);
+    float *rstd_ref = xmalloc((size_t)(n_heads + 1) * sizeof *rstd_ref), *g = xmalloc((n + 1) * sizeof *g);
+    float *dx_ref = xmalloc((n + 1) * sizeof *dx_ref), *dweight_ref = xcalloc((size_t)head_dim, sizeof *dweight_ref);
+    cpu_rmsnorm_fwd(x, n_heads, head_dim, weight, kEps, normed, rstd_ref);
+    if (with_rope) cpu_rope_axes_fwd(normed, n_tokens, num_heads, head_dim, positions, axes, theta, y_ref);
+    else memcpy(y_ref, normed, n * sizeof *y_ref);
+    if (with_rope) cpu_rope_axes_bwd(dy, n_tokens, num_heads, head_dim, positions, axes, theta, g);
+    else memcpy(g, dy, n * sizeof *g);
+    cpu_rmsnorm_bwd(x, g, n_heads, head_dim, weight, rstd_ref, dx_ref, dweight_ref);
+
+    gpu_bf16 *d_x = device_upload(x_bits, n * sizeof *x_bits), *d_dy = device_upload(dy_bits, n * sizeof *dy_bits);
+    gpu_bf16 *d_weight = device_upload(w_bits, (size_t)head_dim * sizeof *w_bits);
+    int32_t *d_positions = device_upload(positions, (size_t)n_tokens * 3 * sizeof *positions);
+    float *d_dweight = device_poisoned((size_t)head_dim * sizeof *d_dweight);   /* added into from zero */
+    CUDA_CHECK(cudaMemset(d_dweight, 0, (size_t)head_dim * sizeof *d_dweight));
+    gpu_bf16 *d_y = device_poisoned(n * sizeof *d_y), *d_dx = device_poisoned(n * sizeof *d_dx);
+    float *d_rstd = device_poisoned((size_t)n_heads * sizeof *d_rstd);
+    void *d_workspace = device_poisoned(fused_head_norm_rope_bwd_workspace_bytes(n_tokens, num_heads, head_dim));
+    const int32_t *rope_positions = with_rope ? d_positions : NULL;
+    fused_head_norm_rope_fwd(d_x, n_tokens, num_heads, head_dim, d_weight, kEps, rope_positions, axes, theta, d_y,
+                             d_rstd, 0);
+    fused_head_norm_rope_bwd(d_x, d_dy, n_tokens, num_heads, head_dim, d_weight, rope_positions, axes, theta, d_rstd,
+                             d_dx, d_dweight, d_workspace, 0);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    char case_name[200];
+    snprintf(case_name, sizeof case_name, "per head: %d heads x %d, %d frame pairs, %s%s", num_heads, head_dim, t_pairs,
+             batch->name, with_rope ? "" : ", no RoPE");
+    float *got = download_bf16(d_y, n);
+    expect_close("head_norm_rope_fwd y", case_name, got, y_ref, n, kBf16Tolerance, kNearZeroBound);
+    free(got);
+    got = download_f32(d_rstd, (size_t)n_heads);
+    expect_close("head_norm_rope_fwd rstd", case_name, got, rstd_ref, (size_t)n_heads, kFp32Tolerance, kNearZeroBound);
+    free(got);
+    got = download_bf16(d_dx, n);
+    expect_close("head_norm_rope_bwd dx", case_name, got, dx_ref, n, kBf16Tolerance, kNearZeroBound);
+    free(got);
+    got = download_f32(d_dweight, (size_t)head_dim);
+    expect_close("head_norm_rope_bwd dweight", case_name, got, dweight_ref, (size_t)head_dim, 1e-4, kNearZeroBound);
+    free(got);
+    void *device_buffers[] = {d_x, d_dy, d_weight, d_positions, d_dweight, d_y, d_dx, d_rstd, d_workspace};
+    free_device_buffers(device_buffers, sizeof device_buffers / sizeof device_buffers[0]);
+    void *host_buffers[] = {positions, x_bits, dy_bits, w_bits, x, dy, weight, normed, y_ref, rstd_ref, g, dx_ref,
+                            dweight_ref};
+    free_host_buffers(host_buffers, sizeof host_buffers / sizeof host_buffers[0]);
+}
+
+/* HunyuanVideo-1.5's heads (16 of 128, RoPE 8/28/28 pairs), the tiny test model's (4 of 16, 2/3/3), and no RoPE. */
+static void test_head_norm_rope(void **state)
+{
+    (void)state;
+    for (size_t i = 0; i < sizeof kGridBatches / sizeof kGridBatches[0]; ++i) {
+        check_head_qk(&kGridBatches[i], 16, 128, 8, 1);
+        check_head_qk(&kGridBatches[i], 4, 16, 2, 1);
+    }
+    check_head_qk(&kGridBatches[0], 16, 128, 8, 0);
 }
 
 /* ---- gradient norm, clipping, AdamW ---------------------------------------------------------------- */
@@ -502,7 +579,7 @@ int main(void)
         cmocka_unit_test(test_qk_dim1536_head128), cmocka_unit_test(test_qk_dim1536_head16),
         cmocka_unit_test(test_qk_dim64_head16),    cmocka_unit_test(test_qk_dim3072_head128),
         cmocka_unit_test(test_qk_dim5120_head128), cmocka_unit_test(test_qk_dim8192_head128),
-        cmocka_unit_test(test_qk_odd_heads),
+        cmocka_unit_test(test_qk_odd_heads),       cmocka_unit_test(test_head_norm_rope),
         cmocka_unit_test(test_qk_many_rows),       cmocka_unit_test(test_sumsq_and_clip),
         cmocka_unit_test(test_adamw),              cmocka_unit_test(test_clipped_step),
         cmocka_unit_test(test_flow),               cmocka_unit_test(test_flow_many_samples),

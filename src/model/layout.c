@@ -145,13 +145,17 @@ typedef struct {
     int n_specs;
     size_t block_field;
     const char *block_prefix;
-    int on_gpu;   /* the GPU model (cuda/model_gpu.cu) builds it */
+    int on_gpu;   /* the GPU model builds it (cuda/model_gpu.cu; hunyuanvideo15's block code cuda/mmdit_gpu.cu) */
+    size_t gpu_time_first;   /* the field of model_layout where the time path the GPU reads in fp32 starts */
+    int gpu_reads_modulation;   /* the GPU reads Wan's modulation tables and norm3 in fp32 */
 } family_table;
 
 static const family_table families[] = {
-    [FAMILY_WAN] = {wan_tensors, (int)(sizeof wan_tensors / sizeof wan_tensors[0]), offsetof(model_layout, block), "blocks.", 1},
+    [FAMILY_WAN] = {wan_tensors, (int)(sizeof wan_tensors / sizeof wan_tensors[0]), offsetof(model_layout, block), "blocks.", 1,
+                    offsetof(model_layout, time_in.weight), 1},
     [FAMILY_HUNYUANVIDEO15] = {mmdit_tensors, (int)(sizeof mmdit_tensors / sizeof mmdit_tensors[0]),
-                               offsetof(model_layout, mmdit_block), "transformer_blocks.", 0},
+                               offsetof(model_layout, mmdit_block), "transformer_blocks.", 1,
+                               offsetof(model_layout, mmdit.time_1.weight), 0},
 };
 _Static_assert(sizeof wan_tensors / sizeof wan_tensors[0] <= LAYOUT_MAX_TENSORS, "LAYOUT_MAX_TENSORS holds Wan's table");
 _Static_assert(sizeof mmdit_tensors / sizeof mmdit_tensors[0] <= LAYOUT_MAX_TENSORS,
@@ -222,6 +226,17 @@ layout_dims layout_dims_of(const deck *config)
 
 static void set_offset(void *base, size_t field, int64_t offset) { memcpy((char *)base + field, &offset, sizeof offset); }
 
+/* What the family's GPU model reads in fp32 (model_layout.gpu_*). */
+static void gpu_reads(model_layout *layout, const family_table *family)
+{
+    const int64_t D = layout->dims.dim;
+    memcpy(&layout->gpu_time_first, (const char *)layout + family->gpu_time_first, sizeof layout->gpu_time_first);
+    if (!family->gpu_reads_modulation) return;   /* none: zero counts */
+    layout->gpu_head_fp32 = (layout_range){layout->head_modulation, 2 * D};
+    layout->gpu_block_fp32[0] = (layout_range){layout->block.modulation, 6 * D};
+    layout->gpu_block_fp32[1] = (layout_range){layout->block.norm3_weight, 2 * D};
+}
+
 void model_layout_init(model_layout *layout, const layout_dims *dims)
 {
     memset(layout, 0, sizeof *layout);
@@ -264,6 +279,7 @@ void model_layout_init(model_layout *layout, const layout_dims *dims)
     }
     layout->n_weights = at;
     layout->n_params = layout->n_tensors - layout->n_block + (int)dims->num_layers * layout->n_block;
+    gpu_reads(layout, family);
 }
 
 static int64_t shifted(int64_t offset, int64_t by) { return offset < 0 ? -1 : offset + by; }
@@ -496,91 +512,141 @@ static void gpu_workspace(tally *t, const layout_dims *d, deck_recompute recompu
     t->align = LAYOUT_GPU_ALIGN;
 }
 
-/* hunyuanvideo15's GPU arena as the plan its GPU model is to carve it by (layout.h): Wan's GPU arena per row
-   (gpu_workspace), for the rows of both streams alike, less the cross-attention's; the text path kept whole per text
-   row; the batch; the tables. */
-static void mmdit_gpu_workspace(tally *t, const layout_dims *d, deck_recompute recompute)
-{
-    enum { BF16 = 2, F32 = 4, I32 = 4, I64 = 8 };
-    const int64_t D = d->dim, F = d->ffn_dim, H = d->num_heads, layers = d->num_layers, slack = LAYOUT_GPU_TILE_SLACK_ROWS;
-    const int64_t R = LAYOUT_MMDIT_REFINER_MLP_RATIO * D, refiners = LAYOUT_MMDIT_REFINER_LAYERS;
-    const int64_t patch = d->patch_t * d->patch_h * d->patch_w, patch_in = d->in_dim * patch,
-                  patch_out = d->out_dim * patch;
-    /* kept by every block, per row of either stream: its input [., D] bf16, LN1 mean and rstd; per sample the 12
-       modulation vectors (6 a stream) [12B, D] and their gradient, fp32 */
-    add(t, layers, BF16, D, 0, D, 0);
-    add(t, 2 * layers, F32, 1, 0, 1, 0);
-    add(t, 2 * layers, F32, 0, 12 * D, 0, 0);
-    /* the rest, every block's or one set, per row of either stream: 11 [., D] bf16, the joint q, k, v and output
-       4 [. + slack, D] bf16 (one tensor over N + L rows), 2 [., F] bf16, 7 statistics, the LSE [. + slack, H] fp32 */
-    const int64_t sets = recompute == RECOMPUTE_BLOCK ? (layers > 0) : layers;
-    add(t, 11 * sets, BF16, D, 0, D, 0);
-    add(t, 4 * sets, BF16, D, 0, D, slack * D);
-    add(t, 2 * sets, BF16, F, 0, F, 0);
-    add(t, 7 * sets, F32, 1, 0, 1, 0);
-    add(t, 1 * sets, F32, H, 0, H, slack * H);
-    /* the text path, never recomputed, per text row: the source's input fp32 and bf16 [L, text_dim] (the widest),
-       the refiner's input [L, D] and per refiner block 10 [L, D] and 2 [L, 4D] bf16, 4 statistics, the LSE [L, H];
-       per sample its gates [B, 2D] and the pooled caption [B, text_dim] fp32 */
-    add(t, 1, F32, 0, 0, d->text_dim, 0);
-    add(t, 1, BF16, 0, 0, d->text_dim, 0);
-    add(t, 1, BF16, 0, 0, D, 0);
-    add(t, 10 * refiners, BF16, 0, 0, D, 0);
-    add(t, 2 * refiners, BF16, 0, 0, R, 0);
-    add(t, 4 * refiners, F32, 0, 0, 1, 0);
-    add(t, refiners, F32, 0, 0, H, 0);
-    add(t, 2 * refiners, F32, 0, 2 * D, 0, 0);
-    add(t, 1, F32, 0, d->text_dim, 0, 0);
-    /* the batch: latents and noise fp32 [N, patch_in], tokens_in bf16 [N, patch_in], x0 and noise tokens fp32
-       [N, patch_out] */
-    add(t, 2, F32, patch_in, 0, 0, 0);
-    add(t, 1, BF16, patch_in, 0, 0, 0);
-    add(t, 2, F32, patch_out, 0, 0, 0);
-    /* embeddings and head: 16 [B, D] and 2 [B, 6D] fp32; head statistics [N]; x_final, head_h [N, D] bf16; pred,
-       d_pred [N, patch_out] bf16; sample_loss [B] */
-    add(t, 16, F32, 0, D, 0, 0);
-    add(t, 2, F32, 0, 6 * D, 0, 0);
-    add(t, 2, F32, 1, 0, 0, 0);
-    add(t, 2, BF16, D, 0, 0, 0);
-    add(t, 2, BF16, patch_out, 0, 0, 0);
-    add(t, 1, F32, 0, 1, 0, 0);
-    /* gradients, per row of either stream: 3 [., D] and 4 [. + slack, D] bf16, d_ffn [., F]; the text path's
-       gradient [L, D] fp32 */
-    add(t, 3, BF16, D, 0, D, 0);
-    add(t, 4, BF16, D, 0, D, slack * D);
-    add(t, 1, BF16, F, 0, F, 0);
-    add(t, 1, F32, 0, 0, D, 0);
-    /* the tables: 7 row offsets [B + 1] int64, latent shapes [B, 3] and positions [N, 3] int32, sigma [B] and
-       sinusoid [B, freq_dim] fp32 */
-    add(t, 7, I64, 0, 1, 0, 1);
-    add(t, 1, I32, 0, 3, 0, 0);
-    add(t, 1, I32, 3, 0, 0, 0);
-    add(t, 1, F32, 0, 1, 0, 0);
-    add(t, 1, F32, 0, d->freq_dim, 0, 0);
-    t->align = LAYOUT_GPU_ALIGN;
-}
-
 int64_t layout_gpu_scratch_bytes(const model_layout *layout, int64_t device_scratch_bytes, int64_t tokens,
                                  int64_t samples)
 {
     return device_scratch_bytes + 4 * layout->dims.num_heads * tokens + 12 * layout->dims.dim * samples;
 }
 
+int64_t layout_mmdit_joint_rows(int64_t tokens, int64_t samples, int64_t text)
+{
+    return tokens + text + 128 * (samples + 1);
+}
+
+/* hunyuanvideo15's GPU arena (cuda/mmdit_gpu.cu, carve: the same pieces in the same order), less its scratch. Every
+   caption source's rows count as L; J = N + L + 128 (B + 1) joint rows. */
+static void mmdit_gpu_workspace(tally *t, const layout_dims *d, deck_recompute recompute)
+{
+    enum { BF16 = 2, F32 = 4, I32 = 4, I64 = 8 };
+    const int64_t D = d->dim, F = d->ffn_dim, H = d->num_heads, layers = d->num_layers, slack = 128;
+    const int64_t R = LAYOUT_MMDIT_REFINER_MLP_RATIO * D, E = LAYOUT_MMDIT_BYT5_HIDDEN;
+    const int64_t T = d->text_dim, T2 = d->text_2_dim, IM = d->image_dim;
+    const int64_t patch = d->patch_t * d->patch_h * d->patch_w, PO = d->out_dim * patch;
+    const int64_t cols = (d->in_dim * patch + 7) / 8 * 8;
+    /* kept by every block: x_in of each stream, the modulation vectors [6B, D] of each */
+    add(t, layers, BF16, D, 0, 0, 0);
+    add(t, layers, F32, 0, 6 * D, 0, 0);
+    add(t, layers, BF16, 0, 0, D, 0);
+    add(t, layers, F32, 0, 6 * D, 0, 0);
+    /* the rest, per block or one set: per stream 8 [., D], 2 [., F] bf16, 4 statistics, 2 [., H]; the joint q, k,
+       v, output [J, D] bf16 and log-sum-exps [J, H] */
+    const int64_t sets = recompute == RECOMPUTE_BLOCK ? (layers > 0) : layers;
+    add(t, 8 * sets, BF16, D, 0, 0, 0);
+    add(t, 2 * sets, BF16, F, 0, 0, 0);
+    add(t, 4 * sets, F32, 1, 0, 0, 0);
+    add(t, 2 * sets, F32, H, 0, 0, 0);
+    add(t, 8 * sets, BF16, 0, 0, D, 0);
+    add(t, 2 * sets, BF16, 0, 0, F, 0);
+    add(t, 4 * sets, F32, 0, 0, 1, 0);
+    add(t, 2 * sets, F32, 0, 0, H, 0);
+    add(t, 4 * sets, BF16, D, slack * D, D, slack * D);
+    add(t, 1 * sets, F32, H, slack * H, H, slack * H);
+    /* each refiner block: 10 [L, D] and 2 [L, 4D] bf16, 4 [L] and [L, H] fp32, gates [2B, D], 4 [B, D] */
+    for (int i = 0; i < LAYOUT_MMDIT_REFINER_LAYERS; i++) {
+        add(t, 10, BF16, 0, 0, D, 0);
+        add(t, 2, BF16, 0, 0, R, 0);
+        add(t, 4, F32, 0, 0, 1, 0);
+        add(t, 1, F32, 0, 0, H, 0);
+        add(t, 1, F32, 0, 2 * D, 0, 0);
+        add(t, 4, F32, 0, D, 0, 0);
+    }
+    /* each stream's scratch: 7 [., D], [., F] bf16, [6B, D] */
+    add(t, 7, BF16, D, 0, 0, 0);
+    add(t, 1, BF16, F, 0, 0, 0);
+    add(t, 1, F32, 0, 6 * D, 0, 0);
+    add(t, 7, BF16, 0, 0, D, 0);
+    add(t, 1, BF16, 0, 0, F, 0);
+    add(t, 1, F32, 0, 6 * D, 0, 0);
+    /* the batch: latents, noise fp32 [N, PO]; the sources fp32 and bf16 [L, T], [L, T2], [L, IM]; tokens_in bf16
+       [N, cols]; x0 and noise tokens fp32 [N, PO] */
+    add(t, 2, F32, PO, 0, 0, 0);
+    add(t, 1, F32, 0, 0, T, 0);
+    add(t, 1, F32, 0, 0, T2, 0);
+    add(t, 1, F32, 0, 0, IM, 0);
+    add(t, 1, BF16, 0, 0, T, 0);
+    add(t, 1, BF16, 0, 0, T2, 0);
+    add(t, 1, BF16, 0, 0, IM, 0);
+    add(t, 1, BF16, cols, 0, 0, 0);
+    add(t, 2, F32, PO, 0, 0, 0);
+    /* per sample: 16 [B, D], pooled [B, T], 3 [2B, D], the losses [B], the affine norms' gradients
+       2 [B D + T2 + IM]; the embedders' norm vectors 2 [T2], 2 [IM], 2 [D] */
+    add(t, 16, F32, 0, D, 0, 0);
+    add(t, 1, F32, 0, T, 0, 0);
+    add(t, 3, F32, 0, 2 * D, 0, 0);
+    add(t, 1, F32, 0, 1, 0, 0);
+    add(t, 2, F32, 0, D, 0, T2 + IM);
+    add(t, 2, F32, 0, 0, 0, T2);
+    add(t, 2, F32, 0, 0, 0, IM);
+    add(t, 2, F32, 0, 0, 0, D);
+    /* the sources: refiner output [L, D]; ByT5 norm [L, T2], 4 hidden [L, E], output [L, D]; image 3 [L, IM],
+       2 [L, D]; 6 statistics [L] */
+    add(t, 1, BF16, 0, 0, D, 0);
+    add(t, 1, BF16, 0, 0, T2, 0);
+    add(t, 4, BF16, 0, 0, E, 0);
+    add(t, 1, BF16, 0, 0, D, 0);
+    add(t, 3, BF16, 0, 0, IM, 0);
+    add(t, 2, BF16, 0, 0, D, 0);
+    add(t, 6, F32, 0, 0, 1, 0);
+    /* head: x_final, head_h [N, D], c_final [L, D], pred and its gradient [N, PO] bf16, statistics [N] */
+    add(t, 2, BF16, D, 0, 0, 0);
+    add(t, 1, BF16, 0, 0, D, 0);
+    add(t, 2, BF16, PO, 0, 0, 0);
+    add(t, 2, F32, 1, 0, 0, 0);
+    /* backward: joint 4 [J, D]; the sources' 3 [L, D], [L, 4D], 2 [L, E], [L, T2], 2 [L, IM]; the padded patch
+       weight [D, cols] bf16 and its gradient fp32 */
+    add(t, 4, BF16, D, slack * D, D, slack * D);
+    add(t, 3, BF16, 0, 0, D, 0);
+    add(t, 1, BF16, 0, 0, R, 0);
+    add(t, 2, BF16, 0, 0, E, 0);
+    add(t, 1, BF16, 0, 0, T2, 0);
+    add(t, 2, BF16, 0, 0, IM, 0);
+    add(t, 1, BF16, 0, 0, 0, D * cols);
+    add(t, 1, F32, 0, 0, 0, D * cols);
+    /* the tables: 8 row offsets [B + 1] int64, spans [6], shapes [B, 3], positions [N, 3], the joint map [J], the
+       text map [L] and the image-to-video flags [B] int32, sigma [B] and sinusoid [B, freq_dim] fp32 */
+    add(t, 8, I64, 0, 1, 0, 1);
+    add(t, 1, I64, 0, 0, 0, 6);
+    add(t, 1, I32, 0, 3, 0, 0);
+    add(t, 1, I32, 3, 0, 0, 0);
+    add(t, 1, I32, 1, slack, 1, slack);
+    add(t, 1, I32, 0, 0, 1, 0);
+    add(t, 1, I32, 0, 1, 0, 0);
+    add(t, 1, F32, 0, 1, 0, 0);
+    add(t, 1, F32, 0, d->freq_dim, 0, 0);
+    t->align = LAYOUT_GPU_ALIGN;
+}
+
 layout_memory model_layout_memory(const model_layout *layout, layout_backend backend, deck_recompute recompute,
                                   int64_t device_scratch_bytes)
 {
     tally t = {0, 0, 0, 0, 0, 0};
-    const int joint = layout_family_attention(layout->dims.family).joint_text;
-    if (backend == LAYOUT_BACKEND_GPU) {
-        if (joint) mmdit_gpu_workspace(&t, &layout->dims, recompute);
-        else gpu_workspace(&t, &layout->dims, recompute);
-        t.per_token += 4 * layout->dims.num_heads;   /* the scratch: one more piece (attention over the text rows too) */
-        t.per_text += joint ? 4 * layout->dims.num_heads : 0;
+    if (layout->dims.family == FAMILY_HUNYUANVIDEO15 && backend == LAYOUT_BACKEND_GPU) {
+        mmdit_gpu_workspace(&t, &layout->dims, recompute);
+        /* the scratch: layout_gpu_scratch_bytes at the joint rows (layout_mmdit_joint_rows) */
+        const int64_t H = layout->dims.num_heads, slack = 128;
+        t.per_token += 4 * H;
+        t.per_text += 4 * H;
+        t.per_sample += 4 * H * slack + 12 * layout->dims.dim;
+        t.fixed += 4 * H * slack + device_scratch_bytes;
+        t.pieces += 1;
+    } else if (layout->dims.family == FAMILY_HUNYUANVIDEO15) {
+        mmdit_cpu_workspace(&t, &layout->dims);
+    } else if (backend == LAYOUT_BACKEND_GPU) {
+        gpu_workspace(&t, &layout->dims, recompute);
+        t.per_token += 4 * layout->dims.num_heads;   /* the scratch: one more piece */
         t.per_sample += 12 * layout->dims.dim;
         t.fixed += device_scratch_bytes;
         t.pieces += 1;
-    } else if (joint) {
-        mmdit_cpu_workspace(&t, &layout->dims);
     } else {
         cpu_workspace(&t, &layout->dims);
     }
@@ -628,14 +694,9 @@ int64_t layout_shard_values(const model_layout *layout, layout_backend backend, 
 
 int64_t layout_gpu_fp32_read_values(const model_layout *layout, deck_shard mode)
 {
-    const int64_t D = layout->dims.dim;
-    if (layout->dims.family == FAMILY_HUNYUANVIDEO15) {
-        /* the plan until its GPU model says (layout.h): each block's 4 q/k RMSNorm weights, the time path */
-        const int64_t time = mode == SHARD_FULL ? 0 : layout->mmdit.cond_type - layout->mmdit.time_1.weight;
-        return time + layout->dims.num_layers * 4 * (D / layout->dims.num_heads);
-    }
-    const int64_t time = mode == SHARD_FULL ? 0 : layout->blocks_offset - layout->time_in.weight;
-    return time + 2 * D + layout->dims.num_layers * 8 * D;
+    const int64_t time = mode == SHARD_FULL ? 0 : layout->blocks_offset - layout->gpu_time_first;
+    return time + layout->gpu_head_fp32.count +
+           layout->dims.num_layers * (layout->gpu_block_fp32[0].count + layout->gpu_block_fp32[1].count);
 }
 
 layout_state_bytes model_layout_state_bytes(const model_layout *layout, layout_backend backend, deck_shard mode,

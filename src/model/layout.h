@@ -41,6 +41,7 @@ typedef enum { LAYOUT_INIT_XAVIER, LAYOUT_INIT_NORMAL_STD, LAYOUT_INIT_MODULATIO
 typedef enum { LAYOUT_ROWS_NONE, LAYOUT_ROWS_TOKENS, LAYOUT_ROWS_TEXT, LAYOUT_ROWS_SAMPLES } layout_rows;
 
 typedef struct { int64_t weight, bias; } layout_linear;   /* offsets into the flat buffers */
+typedef struct { int64_t offset, count; } layout_range;     /* count values from offset */
 
 /* Offsets of one block's tensors; -1 = absent (no qk_norm, no cross_attn_norm). */
 typedef struct {
@@ -105,10 +106,17 @@ typedef struct {
     layout_block block;               /* offsets from a block's start */
     layout_mmdit mmdit;               /* hunyuanvideo15: the embeddings' and head's offsets */
     layout_mmdit_block mmdit_block;   /* hunyuanvideo15: offsets from a block's start */
+    /* What the GPU model reads in fp32 (gpu_model_params; a sharded state keeps these values whole): the time path
+       [gpu_time_first, blocks_offset) (Wan: time_embedding.0 to time_projection; hunyuanvideo15: time_embed's two
+       Linears and cond_type_embed), the head's range (Wan: head.modulation; hunyuanvideo15: none, count 0) and
+       two ranges of every block, offsets from its start (Wan: modulation, norm3 weight and bias; hunyuanvideo15:
+       none). */
+    int64_t gpu_time_first;
+    layout_range gpu_head_fp32, gpu_block_fp32[2];
 } model_layout;
 
-/* 1 when the family has a GPU model (wan), 0 when it runs on the CPU only (hunyuanvideo15 so far): [run]
-   device = auto then means cpu. */
+/* 1 when the family has a GPU model (wan: cuda/model_gpu.cu; hunyuanvideo15: cuda/mmdit_gpu.cu), 0 when it
+   runs on the CPU only ([run] device = auto then means cpu). */
 int layout_family_on_gpu(deck_family family);
 /* How a family's attention sees the text, for the balancer's cost by length (docs/balancer.md): joint_text 1 where the
    text rows join each block's self-attention (MMDiT: one attention over the sample's [video; text], so that the
@@ -150,12 +158,9 @@ layout_gemm_flops model_layout_gemm_flops(const model_layout *layout);
      copied over, the per-micro-batch tables and the backward scratch. The scratch depends on the GPU (its
      SM count) through a constant, device_scratch_bytes (gpu_model_device_scratch_bytes; 0 where no GPU
      is known: then `fixed` is short of the device's by that, the coefficients are the same).
-   hunyuanvideo15: text rows L are its joint text (image, ByT5 and Qwen tokens), each a row of the text stream of
-     every block (the same activations per row as a video row's) and of the text path (refiner, embedders). Its CPU
-     count is the CPU model's (mmdit.c); its GPU count is the plan its GPU model is to carve its arena by: Wan's GPU
-     arena per row for the rows of both streams, the joint attention's tensors over N + L rows, the refiner kept per
-     text row, 12 modulation vectors per block and sample (until cuda/ builds that model, aldit-sim and aldit --check
-     plan GPU runs of the family with it).
+   hunyuanvideo15 (text rows L are its joint text: image, ByT5 and Qwen tokens): the CPU count is an upper bound
+   (the costliest source's values per text row); the GPU arena (cuda/mmdit_gpu.cu, carve) sizes every source's
+   rows by L and the joint attention's by layout_mmdit_joint_rows, exactly this formula.
    The coefficients are what the balancer plans with (cost_model_mem: per_sample + per_token S +
    per_text L a sample); `fixed` is counted once per rank, in the plan of the GPU. */
 typedef enum { LAYOUT_BACKEND_CPU, LAYOUT_BACKEND_GPU } layout_backend;
@@ -170,6 +175,10 @@ int64_t layout_memory_bytes(const layout_memory *memory, int64_t tokens, int64_t
    device_scratch_bytes + 4 num_heads N (attention) + 12 dim B (the LayerNorm backward's per-sample sums). */
 int64_t layout_gpu_scratch_bytes(const model_layout *layout, int64_t device_scratch_bytes, int64_t tokens,
                                  int64_t samples);
+/* hunyuanvideo15's GPU joint attention layout: rows for N video tokens, L text rows and B samples, each sample on
+   cuDNN from a whole tile with its last tile whole (cuda/mmdit_gpu.h): N + L + 128 (B + 1). Its backward scratch
+   is layout_gpu_scratch_bytes at these rows in place of N. */
+int64_t layout_mmdit_joint_rows(int64_t tokens, int64_t samples, int64_t text);
 
 /* The GPU model's buffers for a micro-batch of N tokens in B whole samples run by a sequence-parallel group of k
    ranks (k > 1), on each member, apart from its workspace (model_gpu.cu's head layout, grown to the largest such
@@ -211,10 +220,9 @@ typedef struct {
 layout_state_bytes model_layout_state_bytes(const model_layout *layout, layout_backend backend, deck_shard mode,
                                             int n_ranks, int ema);
 double layout_state_total(const layout_state_bytes *bytes);
-/* f above: the values the GPU model reads in fp32 (gpu_model_params) kept whole under `mode` (sharded):
-   head.modulation (2 dim), each block's modulation and norm3 (8 dim) and, but in full, the time path
-   (time_embedding.0.weight to the end of the embeddings). hunyuanvideo15, as planned until its GPU model says: each
-   block's four q/k RMSNorm weights (4 head dims) and, but in full, the time path (time_embed's two Linears). */
+/* f above: the values the GPU model reads in fp32 (gpu_model_params) kept whole under `mode` (sharded): the
+   layout's gpu_head_fp32 and every block's gpu_block_fp32 (Wan: head.modulation, 2 dim, and each block's modulation
+   and norm3, 8 dim; hunyuanvideo15: none) and, but in full, the time path [gpu_time_first, blocks_offset). */
 int64_t layout_gpu_fp32_read_values(const model_layout *layout, deck_shard mode);
 /* s above: the values of one sharded array a rank holds (the largest over ranks), as shard.h cuts it. */
 int64_t layout_shard_values(const model_layout *layout, layout_backend backend, int n_ranks);

@@ -1,0 +1,1578 @@
+// mmdit_gpu.cu — HunyuanVideo-1.5's MMDiT on one GPU: the family's workspace, small kernels, and the packed forward/backward of the rectified-flow loss.
+//
+// The order of operations is mmdit.c's (the oracle). The video and text streams keep their rows in two packed
+// buffers: each stream's LN-modulate (lnmod), GEMMs (cuBLASLt), per-head q/k RMSNorm (+ RoPE on video, fused.h's
+// fused_head_norm_rope) and MLP run over its buffer whole. The joint attention gathers q, k and v of both streams
+// into the joint layout (mmdit_gpu.h: each sample's [video; text] rows contiguous; samples on cuDNN from a tile
+// boundary with zero rows to their last whole tile) and scatters the output back; the backward gathers the
+// output's gradient and scatters dq, dk, dv. The gather costs two passes over 3 (N + L) rows per block against the
+// block's GEMMs' 24 D + 4 F values per row; it buys one cuDNN plan per tile count (a layout of the streams' own
+// buffers could not give the samples whole tiles) and keeps both streams' GEMMs one call each.
+//
+// Everything per sample (the time embedding, the modulation Linears of every block, the refiner's conditioning and
+// gates, the head's) runs in fp32 on the B rows: time_embed on fp32 weights (time_weights), the rest on the bf16
+// copies (their weights lie in the blocks and the embeddings, which a sharded state gathers in bf16).
+//
+// With block recomputation a block keeps its two inputs (x_in, c_in, bf16) and its modulation vectors; the other
+// activations of every block share one set. Walking back, after block l's backward block l - 1's forward is re-run
+// from its kept inputs (the same kernels on the same values: the results are those of GPU_RECOMPUTE_NONE), with
+// the parameter source's calls in model_gpu.cu's order.
+#include "cuda/mmdit_gpu.h"
+
+#include "config.h"
+
+#include <cuda_bf16.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cuda/attention.h"
+#ifdef HAVE_CUDNN
+#include "cuda/attention_cudnn.h"
+#endif
+#include "cuda/fused.h"
+#include "cuda/kernels_misc.h"
+#include "cuda/lnmod.h"
+
+extern "C" {
+#include "model/ops_cpu.h"
+}
+
+namespace {
+
+// ---- small kernels ---------------------------------------------------------------------------------------------
+
+constexpr int kThreads = 256;
+constexpr int kTile = 128;   // cuDNN's whole tiles (ATTENTION_CUDNN_TILE where built with cuDNN)
+#ifdef HAVE_CUDNN
+static_assert(kTile == ATTENTION_CUDNN_TILE, "the joint layout's tile is cuDNN's");
+#endif
+
+unsigned blocks_for(int64_t n) { return gpu_grid_blocks(n, kThreads, 1048576); }
+
+#define FOR_EACH_INDEX(i, n) \
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (int64_t)gridDim.x * blockDim.x)
+
+__device__ __forceinline__ float bf(gpu_bf16 bits) { return __uint_as_float((uint32_t)bits << 16); }
+
+__device__ __forceinline__ gpu_bf16 to_bf(float value)
+{
+    const __nv_bfloat16 rounded = __float2bfloat16_rn(value);
+    return *reinterpret_cast<const gpu_bf16 *>(&rounded);
+}
+
+// The sample whose rows [start[b], start[b+1]) hold `row` (start: n + 1 non-decreasing offsets).
+__device__ __forceinline__ int sample_of(const int64_t *start, int n, int64_t row)
+{
+    int lo = 0, hi = n - 1;
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) / 2;
+        if (start[mid] <= row) lo = mid;
+        else hi = mid - 1;
+    }
+    return lo;
+}
+
+// Patchify: tokens_in [N, cols] bf16 holds x_t = (1 - sigma) x0 + sigma noise in the first out_dim channels' values
+// (c, p, q, r); past them the condition latent and the mask: zeros for a text-to-video sample, and for an
+// image-to-video one (i2v[b] = 1) x0's first latent frame in the condition channels and 1 in the mask on that frame
+// (the CPU model's put_condition); zeros in the GEMM's padding columns. x0_tokens and noise_tokens [N, patch_out]
+// fp32 in the same (c, p, q, r) order, the head's (channel-major).
+struct patchify_args {
+    const float *x0, *noise, *sigma;
+    const int64_t *token_start, *latent_start;
+    const int32_t *shape, *i2v;
+    int n_samples, out_dim, patch_t, patch_h, patch_w, patch_in, cols;
+    int64_t n_tokens;
+    gpu_bf16 *tokens_in;
+    float *x0_tokens, *noise_tokens;
+};
+
+__global__ void patchify_kernel(const patchify_args a)
+{
+    const int volume = a.patch_t * a.patch_h * a.patch_w, patch_out = a.out_dim * volume;
+    FOR_EACH_INDEX(i, a.n_tokens * a.cols) {
+        const int64_t token = i / a.cols;
+        const int col = (int)(i % a.cols);
+        if (col >= 2 * patch_out + volume) {
+            a.tokens_in[i] = 0;
+            continue;
+        }
+        const int b = sample_of(a.token_start, a.n_samples, token);
+        const int64_t local = token - a.token_start[b];
+        const int f = a.shape[3 * b], h = a.shape[3 * b + 1], w = a.shape[3 * b + 2];
+        const int gh = h / a.patch_h, gw = w / a.patch_w;
+        const int64_t fi = local / ((int64_t)gh * gw), hi = (local / gw) % gh, wi = local % gw;
+        const int c = col / volume, rem = col % volume;
+        const int p = rem / (a.patch_h * a.patch_w), q = (rem / a.patch_w) % a.patch_h, r = rem % a.patch_w;
+        const int64_t frame = fi * a.patch_t + p;
+        if (col >= patch_out) {   // condition channel c - out_dim, or the mask (c = 2 out_dim): frame 0 of an I2V sample
+            float value = 0.0f;
+            if (a.i2v[b] && frame == 0)
+                value = c == 2 * a.out_dim ? 1.0f
+                        : a.x0[a.latent_start[b] + (((int64_t)(c - a.out_dim) * f) * h + hi * a.patch_h + q) * w +
+                               wi * a.patch_w + r];
+            a.tokens_in[i] = to_bf(value);
+            continue;
+        }
+        const int64_t at = a.latent_start[b] + (((int64_t)c * f + frame) * h + hi * a.patch_h + q) * w +
+                           wi * a.patch_w + r;
+        const float sigma = a.sigma[b], x0 = a.x0[at], eps = a.noise[at];
+        a.tokens_in[i] = to_bf((1.0f - sigma) * x0 + sigma * eps);
+        a.x0_tokens[token * patch_out + col] = x0;
+        a.noise_tokens[token * patch_out + col] = eps;
+    }
+}
+
+// y = x W^T + b over a few fp32 rows (one per sample) with a bf16 weight [out, in]: one warp per output, its lanes
+// over the inputs, rows in turn. chunk > 0: y is chunk-major [out / chunk][rows][chunk] (modulation vectors).
+__device__ __forceinline__ int64_t rows_index(int r, int o, int rows, int out, int chunk)
+{
+    return chunk > 0 ? ((int64_t)(o / chunk) * rows + r) * chunk + o % chunk : (int64_t)r * out + o;
+}
+
+__global__ void rows_linear_fwd_kernel(const float *x, int rows, int in, int out, const gpu_bf16 *weight,
+                                       const gpu_bf16 *bias, int chunk, float *y)
+{
+    const int lane = threadIdx.x % 32;
+    const int64_t warps = (int64_t)gridDim.x * blockDim.x / 32;
+    for (int64_t o = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32; o < out; o += warps) {
+        const gpu_bf16 *w = weight + o * in;
+        for (int r = 0; r < rows; ++r) {
+            float sum = 0.0f;
+            for (int i = lane; i < in; i += 32) sum += x[(int64_t)r * in + i] * bf(w[i]);
+            for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+            if (lane == 0) y[rows_index(r, (int)o, rows, out, chunk)] = sum + bf(bias[o]);
+        }
+    }
+}
+
+// dW[o, i] += sum_r dy[r, o] x[r, i]; db[o] += sum_r dy[r, o] (rows in order).
+__global__ void rows_linear_dweight_kernel(const float *x, const float *dy, int rows, int in, int out, int chunk,
+                                           float *dweight, float *dbias)
+{
+    FOR_EACH_INDEX(k, (int64_t)out * in) {
+        const int o = (int)(k / in), i = (int)(k % in);
+        float sum = 0.0f;
+        for (int r = 0; r < rows; ++r) sum += dy[rows_index(r, o, rows, out, chunk)] * x[(int64_t)r * in + i];
+        dweight[k] += sum;
+        if (i == 0) {
+            float bias_sum = 0.0f;
+            for (int r = 0; r < rows; ++r) bias_sum += dy[rows_index(r, o, rows, out, chunk)];
+            dbias[o] += bias_sum;
+        }
+    }
+}
+
+// dx[r, i] (+)= sum_o dy[r, o] W[o, i], the outputs cut into `slices` ranges (threads enough for the GPU with few
+// rows): partial[slice][r][i], then their sum in slice order (deterministic).
+__global__ void rows_linear_dx_partial_kernel(const float *dy, int rows, int in, int out, int chunk,
+                                              const gpu_bf16 *weight, int slices, float *partial)
+{
+    const int64_t n = (int64_t)rows * in;
+    FOR_EACH_INDEX(k, slices * n) {
+        const int slice = (int)(k / n), r = (int)(k % n / in), i = (int)(k % in);
+        const int first = (int)((int64_t)out * slice / slices), last = (int)((int64_t)out * (slice + 1) / slices);
+        float sum = 0.0f;
+        for (int o = first; o < last; ++o) sum += dy[rows_index(r, o, rows, out, chunk)] * bf(weight[(int64_t)o * in + i]);
+        partial[k] = sum;
+    }
+}
+
+__global__ void rows_linear_dx_sum_kernel(const float *partial, int slices, int64_t n, int accumulate, float *dx)
+{
+    FOR_EACH_INDEX(k, n) {
+        float sum = 0.0f;
+        for (int slice = 0; slice < slices; ++slice) sum += partial[slice * n + k];
+        dx[k] = accumulate ? dx[k] + sum : sum;
+    }
+}
+
+__global__ void silu_bf16_kernel(const gpu_bf16 *x, int64_t n, gpu_bf16 *y)
+{
+    FOR_EACH_INDEX(i, n) {
+        const float v = bf(x[i]);
+        y[i] = to_bf(v / (1.0f + expf(-v)));
+    }
+}
+
+__global__ void silu_bf16_bwd_kernel(const gpu_bf16 *x, const gpu_bf16 *dy, int64_t n, gpu_bf16 *dx)
+{
+    FOR_EACH_INDEX(i, n) {
+        const float v = bf(x[i]), s = 1.0f / (1.0f + expf(-v));
+        dx[i] = to_bf(bf(dy[i]) * s * (1.0f + v * (1.0f - s)));
+    }
+}
+
+__global__ void gelu_erf_kernel(const gpu_bf16 *x, int64_t n, gpu_bf16 *y)
+{
+    FOR_EACH_INDEX(i, n) {
+        const float v = bf(x[i]);
+        y[i] = to_bf(0.5f * v * (1.0f + erff(v * 0.70710678118654752f)));
+    }
+}
+
+__global__ void gelu_erf_bwd_kernel(const gpu_bf16 *x, const gpu_bf16 *dy, int64_t n, gpu_bf16 *dx)
+{
+    FOR_EACH_INDEX(i, n) {
+        const float v = bf(x[i]);
+        const float d = 0.5f * (1.0f + erff(v * 0.70710678118654752f)) + v * 0.39894228040143268f * expf(-0.5f * v * v);
+        dx[i] = to_bf(bf(dy[i]) * d);
+    }
+}
+
+// An affine LayerNorm's weight and bias (bf16 [dim]) as LN-modulate vectors for n samples: shift = bias,
+// scale = weight - 1 (exact for weights in [0.5, 2]).
+__global__ void affine_vectors_kernel(const gpu_bf16 *weight, const gpu_bf16 *bias, int n_samples, int dim,
+                                      float *shift, float *scale)
+{
+    FOR_EACH_INDEX(i, (int64_t)n_samples * dim) {
+        const int c = (int)(i % dim);
+        shift[i] = bf(bias[c]);
+        scale[i] = bf(weight[c]) - 1.0f;
+    }
+}
+
+// out = x + y * gate_b per row of sample b (out may be x).
+__global__ void gated_residual_kernel(const gpu_bf16 *x, const gpu_bf16 *y, const float *gate, const int64_t *start,
+                                      int n_samples, int64_t n_rows, int dim, gpu_bf16 *out)
+{
+    FOR_EACH_INDEX(i, n_rows * dim) {
+        const int64_t row = i / dim;
+        const int b = sample_of(start, n_samples, row);
+        out[i] = to_bf(bf(x[i]) + bf(y[i]) * gate[(int64_t)b * dim + i % dim]);
+    }
+}
+
+// dy = dout * gate_b.
+__global__ void gated_residual_dy_kernel(const gpu_bf16 *dout, const float *gate, const int64_t *start, int n_samples,
+                                         int64_t n_rows, int dim, gpu_bf16 *dy)
+{
+    FOR_EACH_INDEX(i, n_rows * dim) {
+        const int b = sample_of(start, n_samples, i / dim);
+        dy[i] = to_bf(bf(dout[i]) * gate[(int64_t)b * dim + i % dim]);
+    }
+}
+
+// dgate[b, c] = sum over b's rows of dout * y (rows in order).
+__global__ void gate_sum_kernel(const gpu_bf16 *dout, const gpu_bf16 *y, const int64_t *start, int n_samples, int dim,
+                                float *dgate)
+{
+    FOR_EACH_INDEX(i, (int64_t)n_samples * dim) {
+        const int b = (int)(i / dim), c = (int)(i % dim);
+        float sum = 0.0f;
+        for (int64_t r = start[b]; r < start[b + 1]; ++r) sum += bf(dout[r * dim + c]) * bf(y[r * dim + c]);
+        dgate[i] = sum;
+    }
+}
+
+// pooled[b, c] = mean of the caption's rows (double sums, as the CPU model).
+__global__ void pool_mean_kernel(const float *text, const int64_t *start, int n_samples, int dim, float *pooled)
+{
+    FOR_EACH_INDEX(i, (int64_t)n_samples * dim) {
+        const int b = (int)(i / dim), c = (int)(i % dim);
+        double sum = 0.0;
+        for (int64_t r = start[b]; r < start[b + 1]; ++r) sum += text[r * dim + c];
+        const int64_t n = start[b + 1] - start[b];
+        pooled[i] = n > 0 ? (float)(sum / (double)n) : 0.0f;
+    }
+}
+
+// The joint layout: row j holds video row map[j] (< n_video), text row map[j] - n_video, or zeros (map -1).
+__global__ void joint_gather_kernel(const int32_t *map, int64_t n_joint, const uint4 *video, const uint4 *text,
+                                    int64_t n_video, int vecs, uint4 *joint)
+{
+    FOR_EACH_INDEX(i, n_joint * vecs) {
+        const int64_t j = i / vecs, v = i % vecs, src = map[j];
+        joint[i] = src < 0 ? make_uint4(0, 0, 0, 0) : src < n_video ? video[src * vecs + v] : text[(src - n_video) * vecs + v];
+    }
+}
+
+__global__ void joint_scatter_kernel(const int32_t *map, int64_t n_joint, const uint4 *joint, int64_t n_video, int vecs,
+                                     uint4 *video, uint4 *text)
+{
+    FOR_EACH_INDEX(i, n_joint * vecs) {
+        const int64_t j = i / vecs, v = i % vecs, src = map[j];
+        if (src < 0) continue;
+        if (src < n_video) video[src * vecs + v] = joint[i];
+        else text[(src - n_video) * vecs + v] = joint[i];
+    }
+}
+
+// The joint text: row r is source kind(map[r]) (0 Qwen, 1 ByT5, 2 image), its row row(map[r]), plus the kind's type
+// embedding (fp32 [3, dim]).
+constexpr int kKindShift = 29;
+__host__ __device__ __forceinline__ int32_t text_code(int kind, int64_t row) { return (int32_t)(((int64_t)kind << kKindShift) | row); }
+
+__global__ void text_assemble_kernel(const int32_t *map, int64_t n_text, int dim, const gpu_bf16 *qwen,
+                                     const gpu_bf16 *byt5, const gpu_bf16 *image, const float *type, gpu_bf16 *out)
+{
+    FOR_EACH_INDEX(i, n_text * dim) {
+        const int64_t r = i / dim;
+        const int c = (int)(i % dim), kind = map[r] >> kKindShift;
+        const int64_t row = map[r] & ((1 << kKindShift) - 1);
+        const gpu_bf16 *src = kind == 0 ? qwen : kind == 1 ? byt5 : image;
+        out[i] = to_bf(bf(src[row * dim + c]) + type[kind * dim + c]);
+    }
+}
+
+__global__ void text_split_kernel(const int32_t *map, int64_t n_text, int dim, const gpu_bf16 *d_text, gpu_bf16 *d_qwen,
+                                  gpu_bf16 *d_byt5, gpu_bf16 *d_image)
+{
+    FOR_EACH_INDEX(i, n_text * dim) {
+        const int64_t r = i / dim;
+        const int c = (int)(i % dim), kind = map[r] >> kKindShift;
+        const int64_t row = map[r] & ((1 << kKindShift) - 1);
+        gpu_bf16 *dst = kind == 0 ? d_qwen : kind == 1 ? d_byt5 : d_image;
+        dst[row * dim + c] = d_text[i];
+    }
+}
+
+// d_type[kind, c] += sum over the rows of that kind (in order).
+__global__ void type_grad_kernel(const int32_t *map, int64_t n_text, int dim, const gpu_bf16 *d_text, float *d_type)
+{
+    FOR_EACH_INDEX(i, (int64_t)3 * dim) {
+        const int kind = (int)(i / dim), c = (int)(i % dim);
+        float sum = 0.0f;
+        for (int64_t r = 0; r < n_text; ++r)
+            if ((map[r] >> kKindShift) == kind) sum += bf(d_text[r * dim + c]);
+        d_type[i] += sum;
+    }
+}
+
+// dst [rows, wide] = src [rows, narrow] and zero columns; and back: dst [rows, narrow] += src [rows, wide]'s columns.
+__global__ void pad_columns_kernel(const gpu_bf16 *src, int64_t rows, int narrow, int wide, gpu_bf16 *dst)
+{
+    FOR_EACH_INDEX(i, rows * wide) {
+        const int64_t r = i / wide;
+        const int c = (int)(i % wide);
+        dst[i] = c < narrow ? src[r * narrow + c] : (gpu_bf16)0;
+    }
+}
+
+__global__ void add_columns_kernel(const float *src, int64_t rows, int narrow, int wide, float *dst)
+{
+    FOR_EACH_INDEX(i, rows * narrow) dst[i] += src[(i / narrow) * wide + i % narrow];
+}
+
+#define LAUNCH(kernel, n, ...)                                              \
+    do {                                                                    \
+        if ((n) > 0) kernel<<<blocks_for(n), kThreads, 0, stream>>>(__VA_ARGS__); \
+        CUDA_CHECK_LAUNCH();                                                \
+    } while (0)
+
+void rows_linear_fwd(const float *x, int rows, int in, int out, const gpu_bf16 *w, const layout_linear &lin, int chunk,
+                     float *y, cudaStream_t stream)
+{
+    const int64_t threads = (int64_t)out * 32;
+    if (rows > 0) rows_linear_fwd_kernel<<<blocks_for(threads), kThreads, 0, stream>>>(x, rows, in, out, w + lin.weight,
+                                                                                       w + lin.bias, chunk, y);
+    CUDA_CHECK_LAUNCH();
+}
+
+// dW, db added into g (the unit's gradients); dx (NULL: none) overwritten or added into, through partial sums over
+// up to 64 slices of the outputs in `scratch` (as many as its bytes hold: the same for every call of a model).
+void rows_linear_bwd(const float *x, const float *dy, int rows, int in, int out, const gpu_bf16 *w, float *g,
+                     const layout_linear &lin, int chunk, float *dx, int accumulate, void *scratch, size_t scratch_bytes,
+                     cudaStream_t stream)
+{
+    LAUNCH(rows_linear_dweight_kernel, (int64_t)out * in, x, dy, rows, in, out, chunk, g + lin.weight, g + lin.bias);
+    if (!dx || rows <= 0) return;
+    const int64_t n = (int64_t)rows * in, room = (int64_t)(scratch_bytes / sizeof(float)) / n;
+    const int slices = (int)(room < 64 ? (room < 1 ? 1 : room) : 64);
+    ALDIT_CHECK(room >= 1, "gpu model: the scratch holds no [%d, %d] partial sum", rows, in);
+    float *partial = static_cast<float *>(scratch);
+    LAUNCH(rows_linear_dx_partial_kernel, slices * n, dy, rows, in, out, chunk, w + lin.weight, slices, partial);
+    LAUNCH(rows_linear_dx_sum_kernel, n, partial, slices, n, accumulate, dx);
+}
+
+// ---- the workspace ---------------------------------------------------------------------------------------------
+
+// Hands out LAYOUT_GPU_ALIGN-aligned pieces of one allocation; with base NULL it only counts.
+struct carver {
+    char *base;
+    size_t used;
+    template <typename T> T *take(int64_t count)
+    {
+        T *piece = base ? reinterpret_cast<T *>(base + used) : nullptr;
+        used += ((size_t)(count > 0 ? count : 0) * sizeof(T) + LAYOUT_GPU_ALIGN - 1) / LAYOUT_GPU_ALIGN * LAYOUT_GPU_ALIGN;
+        return piece;
+    }
+};
+
+// One stream's activations of one block (bf16 rows unless noted); "kept" under block recomputation.
+struct stream_saved {
+    gpu_bf16 *x_in;                                   // kept: the block's input rows
+    float *mod;                                       // kept: [6][B][D] shift, scale, gate (attention), (MLP)
+    gpu_bf16 *h1, *q_pre, *k_pre, *a, *y_attn, *x1, *h2, *y_ff;   // [n, D]
+    gpu_bf16 *ff_pre, *ff_act;                        // [n, F]
+    float *ln1_mean, *ln1_rstd, *ln2_mean, *ln2_rstd; // [n]
+    float *q_rstd, *k_rstd;                           // [n, H]
+};
+
+struct block_saved {
+    stream_saved v, t;               // video, text
+    gpu_bf16 *jq, *jk, *jv, *ja;     // [J, D] the joint layout
+    float *lse;                      // [J, H] (head-major [H, rows] per sample on cuDNN)
+};
+
+struct refiner_saved {
+    gpu_bf16 *r_in, *n1, *q, *k, *v, *attn, *y_attn, *r1, *n2, *y_ff;   // [Q, D]
+    gpu_bf16 *ff_pre, *ff_act;                                          // [Q, 4D]
+    float *n1_mean, *n1_rstd, *n2_mean, *n2_rstd, *lse;                 // [Q], [Q, H]
+    float *gates;                                                       // [2][B][D] msa, mlp
+    float *shift1, *scale1, *shift2, *scale2;                           // [B, D] the affine norms as modulation
+};
+
+// One stream's scratch: forward q, k, v (before the gather) and backward gradients.
+struct stream_scratch {
+    gpu_bf16 *tq, *tk, *tv, *d_res, *d_h, *d_y, *d_t;   // [n, D]
+    gpu_bf16 *d_ff;                                      // [n, F]
+    float *d_mod;                                        // [6][B][D]
+};
+
+// Per-micro-batch tables (the same layout in pinned host memory and on the device).
+struct batch_tables {
+    int64_t *tok, *txt, *qwen, *byt5, *image, *latent_start, *pred_start, *own;   // [B + 1]
+    int64_t *spans;                                                               // {0, Q}, {0, G}, {0, I}
+    int32_t *shape, *positions, *joint_map, *text_map, *i2v;                      // [B, 3], [N, 3], [J], [L], [B]
+    float *sigma, *sinusoid;                                                      // [B], [B, freq_dim]
+};
+
+// A stream's parameters (offsets from a block's start).
+struct stream_offsets {
+    layout_linear mod, q, k, v, o, ff_in, ff_out;
+    int64_t norm_q, norm_k;
+};
+
+} // namespace
+
+struct mmdit_gpu {
+    // dims
+    int D, F, H, hd, layers, out_dim, patch_t, patch_h, patch_w, patch_in, patch_cols, patch_out;
+    int text_len, T, T2, IM, FQ, axes[3];
+    float eps;
+    model_layout layout;
+    int64_t head_first, time_first;
+    // capacity
+    int64_t N, L, J;
+    int B;
+    gpu_recompute recompute;
+    // device workspace
+    char *arena;
+    size_t arena_bytes, scratch_bytes, tables_bytes;
+    block_saved *saved;
+    refiner_saved refiner[LAYOUT_MMDIT_REFINER_LAYERS];
+    stream_scratch sv, st;
+    float *latents, *noise, *text_f32, *text2_f32, *image_f32;
+    gpu_bf16 *text, *text2, *image, *tokens_in;
+    float *x0_tokens, *noise_tokens;
+    float *t_pre, *t_act, *temb, *temb_silu, *rt_pre, *rt_act, *rp_pre, *rp_act, *cvec, *cvec_silu, *tmp;   // [B, D]
+    float *pooled, *head_mod, *sample_loss;
+    float *d_temb_silu, *d_temb, *d_tb, *d_cvec_silu, *d_cvec, *d_head_mod, *d_gates, *d_shift, *d_scale;
+    float *byt5_shift, *byt5_scale, *image_shift, *image_scale, *image_out_shift, *image_out_scale;
+    gpu_bf16 *r_final, *g_norm, *g1_pre, *g1_act, *g2_pre, *g2_act, *g_out;
+    gpu_bf16 *i_norm, *i1_pre, *i1_act, *i2, *i_out;
+    float *g_mean, *g_rstd, *i_mean, *i_rstd, *i_mean2, *i_rstd2;
+    gpu_bf16 *x_final, *c_final, *head_h, *pred, *d_pred;
+    float *head_mean, *head_rstd;
+    gpu_bf16 *d_jo, *d_jq, *d_jk, *d_jv;
+    gpu_bf16 *d_r, *d_g, *d_i, *d_rff, *d_g1, *d_g2, *d_gin, *d_i1, *d_iin;
+    gpu_bf16 *w_pad;
+    float *dw_pad;
+    void *scratch;
+    batch_tables dev;
+    // host staging
+    char *tables_pinned;
+    batch_tables host;
+    float *latents_pinned, *noise_pinned, *text_pinned, *text2_pinned, *image_pinned, *loss_pinned;
+    int32_t *grid;                    // [3][B] host
+    float *timesteps;                 // [B] host
+    int *on_cudnn;                    // [B] host: the sample's joint attention runs on cuDNN
+    int64_t *joint_start, *joint_rows;   // [B] host: its first joint row, rows (padded on cuDNN)
+    // the current micro-batch
+    int n_samples, n_own;
+    int64_t n, n_text, n_qwen, n_byt5, n_image, n_joint, own_rows;
+    double enqueue_seconds;
+};
+
+namespace {
+
+// ---- carving -----------------------------------------------------------------------------------------------------
+
+void carve_tables(carver &c, batch_tables &t, int64_t N, int B, int64_t L, int64_t J, int FQ)
+{
+    int64_t **starts[] = {&t.tok, &t.txt, &t.qwen, &t.byt5, &t.image, &t.latent_start, &t.pred_start, &t.own};
+    for (int64_t **p : starts) *p = c.take<int64_t>(B + 1);
+    t.spans = c.take<int64_t>(6);
+    t.shape = c.take<int32_t>(3 * (int64_t)B);
+    t.positions = c.take<int32_t>(3 * N);
+    t.joint_map = c.take<int32_t>(J);
+    t.text_map = c.take<int32_t>(L);
+    t.i2v = c.take<int32_t>(B);
+    t.sigma = c.take<float>(B);
+    t.sinusoid = c.take<float>((int64_t)B * FQ);
+}
+
+void carve_stream_kept(carver &c, stream_saved &s, int64_t n, int64_t B, int64_t D)
+{
+    s.x_in = c.take<gpu_bf16>(n * D);
+    s.mod = c.take<float>(6 * B * D);
+}
+
+void carve_stream_rest(carver &c, stream_saved &s, int64_t n, int64_t D, int64_t F, int64_t H)
+{
+    gpu_bf16 **rows[] = {&s.h1, &s.q_pre, &s.k_pre, &s.a, &s.y_attn, &s.x1, &s.h2, &s.y_ff};
+    for (gpu_bf16 **p : rows) *p = c.take<gpu_bf16>(n * D);
+    s.ff_pre = c.take<gpu_bf16>(n * F);
+    s.ff_act = c.take<gpu_bf16>(n * F);
+    float **stats[] = {&s.ln1_mean, &s.ln1_rstd, &s.ln2_mean, &s.ln2_rstd};
+    for (float **p : stats) *p = c.take<float>(n);
+    s.q_rstd = c.take<float>(n * H);
+    s.k_rstd = c.take<float>(n * H);
+}
+
+void carve_rest(carver &c, block_saved &s, const mmdit_gpu *mm)
+{
+    carve_stream_rest(c, s.v, mm->N, mm->D, mm->F, mm->H);
+    carve_stream_rest(c, s.t, mm->L, mm->D, mm->F, mm->H);
+    gpu_bf16 **joint[] = {&s.jq, &s.jk, &s.jv, &s.ja};
+    for (gpu_bf16 **p : joint) *p = c.take<gpu_bf16>(mm->J * mm->D);
+    s.lse = c.take<float>(mm->J * mm->H);
+}
+
+void carve_refiner(carver &c, refiner_saved &s, int64_t L, int64_t B, int64_t D, int64_t H)
+{
+    gpu_bf16 **rows[] = {&s.r_in, &s.n1, &s.q, &s.k, &s.v, &s.attn, &s.y_attn, &s.r1, &s.n2, &s.y_ff};
+    for (gpu_bf16 **p : rows) *p = c.take<gpu_bf16>(L * D);
+    s.ff_pre = c.take<gpu_bf16>(L * LAYOUT_MMDIT_REFINER_MLP_RATIO * D);
+    s.ff_act = c.take<gpu_bf16>(L * LAYOUT_MMDIT_REFINER_MLP_RATIO * D);
+    float **stats[] = {&s.n1_mean, &s.n1_rstd, &s.n2_mean, &s.n2_rstd};
+    for (float **p : stats) *p = c.take<float>(L);
+    s.lse = c.take<float>(L * H);
+    s.gates = c.take<float>(2 * B * D);
+    float **vectors[] = {&s.shift1, &s.scale1, &s.shift2, &s.scale2};
+    for (float **p : vectors) *p = c.take<float>(B * D);
+}
+
+void carve_scratch(carver &c, stream_scratch &s, int64_t n, int64_t B, int64_t D, int64_t F)
+{
+    gpu_bf16 **rows[] = {&s.tq, &s.tk, &s.tv, &s.d_res, &s.d_h, &s.d_y, &s.d_t};
+    for (gpu_bf16 **p : rows) *p = c.take<gpu_bf16>(n * D);
+    s.d_ff = c.take<gpu_bf16>(n * F);
+    s.d_mod = c.take<float>(6 * B * D);
+}
+
+// Every workspace pointer (or, with c.base NULL, the count): the pieces model_layout_memory's GPU formula for the
+// family counts (model/layout.c, mmdit_gpu_workspace), in its order.
+void carve(mmdit_gpu *mm, carver &c)
+{
+    const int64_t N = mm->N, L = mm->L, B = mm->B, D = mm->D, F = mm->F, H = mm->H, E = LAYOUT_MMDIT_BYT5_HIDDEN;
+    const int64_t R = LAYOUT_MMDIT_REFINER_MLP_RATIO * D;
+    for (int l = 0; l < mm->layers; ++l) {
+        carve_stream_kept(c, mm->saved[l].v, N, B, D);
+        carve_stream_kept(c, mm->saved[l].t, L, B, D);
+        if (mm->recompute == GPU_RECOMPUTE_NONE) carve_rest(c, mm->saved[l], mm);
+    }
+    if (mm->recompute == GPU_RECOMPUTE_BLOCK && mm->layers > 0) {
+        block_saved shared = {};
+        carve_rest(c, shared, mm);
+        for (int l = 0; l < mm->layers; ++l) {
+            block_saved &s = mm->saved[l];
+            const stream_saved v = s.v, t = s.t;
+            s = shared;
+            s.v.x_in = v.x_in;
+            s.v.mod = v.mod;
+            s.t.x_in = t.x_in;
+            s.t.mod = t.mod;
+        }
+    }
+    for (int i = 0; i < LAYOUT_MMDIT_REFINER_LAYERS; ++i) carve_refiner(c, mm->refiner[i], L, B, D, H);
+    carve_scratch(c, mm->sv, N, B, D, F);
+    carve_scratch(c, mm->st, L, B, D, F);
+    // the batch
+    mm->latents = c.take<float>(N * mm->patch_out);
+    mm->noise = c.take<float>(N * mm->patch_out);
+    mm->text_f32 = c.take<float>(L * mm->T);
+    mm->text2_f32 = c.take<float>(L * mm->T2);
+    mm->image_f32 = c.take<float>(L * mm->IM);
+    mm->text = c.take<gpu_bf16>(L * mm->T);
+    mm->text2 = c.take<gpu_bf16>(L * mm->T2);
+    mm->image = c.take<gpu_bf16>(L * mm->IM);
+    mm->tokens_in = c.take<gpu_bf16>(N * mm->patch_cols);
+    mm->x0_tokens = c.take<float>(N * mm->patch_out);
+    mm->noise_tokens = c.take<float>(N * mm->patch_out);
+    // per sample
+    float **per_sample[] = {&mm->t_pre, &mm->t_act, &mm->temb, &mm->temb_silu, &mm->rt_pre, &mm->rt_act, &mm->rp_pre,
+                            &mm->rp_act, &mm->cvec, &mm->cvec_silu, &mm->tmp, &mm->d_temb_silu, &mm->d_temb,
+                            &mm->d_tb, &mm->d_cvec_silu, &mm->d_cvec};
+    for (float **p : per_sample) *p = c.take<float>(B * D);
+    mm->pooled = c.take<float>(B * mm->T);
+    float **per_sample_2d[] = {&mm->head_mod, &mm->d_head_mod, &mm->d_gates};
+    for (float **p : per_sample_2d) *p = c.take<float>(2 * B * D);
+    mm->sample_loss = c.take<float>(B);
+    mm->d_shift = c.take<float>(B * D + mm->T2 + mm->IM);
+    mm->d_scale = c.take<float>(B * D + mm->T2 + mm->IM);
+    mm->byt5_shift = c.take<float>(mm->T2);
+    mm->byt5_scale = c.take<float>(mm->T2);
+    mm->image_shift = c.take<float>(mm->IM);
+    mm->image_scale = c.take<float>(mm->IM);
+    mm->image_out_shift = c.take<float>(D);
+    mm->image_out_scale = c.take<float>(D);
+    // the caption sources
+    mm->r_final = c.take<gpu_bf16>(L * D);
+    mm->g_norm = c.take<gpu_bf16>(L * mm->T2);
+    gpu_bf16 **hidden[] = {&mm->g1_pre, &mm->g1_act, &mm->g2_pre, &mm->g2_act};
+    for (gpu_bf16 **p : hidden) *p = c.take<gpu_bf16>(L * E);
+    mm->g_out = c.take<gpu_bf16>(L * D);
+    gpu_bf16 **image_rows[] = {&mm->i_norm, &mm->i1_pre, &mm->i1_act};
+    for (gpu_bf16 **p : image_rows) *p = c.take<gpu_bf16>(L * mm->IM);
+    mm->i2 = c.take<gpu_bf16>(L * D);
+    mm->i_out = c.take<gpu_bf16>(L * D);
+    float **text_stats[] = {&mm->g_mean, &mm->g_rstd, &mm->i_mean, &mm->i_rstd, &mm->i_mean2, &mm->i_rstd2};
+    for (float **p : text_stats) *p = c.take<float>(L);
+    // head
+    mm->x_final = c.take<gpu_bf16>(N * D);
+    mm->head_h = c.take<gpu_bf16>(N * D);
+    mm->c_final = c.take<gpu_bf16>(L * D);
+    mm->pred = c.take<gpu_bf16>(N * mm->patch_out);
+    mm->d_pred = c.take<gpu_bf16>(N * mm->patch_out);
+    mm->head_mean = c.take<float>(N);
+    mm->head_rstd = c.take<float>(N);
+    // backward
+    gpu_bf16 **joint[] = {&mm->d_jo, &mm->d_jq, &mm->d_jk, &mm->d_jv};
+    for (gpu_bf16 **p : joint) *p = c.take<gpu_bf16>(mm->J * D);
+    gpu_bf16 **sources[] = {&mm->d_r, &mm->d_g, &mm->d_i};
+    for (gpu_bf16 **p : sources) *p = c.take<gpu_bf16>(L * D);
+    mm->d_rff = c.take<gpu_bf16>(L * R);
+    mm->d_g1 = c.take<gpu_bf16>(L * E);
+    mm->d_g2 = c.take<gpu_bf16>(L * E);
+    mm->d_gin = c.take<gpu_bf16>(L * mm->T2);
+    mm->d_i1 = c.take<gpu_bf16>(L * mm->IM);
+    mm->d_iin = c.take<gpu_bf16>(L * mm->IM);
+    mm->w_pad = c.take<gpu_bf16>(D * mm->patch_cols);
+    mm->dw_pad = c.take<float>(D * mm->patch_cols);
+    carve_tables(c, mm->dev, N, mm->B, L, mm->J, mm->FQ);
+    mm->scratch = c.take<char>((int64_t)mm->scratch_bytes);
+}
+
+// The largest workspace a backward op asks for at this capacity.
+size_t scratch_needed(const mmdit_gpu *mm)
+{
+    const size_t sizes[] = {
+        lnmod_bwd_workspace_bytes(mm->N, mm->D, mm->B),
+        lnmod_residual_bwd_workspace_bytes(mm->N, mm->D, mm->B),
+        lnmod_bwd_workspace_bytes(mm->L, mm->D, mm->B),
+        lnmod_residual_bwd_workspace_bytes(mm->L, mm->D, mm->B),
+        lnmod_bwd_workspace_bytes(mm->L, mm->T2, 1),
+        lnmod_bwd_workspace_bytes(mm->L, mm->IM, 1),
+        fused_head_norm_rope_bwd_workspace_bytes(mm->N, mm->H, mm->hd),
+        fused_head_norm_rope_bwd_workspace_bytes(mm->L, mm->H, mm->hd),
+        attention_bwd_workspace_bytes(mm->J, mm->H),
+        fused_flow_loss_workspace_bytes(mm->B),
+    };
+    size_t largest = 0;
+    for (size_t s : sizes) largest = s > largest ? s : largest;
+    return largest;
+}
+
+template <typename T> T *pinned(int64_t count)
+{
+    void *p = nullptr;
+    CUDA_CHECK(cudaMallocHost(&p, (size_t)(count > 0 ? count : 1) * sizeof(T)));
+    return static_cast<T *>(p);
+}
+
+// Every setting the kernels cannot run, as one clear error.
+void check_supported(const model *m)
+{
+    const int patch_out = m->patch_out, E = LAYOUT_MMDIT_BYT5_HIDDEN;
+    const int widths[] = {m->dim, m->ffn_dim, m->text_dim, m->text_2_dim, m->image_dim, patch_out, m->head_dim};
+    for (int w : widths)
+        if (w % 8 || w <= 0)
+            ALDIT_FATAL_CODE(ALDIT_EXIT_USAGE, "gpu model (hunyuanvideo15): dim %d, ffn_dim %d, text_dim %d, text_2_dim "
+                             "%d, image_dim %d, out_dim x patch %d and head_dim %d must be positive multiples of 8",
+                             m->dim, m->ffn_dim, m->text_dim, m->text_2_dim, m->image_dim, patch_out, m->head_dim);
+    if (m->dim > LNMOD_MAX_DIM || m->text_2_dim > LNMOD_MAX_DIM || m->image_dim > LNMOD_MAX_DIM)
+        ALDIT_FATAL_CODE(ALDIT_EXIT_USAGE, "gpu model (hunyuanvideo15): dim, text_2_dim and image_dim must be at most %d",
+                         LNMOD_MAX_DIM);
+    if (!attention_head_dim_supported(m->head_dim))
+        ALDIT_FATAL_CODE(ALDIT_EXIT_USAGE, "gpu model (hunyuanvideo15): head dim %d is not supported by the attention "
+                         "kernels (a multiple of 16 up to %d)", m->head_dim, ATTENTION_MAX_HEAD_DIM);
+    const int linears[][2] = {{m->dim, m->dim}, {m->dim, m->ffn_dim}, {m->ffn_dim, m->dim}, {m->text_dim, m->dim},
+                              {m->dim, 4 * m->dim}, {4 * m->dim, m->dim}, {m->text_2_dim, E}, {E, E}, {E, m->dim},
+                              {m->image_dim, m->image_dim}, {m->image_dim, m->dim}, {m->dim, patch_out}};
+    for (size_t i = 0; i < sizeof linears / sizeof linears[0]; ++i)
+        if (!gemm_linear_supported(linears[i][0], linears[i][1]))
+            ALDIT_FATAL_CODE(ALDIT_EXIT_USAGE, "gpu model (hunyuanvideo15): a %d -> %d linear layer is not supported by "
+                             "the GEMMs", linears[i][0], linears[i][1]);
+    for (int i = 0; i < m->n_params; ++i)
+        if (m->params[i].offset % 8)
+            ALDIT_FATAL_CODE(ALDIT_EXIT_USAGE, "gpu model (hunyuanvideo15): parameter %s starts at value %lld, not a "
+                             "multiple of 8", m->params[i].name, (long long)m->params[i].offset);
+}
+
+} // namespace
+
+extern "C" mmdit_gpu *mmdit_gpu_describe(const model *m, int64_t max_tokens, int max_samples, int64_t max_text,
+                                         gpu_recompute recompute, int64_t device_scratch_bytes, size_t *arena_bytes)
+{
+    ALDIT_CHECK(m->family == FAMILY_HUNYUANVIDEO15, "gpu model: mmdit_gpu for another family");
+    check_supported(m);
+    ALDIT_CHECK(max_tokens > 0 && max_samples > 0 && max_samples <= 65535 && max_text >= 0,
+                "gpu model: capacity of %lld tokens, %d samples (at most 65535), %lld text rows must be positive",
+                (long long)max_tokens, max_samples, (long long)max_text);
+    mmdit_gpu *mm = static_cast<mmdit_gpu *>(xcalloc(1, sizeof(mmdit_gpu)));
+    mm->D = m->dim;
+    mm->F = m->ffn_dim;
+    mm->H = m->num_heads;
+    mm->hd = m->head_dim;
+    mm->layers = m->num_layers;
+    mm->out_dim = m->out_dim;
+    mm->patch_t = m->patch_t;
+    mm->patch_h = m->patch_h;
+    mm->patch_w = m->patch_w;
+    mm->patch_in = m->patch_in;
+    mm->patch_cols = (m->patch_in + 7) / 8 * 8;
+    mm->patch_out = m->patch_out;
+    mm->text_len = m->text_len;
+    mm->T = m->text_dim;
+    mm->T2 = m->text_2_dim;
+    mm->IM = m->image_dim;
+    mm->FQ = m->freq_dim;
+    const int pairs = m->head_dim / 2, t = m->rope_axes_t / 2;
+    mm->axes[0] = t;
+    mm->axes[1] = mm->axes[2] = (pairs - t) / 2;
+    mm->eps = m->eps;
+    mm->layout = m->layout;
+    mm->head_first = m->layout.blocks_offset + (int64_t)m->num_layers * m->layout.block_stride;
+    mm->time_first = m->layout.gpu_time_first;
+    ALDIT_CHECK(mm->time_first > 0 && m->layout.mmdit.cond_type > mm->time_first &&
+                m->layout.mmdit.time_2.bias > mm->time_first,
+                "gpu model: the parameter table's order is not the one the GPU model reads its parameters in");
+    mm->N = max_tokens;
+    mm->B = max_samples;
+    mm->L = max_text > 0 ? max_text : (int64_t)max_samples * m->text_len;
+    mm->J = layout_mmdit_joint_rows(mm->N, mm->B, mm->L);
+    ALDIT_CHECK(mm->J < ((int64_t)1 << 31) && mm->N + mm->L < ((int64_t)1 << 29),
+                "gpu model: a capacity of %lld tokens and %lld text rows is too large", (long long)mm->N, (long long)mm->L);
+    ALDIT_CHECK(recompute == GPU_RECOMPUTE_NONE || recompute == GPU_RECOMPUTE_BLOCK,
+                "gpu model: unknown recomputation mode %d", (int)recompute);
+    mm->recompute = recompute;
+    mm->saved = static_cast<block_saved *>(xcalloc((size_t)(mm->layers > 0 ? mm->layers : 1), sizeof(block_saved)));
+    // the arena is the layout's memory formula at this capacity (model/layout.h): what the balancer plans with
+    mm->scratch_bytes = (size_t)layout_gpu_scratch_bytes(&m->layout, device_scratch_bytes, mm->J, mm->B);
+    ALDIT_CHECK(scratch_needed(mm) <= mm->scratch_bytes, "gpu model (hunyuanvideo15): the backward ops ask for %zu "
+                "bytes of scratch, more than the %zu of the memory formula", scratch_needed(mm), mm->scratch_bytes);
+    const layout_memory memory = model_layout_memory(&m->layout, LAYOUT_BACKEND_GPU,
+                                                     recompute == GPU_RECOMPUTE_BLOCK ? RECOMPUTE_BLOCK : RECOMPUTE_NONE,
+                                                     device_scratch_bytes);
+    mm->arena_bytes = (size_t)layout_memory_bytes(&memory, mm->N, mm->B, mm->L);
+    carver count = {nullptr, 0};
+    carve(mm, count);
+    ALDIT_CHECK(count.used <= mm->arena_bytes, "gpu model (hunyuanvideo15): the workspace carves %zu bytes, more than "
+                "the %zu of the memory formula (model/layout.c and mmdit_gpu.cu disagree)", count.used, mm->arena_bytes);
+    *arena_bytes = mm->arena_bytes;
+    return mm;
+}
+
+extern "C" void mmdit_gpu_allocate(mmdit_gpu *mm)
+{
+    CUDA_CHECK(cudaMalloc(&mm->arena, mm->arena_bytes));
+    // Poisoned (all bits set is NaN in bf16 and fp32): a value read before it is written shows up as NaN.
+    CUDA_CHECK(cudaMemset(mm->arena, 0xff, mm->arena_bytes));
+    carver assign = {mm->arena, 0};
+    carve(mm, assign);
+    carver tables = {nullptr, 0};
+    carve_tables(tables, mm->host, mm->N, mm->B, mm->L, mm->J, mm->FQ);
+    mm->tables_bytes = tables.used;
+    mm->tables_pinned = pinned<char>((int64_t)mm->tables_bytes);
+    tables = {mm->tables_pinned, 0};
+    carve_tables(tables, mm->host, mm->N, mm->B, mm->L, mm->J, mm->FQ);
+    mm->latents_pinned = pinned<float>(mm->N * mm->patch_out);
+    mm->noise_pinned = pinned<float>(mm->N * mm->patch_out);
+    mm->text_pinned = pinned<float>(mm->L * mm->T);
+    mm->text2_pinned = pinned<float>(mm->L * mm->T2);
+    mm->image_pinned = pinned<float>(mm->L * mm->IM);
+    mm->loss_pinned = pinned<float>(mm->B);
+    mm->grid = static_cast<int32_t *>(xmalloc(3 * (size_t)mm->B * sizeof(int32_t)));
+    mm->timesteps = static_cast<float *>(xmalloc((size_t)mm->B * sizeof(float)));
+    mm->on_cudnn = static_cast<int *>(xmalloc((size_t)mm->B * sizeof(int)));
+    mm->joint_start = static_cast<int64_t *>(xmalloc(2 * (size_t)mm->B * sizeof(int64_t)));
+    mm->joint_rows = mm->joint_start + mm->B;
+}
+
+extern "C" void mmdit_gpu_free(mmdit_gpu *mm)
+{
+    if (!mm) return;
+    if (mm->arena) CUDA_CHECK(cudaFree(mm->arena));   // a described-only model touches no device (aldit --check)
+    float *pinned_arrays[] = {mm->latents_pinned, mm->noise_pinned, mm->text_pinned, mm->text2_pinned, mm->image_pinned,
+                              mm->loss_pinned};
+    for (float *p : pinned_arrays)
+        if (p) CUDA_CHECK(cudaFreeHost(p));
+    if (mm->tables_pinned) CUDA_CHECK(cudaFreeHost(mm->tables_pinned));
+    free(mm->grid);
+    free(mm->timesteps);
+    free(mm->on_cudnn);
+    free(mm->joint_start);
+    free(mm->saved);
+    free(mm);
+}
+
+extern "C" double mmdit_gpu_enqueue_seconds(const mmdit_gpu *mm)
+{
+    return mm->enqueue_seconds;
+}
+
+namespace {
+
+// ---- staging a micro-batch ------------------------------------------------------------------------------------
+
+int32_t length_of(const int32_t *lengths, int b) { return lengths ? lengths[b] : 0; }
+
+// One sample's sizes checked as the CPU model checks them (the same messages, exit 2).
+void check_sample(const mmdit_gpu *mm, const model_batch *batch, int b)
+{
+    const int32_t f = batch->frames[b], h = batch->height[b], w = batch->width[b];
+    if (f <= 0 || h <= 0 || w <= 0 || f % mm->patch_t || h % mm->patch_h || w % mm->patch_w)
+        ALDIT_FATAL_CODE(ALDIT_EXIT_USAGE, "model: sample %d of the micro-batch has latent %dx%dx%d, not a positive "
+                         "multiple of the patch %dx%dx%d", b, f, h, w, mm->patch_t, mm->patch_h, mm->patch_w);
+    if (batch->text_len[b] < 1 || batch->text_len[b] > mm->text_len)
+        ALDIT_FATAL_CODE(ALDIT_EXIT_USAGE, "model: sample %d of the micro-batch has %d Qwen text tokens (1..%d "
+                         "allowed: the refiner pools over them)", b, batch->text_len[b], mm->text_len);
+    if (length_of(batch->text_2_len, b) < 0 || length_of(batch->image_len, b) < 0)
+        ALDIT_FATAL_CODE(ALDIT_EXIT_USAGE, "model: sample %d of the micro-batch has a negative ByT5 or image length", b);
+    const float sigma = batch->sigma[b];
+    if (!(sigma >= 0.0f && sigma <= 1.0f))
+        ALDIT_FATAL("model: sample %d of the micro-batch has sigma %g outside [0, 1]", b, sigma);
+}
+
+// The row tables of every sample's video, joint text and sources.
+void row_tables(mmdit_gpu *mm, const model_batch *batch)
+{
+    batch_tables &t = mm->host;
+    const int B = batch->n_samples;
+    t.tok[0] = t.txt[0] = t.qwen[0] = t.byt5[0] = t.image[0] = t.latent_start[0] = t.pred_start[0] = 0;
+    for (int b = 0; b < B; ++b) {
+        check_sample(mm, batch, b);
+        const int32_t f = batch->frames[b], h = batch->height[b], w = batch->width[b];
+        int32_t *grid = mm->grid;
+        grid[b] = f / mm->patch_t;
+        grid[B + b] = h / mm->patch_h;
+        grid[2 * B + b] = w / mm->patch_w;
+        const int64_t S = (int64_t)grid[b] * grid[B + b] * grid[2 * B + b];
+        const int64_t Q = batch->text_len[b], G = length_of(batch->text_2_len, b), I = length_of(batch->image_len, b);
+        t.tok[b + 1] = t.tok[b] + S;
+        t.txt[b + 1] = t.txt[b] + I + G + Q;
+        t.qwen[b + 1] = t.qwen[b] + Q;
+        t.byt5[b + 1] = t.byt5[b] + G;
+        t.image[b + 1] = t.image[b] + I;
+        t.latent_start[b + 1] = t.latent_start[b] + (int64_t)mm->out_dim * f * h * w;
+        t.pred_start[b + 1] = t.tok[b + 1] * mm->patch_out;
+        t.shape[3 * b] = f;
+        t.shape[3 * b + 1] = h;
+        t.shape[3 * b + 2] = w;
+        t.sigma[b] = batch->sigma[b];
+        t.i2v[b] = batch->i2v && batch->i2v[b] ? 1 : 0;
+        mm->timesteps[b] = 1000.0f * batch->sigma[b];
+    }
+    mm->n_samples = B;
+    mm->n = t.tok[B];
+    mm->n_text = t.txt[B];
+    mm->n_qwen = t.qwen[B];
+    mm->n_byt5 = t.byt5[B];
+    mm->n_image = t.image[B];
+    if (mm->n > mm->N || mm->n_text > mm->L)
+        ALDIT_FATAL("gpu model: a micro-batch of %lld tokens and %lld text rows exceeds the %lld and %lld the model was "
+                    "created for", (long long)mm->n, (long long)mm->n_text, (long long)mm->N, (long long)mm->L);
+    const int64_t spans[6] = {0, mm->n_qwen, 0, mm->n_byt5, 0, mm->n_image};
+    memcpy(t.spans, spans, sizeof spans);
+}
+
+// The joint layout (mmdit_gpu.h): samples on our own kernel packed from row 0, then those on cuDNN, each from a tile
+// boundary over its whole tiles; map[j] names the video or text row of joint row j (-1: a zero pad row).
+void joint_layout(mmdit_gpu *mm, const mmdit_gpu_env *env)
+{
+    batch_tables &t = mm->host;
+    const int B = mm->n_samples;
+    int64_t at = 0;
+    mm->n_own = 0;
+    t.own[0] = 0;
+    for (int b = 0; b < B; ++b) {
+        const int64_t rows = t.tok[b + 1] - t.tok[b] + t.txt[b + 1] - t.txt[b];
+        mm->on_cudnn[b] = 0;
+#ifdef HAVE_CUDNN
+        mm->on_cudnn[b] = env->use_cudnn && env->cudnn && rows >= env->cudnn_min_tokens;
+#else
+        (void)env;
+#endif
+        if (mm->on_cudnn[b]) continue;
+        mm->joint_start[b] = at;
+        mm->joint_rows[b] = rows;
+        at += rows;
+        t.own[++mm->n_own] = at;
+    }
+    mm->own_rows = at;
+    at = (at + kTile - 1) / kTile * kTile;
+    for (int b = 0; b < B; ++b) {
+        if (!mm->on_cudnn[b]) continue;
+        const int64_t rows = t.tok[b + 1] - t.tok[b] + t.txt[b + 1] - t.txt[b];
+        mm->joint_start[b] = at;
+#ifdef HAVE_CUDNN
+        mm->joint_rows[b] = attention_cudnn_padded_rows(rows);
+#else
+        mm->joint_rows[b] = rows;
+#endif
+        at += (mm->joint_rows[b] + kTile - 1) / kTile * kTile;
+    }
+    mm->n_joint = at;
+    ALDIT_CHECK(mm->n_joint <= mm->J, "gpu model: the joint layout takes %lld rows, more than the %lld of the capacity",
+                (long long)mm->n_joint, (long long)mm->J);
+    for (int64_t j = 0; j < mm->n_joint; ++j) t.joint_map[j] = -1;
+    for (int b = 0; b < B; ++b) {
+        const int64_t S = t.tok[b + 1] - t.tok[b], L = t.txt[b + 1] - t.txt[b], first = mm->joint_start[b];
+        for (int64_t i = 0; i < S; ++i) t.joint_map[first + i] = (int32_t)(t.tok[b] + i);
+        for (int64_t i = 0; i < L; ++i) t.joint_map[first + S + i] = (int32_t)(mm->n + t.txt[b] + i);
+    }
+}
+
+// The joint text rows' sources: per sample [image; ByT5; Qwen].
+void text_map(mmdit_gpu *mm)
+{
+    batch_tables &t = mm->host;
+    for (int b = 0; b < mm->n_samples; ++b) {
+        int64_t row = t.txt[b];
+        for (int64_t i = t.image[b]; i < t.image[b + 1]; ++i) t.text_map[row++] = text_code(2, i);
+        for (int64_t i = t.byt5[b]; i < t.byt5[b + 1]; ++i) t.text_map[row++] = text_code(1, i);
+        for (int64_t i = t.qwen[b]; i < t.qwen[b + 1]; ++i) t.text_map[row++] = text_code(0, i);
+    }
+}
+
+void copy_in(float *pinned_rows, float *device_rows, const float *src, int64_t n, cudaStream_t stream)
+{
+    if (n <= 0) return;
+    memcpy(pinned_rows, src, (size_t)n * sizeof(float));
+    CUDA_CHECK(cudaMemcpyAsync(device_rows, pinned_rows, (size_t)n * sizeof(float), cudaMemcpyHostToDevice, stream));
+}
+
+// Check and lay out the batch, fill the pinned tables and inputs and queue their copies.
+void stage(mmdit_gpu *mm, const mmdit_gpu_env *env, const model_batch *batch, cudaStream_t stream)
+{
+    const int B = batch->n_samples;
+    ALDIT_CHECK(B > 0, "model: a micro-batch needs at least one sample (got %d)", B);
+    if (B > mm->B)
+        ALDIT_FATAL("gpu model: a micro-batch of %d samples exceeds the %d the model was created for", B, mm->B);
+    if (batch->sp_size > 1)
+        ALDIT_FATAL_CODE(ALDIT_EXIT_USAGE, "model: model.family = hunyuanvideo15 has no sequence parallelism yet: set "
+                         "[balance] sp = off");
+    row_tables(mm, batch);
+    joint_layout(mm, env);
+    text_map(mm);
+    cpu_rope_positions(B, mm->grid, mm->grid + B, mm->grid + 2 * B, mm->host.positions);
+    cpu_sinusoidal_embedding(mm->timesteps, B, mm->FQ, mm->host.sinusoid);
+    CUDA_CHECK(cudaMemcpyAsync(mm->dev.tok, mm->tables_pinned, mm->tables_bytes, cudaMemcpyHostToDevice, stream));
+    const int64_t values = mm->host.latent_start[B];
+    copy_in(mm->latents_pinned, mm->latents, batch->latents, values, stream);
+    copy_in(mm->noise_pinned, mm->noise, batch->noise, values, stream);
+    copy_in(mm->text_pinned, mm->text_f32, batch->text, mm->n_qwen * mm->T, stream);
+    if (mm->n_byt5 > 0) copy_in(mm->text2_pinned, mm->text2_f32, batch->text_2, mm->n_byt5 * mm->T2, stream);
+    if (mm->n_image > 0) copy_in(mm->image_pinned, mm->image_f32, batch->image, mm->n_image * mm->IM, stream);
+}
+
+// ---- layers ------------------------------------------------------------------------------------------------------
+
+layout_linear shifted(layout_linear lin, int64_t by) { return {lin.weight + by, lin.bias + by}; }
+
+void linear_fwd(const mmdit_gpu_env *env, const gpu_bf16 *w, const gpu_bf16 *x, int64_t rows, int in, int out,
+                layout_linear lin, gpu_bf16 *y, cudaStream_t stream)
+{
+    if (rows > 0) gemm_linear_fwd(env->gemm, x, rows, in, out, w + lin.weight, w + lin.bias, GEMM_EPILOGUE_BIAS, y,
+                                  nullptr, stream);
+}
+
+void linear_gelu_fwd(const mmdit_gpu_env *env, const gpu_bf16 *w, const gpu_bf16 *x, int64_t rows, int in, int out,
+                     layout_linear lin, gpu_bf16 *pre, gpu_bf16 *act, cudaStream_t stream)
+{
+    if (rows > 0) gemm_linear_fwd(env->gemm, x, rows, in, out, w + lin.weight, w + lin.bias,
+                                  GEMM_EPILOGUE_GELU_AUX_BIAS, act, pre, stream);
+}
+
+// dW, db added into g; dx (NULL: none) overwritten or added into; gelu_input: dx is the GELU-tanh input's gradient.
+void linear_bwd(const mmdit_gpu_env *env, const gpu_bf16 *w, float *g, const gpu_bf16 *x, const gpu_bf16 *dy,
+                int64_t rows, int in, int out, layout_linear lin, const gpu_bf16 *gelu_input, gpu_bf16 *dx,
+                int accumulate_dx, cudaStream_t stream)
+{
+    if (rows <= 0) return;
+    gemm_linear_bwd_weight(env->gemm, x, dy, rows, in, out, g + lin.weight, g + lin.bias, 1, stream);
+    if (dx) gemm_linear_bwd_data(env->gemm, dy, rows, in, out, w + lin.weight, gelu_input, dx, accumulate_dx, stream);
+}
+
+float *chunk(float *table, int c, int B, int D) { return table + (int64_t)c * B * D; }
+
+void gated_residual(const gpu_bf16 *x, const gpu_bf16 *y, const float *gate, const int64_t *start, int B, int64_t rows,
+                    int D, gpu_bf16 *out, cudaStream_t stream)
+{
+    LAUNCH(gated_residual_kernel, rows * D, x, y, gate, start, B, rows, D, out);
+}
+
+// dy = dout gate_b and dgate_b = sum of dout y over b's rows (the residual's own gradient, dout, passes on).
+void gated_residual_bwd(const gpu_bf16 *dout, const gpu_bf16 *y, const float *gate, const int64_t *start, int B,
+                        int64_t rows, int D, gpu_bf16 *dy, float *dgate, cudaStream_t stream)
+{
+    LAUNCH(gated_residual_dy_kernel, rows * D, dout, gate, start, B, rows, D, dy);
+    LAUNCH(gate_sum_kernel, (int64_t)B * D, dout, y, start, B, D, dgate);
+}
+
+void joint_gather(const mmdit_gpu *mm, const gpu_bf16 *video, const gpu_bf16 *text, gpu_bf16 *joint, cudaStream_t stream)
+{
+    const int vecs = mm->D / 8;
+    LAUNCH(joint_gather_kernel, mm->n_joint * vecs, mm->dev.joint_map, mm->n_joint, reinterpret_cast<const uint4 *>(video),
+           reinterpret_cast<const uint4 *>(text), mm->n, vecs, reinterpret_cast<uint4 *>(joint));
+}
+
+void joint_scatter(const mmdit_gpu *mm, const gpu_bf16 *joint, gpu_bf16 *video, gpu_bf16 *text, cudaStream_t stream)
+{
+    const int vecs = mm->D / 8;
+    LAUNCH(joint_scatter_kernel, mm->n_joint * vecs, mm->dev.joint_map, mm->n_joint, reinterpret_cast<const uint4 *>(joint),
+           mm->n, vecs, reinterpret_cast<uint4 *>(video), reinterpret_cast<uint4 *>(text));
+}
+
+// The joint attention of a block: our own kernel over the packed samples, cuDNN over the others' whole tiles.
+void joint_attention_fwd(const mmdit_gpu *mm, const mmdit_gpu_env *env, block_saved &s, cudaStream_t stream)
+{
+    const int H = mm->H, hd = mm->hd;
+    if (mm->n_own > 0)
+        attention_fwd(s.jq, s.jk, s.jv, H, hd, mm->dev.own, mm->dev.own, mm->n_own, mm->own_rows, mm->own_rows, s.ja,
+                      s.lse, stream);
+#ifdef HAVE_CUDNN
+    const batch_tables &t = mm->host;
+    for (int b = 0; b < mm->n_samples; ++b) {
+        if (!mm->on_cudnn[b]) continue;
+        const int64_t first = mm->joint_start[b], at = first * mm->D, padded = mm->joint_rows[b];
+        const int64_t rows = t.tok[b + 1] - t.tok[b] + t.txt[b + 1] - t.txt[b];
+        if (padded > rows)
+            attention_cudnn_fwd_padded(env->cudnn, s.jq + at, s.jk + at, s.jv + at, rows, padded, H, hd, s.ja + at,
+                                       s.lse + first * H, stream);
+        else
+            attention_cudnn_fwd(env->cudnn, s.jq + at, s.jk + at, s.jv + at, rows, H, hd, s.ja + at, s.lse + first * H,
+                                stream);
+    }
+#else
+    (void)env;
+#endif
+}
+
+void joint_attention_bwd(const mmdit_gpu *mm, const mmdit_gpu_env *env, const block_saved &s, cudaStream_t stream)
+{
+    const int H = mm->H, hd = mm->hd;
+    if (mm->n_own > 0)
+        attention_bwd(s.jq, s.jk, s.jv, s.ja, mm->d_jo, s.lse, H, hd, mm->dev.own, mm->dev.own, mm->n_own, mm->own_rows,
+                      mm->own_rows, mm->d_jq, mm->d_jk, mm->d_jv, mm->scratch, stream);
+#ifdef HAVE_CUDNN
+    const batch_tables &t = mm->host;
+    for (int b = 0; b < mm->n_samples; ++b) {
+        if (!mm->on_cudnn[b]) continue;
+        const int64_t first = mm->joint_start[b], at = first * mm->D, padded = mm->joint_rows[b];
+        const int64_t rows = t.tok[b + 1] - t.tok[b] + t.txt[b + 1] - t.txt[b];
+        if (padded > rows)
+            attention_cudnn_bwd_padded(env->cudnn, s.jq + at, s.jk + at, s.jv + at, s.ja + at, mm->d_jo + at,
+                                       s.lse + first * H, rows, padded, H, hd, mm->d_jq + at, mm->d_jk + at,
+                                       mm->d_jv + at, stream);
+        else
+            attention_cudnn_bwd(env->cudnn, s.jq + at, s.jk + at, s.jv + at, s.ja + at, mm->d_jo + at, s.lse + first * H,
+                                rows, H, hd, mm->d_jq + at, mm->d_jk + at, mm->d_jv + at, stream);
+    }
+#else
+    (void)env;
+#endif
+}
+
+// ---- the dual-stream block ---------------------------------------------------------------------------------------
+
+// One stream's rows, parameters and scratch.
+struct stream_view {
+    int64_t n;
+    const int64_t *start;          // device [B + 1]
+    stream_offsets off;
+    const int32_t *positions;      // device [n, 3]; NULL: no RoPE (text)
+    stream_scratch *sc;
+};
+
+stream_view video_view(mmdit_gpu *mm)
+{
+    const layout_mmdit_block &b = mm->layout.mmdit_block;
+    return {mm->n, mm->dev.tok, {b.norm1, b.to_q, b.to_k, b.to_v, b.to_out, b.ff_in, b.ff_out, b.norm_q, b.norm_k},
+            mm->dev.positions, &mm->sv};
+}
+
+stream_view text_view(mmdit_gpu *mm)
+{
+    const layout_mmdit_block &b = mm->layout.mmdit_block;
+    return {mm->n_text, mm->dev.txt,
+            {b.norm1_context, b.add_q, b.add_k, b.add_v, b.to_add_out, b.ff_context_in, b.ff_context_out,
+             b.norm_added_q, b.norm_added_k},
+            nullptr, &mm->st};
+}
+
+// Modulation, LN-modulate and the q, k, v projections of one stream: q, k (after the per-head RMSNorm and, on video,
+// RoPE) and v into the stream's scratch tq, tk, tv.
+void stream_qkv_fwd(mmdit_gpu *mm, const mmdit_gpu_env *env, const gpu_bf16 *w, const stream_view &v, stream_saved &s,
+                    cudaStream_t stream)
+{
+    const int B = mm->n_samples, D = mm->D, H = mm->H, hd = mm->hd;
+    rows_linear_fwd(mm->temb_silu, B, D, 6 * D, w, v.off.mod, D, s.mod, stream);
+    lnmod_fwd(s.x_in, v.n, D, v.start, B, chunk(s.mod, 0, B, D), chunk(s.mod, 1, B, D), mm->eps, s.h1, s.ln1_mean,
+              s.ln1_rstd, stream);
+    linear_fwd(env, w, s.h1, v.n, D, D, v.off.q, s.q_pre, stream);
+    linear_fwd(env, w, s.h1, v.n, D, D, v.off.k, s.k_pre, stream);
+    linear_fwd(env, w, s.h1, v.n, D, D, v.off.v, v.sc->tv, stream);
+    fused_head_norm_rope_fwd(s.q_pre, v.n, H, hd, w + v.off.norm_q, mm->eps, v.positions, mm->axes,
+                             LAYOUT_MMDIT_ROPE_THETA, v.sc->tq, s.q_rstd, stream);
+    fused_head_norm_rope_fwd(s.k_pre, v.n, H, hd, w + v.off.norm_k, mm->eps, v.positions, mm->axes,
+                             LAYOUT_MMDIT_ROPE_THETA, v.sc->tk, s.k_rstd, stream);
+}
+
+// The output projection, gated residual + LN-modulate, MLP and its gated residual into out.
+void stream_out_fwd(mmdit_gpu *mm, const mmdit_gpu_env *env, const gpu_bf16 *w, const stream_view &v, stream_saved &s,
+                    gpu_bf16 *out, cudaStream_t stream)
+{
+    const int B = mm->n_samples, D = mm->D, F = mm->F;
+    linear_fwd(env, w, s.a, v.n, D, D, v.off.o, s.y_attn, stream);
+    lnmod_residual_fwd(s.x_in, s.y_attn, v.n, D, v.start, B, chunk(s.mod, 2, B, D), chunk(s.mod, 3, B, D),
+                       chunk(s.mod, 4, B, D), mm->eps, s.x1, s.h2, s.ln2_mean, s.ln2_rstd, stream);
+    linear_gelu_fwd(env, w, s.h2, v.n, D, F, v.off.ff_in, s.ff_pre, s.ff_act, stream);
+    linear_fwd(env, w, s.ff_act, v.n, F, D, v.off.ff_out, s.y_ff, stream);
+    gated_residual(s.x1, s.y_ff, chunk(s.mod, 5, B, D), v.start, B, v.n, D, out, stream);
+}
+
+int forward_next(const mmdit_gpu *mm, int layer) { return layer + 1 < mm->layers ? layer + 1 : layer - 1; }
+
+// Block l's forward from its kept inputs into the next block's (or the head's).
+void block_forward(mmdit_gpu *mm, const mmdit_gpu_env *env, int l, bool recomputing, cudaStream_t stream)
+{
+    const gpu_model_params &p = *env->params;
+    const gpu_bf16 *w = p.block_weights(p.context, l, recomputing ? l - 1 : forward_next(mm, l), stream);
+    block_saved &s = mm->saved[l];
+    const stream_view video = video_view(mm), text = text_view(mm);
+    stream_qkv_fwd(mm, env, w, video, s.v, stream);
+    stream_qkv_fwd(mm, env, w, text, s.t, stream);
+    joint_gather(mm, mm->sv.tq, mm->st.tq, s.jq, stream);
+    joint_gather(mm, mm->sv.tk, mm->st.tk, s.jk, stream);
+    joint_gather(mm, mm->sv.tv, mm->st.tv, s.jv, stream);
+    joint_attention_fwd(mm, env, s, stream);
+    joint_scatter(mm, s.ja, s.v.a, s.t.a, stream);
+    const bool last = l + 1 == mm->layers;
+    stream_out_fwd(mm, env, w, video, s.v, last ? mm->x_final : mm->saved[l + 1].v.x_in, stream);
+    stream_out_fwd(mm, env, w, text, s.t, last ? mm->c_final : mm->saved[l + 1].t.x_in, stream);
+}
+
+// From d(out) in sc->d_res: the MLP branch, the attention's residual + LN backward (sc->d_res becomes d x_in's
+// residual part) and the output projection's: d(attention output) into sc->d_t.
+void stream_out_bwd(mmdit_gpu *mm, const mmdit_gpu_env *env, const gpu_bf16 *w, float *g, const stream_view &v,
+                    const stream_saved &s, cudaStream_t stream)
+{
+    const int B = mm->n_samples, D = mm->D, F = mm->F;
+    stream_scratch &sc = *v.sc;
+    gated_residual_bwd(sc.d_res, s.y_ff, chunk(s.mod, 5, B, D), v.start, B, v.n, D, sc.d_y, chunk(sc.d_mod, 5, B, D),
+                       stream);
+    linear_bwd(env, w, g, s.ff_act, sc.d_y, v.n, F, D, v.off.ff_out, s.ff_pre, sc.d_ff, 0, stream);
+    linear_bwd(env, w, g, s.h2, sc.d_ff, v.n, D, F, v.off.ff_in, nullptr, sc.d_h, 0, stream);
+    lnmod_residual_bwd(s.x1, s.y_attn, sc.d_h, sc.d_res, v.n, D, v.start, B, chunk(s.mod, 2, B, D),
+                       chunk(s.mod, 4, B, D), s.ln2_mean, s.ln2_rstd, sc.d_res, sc.d_y, chunk(sc.d_mod, 3, B, D),
+                       chunk(sc.d_mod, 4, B, D), chunk(sc.d_mod, 2, B, D), mm->scratch, stream);
+    linear_bwd(env, w, g, s.a, sc.d_y, v.n, D, D, v.off.o, nullptr, sc.d_t, 0, stream);
+}
+
+// From dq, dk, dv in the stream's tq, tk, tv: the norms, projections, the first LN-modulate (its input's gradient
+// added into sc->d_res) and the modulation Linear (d temb_silu added into).
+void stream_qkv_bwd(mmdit_gpu *mm, const mmdit_gpu_env *env, const gpu_bf16 *w, float *g, const stream_view &v,
+                    const stream_saved &s, cudaStream_t stream)
+{
+    const int B = mm->n_samples, D = mm->D, H = mm->H, hd = mm->hd;
+    stream_scratch &sc = *v.sc;
+    fused_head_norm_rope_bwd(s.q_pre, sc.tq, v.n, H, hd, w + v.off.norm_q, v.positions, mm->axes,
+                             LAYOUT_MMDIT_ROPE_THETA, s.q_rstd, sc.tq, g + v.off.norm_q, mm->scratch, stream);
+    fused_head_norm_rope_bwd(s.k_pre, sc.tk, v.n, H, hd, w + v.off.norm_k, v.positions, mm->axes,
+                             LAYOUT_MMDIT_ROPE_THETA, s.k_rstd, sc.tk, g + v.off.norm_k, mm->scratch, stream);
+    linear_bwd(env, w, g, s.h1, sc.tq, v.n, D, D, v.off.q, nullptr, sc.d_h, 0, stream);
+    linear_bwd(env, w, g, s.h1, sc.tk, v.n, D, D, v.off.k, nullptr, sc.d_h, 1, stream);
+    linear_bwd(env, w, g, s.h1, sc.tv, v.n, D, D, v.off.v, nullptr, sc.d_h, 1, stream);
+    lnmod_bwd(s.x_in, sc.d_h, v.n, D, v.start, B, chunk(s.mod, 1, B, D), s.ln1_mean, s.ln1_rstd, sc.d_t,
+              chunk(sc.d_mod, 0, B, D), chunk(sc.d_mod, 1, B, D), mm->scratch, stream);
+    misc_add_bf16(sc.d_res, sc.d_t, v.n * D, sc.d_res, stream);
+    rows_linear_bwd(mm->temb_silu, sc.d_mod, B, D, 6 * D, w, g, v.off.mod, D, mm->d_temb_silu, 1, mm->scratch,
+                    mm->scratch_bytes, stream);
+}
+
+void grads_ready(const mmdit_gpu_env *env, int64_t first, int64_t count, cudaStream_t stream)
+{
+    if (env->grads_ready && count > 0) env->grads_ready(env->grads_ready_context, first, count, stream);
+}
+
+// Block l's backward: the streams' d_res hold the gradients of its outputs and become those of its inputs.
+void block_backward(mmdit_gpu *mm, const mmdit_gpu_env *env, int l, cudaStream_t stream)
+{
+    const gpu_model_params &p = *env->params;
+    const gpu_bf16 *w = p.block_weights(p.context, l, l - 1, stream);
+    float *g = p.block_grads(p.context, l, stream);
+    const block_saved &s = mm->saved[l];
+    const stream_view video = video_view(mm), text = text_view(mm);
+    stream_out_bwd(mm, env, w, g, video, s.v, stream);
+    stream_out_bwd(mm, env, w, g, text, s.t, stream);
+    joint_gather(mm, mm->sv.d_t, mm->st.d_t, mm->d_jo, stream);
+    joint_attention_bwd(mm, env, s, stream);
+    joint_scatter(mm, mm->d_jq, mm->sv.tq, mm->st.tq, stream);
+    joint_scatter(mm, mm->d_jk, mm->sv.tk, mm->st.tk, stream);
+    joint_scatter(mm, mm->d_jv, mm->sv.tv, mm->st.tv, stream);
+    stream_qkv_bwd(mm, env, w, g, video, s.v, stream);
+    stream_qkv_bwd(mm, env, w, g, text, s.t, stream);
+    const int64_t first = mm->layout.blocks_offset + (int64_t)l * mm->layout.block_stride;
+    grads_ready(env, first, mm->layout.block_stride, stream);
+    if (l > 0 && mm->recompute == GPU_RECOMPUTE_BLOCK) block_forward(mm, env, l - 1, true, stream);
+}
+
+// ---- conditioning: time, the token refiner, ByT5, image ----------------------------------------------------------
+
+const float *time_value(const mmdit_gpu *mm, const float *tw, int64_t offset) { return tw + (offset - mm->time_first); }
+
+void time_fwd(mmdit_gpu *mm, const float *tw, cudaStream_t stream)
+{
+    const layout_mmdit &e = mm->layout.mmdit;
+    const int B = mm->n_samples, D = mm->D;
+    misc_linear_f32_fwd(mm->dev.sinusoid, B, mm->FQ, D, time_value(mm, tw, e.time_1.weight),
+                        time_value(mm, tw, e.time_1.bias), mm->t_pre, stream);
+    misc_silu_f32_fwd(mm->t_pre, (int64_t)B * D, mm->t_act, stream);
+    misc_linear_f32_fwd(mm->t_act, B, D, D, time_value(mm, tw, e.time_2.weight), time_value(mm, tw, e.time_2.bias),
+                        mm->temb, stream);
+    misc_silu_f32_fwd(mm->temb, (int64_t)B * D, mm->temb_silu, stream);
+}
+
+// The refiner's conditioning: its own time embedding plus the projected mean of each caption's Qwen rows.
+void refiner_conditioning_fwd(mmdit_gpu *mm, const gpu_bf16 *ew, cudaStream_t stream)
+{
+    const layout_mmdit &e = mm->layout.mmdit;
+    const int B = mm->n_samples, D = mm->D;
+    LAUNCH(pool_mean_kernel, (int64_t)B * mm->T, mm->text_f32, mm->dev.qwen, B, mm->T, mm->pooled);
+    rows_linear_fwd(mm->dev.sinusoid, B, mm->FQ, D, ew, e.refiner_time_1, 0, mm->rt_pre, stream);
+    misc_silu_f32_fwd(mm->rt_pre, (int64_t)B * D, mm->rt_act, stream);
+    rows_linear_fwd(mm->rt_act, B, D, D, ew, e.refiner_time_2, 0, mm->cvec, stream);
+    rows_linear_fwd(mm->pooled, B, mm->T, D, ew, e.refiner_text_1, 0, mm->rp_pre, stream);
+    misc_silu_f32_fwd(mm->rp_pre, (int64_t)B * D, mm->rp_act, stream);
+    rows_linear_fwd(mm->rp_act, B, D, D, ew, e.refiner_text_2, 0, mm->tmp, stream);
+    misc_accumulate_f32(mm->tmp, (int64_t)B * D, mm->cvec, stream);
+    misc_silu_f32_fwd(mm->cvec, (int64_t)B * D, mm->cvec_silu, stream);
+}
+
+void refiner_block_fwd(mmdit_gpu *mm, const mmdit_gpu_env *env, const gpu_bf16 *ew, int i, gpu_bf16 *r_out,
+                       cudaStream_t stream)
+{
+    const layout_refiner_block &rb = mm->layout.mmdit.refiner[i];
+    refiner_saved &s = mm->refiner[i];
+    const int B = mm->n_samples, D = mm->D, R = LAYOUT_MMDIT_REFINER_MLP_RATIO * mm->D;
+    const int64_t Q = mm->n_qwen;
+    const int64_t *rows = mm->dev.qwen;
+    rows_linear_fwd(mm->cvec_silu, B, D, 2 * D, ew, rb.ada, D, s.gates, stream);
+    LAUNCH(affine_vectors_kernel, (int64_t)B * D, ew + rb.norm1_weight, ew + rb.norm1_bias, B, D, s.shift1, s.scale1);
+    LAUNCH(affine_vectors_kernel, (int64_t)B * D, ew + rb.norm2_weight, ew + rb.norm2_bias, B, D, s.shift2, s.scale2);
+    lnmod_fwd(s.r_in, Q, D, rows, B, s.shift1, s.scale1, mm->eps, s.n1, s.n1_mean, s.n1_rstd, stream);
+    linear_fwd(env, ew, s.n1, Q, D, D, rb.q, s.q, stream);
+    linear_fwd(env, ew, s.n1, Q, D, D, rb.k, s.k, stream);
+    linear_fwd(env, ew, s.n1, Q, D, D, rb.v, s.v, stream);
+    attention_fwd(s.q, s.k, s.v, mm->H, mm->hd, rows, rows, B, Q, Q, s.attn, s.lse, stream);
+    linear_fwd(env, ew, s.attn, Q, D, D, rb.o, s.y_attn, stream);
+    lnmod_residual_fwd(s.r_in, s.y_attn, Q, D, rows, B, s.gates, s.shift2, s.scale2, mm->eps, s.r1, s.n2, s.n2_mean,
+                       s.n2_rstd, stream);
+    linear_fwd(env, ew, s.n2, Q, D, R, rb.ff_in, s.ff_pre, stream);
+    LAUNCH(silu_bf16_kernel, Q * R, s.ff_pre, Q * R, s.ff_act);
+    linear_fwd(env, ew, s.ff_act, Q, R, D, rb.ff_out, s.y_ff, stream);
+    gated_residual(s.r1, s.y_ff, s.gates + (int64_t)B * D, rows, B, Q, D, r_out, stream);
+}
+
+// An affine LayerNorm (eps 1e-5) of all `rows` rows of width `dim` (one range: spans {0, rows}).
+void affine_ln_fwd(mmdit_gpu *mm, const gpu_bf16 *ew, int64_t weight, int64_t bias, const gpu_bf16 *x, int64_t rows,
+                   int dim, const int64_t *span, float *shift, float *scale, gpu_bf16 *y, float *mean, float *rstd,
+                   cudaStream_t stream)
+{
+    LAUNCH(affine_vectors_kernel, (int64_t)dim, ew + weight, ew + bias, 1, dim, shift, scale);
+    lnmod_fwd(x, rows, dim, span, 1, shift, scale, (float)LAYOUT_MMDIT_EMBEDDER_EPS, y, mean, rstd, stream);
+    (void)mm;
+}
+
+// Its backward: the weight's and bias' gradients added into g; the input's gradient into dx.
+void affine_ln_bwd(mmdit_gpu *mm, float *g, int64_t weight, int64_t bias, const gpu_bf16 *x, const gpu_bf16 *dy,
+                   int64_t rows, int dim, const int64_t *span, const float *scale, const float *mean, const float *rstd,
+                   gpu_bf16 *dx, cudaStream_t stream)
+{
+    lnmod_bwd(x, dy, rows, dim, span, 1, scale, mean, rstd, dx, mm->d_shift, mm->d_scale, mm->scratch, stream);
+    misc_accumulate_f32(mm->d_scale, dim, g + weight, stream);
+    misc_accumulate_f32(mm->d_shift, dim, g + bias, stream);
+}
+
+void byt5_fwd(mmdit_gpu *mm, const mmdit_gpu_env *env, const gpu_bf16 *ew, cudaStream_t stream)
+{
+    const layout_mmdit &e = mm->layout.mmdit;
+    const int64_t G = mm->n_byt5;
+    const int E = LAYOUT_MMDIT_BYT5_HIDDEN;
+    misc_f32_to_bf16(mm->text2_f32, G * mm->T2, mm->text2, stream);
+    affine_ln_fwd(mm, ew, e.byt5_norm_weight, e.byt5_norm_bias, mm->text2, G, mm->T2, mm->dev.spans + 2, mm->byt5_shift,
+                  mm->byt5_scale, mm->g_norm, mm->g_mean, mm->g_rstd, stream);
+    linear_fwd(env, ew, mm->g_norm, G, mm->T2, E, e.byt5_1, mm->g1_pre, stream);
+    LAUNCH(gelu_erf_kernel, G * E, mm->g1_pre, G * E, mm->g1_act);
+    linear_fwd(env, ew, mm->g1_act, G, E, E, e.byt5_2, mm->g2_pre, stream);
+    LAUNCH(gelu_erf_kernel, G * E, mm->g2_pre, G * E, mm->g2_act);
+    linear_fwd(env, ew, mm->g2_act, G, E, mm->D, e.byt5_3, mm->g_out, stream);
+}
+
+void image_fwd(mmdit_gpu *mm, const mmdit_gpu_env *env, const gpu_bf16 *ew, cudaStream_t stream)
+{
+    const layout_mmdit &e = mm->layout.mmdit;
+    const int64_t I = mm->n_image;
+    const int IM = mm->IM, D = mm->D;
+    misc_f32_to_bf16(mm->image_f32, I * IM, mm->image, stream);
+    affine_ln_fwd(mm, ew, e.image_norm_in_weight, e.image_norm_in_bias, mm->image, I, IM, mm->dev.spans + 4,
+                  mm->image_shift, mm->image_scale, mm->i_norm, mm->i_mean, mm->i_rstd, stream);
+    linear_fwd(env, ew, mm->i_norm, I, IM, IM, e.image_1, mm->i1_pre, stream);
+    LAUNCH(gelu_erf_kernel, I * IM, mm->i1_pre, I * IM, mm->i1_act);
+    linear_fwd(env, ew, mm->i1_act, I, IM, D, e.image_2, mm->i2, stream);
+    affine_ln_fwd(mm, ew, e.image_norm_out_weight, e.image_norm_out_bias, mm->i2, I, D, mm->dev.spans + 4,
+                  mm->image_out_shift, mm->image_out_scale, mm->i_out, mm->i_mean2, mm->i_rstd2, stream);
+}
+
+// ---- the whole model ---------------------------------------------------------------------------------------------
+
+// Embeddings, blocks and head; ends with the per-sample losses and, unless loss_only, the prediction's gradient.
+void forward(mmdit_gpu *mm, const mmdit_gpu_env *env, float grad_scale, bool loss_only, cudaStream_t stream)
+{
+    const gpu_model_params &p = *env->params;
+    const layout_mmdit &e = mm->layout.mmdit;
+    const int B = mm->n_samples, D = mm->D;
+    const int64_t N = mm->n, L = mm->n_text, Q = mm->n_qwen;
+    const gpu_bf16 *ew = p.embedding_weights, *hw = p.head_weights;
+    const float *tw = p.time_weights(p.context, 0, stream);
+
+    patchify_args pa = {mm->latents, mm->noise, mm->dev.sigma, mm->dev.tok, mm->dev.latent_start, mm->dev.shape,
+                        mm->dev.i2v, B,
+                        mm->out_dim, mm->patch_t, mm->patch_h, mm->patch_w, mm->patch_in, mm->patch_cols, N,
+                        mm->tokens_in, mm->x0_tokens, mm->noise_tokens};
+    LAUNCH(patchify_kernel, N * mm->patch_cols, pa);
+    misc_f32_to_bf16(mm->text_f32, Q * mm->T, mm->text, stream);
+
+    time_fwd(mm, tw, stream);
+    refiner_conditioning_fwd(mm, ew, stream);
+    linear_fwd(env, ew, mm->text, Q, mm->T, D, e.refiner_proj_in, mm->refiner[0].r_in, stream);
+    for (int i = 0; i < LAYOUT_MMDIT_REFINER_LAYERS; ++i)
+        refiner_block_fwd(mm, env, ew, i, i + 1 < LAYOUT_MMDIT_REFINER_LAYERS ? mm->refiner[i + 1].r_in : mm->r_final,
+                          stream);
+    if (mm->n_byt5 > 0) byt5_fwd(mm, env, ew, stream);
+    if (mm->n_image > 0) image_fwd(mm, env, ew, stream);
+    gpu_bf16 *x = mm->layers > 0 ? mm->saved[0].v.x_in : mm->x_final;
+    gpu_bf16 *c = mm->layers > 0 ? mm->saved[0].t.x_in : mm->c_final;
+    LAUNCH(text_assemble_kernel, L * D, mm->dev.text_map, L, D, mm->r_final, mm->g_out, mm->i_out,
+           time_value(mm, tw, e.cond_type), c);
+    // the patch embedding: its weight [D, patch_in] padded to whole 16-byte rows for the GEMM
+    LAUNCH(pad_columns_kernel, (int64_t)D * mm->patch_cols, ew + e.patch.weight, (int64_t)D, mm->patch_in,
+           mm->patch_cols, mm->w_pad);
+    gemm_linear_fwd(env->gemm, mm->tokens_in, N, mm->patch_cols, D, mm->w_pad, ew + e.patch.bias, GEMM_EPILOGUE_BIAS,
+                    x, nullptr, stream);
+
+    for (int l = 0; l < mm->layers; ++l) block_forward(mm, env, l, false, stream);
+
+    // head: AdaLayerNormContinuous, (scale, shift) = Linear(SiLU(temb)) in that order, then proj_out
+    const layout_linear norm_out = shifted(e.norm_out, -mm->head_first), proj_out = shifted(e.proj_out, -mm->head_first);
+    rows_linear_fwd(mm->temb_silu, B, D, 2 * D, hw, norm_out, D, mm->head_mod, stream);
+    lnmod_fwd(mm->x_final, N, D, mm->dev.tok, B, chunk(mm->head_mod, 1, B, D), chunk(mm->head_mod, 0, B, D), mm->eps,
+              mm->head_h, mm->head_mean, mm->head_rstd, stream);
+    linear_fwd(env, hw, mm->head_h, N, D, mm->patch_out, proj_out, mm->pred, stream);
+    fused_flow_loss_bf16(mm->pred, mm->x0_tokens, mm->noise_tokens, mm->dev.pred_start, B, grad_scale, mm->sample_loss,
+                         loss_only ? nullptr : mm->d_pred, mm->scratch, stream);
+}
+
+// The refiner block's backward: d_r (the gradient of its output) becomes its input's; d cvec_silu added into.
+void refiner_block_bwd(mmdit_gpu *mm, const mmdit_gpu_env *env, const gpu_bf16 *ew, float *grads, int i,
+                       cudaStream_t stream)
+{
+    const layout_refiner_block &rb = mm->layout.mmdit.refiner[i];
+    const refiner_saved &s = mm->refiner[i];
+    const int B = mm->n_samples, D = mm->D, R = LAYOUT_MMDIT_REFINER_MLP_RATIO * mm->D;
+    const int64_t Q = mm->n_qwen;
+    const int64_t *rows = mm->dev.qwen;
+    stream_scratch &sc = mm->st;
+    gpu_bf16 *dr = mm->d_r;
+    gated_residual_bwd(dr, s.y_ff, s.gates + (int64_t)B * D, rows, B, Q, D, sc.d_y, mm->d_gates + (int64_t)B * D, stream);
+    linear_bwd(env, ew, grads, s.ff_act, sc.d_y, Q, R, D, rb.ff_out, nullptr, mm->d_rff, 0, stream);
+    LAUNCH(silu_bf16_bwd_kernel, Q * R, s.ff_pre, mm->d_rff, Q * R, mm->d_rff);
+    linear_bwd(env, ew, grads, s.n2, mm->d_rff, Q, D, R, rb.ff_in, nullptr, sc.d_h, 0, stream);
+    lnmod_residual_bwd(s.r1, s.y_attn, sc.d_h, dr, Q, D, rows, B, s.gates, s.scale2, s.n2_mean, s.n2_rstd, dr, sc.d_y,
+                       mm->d_shift, mm->d_scale, mm->d_gates, mm->scratch, stream);
+    misc_sum_samples_into(mm->d_scale, B, D, grads + rb.norm2_weight, stream);
+    misc_sum_samples_into(mm->d_shift, B, D, grads + rb.norm2_bias, stream);
+    linear_bwd(env, ew, grads, s.attn, sc.d_y, Q, D, D, rb.o, nullptr, sc.d_t, 0, stream);
+    attention_bwd(s.q, s.k, s.v, s.attn, sc.d_t, s.lse, mm->H, mm->hd, rows, rows, B, Q, Q, sc.tq, sc.tk, sc.tv,
+                  mm->scratch, stream);
+    linear_bwd(env, ew, grads, s.n1, sc.tq, Q, D, D, rb.q, nullptr, sc.d_h, 0, stream);
+    linear_bwd(env, ew, grads, s.n1, sc.tk, Q, D, D, rb.k, nullptr, sc.d_h, 1, stream);
+    linear_bwd(env, ew, grads, s.n1, sc.tv, Q, D, D, rb.v, nullptr, sc.d_h, 1, stream);
+    lnmod_bwd(s.r_in, sc.d_h, Q, D, rows, B, s.scale1, s.n1_mean, s.n1_rstd, sc.d_t, mm->d_shift, mm->d_scale,
+              mm->scratch, stream);
+    misc_sum_samples_into(mm->d_scale, B, D, grads + rb.norm1_weight, stream);
+    misc_sum_samples_into(mm->d_shift, B, D, grads + rb.norm1_bias, stream);
+    misc_add_bf16(dr, sc.d_t, Q * D, dr, stream);
+    rows_linear_bwd(mm->cvec_silu, mm->d_gates, B, D, 2 * D, ew, grads, rb.ada, D, mm->d_cvec_silu, 1, mm->scratch,
+                    mm->scratch_bytes, stream);
+}
+
+void byt5_bwd(mmdit_gpu *mm, const mmdit_gpu_env *env, const gpu_bf16 *ew, float *grads, cudaStream_t stream)
+{
+    const layout_mmdit &e = mm->layout.mmdit;
+    const int64_t G = mm->n_byt5;
+    const int E = LAYOUT_MMDIT_BYT5_HIDDEN;
+    linear_bwd(env, ew, grads, mm->g2_act, mm->d_g, G, E, mm->D, e.byt5_3, nullptr, mm->d_g2, 0, stream);
+    LAUNCH(gelu_erf_bwd_kernel, G * E, mm->g2_pre, mm->d_g2, G * E, mm->d_g2);
+    linear_bwd(env, ew, grads, mm->g1_act, mm->d_g2, G, E, E, e.byt5_2, nullptr, mm->d_g1, 0, stream);
+    LAUNCH(gelu_erf_bwd_kernel, G * E, mm->g1_pre, mm->d_g1, G * E, mm->d_g1);
+    linear_bwd(env, ew, grads, mm->g_norm, mm->d_g1, G, mm->T2, E, e.byt5_1, nullptr, mm->d_gin, 0, stream);
+    affine_ln_bwd(mm, grads, e.byt5_norm_weight, e.byt5_norm_bias, mm->text2, mm->d_gin, G, mm->T2, mm->dev.spans + 2,
+                  mm->byt5_scale, mm->g_mean, mm->g_rstd, mm->g_norm, stream);
+}
+
+void image_bwd(mmdit_gpu *mm, const mmdit_gpu_env *env, const gpu_bf16 *ew, float *grads, cudaStream_t stream)
+{
+    const layout_mmdit &e = mm->layout.mmdit;
+    const int64_t I = mm->n_image;
+    const int IM = mm->IM, D = mm->D;
+    gpu_bf16 *d_i2 = mm->st.d_t;
+    affine_ln_bwd(mm, grads, e.image_norm_out_weight, e.image_norm_out_bias, mm->i2, mm->d_i, I, D, mm->dev.spans + 4,
+                  mm->image_out_scale, mm->i_mean2, mm->i_rstd2, d_i2, stream);
+    linear_bwd(env, ew, grads, mm->i1_act, d_i2, I, IM, D, e.image_2, nullptr, mm->d_i1, 0, stream);
+    LAUNCH(gelu_erf_bwd_kernel, I * IM, mm->i1_pre, mm->d_i1, I * IM, mm->d_i1);
+    linear_bwd(env, ew, grads, mm->i_norm, mm->d_i1, I, IM, IM, e.image_1, nullptr, mm->d_iin, 0, stream);
+    affine_ln_bwd(mm, grads, e.image_norm_in_weight, e.image_norm_in_bias, mm->image, mm->d_iin, I, IM,
+                  mm->dev.spans + 4, mm->image_scale, mm->i_mean, mm->i_rstd, mm->i_norm, stream);
+}
+
+// The refiner's conditioning (bf16 weights) and the time path (fp32, time_weights), from d cvec_silu and
+// d temb_silu.
+void conditioning_bwd(mmdit_gpu *mm, const mmdit_gpu_env *env, const gpu_bf16 *ew, float *grads, cudaStream_t stream)
+{
+    const gpu_model_params &p = *env->params;
+    const layout_mmdit &e = mm->layout.mmdit;
+    const int B = mm->n_samples, D = mm->D, FQ = mm->FQ;
+    const int64_t BD = (int64_t)B * D;
+    misc_silu_f32_bwd(mm->cvec, mm->d_cvec_silu, BD, mm->d_cvec, stream);
+    rows_linear_bwd(mm->rt_act, mm->d_cvec, B, D, D, ew, grads, e.refiner_time_2, 0, mm->d_tb, 0, mm->scratch,
+                    mm->scratch_bytes, stream);
+    misc_silu_f32_bwd(mm->rt_pre, mm->d_tb, BD, mm->d_tb, stream);
+    rows_linear_bwd(mm->dev.sinusoid, mm->d_tb, B, FQ, D, ew, grads, e.refiner_time_1, 0, nullptr, 0, mm->scratch,
+                    mm->scratch_bytes, stream);
+    rows_linear_bwd(mm->rp_act, mm->d_cvec, B, D, D, ew, grads, e.refiner_text_2, 0, mm->d_tb, 0, mm->scratch,
+                    mm->scratch_bytes, stream);
+    misc_silu_f32_bwd(mm->rp_pre, mm->d_tb, BD, mm->d_tb, stream);
+    rows_linear_bwd(mm->pooled, mm->d_tb, B, mm->T, D, ew, grads, e.refiner_text_1, 0, nullptr, 0, mm->scratch,
+                    mm->scratch_bytes, stream);
+    const float *tw = p.time_weights(p.context, 1, stream);
+    misc_silu_f32_bwd(mm->temb, mm->d_temb_silu, BD, mm->d_temb, stream);
+    misc_linear_f32_bwd(mm->t_act, mm->d_temb, B, D, D, time_value(mm, tw, e.time_2.weight), mm->d_tb,
+                        grads + e.time_2.weight, grads + e.time_2.bias, stream);
+    misc_silu_f32_bwd(mm->t_pre, mm->d_tb, BD, mm->d_tb, stream);
+    misc_linear_f32_bwd(mm->dev.sinusoid, mm->d_tb, B, FQ, D, time_value(mm, tw, e.time_1.weight), nullptr,
+                        grads + e.time_1.weight, grads + e.time_1.bias, stream);
+}
+
+// The ranges reported after the blocks': the head's, then the embeddings'.
+void head_and_embedding_grads_ready(const mmdit_gpu *mm, const mmdit_gpu_env *env, cudaStream_t stream)
+{
+    grads_ready(env, mm->head_first, mm->layout.n_weights - mm->head_first, stream);
+    grads_ready(env, 0, mm->layout.blocks_offset, stream);
+}
+
+void backward(mmdit_gpu *mm, const mmdit_gpu_env *env, cudaStream_t stream)
+{
+    const gpu_model_params &p = *env->params;
+    const layout_mmdit &e = mm->layout.mmdit;
+    const int B = mm->n_samples, D = mm->D;
+    const int64_t N = mm->n, L = mm->n_text, Q = mm->n_qwen;
+    const gpu_bf16 *ew = p.embedding_weights, *hw = p.head_weights;
+
+    // head: d_pred into the video stream's d_res (the last block's output gradient); the text's is zero
+    const layout_linear norm_out = shifted(e.norm_out, -mm->head_first), proj_out = shifted(e.proj_out, -mm->head_first);
+    linear_bwd(env, hw, p.head_grads, mm->head_h, mm->d_pred, N, D, mm->patch_out, proj_out, nullptr, mm->sv.d_h, 0,
+               stream);
+    lnmod_bwd(mm->x_final, mm->sv.d_h, N, D, mm->dev.tok, B, chunk(mm->head_mod, 0, B, D), mm->head_mean, mm->head_rstd,
+              mm->sv.d_res, chunk(mm->d_head_mod, 1, B, D), chunk(mm->d_head_mod, 0, B, D), mm->scratch, stream);
+    rows_linear_bwd(mm->temb_silu, mm->d_head_mod, B, D, 2 * D, hw, p.head_grads, norm_out, D, mm->d_temb_silu, 0,
+                    mm->scratch, mm->scratch_bytes, stream);
+    CUDA_CHECK(cudaMemsetAsync(mm->st.d_res, 0, (size_t)(L * D) * sizeof(gpu_bf16), stream));
+
+    for (int l = mm->layers - 1; l >= 0; --l) block_backward(mm, env, l, stream);
+
+    // embeddings: the patch (its padded weight's gradient, then the real columns), the joint text's sources
+    float *grads = p.embedding_grads(p.context, stream);
+    CUDA_CHECK(cudaMemsetAsync(mm->dw_pad, 0, (size_t)D * mm->patch_cols * sizeof(float), stream));
+    gemm_linear_bwd_weight(env->gemm, mm->tokens_in, mm->sv.d_res, N, mm->patch_cols, D, mm->dw_pad,
+                           grads + e.patch.bias, 1, stream);
+    LAUNCH(add_columns_kernel, (int64_t)D * mm->patch_in, mm->dw_pad, (int64_t)D, mm->patch_in, mm->patch_cols,
+           grads + e.patch.weight);
+    LAUNCH(type_grad_kernel, (int64_t)3 * D, mm->dev.text_map, L, D, mm->st.d_res, grads + e.cond_type);
+    LAUNCH(text_split_kernel, L * D, mm->dev.text_map, L, D, mm->st.d_res, mm->d_r, mm->d_g, mm->d_i);
+    if (mm->n_image > 0) image_bwd(mm, env, ew, grads, stream);
+    if (mm->n_byt5 > 0) byt5_bwd(mm, env, ew, grads, stream);
+    CUDA_CHECK(cudaMemsetAsync(mm->d_cvec_silu, 0, (size_t)B * D * sizeof(float), stream));
+    for (int i = LAYOUT_MMDIT_REFINER_LAYERS - 1; i >= 0; --i) refiner_block_bwd(mm, env, ew, grads, i, stream);
+    linear_bwd(env, ew, grads, mm->text, mm->d_r, Q, mm->T, D, e.refiner_proj_in, nullptr, nullptr, 0, stream);
+    conditioning_bwd(mm, env, ew, grads, stream);
+    head_and_embedding_grads_ready(mm, env, stream);
+}
+
+double wait_for_losses(mmdit_gpu *mm, double *sample_loss, cudaStream_t stream)
+{
+    CUDA_CHECK(cudaMemcpyAsync(mm->loss_pinned, mm->sample_loss, (size_t)mm->n_samples * sizeof(float),
+                               cudaMemcpyDeviceToHost, stream));
+    gpu_stream_wait(stream);
+    double total = 0.0;
+    for (int b = 0; b < mm->n_samples; ++b) {
+        if (sample_loss) sample_loss[b] = mm->loss_pinned[b];
+        total += mm->loss_pinned[b];
+    }
+    return total;
+}
+
+} // namespace
+
+extern "C" double mmdit_gpu_forward_backward(mmdit_gpu *mm, const mmdit_gpu_env *env, const model_batch *batch,
+                                             float grad_scale, double *sample_loss, cudaStream_t stream)
+{
+    timespec queue_start, queue_end;
+    clock_gettime(CLOCK_MONOTONIC, &queue_start);
+    stage(mm, env, batch, stream);
+    forward(mm, env, grad_scale, false, stream);
+    backward(mm, env, stream);
+    clock_gettime(CLOCK_MONOTONIC, &queue_end);
+    mm->enqueue_seconds = (double)(queue_end.tv_sec - queue_start.tv_sec) + 1e-9 * (queue_end.tv_nsec - queue_start.tv_nsec);
+    return wait_for_losses(mm, sample_loss, stream);
+}
+
+extern "C" double mmdit_gpu_forward_loss(mmdit_gpu *mm, const mmdit_gpu_env *env, const model_batch *batch,
+                                         double *sample_loss, cudaStream_t stream)
+{
+    stage(mm, env, batch, stream);
+    forward(mm, env, 0.0f, true, stream);
+    return wait_for_losses(mm, sample_loss, stream);
+}
+
+extern "C" void mmdit_gpu_grads_ready_all(const mmdit_gpu *mm, const mmdit_gpu_env *env, cudaStream_t stream)
+{
+    // the calls forward and backward make, in their order
+    const gpu_model_params &p = *env->params;
+    p.time_weights(p.context, 0, stream);
+    for (int l = 0; l < mm->layers; ++l) p.block_weights(p.context, l, forward_next(mm, l), stream);
+    for (int l = mm->layers - 1; l >= 0; --l) {
+        p.block_weights(p.context, l, l - 1, stream);
+        p.block_grads(p.context, l, stream);
+        grads_ready(env, mm->layout.blocks_offset + (int64_t)l * mm->layout.block_stride, mm->layout.block_stride, stream);
+        if (l > 0 && mm->recompute == GPU_RECOMPUTE_BLOCK) p.block_weights(p.context, l - 1, l - 2, stream);
+    }
+    p.embedding_grads(p.context, stream);
+    p.time_weights(p.context, 1, stream);
+    head_and_embedding_grads_ready(mm, env, stream);
+}
