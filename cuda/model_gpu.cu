@@ -1573,9 +1573,13 @@ gpu_model *gpu_model_create_without_params(const model *host_model, int64_t max_
 void gpu_model_set_params(gpu_model *gm, const gpu_model_params *params)
 {
     ALDIT_CHECK(!gm->master, "gpu model: gpu_model_set_params on a model that holds its own parameters");
-    ALDIT_CHECK(params->embedding_weights && params->head_weights && params->head_grads && params->head_modulation &&
-                params->block_weights && params->block_grads && params->embedding_grads && params->time_weights &&
-                (gm->num_layers == 0 || (params->block_modulation && params->block_norm3)),
+    // the fp32 reads of Wan's head and blocks (head.modulation, each block's modulation and norm3); the other family
+    // reads none of its weights in fp32 but the time path (layout's gpu_head_fp32 and gpu_block_fp32: count 0)
+    const bool fp32_reads = gm->family == nullptr;
+    ALDIT_CHECK(params->embedding_weights && params->head_weights && params->head_grads && params->block_weights &&
+                params->block_grads && params->embedding_grads && params->time_weights &&
+                (!fp32_reads || (params->head_modulation &&
+                                 (gm->num_layers == 0 || (params->block_modulation && params->block_norm3)))),
                 "gpu model: gpu_model_set_params needs every pointer and every function");
     gm->params = *params;
 }
