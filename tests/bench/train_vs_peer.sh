@@ -23,7 +23,9 @@
 # Environment: WORK (scratch folder; default a new one under /tmp, kept), ALDIT_LAUNCH (default "mpirun -np 1";
 # --smoke: none), PEER_ARGS (more peer_train.py options, e.g. "--compile model" or "--attention-backend NAME"),
 # SAMPLES (800; hunyuanvideo15: 600), SMOKE_COMPILE (--smoke: the peer's --compile, default none: inductor's first
-# CPU compile takes minutes), FP8 (1: after the bf16
+# CPU compile takes minutes), RUNS (GPU: the runs of this call, default "aldit peer"; one left out, and aldit-bench
+# where WORK has its JSON, are read from WORK, an earlier call's: e.g. RUNS=aldit, then RUNS=peer, for calls of
+# limited length; the table is printed each time), FP8 (1: after the bf16
 # run, the same epoch again with train.precision=fp8 into WORK/aldit_fp8, a row of its own in the table with its
 # ratios to bf16 aldit and to the peer; GPU only, a GPU of compute capability 8.9 or more).
 set -u
@@ -113,21 +115,34 @@ else
     [ -f "$store" ] || "$build/aldit-store" synth --spec "$srcdir/inputs/$spec" --samples "$samples" $synth --seed 11 \
         --out "$store" || exit 2
     [ -x "$build/aldit-bench" ] || { echo "train_vs_peer.sh: $build/aldit-bench not found (a CUDA build: make aldit-bench)" >&2; exit 2; }
-    echo "== aldit-bench: the block's GEMMs and attention at the store's S (the floor's rates)"
-    # shellcheck disable=SC2086
-    "$build/aldit-bench" --sections gemm,attention $bench --backends own,cudnn \
-        --repeats 5 --json "$work/bench.json" || exit 1
+    if [ -f "$work/bench.json" ] && [ -n "${RUNS:-}" ]; then
+        echo "== aldit-bench: $work/bench.json of an earlier call (RUNS is set)"
+    else
+        echo "== aldit-bench: the block's GEMMs and attention at the store's S (the floor's rates)"
+        # shellcheck disable=SC2086
+        "$build/aldit-bench" --sections gemm,attention $bench --backends own,cudnn \
+            --repeats 5 --json "$work/bench.json" || exit 1
+    fi
     launch=${ALDIT_LAUNCH:-mpirun -np 1}
     peer_options="--device cuda"
 fi
-rm -rf "$work/aldit"
-
-[ "$smoke" = 1 ] || echo "== aldit: $deck $*"
-started=$(date +%s.%N)
-# shellcheck disable=SC2086
-peak_watch "$work/aldit.peak" $launch "$build/aldit" "$deck" "$@" > "$work/aldit.log" 2>&1; aldit_status=$?
-aldit_wall=$(awk -v a="$started" -v b="$(date +%s.%N)" 'BEGIN {printf "%.1f", b - a}')
-[ "$smoke" = 1 ] || tail -n 25 "$work/aldit.log"
+# RUNS (GPU): the runs of this call, "aldit peer" by default; a run left out is read from WORK (an earlier call's)
+runs=${RUNS:-aldit peer}
+[ "$smoke" = 1 ] && runs="aldit peer"
+case " $runs " in
+    *" aldit "*)
+        rm -rf "$work/aldit"
+        [ "$smoke" = 1 ] || echo "== aldit: $deck $*"
+        started=$(date +%s.%N)
+        # shellcheck disable=SC2086
+        peak_watch "$work/aldit.peak" $launch "$build/aldit" "$deck" "$@" > "$work/aldit.log" 2>&1; aldit_status=$?
+        awk -v a="$started" -v b="$(date +%s.%N)" 'BEGIN {printf "%.1f\n", b - a}' > "$work/aldit.wall"
+        echo "$aldit_status" > "$work/aldit.status"
+        [ "$smoke" = 1 ] || tail -n 25 "$work/aldit.log" ;;
+    *)  aldit_status=$(cat "$work/aldit.status" 2>/dev/null || echo 1)
+        echo "== aldit: $work/aldit of an earlier call (exit $aldit_status)" ;;
+esac
+aldit_wall=$(cat "$work/aldit.wall" 2>/dev/null)
 fp8_status=0
 if [ "${FP8:-0}" = 1 ] && [ "$smoke" = 0 ]; then
     echo "== aldit: $deck data.store=$store run.dir=$work/aldit_fp8 train.precision=fp8"
@@ -137,11 +152,17 @@ if [ "${FP8:-0}" = 1 ] && [ "$smoke" = 0 ]; then
         train.precision=fp8 > "$work/aldit_fp8.log" 2>&1; fp8_status=$?
     tail -n 25 "$work/aldit_fp8.log"
 fi
-[ "$smoke" = 1 ] || echo "== peer_train.py"
-# shellcheck disable=SC2086
-peak_watch "$work/peer.peak" "$PYTHON" "$srcdir/tests/bench/peer_train.py" --deck "$deck" $peer_options ${PEER_ARGS:-} \
-    --json "$work/peer.json" "$@" > "$work/peer.log" 2>&1; peer_status=$?
-[ "$smoke" = 1 ] || tail -n 5 "$work/peer.log"
+case " $runs " in
+    *" peer "*)
+        [ "$smoke" = 1 ] || echo "== peer_train.py"
+        # shellcheck disable=SC2086
+        peak_watch "$work/peer.peak" "$PYTHON" "$srcdir/tests/bench/peer_train.py" --deck "$deck" $peer_options \
+            ${PEER_ARGS:-} --json "$work/peer.json" "$@" > "$work/peer.log" 2>&1; peer_status=$?
+        echo "$peer_status" > "$work/peer.status"
+        [ "$smoke" = 1 ] || tail -n 5 "$work/peer.log" ;;
+    *)  peer_status=$(cat "$work/peer.status" 2>/dev/null || echo 1)
+        echo "== peer_train.py: $work/peer.json of an earlier call (exit $peer_status)" ;;
+esac
 
 table_options=
 [ "$smoke" = 1 ] || table_options="--bench $work/bench.json"
@@ -155,12 +176,12 @@ if [ "${FP8:-0}" = 1 ] && [ "$smoke" = 0 ]; then
 fi
 # shellcheck disable=SC2086
 "$PYTHON" "$srcdir/tests/bench/train_table.py" --deck "$deck" --aldit "$work/aldit/metrics.jsonl" --peer "$work/peer.json" \
-    --aldit-wall-s "$aldit_wall" --json "$work/table.json" $table_options "$@" > "$work/table.txt" 2>&1; table_status=$?
+    --aldit-wall-s "${aldit_wall:-0}" --json "$work/table.json" $table_options "$@" > "$work/table.txt" 2>&1; table_status=$?
 
 if [ "$smoke" = 0 ]; then
     cat "$work/table.txt"
     echo "(files in $work; aldit exit $aldit_status, peer exit $peer_status${FP8:+, aldit fp8 exit $fp8_status})"
-    [ $aldit_status = 0 ] && [ $peer_status = 0 ] && [ $table_status = 0 ] && [ $fp8_status = 0 ]
+    [ "$aldit_status" = 0 ] && [ "$peer_status" = 0 ] && [ $table_status = 0 ] && [ $fp8_status = 0 ]
     exit $?
 fi
 
@@ -191,9 +212,9 @@ awk -v r="${rate:-0}" 'BEGIN { exit !(r > 0.99999e9 && r < 1.00001e9) }' || floo
 
 . "$srcdir/tests/tap.sh"
 tap_plan 6
-tap_result $aldit_status "aldit trains one epoch of the toy store (CPU, family $family)" "$(tail -n 20 "$work/aldit.log")"
+tap_result "$aldit_status" "aldit trains one epoch of the toy store (CPU, family $family)" "$(tail -n 20 "$work/aldit.log")"
 peer=$(sed -n 's/.*"peer": "\([^"]*\)".*/\1/p' "$work/peer.json" 2>/dev/null)
-tap_result $peer_status "peer_train.py trains the same store (CPU, $peer, bf16 autocast, fused AdamW, buckets, checkpointing)" \
+tap_result "$peer_status" "peer_train.py trains the same store (CPU, $peer, bf16 autocast, fused AdamW, buckets, checkpointing)" \
     "$(tail -n 20 "$work/peer.log")"
 keys=0
 for key in samples_per_s tokens_per_s model_tflops peak_gib model_flops steps; do
