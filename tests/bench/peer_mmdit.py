@@ -6,7 +6,8 @@ The draws: aldit's own (tests/bench/aldit_draws.py), so both runs train every sa
 the noise itself is drawn by torch (the same law, other numbers).
 
 The batch: samples of one bucket, (video shape, image rows of an image-to-video sample or 0): diffusers' model treats
-a batch as text-to-video or image-to-video as a whole (image rows all zero or none). The input has 2C + 1 channels:
+a batch as text-to-video or image-to-video as a whole (image rows all zero or none); B = bucket_tokens // (S +
+text_len), the joint length of a sample with the longest caption. The input has 2C + 1 channels:
 x_t, then zeros (text-to-video) or the first latent frame of x0 and a mask of ones on it (image-to-video), as aldit's
 CPU model builds it (src/model/mmdit.c, put_condition). Qwen and ByT5 rows are padded with zeros to the longest of the
 batch (at least one row) with their attention masks; image rows as stored (image-to-video; every row valid) or one
@@ -72,6 +73,7 @@ class HunyuanFamily:
             s["sigma"] = self.draws.sigma(0, s["id"])
             image_rows = s["image"].shape[0] if s["i2v"] else 0
             s["bucket"] = (s["shape"], image_rows)
+            s["bucket_rows"] = s["tokens"] + self.dims["text_len"]   # the joint rows of the longest caption
             s["text_rows"] = s["text_len"] + s["text_2"].shape[0] + image_rows
 
     def sigmas(self, batch, generator):

@@ -14,8 +14,9 @@ deck's lr, betas, eps, weight decay; constant lr), the deck's grad_clip, torch.c
 deck's store read with h5py as docs/store.md defines it, every sample once (one epoch, as the aldit run over the
 same store), held on the device (with the store's caption sources, ByT5 and SigLIP rows, for hunyuanvideo15); Wan's
 captions zero-padded to text_len as [model] text_padding = wan does. Batches: Open-Sora-style buckets, samples of
-one shape (frames x height x width; hunyuanvideo15: and task), B = floor(bucket_tokens / S) per batch (the last
-batch of a bucket holds the rest), the batches shuffled with run.seed; one optimizer step per batch. Each sample
+one shape (frames x height x width; hunyuanvideo15: and task), B = floor(bucket_tokens / S) per batch
+(hunyuanvideo15: / (S + text_len), the joint length of a sample with the longest caption; the last batch of a
+bucket holds the rest), the batches shuffled with run.seed; one optimizer step per batch. Each sample
 (Wan; hunyuanvideo15: peer_mmdit.py): sigma = shift u / (1 + (shift - 1) u), u uniform (aldit's timestep
 distribution, shift = train.timestep_shift), x_t = (1 - sigma) x0 + sigma noise, timestep 1000 sigma, loss = the
 mean square error against noise - x0 (the batch's samples weigh alike, as in aldit's step).
@@ -163,7 +164,7 @@ class WanFamily:
     def prepare(self, samples):
         self.samples = samples
         for s in samples:
-            s["bucket"] = s["shape"]
+            s["bucket"], s["bucket_rows"] = s["shape"], s["tokens"]
             s["text_rows"] = train_table.text_rows(self.deck, s["text_len"])
 
     def sigmas(self, batch, generator):
@@ -187,8 +188,8 @@ def family_of(deck, dims, device):
 
 
 def bucket_batches(samples, bucket_tokens, seed):
-    """Open-Sora-style buckets: samples of one bucket (the family's: shape, and task), B = max(1, bucket_tokens // S)
-    per batch, batches shuffled."""
+    """Open-Sora-style buckets: samples of one bucket (the family's: shape, and task), B = max(1, bucket_tokens //
+    rows) per batch (rows: S, or S + text_len where the text joins the attention), batches shuffled."""
     rng = random.Random(seed)
     by_shape = {}
     for i, sample in enumerate(samples):
@@ -197,7 +198,7 @@ def bucket_batches(samples, bucket_tokens, seed):
     for shape in sorted(by_shape):
         members = by_shape[shape]
         rng.shuffle(members)
-        size = max(1, bucket_tokens // samples[members[0]]["tokens"])
+        size = max(1, bucket_tokens // samples[members[0]]["bucket_rows"])
         batches += [members[k:k + size] for k in range(0, len(members), size)]
     rng.shuffle(batches)
     return batches
