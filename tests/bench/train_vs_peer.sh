@@ -10,10 +10,11 @@
 #     none, one epoch), aldit-bench --sections gemm,attention at S = 256 ... 76032, aldit on one GPU, the peer on the same GPU; each
 #     run's peak memory is the largest memory.used nvidia-smi reports while it runs (every 0.2 s).
 #   GPU, --family hunyuanvideo15: inputs/hunyuanvideo15-8layers.ini (HunyuanVideo-1.5 dims, 8 blocks, recompute
-#     block, one epoch) against diffusers' HunyuanVideo15Transformer3DModel (peer_train.py, peer_mmdit.py) on a mixed
-#     image/video store with real-length captions (aldit-store synth, inputs/hunyuanvideo15.lengths: Qwen captions of
-#     50 to 1,000 tokens of 3584, up to 256 ByT5 rows of 1472, 729 SigLIP rows of 1152 per video, 600 samples, seed
-#     11), aldit-bench --wan hv15 (its GEMM widths and heads) at S = 256 ... 113600 (joint lengths N = S + L).
+#     none, one epoch) against diffusers' HunyuanVideo15Transformer3DModel (peer_train.py, peer_mmdit.py) on a mixed
+#     image/video store with real-length captions (aldit-store synth, inputs/hunyuanvideo15-1gpu.lengths: Qwen
+#     captions of 50 to 1,000 tokens of 3584, up to 256 ByT5 rows of 1472, 729 SigLIP rows of 1152 per video, 1000
+#     samples, seed 11), aldit-bench --wan hv15 (its GEMM widths and heads) at S = 256 ... 63232 (joint lengths
+#     N = S + L up to 61,200 + 1,985).
 #   --smoke: the same steps at toy size on the CPU (a 2-layer model of dim 32, 40 samples of
 #     tests/decks/train_tiny.lengths, with hunyuanvideo15 toy caption sources and i2v_share 0.5, the peer eager with
 #     one block checkpointed; no aldit-bench), as TAP: both runs finish, train the same samples, tokens and model
@@ -22,7 +23,7 @@
 #     or h5py do not import. make check runs it (tests/bench/train_smoke.sh, tests/bench/train_smoke_hunyuan.sh).
 # Environment: WORK (scratch folder; default a new one under /tmp, kept), ALDIT_LAUNCH (default "mpirun -np 1";
 # --smoke: none), PEER_ARGS (more peer_train.py options, e.g. "--compile model" or "--attention-backend NAME"),
-# SAMPLES (800; hunyuanvideo15: 600), SMOKE_COMPILE (--smoke: the peer's --compile, default none: inductor's first
+# SAMPLES (800; hunyuanvideo15: 1000), SMOKE_COMPILE (--smoke: the peer's --compile, default none: inductor's first
 # CPU compile takes minutes), RUNS (GPU: the runs of this call, default "aldit peer"; one left out, and aldit-bench
 # where WORK has its JSON, are read from WORK, an earlier call's: e.g. RUNS=aldit, then RUNS=peer, for calls of
 # limited length; the table is printed each time), FP8 (1: after the bf16
@@ -106,10 +107,10 @@ else
         spec=mixed.lengths samples=${SAMPLES:-800} synth="--text-len 64 --text-dim 4096"
         bench="--wan 1.3b --seq 256,1024,4096,16384,32760,76032"
     else
-        spec=hunyuanvideo15.lengths samples=${SAMPLES:-600}
+        spec=hunyuanvideo15-1gpu.lengths samples=${SAMPLES:-1000}
         synth="--text-len 1000 --text-dim 3584 --channels 32 --text-2-dim 1472 --text-2-len 256"
         synth="$synth --image-dim 1152 --image-len 729"
-        bench="--wan hv15 --seq 256,1024,4096,16384,32760,65536,113600"
+        bench="--wan hv15 --seq 256,1024,4096,16384,32760,63232"
     fi
     # shellcheck disable=SC2086
     [ -f "$store" ] || "$build/aldit-store" synth --spec "$srcdir/inputs/$spec" --samples "$samples" $synth --seed 11 \
