@@ -80,6 +80,19 @@ class Float64Sinusoid(torch.nn.Module):
         return torch.cat([torch.cos(angle), torch.sin(angle)], dim=-1)
 
 
+def diffusers_config(dims):
+    """HunyuanVideo15Transformer3DModel's config for aldit's [model] dims (aldit_dims' keys; also the training
+    peer's, tests/bench/peer_train.py)."""
+    hd, t = dims["dim"] // dims["num_heads"], dims["rope_axes_t"]
+    if dims["patch_h"] != dims["patch_w"]:
+        sys.exit(f"hunyuan_parity: patch_h {dims['patch_h']} and patch_w {dims['patch_w']} differ (diffusers has one)")
+    return dict(in_channels=dims["in_dim"], out_channels=dims["out_dim"], num_attention_heads=dims["num_heads"],
+                attention_head_dim=hd, num_layers=dims["num_layers"], num_refiner_layers=2,
+                mlp_ratio=dims["ffn_dim"] / dims["dim"], patch_size=dims["patch_h"], patch_size_t=dims["patch_t"],
+                text_embed_dim=dims["text_dim"], text_embed_2_dim=dims["text_2_dim"], image_embed_dim=dims["image_dim"],
+                rope_axes_dim=(t, (hd - t) // 2, (hd - t) // 2))
+
+
 def random_model(args):
     """Every parameter random: matrices ~ N(0, 1/fan_in), biases and the type embedding ~ N(0, 0.1^2), norm
     weights 1 + N(0, 0.1^2) (so that nothing is trivially zero)."""
@@ -88,12 +101,7 @@ def random_model(args):
 
     logging.set_verbosity_error()
     torch.manual_seed(args.seed)
-    t = args.rope_axes_t
-    model = HunyuanVideo15Transformer3DModel(
-        in_channels=2 * args.channels + 1, out_channels=args.channels, num_attention_heads=args.heads,
-        attention_head_dim=head_dim(args), num_layers=args.layers, num_refiner_layers=2, mlp_ratio=args.mlp_ratio,
-        patch_size=args.patch, patch_size_t=1, text_embed_dim=args.text_dim, text_embed_2_dim=args.text_2_dim,
-        image_embed_dim=args.image_dim, rope_axes_dim=(t, (head_dim(args) - t) // 2, (head_dim(args) - t) // 2))
+    model = HunyuanVideo15Transformer3DModel(**diffusers_config(aldit_dims(args)))
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("weight") and p.ndim >= 2 and "cond_type_embed" not in name:

@@ -30,12 +30,15 @@
 
 enum { kMaxDims = 8, kMaxSeq = 8, kMaxSplit = 4 };
 
-/* The block dims of the gemm, attention and block sections (--wan): Wan 2.1's 1.3B and 14B; heads of 128. */
+/* The block dims of the gemm, attention and block sections (--wan): Wan 2.1's 1.3B and 14B, and HunyuanVideo-1.5's
+   widths (hv15: its block's q/k/v/out and MLP GEMMs and its joint attention's heads; the sections time a Wan block of
+   those widths, whose linears are of the same shapes); heads of 128. */
 typedef struct {
     const char *name;
     int dim, ffn_dim, heads, head_dim;
 } wan_dims;
-static const wan_dims kWanModels[] = {{"1.3b", 1536, 8960, 12, 128}, {"14b", 5120, 13824, 40, 128}};
+static const wan_dims kWanModels[] = {{"1.3b", 1536, 8960, 12, 128}, {"14b", 5120, 13824, 40, 128},
+                                     {"hv15", 2048, 8192, 16, 128}};
 
 typedef struct {
     int run_lnmod, run_gemm, run_attention, run_block; /* --sections (block also runs gemm and attention) */
@@ -66,14 +69,15 @@ static void usage(FILE *out)
             "usage: aldit-bench [--sections lnmod,gemm,attention,block,split] [--samples B] [--rows S] [--dims D1,D2,...]\n"
             "                   [--repeats N] [--seq S1,S2,...] [--text-rows T] [--profile-step 0|1]\n"
             "                   [--backends own,cudnn,cudnn-tiles] [--block-layers K]\n"
-            "                   [--gemm-autotune 0|1] [--attention-autotune 0|1] [--wan 1.3b|14b] [--json FILE]\n"
+            "                   [--gemm-autotune 0|1] [--attention-autotune 0|1] [--wan 1.3b|14b|hv15] [--json FILE]\n"
             "                   [--split-k K1,K2,...]\n"
             "  Device copy bandwidth, then the sections (default lnmod,gemm):\n"
             "  lnmod: LayerNorm-Modulate (forward, backward, gated-residual variants) on B packed samples of S rows\n"
             "    each (default B=2, S=32760, D=1536,3072,5120). The kernel and row-group shape of each forward are\n"
             "    printed per D.\n"
-            "  --wan 1.3b|14b: the block dims of the gemm, attention and block sections: Wan-1.3B (dim 1536, FFN 8960,\n"
-            "    12 heads of 128; the default) or Wan-14B (dim 5120, FFN 13824, 40 heads of 128).\n"
+            "  --wan 1.3b|14b|hv15: the block dims of the gemm, attention and block sections: Wan-1.3B (dim 1536, FFN 8960,\n"
+            "    12 heads of 128; the default), Wan-14B (dim 5120, FFN 13824, 40 heads of 128) or HunyuanVideo-1.5's\n"
+            "    widths (dim 2048, FFN 8192, 16 heads of 128: a Wan block of its GEMM shapes and attention heads).\n"
             "  gemm: the cuBLASLt linear layers of one block (--wan; default D=1536, FFN 8960) on one sample of S rows\n"
             "    (--seq, default S=4096,16384,32760,75600) and T text rows (default 512): forward, backward data and\n"
             "    backward weight (fp32 dW and db accumulated) in TFLOP/s, the block's GEMM sum, and an 8192^3\n"
@@ -169,7 +173,7 @@ static bench_options parse_options(int argc, char **argv)
             size_t k = 0;
             while (k < sizeof kWanModels / sizeof kWanModels[0] && strcmp(value, kWanModels[k].name)) ++k;
             if (k == sizeof kWanModels / sizeof kWanModels[0]) {
-                fprintf(stderr, "aldit-bench: --wan %s: unknown dims (1.3b, 14b)\n", value);
+                fprintf(stderr, "aldit-bench: --wan %s: unknown dims (1.3b, 14b, hv15)\n", value);
                 exit(ALDIT_EXIT_USAGE);
             }
             o.wan = &kWanModels[k];

@@ -1146,7 +1146,9 @@ static int train_step(trainer *t, step_record *r)
             int64_t tokens = store_sample_tokens(&t->data.samples[batch->ids[i]], config->model.patch_t,
                                                  config->model.patch_h, config->model.patch_w);
             sums[1] += (double)tokens;
-            sums[2] += cost_model_model_flops(config, tokens, t->text_len[i]);
+            /* the text rows the model takes: the caption's, and a store with sources the ByT5 rows and an
+               image-to-video sample's SigLIP rows (of a joint attention: L of N = S + L) */
+            sums[2] += cost_model_model_flops(config, tokens, t->text_len[i] + batch->text_2_len[i] + batch->image_len[i]);
         }
     }
 

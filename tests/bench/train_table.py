@@ -17,13 +17,20 @@ metrics.jsonl); the table checks that both runs trained the same samples, tokens
 The floor (with --bench, aldit-bench --sections gemm,attention --json on the same GPU): every GEMM FLOP of the
 epoch at the rate of the block's GEMMs (gemm_block, fwd+bwd) measured at the epoch's mean micro-batch rows, and
 each sample's self- and cross-attention, forward and backward, at the fastest backend's time measured at the
-nearest S (interpolated per FLOP in log S between measured S, held at the ends), times the layers.
+nearest S (interpolated per FLOP in log S between measured S, held at the ends), times the layers. Of
+model.family = hunyuanvideo15 (aldit-bench --wan hv15: its GEMM widths and heads): each block's joint attention
+over N = S + L and the token refiner's over the L text rows, both at the self-attention's time per FLOP at that
+length; a sample's L is its Qwen, ByT5 and, drawn as image-to-video (tests/bench/aldit_draws.py), SigLIP rows.
 """
 import argparse
 import configparser
 import json
 import math
+import os
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import aldit_draws  # noqa: E402  (aldit's per-sample task draws: which samples take SigLIP rows)
 
 # aldit's deck defaults (src/deck/deck.c) of the keys the peer reads
 DECK_DEFAULTS = {
@@ -32,12 +39,19 @@ DECK_DEFAULTS = {
     "model.in_dim": "16", "model.out_dim": "16", "model.patch_t": "1", "model.patch_h": "2", "model.patch_w": "2",
     "model.text_len": "512", "model.text_padding": "wan", "model.text_dim": "4096", "model.freq_dim": "256",
     "model.eps": "1e-6", "model.qk_norm": "on", "model.cross_attn_norm": "on",
+    "model.family": "wan", "model.text_2_dim": "1472", "model.image_dim": "1152", "model.rope_axes_t": "16",
     "data.store": "",
     "train.lr": "1e-4", "train.weight_decay": "0.01", "train.beta1": "0.9", "train.beta2": "0.999",
-    "train.adam_eps": "1e-8", "train.grad_clip": "1", "train.timestep_shift": "5",
+    "train.adam_eps": "1e-8", "train.grad_clip": "1", "train.timestep_shift": "5", "train.timesteps": "uniform",
+    "train.i2v_share": "0",
 }
+# keys whose default depends on [model] family (deck.c's family_default)
+FAMILY_DEFAULTS = {"hunyuanvideo15": {"train.timestep_shift": "3", "train.timesteps": "logit_normal",
+                                      "train.i2v_share": "0.3"}}
 MODEL_INTS = ("dim", "ffn_dim", "num_heads", "num_layers", "in_dim", "out_dim", "patch_t", "patch_h", "patch_w",
-              "text_len", "text_dim", "freq_dim")
+              "text_len", "text_dim", "freq_dim", "text_2_dim", "image_dim", "rope_axes_t")
+# HunyuanVideo-1.5's fixed widths (src/model/layout.h): ByT5 embedder hidden, refiner blocks and MLP ratio
+MMDIT_BYT5_HIDDEN, MMDIT_REFINER_LAYERS, MMDIT_REFINER_MLP_RATIO = 2048, 2, 4
 
 
 def read_deck(path, overrides):
@@ -48,15 +62,18 @@ def read_deck(path, overrides):
             parser.read_file(f)
     except (OSError, configparser.Error) as e:
         sys.exit(f"{path}: {e}")
-    deck = dict(DECK_DEFAULTS)
+    given = {}
     for section in parser.sections():
         for key, value in parser.items(section):
-            deck[f"{section}.{key}"] = value.strip()
+            given[f"{section}.{key}"] = value.strip()
     for item in overrides:
         key, sep, value = item.partition("=")
         if not sep or "." not in key:
             sys.exit(f"{item}: an override is section.key=value")
-        deck[key.strip()] = value.strip()
+        given[key.strip()] = value.strip()
+    deck = dict(DECK_DEFAULTS)
+    deck.update(FAMILY_DEFAULTS.get(given.get("model.family", DECK_DEFAULTS["model.family"]), {}))
+    deck.update(given)
     return deck
 
 
@@ -69,26 +86,57 @@ def model_dims(deck):
     dims = {key: int(deck[f"model.{key}"]) for key in MODEL_INTS}
     dims["qk_norm"] = int(on(deck["model.qk_norm"]))
     dims["cross_attn_norm"] = int(on(deck["model.cross_attn_norm"]))
+    dims["family"] = deck["model.family"]
+    if dims["family"] not in ("wan", "hunyuanvideo15"):
+        sys.exit(f"model.family = {dims['family']}: wan or hunyuanvideo15")
     return dims
 
 
 def forward_flops(dims):
     """Forward FLOPs per token, text row and sample of aldit's layout table (src/model/layout.c: 2 per weight of
-    each Linear and row it multiplies) and the attentions' per token^2 and token x text row (4 D each, all layers)."""
+    each Linear and row it multiplies) and the attentions': Wan's per token^2 and token x text row (4 D each, all
+    layers); a joint attention's (family hunyuanvideo15) per N^2, N = S + L (4 D, all layers), and the token
+    refiner's per L^2 (4 D per refiner block), as src/balance/costmodel.c counts them."""
+    if dims["family"] == "hunyuanvideo15":
+        return mmdit_forward_flops(dims)
     d, f, layers = dims["dim"], dims["ffn_dim"], dims["num_layers"]
     patch = dims["patch_t"] * dims["patch_h"] * dims["patch_w"]
     per_token = 2.0 * (d * dims["in_dim"] * patch + layers * (6 * d * d + 2 * d * f) + dims["out_dim"] * patch * d)
     per_text = 2.0 * (d * dims["text_dim"] + d * d + layers * 2 * d * d)
     per_sample = 2.0 * (d * dims["freq_dim"] + d * d + 6 * d * d)
-    return {"per_token": per_token, "per_text": per_text, "per_sample": per_sample,
-            "attention_per_token2": layers * 4.0 * d, "attention_per_token_text": layers * 4.0 * d}
+    return {"per_token": per_token, "per_text": per_text, "per_sample": per_sample, "joint": False,
+            "attention_per_token2": layers * 4.0 * d, "attention_per_token_text": layers * 4.0 * d,
+            "attention_per_text2": 0.0}
+
+
+def mmdit_forward_flops(dims):
+    """forward_flops of HunyuanVideo-1.5's table (layout.c's mmdit_tensors): video rows through the patch embedding,
+    each block's q/k/v/out and MLP, proj_out; text rows (Qwen, ByT5 and image rows alike: the layout counts every
+    text-row Linear per row of the joint text) through the image and ByT5 embedders, proj_in, the refiner and each
+    block's text stream; per sample the time and pooled-text embedders, the refiner's and blocks' modulations."""
+    d, f, layers = dims["dim"], dims["ffn_dim"], dims["num_layers"]
+    patch = dims["patch_t"] * dims["patch_h"] * dims["patch_w"]
+    image, byt5, refiner = dims["image_dim"], MMDIT_BYT5_HIDDEN, MMDIT_REFINER_LAYERS
+    block_stream = layers * (4 * d * d + 2 * d * f)
+    per_token = 2.0 * (d * dims["in_dim"] * patch + block_stream + dims["out_dim"] * patch * d)
+    refiner_block = 4 * d * d + 2 * MMDIT_REFINER_MLP_RATIO * d * d
+    per_text = 2.0 * (image * image + d * image + d * dims["text_dim"] + refiner * refiner_block
+                      + byt5 * dims["text_2_dim"] + byt5 * byt5 + d * byt5 + block_stream)
+    per_sample = 2.0 * (2 * (d * dims["freq_dim"] + d * d) + d * dims["text_dim"] + d * d + refiner * 2 * d * d
+                        + 2 * d * d + layers * 2 * 6 * d * d)
+    return {"per_token": per_token, "per_text": per_text, "per_sample": per_sample, "joint": True,
+            "attention_per_token2": layers * 4.0 * d, "attention_per_token_text": 0.0,
+            "attention_per_text2": refiner * 4.0 * d}
 
 
 def model_flops(coef, tokens, text_rows):
-    """(GEMM, attention) model FLOPs of one sample: 3x the forward's (aldit's cost_model_model_flops)."""
+    """(GEMM, attention) model FLOPs of one sample: 3x the forward's (aldit's cost_model_model_flops); text_rows:
+    the rows the model takes (of a joint attention, L of N = S + L)."""
     s, l = float(tokens), float(text_rows)
     gemm = 3.0 * (coef["per_token"] * s + coef["per_text"] * l + coef["per_sample"])
-    attention = 3.0 * (coef["attention_per_token2"] * s * s + coef["attention_per_token_text"] * s * l)
+    n = s + l if coef["joint"] else s
+    attention = 3.0 * (coef["attention_per_token2"] * n * n + coef["attention_per_token_text"] * s * l
+                       + coef["attention_per_text2"] * l * l)
     return gemm, attention
 
 
@@ -98,14 +146,24 @@ def text_rows(deck, text_len):
 
 
 def store_samples(deck):
-    """(tokens, text_len) of each sample of the deck's store, from its /index."""
+    """(tokens, text rows the model takes) of each sample of the deck's store, from its /index (and, of
+    family hunyuanvideo15, /index_sources: ByT5 rows and, trained as image-to-video by aldit's draw, SigLIP rows)."""
     import h5py
 
     dims = model_dims(deck)
     with h5py.File(deck["data.store"], "r") as f:
         index = f["index"][:]
-    return [(int(r[1]) // dims["patch_t"] * (int(r[2]) // dims["patch_h"]) * (int(r[3]) // dims["patch_w"]), int(r[4]))
-            for r in index]
+        sources = f["index_sources"][:] if "index_sources" in f and dims["family"] == "hunyuanvideo15" else None
+    draws = aldit_draws.AlditDraws(deck)
+    samples = []
+    for i, r in enumerate(index):
+        tokens = int(r[1]) // dims["patch_t"] * (int(r[2]) // dims["patch_h"]) * (int(r[3]) // dims["patch_w"])
+        rows = text_rows(deck, int(r[4]))
+        if sources is not None:
+            image = int(sources[i][2])
+            rows += int(sources[i][0]) + (image if draws.i2v(0, i, int(r[1]) > 1 and image > 0) else 0)
+        samples.append((tokens, rows))
+    return samples
 
 
 def interpolate(points, x):
@@ -145,13 +203,17 @@ def floor_seconds(deck, bench, samples, mean_rows):
     self_cost, cross_cost = attention_seconds_per_flop(bench, "self"), attention_seconds_per_flop(bench, "cross")
     if not gemm_rates or not self_cost or not cross_cost:
         sys.exit("--bench: needs aldit-bench's gemm and attention sections (gemm_block, attention self and cross)")
-    gemm_flops = sum(model_flops(coef, s, text_rows(deck, l))[0] for s, l in samples)
+    gemm_flops = sum(model_flops(coef, s, rows)[0] for s, rows in samples)
     gemm_s = gemm_flops / interpolate(gemm_rates, mean_rows)
     attention_s = 0.0
-    for s, l in samples:
-        rows = text_rows(deck, l)
-        attention_s += dims["num_layers"] * 4.0 * dims["dim"] * (
-            s * s * interpolate(self_cost, s) + s * rows * interpolate(cross_cost, s))
+    for s, rows in samples:
+        if coef["joint"]:   # the blocks' joint attention over N = S + L, the refiner's over the text: self-attentions
+            n = s + rows
+            attention_s += 4.0 * dims["dim"] * (dims["num_layers"] * n * n * interpolate(self_cost, n)
+                                                + MMDIT_REFINER_LAYERS * rows * rows * interpolate(self_cost, rows))
+        else:
+            attention_s += dims["num_layers"] * 4.0 * dims["dim"] * (
+                s * s * interpolate(self_cost, s) + s * rows * interpolate(cross_cost, s))
     return gemm_s, attention_s
 
 
@@ -244,9 +306,10 @@ def main():
               f"{floor['model_tflops']:.1f} | |")
         share = a['model_tflops'] / floor['model_tflops']
         speedup = a['samples_per_s'] / p['samples_per_s']
-        print(f"aldit's model TFLOP/s is {100 * share:.2f}% of the floor's (issue 20's target: within 10%, "
+        issue, target = ("33", 1.15) if deck["model.family"] == "hunyuanvideo15" else ("20", 1.3)
+        print(f"aldit's model TFLOP/s is {100 * share:.2f}% of the floor's (issue {issue}'s target: within 10%, "
               f"{'met' if share >= 0.9 else 'not met'}); aldit / peer samples/s {speedup:.3f}x "
-              f"(target 1.3x, {'met' if speedup >= 1.3 else 'not met'})")
+              f"(target {target}x, {'met' if speedup >= target else 'not met'})")
     else:
         print("floor: - (no --bench: aldit-bench's GEMM and attention rates are measured on a GPU)")
     print(f"both runs: {aldit['samples']} samples, {aldit['tokens']:.0f} tokens, {aldit['model_flops'] / 1e12:.3f} "

@@ -3,27 +3,50 @@
 # call, and the floor: aldit-bench's GEMM and attention rates measured in the same call. Prints the table of
 # tests/bench/train_table.py (samples/s, tokens/s, model TFLOP/s, peak GiB, aldit/peer, the floor).
 #
-# usage: tests/bench/train_vs_peer.sh [--smoke] [BUILD_DIR]     (BUILD_DIR: default the current directory)
-#   GPU (default): the store of docs/PERFORMANCE.md (aldit-store synth, inputs/mixed.lengths, 800 samples, 64 text
-#     tokens of 4096, seed 11), inputs/wan1.3b-8layers.ini (Wan-1.3B dims, 8 layers, recompute none, one epoch),
-#     aldit-bench --sections gemm,attention at S = 256 ... 76032, aldit on one GPU, the peer on the same GPU; each
+# usage: tests/bench/train_vs_peer.sh [--smoke] [--family wan|hunyuanvideo15] [BUILD_DIR]   (default: wan, the
+#   current directory)
+#   GPU (default), family wan: the store of docs/PERFORMANCE.md (aldit-store synth, inputs/mixed.lengths, 800
+#     samples, 64 text tokens of 4096, seed 11), inputs/wan1.3b-8layers.ini (Wan-1.3B dims, 8 layers, recompute
+#     none, one epoch), aldit-bench --sections gemm,attention at S = 256 ... 76032, aldit on one GPU, the peer on the same GPU; each
 #     run's peak memory is the largest memory.used nvidia-smi reports while it runs (every 0.2 s).
+#   GPU, --family hunyuanvideo15: inputs/hunyuanvideo15-8layers.ini (HunyuanVideo-1.5 dims, 8 blocks, recompute
+#     none, one epoch) against diffusers' HunyuanVideo15Transformer3DModel (peer_train.py, peer_mmdit.py) on a mixed
+#     image/video store with real-length captions (aldit-store synth, inputs/hunyuanvideo15-1gpu.lengths: Qwen
+#     captions of 50 to 1,000 tokens of 3584, up to 256 ByT5 rows of 1472, 729 SigLIP rows of 1152 per video, 1000
+#     samples, seed 11), aldit-bench --wan hv15 (its GEMM widths and heads) at S = 256 ... 63232 (joint lengths
+#     N = S + L up to 61,200 + 1,985).
 #   --smoke: the same steps at toy size on the CPU (a 2-layer model of dim 32, 40 samples of
-#     tests/decks/train_tiny.lengths, the peer eager with one block checkpointed; no aldit-bench, so no floor),
-#     as TAP: both runs finish, train the same samples, tokens and model FLOPs, and the table prints. Skips (exit 77)
-#     where torch, diffusers or h5py do not import. make check runs it (tests/bench/train_smoke.sh).
+#     tests/decks/train_tiny.lengths, with hunyuanvideo15 toy caption sources and i2v_share 0.5, the peer eager with
+#     one block checkpointed; no aldit-bench), as TAP: both runs finish, train the same samples, tokens and model
+#     FLOPs, the table prints, and its floor, from a made-up aldit-bench JSON of 1e9 FLOP/s for GEMMs and attention,
+#     gives aldit's model FLOPs at 1e9 FLOP/s (every sample's rows priced). Skips (exit 77) where torch, diffusers
+#     or h5py do not import. make check runs it (tests/bench/train_smoke.sh, tests/bench/train_smoke_hunyuan.sh).
 # Environment: WORK (scratch folder; default a new one under /tmp, kept), ALDIT_LAUNCH (default "mpirun -np 1";
-# --smoke: none), PEER_ARGS (more peer_train.py options, e.g. "--compile model"), SAMPLES (800), SMOKE_COMPILE
-# (--smoke: the peer's --compile, default none: inductor's first CPU compile takes minutes), FP8 (1: after the bf16
+# --smoke: none), PEER_ARGS (more peer_train.py options, e.g. "--compile model" or "--attention-backend NAME"),
+# SAMPLES (800; hunyuanvideo15: 1000), SMOKE_COMPILE (--smoke: the peer's --compile, default none: inductor's first
+# CPU compile takes minutes), RUNS (GPU: the runs of this call, default "aldit peer"; one left out, and aldit-bench
+# where WORK has its JSON, are read from WORK, an earlier call's: e.g. RUNS=aldit, then RUNS=peer, for calls of
+# limited length; the table is printed each time), FP8 (1: after the bf16
 # run, the same epoch again with train.precision=fp8 into WORK/aldit_fp8, a row of its own in the table with its
 # ratios to bf16 aldit and to the peer; GPU only, a GPU of compute capability 8.9 or more).
 set -u
 smoke=0
-[ "${1:-}" = "--smoke" ] && { smoke=1; shift; }
+family=wan
+while :; do
+    case ${1:-} in
+        --smoke) smoke=1; shift ;;
+        --family) family=${2:-}; shift 2 || { echo "train_vs_peer.sh: --family needs a value" >&2; exit 2; } ;;
+        *) break ;;
+    esac
+done
 build=$(cd "${1:-.}" && pwd)
 srcdir=${SRCDIR:-$(cd "$(dirname "$0")/../.." && pwd)}
 PYTHON=${PYTHON:-python3}
-deck="$srcdir/inputs/wan1.3b-8layers.ini"
+case $family in
+    wan) deck="$srcdir/inputs/wan1.3b-8layers.ini" ;;
+    hunyuanvideo15) deck="$srcdir/inputs/hunyuanvideo15-8layers.ini" ;;
+    *) echo "train_vs_peer.sh: --family $family: wan or hunyuanvideo15" >&2; exit 2 ;;
+esac
 
 missing=
 for module in torch diffusers h5py numpy; do
@@ -57,35 +80,70 @@ peak_watch() {
 }
 gib_of() { v=$(cat "$1" 2>/dev/null); case $v in ''|-) echo "" ;; *) awk -v m="$v" 'BEGIN {printf "%.2f", m / 1024}' ;; esac; }
 
-if [ "$smoke" = 1 ]; then
+if [ "$smoke" = 1 ] && [ "$family" = wan ]; then
     store="$work/smoke.h5"
     set -- run.device=cpu run.threads=1 model.dim=32 model.ffn_dim=64 model.num_heads=2 model.num_layers=2 \
         model.text_len=16 model.text_dim=16 model.freq_dim=32 balance.mem_budget=256MiB balance.calibrate=0 \
         balance.global_batch=8 "data.store=$store" "run.dir=$work/aldit"
-    "$build/aldit-store" synth --spec "$srcdir/tests/decks/train_tiny.lengths" --samples 40 --text-len 8 --text-dim 16 \
+    synth="--text-len 8 --text-dim 16"
+elif [ "$smoke" = 1 ]; then   # hunyuanvideo15 at toy size: head dim 16 (RoPE 4/6/6), diffusers' 256-wide sinusoid
+    store="$work/smoke.h5"
+    set -- run.device=cpu run.threads=1 model.dim=32 model.ffn_dim=64 model.num_heads=2 model.num_layers=2 \
+        model.in_dim=9 model.out_dim=4 model.text_len=16 model.text_dim=12 model.text_2_dim=6 model.image_dim=10 \
+        model.rope_axes_t=4 train.recompute=none balance.recompute=none train.i2v_share=0.5 \
+        balance.mem_budget=256MiB balance.calibrate=0 balance.global_batch=8 "data.store=$store" "run.dir=$work/aldit"
+    synth="--text-len 16 --text-dim 12 --channels 4 --text-2-dim 6 --text-2-len 5 --image-dim 10 --image-len 3"
+fi
+if [ "$smoke" = 1 ]; then
+    # shellcheck disable=SC2086
+    "$build/aldit-store" synth --spec "$srcdir/tests/decks/train_tiny.lengths" --samples 40 $synth \
         --seed 11 --out "$store" > "$work/store.log" 2>&1 || { echo "Bail out! aldit-store synth failed: $(cat "$work/store.log")"; exit 1; }
     launch=${ALDIT_LAUNCH:-}
     peer_options="--device cpu --bucket-tokens 64 --compile ${SMOKE_COMPILE:-none} --checkpoint 1"
 else
     store="$work/peer.h5"
     set -- "data.store=$store" "run.dir=$work/aldit"
-    [ -f "$store" ] || "$build/aldit-store" synth --spec "$srcdir/inputs/mixed.lengths" --samples "${SAMPLES:-800}" \
-        --text-len 64 --text-dim 4096 --seed 11 --out "$store" || exit 2
+    if [ "$family" = wan ]; then
+        spec=mixed.lengths samples=${SAMPLES:-800} synth="--text-len 64 --text-dim 4096"
+        bench="--wan 1.3b --seq 256,1024,4096,16384,32760,76032"
+    else
+        spec=hunyuanvideo15-1gpu.lengths samples=${SAMPLES:-1000}
+        synth="--text-len 1000 --text-dim 3584 --channels 32 --text-2-dim 1472 --text-2-len 256"
+        synth="$synth --image-dim 1152 --image-len 729"
+        bench="--wan hv15 --seq 256,1024,4096,16384,32760,63232"
+    fi
+    # shellcheck disable=SC2086
+    [ -f "$store" ] || "$build/aldit-store" synth --spec "$srcdir/inputs/$spec" --samples "$samples" $synth --seed 11 \
+        --out "$store" || exit 2
     [ -x "$build/aldit-bench" ] || { echo "train_vs_peer.sh: $build/aldit-bench not found (a CUDA build: make aldit-bench)" >&2; exit 2; }
-    echo "== aldit-bench: the block's GEMMs and attention at the store's S (the floor's rates)"
-    "$build/aldit-bench" --sections gemm,attention --seq 256,1024,4096,16384,32760,76032 --backends own,cudnn \
-        --repeats 5 --json "$work/bench.json" || exit 1
+    if [ -f "$work/bench.json" ] && [ -n "${RUNS:-}" ]; then
+        echo "== aldit-bench: $work/bench.json of an earlier call (RUNS is set)"
+    else
+        echo "== aldit-bench: the block's GEMMs and attention at the store's S (the floor's rates)"
+        # shellcheck disable=SC2086
+        "$build/aldit-bench" --sections gemm,attention $bench --backends own,cudnn \
+            --repeats 5 --json "$work/bench.json" || exit 1
+    fi
     launch=${ALDIT_LAUNCH:-mpirun -np 1}
     peer_options="--device cuda"
 fi
-rm -rf "$work/aldit"
-
-[ "$smoke" = 1 ] || echo "== aldit: $deck $*"
-started=$(date +%s.%N)
-# shellcheck disable=SC2086
-peak_watch "$work/aldit.peak" $launch "$build/aldit" "$deck" "$@" > "$work/aldit.log" 2>&1; aldit_status=$?
-aldit_wall=$(awk -v a="$started" -v b="$(date +%s.%N)" 'BEGIN {printf "%.1f", b - a}')
-[ "$smoke" = 1 ] || tail -n 25 "$work/aldit.log"
+# RUNS (GPU): the runs of this call, "aldit peer" by default; a run left out is read from WORK (an earlier call's)
+runs=${RUNS:-aldit peer}
+[ "$smoke" = 1 ] && runs="aldit peer"
+case " $runs " in
+    *" aldit "*)
+        rm -rf "$work/aldit"
+        [ "$smoke" = 1 ] || echo "== aldit: $deck $*"
+        started=$(date +%s.%N)
+        # shellcheck disable=SC2086
+        peak_watch "$work/aldit.peak" $launch "$build/aldit" "$deck" "$@" > "$work/aldit.log" 2>&1; aldit_status=$?
+        awk -v a="$started" -v b="$(date +%s.%N)" 'BEGIN {printf "%.1f\n", b - a}' > "$work/aldit.wall"
+        echo "$aldit_status" > "$work/aldit.status"
+        [ "$smoke" = 1 ] || tail -n 25 "$work/aldit.log" ;;
+    *)  aldit_status=$(cat "$work/aldit.status" 2>/dev/null || echo 1)
+        echo "== aldit: $work/aldit of an earlier call (exit $aldit_status)" ;;
+esac
+aldit_wall=$(cat "$work/aldit.wall" 2>/dev/null)
 fp8_status=0
 if [ "${FP8:-0}" = 1 ] && [ "$smoke" = 0 ]; then
     echo "== aldit: $deck data.store=$store run.dir=$work/aldit_fp8 train.precision=fp8"
@@ -95,11 +153,17 @@ if [ "${FP8:-0}" = 1 ] && [ "$smoke" = 0 ]; then
         train.precision=fp8 > "$work/aldit_fp8.log" 2>&1; fp8_status=$?
     tail -n 25 "$work/aldit_fp8.log"
 fi
-[ "$smoke" = 1 ] || echo "== peer_train.py"
-# shellcheck disable=SC2086
-peak_watch "$work/peer.peak" "$PYTHON" "$srcdir/tests/bench/peer_train.py" --deck "$deck" $peer_options ${PEER_ARGS:-} \
-    --json "$work/peer.json" "$@" > "$work/peer.log" 2>&1; peer_status=$?
-[ "$smoke" = 1 ] || tail -n 5 "$work/peer.log"
+case " $runs " in
+    *" peer "*)
+        [ "$smoke" = 1 ] || echo "== peer_train.py"
+        # shellcheck disable=SC2086
+        peak_watch "$work/peer.peak" "$PYTHON" "$srcdir/tests/bench/peer_train.py" --deck "$deck" $peer_options \
+            ${PEER_ARGS:-} --json "$work/peer.json" "$@" > "$work/peer.log" 2>&1; peer_status=$?
+        echo "$peer_status" > "$work/peer.status"
+        [ "$smoke" = 1 ] || tail -n 5 "$work/peer.log" ;;
+    *)  peer_status=$(cat "$work/peer.status" 2>/dev/null || echo 1)
+        echo "== peer_train.py: $work/peer.json of an earlier call (exit $peer_status)" ;;
+esac
 
 table_options=
 [ "$smoke" = 1 ] || table_options="--bench $work/bench.json"
@@ -113,19 +177,45 @@ if [ "${FP8:-0}" = 1 ] && [ "$smoke" = 0 ]; then
 fi
 # shellcheck disable=SC2086
 "$PYTHON" "$srcdir/tests/bench/train_table.py" --deck "$deck" --aldit "$work/aldit/metrics.jsonl" --peer "$work/peer.json" \
-    --aldit-wall-s "$aldit_wall" --json "$work/table.json" $table_options "$@" > "$work/table.txt" 2>&1; table_status=$?
+    --aldit-wall-s "${aldit_wall:-0}" --json "$work/table.json" $table_options "$@" > "$work/table.txt" 2>&1; table_status=$?
 
 if [ "$smoke" = 0 ]; then
     cat "$work/table.txt"
     echo "(files in $work; aldit exit $aldit_status, peer exit $peer_status${FP8:+, aldit fp8 exit $fp8_status})"
-    [ $aldit_status = 0 ] && [ $peer_status = 0 ] && [ $table_status = 0 ] && [ $fp8_status = 0 ]
+    [ "$aldit_status" = 0 ] && [ "$peer_status" = 0 ] && [ $table_status = 0 ] && [ $fp8_status = 0 ]
     exit $?
 fi
 
+# the floor from a made-up aldit-bench JSON: GEMMs at 1e9 FLOP/s and attention at 3e-9 s per forward FLOP of a
+# forward+backward (1e9 model FLOP/s), so the floor's model FLOP/s must be 1e9 when it prices every sample's rows
+BENCH_DIR="$srcdir/tests/bench" "$PYTHON" - "$work/bench.json" "$deck" "$@" > "$work/bench.log" 2>&1 <<'PY'
+import json, os, sys
+sys.path.insert(0, os.environ["BENCH_DIR"])
+import train_table
+deck = train_table.read_deck(sys.argv[2], sys.argv[3:])
+dims = train_table.model_dims(deck)
+heads, head = dims["num_heads"], dims["dim"] // dims["num_heads"]
+entries = [{"kind": kind, "S": s, "kv_rows": s if kind == "self" else 16, "fwd_ms": 0.0,
+            "bwd_ms": 3e-6 * 4.0 * s * (s if kind == "self" else 16) * heads * head}
+           for kind in ("self", "cross") for s in (16, 256)]
+json.dump({"dim": dims["dim"], "attention_heads": heads, "attention_head_dim": head,
+           "gemm_block": [{"S": 16, "tflops": 1e-3}, {"S": 256, "tflops": 1e-3}], "attention": entries},
+          open(sys.argv[1], "w"))
+PY
+bench_status=$?
+# shellcheck disable=SC2086
+[ $bench_status = 0 ] && "$PYTHON" "$srcdir/tests/bench/train_table.py" --deck "$deck" --aldit "$work/aldit/metrics.jsonl" \
+    --peer "$work/peer.json" --bench "$work/bench.json" --json "$work/floor.json" "$@" > "$work/floor.txt" 2>&1
+floor_status=$?
+rate=$("$PYTHON" -c "import json, sys; print(json.load(open(sys.argv[1]))['floor']['model_tflops'] * 1e12)" \
+    "$work/floor.json" 2>/dev/null)
+awk -v r="${rate:-0}" 'BEGIN { exit !(r > 0.99999e9 && r < 1.00001e9) }' || floor_status=1
+
 . "$srcdir/tests/tap.sh"
-tap_plan 5
-tap_result $aldit_status "aldit trains one epoch of the toy store (CPU)" "$(tail -n 20 "$work/aldit.log")"
-tap_result $peer_status "peer_train.py trains the same store (CPU, bf16 autocast, fused AdamW, buckets, checkpointing)" \
+tap_plan 6
+tap_result "$aldit_status" "aldit trains one epoch of the toy store (CPU, family $family)" "$(tail -n 20 "$work/aldit.log")"
+peer=$(sed -n 's/.*"peer": "\([^"]*\)".*/\1/p' "$work/peer.json" 2>/dev/null)
+tap_result "$peer_status" "peer_train.py trains the same store (CPU, $peer, bf16 autocast, fused AdamW, buckets, checkpointing)" \
     "$(tail -n 20 "$work/peer.log")"
 keys=0
 for key in samples_per_s tokens_per_s model_tflops peak_gib model_flops steps; do
@@ -136,5 +226,7 @@ tap_result $keys "the peer's JSON line has samples_per_s, tokens_per_s, model_tf
 tap_result $table_status "the table: both runs trained the same samples, tokens and model FLOPs" "$(cat "$work/table.txt")"
 case $(cat "$work/table.txt") in *"| aldit |"*"| peer (diffusers, compile "*"| aldit / peer |"*"40 samples"*) found=0 ;; *) found=1 ;; esac
 tap_result $found "the table has aldit's, the peer's and the ratio row, over the 40 samples" "$(cat "$work/table.txt")"
+tap_result $floor_status "the floor at made-up rates of 1e9 FLOP/s: aldit's model FLOPs at 1e9 FLOP/s (got ${rate:-none})" \
+    "$(cat "$work/bench.log" "$work/floor.txt" 2>/dev/null)"
 [ -n "${WORK:-}" ] || rm -rf "$work"
 tap_done
