@@ -993,6 +993,26 @@ static const size_t kBlockMemoryMargin = (size_t)2 << 30; /* cuBLASLt, CUDA cont
 
 /* The block sections' models at --wan's dims: layers[0] of 1 block, layers[1] of 1 + --block-layers blocks (Wan 2.1's
    defaults otherwise: text_dim 4096, 16 channels, patch 1x2x2, qk_norm, cross_attn_norm), gaussian weights. */
+/* Values uniform in (-a, a), a = std sqrt(3) (the standard deviation of normal(0, std)), 1 added where the table's
+   init is ONE (norm weights): a timing's weights need to be nonzero and of a training scale, not normal; one
+   64-bit draw per value, so that 14B dims take a second or two, not the half minute of Box-Muller's draws. */
+static void fill_uniform(model *m, uint64_t seed, double std)
+{
+    const double a = std * sqrt(3.0);
+    uint64_t state = seed;
+    for (int i = 0; i < m->n_params; ++i) {
+        const param_info *p = &m->params[i];
+        int layer;
+        int64_t offset;
+        const layout_tensor *t = model_layout_param(&m->layout, i, &layer, &offset);
+        const float base = t->init == LAYOUT_INIT_ONE ? 1.0f : 0.0f;
+        for (int64_t j = 0; j < p->n_elements; ++j)
+            m->weights[p->offset + j] = base + (float)(a * (2.0 * rng_uniform(&state) - 1.0));
+    }
+}
+
+/* The 1-layer model and the (1 + K)-layer one with the same values: the deeper one takes the embeddings, the head
+   and, for each of its blocks, the block of the 1-layer model (the timing does not care that its blocks repeat). */
 static void make_block_models(const bench_options *o, model layers[2])
 {
     deck config;
@@ -1001,11 +1021,19 @@ static void make_block_models(const bench_options *o, model layers[2])
     config.model.ffn_dim = o->wan->ffn_dim;
     config.model.num_heads = o->wan->heads;
     config.model.text_len = o->text_rows;
-    for (int l = 0; l < 2; ++l) {
-        config.model.num_layers = l ? 1 + o->block_layers : 1;
-        model_create(&layers[l], &config);
-        model_init_gaussian(&layers[l], 0xb10c0001ull + (uint64_t)l, 0.02f);
-    }
+    config.model.num_layers = 1;
+    model_create(&layers[0], &config);
+    fill_uniform(&layers[0], 0xb10c0001ull, 0.02);
+    config.model.num_layers = 1 + o->block_layers;
+    model_create(&layers[1], &config);
+    const model_layout *one = &layers[0].layout, *deep = &layers[1].layout;
+    const int64_t head = one->blocks_offset + one->block_stride, head_values = layers[0].n_weights - head;
+    memcpy(layers[1].weights, layers[0].weights, (size_t)one->blocks_offset * sizeof(float));
+    for (int l = 0; l < layers[1].num_layers; ++l)
+        memcpy(layers[1].weights + deep->blocks_offset + l * deep->block_stride, layers[0].weights + one->blocks_offset,
+               (size_t)one->block_stride * sizeof(float));
+    memcpy(layers[1].weights + layers[1].n_weights - head_values, layers[0].weights + head,
+           (size_t)head_values * sizeof(float));
 }
 
 /* One block (--wan dims) forward+backward at every S: the GPU model's step (one sample of S tokens and T text
