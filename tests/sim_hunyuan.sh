@@ -86,8 +86,9 @@ CUDA_VISIBLE_DEVICES= $MPIEXEC -np 8 --oversubscribe -x CUDA_VISIBLE_DEVICES ./a
 status=$?
 grep -q '^  device     cuda: GPU none on this node: planned as GPUs of balance.device_mem = 80.0 GiB each' "$work/check.log" &&
     grep -q '^  state      shard = full over 8 rank(s)' "$work/check.log" &&
-    grep -q '^  balancer   global: ' "$work/check.log" && grep -q '^  groups     sp up to 8 ranks: ' "$work/check.log"
-tap_is "aldit --check on 8 ranks: exit 0, the plan (the GPU model's memory, shard = full, groups)" "$status:$?" "0:0"
+    grep -q '^  balancer   global: ' "$work/check.log" &&
+    grep -q '^  groups     none: model.family = hunyuanvideo15 has no sequence parallelism yet' "$work/check.log"
+tap_is "aldit --check on 8 ranks: exit 0, the plan (the GPU model's memory, shard = full; no groups: the family has no sequence parallelism yet)" "$status:$?" "0:0"
 tap_is "aldit --check prints the resolved deck: device = cuda, sp = auto" \
     "$(grep -c '^device  *= cuda$\|^sp  *= auto$' "$work/check.out")" "2"
 

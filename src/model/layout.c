@@ -148,14 +148,15 @@ typedef struct {
     int on_gpu;   /* the GPU model builds it (cuda/model_gpu.cu; hunyuanvideo15's block code cuda/mmdit_gpu.cu) */
     size_t gpu_time_first;   /* the field of model_layout where the time path the GPU reads in fp32 starts */
     int gpu_reads_modulation;   /* the GPU reads Wan's modulation tables and norm3 in fp32 */
+    int sequence_parallel;   /* its CPU and GPU models run a micro-batch on a group of ranks (Ulysses) */
 } family_table;
 
 static const family_table families[] = {
     [FAMILY_WAN] = {wan_tensors, (int)(sizeof wan_tensors / sizeof wan_tensors[0]), offsetof(model_layout, block), "blocks.", 1,
-                    offsetof(model_layout, time_in.weight), 1},
+                    offsetof(model_layout, time_in.weight), 1, 1},
     [FAMILY_HUNYUANVIDEO15] = {mmdit_tensors, (int)(sizeof mmdit_tensors / sizeof mmdit_tensors[0]),
                                offsetof(model_layout, mmdit_block), "transformer_blocks.", 1,
-                               offsetof(model_layout, mmdit.time_1.weight), 0},
+                               offsetof(model_layout, mmdit.time_1.weight), 0, 0},
 };
 _Static_assert(sizeof wan_tensors / sizeof wan_tensors[0] <= LAYOUT_MAX_TENSORS, "LAYOUT_MAX_TENSORS holds Wan's table");
 _Static_assert(sizeof mmdit_tensors / sizeof mmdit_tensors[0] <= LAYOUT_MAX_TENSORS,
@@ -165,6 +166,12 @@ int layout_family_on_gpu(deck_family family)
 {
     ALDIT_CHECK(family == FAMILY_WAN || family == FAMILY_HUNYUANVIDEO15, "layout: model family %d unknown", (int)family);
     return families[family].on_gpu;
+}
+
+int layout_family_sequence_parallel(deck_family family)
+{
+    ALDIT_CHECK(family == FAMILY_WAN || family == FAMILY_HUNYUANVIDEO15, "layout: model family %d unknown", (int)family);
+    return families[family].sequence_parallel;
 }
 
 /* How each family's attention sees the text (layout.h). */

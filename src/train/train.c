@@ -196,6 +196,7 @@ static balancer *create_balancer(const deck *config, const balance_sample *sampl
                                  const comm_info *info, const backend_plan *memory)
 {
     deck nodes = *config;
+    if (!layout_family_sequence_parallel(config->model.family)) nodes.balance.sp = 1; /* off: setup_groups says so */
     if (nodes.balance.ranks_per_node == 0) nodes.balance.ranks_per_node = info->n_local_ranks > 0 ? info->n_local_ranks : 1;
     balancer *b = balancer_create(&nodes, samples, n_samples, info->n_ranks, memory->mem_budget,
                                   memory->has_memory_model ? &memory->memory_model : NULL);
@@ -261,8 +262,11 @@ static epoch_plan plan_epoch(const deck *config, const balance_sample *samples, 
 }
 
 /* --check: the samples per step each group size runs, and how the per-rank budget rose ([balance] sp). */
-static void print_groups_line(FILE *out, const epoch_plan *epoch)
+static void print_groups_line(FILE *out, const epoch_plan *epoch, const deck *config, int n_ranks)
 {
+    if (!layout_family_sequence_parallel(config->model.family) && balance_sp_limit(config, n_ranks) > 1)
+        fprintf(out, "  groups     none: model.family = %s has no sequence parallelism yet ([balance] sp runs as off; "
+                "aldit-sim plans the groups)\n", deck_family_name(config->model.family));
     if (epoch->sp_max <= 1 || epoch->steps == 0) return;
     fprintf(out, "  groups     sp up to %d ranks:", epoch->sp_max);
     for (int j = 0, first = 1; j < PLAN_GROUP_SIZES; j++)
@@ -411,7 +415,7 @@ int train_check(const deck *config, const comm_info *info)
         fprintf(stderr, "  balancer   %s: %lld steps per epoch, predicted epoch %.3g s vs lower bound %.3g s "
                "(predicted imbalance %.1f%%)\n", deck_strategy_name(config->balance.strategy), (long long)epoch.steps,
                epoch.predicted_s, epoch.lower_bound_s, 100.0 * epoch.imbalance_pred);
-        print_groups_line(stderr, &epoch);
+        print_groups_line(stderr, &epoch, config, info->n_ranks);
         if (config->run.steps > 0) fprintf(stderr, "  run        %lld steps\n", (long long)config->run.steps);
         else fprintf(stderr, "  run        %lld epochs = %lld steps\n", (long long)config->run.epochs,
                     (long long)(config->run.epochs * epoch.steps));
@@ -1515,6 +1519,13 @@ static void setup_groups(trainer *t)
 {
     int largest = 1;
     while (largest * 2 <= t->info->n_ranks && t->config->model.num_heads % (largest * 2) == 0) largest *= 2;
+    if (!layout_family_sequence_parallel(t->config->model.family)) {
+        if (t->info->rank == 0 && balance_sp_limit(t->config, t->info->n_ranks) > 1)
+            printf("aldit: model.family = %s has no sequence parallelism yet: [balance] sp runs as off (a sample over "
+                   "one rank's memory is refused, or skipped with balance.oversize = skip; aldit-sim still plans the "
+                   "groups)\n", deck_family_name(t->config->model.family));
+        largest = 1;
+    }
     /* communicators only for the groups this run can use ([balance] sp: 0 auto, 1 off, K; or the test hook's size),
        so that a run without groups makes none (on GPUs each is an NCCL communicator) */
     const char *hook = getenv("ALDIT_TEST_SP_GROUP");
