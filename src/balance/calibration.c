@@ -26,13 +26,14 @@ void calibration_key(const deck *config, const char *device, int ranks_per_gpu, 
     snprintf(key, key_size,
              "aldit %s | %s | %d rank(s) per GPU | model dim %d ffn %d heads %d layers %d in %d out %d "
              "patch %dx%dx%d text %d x %d freq %d qk_norm %d cross_attn_norm %d | recompute %s attention %s | "
-             "packed %d target %g s",
+             "packed %d target %g s | family %s precision %s | timed on random weights and data",
              PACKAGE_VERSION, device, ranks_per_gpu, config->model.dim, config->model.ffn_dim,
              config->model.num_heads, config->model.num_layers, config->model.in_dim, config->model.out_dim,
              config->model.patch_t, config->model.patch_h, config->model.patch_w, config->model.text_len,
              config->model.text_dim, config->model.freq_dim, config->model.qk_norm, config->model.cross_attn_norm,
              deck_recompute_name(config->train.recompute), deck_attention_name(config->train.attention),
-             config->balance.calibrate_packed, config->balance.calibrate_seconds);
+             config->balance.calibrate_packed, config->balance.calibrate_seconds, deck_family_name(config->model.family),
+             config->train.precision == PRECISION_FP8 ? "fp8" : "bf16");
     for (char *c = key; *c; c++)
         if (*c == '\n' || *c == '\r') *c = ' '; /* one line in the file */
 }

@@ -22,7 +22,8 @@ typedef struct {
 
 /* What the timings depend on, as one line of text: aldit's version, the GPU (its description), the ranks
    sharing it, every [model] key that shapes the network, [train] recompute and attention, whether the
-   micro-batches were packed and the time target (which decides the shapes timed at full depth). Cached timings
+   micro-batches were packed and the time target (which decides the shapes timed at full depth), the family, [train]
+   precision and how the timing is done (on random weights and data: a file timed on zeros, before, is not reused). Cached timings
    are reused only under the same key. */
 void calibration_key(const deck *config, const char *device, int ranks_per_gpu, char *key, size_t key_size);
 
