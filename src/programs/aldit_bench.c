@@ -61,12 +61,13 @@ typedef struct {
     int run_split;         /* --sections split */
     int n_split;
     int split_k[kMaxSplit]; /* --split-k: the group sizes of the split section (default 1,2,4) */
+    int run_zeros;         /* --sections zeros */
 } bench_options;
 
 static void usage(FILE *out)
 {
     fprintf(out,
-            "usage: aldit-bench [--sections lnmod,gemm,attention,block,split] [--samples B] [--rows S] [--dims D1,D2,...]\n"
+            "usage: aldit-bench [--sections lnmod,gemm,attention,block,split,zeros] [--samples B] [--rows S] [--dims D1,D2,...]\n"
             "                   [--repeats N] [--seq S1,S2,...] [--text-rows T] [--profile-step 0|1]\n"
             "                   [--backends own,cudnn,cudnn-tiles] [--block-layers K]\n"
             "                   [--gemm-autotune 0|1] [--attention-autotune 0|1] [--wan 1.3b|14b|hv15] [--json FILE]\n"
@@ -103,6 +104,9 @@ static void usage(FILE *out)
             "    the bytes it would send, 8 tensors of S/k x dim bf16 times (k-1)/k per block, are reported, with\n"
             "    their time at 300 GB/s, [balance] sp_bandwidth's default). The cost model's split form,\n"
             "    cost_k(S) = cost(S)/k + exchange, is the column k x member / block at k = 1.\n"
+            "  zeros: the (1 + K)-layer model's step (--wan dims, one sample of S tokens, --seq) on zero weights and zero\n"
+            "    data against the same step on random weights and data, timed in turn: what timing a model before its\n"
+            "    state is set (all zeros) would leave out (the start-up calibration times random values since issue 31).\n"
             "  Short ops: N=21 timed groups of 10 launches; long ones (attention, block) fewer groups of 1 launch,\n"
             "  about 3-6 s per figure; medians reported. --json also writes the figures to FILE.\n");
 }
@@ -133,7 +137,7 @@ enum { kDefaultBlockLayers = 8 };
 static bench_options parse_options(int argc, char **argv)
 {
     bench_options o = {1, 1, 0, 0, 2, 32760, 3, {1536, 3072, 5120}, 21, 10, 4, {4096, 16384, 32760, 75600}, 512, 0,
-                       "own,cudnn,cudnn-tiles", 0, 0, kDefaultBlockLayers, NULL, &kWanModels[0], 0, 0, {0}};
+                       "own,cudnn,cudnn-tiles", 0, 0, kDefaultBlockLayers, NULL, &kWanModels[0], 0, 0, {0}, 0};
     enum {
         kSections = 256, kSamples, kRows, kDims, kRepeats, kSeq, kTextRows, kProfileStep, kBackends, kBlockLayers,
         kGemmAutotune, kAttentionAutotune, kJson, kWan, kSplitK
@@ -202,16 +206,17 @@ static bench_options parse_options(int argc, char **argv)
         }
         case kSections: {
             char *copy = strdup(value), *save = NULL;
-            o.run_lnmod = o.run_gemm = o.run_attention = o.run_block = o.run_split = 0;
+            o.run_lnmod = o.run_gemm = o.run_attention = o.run_block = o.run_split = o.run_zeros = 0;
             for (char *item = strtok_r(copy, ",", &save); item; item = strtok_r(NULL, ",", &save)) {
                 if (!strcmp(item, "lnmod")) o.run_lnmod = 1;
                 else if (!strcmp(item, "gemm")) o.run_gemm = 1;
                 else if (!strcmp(item, "attention")) o.run_attention = 1;
                 else if (!strcmp(item, "block")) o.run_block = 1;
                 else if (!strcmp(item, "split")) o.run_split = 1;
+                else if (!strcmp(item, "zeros")) o.run_zeros = 1;
                 else {
                     fprintf(stderr, "aldit-bench: --sections %s: unknown section %s (lnmod, gemm, attention, block, "
-                            "split)\n",
+                            "split, zeros)\n",
                             value, item);
                     exit(ALDIT_EXIT_USAGE);
                 }
@@ -941,6 +946,45 @@ typedef struct {
     double enqueue_ms; /* the least host time a step took to queue its work (gpu_model_enqueue_seconds) */
 } step_context;
 
+/* One sample of S tokens at the deep model's dims (16 x F x 2H x 2W latents, T text tokens): random normal values,
+   or zeros where `zero` is 1. The arrays are the caller's (free_sample). */
+typedef struct {
+    int32_t frames, height, width, text_len;
+    float sigma;
+    float *latents, *noise, *text;
+    model_batch batch;
+} bench_sample;
+
+static void make_sample(const model *m, const int64_t grid[3], int text_len, int zero, uint64_t seed, bench_sample *b)
+{
+    b->frames = (int32_t)grid[0];
+    b->height = 2 * (int32_t)grid[1];
+    b->width = 2 * (int32_t)grid[2];
+    b->text_len = text_len;
+    b->sigma = 0.5f;
+    const size_t n_latent = (size_t)m->in_dim * (size_t)b->frames * (size_t)b->height * (size_t)b->width;
+    const size_t n_text = (size_t)text_len * (size_t)m->text_dim;
+    b->latents = xcalloc(n_latent, sizeof(float));
+    b->noise = xcalloc(n_latent, sizeof(float));
+    b->text = xcalloc(n_text > 0 ? n_text : 1, sizeof(float));
+    uint64_t rng = seed;
+    for (size_t i = 0; !zero && i < n_latent; ++i) {
+        b->latents[i] = (float)rng_normal(&rng);
+        b->noise[i] = (float)rng_normal(&rng);
+    }
+    for (size_t i = 0; !zero && i < n_text; ++i) b->text[i] = (float)rng_normal(&rng);
+    b->batch = (model_batch){.n_samples = 1, .frames = &b->frames, .height = &b->height, .width = &b->width,
+                             .text_len = &b->text_len, .latents = b->latents, .noise = b->noise, .sigma = &b->sigma,
+                             .text = b->text, .sp_size = 1};
+}
+
+static void free_sample(bench_sample *b)
+{
+    free(b->latents);
+    free(b->noise);
+    free(b->text);
+}
+
 static void run_model_step(void *context, cudaStream_t stream)
 {
     step_context *c = context;
@@ -1091,24 +1135,11 @@ static void run_block_section(const bench_options *o, const gemm_results *gemm, 
         }
 
         /* One sample: latent 16 x F x 2H x 2W, its noise and T text tokens, all random. */
-        const int32_t frames = (int32_t)r->grid[si][0], height = 2 * (int32_t)r->grid[si][1],
-                      width = 2 * (int32_t)r->grid[si][2], text_len = o->text_rows;
-        const float sigma = 0.5f;
-        const size_t n_latent = (size_t)deep->in_dim * (size_t)frames * (size_t)height * (size_t)width;
-        const size_t n_text = (size_t)text_len * (size_t)deep->text_dim;
-        float *latents = xmalloc(n_latent * sizeof *latents), *noise = xmalloc(n_latent * sizeof *noise);
-        float *text = xmalloc(n_text * sizeof *text);
-        uint64_t rng = rng_hash(0xb10c0002ull, (uint64_t)S);
-        for (size_t i = 0; i < n_latent; ++i) {
-            latents[i] = (float)rng_normal(&rng);
-            noise[i] = (float)rng_normal(&rng);
-        }
-        for (size_t i = 0; i < n_text; ++i) text[i] = (float)rng_normal(&rng);
-        const model_batch batch = {1, &frames, &height, &width, &text_len, latents, noise, &sigma, text, 1, 0, NULL, NULL, NULL, NULL, NULL, NULL};
-
+        bench_sample sample;
+        make_sample(deep, r->grid[si], o->text_rows, 0, rng_hash(0xb10c0002ull, (uint64_t)S), &sample);
         step_context steps[2];
         for (int l = 0; l < 2; ++l) {
-            steps[l] = (step_context){gpu_model_create(&layers[l], S, 1, 0), &batch, 0.0};
+            steps[l] = (step_context){gpu_model_create(&layers[l], S, 1, 0), &sample.batch, 0.0};
             gpu_model_set_autotune(steps[l].gm, o->gemm_autotune, o->attention_autotune);
             gpu_model_upload_weights(steps[l].gm, layers[l].weights);
         }
@@ -1124,9 +1155,7 @@ static void run_block_section(const bench_options *o, const gemm_results *gemm, 
             r->enqueue_ms[si][l] = steps[l].enqueue_ms;
             gpu_model_free(steps[l].gm);
         }
-        free(latents);
-        free(noise);
-        free(text);
+        free_sample(&sample);
         r->block_ms[si] = (r->step_ms[si][1] - r->step_ms[si][0]) / K;
         printf("%-6lld %-10s %9.3f %9.3f %9.3f %8.1f %8.1f | %8.3f %8.3f %8.3f %9.3f %+8.1f%%\n", (long long)S,
                grid_text, r->step_ms[si][0], r->step_ms[si][1], r->block_ms[si], r->flops[si] / 1e9,
@@ -1179,35 +1208,21 @@ static double time_split_member(const bench_options *o, const model layers[2], c
 {
     int64_t grid[3];
     block_grid(S, grid);
-    const int32_t frames = (int32_t)grid[0], height = 2 * (int32_t)grid[1], width = 2 * (int32_t)grid[2],
-                  text_len = o->text_rows;
-    const float sigma = 0.5f;
-    const size_t n_latent = (size_t)layers[1].in_dim * (size_t)frames * (size_t)height * (size_t)width;
-    const size_t n_text = (size_t)text_len * (size_t)layers[1].text_dim;
-    float *latents = xmalloc(n_latent * sizeof *latents), *noise = xmalloc(n_latent * sizeof *noise);
-    float *text = xmalloc(n_text * sizeof *text);
-    uint64_t rng = rng_hash(0x5b117001ull, (uint64_t)S);
-    for (size_t i = 0; i < n_latent; ++i) {
-        latents[i] = (float)rng_normal(&rng);
-        noise[i] = (float)rng_normal(&rng);
-    }
-    for (size_t i = 0; i < n_text; ++i) text[i] = (float)rng_normal(&rng);
+    bench_sample sample;
+    make_sample(&layers[1], grid, o->text_rows, 0, rng_hash(0x5b117001ull, (uint64_t)S), &sample);
     /* member 0 of a group of k (k = 1: alone); the model finds its loopback group by k */
-    const model_batch batch = {.n_samples = 1, .frames = &frames, .height = &height, .width = &width,
-                               .text_len = &text_len, .latents = latents, .noise = noise, .sigma = &sigma, .text = text,
-                               .sp_size = k, .sp_rank = 0, .sp_group = NULL};
+    sample.batch.sp_size = k;
+    sample.batch.sp_rank = 0;
     step_context steps[2];
     for (int l = 0; l < 2; ++l) {
-        steps[l] = (step_context){gpu_model_create(&layers[l], rows + 1, 1, 0), &batch, 0.0};
+        steps[l] = (step_context){gpu_model_create(&layers[l], rows + 1, 1, 0), &sample.batch, 0.0};
         gpu_model_set_autotune(steps[l].gm, o->gemm_autotune, o->attention_autotune);
         gpu_model_set_seqpar(steps[l].gm, loopback);
         gpu_model_upload_weights(steps[l].gm, layers[l].weights);
     }
     time_steps_alternating(steps, o, stream, step_ms);
     for (int l = 0; l < 2; ++l) gpu_model_free(steps[l].gm);
-    free(latents);
-    free(noise);
-    free(text);
+    free_sample(&sample);
     return (step_ms[1] - step_ms[0]) / o->block_layers;
 }
 
@@ -1364,6 +1379,49 @@ static void write_json(FILE *json, const bench_options *o, const char *device, d
     if (fclose(json)) ALDIT_FATAL("--json %s: writing failed", o->json_path);
 }
 
+/* The (1 + K)-layer model's step on zero weights and data against random ones, in turn (time_steps_alternating). */
+static void run_zeros_section(const bench_options *o, cudaStream_t stream)
+{
+    model layers[2];
+    make_block_models(o, layers);
+    const model *deep = &layers[1];
+    float *zeros = xcalloc((size_t)deep->n_weights, sizeof(float));
+    printf("Wan-%s %d-layer step (dim %d, ffn %d, %d heads; one sample of S tokens, %d text tokens): zero weights and\n"
+           "  data against random ones, timed in turn (medians):\n%-6s %12s %12s %14s\n", o->wan->name, deep->num_layers,
+           deep->dim, deep->ffn_dim, deep->num_heads, o->text_rows, "S", "zeros ms", "random ms", "zeros / random");
+    for (int si = 0; si < o->n_seq; ++si) {
+        const int64_t S = o->seq[si];
+        int64_t grid[3];
+        block_grid(S, grid);
+        size_t free_bytes = 0, total_bytes = 0;
+        gpu_memory_info(&free_bytes, &total_bytes);
+        const size_t need = 2 * (gpu_model_workspace_bytes(deep, S, 1, 0) + 10 * (size_t)deep->n_weights) +
+                            kBlockMemoryMargin;
+        if (need > free_bytes) {
+            printf("%-6lld skipped: needs %.1f GiB, %.1f GiB free\n", (long long)S, need / kGiB, free_bytes / kGiB);
+            continue;
+        }
+        bench_sample samples[2];
+        step_context steps[2];
+        for (int z = 0; z < 2; ++z) {   /* steps[0]: zeros, steps[1]: random */
+            make_sample(deep, grid, o->text_rows, z == 0, rng_hash(0xb10c0002ull, (uint64_t)S), &samples[z]);
+            steps[z] = (step_context){gpu_model_create(deep, S, 1, 0), &samples[z].batch, 0.0};
+            gpu_model_set_autotune(steps[z].gm, o->gemm_autotune, o->attention_autotune);
+            gpu_model_upload_weights(steps[z].gm, z == 0 ? zeros : deep->weights);
+        }
+        double ms[2];
+        time_steps_alternating(steps, o, stream, ms);
+        printf("%-6lld %12.3f %12.3f %14.3f\n", (long long)S, ms[0], ms[1], ms[0] / ms[1]);
+        for (int z = 0; z < 2; ++z) {
+            gpu_model_free(steps[z].gm);
+            free_sample(&samples[z]);
+        }
+    }
+    free(zeros);
+    model_free(&layers[0]);
+    model_free(&layers[1]);
+}
+
 int main(int argc, char **argv)
 {
     const bench_options o = parse_options(argc, argv);
@@ -1404,6 +1462,7 @@ int main(int argc, char **argv)
     if (o.run_attention) run_attention_section(&o, stream, &attention);
     if (o.run_block) run_block_section(&o, &gemm, &attention, stream, &block);
     if (o.run_split) run_split_section(&o, stream, &split);
+    if (o.run_zeros) run_zeros_section(&o, stream);
     CUDA_CHECK(cudaStreamDestroy(stream));
     if (json) write_json(json, &o, device, copy_gbs, lnmod_results, &gemm, &attention, &block, &split);
     return 0;
