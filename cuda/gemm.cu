@@ -439,8 +439,15 @@ void run_plan(Device &dev, Plan &plan, const void *a, const void *b, float beta,
     const void *c_other = writes_fp8(plan.key.kind) ? aux : NULL;
     if (!plan.tuned) tune_plan(dev, plan, a, b, beta, d, c_other, stream);
     const float alpha = 1.0f;
-    CUBLAS_CHECK(cublasLtMatmul(dev.handle, plan.desc, &alpha, a, plan.a, b, plan.b, &beta, c_other ? c_other : d,
-                                plan.c, d, plan.d, &plan.algo, dev.lane->workspace, kWorkspaceBytes, stream));
+    const cublasStatus_t status = cublasLtMatmul(dev.handle, plan.desc, &alpha, a, plan.a, b, plan.b, &beta,
+                                                 c_other ? c_other : d, plan.c, d, plan.d, &plan.algo,
+                                                 dev.lane->workspace, kWorkspaceBytes, stream);
+    if (status != CUBLAS_STATUS_SUCCESS)  // which plan cuBLASLt declined, for the report
+        fprintf(stderr, "aldit: cuBLASLt declined the %s GEMM m=%lld n=%lld k=%lld with epilogue %s (alignments %u/%u/%u "
+                "bytes, beta %g)\n", kKindNames[plan.key.kind], (long long)plan.key.m, (long long)plan.key.n,
+                (long long)plan.key.k, epilogue_name(plan.key.epilogue), (unsigned)plan.key.align_a,
+                (unsigned)plan.key.align_b, (unsigned)plan.key.align_d, (double)beta);
+    CUBLAS_CHECK(status);
     dev.stats.flops += 2.0 * (double)plan.key.m * (double)plan.key.n * (double)plan.key.k;
     dev.stats.gemms += 1;
 }
