@@ -1,5 +1,5 @@
 /* cuda_test_util.c — the helpers the CUDA test programs share (cuda_test_util.h): skip plan, device buffers, random
-   bf16 data, relative-error checks that fail the running cmocka test. */
+   bf16 data, relative-error checks that fail the running cmocka test, a GPU model against its CPU oracle. */
 #include "config.h"
 
 #include <setjmp.h>
@@ -177,6 +177,117 @@ double gpu_milliseconds_per_call(void (*fn)(void *), void *context, int repeats)
     CUDA_CHECK(cudaEventDestroy(start));
     CUDA_CHECK(cudaEventDestroy(stop));
     return ms / repeats;
+}
+
+
+/* ---- a GPU model against the CPU model ---------------------------------------------------------------------- */
+
+static double l2_norm(const float *x, int64_t n)
+{
+    double sum = 0.0;
+    for (int64_t j = 0; j < n; ++j) sum += (double)x[j] * x[j];
+    return sqrt(sum);
+}
+
+static double l2_distance(const float *x, const float *y, int64_t n)
+{
+    double sum = 0.0;
+    for (int64_t j = 0; j < n; ++j) sum += ((double)x[j] - y[j]) * ((double)x[j] - y[j]);
+    return sqrt(sum);
+}
+
+/* What parameter i's gradient error is relative to (expect_gpu_matches_cpu): its CPU gradient's norm, or, for a bias
+   whose CPU gradient is under 1e-6 of its layer's weight gradient (exactly zero but for roundoff), that weight
+   gradient's norm. */
+static double reference_norm(const model *m, const float *grads, int i, double norm)
+{
+    const char *name = m->params[i].name;
+    const size_t length = strlen(name);
+    if (length < 5 || strcmp(name + length - 5, ".bias") != 0) return norm;
+    for (int w = 0; w < m->n_params; ++w) {
+        const char *other = m->params[w].name;
+        if (strlen(other) != length + 2 || strncmp(other, name, length - 4) != 0 || strcmp(other + length - 4, "weight"))
+            continue;
+        const double weight = l2_norm(grads + m->params[w].offset, m->params[w].n_elements);
+        return norm < 1e-6 * weight ? weight : norm;
+    }
+    return norm;
+}
+
+typedef struct {
+    const char *name;
+    double error, norm;
+} param_error;
+
+static int by_error_descending(const void *a, const void *b)
+{
+    const double ea = ((const param_error *)a)->error, eb = ((const param_error *)b)->error;
+    return ea < eb ? 1 : (ea > eb ? -1 : 0);
+}
+
+enum { kMostSamples = 16 };
+
+void expect_gpu_matches_cpu(const char *case_name, model *m, gpu_model *gm, const model_batch *batch,
+                            double loss_tolerance, double gradient_tolerance)
+{
+    const int B = batch->n_samples;
+    assert_true(B > 0 && B <= kMostSamples);
+    const float grad_scale = 1.0f / (float)B;
+    const size_t n = (size_t)m->n_weights;
+    float *grads_cpu = xcalloc(n, sizeof(float));
+    double loss_cpu_sample[kMostSamples], loss_gpu_sample[kMostSamples], loss_again_sample[kMostSamples];
+    const double loss_cpu = model_forward_backward(m, batch, grads_cpu, grad_scale, loss_cpu_sample);
+    const double loss_gpu = gpu_model_forward_backward(gm, batch, grad_scale, loss_gpu_sample, 0);
+    float *grads_gpu = xmalloc(n * sizeof(float));
+    gpu_model_download_grads(gm, grads_gpu);
+
+    printf("# %s: loss cpu %.6f gpu %.6f (relative error %.2e)\n", case_name, loss_cpu, loss_gpu,
+           fabs(loss_gpu - loss_cpu) / fabs(loss_cpu));
+    for (int b = 0; b < B; ++b) printf("#   sample %d: cpu %.6f gpu %.6f\n", b, loss_cpu_sample[b], loss_gpu_sample[b]);
+    const size_t nonfinite = count_nonfinite(grads_gpu, n);
+    const double whole = relative_l2_error(grads_gpu, grads_cpu, n);
+    param_error *errors = xmalloc((size_t)m->n_params * sizeof(param_error));
+    for (int i = 0; i < m->n_params; ++i) {
+        const param_info *p = &m->params[i];
+        errors[i].name = p->name;
+        errors[i].norm = l2_norm(grads_cpu + p->offset, p->n_elements);
+        errors[i].error = l2_distance(grads_gpu + p->offset, grads_cpu + p->offset, p->n_elements) /
+                          reference_norm(m, grads_cpu, i, errors[i].norm);
+    }
+    qsort(errors, (size_t)m->n_params, sizeof *errors, by_error_descending);
+    printf("# %s: gradient relative error %.2e over %zu values (cpu norm %.3e, %zu not finite); worst parameters:\n",
+           case_name, whole, n, l2_norm(grads_cpu, (int64_t)n), nonfinite);
+    for (int i = 0; i < m->n_params && i < 8; ++i)
+        printf("#   %-70s %.2e (cpu norm %.3e)\n", errors[i].name, errors[i].error, errors[i].norm);
+
+    /* the same call again: the same loss, and it ADDS the same gradient (bf16 rounding flips allowed) */
+    const double loss_again = gpu_model_forward_backward(gm, batch, grad_scale, loss_again_sample, 0);
+    float *grads_twice = xmalloc(n * sizeof(float));
+    gpu_model_download_grads(gm, grads_twice);
+    for (size_t i = 0; i < n; ++i) grads_gpu[i] *= 2.0f;
+    const size_t nonfinite_twice = count_nonfinite(grads_twice, n);
+    const double accumulate_error = relative_l2_error(grads_twice, grads_gpu, n);
+    printf("# %s: second call: loss %.9g vs %.9g, gradient vs twice the first %.2e\n", case_name, loss_again, loss_gpu,
+           accumulate_error);
+
+    /* asserts after the report, so that a failure shows every figure above */
+    if (!(fabs(loss_gpu - loss_cpu) <= loss_tolerance * fabs(loss_cpu)))
+        fail_msg("%s: loss gpu %g vs cpu %g", case_name, loss_gpu, loss_cpu);
+    for (int b = 0; b < B; ++b)
+        if (!(fabs(loss_gpu_sample[b] - loss_cpu_sample[b]) <= loss_tolerance * fabs(loss_cpu_sample[b])))
+            fail_msg("%s: sample %d loss gpu %g vs cpu %g", case_name, b, loss_gpu_sample[b], loss_cpu_sample[b]);
+    if (nonfinite > 0) fail_msg("%s: %zu gradient values not finite", case_name, nonfinite);
+    if (!(whole <= gradient_tolerance)) fail_msg("%s: gradient relative error %.3e", case_name, whole);
+    if (!(errors[0].error <= gradient_tolerance))
+        fail_msg("%s: gradient of %s: relative error %.3e", case_name, errors[0].name, errors[0].error);
+    if (!(fabs(loss_again - loss_gpu) <= 1e-5 * fabs(loss_gpu)))
+        fail_msg("%s: the same batch gave loss %.9g, then %.9g", case_name, loss_gpu, loss_again);
+    if (!(accumulate_error <= 1e-3) || nonfinite_twice)
+        fail_msg("%s: a second call did not add the same gradient (relative error %.3e)", case_name, accumulate_error);
+    free(errors);
+    free(grads_twice);
+    free(grads_gpu);
+    free(grads_cpu);
 }
 
 #endif /* HAVE_CUDA */

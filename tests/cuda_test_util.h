@@ -13,6 +13,8 @@ int skip_test_program(const char *reason);
 #ifdef HAVE_CUDA
 
 #include "cuda/gpu.h"
+#include "cuda/model_gpu.h"
+#include "model/model.h"
 
 /* A device copy of n_bytes of host memory (at least 16 bytes allocated, so empty tensors get a valid pointer). */
 void *device_upload(const void *host, size_t n_bytes);
@@ -60,6 +62,16 @@ void expect_close(const char *what, const char *case_name, const float *got, con
    out of the error (attention's lse of a row with no keys). */
 void expect_close_or_neg_inf(const char *what, const char *case_name, const float *got, const float *want, size_t n,
                              double tolerance, double near_zero_bound);
+
+/* The GPU model (gm, holding m's weights) against the CPU model m, its oracle, on one micro-batch: loss, per-sample
+   losses and every parameter's gradient (grad_scale 1 / samples), relative to the CPU's within loss_tolerance and
+   gradient_tolerance (the whole gradient and each parameter's; a bias whose exact gradient is zero — softmax ignores
+   a bias added to every key where no norm follows, so its CPU norm is under 1e-6 of its layer's weight gradient's —
+   against that weight gradient's norm), no value not finite; then the same call again gives the same loss within
+   1e-5 and adds the same gradient within 1e-3. Prints every figure (TAP comments) before failing the cmocka test
+   with the first that is off. At most 16 samples. */
+void expect_gpu_matches_cpu(const char *case_name, model *m, gpu_model *gm, const model_batch *batch,
+                            double loss_tolerance, double gradient_tolerance);
 
 /* Milliseconds per call of `repeats` calls of fn(context) timed with events on stream 0, after one warm-up call. */
 double gpu_milliseconds_per_call(void (*fn)(void *), void *context, int repeats);

@@ -128,122 +128,21 @@ static void free_batch(host_batch *hb)
     free(hb->image);
 }
 
-typedef struct {
-    const char *name;
-    double error, norm;
-} param_error;
-
-static int by_error_descending(const void *a, const void *b)
-{
-    const double ea = ((const param_error *)a)->error, eb = ((const param_error *)b)->error;
-    return ea < eb ? 1 : (ea > eb ? -1 : 0);
-}
-
-/* One micro-batch on both backends from the same weights: losses and every gradient compared, then a second call
-   that must add the same gradient. min_cudnn_tokens > 0 sends the joint attention of samples of that many joint rows
-   to cuDNN. */
-static double l2_norm(const float *x, int64_t n)
-{
-    double sum = 0.0;
-    for (int64_t j = 0; j < n; ++j) sum += (double)x[j] * x[j];
-    return sqrt(sum);
-}
-
-static double l2_distance(const float *x, const float *y, int64_t n)
-{
-    double sum = 0.0;
-    for (int64_t j = 0; j < n; ++j) sum += ((double)x[j] - y[j]) * ((double)x[j] - y[j]);
-    return sqrt(sum);
-}
-
-/* What parameter i's gradient error is relative to: its CPU gradient's norm, except for a bias whose exact gradient
-   is zero: softmax is unchanged by a bias added to every key of an attention, so the refiner's attn.to_k.bias (no
-   norm after it, unlike the blocks' keys) has a gradient of zero but for roundoff (the CPU's is ~1e-11, fp32; the
-   GPU's bf16 sums of the rows' key gradients cancel to ~1e-7); such a bias (its CPU norm under 1e-6 of its layer's
-   weight gradient) is measured against that weight gradient's norm. */
-static double reference_norm(const model *m, const float *grads, int i, double norm)
-{
-    const char *name = m->params[i].name;
-    const size_t length = strlen(name);
-    if (length < 5 || strcmp(name + length - 5, ".bias") != 0) return norm;
-    for (int w = 0; w < m->n_params; ++w) {
-        const char *other = m->params[w].name;
-        if (strlen(other) != length + 2 || strncmp(other, name, length - 4) != 0 || strcmp(other + length - 4, "weight"))
-            continue;
-        const double weight = l2_norm(grads + m->params[w].offset, m->params[w].n_elements);
-        return norm < 1e-6 * weight ? weight : norm;
-    }
-    return norm;
-}
-
+/* One micro-batch on both backends from the same weights (expect_gpu_matches_cpu: losses and every gradient, then a
+   second call that must add the same gradient). min_cudnn_tokens > 0 sends the joint attention of samples of that
+   many joint rows to cuDNN. */
 static void compare_with_cpu(const char *case_name, const batch_spec *spec, uint64_t seed, int64_t min_cudnn_tokens)
 {
     model m;
     tiny_model(&m, 2, seed);
     host_batch hb;
     make_batch(&m, spec, seed + 1, &hb);
-    const float grad_scale = 1.0f / (float)spec->n_samples;
-    const int B = spec->n_samples;
-
-    float *grads_cpu = xcalloc((size_t)m.n_weights, sizeof(float));
-    double loss_cpu_sample[kMaxSamples], loss_gpu_sample[kMaxSamples];
-    const double loss_cpu = model_forward_backward(&m, &hb.batch, grads_cpu, grad_scale, loss_cpu_sample);
-
     gpu_select(0);
     gpu_model *gm = gpu_model_create(&m, kCapacityTokens, kMaxSamples, kCapacityText);
     if (min_cudnn_tokens > 0)
         assert_int_equal(gpu_model_set_attention(gm, GPU_ATTENTION_AUTO, min_cudnn_tokens), 1);
     gpu_model_upload_weights(gm, m.weights);
-    const double loss_gpu = gpu_model_forward_backward(gm, &hb.batch, grad_scale, loss_gpu_sample, 0);
-    float *grads_gpu = xmalloc((size_t)m.n_weights * sizeof(float));
-    gpu_model_download_grads(gm, grads_gpu);
-
-    printf("# %s: loss cpu %.6f gpu %.6f (relative error %.2e)\n", case_name, loss_cpu, loss_gpu,
-           fabs(loss_gpu - loss_cpu) / fabs(loss_cpu));
-    for (int b = 0; b < B; ++b) printf("#   sample %d: cpu %.6f gpu %.6f\n", b, loss_cpu_sample[b], loss_gpu_sample[b]);
-    const int64_t nonfinite = (int64_t)count_nonfinite(grads_gpu, (size_t)m.n_weights);
-    const double whole = relative_l2_error(grads_gpu, grads_cpu, (size_t)m.n_weights);
-    param_error *errors = xmalloc((size_t)m.n_params * sizeof(param_error));
-    for (int i = 0; i < m.n_params; ++i) {
-        const param_info *p = &m.params[i];
-        errors[i].name = p->name;
-        errors[i].norm = l2_norm(grads_cpu + p->offset, p->n_elements);
-        errors[i].error = l2_distance(grads_gpu + p->offset, grads_cpu + p->offset, p->n_elements) /
-                          reference_norm(&m, grads_cpu, i, errors[i].norm);
-    }
-    qsort(errors, (size_t)m.n_params, sizeof *errors, by_error_descending);
-    printf("# %s: gradient relative error %.2e over %lld values (%lld not finite); worst parameters:\n", case_name,
-           whole, (long long)m.n_weights, (long long)nonfinite);
-    for (int i = 0; i < m.n_params && i < 8; ++i)
-        printf("#   %-70s %.2e (cpu norm %.3e)\n", errors[i].name, errors[i].error, errors[i].norm);
-
-    double loss_again_sample[kMaxSamples];
-    const double loss_again = gpu_model_forward_backward(gm, &hb.batch, grad_scale, loss_again_sample, 0);
-    float *grads_twice = xmalloc((size_t)m.n_weights * sizeof(float));
-    gpu_model_download_grads(gm, grads_twice);
-    for (int64_t i = 0; i < m.n_weights; ++i) grads_gpu[i] *= 2.0f;
-    const double accumulate_error = relative_l2_error(grads_twice, grads_gpu, (size_t)m.n_weights);
-    printf("# %s: second call: loss %.9g vs %.9g, gradient vs twice the first %.2e\n", case_name, loss_again, loss_gpu,
-           accumulate_error);
-
-    if (!(fabs(loss_gpu - loss_cpu) <= kLossTolerance * fabs(loss_cpu)))
-        fail_msg("%s: loss gpu %g vs cpu %g", case_name, loss_gpu, loss_cpu);
-    for (int b = 0; b < B; ++b)
-        if (!(fabs(loss_gpu_sample[b] - loss_cpu_sample[b]) <= kLossTolerance * fabs(loss_cpu_sample[b])))
-            fail_msg("%s: sample %d loss gpu %g vs cpu %g", case_name, b, loss_gpu_sample[b], loss_cpu_sample[b]);
-    if (nonfinite > 0) fail_msg("%s: %lld gradient values not finite", case_name, (long long)nonfinite);
-    if (!(whole <= kGradientTolerance)) fail_msg("%s: gradient relative error %.3e", case_name, whole);
-    if (!(errors[0].error <= kGradientTolerance))
-        fail_msg("%s: gradient of %s: relative error %.3e", case_name, errors[0].name, errors[0].error);
-    if (!(fabs(loss_again - loss_gpu) <= 1e-5 * fabs(loss_gpu)))
-        fail_msg("%s: the same batch gave loss %.9g, then %.9g", case_name, loss_gpu, loss_again);
-    if (!(accumulate_error <= 1e-3))
-        fail_msg("%s: a second call did not add the same gradient (relative error %.3e)", case_name, accumulate_error);
-
-    free(errors);
-    free(grads_twice);
-    free(grads_gpu);
-    free(grads_cpu);
+    expect_gpu_matches_cpu(case_name, &m, gm, &hb.batch, kLossTolerance, kGradientTolerance);
     gpu_model_free(gm);
     free_batch(&hb);
     model_free(&m);

@@ -94,17 +94,6 @@ static void free_batch(host_batch *hb)
     free(hb->text);
 }
 
-typedef struct {
-    const char *name;
-    double error, norm;
-} param_error;
-
-static int by_error_descending(const void *a, const void *b)
-{
-    const double ea = ((const param_error *)a)->error, eb = ((const param_error *)b)->error;
-    return ea < eb ? 1 : (ea > eb ? -1 : 0);
-}
-
 /* One micro-batch on both backends from the same weights: losses and every gradient compared. Attention runs as
    gpu_model_create chooses or, with min_cudnn_tokens > 0, on cuDNN for samples of that many tokens (a failure
    where cuDNN is not available). */
@@ -114,76 +103,12 @@ static void compare_with_cpu(const char *case_name, const batch_spec *spec, uint
     tiny_model(&m, 2, seed);
     host_batch hb;
     make_batch(&m, spec, seed + 1, &hb);
-    const float grad_scale = 1.0f / (float)spec->n_samples;
-    const int B = spec->n_samples;
-
-    float *grads_cpu = xcalloc((size_t)m.n_weights, sizeof(float));
-    double loss_cpu_sample[4], loss_gpu_sample[4];
-    const double loss_cpu = model_forward_backward(&m, &hb.batch, grads_cpu, grad_scale, loss_cpu_sample);
-
     gpu_select(0);
     gpu_model *gm = gpu_model_create(&m, 256, 4, 0);
     if (min_cudnn_tokens > 0)
         assert_int_equal(gpu_model_set_attention(gm, GPU_ATTENTION_AUTO, min_cudnn_tokens), 1);
     gpu_model_upload_weights(gm, m.weights);
-    const double loss_gpu = gpu_model_forward_backward(gm, &hb.batch, grad_scale, loss_gpu_sample, 0);
-    float *grads_gpu = xmalloc((size_t)m.n_weights * sizeof(float));
-    gpu_model_download_grads(gm, grads_gpu);
-
-    printf("# %s: loss cpu %.6f gpu %.6f (relative error %.2e)\n", case_name, loss_cpu, loss_gpu,
-           fabs(loss_gpu - loss_cpu) / fabs(loss_cpu));
-    for (int b = 0; b < B; ++b)
-        printf("#   sample %d: cpu %.6f gpu %.6f\n", b, loss_cpu_sample[b], loss_gpu_sample[b]);
-    const int64_t nonfinite = (int64_t)count_nonfinite(grads_gpu, (size_t)m.n_weights);
-    const double whole = relative_l2_error(grads_gpu, grads_cpu, (size_t)m.n_weights);
-    param_error *errors = xmalloc((size_t)m.n_params * sizeof(param_error));
-    for (int i = 0; i < m.n_params; ++i) {
-        const param_info *p = &m.params[i];
-        errors[i].name = p->name;
-        errors[i].error = relative_l2_error(grads_gpu + p->offset, grads_cpu + p->offset, (size_t)p->n_elements);
-        double norm2 = 0.0;
-        for (int64_t j = 0; j < p->n_elements; ++j) norm2 += (double)grads_cpu[p->offset + j] * grads_cpu[p->offset + j];
-        errors[i].norm = sqrt(norm2);
-    }
-    qsort(errors, (size_t)m.n_params, sizeof *errors, by_error_descending);
-    double norm2_all = 0.0;
-    for (int64_t i = 0; i < m.n_weights; ++i) norm2_all += (double)grads_cpu[i] * grads_cpu[i];
-    printf("# %s: gradient relative error %.2e over %lld values (cpu norm %.3e, %lld not finite); worst parameters:\n",
-           case_name, whole, (long long)m.n_weights, sqrt(norm2_all), (long long)nonfinite);
-    for (int i = 0; i < m.n_params && i < 6; ++i)
-        printf("#   %-40s %.2e (cpu norm %.3e)\n", errors[i].name, errors[i].error, errors[i].norm);
-
-    /* The same call again gives the same loss and ADDS the same gradient (the ops are meant to be
-       reproducible, so the sum should be twice the first to the bit; the check allows bf16 rounding flips). */
-    double loss_again_sample[4];
-    const double loss_again = gpu_model_forward_backward(gm, &hb.batch, grad_scale, loss_again_sample, 0);
-    float *grads_twice = xmalloc((size_t)m.n_weights * sizeof(float));
-    gpu_model_download_grads(gm, grads_twice);
-    for (int64_t i = 0; i < m.n_weights; ++i) grads_gpu[i] *= 2.0f;
-    const size_t nonfinite_twice = count_nonfinite(grads_twice, (size_t)m.n_weights);
-    const double accumulate_error = relative_l2_error(grads_twice, grads_gpu, (size_t)m.n_weights);
-    printf("# %s: second call: loss %.9g vs %.9g, gradient vs twice the first %.2e\n", case_name, loss_again, loss_gpu,
-           accumulate_error);
-
-    /* Asserts after the report, so that a failure shows every figure above. */
-    if (!(fabs(loss_gpu - loss_cpu) <= kLossTolerance * fabs(loss_cpu)))
-        fail_msg("%s: loss gpu %g vs cpu %g", case_name, loss_gpu, loss_cpu);
-    for (int b = 0; b < B; ++b)
-        if (!(fabs(loss_gpu_sample[b] - loss_cpu_sample[b]) <= kLossTolerance * fabs(loss_cpu_sample[b])))
-            fail_msg("%s: sample %d loss gpu %g vs cpu %g", case_name, b, loss_gpu_sample[b], loss_cpu_sample[b]);
-    if (nonfinite > 0) fail_msg("%s: %lld gradient values not finite", case_name, (long long)nonfinite);
-    if (!(whole <= kGradientTolerance)) fail_msg("%s: gradient relative error %.3e", case_name, whole);
-    if (!(errors[0].error <= kGradientTolerance))
-        fail_msg("%s: gradient of %s: relative error %.3e", case_name, errors[0].name, errors[0].error);
-    if (!(fabs(loss_again - loss_gpu) <= 1e-5 * fabs(loss_gpu)))
-        fail_msg("%s: the same batch gave loss %.9g, then %.9g", case_name, loss_gpu, loss_again);
-    if (!(accumulate_error <= 1e-3) || nonfinite_twice)
-        fail_msg("%s: a second call did not add the same gradient (relative error %.3e)", case_name, accumulate_error);
-
-    free(errors);
-    free(grads_twice);
-    free(grads_gpu);
-    free(grads_cpu);
+    expect_gpu_matches_cpu(case_name, &m, gm, &hb.batch, kLossTolerance, kGradientTolerance);
     gpu_model_free(gm);
     free_batch(&hb);
     model_free(&m);
