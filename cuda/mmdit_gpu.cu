@@ -17,6 +17,7 @@
 // activations of every block share one set. Walking back, after block l's backward block l - 1's forward is re-run
 // from its kept inputs (the same kernels on the same values: the results are those of GPU_RECOMPUTE_NONE), with
 // the parameter source's calls in model_gpu.cu's order.
+#include "cuda/carver.cuh"
 #include "cuda/mmdit_gpu.h"
 
 #include "config.h"
@@ -388,18 +389,6 @@ void rows_linear_bwd(const float *x, const float *dy, int rows, int in, int out,
 }
 
 // ---- the workspace ---------------------------------------------------------------------------------------------
-
-// Hands out LAYOUT_GPU_ALIGN-aligned pieces of one allocation; with base NULL it only counts.
-struct carver {
-    char *base;
-    size_t used;
-    template <typename T> T *take(int64_t count)
-    {
-        T *piece = base ? reinterpret_cast<T *>(base + used) : nullptr;
-        used += ((size_t)(count > 0 ? count : 0) * sizeof(T) + LAYOUT_GPU_ALIGN - 1) / LAYOUT_GPU_ALIGN * LAYOUT_GPU_ALIGN;
-        return piece;
-    }
-};
 
 // One stream's activations of one block (bf16 rows unless noted); "kept" under block recomputation.
 struct stream_saved {

@@ -20,6 +20,7 @@
 // opens with lnmod_fwd on the kept x_in where the forward ran lnmod_residual_fwd: the same LayerNorm of
 // the same stored bf16 rows (lnmod.h), so every activation, the loss and the gradients are those of
 // GPU_RECOMPUTE_NONE, bit for bit.
+#include "cuda/carver.cuh"
 #include "cuda/model_gpu.h"
 
 #include "config.h"
@@ -91,20 +92,6 @@ struct batch_tables {
     int32_t *latent_shape;                                           // [B, 3] frames, height, width (latent units)
     int32_t *positions;                                              // [N, 3] RoPE grid indices
     float *sigma, *sinusoid;                                         // [B], [B, freq_dim]
-};
-
-// Hands out 256-byte aligned pieces of one allocation (LAYOUT_GPU_ALIGN: the memory formula's padding);
-// with base NULL it only counts.
-struct carver {
-    static constexpr size_t kAlign = LAYOUT_GPU_ALIGN;
-    char *base;
-    size_t used;
-    template <typename T> T *take(int64_t count)
-    {
-        T *piece = base ? reinterpret_cast<T *>(base + used) : nullptr;
-        used += ((size_t)(count > 0 ? count : 0) * sizeof(T) + kAlign - 1) / kAlign * kAlign;
-        return piece;
-    }
 };
 
 struct batch_dims {
