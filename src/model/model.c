@@ -4,6 +4,7 @@
 #include "core/comm.h"
 #include "model/mmdit.h"
 #include "model/ops_cpu.h"
+#include "model/ulysses.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -416,28 +417,13 @@ static void pack_slice(model *m, int sp_size, int sp_rank, const comm_group *gro
     ws->sp_size = sp_size;
     ws->sp_rank = sp_rank;
     ws->sp_group = group;
-    for (int p = 0; p <= sp_size; p++) ws->slice_start[p] = ws->n_total * p / sp_size;
+    ulysses_split(ws->n_total, sp_size, ws->slice_start);
     ws->row_lo = ws->slice_start[sp_rank];
     ws->n_tokens = ws->slice_start[sp_rank + 1] - ws->row_lo;
     for (int b = 0; b <= ws->n_samples; b++) {
         const int64_t row = ws->sample_start[b] - ws->row_lo;
         ws->token_start[b] = row < 0 ? 0 : row > ws->n_tokens ? ws->n_tokens : row;
     }
-}
-
-/* Checks a batch's group against the model: k divides the heads, and the communicator is this member's of size k. */
-static void check_group(const model *m, const model_batch *batch)
-{
-    const int k = batch->sp_size;
-    if (k <= 1) return;   /* 0 (a zeroed batch) or 1: this rank alone */
-    ALDIT_CHECK(batch->sp_rank >= 0 && batch->sp_rank < k, "model: member %d of a group of %d ranks", batch->sp_rank, k);
-    if (m->num_heads % k != 0)
-        ALDIT_FATAL_CODE(ALDIT_EXIT_USAGE, "model: a sequence-parallel group of %d ranks needs num_heads (%d) to be a "
-                         "multiple of it: use a group size that divides the heads", k, m->num_heads);
-    ALDIT_CHECK(batch->sp_group && comm_group_size(batch->sp_group) == k &&
-                    comm_group_rank(batch->sp_group) == batch->sp_rank,
-                "model: the micro-batch names member %d of a group of %d ranks, but its communicator %s", batch->sp_rank,
-                k, batch->sp_group ? "is another group's" : "is missing (comm_groups_init not called for it?)");
 }
 
 /* Pack for this member (sizes the arena and carves it). */
@@ -522,41 +508,17 @@ static void qk_norm_bwd(const model *m, const float *x, float *dy_to_dx, int64_t
 /* This member's rows' RoPE positions. */
 static const int32_t *slice_positions(const model_workspace *ws) { return ws->positions + ws->row_lo * 3; }
 
-/* local [N, D] (this member's rows, every head) -> all [T, D/k] (every row, this member's heads): the block of
-   columns [p*D/k, (p+1)*D/k) of local goes to member p, which places it at this member's rows. */
+/* local [N, D] (this member's rows, every head) -> all [T, D/k] (every row, this member's heads), and back. */
 static void to_heads(model *m, const float *local, float *all)
 {
     model_workspace *ws = m->workspace;
-    const int k = ws->sp_size;
-    const int64_t N = ws->n_tokens, D = m->dim, Dk = D / k;
-    int64_t *c = ws->xchg_counts;
-    for (int p = 0; p < k; p++)
-        for (int64_t r = 0; r < N; r++) memcpy(ws->xchg + (p * N + r) * Dk, local + r * D + p * Dk, (size_t)Dk * sizeof(float));
-    for (int p = 0; p < k; p++) {
-        c[p] = N * Dk;
-        c[k + p] = p * N * Dk;
-        c[2 * k + p] = (ws->slice_start[p + 1] - ws->slice_start[p]) * Dk;
-        c[3 * k + p] = ws->slice_start[p] * Dk;
-    }
-    comm_group_alltoallv_f32(ws->sp_group, ws->xchg, c, c + k, all, c + 2 * k, c + 3 * k);
+    ulysses_to_heads(ws->sp_group, ws->slice_start, m->dim, local, all, ws->xchg, ws->xchg_counts);
 }
 
-/* The reverse of to_heads: all [T, D/k] -> local [N, D]. */
 static void to_tokens(model *m, const float *all, float *local)
 {
     model_workspace *ws = m->workspace;
-    const int k = ws->sp_size;
-    const int64_t N = ws->n_tokens, D = m->dim, Dk = D / k;
-    int64_t *c = ws->xchg_counts;
-    for (int p = 0; p < k; p++) {
-        c[p] = (ws->slice_start[p + 1] - ws->slice_start[p]) * Dk;
-        c[k + p] = ws->slice_start[p] * Dk;
-        c[2 * k + p] = N * Dk;
-        c[3 * k + p] = p * N * Dk;
-    }
-    comm_group_alltoallv_f32(ws->sp_group, all, c, c + k, ws->xchg, c + 2 * k, c + 3 * k);
-    for (int p = 0; p < k; p++)
-        for (int64_t r = 0; r < N; r++) memcpy(local + r * D + p * Dk, ws->xchg + (p * N + r) * Dk, (size_t)Dk * sizeof(float));
+    ulysses_to_rows(ws->sp_group, ws->slice_start, m->dim, all, local, ws->xchg, ws->xchg_counts);
 }
 
 /* Self-attention of the block's q, k, v (after RMSNorm and RoPE) into s->attn: alone, over this rank's samples; in a
@@ -751,7 +713,7 @@ static void prepare_batch(model *m, const model_batch *batch)
 {
     ALDIT_CHECK(m->in_dim == m->out_dim, "model: the flow-matching loss needs in_dim (%d) == out_dim (%d)",
                 m->in_dim, m->out_dim);
-    check_group(m, batch);
+    ulysses_check_group(m, batch);
     const int sp_size = batch->sp_size > 1 ? batch->sp_size : 1;
     pack_member(m, batch->n_samples, batch->frames, batch->height, batch->width, batch->text_len, sp_size,
                 sp_size > 1 ? batch->sp_rank : 0, batch->sp_group);
