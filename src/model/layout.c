@@ -457,10 +457,11 @@ static void mmdit_cpu_workspace(tally *t, const layout_dims *d)
     add(t, 3, F32, 0, 6 * D, 0, 0);
     add(t, 3, F32, 0, 2 * D, 0, 0);
     t->align = LAYOUT_CPU_ALIGN;
-    /* outside the arena: positions [N, 3] int32; 7 row tables [B + 1] int64; the grid [B] int32 x 3 */
+    /* outside the arena: positions [N, 3] int32; 9 row tables [B + 1] int64; the grid [B] int32 x 3; one rank's
+       slice tables (2 [k + 1] and the exchange's [4k] int64, k = 1) */
     t->per_token += 3 * 4;
-    t->per_sample += 7 * 8 + 3 * 4;
-    t->fixed += 7 * 8;
+    t->per_sample += 9 * 8 + 3 * 4;
+    t->fixed += 9 * 8 + 8 * 8;
 }
 
 /* The GPU model's arena (model_gpu.cu, layout_arena), less its scratch. */

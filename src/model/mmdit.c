@@ -1,20 +1,22 @@
-/* mmdit.c — HunyuanVideo-1.5's MMDiT on the CPU: packed varlen forward/backward of the rectified-flow loss, fp32. */
+/* mmdit.c — HunyuanVideo-1.5's MMDiT on the CPU: packed varlen forward/backward of the rectified-flow loss, fp32, alone or on a sequence-parallel group (Ulysses). */
 #include "model/mmdit.h"
 #include "core/check.h"
 #include "model/ops_cpu.h"
+#include "model/ulysses.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-/* What one dual-stream block keeps for its backward (video rows N, joint text rows L, samples B). */
+/* What one dual-stream block keeps for its backward (this member's video rows N and joint text rows L, samples B; the
+   joint rows J = all video and text rows of the micro-batch, for this member's H/k heads: k = 1, every head). */
 typedef struct {
     float *x_in, *c_in;                                   /* [N, D], [L, D] */
     float *mod, *mod_c;                                   /* [6][B][D]: shift, scale, gate (attention), (MLP) */
     float *ln1_mean, *ln1_rstd, *h1, *lnc1_mean, *lnc1_rstd, *hc1;
     float *q_pre, *k_pre, *q_rstd, *k_rstd;               /* [N, D], [N H] */
     float *qc_pre, *kc_pre, *qc_rstd, *kc_rstd;           /* [L, D], [L H] */
-    float *jq, *jk, *jv, *ja, *lse;                       /* joint [N + L, D] per sample [video; text]; [N + L, H] */
+    float *jq, *jk, *jv, *ja, *lse;                       /* joint [J, D/k] per sample [video; text]; [J, H/k] */
     float *a, *ac, *y_attn, *yc_attn, *x1, *c1;
     float *ln2_mean, *ln2_rstd, *h2, *lnc2_mean, *lnc2_rstd, *hc2;
     float *ff_pre, *ff_act, *y_ff, *ffc_pre, *ffc_act, *yc_ff;   /* [N, F], [N, F], [N, D]; text alike */
@@ -29,8 +31,14 @@ typedef struct {
 
 struct mmdit_workspace {
     int n_samples, capacity;
-    int64_t n_tokens, n_text, n_qwen, n_byt5, n_image;
-    int64_t *tok, *txt, *joint, *qwen, *byt5, *image, *sample_values;   /* [B + 1] row starts; input values */
+    int64_t n_tokens, n_text, n_qwen, n_byt5, n_image;   /* this member's video and text rows; the sources' (all) */
+    int64_t *tok, *txt, *joint, *qwen, *byt5, *image, *sample_values;   /* [B + 1] row starts (all); input values */
+    /* sequence parallelism (k = 1: this rank alone, every row its own): the group, each stream's slices */
+    int sp_size, sp_capacity;
+    const comm_group *sp_group;
+    int64_t n_video_all, n_text_all, tok_lo, txt_lo, max_sample;   /* Tv, Tt; this member's first rows; largest S */
+    int64_t *tok_here, *txt_here;                 /* [B + 1] each sample's rows among this member's (clamped) */
+    int64_t *tok_slice, *txt_slice, *xchg_counts; /* [k + 1] each member's first video, text row; [4k] exchange */
     int32_t *grid_f, *grid_h, *grid_w, *positions;
     float *arena;
     int64_t arena_capacity, arena_used;
@@ -50,6 +58,9 @@ struct mmdit_workspace {
     float *d_ff, *d_ffc, *d_mod, *d_emb, *d_rows, *d_temb_silu, *d_temb, *d_tb, *d_head_mod;
     float *d_q_r, *d_r1, *d_r2, *d_rq, *d_rk, *d_rv, *d_rff, *d_gates, *d_cvec_silu, *d_cvec;
     float *d_g, *d_g1, *d_g2, *d_i, *d_i1, *d_i2, *d_src_a, *d_src_b;
+    float *context, *d_context;   /* [Tt, D] the whole micro-batch's joint text, its gradient (k = 1: the blocks') */
+    float *dh;                    /* [N, D] d h1 (k = 1: in dq) */
+    float *v_all, *t_all, *xchg, *patches;   /* groups: [Tv, D/k], [Tt, D/k], the exchange's packing, one sample's */
 };
 
 void mmdit_create(model *m)
@@ -63,7 +74,8 @@ void mmdit_free(model *m)
     mmdit_workspace *ws = m->mmdit;
     if (!ws) return;
     free(ws->tok); free(ws->txt); free(ws->joint); free(ws->qwen); free(ws->byt5); free(ws->image);
-    free(ws->sample_values); free(ws->grid_f); free(ws->grid_h); free(ws->grid_w); free(ws->positions);
+    free(ws->sample_values); free(ws->tok_here); free(ws->txt_here); free(ws->tok_slice); free(ws->txt_slice);
+    free(ws->xchg_counts); free(ws->grid_f); free(ws->grid_h); free(ws->grid_w); free(ws->positions);
     free(ws->arena); free(ws->saved); free(ws);
     m->mmdit = NULL;
 }
@@ -77,8 +89,8 @@ static float *take(float *base, int64_t *used, int64_t n)
     return p;
 }
 
-static void carve_block(mm_saved *s, float *base, int64_t *u, int64_t N, int64_t L, int64_t B, int64_t D, int64_t H,
-                        int64_t F)
+static void carve_block(mm_saved *s, float *base, int64_t *u, int64_t N, int64_t L, int64_t J, int64_t B, int64_t D,
+                        int64_t H, int64_t F, int k)
 {
     s->x_in = take(base, u, N * D); s->c_in = take(base, u, L * D);
     s->mod = take(base, u, 6 * B * D); s->mod_c = take(base, u, 6 * B * D);
@@ -88,8 +100,8 @@ static void carve_block(mm_saved *s, float *base, int64_t *u, int64_t N, int64_t
     s->q_rstd = take(base, u, N * H); s->k_rstd = take(base, u, N * H);
     s->qc_pre = take(base, u, L * D); s->kc_pre = take(base, u, L * D);
     s->qc_rstd = take(base, u, L * H); s->kc_rstd = take(base, u, L * H);
-    s->jq = take(base, u, (N + L) * D); s->jk = take(base, u, (N + L) * D); s->jv = take(base, u, (N + L) * D);
-    s->ja = take(base, u, (N + L) * D); s->lse = take(base, u, (N + L) * H);
+    s->jq = take(base, u, J * D / k); s->jk = take(base, u, J * D / k); s->jv = take(base, u, J * D / k);
+    s->ja = take(base, u, J * D / k); s->lse = take(base, u, J * H / k);
     s->a = take(base, u, N * D); s->ac = take(base, u, L * D);
     s->y_attn = take(base, u, N * D); s->yc_attn = take(base, u, L * D);
     s->x1 = take(base, u, N * D); s->c1 = take(base, u, L * D);
@@ -117,11 +129,13 @@ static int64_t carve(model *m, float *base)
     const int64_t N = ws->n_tokens, L = ws->n_text, B = ws->n_samples, D = m->dim, H = m->num_heads, F = m->ffn_dim;
     const int64_t Q = ws->n_qwen, G = ws->n_byt5, I = ws->n_image, E = LAYOUT_MMDIT_BYT5_HIDDEN, R = 4 * D;
     const int64_t T = m->text_dim, T2 = m->text_2_dim, IM = m->image_dim, P = m->patch_in, PO = m->patch_out;
+    const int k = ws->sp_size, sp = k > 1;
+    const int64_t J = ws->n_video_all + ws->n_text_all, Dk = D / k;
     int64_t u = 0;
-    for (int l = 0; l < m->num_layers; l++) carve_block(&ws->saved[l], base, &u, N, L, B, D, H, F);
+    for (int l = 0; l < m->num_layers; l++) carve_block(&ws->saved[l], base, &u, N, L, J, B, D, H, F, k);
     for (int i = 0; i < LAYOUT_MMDIT_REFINER_LAYERS; i++) carve_refiner(&ws->refiner[i], base, &u, Q, B, D, H);
     ws->tokens_in = take(base, &u, N * P); ws->target = take(base, &u, N * PO);
-    ws->video = take(base, &u, N * P);
+    ws->video = take(base, &u, (sp ? ws->max_sample : N) * P);   /* one sample's input latent */
     ws->timesteps = take(base, &u, B); ws->sinusoid = take(base, &u, B * m->freq_dim);
     ws->t_pre = take(base, &u, B * D); ws->t_act = take(base, &u, B * D);
     ws->temb = take(base, &u, B * D); ws->temb_silu = take(base, &u, B * D);
@@ -144,8 +158,8 @@ static int64_t carve(model *m, float *base)
     ws->d_c = take(base, &u, L * D); ws->d_cb = take(base, &u, L * D);
     ws->t1 = take(base, &u, N * D); ws->t2 = take(base, &u, N * D);
     ws->tc1 = take(base, &u, L * D); ws->tc2 = take(base, &u, L * D);
-    ws->d_joint = take(base, &u, (N + L) * D);
-    ws->dq = take(base, &u, (N + L) * D); ws->dk = take(base, &u, (N + L) * D); ws->dv = take(base, &u, (N + L) * D);
+    ws->d_joint = take(base, &u, J * Dk);
+    ws->dq = take(base, &u, J * Dk); ws->dk = take(base, &u, J * Dk); ws->dv = take(base, &u, J * Dk);
     ws->dqc = take(base, &u, L * D); ws->dkc = take(base, &u, L * D); ws->dvc = take(base, &u, L * D);
     ws->d_ff = take(base, &u, N * F); ws->d_ffc = take(base, &u, L * F);
     ws->d_mod = take(base, &u, 6 * B * D); ws->d_emb = take(base, &u, 6 * B * D); ws->d_rows = take(base, &u, 6 * B * D);
@@ -159,6 +173,14 @@ static int64_t carve(model *m, float *base)
     ws->d_i = take(base, &u, I * D); ws->d_i1 = take(base, &u, I * IM); ws->d_i2 = take(base, &u, I * D);
     const int64_t src = G * T2 > I * IM ? G * T2 : I * IM;
     ws->d_src_a = take(base, &u, src); ws->d_src_b = take(base, &u, src);
+    /* alone, the blocks' own buffers serve as the whole joint text, its gradient and d h1 */
+    const int64_t Tt = ws->n_text_all, Tv = ws->n_video_all, rows = N > L ? N : L;
+    ws->context = sp ? take(base, &u, Tt * D) : m->num_layers > 0 ? ws->saved[0].c_in : ws->c_final;
+    ws->d_context = sp ? take(base, &u, Tt * D) : ws->d_c;
+    ws->dh = sp ? take(base, &u, N * D) : ws->dq;
+    ws->v_all = take(base, &u, sp * Tv * Dk); ws->t_all = take(base, &u, sp * Tt * Dk);
+    ws->xchg = take(base, &u, sp * rows * D);
+    ws->patches = take(base, &u, sp * ws->max_sample * (P > PO ? P : PO));
     (void)T;
     return u;
 }
@@ -171,7 +193,8 @@ static void grow_tables(mmdit_workspace *ws, int B)
 {
     if (B <= ws->capacity) return;
     ws->capacity = B;
-    int64_t **tables[] = {&ws->tok, &ws->txt, &ws->joint, &ws->qwen, &ws->byt5, &ws->image, &ws->sample_values};
+    int64_t **tables[] = {&ws->tok, &ws->txt, &ws->joint, &ws->qwen, &ws->byt5, &ws->image, &ws->sample_values,
+                          &ws->tok_here, &ws->txt_here};
     for (size_t i = 0; i < sizeof tables / sizeof tables[0]; i++)
         *tables[i] = xrealloc(*tables[i], (size_t)(B + 1) * sizeof(int64_t));
     ws->grid_f = xrealloc(ws->grid_f, (size_t)B * sizeof(int32_t));
@@ -193,17 +216,50 @@ static void check_sample(const model *m, const model_batch *batch, int b)
         ALDIT_FATAL_CODE(ALDIT_EXIT_USAGE, "model: sample %d of the micro-batch has a negative ByT5 or image length", b);
 }
 
-/* Row starts of every sample's video, joint text and sources; sizes the arena and carves it. */
+/* A sample's rows of a stream among this member's (of `starts`, its rows from lo, n of them), clamped: a sample outside
+   the slice has none. */
+static void clamp_rows(const int64_t *starts, int B, int64_t lo, int64_t n, int64_t *here)
+{
+    for (int b = 0; b <= B; b++) {
+        const int64_t row = starts[b] - lo;
+        here[b] = row < 0 ? 0 : row > n ? n : row;
+    }
+}
+
+/* This member's slices of the two streams: member p of k holds video rows [p Tv/k, (p+1) Tv/k) and text rows
+   [p Tt/k, (p+1) Tt/k) (mmdit.h); k = 1: every row. */
+static void pack_slices(model *m, const model_batch *batch)
+{
+    mmdit_workspace *ws = m->mmdit;
+    const int B = ws->n_samples, k = batch->sp_size > 1 ? batch->sp_size : 1, member = k > 1 ? batch->sp_rank : 0;
+    if (k > ws->sp_capacity) {
+        ws->sp_capacity = k;
+        ws->tok_slice = xrealloc(ws->tok_slice, (size_t)(k + 1) * sizeof(int64_t));
+        ws->txt_slice = xrealloc(ws->txt_slice, (size_t)(k + 1) * sizeof(int64_t));
+        ws->xchg_counts = xrealloc(ws->xchg_counts, 4 * (size_t)k * sizeof(int64_t));
+    }
+    ws->sp_size = k;
+    ws->sp_group = k > 1 ? batch->sp_group : NULL;
+    ulysses_split(ws->n_video_all, k, ws->tok_slice);
+    ulysses_split(ws->n_text_all, k, ws->txt_slice);
+    ws->tok_lo = ws->tok_slice[member];
+    ws->txt_lo = ws->txt_slice[member];
+    ws->n_tokens = ws->tok_slice[member + 1] - ws->tok_lo;
+    ws->n_text = ws->txt_slice[member + 1] - ws->txt_lo;
+    clamp_rows(ws->tok, B, ws->tok_lo, ws->n_tokens, ws->tok_here);
+    clamp_rows(ws->txt, B, ws->txt_lo, ws->n_text, ws->txt_here);
+}
+
+/* Row starts of every sample's video, joint text and sources, this member's slices; sizes the arena and carves it. */
 static void pack(model *m, const model_batch *batch)
 {
     mmdit_workspace *ws = m->mmdit;
     const int B = batch->n_samples;
     ALDIT_CHECK(B > 0, "model: a micro-batch needs at least one sample (got %d)", B);
-    if (batch->sp_size > 1)
-        ALDIT_FATAL_CODE(ALDIT_EXIT_USAGE, "model: model.family = hunyuanvideo15 has no sequence parallelism yet: set "
-                         "[balance] sp = off");
+    ulysses_check_group(m, batch);
     grow_tables(ws, B);
     ws->n_samples = B;
+    ws->max_sample = 0;
     ws->tok[0] = ws->txt[0] = ws->joint[0] = ws->qwen[0] = ws->byt5[0] = ws->image[0] = ws->sample_values[0] = 0;
     for (int b = 0; b < B; b++) {
         check_sample(m, batch, b);
@@ -213,6 +269,7 @@ static void pack(model *m, const model_batch *batch)
         const int64_t S = (int64_t)ws->grid_f[b] * ws->grid_h[b] * ws->grid_w[b];
         const int64_t Q = batch->text_len[b], G = length_of(batch->text_2_len, b), I = length_of(batch->image_len, b);
         ws->tok[b + 1] = ws->tok[b] + S;
+        if (S > ws->max_sample) ws->max_sample = S;
         ws->txt[b + 1] = ws->txt[b] + I + G + Q;
         ws->joint[b + 1] = ws->joint[b] + S + I + G + Q;
         ws->qwen[b + 1] = ws->qwen[b] + Q;
@@ -220,12 +277,13 @@ static void pack(model *m, const model_batch *batch)
         ws->image[b + 1] = ws->image[b] + I;
         ws->sample_values[b + 1] = ws->sample_values[b] + (int64_t)batch->frames[b] * batch->height[b] * batch->width[b];
     }
-    ws->n_tokens = ws->tok[B];
-    ws->n_text = ws->txt[B];
+    ws->n_video_all = ws->tok[B];
+    ws->n_text_all = ws->txt[B];
     ws->n_qwen = ws->qwen[B];
     ws->n_byt5 = ws->byt5[B];
     ws->n_image = ws->image[B];
-    ws->positions = xrealloc(ws->positions, (size_t)(3 * ws->n_tokens) * sizeof(int32_t));
+    pack_slices(m, batch);
+    ws->positions = xrealloc(ws->positions, (size_t)(3 * ws->n_video_all) * sizeof(int32_t));
     cpu_rope_positions(B, ws->grid_f, ws->grid_h, ws->grid_w, ws->positions);
     ws->arena_used = carve(m, NULL);
     if (ws->arena_used > ws->arena_capacity) {
@@ -239,8 +297,8 @@ static void pack(model *m, const model_batch *batch)
 int64_t mmdit_workspace_bytes(const model *m)
 {
     const mmdit_workspace *ws = m->mmdit;
-    return ws->arena_used * (int64_t)sizeof(float) + 3 * 4 * ws->n_tokens + 7 * 8 * (ws->n_samples + 1) +
-           3 * 4 * ws->n_samples;
+    return ws->arena_used * (int64_t)sizeof(float) + 3 * 4 * ws->n_video_all + 9 * 8 * (ws->n_samples + 1) +
+           3 * 4 * ws->n_samples + 8 * (2 * (ws->sp_size + 1) + 4 * ws->sp_size);
 }
 
 /* ---- small helpers ---------------------------------------------------------------------------------------- */
@@ -278,7 +336,8 @@ static void from_chunks(const float *chunks, int64_t B, int64_t k, int64_t D, fl
         for (int64_t c = 0; c < k; c++) memcpy(rows + (b * k + c) * D, chunks + (c * B + b) * D, (size_t)D * sizeof(float));
 }
 
-/* Joint rows: sample b's video rows then its text rows (gather), and back (scatter). */
+/* Joint rows: sample b's video rows then its text rows (gather), and back (scatter); every row of the micro-batch,
+   D values each (alone: every head; in a group: this member's). */
 static void joint_gather(const mmdit_workspace *ws, const float *video, const float *text, int64_t D, float *joint)
 {
     for (int b = 0; b < ws->n_samples; b++) {
@@ -296,6 +355,38 @@ static void joint_scatter(const mmdit_workspace *ws, const float *joint, int64_t
         memcpy(text + ws->txt[b] * D, joint + (ws->joint[b] + S) * D, (size_t)(L * D) * sizeof(float));
     }
 }
+
+/* The joint rows for attention from this member's rows of each stream: alone, every sample's [video; text] over every
+   head; in a group, every row of the micro-batch for this member's heads (each stream exchanged rows to heads). */
+static void joint_from_streams(model *m, const float *video, const float *text, float *joint)
+{
+    mmdit_workspace *ws = m->mmdit;
+    const int64_t D = m->dim;
+    if (ws->sp_size <= 1) {
+        joint_gather(ws, video, text, D, joint);
+        return;
+    }
+    ulysses_to_heads(ws->sp_group, ws->tok_slice, D, video, ws->v_all, ws->xchg, ws->xchg_counts);
+    ulysses_to_heads(ws->sp_group, ws->txt_slice, D, text, ws->t_all, ws->xchg, ws->xchg_counts);
+    joint_gather(ws, ws->v_all, ws->t_all, D / ws->sp_size, joint);
+}
+
+/* Its reverse: joint rows (this member's heads) back to this member's rows of each stream (every head). */
+static void joint_to_streams(model *m, const float *joint, float *video, float *text)
+{
+    mmdit_workspace *ws = m->mmdit;
+    const int64_t D = m->dim;
+    if (ws->sp_size <= 1) {
+        joint_scatter(ws, joint, D, video, text);
+        return;
+    }
+    joint_scatter(ws, joint, D / ws->sp_size, ws->v_all, ws->t_all);
+    ulysses_to_rows(ws->sp_group, ws->tok_slice, D, ws->v_all, video, ws->xchg, ws->xchg_counts);
+    ulysses_to_rows(ws->sp_group, ws->txt_slice, D, ws->t_all, text, ws->xchg, ws->xchg_counts);
+}
+
+/* This member's video rows' RoPE positions (by their place in the whole micro-batch). */
+static const int32_t *my_positions(const mmdit_workspace *ws) { return ws->positions + 3 * ws->tok_lo; }
 
 static void rope_axes(const model *m, int axes[3])
 {
@@ -318,18 +409,19 @@ static void block_attention_fwd(model *m, const layout_mmdit_block *bo, mm_saved
     lin_f(m, &bo->to_v, s->h1, N, D, D, s->a);   /* v, until gathered */
     cpu_rmsnorm_fwd(s->q_pre, N * H, (int)hd, param(m, bo->norm_q), m->eps, q, s->q_rstd);
     cpu_rmsnorm_fwd(s->k_pre, N * H, (int)hd, param(m, bo->norm_k), m->eps, k, s->k_rstd);
-    cpu_rope_axes_fwd(q, N, (int)H, (int)hd, ws->positions, axes, LAYOUT_MMDIT_ROPE_THETA, q);
-    cpu_rope_axes_fwd(k, N, (int)H, (int)hd, ws->positions, axes, LAYOUT_MMDIT_ROPE_THETA, k);
+    cpu_rope_axes_fwd(q, N, (int)H, (int)hd, my_positions(ws), axes, LAYOUT_MMDIT_ROPE_THETA, q);
+    cpu_rope_axes_fwd(k, N, (int)H, (int)hd, my_positions(ws), axes, LAYOUT_MMDIT_ROPE_THETA, k);
     lin_f(m, &bo->add_q, s->hc1, L, D, D, s->qc_pre);
     lin_f(m, &bo->add_k, s->hc1, L, D, D, s->kc_pre);
     lin_f(m, &bo->add_v, s->hc1, L, D, D, s->ac);
     cpu_rmsnorm_fwd(s->qc_pre, L * H, (int)hd, param(m, bo->norm_added_q), m->eps, qc, s->qc_rstd);
     cpu_rmsnorm_fwd(s->kc_pre, L * H, (int)hd, param(m, bo->norm_added_k), m->eps, kc, s->kc_rstd);
-    joint_gather(ws, q, qc, D, s->jq);
-    joint_gather(ws, k, kc, D, s->jk);
-    joint_gather(ws, s->a, s->ac, D, s->jv);
-    cpu_attention_fwd(s->jq, s->jk, s->jv, (int)H, (int)hd, ws->joint, ws->joint, ws->n_samples, s->ja, s->lse);
-    joint_scatter(ws, s->ja, D, s->a, s->ac);
+    joint_from_streams(m, q, qc, s->jq);
+    joint_from_streams(m, k, kc, s->jk);
+    joint_from_streams(m, s->a, s->ac, s->jv);
+    cpu_attention_fwd(s->jq, s->jk, s->jv, (int)(H / ws->sp_size), (int)hd, ws->joint, ws->joint, ws->n_samples, s->ja,
+                      s->lse);
+    joint_to_streams(m, s->ja, s->a, s->ac);
 }
 
 static void block_fwd(model *m, int layer, const float *x_in, const float *c_in, float *x_out, float *c_out)
@@ -346,18 +438,20 @@ static void block_fwd(model *m, int layer, const float *x_in, const float *c_in,
     to_chunks(ws->d_emb, B, 6, D, s->mod_c);
     const float *mx = s->mod, *mc = s->mod_c;
 #define CH(base, i) ((base) + (i) * B * D)
-    cpu_ln_modulate_fwd(s->x_in, N, (int)D, ws->tok, (int)B, CH(mx, 0), CH(mx, 1), m->eps, s->h1, s->ln1_mean, s->ln1_rstd);
-    cpu_ln_modulate_fwd(s->c_in, L, (int)D, ws->txt, (int)B, CH(mc, 0), CH(mc, 1), m->eps, s->hc1, s->lnc1_mean,
+    cpu_ln_modulate_fwd(s->x_in, N, (int)D, ws->tok_here, (int)B, CH(mx, 0), CH(mx, 1), m->eps, s->h1, s->ln1_mean,
+                        s->ln1_rstd);
+    cpu_ln_modulate_fwd(s->c_in, L, (int)D, ws->txt_here, (int)B, CH(mc, 0), CH(mc, 1), m->eps, s->hc1, s->lnc1_mean,
                         s->lnc1_rstd);
     block_attention_fwd(m, &bo, s);
     lin_f(m, &bo.to_out, s->a, N, D, D, s->y_attn);
     lin_f(m, &bo.to_add_out, s->ac, L, D, D, s->yc_attn);
     memcpy(s->x1, s->x_in, (size_t)(N * D) * sizeof(float));
     memcpy(s->c1, s->c_in, (size_t)(L * D) * sizeof(float));
-    cpu_gated_residual_fwd(s->x1, s->y_attn, (int)D, ws->tok, (int)B, CH(mx, 2));
-    cpu_gated_residual_fwd(s->c1, s->yc_attn, (int)D, ws->txt, (int)B, CH(mc, 2));
-    cpu_ln_modulate_fwd(s->x1, N, (int)D, ws->tok, (int)B, CH(mx, 3), CH(mx, 4), m->eps, s->h2, s->ln2_mean, s->ln2_rstd);
-    cpu_ln_modulate_fwd(s->c1, L, (int)D, ws->txt, (int)B, CH(mc, 3), CH(mc, 4), m->eps, s->hc2, s->lnc2_mean,
+    cpu_gated_residual_fwd(s->x1, s->y_attn, (int)D, ws->tok_here, (int)B, CH(mx, 2));
+    cpu_gated_residual_fwd(s->c1, s->yc_attn, (int)D, ws->txt_here, (int)B, CH(mc, 2));
+    cpu_ln_modulate_fwd(s->x1, N, (int)D, ws->tok_here, (int)B, CH(mx, 3), CH(mx, 4), m->eps, s->h2, s->ln2_mean,
+                        s->ln2_rstd);
+    cpu_ln_modulate_fwd(s->c1, L, (int)D, ws->txt_here, (int)B, CH(mc, 3), CH(mc, 4), m->eps, s->hc2, s->lnc2_mean,
                         s->lnc2_rstd);
     lin_f(m, &bo.ff_in, s->h2, N, D, F, s->ff_pre);
     cpu_gelu_tanh_fwd(s->ff_pre, N * F, s->ff_act);
@@ -367,8 +461,8 @@ static void block_fwd(model *m, int layer, const float *x_in, const float *c_in,
     lin_f(m, &bo.ff_context_out, s->ffc_act, L, F, D, s->yc_ff);
     memcpy(x_out, s->x1, (size_t)(N * D) * sizeof(float));
     memcpy(c_out, s->c1, (size_t)(L * D) * sizeof(float));
-    cpu_gated_residual_fwd(x_out, s->y_ff, (int)D, ws->tok, (int)B, CH(mx, 5));
-    cpu_gated_residual_fwd(c_out, s->yc_ff, (int)D, ws->txt, (int)B, CH(mc, 5));
+    cpu_gated_residual_fwd(x_out, s->y_ff, (int)D, ws->tok_here, (int)B, CH(mx, 5));
+    cpu_gated_residual_fwd(c_out, s->yc_ff, (int)D, ws->txt_here, (int)B, CH(mc, 5));
 }
 
 /* q/k RMSNorm and RoPE backward of one stream's projections: dq, dk in place to the pre-norm gradients. */
@@ -379,8 +473,8 @@ static void qk_bwd(model *m, const float *q_pre, const float *k_pre, const float
     int axes[3];
     rope_axes(m, axes);
     if (rope) {
-        cpu_rope_axes_bwd(dq, rows, (int)H, (int)hd, m->mmdit->positions, axes, LAYOUT_MMDIT_ROPE_THETA, dq);
-        cpu_rope_axes_bwd(dk, rows, (int)H, (int)hd, m->mmdit->positions, axes, LAYOUT_MMDIT_ROPE_THETA, dk);
+        cpu_rope_axes_bwd(dq, rows, (int)H, (int)hd, my_positions(m->mmdit), axes, LAYOUT_MMDIT_ROPE_THETA, dq);
+        cpu_rope_axes_bwd(dk, rows, (int)H, (int)hd, my_positions(m->mmdit), axes, LAYOUT_MMDIT_ROPE_THETA, dk);
     }
     cpu_rmsnorm_bwd(q_pre, dq, rows * H, (int)hd, param(m, norm_q), q_rstd, dq, grad(grads, norm_q));
     cpu_rmsnorm_bwd(k_pre, dk, rows * H, (int)hd, param(m, norm_k), k_rstd, dk, grad(grads, norm_k));
@@ -393,17 +487,17 @@ static void block_attention_bwd(model *m, const layout_mmdit_block *bo, const mm
 {
     mmdit_workspace *ws = m->mmdit;
     const int64_t N = ws->n_tokens, L = ws->n_text, D = m->dim, H = m->num_heads, hd = m->head_dim;
-    joint_gather(ws, dA, dAc, D, ws->d_joint);
-    cpu_attention_bwd(s->jq, s->jk, s->jv, s->ja, ws->d_joint, s->lse, (int)H, (int)hd, ws->joint, ws->joint,
-                      ws->n_samples, ws->dq, ws->dk, ws->dv);
+    joint_from_streams(m, dA, dAc, ws->d_joint);
+    cpu_attention_bwd(s->jq, s->jk, s->jv, s->ja, ws->d_joint, s->lse, (int)(H / ws->sp_size), (int)hd, ws->joint,
+                      ws->joint, ws->n_samples, ws->dq, ws->dk, ws->dv);
     float *dq = ws->t1, *dk = ws->t2, *dv = ws->d_xb;   /* video rows; text rows into dqc, dkc, dvc */
-    joint_scatter(ws, ws->dq, D, dq, ws->dqc);
-    joint_scatter(ws, ws->dk, D, dk, ws->dkc);
-    joint_scatter(ws, ws->dv, D, dv, ws->dvc);
+    joint_to_streams(m, ws->dq, dq, ws->dqc);
+    joint_to_streams(m, ws->dk, dk, ws->dkc);
+    joint_to_streams(m, ws->dv, dv, ws->dvc);
     qk_bwd(m, s->q_pre, s->k_pre, s->q_rstd, s->k_rstd, N, bo->norm_q, bo->norm_k, 1, dq, dk, grads);
     qk_bwd(m, s->qc_pre, s->kc_pre, s->qc_rstd, s->kc_rstd, L, bo->norm_added_q, bo->norm_added_k, 0, ws->dqc,
            ws->dkc, grads);
-    float *dh = ws->dq, *dhc = ws->tc1;   /* dq (joint) is free again: d h1 [N, D] */
+    float *dh = ws->dh, *dhc = ws->tc1;   /* alone, dh is dq (joint), free again */
     lin_b(m, &bo->to_q, s->h1, dq, N, D, D, dh, 0, grads);
     lin_b(m, &bo->to_k, s->h1, dk, N, D, D, dh, 1, grads);
     lin_b(m, &bo->to_v, s->h1, dv, N, D, D, dh, 1, grads);
@@ -439,22 +533,23 @@ static void block_bwd(model *m, int layer, float *dx, float *dc, float *grads)
     float *dmod = ws->d_mod, *dmod_c = ws->d_emb;   /* [6][B][D] each */
     float *dx1 = ws->d_xb, *dc1 = ws->d_cb;
     stream_mlp_bwd(m, &bo.ff_in, &bo.ff_out, s->x1, s->h2, s->ff_pre, s->ff_act, s->y_ff, s->mod, s->ln2_mean,
-                   s->ln2_rstd, ws->tok, N, dx, dmod, ws->t1, ws->d_ff, dx1, grads);
+                   s->ln2_rstd, ws->tok_here, N, dx, dmod, ws->t1, ws->d_ff, dx1, grads);
     stream_mlp_bwd(m, &bo.ff_context_in, &bo.ff_context_out, s->c1, s->hc2, s->ffc_pre, s->ffc_act, s->yc_ff,
-                   s->mod_c, s->lnc2_mean, s->lnc2_rstd, ws->txt, L, dc, dmod_c, ws->tc1, ws->d_ffc, dc1, grads);
+                   s->mod_c, s->lnc2_mean, s->lnc2_rstd, ws->txt_here, L, dc, dmod_c, ws->tc1, ws->d_ffc, dc1, grads);
     /* attention branch: x1 = x + y_attn * gate; dx, dc now hold d x1, d c1 (the residual passes) */
     memcpy(dx, dx1, (size_t)(N * D) * sizeof(float));
     memcpy(dc, dc1, (size_t)(L * D) * sizeof(float));
-    cpu_gated_residual_bwd(dx, s->y_attn, (int)D, ws->tok, (int)B, s->mod + 2 * B * D, ws->t1, dmod + 2 * B * D);
-    cpu_gated_residual_bwd(dc, s->yc_attn, (int)D, ws->txt, (int)B, s->mod_c + 2 * B * D, ws->tc1, dmod_c + 2 * B * D);
+    cpu_gated_residual_bwd(dx, s->y_attn, (int)D, ws->tok_here, (int)B, s->mod + 2 * B * D, ws->t1, dmod + 2 * B * D);
+    cpu_gated_residual_bwd(dc, s->yc_attn, (int)D, ws->txt_here, (int)B, s->mod_c + 2 * B * D, ws->tc1,
+                           dmod_c + 2 * B * D);
     float *dA = ws->d_xb, *dAc = ws->d_cb;
     lin_b(m, &bo.to_out, s->a, ws->t1, N, D, D, dA, 0, grads);
     lin_b(m, &bo.to_add_out, s->ac, ws->tc1, L, D, D, dAc, 0, grads);
     block_attention_bwd(m, &bo, s, dA, dAc, grads);   /* d h1 in t1, d hc1 in tc1 */
-    cpu_ln_modulate_bwd(s->x_in, ws->t1, N, (int)D, ws->tok, (int)B, s->mod + B * D, s->ln1_mean, s->ln1_rstd, ws->t2,
-                        dmod, dmod + B * D);
-    cpu_ln_modulate_bwd(s->c_in, ws->tc1, L, (int)D, ws->txt, (int)B, s->mod_c + B * D, s->lnc1_mean, s->lnc1_rstd,
-                        ws->tc2, dmod_c, dmod_c + B * D);
+    cpu_ln_modulate_bwd(s->x_in, ws->t1, N, (int)D, ws->tok_here, (int)B, s->mod + B * D, s->ln1_mean, s->ln1_rstd,
+                        ws->t2, dmod, dmod + B * D);
+    cpu_ln_modulate_bwd(s->c_in, ws->tc1, L, (int)D, ws->txt_here, (int)B, s->mod_c + B * D, s->lnc1_mean,
+                        s->lnc1_rstd, ws->tc2, dmod_c, dmod_c + B * D);
     add_into(dx, ws->t2, N * D);
     add_into(dc, ws->tc2, L * D);
     /* the modulations: Linear(SiLU(temb)) of each stream */
@@ -585,9 +680,23 @@ static void put_condition(const model *m, const float *x0, int32_t f, int32_t h,
     for (int64_t i = 0; i < plane; i++) video[2 * (int64_t)m->out_dim * volume + i] = 1.0f;
 }
 
-/* Patchified model input: each sample's in_dim channels as given (whole = 1), or x_t = (1 - sigma) x0 + sigma eps
-   in the first out_dim channels and past them zeros (text-to-video) or the condition (image-to-video: batch->i2v),
-   with the target eps - x0. */
+/* Patchify ws->video (sample b's latent, `channels` deep) into this member's rows of `tokens` (width values a row):
+   in place when alone; in a group through ws->patches, keeping the sample's rows of this member's slice. */
+static void patchify_rows(model *m, const model_batch *batch, int b, int channels, int64_t width, float *tokens)
+{
+    mmdit_workspace *ws = m->mmdit;
+    float *into = ws->sp_size > 1 ? ws->patches : tokens + ws->tok_here[b] * width;
+    cpu_patchify(ws->video, channels, batch->frames[b], batch->height[b], batch->width[b], m->patch_t, m->patch_h,
+                 m->patch_w, 0, into);
+    if (ws->sp_size <= 1) return;
+    const int64_t first = ws->tok_lo + ws->tok_here[b] - ws->tok[b];   /* the sample's first row here, in the sample */
+    memcpy(tokens + ws->tok_here[b] * width, ws->patches + first * width,
+           (size_t)((ws->tok_here[b + 1] - ws->tok_here[b]) * width) * sizeof(float));
+}
+
+/* Patchified model input: each sample's in_dim channels as given (whole = 1, alone only), or x_t = (1 - sigma) x0 +
+   sigma eps in the first out_dim channels and past them zeros (text-to-video) or the condition (image-to-video:
+   batch->i2v), with the target eps - x0; of this member's video rows. */
 static void prepare_inputs(model *m, const model_batch *batch, int whole)
 {
     mmdit_workspace *ws = m->mmdit;
@@ -603,20 +712,21 @@ static void prepare_inputs(model *m, const model_batch *batch, int whole)
                          m->patch_w, 0, ws->tokens_in + ws->tok[b] * m->patch_in);
             continue;
         }
+        if (ws->tok_here[b + 1] == ws->tok_here[b]) continue;   /* none of its video rows is this member's */
         const float *x0 = batch->latents + ws->sample_values[b] * m->out_dim;
         const float *eps = batch->noise + ws->sample_values[b] * m->out_dim;
         memset(ws->video, 0, (size_t)(volume * m->in_dim) * sizeof(float));
         for (int64_t i = 0; i < volume * m->out_dim; i++) ws->video[i] = (1.0f - sigma) * x0[i] + sigma * eps[i];
         if (batch->i2v && batch->i2v[b]) put_condition(m, x0, f, h, w, ws->video);
-        cpu_patchify(ws->video, m->in_dim, f, h, w, m->patch_t, m->patch_h, m->patch_w, 0,
-                     ws->tokens_in + ws->tok[b] * m->patch_in);
+        patchify_rows(m, batch, b, m->in_dim, m->patch_in, ws->tokens_in);
         for (int64_t i = 0; i < volume * m->out_dim; i++) ws->video[i] = eps[i] - x0[i];
-        cpu_patchify(ws->video, m->out_dim, f, h, w, m->patch_t, m->patch_h, m->patch_w, 0,
-                     ws->target + ws->tok[b] * m->patch_out);
+        patchify_rows(m, batch, b, m->out_dim, m->patch_out, ws->target);
     }
 }
 
-/* The forward up to the prediction ws->pred [N, patch_out] (patch order channel-major, as diffusers unpatchifies). */
+/* The forward up to the prediction ws->pred [N, patch_out] (patch order channel-major, as diffusers unpatchifies) of
+   this member's video rows. Every member computes the conditioning (time, the refiner, the sources, the joint text)
+   over the whole micro-batch and takes its text rows of it into the blocks. */
 static void forward(model *m, const model_batch *batch, int whole)
 {
     mmdit_workspace *ws = m->mmdit;
@@ -631,30 +741,32 @@ static void forward(model *m, const model_batch *batch, int whole)
         refiner_block_fwd(m, &e->refiner[i], &ws->refiner[i], ws->qwen_r, ws->qwen_r);
     if (ws->n_byt5 > 0) byt5_fwd(m, batch->text_2);
     if (ws->n_image > 0) image_fwd(m, batch->image);
-    float *x = m->num_layers > 0 ? ws->saved[0].x_in : ws->x_final, *c = m->num_layers > 0 ? ws->saved[0].c_in : ws->c_final;
-    assemble_text(m, c);
+    float *x = m->num_layers > 0 ? ws->saved[0].x_in : ws->x_final;
+    assemble_text(m, ws->context);
     lin_f(m, &e->patch, ws->tokens_in, N, m->patch_in, D, x);
     for (int l = 0; l < m->num_layers; l++) {
         const int last = l + 1 == m->num_layers;
-        block_fwd(m, l, ws->saved[l].x_in, ws->saved[l].c_in, last ? ws->x_final : ws->saved[l + 1].x_in,
+        const float *c_in = l == 0 ? ws->context + ws->txt_lo * D : ws->saved[l].c_in;   /* alone: saved[0].c_in */
+        block_fwd(m, l, ws->saved[l].x_in, c_in, last ? ws->x_final : ws->saved[l + 1].x_in,
                   last ? ws->c_final : ws->saved[l + 1].c_in);
     }
     /* head: AdaLayerNormContinuous, (scale, shift) = Linear(SiLU(temb)), then proj_out */
     lin_f(m, &e->norm_out, ws->temb_silu, B, D, 2 * D, ws->d_rows);
     to_chunks(ws->d_rows, B, 2, D, ws->head_mod);
-    cpu_ln_modulate_fwd(ws->x_final, N, (int)D, ws->tok, (int)B, ws->head_mod + B * D, ws->head_mod, m->eps, ws->head_h,
-                        ws->head_mean, ws->head_rstd);
+    cpu_ln_modulate_fwd(ws->x_final, N, (int)D, ws->tok_here, (int)B, ws->head_mod + B * D, ws->head_mod, m->eps,
+                        ws->head_h, ws->head_mean, ws->head_rstd);
     lin_f(m, &e->proj_out, ws->head_h, N, D, m->patch_out, ws->pred);
     (void)L;
 }
 
+/* The summed per-sample MSE (in a group, this member's part: its rows' squares over the sample's whole count). */
 static double loss(model *m, double *sample_loss)
 {
     mmdit_workspace *ws = m->mmdit;
     double total = 0.0;
     for (int b = 0; b < ws->n_samples; b++) {
         double sum_sq = 0.0;
-        for (int64_t i = ws->tok[b] * m->patch_out; i < ws->tok[b + 1] * m->patch_out; i++) {
+        for (int64_t i = ws->tok_here[b] * m->patch_out; i < ws->tok_here[b + 1] * m->patch_out; i++) {
             const double diff = (double)ws->pred[i] - ws->target[i];
             sum_sq += diff * diff;
         }
@@ -673,6 +785,7 @@ double mmdit_forward_loss(model *m, const model_batch *batch, double *sample_los
 
 void mmdit_predict(model *m, const model_batch *batch, float *output)
 {
+    ALDIT_CHECK(batch->sp_size <= 1, "model: model_predict runs a micro-batch on one rank (sp_size %d)", batch->sp_size);
     forward(m, batch, 1);
     const mmdit_workspace *ws = m->mmdit;
     for (int b = 0; b < batch->n_samples; b++)
@@ -777,6 +890,18 @@ static void conditioning_bwd(model *m, float *grads)
     lin_b(m, &e->time_1, ws->sinusoid, ws->d_tb, B, FQ, D, NULL, 0, grads);
 }
 
+/* The whole micro-batch's joint-text gradient: alone, the first block's; in a group, this member's rows of it in
+   place and zeros elsewhere. */
+static const float *whole_text_grad(model *m)
+{
+    mmdit_workspace *ws = m->mmdit;
+    if (ws->sp_size <= 1) return ws->d_c;
+    const int64_t D = m->dim;
+    memset(ws->d_context, 0, (size_t)(ws->n_text_all * D) * sizeof(float));
+    memcpy(ws->d_context + ws->txt_lo * D, ws->d_c, (size_t)(ws->n_text * D) * sizeof(float));
+    return ws->d_context;
+}
+
 double mmdit_forward_backward(model *m, const model_batch *batch, float *grads, float grad_scale, double *sample_loss)
 {
     const double total = mmdit_forward_loss(m, batch, sample_loss);
@@ -785,20 +910,22 @@ double mmdit_forward_backward(model *m, const model_batch *batch, float *grads, 
     const int64_t N = ws->n_tokens, L = ws->n_text, B = ws->n_samples, D = m->dim, PO = m->patch_out;
     for (int b = 0; b < B; b++) {
         const float coef = grad_scale * 2.0f / (float)((ws->tok[b + 1] - ws->tok[b]) * PO);
-        for (int64_t i = ws->tok[b] * PO; i < ws->tok[b + 1] * PO; i++) ws->d_pred[i] = coef * (ws->pred[i] - ws->target[i]);
+        for (int64_t i = ws->tok_here[b] * PO; i < ws->tok_here[b + 1] * PO; i++)
+            ws->d_pred[i] = coef * (ws->pred[i] - ws->target[i]);
     }
     /* head */
     lin_b(m, &e->proj_out, ws->head_h, ws->d_pred, N, D, PO, ws->t1, 0, grads);
-    cpu_ln_modulate_bwd(ws->x_final, ws->t1, N, (int)D, ws->tok, (int)B, ws->head_mod, ws->head_mean, ws->head_rstd,
-                        ws->d_x, ws->d_head_mod + B * D, ws->d_head_mod);
+    cpu_ln_modulate_bwd(ws->x_final, ws->t1, N, (int)D, ws->tok_here, (int)B, ws->head_mod, ws->head_mean,
+                        ws->head_rstd, ws->d_x, ws->d_head_mod + B * D, ws->d_head_mod);
     from_chunks(ws->d_head_mod, B, 2, D, ws->d_rows);
     lin_b(m, &e->norm_out, ws->temb_silu, ws->d_rows, B, D, 2 * D, ws->d_temb_silu, 0, grads);
     /* blocks: the last block's text output is not used */
     memset(ws->d_c, 0, (size_t)(L * D) * sizeof(float));
     for (int l = m->num_layers - 1; l >= 0; l--) block_bwd(m, l, ws->d_x, ws->d_c, grads);
     lin_b(m, &e->patch, ws->tokens_in, ws->d_x, N, m->patch_in, D, NULL, 0, grads);
-    /* the joint text's sources */
-    split_text_bwd(m, ws->d_c, grads);
+    /* the joint text's sources, from this member's text rows' gradient (zero on the others': its weight gradients are
+       its parts) */
+    split_text_bwd(m, whole_text_grad(m), grads);
     if (ws->n_image > 0) image_bwd(m, batch->image, grads);
     if (ws->n_byt5 > 0) byt5_bwd(m, batch->text_2, grads);
     memset(ws->d_cvec_silu, 0, (size_t)(B * D) * sizeof(float));

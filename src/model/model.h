@@ -98,7 +98,7 @@ typedef struct {   /* one packed micro-batch: samples back to back, no padding *
    slices); self-attention exchanges q, k, v all-to-all over heads (member p attends for heads [p*H/k, (p+1)*H/k) over
    all T rows) and the output back, and the backward mirrors it. The loss returned, sample_loss and the gradients are
    this member's PARTS: summed over the group they are the k = 1 results (to rounding). num_heads must be a multiple
-   of k (fatal otherwise). */
+   of k (fatal otherwise). hunyuanvideo15 splits its two streams (video rows, joint text rows) each so: mmdit.h. */
 double model_forward_backward(model *m, const model_batch *batch, float *grads, float grad_scale, double *sample_loss);
 /* The same loss, forward only (validation, finite-difference checks). */
 double model_forward_loss(model *m, const model_batch *batch, double *sample_loss);

@@ -1,0 +1,184 @@
+/* test_mpi_mmdit_ulysses.c — run under mpirun by mpi_mmdit_ulysses.sh: HunyuanVideo-1.5's MMDiT on the CPU with sequence parallelism (Ulysses). Every rank runs each micro-batch (mixed video shapes, caption sources and lengths, text-to-video and image-to-video samples) alone (k = 1), then with its group of k = 2 and 4 (where the ranks allow): the group's summed loss, per-sample losses and weight gradients must equal the k = 1 ones within 1e-6 relative (ulysses_check.h says how each is measured), and each member's own per-sample loss must be nonzero exactly for the samples whose video rows its slice holds (member p of k: rows [p Tv/k, (p+1) Tv/k)). Rank 0 prints TAP. */
+#include "core/comm.h"
+#include "model/model.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gradient_check.h"
+#include "ulysses_check.h"
+
+enum { MAX_SAMPLES = 3, N_CASES = 3 };
+
+typedef struct {
+    const char *name;
+    int n_samples;
+    int32_t shape[MAX_SAMPLES][7];   /* frames, height, width (latent units); Qwen, ByT5, image rows; image-to-video */
+} test_case;
+
+/* Patch 1x2x2: video rows = frames * height/2 * width/2; joint text rows = Qwen + ByT5 + image. */
+static const test_case CASES[N_CASES] = {
+    {"a packed T2V and two I2V samples (4, 12 and 3 video rows; 5, 8 and 4 text rows from every source)", 3,
+     {{2, 4, 2, 3, 2, 0, 0}, {3, 4, 4, 5, 0, 3, 1}, {1, 2, 6, 1, 1, 2, 1}}},
+    {"one long I2V sample (18 video rows, 9 text rows)", 1, {{3, 6, 4, 4, 2, 3, 1}}},
+    {"a T2V sample of 2 video rows and 1 text row beside an I2V one of 1 and 2 (members without video or text rows)", 2,
+     {{2, 2, 2, 1, 0, 0, 0}, {1, 2, 2, 2, 0, 0, 1}}},
+};
+
+static void test_deck(deck *config)
+{
+    deck_defaults(config);
+    config->model.family = FAMILY_HUNYUANVIDEO15;
+    config->model.dim = 32;
+    config->model.ffn_dim = 48;
+    config->model.num_heads = 4;     /* head dim 8 (RoPE pairs 2/1/1); groups of 2 and 4 hold 2 and 1 heads */
+    config->model.num_layers = 2;
+    config->model.in_dim = 9;
+    config->model.out_dim = 4;
+    config->model.patch_t = 1;
+    config->model.patch_h = 2;
+    config->model.patch_w = 2;
+    config->model.text_len = 8;
+    config->model.text_dim = 12;
+    config->model.text_2_dim = 6;
+    config->model.image_dim = 10;
+    config->model.rope_axes_t = 4;
+    config->model.freq_dim = 16;
+}
+
+/* Random weights (norm weights about 1); the ByT5 projection's 2048-wide layers scaled down so that its output stays
+   of order one. */
+static void random_model(model *m, const deck *config)
+{
+    model_create(m, config);
+    model_init_gaussian(m, 5, 0.3f);
+    const char *wide[] = {"context_embedder_2.linear_2.weight", "context_embedder_2.linear_3.weight"};
+    for (int k = 0; k < 2; k++) {
+        const param_info *p = model_find_param(m, wide[k]);
+        if (!p) { fprintf(stderr, "no parameter %s\n", wide[k]); exit(1); }
+        for (int64_t i = 0; i < p->n_elements; i++) m->weights[p->offset + i] *= 0.08f;
+    }
+}
+
+typedef struct {
+    int32_t frames[MAX_SAMPLES], height[MAX_SAMPLES], width[MAX_SAMPLES];
+    int32_t text_len[MAX_SAMPLES], text_2_len[MAX_SAMPLES], image_len[MAX_SAMPLES];
+    unsigned char i2v[MAX_SAMPLES];
+    float sigma[MAX_SAMPLES];
+    float *latents, *noise, *text, *text_2, *image;
+    model_batch batch;
+} case_batch;
+
+static void make_batch(case_batch *t, const model *m, const test_case *c)
+{
+    memset(t, 0, sizeof(*t));
+    int64_t n_latent = 0, n_text = 0, n_text_2 = 0, n_image = 0;
+    for (int i = 0; i < c->n_samples; i++) {
+        const int32_t *s = c->shape[i];
+        t->frames[i] = s[0], t->height[i] = s[1], t->width[i] = s[2];
+        t->text_len[i] = s[3], t->text_2_len[i] = s[4], t->image_len[i] = s[5];
+        t->i2v[i] = (unsigned char)s[6];
+        t->sigma[i] = 0.3f + 0.25f * (float)i;
+        n_latent += (int64_t)m->out_dim * s[0] * s[1] * s[2];
+        n_text += (int64_t)s[3] * m->text_dim;
+        n_text_2 += (int64_t)s[4] * m->text_2_dim;
+        n_image += (int64_t)s[5] * m->image_dim;
+    }
+    t->latents = malloc((size_t)n_latent * sizeof(float));
+    t->noise = malloc((size_t)n_latent * sizeof(float));
+    t->text = malloc((size_t)n_text * sizeof(float));
+    t->text_2 = malloc((size_t)(n_text_2 + 1) * sizeof(float));
+    t->image = malloc((size_t)(n_image + 1) * sizeof(float));
+    fill_random(t->latents, n_latent, 11, 1.0f);
+    fill_random(t->noise, n_latent, 12, 1.0f);
+    fill_random(t->text, n_text, 13, 1.0f);
+    fill_random(t->text_2, n_text_2, 14, 1.0f);
+    fill_random(t->image, n_image, 15, 1.0f);
+    t->batch = (model_batch){.n_samples = c->n_samples, .frames = t->frames, .height = t->height, .width = t->width,
+                             .text_len = t->text_len, .latents = t->latents, .noise = t->noise, .sigma = t->sigma,
+                             .text = t->text, .text_2_len = t->text_2_len, .text_2 = t->text_2,
+                             .image_len = t->image_len, .image = t->image, .i2v = t->i2v};
+}
+
+static void free_batch(case_batch *t)
+{
+    free(t->latents); free(t->noise); free(t->text); free(t->text_2); free(t->image);
+}
+
+/* 1 where this member's own per-sample loss parts break the split: a part nonzero for a sample none of whose video
+   rows lie in [p Tv/k, (p+1) Tv/k), or zero for one that has some there. */
+static int split_broken(const test_case *c, int k, int member, const double *mine)
+{
+    int64_t total = 0;
+    for (int b = 0; b < c->n_samples; b++) total += (int64_t)c->shape[b][0] * (c->shape[b][1] / 2) * (c->shape[b][2] / 2);
+    const int64_t lo = total * member / k, hi = total * (member + 1) / k;
+    int64_t start = 0, broken = 0;
+    for (int b = 0; b < c->n_samples; b++) {
+        const int64_t end = start + (int64_t)c->shape[b][0] * (c->shape[b][1] / 2) * (c->shape[b][2] / 2);
+        const int holds = start < hi && end > lo;
+        if (holds != (mine[b] != 0.0)) {
+            fprintf(stderr, "# member %d of %d: sample %d (rows %lld..%lld, slice %lld..%lld) has loss part %g\n",
+                    member, k, b, (long long)start, (long long)end, (long long)lo, (long long)hi, mine[b]);
+            broken = 1;
+        }
+        start = end;
+    }
+    return (int)broken;
+}
+
+/* One case with the group of k: 0 when every rank's group agrees with its k = 1 results. */
+static int check_case(model *m, const test_case *c, int k, const comm_info *info, double *worst_out)
+{
+    case_batch t;
+    make_batch(&t, m, c);
+    ulysses_result alone = ulysses_run(m, &t.batch, 1), grouped = ulysses_run(m, &t.batch, k);
+    char where[160];
+    double whole = 0, worst = ulysses_worst_difference(m, &grouped, &alone, c->n_samples, where, sizeof where, &whole);
+    int failed = !(worst <= 1.0);
+    if (failed)
+        fprintf(stderr, "# rank %d: %s, k = %d: %s differs by %.3g of its tolerance (loss %.9g, alone %.9g)\n",
+                info->rank, c->name, k, where, worst, grouped.loss, alone.loss);
+    failed |= split_broken(c, k, comm_group_rank(comm_group_get(k)), grouped.mine);
+    comm_allreduce_max_f64(&whole, 1);
+    *worst_out = whole;
+    ulysses_result_free(&alone);
+    ulysses_result_free(&grouped);
+    free_batch(&t);
+    return comm_allreduce_or_int(failed);
+}
+
+int main(int argc, char **argv)
+{
+    comm_info info = comm_init(&argc, &argv);
+    comm_groups_init(4);
+    deck config;
+    test_deck(&config);
+    model m;
+    random_model(&m, &config);
+    const int groups[2] = {2, 4};
+    if (info.rank == 0) printf("1..%d\n", 2 * N_CASES);
+    int failed = 0, test = 0;
+    for (int g = 0; g < 2; g++)
+        for (int c = 0; c < N_CASES; c++) {
+            const int k = groups[g];
+            test++;
+            if (k > info.n_ranks || info.n_ranks % k != 0) {
+                if (info.rank == 0) printf("ok %d - %s, k = %d # SKIP %d ranks\n", test, CASES[c].name, k, info.n_ranks);
+                continue;
+            }
+            double worst = 0;
+            const int bad = check_case(&m, &CASES[c], k, &info, &worst);
+            failed |= bad;
+            if (info.rank == 0)
+                printf("%s %d - %s, k = %d on %d ranks: loss, per-sample losses and the weight gradient summed over "
+                       "the group equal k = 1's within %g relative (gradient: %.2g), each tensor within %g; each "
+                       "member's loss parts follow its video slice\n",
+                       bad ? "not ok" : "ok", test, CASES[c].name, k, info.n_ranks, ULYSSES_TOLERANCE, worst,
+                       ULYSSES_TENSOR_TOLERANCE);
+        }
+    model_free(&m);
+    comm_finalize();
+    return failed;
+}
