@@ -5,7 +5,7 @@
 # sp = auto), at the baseline's batch within 6% and 1.1x its bound on groups of up to 8, the 720p clip over one
 # rank's budget (the bucket baselines cannot take it); at 8 and 1,024 ranks; the shard modes; the captions' lengths
 # counted; recompute = none refused; aldit-store synth with the spec's caption lengths; aldit --check on 8 ranks
-# prints the plan; training with device = cuda where no GPU is visible is refused.
+# prints the plan, groups included; training with device = cuda where no GPU is visible is refused.
 . "$top_srcdir/tests/tap.sh"
 MPIEXEC=${MPIEXEC:-mpirun}
 deck="$top_srcdir/inputs/hunyuanvideo15.ini"
@@ -87,8 +87,9 @@ status=$?
 grep -q '^  device     cuda: GPU none on this node: planned as GPUs of balance.device_mem = 80.0 GiB each' "$work/check.log" &&
     grep -q '^  state      shard = full over 8 rank(s)' "$work/check.log" &&
     grep -q '^  balancer   global: ' "$work/check.log" &&
-    grep -q '^  groups     none: model.family = hunyuanvideo15 has no sequence parallelism yet' "$work/check.log"
-tap_is "aldit --check on 8 ranks: exit 0, the plan (the GPU model's memory, shard = full; no groups: the family has no sequence parallelism yet)" "$status:$?" "0:0"
+    grep -q '^  groups     sp up to 8 ranks: k=1 .*, k=[248] ' "$work/check.log" &&
+    ! grep -q '^  groups     none' "$work/check.log"
+tap_is "aldit --check on 8 ranks: exit 0, the plan (the GPU model's memory, shard = full; the 720p clip on a group: the family runs sequence-parallel groups)" "$status:$?" "0:0"
 tap_is "aldit --check prints the resolved deck: device = cuda, sp = auto" \
     "$(grep -c '^device  *= cuda$\|^sp  *= auto$' "$work/check.out")" "2"
 

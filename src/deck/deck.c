@@ -192,8 +192,7 @@ static const deck_key deck_keys[] = {
     {KEY("balance", "sp", KEY_INT, balance.sp), .min = 2, .max = 1024, .zero_word = "auto", .one_word = "off",
      .default_text = "off",
      .help = "sequence parallelism (global strategy): the largest group of ranks the balancer may give one sample, "
-             "a power of two; auto = as large as the heads and ranks_per_node allow; off = every sample on one rank; a "
-             "family without sequence parallelism yet (hunyuanvideo15) trains with it off"},
+             "a power of two; auto = as large as the heads and ranks_per_node allow; off = every sample on one rank"},
     {KEY("balance", "sp_bandwidth", KEY_DOUBLE, balance.sp_bandwidth), .min = 0, .min_open = 1, .max = 1e6,
      .default_text = "300", .help = "all-to-all bandwidth within a group, GB/s: the exchange's cost in cost_k(S)"},
     {KEY("balance", "lengths", KEY_STRING, balance.lengths), .default_text = "",

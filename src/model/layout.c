@@ -156,7 +156,7 @@ static const family_table families[] = {
                     offsetof(model_layout, time_in.weight), 1, 1},
     [FAMILY_HUNYUANVIDEO15] = {mmdit_tensors, (int)(sizeof mmdit_tensors / sizeof mmdit_tensors[0]),
                                offsetof(model_layout, mmdit_block), "transformer_blocks.", 1,
-                               offsetof(model_layout, mmdit.time_1.weight), 0, 0},
+                               offsetof(model_layout, mmdit.time_1.weight), 0, 1},
 };
 _Static_assert(sizeof wan_tensors / sizeof wan_tensors[0] <= LAYOUT_MAX_TENSORS, "LAYOUT_MAX_TENSORS holds Wan's table");
 _Static_assert(sizeof mmdit_tensors / sizeof mmdit_tensors[0] <= LAYOUT_MAX_TENSORS,

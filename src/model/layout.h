@@ -118,7 +118,7 @@ typedef struct {
 /* 1 when the family has a GPU model (wan: cuda/model_gpu.cu; hunyuanvideo15: cuda/mmdit_gpu.cu), 0 when it
    runs on the CPU only ([run] device = auto then means cpu). */
 int layout_family_on_gpu(deck_family family);
-/* 1 when the family's models run a micro-batch on a sequence-parallel group (wan), 0 when not yet (hunyuanvideo15):
+/* 1 when the family's models run a micro-batch on a sequence-parallel group (wan, hunyuanvideo15), 0 when not yet:
    training then plans no groups ([balance] sp runs as off), while aldit-sim still plans them. */
 int layout_family_sequence_parallel(deck_family family);
 /* How a family's attention sees the text, for the balancer's cost by length (docs/balancer.md): joint_text 1 where the

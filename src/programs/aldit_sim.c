@@ -540,7 +540,7 @@ int main(int argc, char **argv)
                    "exchange at %g GB/s\n", sp_text, balance_sp_limit(&config, args.n_ranks),
                    config.model.num_heads, config.balance.ranks_per_node, config.balance.sp_bandwidth);
         if (config.balance.sp != 1 && !layout_family_sequence_parallel(config.model.family))
-            printf("  (planned as if model.family = %s ran groups: its models do not yet, and training runs it with "
+            printf("  (planned as if model.family = %s ran groups: its models do not, and training runs it with "
                    "balance.sp = off)\n", deck_family_name(config.model.family));
         printf("%-13s %6s %9s %9s %9s %11s %11s %8s %8s %8s %9s %11s\n", "strategy", "steps", "samples/", "imbalance",
                "(predict)", "epoch_time", "lower_bound", "vs_bound", "mem_util", "mem_peak", "micro/rk", "balancer");

@@ -265,7 +265,7 @@ static epoch_plan plan_epoch(const deck *config, const balance_sample *samples, 
 static void print_groups_line(FILE *out, const epoch_plan *epoch, const deck *config, int n_ranks)
 {
     if (!layout_family_sequence_parallel(config->model.family) && balance_sp_limit(config, n_ranks) > 1)
-        fprintf(out, "  groups     none: model.family = %s has no sequence parallelism yet ([balance] sp runs as off; "
+        fprintf(out, "  groups     none: model.family = %s runs no sequence-parallel groups ([balance] sp runs as off; "
                 "aldit-sim plans the groups)\n", deck_family_name(config->model.family));
     if (epoch->sp_max <= 1 || epoch->steps == 0) return;
     fprintf(out, "  groups     sp up to %d ranks:", epoch->sp_max);
@@ -1521,7 +1521,7 @@ static void setup_groups(trainer *t)
     while (largest * 2 <= t->info->n_ranks && t->config->model.num_heads % (largest * 2) == 0) largest *= 2;
     if (!layout_family_sequence_parallel(t->config->model.family)) {
         if (t->info->rank == 0 && balance_sp_limit(t->config, t->info->n_ranks) > 1)
-            printf("aldit: model.family = %s has no sequence parallelism yet: [balance] sp runs as off (a sample over "
+            printf("aldit: model.family = %s runs no sequence-parallel groups: [balance] sp runs as off (a sample over "
                    "one rank's memory is refused, or skipped with balance.oversize = skip; aldit-sim still plans the "
                    "groups)\n", deck_family_name(t->config->model.family));
         largest = 1;
