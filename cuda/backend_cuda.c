@@ -174,17 +174,22 @@ static double attention_buffer_for(const deck *config, const model *table, capac
 /* The GPU model's buffers of a sequence-parallel group (layout_gpu_split_bytes), which it keeps apart from the
    workspace: the most any sample the balancer may put on a group of k = 2 ... sp_max ranks under `budget` needs
    (a sample goes on a group of k only where its ceil(S / k) rows fit the budget, cost_model_mem_split; its buffers
-   shrink as k grows, so for each k the longest such sample counts). 0 where no group can form (sp_max 1). */
+   shrink as k grows, so for each k the longest such sample counts: by its tokens S, or for hunyuanvideo15 by its
+   joint length S + L, the formula's length there). 0 where no group can form (sp_max 1, or a family that trains
+   without groups, layout_family_sequence_parallel). */
 static double split_reserve(const deck *config, const cost_model *cm, const model *table,
                             const balance_sample *samples, int64_t n_samples, double budget, int sp_max)
 {
     double most = 0.0;
-    if (table->family != FAMILY_WAN) return 0.0; /* the one family whose GPU model runs groups so far */
+    if (!layout_family_sequence_parallel(table->family)) return 0.0;
+    const int joint = table->family == FAMILY_HUNYUANVIDEO15;
     for (int k = 2; k <= sp_max; k *= 2) {
         int64_t longest = 0;
-        for (int64_t i = 0; i < n_samples; i++)
-            if (samples[i].tokens > longest && cost_model_mem_split(cm, samples[i].tokens, samples[i].text_len, k) <= budget)
-                longest = samples[i].tokens;
+        for (int64_t i = 0; i < n_samples; i++) {
+            const int64_t length = samples[i].tokens + (joint ? samples[i].text_len : 0);
+            if (length > longest && cost_model_mem_split(cm, samples[i].tokens, samples[i].text_len, k) <= budget)
+                longest = length;
+        }
         if (longest > 0)
             most = fmax(most, (double)layout_gpu_split_bytes(&table->layout, config->train.recompute, longest, 1, k));
     }

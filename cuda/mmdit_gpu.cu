@@ -79,10 +79,11 @@ __device__ __forceinline__ int sample_of(const int64_t *start, int n, int64_t ro
 // (c, p, q, r); past them the condition latent and the mask: zeros for a text-to-video sample, and for an
 // image-to-video one (i2v[b] = 1) x0's first latent frame in the condition channels and 1 in the mask on that frame
 // (the CPU model's put_condition); zeros in the GEMM's padding columns. x0_tokens and noise_tokens [N, patch_out]
-// fp32 in the same (c, p, q, r) order, the head's (channel-major).
+// fp32 in the same (c, p, q, r) order, the head's (channel-major). A member of a sequence-parallel group patchifies
+// its rows only: first[b] is the index within sample b of its first row here (NULL: 0, the whole micro-batch).
 struct patchify_args {
     const float *x0, *noise, *sigma;
-    const int64_t *token_start, *latent_start;
+    const int64_t *token_start, *latent_start, *first;
     const int32_t *shape, *i2v;
     int n_samples, out_dim, patch_t, patch_h, patch_w, patch_in, cols;
     int64_t n_tokens;
@@ -101,7 +102,7 @@ __global__ void patchify_kernel(const patchify_args a)
             continue;
         }
         const int b = sample_of(a.token_start, a.n_samples, token);
-        const int64_t local = token - a.token_start[b];
+        const int64_t local = token - a.token_start[b] + (a.first ? a.first[b] : 0);
         const int f = a.shape[3 * b], h = a.shape[3 * b + 1], w = a.shape[3 * b + 2];
         const int gh = h / a.patch_h, gw = w / a.patch_w;
         const int64_t fi = local / ((int64_t)gh * gw), hi = (local / gw) % gh, wi = local % gw;
@@ -301,6 +302,32 @@ __global__ void joint_scatter_kernel(const int32_t *map, int64_t n_joint, const 
     }
 }
 
+// The exchange of a sequence-parallel group: a member's rows of both streams (video [n_video, D], then text) split by
+// columns, part q [n][D/k] holding columns [q D/k, (q+1) D/k) (16-byte vectors: D/k a multiple of 8); and back.
+__global__ void split_streams_kernel(const uint4 *video, const uint4 *text, int64_t n_video, int64_t n, int vecs,
+                                     int parts, uint4 *out)
+{
+    const int part_vecs = vecs / parts;
+    FOR_EACH_INDEX(i, n * vecs) {
+        const int64_t r = i / vecs;
+        const int v = (int)(i % vecs);
+        out[((int64_t)(v / part_vecs) * n + r) * part_vecs + v % part_vecs] = r < n_video ? video[i] : text[i - n_video * vecs];
+    }
+}
+
+__global__ void join_streams_kernel(const uint4 *in, int64_t n_video, int64_t n, int vecs, int parts, uint4 *video,
+                                    uint4 *text)
+{
+    const int part_vecs = vecs / parts;
+    FOR_EACH_INDEX(i, n * vecs) {
+        const int64_t r = i / vecs;
+        const int v = (int)(i % vecs);
+        const uint4 value = in[((int64_t)(v / part_vecs) * n + r) * part_vecs + v % part_vecs];
+        if (r < n_video) video[i] = value;
+        else text[i - n_video * vecs] = value;
+    }
+}
+
 // The joint text: row r is source kind(map[r]) (0 Qwen, 1 ByT5, 2 image), its row row(map[r]), plus the kind's type
 // embedding (fp32 [3, dim]).
 constexpr int kKindShift = 29;
@@ -400,10 +427,21 @@ struct stream_saved {
     float *q_rstd, *k_rstd;                           // [n, H]
 };
 
+// A block's joint attention: q, k, v and the output in the joint layout, [rows, heads * head_dim] bf16, and the
+// log-sum-exps [rows, heads] fp32 (head-major [heads, rows] per sample on cuDNN); every head alone, a sequence-parallel
+// member's heads in a group. Their gradients: of the output, q, k and v.
+struct joint_tensors {
+    gpu_bf16 *q, *k, *v, *a;
+    float *lse;
+};
+
+struct joint_grads {
+    gpu_bf16 *o, *q, *k, *v;
+};
+
 struct block_saved {
     stream_saved v, t;               // video, text
-    gpu_bf16 *jq, *jk, *jv, *ja;     // [J, D] the joint layout
-    float *lse;                      // [J, H] (head-major [H, rows] per sample on cuDNN)
+    joint_tensors j;                 // [J, D], [J, H]
 };
 
 struct refiner_saved {
@@ -419,6 +457,34 @@ struct stream_scratch {
     gpu_bf16 *tq, *tk, *tv, *d_res, *d_h, *d_y, *d_t;   // [n, D]
     gpu_bf16 *d_ff;                                      // [n, F]
     float *d_mod;                                        // [6][B][D]
+};
+
+// Sequence parallelism (Ulysses) of the current micro-batch (model.h: batch->sp_size = k > 1): this member's slices
+// of both streams' rows, the exchange's counts, and the group buffers: the joint attention over every sample whole for
+// this member's heads (the head layout), in a device allocation of their own grown to the largest group micro-batch
+// seen (layout_gpu_split_bytes bounds it; the workspace holds the member's video rows and the whole joint text).
+struct group_state {
+    const seqpar_gpu_group *group;       // NULL: this rank alone
+    int k, p, capacity;                  // group size, this member, the host arrays' k
+    int64_t n_video, n_text;             // the micro-batch's video and joint text rows, whole
+    int64_t *video_slice, *text_slice;   // host [k + 1]: each member's first video and first text row
+    int64_t *counts;                     // host [4k]: an exchange's counts and displacements
+    int64_t *whole_tok, *whole_txt;      // host [B + 1]: the samples' rows in the whole micro-batch
+    int32_t *positions;                  // host [n_video, 3]: RoPE grid indices of every video row
+    int64_t positions_capacity;
+    int32_t *map_pinned;                 // host [n_joint]: the head layout's joint map (rows of `recv`, -1 a zero row)
+    int64_t map_capacity;
+    int64_t *tables_pinned;              // host [2B + 1]: first (each sample's first row here, within it), whole_pred
+    // device
+    char *arena;
+    size_t arena_bytes;
+    joint_tensors *sets;                 // [layers]: [n_joint, D/k], [n_joint, H/k]; one set under block recomputation
+    joint_grads grads;                   // [n_joint, D/k]
+    gpu_bf16 *recv;                      // [3][n_video + n_text][D/k]: every row in member order, this member's heads
+    gpu_bf16 *send;                      // [3][k][own rows][D/k]: this member's rows split by columns
+    float *latents, *noise;              // the micro-batch's samples whole
+    int64_t *tables;                     // tables_pinned on the device: first [B], whole_pred [B + 1]
+    int32_t *map;                        // map_pinned on the device
 };
 
 // Per-micro-batch tables (the same layout in pinned host memory and on the device).
@@ -466,7 +532,7 @@ struct mmdit_gpu {
     float *g_mean, *g_rstd, *i_mean, *i_rstd, *i_mean2, *i_rstd2;
     gpu_bf16 *x_final, *c_final, *head_h, *pred, *d_pred;
     float *head_mean, *head_rstd;
-    gpu_bf16 *d_jo, *d_jq, *d_jk, *d_jv;
+    joint_grads d_joint;                 // [J, D]
     gpu_bf16 *d_r, *d_g, *d_i, *d_rff, *d_g1, *d_g2, *d_gin, *d_i1, *d_iin;
     gpu_bf16 *w_pad;
     float *dw_pad;
@@ -480,9 +546,11 @@ struct mmdit_gpu {
     float *timesteps;                 // [B] host
     int *on_cudnn;                    // [B] host: the sample's joint attention runs on cuDNN
     int64_t *joint_start, *joint_rows;   // [B] host: its first joint row, rows (padded on cuDNN)
-    // the current micro-batch
+    // the current micro-batch: its video and joint text rows here (in a group this member's, from text_lo of the
+    // whole joint text), the caption sources' (whole), the joint layout's
     int n_samples, n_own;
-    int64_t n, n_text, n_qwen, n_byt5, n_image, n_joint, own_rows;
+    int64_t n, n_text, text_lo, n_qwen, n_byt5, n_image, n_joint, own_rows;
+    group_state sp;
     double enqueue_seconds;
 };
 
@@ -526,9 +594,9 @@ void carve_rest(carver &c, block_saved &s, const mmdit_gpu *mm)
 {
     carve_stream_rest(c, s.v, mm->N, mm->D, mm->F, mm->H);
     carve_stream_rest(c, s.t, mm->L, mm->D, mm->F, mm->H);
-    gpu_bf16 **joint[] = {&s.jq, &s.jk, &s.jv, &s.ja};
+    gpu_bf16 **joint[] = {&s.j.q, &s.j.k, &s.j.v, &s.j.a};
     for (gpu_bf16 **p : joint) *p = c.take<gpu_bf16>(mm->J * mm->D);
-    s.lse = c.take<float>(mm->J * mm->H);
+    s.j.lse = c.take<float>(mm->J * mm->H);
 }
 
 void carve_refiner(carver &c, refiner_saved &s, int64_t L, int64_t B, int64_t D, int64_t H)
@@ -630,7 +698,7 @@ void carve(mmdit_gpu *mm, carver &c)
     mm->head_mean = c.take<float>(N);
     mm->head_rstd = c.take<float>(N);
     // backward
-    gpu_bf16 **joint[] = {&mm->d_jo, &mm->d_jq, &mm->d_jk, &mm->d_jv};
+    gpu_bf16 **joint[] = {&mm->d_joint.o, &mm->d_joint.q, &mm->d_joint.k, &mm->d_joint.v};
     for (gpu_bf16 **p : joint) *p = c.take<gpu_bf16>(mm->J * D);
     gpu_bf16 **sources[] = {&mm->d_r, &mm->d_g, &mm->d_i};
     for (gpu_bf16 **p : sources) *p = c.take<gpu_bf16>(L * D);
@@ -806,6 +874,15 @@ extern "C" void mmdit_gpu_free(mmdit_gpu *mm)
     free(mm->on_cudnn);
     free(mm->joint_start);
     free(mm->saved);
+    group_state &sp = mm->sp;
+    if (sp.arena) CUDA_CHECK(cudaFree(sp.arena));
+    if (sp.map_pinned) CUDA_CHECK(cudaFreeHost(sp.map_pinned));
+    if (sp.tables_pinned) CUDA_CHECK(cudaFreeHost(sp.tables_pinned));
+    free(sp.video_slice);
+    free(sp.counts);
+    free(sp.whole_tok);
+    free(sp.positions);
+    free(sp.sets);
     free(mm);
 }
 
@@ -872,15 +949,13 @@ void row_tables(mmdit_gpu *mm, const model_batch *batch)
     mm->n_qwen = t.qwen[B];
     mm->n_byt5 = t.byt5[B];
     mm->n_image = t.image[B];
-    if (mm->n > mm->N || mm->n_text > mm->L)
-        ALDIT_FATAL("gpu model: a micro-batch of %lld tokens and %lld text rows exceeds the %lld and %lld the model was "
-                    "created for", (long long)mm->n, (long long)mm->n_text, (long long)mm->N, (long long)mm->L);
+    mm->text_lo = 0;
     const int64_t spans[6] = {0, mm->n_qwen, 0, mm->n_byt5, 0, mm->n_image};
     memcpy(t.spans, spans, sizeof spans);
 }
 
-// The joint layout (mmdit_gpu.h): samples on our own kernel packed from row 0, then those on cuDNN, each from a tile
-// boundary over its whole tiles; map[j] names the video or text row of joint row j (-1: a zero pad row).
+// The joint layout (mmdit_gpu.h) of the whole micro-batch: samples on our own kernel packed from row 0, then those on
+// cuDNN, each from a tile boundary over its whole tiles (where each sample's rows go; joint_map says which row is which).
 void joint_layout(mmdit_gpu *mm, const mmdit_gpu_env *env)
 {
     batch_tables &t = mm->host;
@@ -916,13 +991,39 @@ void joint_layout(mmdit_gpu *mm, const mmdit_gpu_env *env)
         at += (mm->joint_rows[b] + kTile - 1) / kTile * kTile;
     }
     mm->n_joint = at;
-    ALDIT_CHECK(mm->n_joint <= mm->J, "gpu model: the joint layout takes %lld rows, more than the %lld of the capacity",
-                (long long)mm->n_joint, (long long)mm->J);
-    for (int64_t j = 0; j < mm->n_joint; ++j) t.joint_map[j] = -1;
-    for (int b = 0; b < B; ++b) {
-        const int64_t S = t.tok[b + 1] - t.tok[b], L = t.txt[b + 1] - t.txt[b], first = mm->joint_start[b];
-        for (int64_t i = 0; i < S; ++i) t.joint_map[first + i] = (int32_t)(t.tok[b] + i);
-        for (int64_t i = 0; i < L; ++i) t.joint_map[first + S + i] = (int32_t)(mm->n + t.txt[b] + i);
+}
+
+// map[j] names the row joint row j reads (-1: a zero pad row): alone, video row r is row r and text row r row
+// n + r of the gather's sources; in a group (whole rows, this member's heads) the exchange's rows in member order,
+// member q's video rows then its text rows (see sp_to_heads): video row r of member q's slice is row text_slice[q] + r,
+// text row r row video_slice[q + 1] + r.
+void joint_map(const mmdit_gpu *mm, int32_t *map)
+{
+    const batch_tables &t = mm->host;
+    const group_state &sp = mm->sp;
+    const int64_t *tok = sp.group ? sp.whole_tok : t.tok, *txt = sp.group ? sp.whole_txt : t.txt;
+    for (int64_t j = 0; j < mm->n_joint; ++j) map[j] = -1;
+    int video_owner = 0, text_owner = 0;   // rows in order: each row's member only moves forward
+    for (int b = 0; b < mm->n_samples; ++b) {
+        const int64_t S = tok[b + 1] - tok[b], L = txt[b + 1] - txt[b], first = mm->joint_start[b];
+        for (int64_t i = 0; i < S; ++i) {
+            const int64_t r = tok[b] + i;
+            if (!sp.group) {
+                map[first + i] = (int32_t)r;
+                continue;
+            }
+            while (r >= sp.video_slice[video_owner + 1]) ++video_owner;
+            map[first + i] = (int32_t)(sp.text_slice[video_owner] + r);
+        }
+        for (int64_t i = 0; i < L; ++i) {
+            const int64_t r = txt[b] + i;
+            if (!sp.group) {
+                map[first + S + i] = (int32_t)(mm->n + r);
+                continue;
+            }
+            while (r >= sp.text_slice[text_owner + 1]) ++text_owner;
+            map[first + S + i] = (int32_t)(sp.video_slice[text_owner + 1] + r);
+        }
     }
 }
 
@@ -945,25 +1046,200 @@ void copy_in(float *pinned_rows, float *device_rows, const float *src, int64_t n
     CUDA_CHECK(cudaMemcpyAsync(device_rows, pinned_rows, (size_t)n * sizeof(float), cudaMemcpyHostToDevice, stream));
 }
 
-// Check and lay out the batch, fill the pinned tables and inputs and queue their copies.
+// The rows this rank holds against its capacity: its video rows (in a group its member's slice) and the whole joint
+// text (every member runs the caption sources and the token refiner over all of it).
+void check_capacity(const mmdit_gpu *mm, int64_t video_rows, int64_t text_rows)
+{
+    if (video_rows > mm->N || text_rows > mm->L)
+        ALDIT_FATAL("gpu model: a micro-batch of %lld tokens%s and %lld text rows exceeds the %lld and %lld the model was "
+                    "created for", (long long)video_rows, mm->sp.group ? " on this member of its group" : "",
+                    (long long)text_rows, (long long)mm->N, (long long)mm->L);
+}
+
+// ---- sequence parallelism: the member's slices and the group buffers ---------------------------------------------
+
+// The host arrays of a group of k members for micro-batches of up to B samples (grown once).
+void sp_host_arrays(mmdit_gpu *mm, int k)
+{
+    group_state &sp = mm->sp;
+    if (k > sp.capacity) {
+        sp.capacity = k;
+        sp.video_slice = static_cast<int64_t *>(xrealloc(sp.video_slice, 2 * (size_t)(k + 1) * sizeof(int64_t)));
+        sp.counts = static_cast<int64_t *>(xrealloc(sp.counts, 4 * (size_t)k * sizeof(int64_t)));
+    }
+    sp.text_slice = sp.video_slice + sp.capacity + 1;
+    if (!sp.whole_tok) {
+        sp.whole_tok = static_cast<int64_t *>(xmalloc(2 * (size_t)(mm->B + 1) * sizeof(int64_t)));
+        sp.whole_txt = sp.whole_tok + mm->B + 1;
+        sp.tables_pinned = pinned<int64_t>(2 * (int64_t)mm->B + 1);
+        sp.sets = static_cast<joint_tensors *>(xcalloc((size_t)(mm->layers > 0 ? mm->layers : 1), sizeof(joint_tensors)));
+    }
+}
+
+// RoPE positions of this member's video rows: each row's grid indices within its whole sample.
+void sp_positions(mmdit_gpu *mm, int64_t video_lo, int64_t n_video)
+{
+    group_state &sp = mm->sp;
+    const int B = mm->n_samples;
+    if (sp.n_video > sp.positions_capacity) {
+        sp.positions_capacity = sp.n_video;
+        sp.positions = static_cast<int32_t *>(xrealloc(sp.positions, (size_t)sp.n_video * 3 * sizeof(int32_t)));
+    }
+    cpu_rope_positions(B, mm->grid, mm->grid + B, mm->grid + 2 * B, sp.positions);
+    memcpy(mm->host.positions, sp.positions + 3 * video_lo, (size_t)(3 * n_video) * sizeof(int32_t));
+}
+
+// With the whole micro-batch's tables and joint layout in place: this member's slices (model.h: video rows
+// [p Tv/k, (p+1) Tv/k), joint text rows [p Tt/k, (p+1) Tt/k)), the head layout's joint map, the RoPE positions of its
+// video rows, the samples' rows here (tok, txt, pred_start: clamped) and the device tables' host side (each sample's
+// first video row here, within it; its whole element offsets for the loss). mm->n and mm->n_text become the
+// member's rows.
+void sp_slice(mmdit_gpu *mm, const model_batch *batch)
+{
+    group_state &sp = mm->sp;
+    batch_tables &t = mm->host;
+    const int B = mm->n_samples;
+    sp.k = batch->sp_size;
+    sp.p = batch->sp_rank;
+    sp_host_arrays(mm, sp.k);
+    sp.n_video = mm->n;
+    sp.n_text = mm->n_text;
+    for (int q = 0; q <= sp.k; ++q) {
+        sp.video_slice[q] = sp.n_video * q / sp.k;
+        sp.text_slice[q] = sp.n_text * q / sp.k;
+    }
+    const int64_t video_lo = sp.video_slice[sp.p], n_video = sp.video_slice[sp.p + 1] - video_lo;
+    const int64_t text_lo = sp.text_slice[sp.p], n_text = sp.text_slice[sp.p + 1] - text_lo;
+    check_capacity(mm, n_video, sp.n_text);
+    memcpy(sp.whole_tok, t.tok, (size_t)(B + 1) * sizeof(int64_t));
+    memcpy(sp.whole_txt, t.txt, (size_t)(B + 1) * sizeof(int64_t));
+    if (mm->n_joint > sp.map_capacity) {
+        if (sp.map_pinned) CUDA_CHECK(cudaFreeHost(sp.map_pinned));
+        sp.map_pinned = pinned<int32_t>(mm->n_joint);
+        sp.map_capacity = mm->n_joint;
+    }
+    joint_map(mm, sp.map_pinned);
+    sp_positions(mm, video_lo, n_video);
+    int64_t *first = sp.tables_pinned, *whole_pred = first + B;
+    for (int b = 0; b <= B; ++b) {
+        const int64_t row = sp.whole_tok[b] - video_lo, text_row = sp.whole_txt[b] - text_lo;
+        t.tok[b] = row < 0 ? 0 : row > n_video ? n_video : row;
+        t.txt[b] = text_row < 0 ? 0 : text_row > n_text ? n_text : text_row;
+        t.pred_start[b] = t.tok[b] * mm->patch_out;
+        whole_pred[b] = sp.whole_tok[b] * mm->patch_out;
+        if (b < B) first[b] = video_lo + t.tok[b] - sp.whole_tok[b];
+    }
+    mm->n = n_video;
+    mm->n_text = n_text;
+    mm->text_lo = text_lo;
+}
+
+// The group buffers of this micro-batch (c.base NULL: count the bytes): the pieces layout_gpu_split_bytes counts for
+// the family, in its order. Per block (one set under block recomputation, which re-runs the exchange with the block)
+// the joint layout's q, k, v, output and log-sum-exps at this member's heads; their gradients; the exchange's rows.
+void carve_sp(mmdit_gpu *mm, carver &c)
+{
+    group_state &sp = mm->sp;
+    const int64_t J = mm->n_joint, Dk = mm->D / sp.k, Hk = mm->H / sp.k, T = sp.n_video + sp.n_text;
+    const int sets = mm->recompute == GPU_RECOMPUTE_BLOCK ? 1 : mm->layers;
+    for (int l = 0; l < mm->layers; ++l) {
+        joint_tensors &j = sp.sets[l];
+        if (l >= sets) {
+            j = sp.sets[0];
+            continue;
+        }
+        gpu_bf16 **tensors[] = {&j.q, &j.k, &j.v, &j.a};
+        for (gpu_bf16 **p : tensors) *p = c.take<gpu_bf16>(J * Dk);
+        j.lse = c.take<float>(J * Hk);
+    }
+    gpu_bf16 **grads[] = {&sp.grads.o, &sp.grads.q, &sp.grads.k, &sp.grads.v};
+    for (gpu_bf16 **p : grads) *p = c.take<gpu_bf16>(J * Dk);
+    sp.recv = c.take<gpu_bf16>(3 * T * Dk);
+    sp.send = c.take<gpu_bf16>(3 * (mm->n + mm->n_text) * mm->D);
+    const int64_t values = mm->host.latent_start[mm->n_samples];
+    sp.latents = c.take<float>(values);
+    sp.noise = c.take<float>(values);
+    sp.tables = c.take<int64_t>(2 * (int64_t)mm->n_samples + 1);
+    sp.map = c.take<int32_t>(J);
+}
+
+// Grow the group buffers' allocation to this micro-batch (cudaMalloc: the device is waited for then) and carve it.
+void sp_buffers(mmdit_gpu *mm)
+{
+    group_state &sp = mm->sp;
+    const int64_t Hk = mm->H / sp.k, T = sp.n_video + sp.n_text;
+    if (attention_bwd_workspace_bytes(mm->own_rows, (int)Hk) > mm->scratch_bytes)
+        ALDIT_FATAL("gpu model (hunyuanvideo15): a micro-batch of %lld tokens and %lld text rows on a group of %d ranks "
+                    "needs more attention scratch than the model's capacity gives", (long long)sp.n_video,
+                    (long long)sp.n_text, sp.k);
+    carver count = {nullptr, 0};
+    carve_sp(mm, count);
+    // the plan kept room for it by the layout's formula (its cuDNN term is the attention buffer's, apart)
+    const deck_recompute mode = mm->recompute == GPU_RECOMPUTE_BLOCK ? RECOMPUTE_BLOCK : RECOMPUTE_NONE;
+    const int64_t cudnn = 4 * Hk * layout_mmdit_joint_rows(T, mm->n_samples, 0) * (mm->hd + 1);
+    const int64_t planned = layout_gpu_split_bytes(&mm->layout, mode, T, mm->n_samples, sp.k) - cudnn;
+    ALDIT_CHECK((int64_t)count.used <= planned, "gpu model (hunyuanvideo15): the group buffers of a micro-batch of %lld "
+                "joint rows on %d ranks take %zu bytes, the memory formula (layout_gpu_split_bytes) says %lld",
+                (long long)T, sp.k, count.used, (long long)planned);
+    if (count.used > sp.arena_bytes) {
+        CUDA_CHECK(cudaFree(sp.arena));
+        CUDA_CHECK(cudaMalloc(&sp.arena, count.used));
+        CUDA_CHECK(cudaMemset(sp.arena, 0, count.used));   // finite values where a loopback group leaves parts unsent
+        sp.arena_bytes = count.used;
+    }
+    carver assign = {sp.arena, 0};
+    carve_sp(mm, assign);
+}
+
+// The device tables of the slice, the joint map and the whole samples' latents and noise, queued on `stream` (the
+// batch's arrays are the caller's pageable memory: the copies are staged by the driver).
+void sp_copy_inputs(mmdit_gpu *mm, const model_batch *batch, cudaStream_t stream)
+{
+    const group_state &sp = mm->sp;
+    const int B = mm->n_samples;
+    const size_t latent_bytes = (size_t)mm->host.latent_start[B] * sizeof(float);
+    CUDA_CHECK(cudaMemcpyAsync(sp.tables, sp.tables_pinned, (2 * (size_t)B + 1) * sizeof(int64_t),
+                               cudaMemcpyHostToDevice, stream));
+    CUDA_CHECK(cudaMemcpyAsync(sp.map, sp.map_pinned, (size_t)mm->n_joint * sizeof(int32_t), cudaMemcpyHostToDevice,
+                               stream));
+    CUDA_CHECK(cudaMemcpyAsync(sp.latents, batch->latents, latent_bytes, cudaMemcpyHostToDevice, stream));
+    CUDA_CHECK(cudaMemcpyAsync(sp.noise, batch->noise, latent_bytes, cudaMemcpyHostToDevice, stream));
+}
+
+// Check and lay out the batch, fill the pinned tables and inputs and queue their copies. In a group (env->group,
+// which model_gpu.cu resolved and checked as for Wan) the tables are this member's rows and the joint layout's the
+// whole micro-batch's.
 void stage(mmdit_gpu *mm, const mmdit_gpu_env *env, const model_batch *batch, cudaStream_t stream)
 {
     const int B = batch->n_samples;
     ALDIT_CHECK(B > 0, "model: a micro-batch needs at least one sample (got %d)", B);
     if (B > mm->B)
         ALDIT_FATAL("gpu model: a micro-batch of %d samples exceeds the %d the model was created for", B, mm->B);
-    if (batch->sp_size > 1)
-        ALDIT_FATAL_CODE(ALDIT_EXIT_USAGE, "model: model.family = hunyuanvideo15 has no sequence parallelism yet: set "
-                         "[balance] sp = off");
+    ALDIT_CHECK(batch->sp_size <= 1 || env->group, "gpu model (hunyuanvideo15): a micro-batch for a group of %d ranks "
+                "without the group's communicator", batch->sp_size);
+    mm->sp.group = batch->sp_size > 1 ? env->group : nullptr;
     row_tables(mm, batch);
+    check_capacity(mm, mm->sp.group ? 0 : mm->n, mm->n_text);   // a member's video rows: at its slice (sp_slice)
     joint_layout(mm, env);
     text_map(mm);
-    cpu_rope_positions(B, mm->grid, mm->grid + B, mm->grid + 2 * B, mm->host.positions);
+    if (mm->sp.group) {
+        sp_slice(mm, batch);
+        sp_buffers(mm);
+    } else {
+        ALDIT_CHECK(mm->n_joint <= mm->J, "gpu model: the joint layout takes %lld rows, more than the %lld of the "
+                    "capacity", (long long)mm->n_joint, (long long)mm->J);
+        joint_map(mm, mm->host.joint_map);
+        cpu_rope_positions(B, mm->grid, mm->grid + B, mm->grid + 2 * B, mm->host.positions);
+    }
     cpu_sinusoidal_embedding(mm->timesteps, B, mm->FQ, mm->host.sinusoid);
     CUDA_CHECK(cudaMemcpyAsync(mm->dev.tok, mm->tables_pinned, mm->tables_bytes, cudaMemcpyHostToDevice, stream));
-    const int64_t values = mm->host.latent_start[B];
-    copy_in(mm->latents_pinned, mm->latents, batch->latents, values, stream);
-    copy_in(mm->noise_pinned, mm->noise, batch->noise, values, stream);
+    if (mm->sp.group) {
+        sp_copy_inputs(mm, batch, stream);
+    } else {
+        const int64_t values = mm->host.latent_start[B];
+        copy_in(mm->latents_pinned, mm->latents, batch->latents, values, stream);
+        copy_in(mm->noise_pinned, mm->noise, batch->noise, values, stream);
+    }
     copy_in(mm->text_pinned, mm->text_f32, batch->text, mm->n_qwen * mm->T, stream);
     if (mm->n_byt5 > 0) copy_in(mm->text2_pinned, mm->text2_f32, batch->text_2, mm->n_byt5 * mm->T2, stream);
     if (mm->n_image > 0) copy_in(mm->image_pinned, mm->image_f32, batch->image, mm->n_image * mm->IM, stream);
@@ -1013,68 +1289,207 @@ void gated_residual_bwd(const gpu_bf16 *dout, const gpu_bf16 *y, const float *ga
     LAUNCH(gate_sum_kernel, (int64_t)B * D, dout, y, start, B, D, dgate);
 }
 
-void joint_gather(const mmdit_gpu *mm, const gpu_bf16 *video, const gpu_bf16 *text, gpu_bf16 *joint, cudaStream_t stream)
+// The joint layout's rows [n_joint, width] from the map's sources: row map[j] of video (< n_video) or of text (the
+// rest, from n_video on); zeros for the pad rows. Alone the sources are the two streams' rows at every head (the
+// workspace's map, width D); in a group the exchange's rows in member order at this member's heads (the group's map,
+// width D/k: video and text are then the same buffer).
+void joint_gather(const mmdit_gpu *mm, const int32_t *map, const gpu_bf16 *video, const gpu_bf16 *text,
+                  int64_t n_video, int width, gpu_bf16 *joint, cudaStream_t stream)
 {
-    const int vecs = mm->D / 8;
-    LAUNCH(joint_gather_kernel, mm->n_joint * vecs, mm->dev.joint_map, mm->n_joint, reinterpret_cast<const uint4 *>(video),
-           reinterpret_cast<const uint4 *>(text), mm->n, vecs, reinterpret_cast<uint4 *>(joint));
+    const int vecs = width / 8;
+    LAUNCH(joint_gather_kernel, mm->n_joint * vecs, map, mm->n_joint, reinterpret_cast<const uint4 *>(video),
+           reinterpret_cast<const uint4 *>(text), n_video, vecs, reinterpret_cast<uint4 *>(joint));
 }
 
-void joint_scatter(const mmdit_gpu *mm, const gpu_bf16 *joint, gpu_bf16 *video, gpu_bf16 *text, cudaStream_t stream)
+void joint_scatter(const mmdit_gpu *mm, const int32_t *map, const gpu_bf16 *joint, int64_t n_video, int width,
+                   gpu_bf16 *video, gpu_bf16 *text, cudaStream_t stream)
 {
-    const int vecs = mm->D / 8;
-    LAUNCH(joint_scatter_kernel, mm->n_joint * vecs, mm->dev.joint_map, mm->n_joint, reinterpret_cast<const uint4 *>(joint),
-           mm->n, vecs, reinterpret_cast<uint4 *>(video), reinterpret_cast<uint4 *>(text));
+    const int vecs = width / 8;
+    LAUNCH(joint_scatter_kernel, mm->n_joint * vecs, map, mm->n_joint, reinterpret_cast<const uint4 *>(joint), n_video,
+           vecs, reinterpret_cast<uint4 *>(video), reinterpret_cast<uint4 *>(text));
 }
 
-// The joint attention of a block: our own kernel over the packed samples, cuDNN over the others' whole tiles.
-void joint_attention_fwd(const mmdit_gpu *mm, const mmdit_gpu_env *env, block_saved &s, cudaStream_t stream)
+// Sample b's joint rows S + L, whole (in a group too).
+int64_t joint_length(const mmdit_gpu *mm, int b)
 {
-    const int H = mm->H, hd = mm->hd;
-    if (mm->n_own > 0)
-        attention_fwd(s.jq, s.jk, s.jv, H, hd, mm->dev.own, mm->dev.own, mm->n_own, mm->own_rows, mm->own_rows, s.ja,
-                      s.lse, stream);
-#ifdef HAVE_CUDNN
     const batch_tables &t = mm->host;
+    const group_state &sp = mm->sp;
+    const int64_t *tok = sp.group ? sp.whole_tok : t.tok, *txt = sp.group ? sp.whole_txt : t.txt;
+    return tok[b + 1] - tok[b] + txt[b + 1] - txt[b];
+}
+
+// The joint attention of a block at `heads` heads (every head alone; a member's H/k in a group): our own kernel over
+// the packed samples, cuDNN over the others' whole tiles.
+void joint_attention_fwd(const mmdit_gpu *mm, const mmdit_gpu_env *env, const joint_tensors &j, int heads,
+                         cudaStream_t stream)
+{
+    const int hd = mm->hd;
+    if (mm->n_own > 0)
+        attention_fwd(j.q, j.k, j.v, heads, hd, mm->dev.own, mm->dev.own, mm->n_own, mm->own_rows, mm->own_rows, j.a,
+                      j.lse, stream);
+#ifdef HAVE_CUDNN
     for (int b = 0; b < mm->n_samples; ++b) {
         if (!mm->on_cudnn[b]) continue;
-        const int64_t first = mm->joint_start[b], at = first * mm->D, padded = mm->joint_rows[b];
-        const int64_t rows = t.tok[b + 1] - t.tok[b] + t.txt[b + 1] - t.txt[b];
+        const int64_t first = mm->joint_start[b], at = first * heads * hd, padded = mm->joint_rows[b];
+        const int64_t rows = joint_length(mm, b);
         if (padded > rows)
-            attention_cudnn_fwd_padded(env->cudnn, s.jq + at, s.jk + at, s.jv + at, rows, padded, H, hd, s.ja + at,
-                                       s.lse + first * H, stream);
+            attention_cudnn_fwd_padded(env->cudnn, j.q + at, j.k + at, j.v + at, rows, padded, heads, hd, j.a + at,
+                                       j.lse + first * heads, stream);
         else
-            attention_cudnn_fwd(env->cudnn, s.jq + at, s.jk + at, s.jv + at, rows, H, hd, s.ja + at, s.lse + first * H,
-                                stream);
+            attention_cudnn_fwd(env->cudnn, j.q + at, j.k + at, j.v + at, rows, heads, hd, j.a + at,
+                                j.lse + first * heads, stream);
     }
 #else
     (void)env;
 #endif
 }
 
-void joint_attention_bwd(const mmdit_gpu *mm, const mmdit_gpu_env *env, const block_saved &s, cudaStream_t stream)
+void joint_attention_bwd(const mmdit_gpu *mm, const mmdit_gpu_env *env, const joint_tensors &j, const joint_grads &g,
+                         int heads, cudaStream_t stream)
 {
-    const int H = mm->H, hd = mm->hd;
+    const int hd = mm->hd;
     if (mm->n_own > 0)
-        attention_bwd(s.jq, s.jk, s.jv, s.ja, mm->d_jo, s.lse, H, hd, mm->dev.own, mm->dev.own, mm->n_own, mm->own_rows,
-                      mm->own_rows, mm->d_jq, mm->d_jk, mm->d_jv, mm->scratch, stream);
+        attention_bwd(j.q, j.k, j.v, j.a, g.o, j.lse, heads, hd, mm->dev.own, mm->dev.own, mm->n_own, mm->own_rows,
+                      mm->own_rows, g.q, g.k, g.v, mm->scratch, stream);
 #ifdef HAVE_CUDNN
-    const batch_tables &t = mm->host;
     for (int b = 0; b < mm->n_samples; ++b) {
         if (!mm->on_cudnn[b]) continue;
-        const int64_t first = mm->joint_start[b], at = first * mm->D, padded = mm->joint_rows[b];
-        const int64_t rows = t.tok[b + 1] - t.tok[b] + t.txt[b + 1] - t.txt[b];
+        const int64_t first = mm->joint_start[b], at = first * heads * hd, padded = mm->joint_rows[b];
+        const int64_t rows = joint_length(mm, b);
         if (padded > rows)
-            attention_cudnn_bwd_padded(env->cudnn, s.jq + at, s.jk + at, s.jv + at, s.ja + at, mm->d_jo + at,
-                                       s.lse + first * H, rows, padded, H, hd, mm->d_jq + at, mm->d_jk + at,
-                                       mm->d_jv + at, stream);
+            attention_cudnn_bwd_padded(env->cudnn, j.q + at, j.k + at, j.v + at, j.a + at, g.o + at,
+                                       j.lse + first * heads, rows, padded, heads, hd, g.q + at, g.k + at, g.v + at,
+                                       stream);
         else
-            attention_cudnn_bwd(env->cudnn, s.jq + at, s.jk + at, s.jv + at, s.ja + at, mm->d_jo + at, s.lse + first * H,
-                                rows, H, hd, mm->d_jq + at, mm->d_jk + at, mm->d_jv + at, stream);
+            attention_cudnn_bwd(env->cudnn, j.q + at, j.k + at, j.v + at, j.a + at, g.o + at, j.lse + first * heads,
+                                rows, heads, hd, g.q + at, g.k + at, g.v + at, stream);
     }
 #else
     (void)env;
 #endif
+}
+
+// ---- sequence parallelism: the exchange over heads (Ulysses) ---------------------------------------------------
+
+// Member q's rows in the exchange's member order: its video slice, then its text slice.
+int64_t member_rows(const group_state &sp, int q)
+{
+    return sp.video_slice[q + 1] - sp.video_slice[q] + sp.text_slice[q + 1] - sp.text_slice[q];
+}
+
+int64_t member_first(const group_state &sp, int q) { return sp.video_slice[q] + sp.text_slice[q]; }
+
+// The member's rows of n tensors of both streams (video[i] [n, D], text[i] [n_text, D]) -> recv[i] [Tv + Tt, D/k] (every
+// row in member order, this member's heads): columns [q D/k, (q+1) D/k) of its rows go to member q, which places them
+// at this member's rows.
+void sp_to_heads(mmdit_gpu *mm, const gpu_bf16 *const *video, const gpu_bf16 *const *text, gpu_bf16 *const *recv,
+                 int n, cudaStream_t stream)
+{
+    group_state &sp = mm->sp;
+    const int k = sp.k, vecs = mm->D / 8;
+    const int64_t rows = mm->n + mm->n_text, Dk = mm->D / k;
+    const gpu_bf16 *send[3];
+    for (int i = 0; i < n; ++i) {
+        gpu_bf16 *packed = sp.send + i * rows * mm->D;
+        LAUNCH(split_streams_kernel, rows * vecs, reinterpret_cast<const uint4 *>(video[i]),
+               reinterpret_cast<const uint4 *>(text[i]), mm->n, rows, vecs, k, reinterpret_cast<uint4 *>(packed));
+        send[i] = packed;
+    }
+    int64_t *c = sp.counts;
+    for (int q = 0; q < k; ++q) {
+        c[q] = rows * Dk;
+        c[k + q] = q * rows * Dk;
+        c[2 * k + q] = member_rows(sp, q) * Dk;
+        c[3 * k + q] = member_first(sp, q) * Dk;
+    }
+    seqpar_gpu_alltoall_bf16(sp.group, n, send, c, c + k, recv, c + 2 * k, c + 3 * k, stream);
+}
+
+// The reverse of sp_to_heads: recv[i] [Tv + Tt, D/k] -> the member's rows video[i] [n, D], text[i] [n_text, D].
+void sp_to_tokens(mmdit_gpu *mm, const gpu_bf16 *const *recv, gpu_bf16 *const *video, gpu_bf16 *const *text, int n,
+                  cudaStream_t stream)
+{
+    group_state &sp = mm->sp;
+    const int k = sp.k, vecs = mm->D / 8;
+    const int64_t rows = mm->n + mm->n_text, Dk = mm->D / k;
+    gpu_bf16 *back[3];
+    for (int i = 0; i < n; ++i) back[i] = sp.send + i * rows * mm->D;
+    int64_t *c = sp.counts;
+    for (int q = 0; q < k; ++q) {
+        c[q] = member_rows(sp, q) * Dk;
+        c[k + q] = member_first(sp, q) * Dk;
+        c[2 * k + q] = rows * Dk;
+        c[3 * k + q] = q * rows * Dk;
+    }
+    seqpar_gpu_alltoall_bf16(sp.group, n, recv, c, c + k, back, c + 2 * k, c + 3 * k, stream);
+    for (int i = 0; i < n; ++i)
+        LAUNCH(join_streams_kernel, rows * vecs, reinterpret_cast<const uint4 *>(back[i]), mm->n, rows, vecs, k,
+               reinterpret_cast<uint4 *>(video[i]), reinterpret_cast<uint4 *>(text[i]));
+}
+
+// The exchange's rows of tensor i (0..2) in the group buffers.
+gpu_bf16 *sp_recv(const mmdit_gpu *mm, int i)
+{
+    const group_state &sp = mm->sp;
+    return sp.recv + i * (sp.n_video + sp.n_text) * (mm->D / sp.k);
+}
+
+// Block l's joint attention of the streams' q, k, v (sv, st: tq, tk, tv) into the streams' outputs a: alone over the
+// joint layout at every head; in a group q, k, v go to the head owners, each attends for its heads over every sample
+// whole, and the output comes back.
+void attention_fwd_block(mmdit_gpu *mm, const mmdit_gpu_env *env, int l, block_saved &s, cudaStream_t stream)
+{
+    if (!mm->sp.group) {
+        const int32_t *map = mm->dev.joint_map;
+        joint_gather(mm, map, mm->sv.tq, mm->st.tq, mm->n, mm->D, s.j.q, stream);
+        joint_gather(mm, map, mm->sv.tk, mm->st.tk, mm->n, mm->D, s.j.k, stream);
+        joint_gather(mm, map, mm->sv.tv, mm->st.tv, mm->n, mm->D, s.j.v, stream);
+        joint_attention_fwd(mm, env, s.j, mm->H, stream);
+        joint_scatter(mm, map, s.j.a, mm->n, mm->D, s.v.a, s.t.a, stream);
+        return;
+    }
+    const group_state &sp = mm->sp;
+    const joint_tensors &j = sp.sets[l];
+    const int64_t T = sp.n_video + sp.n_text;
+    const int Dk = mm->D / sp.k;
+    gpu_bf16 *const recv[] = {sp_recv(mm, 0), sp_recv(mm, 1), sp_recv(mm, 2)};
+    const gpu_bf16 *const video[] = {mm->sv.tq, mm->sv.tk, mm->sv.tv}, *const text[] = {mm->st.tq, mm->st.tk, mm->st.tv};
+    sp_to_heads(mm, video, text, recv, 3, stream);
+    gpu_bf16 *const joint[] = {j.q, j.k, j.v};
+    for (int i = 0; i < 3; ++i) joint_gather(mm, sp.map, recv[i], recv[i], T, Dk, joint[i], stream);
+    joint_attention_fwd(mm, env, j, mm->H / sp.k, stream);
+    joint_scatter(mm, sp.map, j.a, T, Dk, recv[0], recv[0], stream);
+    gpu_bf16 *const video_out[] = {s.v.a}, *const text_out[] = {s.t.a};
+    sp_to_tokens(mm, recv, video_out, text_out, 1, stream);
+}
+
+// Its backward: from the output's gradient in the streams' d_t, dq, dk, dv into their tq, tk, tv (in a group the
+// output's gradient goes to the head owners and dq, dk, dv come back).
+void attention_bwd_block(mmdit_gpu *mm, const mmdit_gpu_env *env, int l, const block_saved &s, cudaStream_t stream)
+{
+    if (!mm->sp.group) {
+        const int32_t *map = mm->dev.joint_map;
+        const joint_grads &g = mm->d_joint;
+        joint_gather(mm, map, mm->sv.d_t, mm->st.d_t, mm->n, mm->D, g.o, stream);
+        joint_attention_bwd(mm, env, s.j, g, mm->H, stream);
+        joint_scatter(mm, map, g.q, mm->n, mm->D, mm->sv.tq, mm->st.tq, stream);
+        joint_scatter(mm, map, g.k, mm->n, mm->D, mm->sv.tk, mm->st.tk, stream);
+        joint_scatter(mm, map, g.v, mm->n, mm->D, mm->sv.tv, mm->st.tv, stream);
+        return;
+    }
+    const group_state &sp = mm->sp;
+    const joint_grads &g = sp.grads;
+    const int64_t T = sp.n_video + sp.n_text;
+    const int Dk = mm->D / sp.k;
+    gpu_bf16 *const recv[] = {sp_recv(mm, 0), sp_recv(mm, 1), sp_recv(mm, 2)};
+    const gpu_bf16 *const video_out[] = {mm->sv.d_t}, *const text_out[] = {mm->st.d_t};
+    sp_to_heads(mm, video_out, text_out, recv, 1, stream);
+    joint_gather(mm, sp.map, recv[0], recv[0], T, Dk, g.o, stream);
+    joint_attention_bwd(mm, env, sp.sets[l], g, mm->H / sp.k, stream);
+    const gpu_bf16 *const grads[] = {g.q, g.k, g.v};
+    for (int i = 0; i < 3; ++i) joint_scatter(mm, sp.map, grads[i], T, Dk, recv[i], recv[i], stream);
+    gpu_bf16 *const video[] = {mm->sv.tq, mm->sv.tk, mm->sv.tv}, *const text[] = {mm->st.tq, mm->st.tk, mm->st.tv};
+    sp_to_tokens(mm, recv, video, text, 3, stream);
 }
 
 // ---- the dual-stream block ---------------------------------------------------------------------------------------
@@ -1146,11 +1561,7 @@ void block_forward(mmdit_gpu *mm, const mmdit_gpu_env *env, int l, bool recomput
     const stream_view video = video_view(mm), text = text_view(mm);
     stream_qkv_fwd(mm, env, w, video, s.v, stream);
     stream_qkv_fwd(mm, env, w, text, s.t, stream);
-    joint_gather(mm, mm->sv.tq, mm->st.tq, s.jq, stream);
-    joint_gather(mm, mm->sv.tk, mm->st.tk, s.jk, stream);
-    joint_gather(mm, mm->sv.tv, mm->st.tv, s.jv, stream);
-    joint_attention_fwd(mm, env, s, stream);
-    joint_scatter(mm, s.ja, s.v.a, s.t.a, stream);
+    attention_fwd_block(mm, env, l, s, stream);
     const bool last = l + 1 == mm->layers;
     stream_out_fwd(mm, env, w, video, s.v, last ? mm->x_final : mm->saved[l + 1].v.x_in, stream);
     stream_out_fwd(mm, env, w, text, s.t, last ? mm->c_final : mm->saved[l + 1].t.x_in, stream);
@@ -1209,11 +1620,7 @@ void block_backward(mmdit_gpu *mm, const mmdit_gpu_env *env, int l, cudaStream_t
     const stream_view video = video_view(mm), text = text_view(mm);
     stream_out_bwd(mm, env, w, g, video, s.v, stream);
     stream_out_bwd(mm, env, w, g, text, s.t, stream);
-    joint_gather(mm, mm->sv.d_t, mm->st.d_t, mm->d_jo, stream);
-    joint_attention_bwd(mm, env, s, stream);
-    joint_scatter(mm, mm->d_jq, mm->sv.tq, mm->st.tq, stream);
-    joint_scatter(mm, mm->d_jk, mm->sv.tk, mm->st.tk, stream);
-    joint_scatter(mm, mm->d_jv, mm->sv.tv, mm->st.tv, stream);
+    attention_bwd_block(mm, env, l, s, stream);
     stream_qkv_bwd(mm, env, w, g, video, s.v, stream);
     stream_qkv_bwd(mm, env, w, g, text, s.t, stream);
     const int64_t first = mm->layout.blocks_offset + (int64_t)l * mm->layout.block_stride;
@@ -1340,8 +1747,10 @@ void forward(mmdit_gpu *mm, const mmdit_gpu_env *env, float grad_scale, bool los
     const gpu_bf16 *ew = p.embedding_weights, *hw = p.head_weights;
     const float *tw = p.time_weights(p.context, 0, stream);
 
-    patchify_args pa = {mm->latents, mm->noise, mm->dev.sigma, mm->dev.tok, mm->dev.latent_start, mm->dev.shape,
-                        mm->dev.i2v, B,
+    // in a group the member's rows of the whole samples (first: sp_slice's device table)
+    const group_state &sp = mm->sp;
+    patchify_args pa = {sp.group ? sp.latents : mm->latents, sp.group ? sp.noise : mm->noise, mm->dev.sigma, mm->dev.tok,
+                        mm->dev.latent_start, sp.group ? sp.tables : nullptr, mm->dev.shape, mm->dev.i2v, B,
                         mm->out_dim, mm->patch_t, mm->patch_h, mm->patch_w, mm->patch_in, mm->patch_cols, N,
                         mm->tokens_in, mm->x0_tokens, mm->noise_tokens};
     LAUNCH(patchify_kernel, N * mm->patch_cols, pa);
@@ -1357,13 +1766,15 @@ void forward(mmdit_gpu *mm, const mmdit_gpu_env *env, float grad_scale, bool los
     if (mm->n_image > 0) image_fwd(mm, env, ew, stream);
     gpu_bf16 *x = mm->layers > 0 ? mm->saved[0].v.x_in : mm->x_final;
     gpu_bf16 *c = mm->layers > 0 ? mm->saved[0].t.x_in : mm->c_final;
-    LAUNCH(text_assemble_kernel, L * D, mm->dev.text_map, L, D, mm->r_final, mm->g_out, mm->i_out,
+    // the text stream's rows: in a group the member's slice of the joint text (from text_lo)
+    LAUNCH(text_assemble_kernel, L * D, mm->dev.text_map + mm->text_lo, L, D, mm->r_final, mm->g_out, mm->i_out,
            time_value(mm, tw, e.cond_type), c);
     // the patch embedding: its weight [D, patch_in] padded to whole 16-byte rows for the GEMM
     LAUNCH(pad_columns_kernel, (int64_t)D * mm->patch_cols, ew + e.patch.weight, (int64_t)D, mm->patch_in,
            mm->patch_cols, mm->w_pad);
-    gemm_linear_fwd(env->gemm, mm->tokens_in, N, mm->patch_cols, D, mm->w_pad, ew + e.patch.bias, GEMM_EPILOGUE_BIAS,
-                    x, nullptr, stream);
+    if (N > 0)
+        gemm_linear_fwd(env->gemm, mm->tokens_in, N, mm->patch_cols, D, mm->w_pad, ew + e.patch.bias,
+                        GEMM_EPILOGUE_BIAS, x, nullptr, stream);
 
     for (int l = 0; l < mm->layers; ++l) block_forward(mm, env, l, false, stream);
 
@@ -1373,8 +1784,12 @@ void forward(mmdit_gpu *mm, const mmdit_gpu_env *env, float grad_scale, bool los
     lnmod_fwd(mm->x_final, N, D, mm->dev.tok, B, chunk(mm->head_mod, 1, B, D), chunk(mm->head_mod, 0, B, D), mm->eps,
               mm->head_h, mm->head_mean, mm->head_rstd, stream);
     linear_fwd(env, hw, mm->head_h, N, D, mm->patch_out, proj_out, mm->pred, stream);
-    fused_flow_loss_bf16(mm->pred, mm->x0_tokens, mm->noise_tokens, mm->dev.pred_start, B, grad_scale, mm->sample_loss,
-                         loss_only ? nullptr : mm->d_pred, mm->scratch, stream);
+    if (sp.group)   // this member's part of each sample's mean: divided by the whole sample's count (whole_pred)
+        fused_flow_loss_part_bf16(mm->pred, mm->x0_tokens, mm->noise_tokens, mm->dev.pred_start, sp.tables + B, B,
+                                  grad_scale, mm->sample_loss, loss_only ? nullptr : mm->d_pred, mm->scratch, stream);
+    else
+        fused_flow_loss_bf16(mm->pred, mm->x0_tokens, mm->noise_tokens, mm->dev.pred_start, B, grad_scale,
+                             mm->sample_loss, loss_only ? nullptr : mm->d_pred, mm->scratch, stream);
 }
 
 // The refiner block's backward: d_r (the gradient of its output) becomes its input's; d cvec_silu added into.
@@ -1498,12 +1913,21 @@ void backward(mmdit_gpu *mm, const mmdit_gpu_env *env, cudaStream_t stream)
     // embeddings: the patch (its padded weight's gradient, then the real columns), the joint text's sources
     float *grads = p.embedding_grads(p.context, stream);
     CUDA_CHECK(cudaMemsetAsync(mm->dw_pad, 0, (size_t)D * mm->patch_cols * sizeof(float), stream));
-    gemm_linear_bwd_weight(env->gemm, mm->tokens_in, mm->sv.d_res, N, mm->patch_cols, D, mm->dw_pad,
-                           grads + e.patch.bias, 1, stream);
+    if (N > 0)
+        gemm_linear_bwd_weight(env->gemm, mm->tokens_in, mm->sv.d_res, N, mm->patch_cols, D, mm->dw_pad,
+                               grads + e.patch.bias, 1, stream);
     LAUNCH(add_columns_kernel, (int64_t)D * mm->patch_in, mm->dw_pad, (int64_t)D, mm->patch_in, mm->patch_cols,
            grads + e.patch.weight);
-    LAUNCH(type_grad_kernel, (int64_t)3 * D, mm->dev.text_map, L, D, mm->st.d_res, grads + e.cond_type);
-    LAUNCH(text_split_kernel, L * D, mm->dev.text_map, L, D, mm->st.d_res, mm->d_r, mm->d_g, mm->d_i);
+    // the text stream's rows back to their sources; in a group only the member's slice (from text_lo), the other
+    // members' rows zero: the sources, refiner and conditioning, run whole on every member, then give its parts
+    if (mm->sp.group) {
+        CUDA_CHECK(cudaMemsetAsync(mm->d_r, 0, (size_t)(Q * D) * sizeof(gpu_bf16), stream));
+        CUDA_CHECK(cudaMemsetAsync(mm->d_g, 0, (size_t)(mm->n_byt5 * D) * sizeof(gpu_bf16), stream));
+        CUDA_CHECK(cudaMemsetAsync(mm->d_i, 0, (size_t)(mm->n_image * D) * sizeof(gpu_bf16), stream));
+    }
+    const int32_t *text_map = mm->dev.text_map + mm->text_lo;
+    LAUNCH(type_grad_kernel, (int64_t)3 * D, text_map, L, D, mm->st.d_res, grads + e.cond_type);
+    LAUNCH(text_split_kernel, L * D, text_map, L, D, mm->st.d_res, mm->d_r, mm->d_g, mm->d_i);
     if (mm->n_image > 0) image_bwd(mm, env, ew, grads, stream);
     if (mm->n_byt5 > 0) byt5_bwd(mm, env, ew, grads, stream);
     CUDA_CHECK(cudaMemsetAsync(mm->d_cvec_silu, 0, (size_t)B * D * sizeof(float), stream));

@@ -24,7 +24,22 @@
      from a multiple of ATTENTION_CUDNN_TILE rows and run over whole tiles with zero rows past it (the gather writes
      the zeros), so that cuDNN builds one plan per tile count rather than one per (video, caption) length.
    - the batch: model.h's, with text_2 / image (NULL or lengths 0: none); the input's channels past out_dim are
-     zero (text-to-video), as the CPU model's loss. Sequence parallelism is refused (exit 2). */
+     zero (text-to-video), as the CPU model's loss.
+   - sequence parallelism (Ulysses; batch->sp_size = k > 1 with env->group, every member calling with the whole
+     batch): of the micro-batch's Tv packed video rows and Tt packed joint text rows, member p holds video rows
+     [p Tv/k, (p+1) Tv/k) and text rows [p Tt/k, (p+1) Tt/k) (integer division, uneven slices, no padding) and runs
+     everything per row on them (LN-modulate, projections, q/k RMSNorm, RoPE at each video row's position in its whole
+     sample, MLPs, gates, head, loss). The joint attention: q, k, v of both streams go all-to-all over heads
+     (seqpar_gpu_alltoall_bf16 on the group's stream, one exchange for both streams, rows in member order), member p
+     attends for heads [p H/k, (p+1) H/k) over every sample's whole [video; text] in the joint layout above (its own
+     kernel and cuDNN as alone), and the output comes back; the backward mirrors it, block recomputation re-runs it.
+     Every member runs the whole micro-batch's time embedding, token refiner, pooled conditioning, modulation vectors
+     and caption sources, keeps its own text rows, and back-propagates only its rows' gradients through them: its
+     loss, per-sample losses and gradients are PARTS that sum over the group to k = 1's (to bf16 rounding). The
+     capacity's tokens bound the member's video rows, its text rows the WHOLE joint text. The group buffers (the
+     joint layout at H/k heads per block kept, their gradients, the exchange's rows, the whole samples' latents and
+     noise, the joint map) are a device allocation of their own, within layout_gpu_split_bytes at the micro-batch's
+     joint length Tv + Tt (checked), grown (cudaMalloc) on the first micro-batch that needs more. */
 typedef struct mmdit_gpu mmdit_gpu;
 
 /* What the owning gpu_model lends each call. */
@@ -36,6 +51,7 @@ typedef struct {
     const gpu_model_params *params;
     gpu_grads_ready_fn grads_ready;  /* NULL: off */
     void *grads_ready_context;
+    const seqpar_gpu_group *group;   /* the micro-batch's sequence-parallel group (model_gpu.cu checks it); NULL: alone */
 } mmdit_gpu_env;
 
 #ifdef __cplusplus

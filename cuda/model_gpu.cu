@@ -1380,7 +1380,7 @@ gpu_model *describe_family(const model *m, int64_t max_tokens, int max_samples, 
 mmdit_gpu_env family_env(const gpu_model *gm)
 {
     return {gm->gemm, gm->cudnn, gm->use_cudnn, gm->cudnn_min_tokens, &gm->params, gm->grads_ready,
-            gm->grads_ready_context};
+            gm->grads_ready_context, nullptr};
 }
 
 } // namespace
@@ -1785,7 +1785,8 @@ double gpu_model_forward_backward(gpu_model *gm, const model_batch *batch, float
     clock_gettime(CLOCK_MONOTONIC, &queue_start);
     ALDIT_CHECK(gm->params.block_weights, "gpu model: a forward_backward before gpu_model_set_params");
     if (gm->family) {
-        const mmdit_gpu_env env = family_env(gm);
+        mmdit_gpu_env env = family_env(gm);
+        env.group = sp_group_of(gm, batch);   // checked as for Wan
         return mmdit_gpu_forward_backward(gm->family, &env, batch, grad_scale, sample_loss, stream);
     }
     const batch_dims dims = stage_batch(gm, batch, stream);
@@ -1805,7 +1806,8 @@ double gpu_model_forward_loss(gpu_model *gm, const model_batch *batch, double *s
         return 0.0;
     }
     if (gm->family) {
-        const mmdit_gpu_env env = family_env(gm);
+        mmdit_gpu_env env = family_env(gm);
+        env.group = sp_group_of(gm, batch);
         return mmdit_gpu_forward_loss(gm->family, &env, batch, sample_loss, stream);
     }
     const batch_dims dims = stage_batch(gm, batch, stream);

@@ -230,7 +230,9 @@ void gpu_model_set_seqpar(gpu_model *gm, const seqpar_gpu *groups);
    head layout's buffers are a device allocation of their own, outside the workspace's formula, grown on the first
    micro-batch that needs more (cudaMalloc: the device is waited for then): per block kept (one block under
    GPU_RECOMPUTE_BLOCK) q, k, v, output [T, D/k] bf16 and log-sum-exps [T, H/k] fp32, plus four [T, D/k] for the
-   backward, three [N, D] packing buffers (N the member's rows) and the whole samples' latents and noise (fp32). The batch is staged through pinned host memory and copied on `stream`;
+   backward, three [N, D] packing buffers (N the member's rows) and the whole samples' latents and noise (fp32).
+   hunyuanvideo15 splits both streams, its video rows and its joint text rows, the same way (cuda/mmdit_gpu.h says how,
+   and what its group buffers hold). The batch is staged through pinned host memory and copied on `stream`;
    RoPE positions, row offsets and sinusoids are computed on the host. Work is queued on `stream`, and the
    call waits for it once at the end (to return the loss); the gradients are complete then. */
 double gpu_model_forward_backward(gpu_model *gm, const model_batch *batch, float grad_scale, double *sample_loss,

@@ -489,6 +489,44 @@ static void test_gpu_split_formula(void **state)
     model_free(&m);
 }
 
+/* The same for hunyuanvideo15 (cuda/mmdit_gpu.cu's group buffers, carve_sp; the GPU model checks what it carves against
+   the formula: gpu_mmdit_ulysses.sh): D 64, 4 heads, 2 blocks, out_dim 8, patch 1x2x2 (32 values per token), a
+   micro-batch of 3 samples with 595 tokens and 38 joint text rows, joint length 633, on k = 2: joint rows
+   633 + 128 * 4 = 1,145; per block q, k, v, out 2 * 1145 * 32 bytes each (73,280: 73,472 aligned) and the log-sum-exps
+   4 * 1145 * 2 (9,216 aligned); four gradients once; the exchange's rows 2 * 3 * 633 * 32 (121,600 aligned) and the
+   member's own 2 * 3 * 318 * 64 (ceil(633 / 2) + 1 rows: 122,112); latents and noise 4 * 633 * 32 each (81,152
+   aligned); tables 56 bytes (256); the joint map 4 * 1145 (4,608 aligned); cuDNN's buffer 4 * 2 * 1145 * 17. */
+static void test_gpu_split_formula_mmdit(void **state)
+{
+    (void)state;
+    deck config;
+    deck_defaults(&config);
+    config.model.family = FAMILY_HUNYUANVIDEO15;
+    config.model.text_padding = TEXT_PADDING_TRIM;
+    config.model.dim = 64;
+    config.model.ffn_dim = 128;
+    config.model.num_heads = 4;
+    config.model.num_layers = 2;
+    config.model.out_dim = 8;
+    config.model.in_dim = 17;
+    config.model.patch_t = 1;
+    config.model.patch_h = config.model.patch_w = 2;
+    config.model.text_len = 16;
+    config.model.text_dim = 32;
+    config.model.text_2_dim = 24;
+    config.model.image_dim = 40;
+    config.model.rope_axes_t = 4;
+    model m;
+    model_create_table(&m, &config);
+    const int64_t per_set = 4 * 73472 + 9216, grads = 4 * 73472, exchange = 121600 + 122112, latents = 2 * 81152;
+    const int64_t tables = 256, map = 4608, cudnn = 4 * 2 * 1145 * 17;
+    assert_int_equal(layout_gpu_split_bytes(&m.layout, RECOMPUTE_NONE, 633, 3, 2),
+                     2 * per_set + grads + exchange + latents + tables + map + cudnn);
+    assert_int_equal(layout_gpu_split_bytes(&m.layout, RECOMPUTE_BLOCK, 633, 3, 2),
+                     per_set + grads + exchange + latents + tables + map + cudnn);
+    model_free(&m);
+}
+
 /* The CPU backend's formula against what the CPU model carves for a micro-batch: never less, more only by
    the padding after each of its 35 pieces per block and 40 outside (at most 60 bytes each), and, where
    every piece is a whole number of 16 floats (tokens, samples and text rows multiples of 16), exactly by
@@ -637,6 +675,7 @@ int main(void)
         cmocka_unit_test(test_layout_offsets),
         cmocka_unit_test(test_cpu_memory_formula),
         cmocka_unit_test(test_gpu_split_formula),
+        cmocka_unit_test(test_gpu_split_formula_mmdit),
         cmocka_unit_test(test_init_and_determinism),
         cmocka_unit_test(test_block_gradient),
         cmocka_unit_test(test_model_gradient),

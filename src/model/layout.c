@@ -676,14 +676,32 @@ static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 /* bytes rounded up to the GPU arena's alignment, as its carver takes each piece */
 static int64_t aligned(int64_t bytes) { return ceil_div(bytes, LAYOUT_GPU_ALIGN) * LAYOUT_GPU_ALIGN; }
 
+/* hunyuanvideo15's group buffers (cuda/mmdit_gpu.cu, carve_sp: the same pieces in the same order) for a micro-batch of
+   `joint` = S + L rows in all (video and joint text; each bounds either): J = layout_mmdit_joint_rows(joint, B, 0)
+   joint rows at D/k columns (per set q, k, v, output and the log-sum-exps; the four gradients once), the exchange's
+   rows in member order [3][joint][D/k] and the member's own [3][ceil(joint / k) + 1][D] (its video and text slices
+   hold at most that many), the whole samples' latents and noise (at most joint tokens of out_dim x patch values),
+   the tables (2B + 1 int64) and the joint map (J int32); plus cuDNN's buffer over J rows at H/k heads. */
+static int64_t mmdit_split_bytes(const layout_dims *d, int64_t sets, int64_t joint, int64_t samples, int k)
+{
+    const int64_t J = layout_mmdit_joint_rows(joint, samples, 0), dk = d->dim / k, hk = d->num_heads / k;
+    const int64_t per_set = 4 * aligned(2 * J * dk) + aligned(4 * J * hk);
+    const int64_t latent = joint * d->out_dim * d->patch_t * d->patch_h * d->patch_w;
+    const int64_t arena = sets * per_set + 4 * aligned(2 * J * dk) + aligned(2 * 3 * joint * dk) +
+                          aligned(2 * 3 * (ceil_div(joint, k) + 1) * d->dim) + 2 * aligned(4 * latent) +
+                          aligned(8 * (2 * samples + 1)) + aligned(4 * J);
+    return arena + 4 * hk * J * (d->dim / d->num_heads + 1);
+}
+
 int64_t layout_gpu_split_bytes(const model_layout *layout, deck_recompute recompute, int64_t tokens, int64_t samples,
                                int k)
 {
     const layout_dims *d = &layout->dims;
-    ALDIT_CHECK(d->family == FAMILY_WAN && k > 1 && d->dim % k == 0 && d->num_heads % k == 0,
-                "layout: no split memory for family %d over %d ranks", (int)d->family, k);
-    const int64_t rows = tokens + LAYOUT_GPU_TILE_SLACK_ROWS, dk = d->dim / k, hk = d->num_heads / k;
+    ALDIT_CHECK((d->family == FAMILY_WAN || d->family == FAMILY_HUNYUANVIDEO15) && k > 1 && d->dim % k == 0 &&
+                d->num_heads % k == 0, "layout: no split memory for family %d over %d ranks", (int)d->family, k);
     const int64_t sets = recompute == RECOMPUTE_BLOCK ? 1 : d->num_layers;
+    if (d->family == FAMILY_HUNYUANVIDEO15) return mmdit_split_bytes(d, sets, tokens, samples, k);
+    const int64_t rows = tokens + LAYOUT_GPU_TILE_SLACK_ROWS, dk = d->dim / k, hk = d->num_heads / k;
     const int64_t per_set = 4 * aligned(2 * rows * dk) + aligned(4 * rows * hk);
     const int64_t latent = tokens * d->in_dim * d->patch_t * d->patch_h * d->patch_w;
     const int64_t arena = sets * per_set + 4 * aligned(2 * rows * dk) + aligned(2 * 3 * ceil_div(tokens, k) * d->dim) +

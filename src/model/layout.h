@@ -189,7 +189,10 @@ int64_t layout_mmdit_joint_rows(int64_t tokens, int64_t samples, int64_t text);
    (+ the tile slack) for H/k heads, bf16, and their log-sum-exp, fp32; their four gradients once; the exchange's
    staging of 3 x dim values for the member's rows (at most ceil(N / k)); the whole samples' latents and noise
    (fp32); the row tables (3B + 2 int64); each piece aligned; plus cuDNN's attention buffer for the head layout
-   (4 (H/k) rows (head_dim + 1) bytes over the N rows and slack: an upper bound of what it grows to). Wan only. */
+   (4 (H/k) rows (head_dim + 1) bytes over the N rows and slack: an upper bound of what it grows to).
+   hunyuanvideo15 (cuda/mmdit_gpu.cu's group buffers): `tokens` is the micro-batch's joint length S + L (video tokens
+   and joint text rows together), the same pieces over its joint attention layout (layout_mmdit_joint_rows) at D/k
+   columns, the exchange's buffers of both streams and the joint map. */
 int64_t layout_gpu_split_bytes(const model_layout *layout, deck_recompute recompute, int64_t tokens, int64_t samples,
                                int k);
 
