@@ -5,8 +5,17 @@
 # each within train_gpu.sh's 2-rank tolerance (1e-2 relative per step) of a 1-rank GPU run's losses, with its samples
 # and tokens. 4 heads of 16 (dim 64): groups of 2 and 4 hold 2 and 1. Skipped where tests/gpu_present reports fewer
 # GPU ranks than a case needs.
+# GROUPS_FAMILY=hunyuanvideo15 (tests/train_hunyuan_groups_gpu.sh): the same cases on the MMDiT family's tiny GPU deck
+# (tests/decks/hunyuan_tiny_gpu.ini, 4 heads of 16), both streams split over the groups.
 . "${top_srcdir:-.}/tests/train_lib.sh"
 STEPS=8
+if [ "${GROUPS_FAMILY:-wan}" = hunyuanvideo15 ]; then
+    TRAIN_DECK="$top_srcdir/tests/decks/hunyuan_tiny_gpu.ini"
+    make_store() {
+        "$top_builddir/aldit-store" synth --spec "$top_srcdir/tests/decks/train_tiny.lengths" --samples 64 \
+            --text-len 16 --text-dim 32 --channels 8 --seed 3 --out "$WORK/store.h5"
+    }
+fi
 
 n_gpus=0
 probe="$top_builddir/tests/gpu_present"

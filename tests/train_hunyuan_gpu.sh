@@ -30,6 +30,7 @@ case $status:$(cat "$WORK/nogpu.log") in
 esac
 tap_result $found "run.device = cuda without a GPU: exit 1 saying why (the family is not refused)" "$(tail -3 "$WORK/nogpu.log")"
 
+TWO_RANKS="2 GPU ranks: shard = optimizer gives none's losses within 1e-6; gradients and full step 1's within 1e-6, the rest within 2^-8"
 falling() {
     awk 'NR <= 5 { first += $2 } { last[NR % 5] = $2 } END { for (i in last) tail += last[i]
          printf "first 5: %g, last 5: %g\n", first / 5, tail / 5; exit !(NR >= 10 && tail < first) }' "$1"
@@ -39,7 +40,7 @@ if [ "$n_gpus" -lt 1 ]; then
     for name in "1-rank CPU run exits 0" "1-GPU run exits 0" "first 5 steps within 2e-2 of the CPU" \
                 "the loss falls on the CPU and on the GPU" "recompute = block: recompute = none's losses to the bit" \
                 "1 GPU rank, train.shard = full with an EMA: none's losses within 1e-6" \
-                "2 GPU ranks: shard = optimizer, gradients and full give none's losses within 1e-5"; do
+                "$TWO_RANKS"; do
         skip "$name" "no GPU visible"
     done
     tap_done
@@ -78,20 +79,26 @@ tap_result $status "1 GPU rank, train.shard = full with an EMA: none's losses wi
     "$(tail -3 "$WORK/full.log")"
 
 if [ "$n_gpus" -ge 2 ]; then
+    # calibration off: measured times would steer the packing, and another packing is another order of the sums.
+    # optimizer adds as none does, (a1 + a2) + b: the same losses; gradients and full reduce-scatter each micro-batch
+    # as its backward ends, (a1 + b) + a2 (docs/testing.md, "Why gradients and full ..."): step 1 within 1e-6, the
+    # steps after within 2^-8, a bf16 weight copy one step apart
     status=0
     for mode in none optimizer gradients full; do
         # shellcheck disable=SC2086
-        run_aldit 2 two_$mode $common run.steps=$STEPS run.device=cuda train.autotune=off train.shard=$mode \
-            || status=$((status + 1))
+        run_aldit 2 two_$mode $common run.steps=$STEPS run.device=cuda train.autotune=off balance.calibrate=off \
+            train.shard=$mode || status=$((status + 1))
         losses "$WORK/two_$mode/metrics.jsonl" > "$WORK/two_$mode.losses"
     done
-    for mode in optimizer gradients full; do
-        out=$(compare "$WORK/two_none.losses" "$WORK/two_$mode.losses" 1e-5 1 $STEPS) || status=$((status + 1))
-        echo "# 2 GPU ranks, shard = $mode against none: largest $out"
+    out=$(compare "$WORK/two_none.losses" "$WORK/two_optimizer.losses" 1e-6 1 $STEPS) || status=$((status + 1))
+    echo "# 2 GPU ranks, shard = optimizer against none: largest $out"
+    for mode in gradients full; do
+        out=$(compare "$WORK/two_none.losses" "$WORK/two_$mode.losses" 1e-6 1 1) || status=$((status + 1))
+        out2=$(compare "$WORK/two_none.losses" "$WORK/two_$mode.losses" 0.00390625 2 $STEPS) || status=$((status + 1))
+        echo "# 2 GPU ranks, shard = $mode against none: step 1 $out, steps 2-$STEPS largest $out2"
     done
-    tap_result $status "2 GPU ranks: shard = optimizer, gradients and full give none's losses within 1e-5" \
-        "$(tail -3 "$WORK/two_full.log")"
+    tap_result $status "$TWO_RANKS" "$(tail -3 "$WORK/two_full.log")"
 else
-    skip "2 GPU ranks: shard = optimizer, gradients and full give none's losses within 1e-5" "$n_gpus GPU rank(s) possible"
+    skip "$TWO_RANKS" "$n_gpus GPU rank(s) possible"
 fi
 tap_done
