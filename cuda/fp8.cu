@@ -12,7 +12,11 @@
 
 namespace {
 
-constexpr int kStateVersion = 1;
+constexpr int kStateVersion = 2;   // 2: scale, scale_inv and amax one 16-byte slot per tensor (1: packed)
+// Floats per tensor in the scale, scale_inv and amax arrays: each tensor's value on a 16-byte boundary, which
+// cuBLASLt's FP8 kernels require of the scale pointers (a 4-byte-aligned one: status 15, not supported, on every
+// algorithm; H200, cuBLASLt 13.1).
+constexpr int kSlot = FP8_SLOT_FLOATS;
 constexpr int kHeaderWords = 6;  // version, n_tensors, history_len, margin, position, updates
 constexpr int kCastThreads = 256;
 constexpr int kCastMaxBlocks = 4096;
@@ -31,16 +35,16 @@ struct fp8_scaling {
     int64_t updates;
     fp8_format *formats;   // host [n]
     int *formats_device;   // device [n]
-    float *state;          // device: scale [n], scale_inv [n], amax [n], history [n][history_len]
+    float *state;          // device: scale, scale_inv, amax [n][kSlot] each (value first), history [n][history_len]
 };
 
 namespace {
 
 float *scale_of(const fp8_scaling *s) { return s->state; }
-float *scale_inv_of(const fp8_scaling *s) { return s->state + s->n; }
-float *amax_of(const fp8_scaling *s) { return s->state + 2 * s->n; }
-float *history_of(const fp8_scaling *s) { return s->state + 3 * s->n; }
-size_t state_floats(const fp8_scaling *s) { return (size_t)s->n * (size_t)(3 + s->history_len); }
+float *scale_inv_of(const fp8_scaling *s) { return s->state + (size_t)kSlot * s->n; }
+float *amax_of(const fp8_scaling *s) { return s->state + (size_t)2 * kSlot * s->n; }
+float *history_of(const fp8_scaling *s) { return s->state + (size_t)3 * kSlot * s->n; }
+size_t state_floats(const fp8_scaling *s) { return (size_t)s->n * (size_t)(3 * kSlot + s->history_len); }
 
 __host__ __device__ float format_max(int format) { return format == FP8_E5M2 ? FP8_E5M2_MAX : FP8_E4M3_MAX; }
 
@@ -98,9 +102,9 @@ __global__ void amax_kernel(const uint4 *__restrict__ x, int64_t n_vecs, float *
 // Current scaling (before the first update): scale and scale_inv of tensor t from its running amax.
 __global__ void scale_from_amax_kernel(float *__restrict__ state, int n, int t, int format, int margin)
 {
-    float *scale = state, *scale_inv = state + n, *amax = state + 2 * n;
-    scale[t] = scale_rule(amax[t], format, margin, scale[t]);
-    scale_inv[t] = 1.0f / scale[t];
+    float *scale = state + t * kSlot, *scale_inv = scale + kSlot * n, *amax = scale + 2 * kSlot * n;
+    *scale = scale_rule(*amax, format, margin, *scale);
+    *scale_inv = 1.0f / *scale;
 }
 
 // out[i] = fp8(x[i] * scale), 8 values per thread and step; the amax of x into *amax.
@@ -234,16 +238,18 @@ __global__ void __launch_bounds__(kWideThreads)
 __global__ void update_kernel(float *__restrict__ state, const int *__restrict__ formats, int n, int history_len,
                               int position, int margin)
 {
-    float *scale = state, *scale_inv = state + n, *amax = state + 2 * n, *history = state + 3 * n;
+    float *history = state + (int64_t)3 * kSlot * n;
     for (int t = blockIdx.x * blockDim.x + threadIdx.x; t < n; t += gridDim.x * blockDim.x) {
+        float *scale = state + (int64_t)t * kSlot, *scale_inv = scale + (int64_t)kSlot * n;
+        float *amax = scale + (int64_t)2 * kSlot * n;
         float *h = history + (int64_t)t * history_len;
-        h[position] = amax[t];
-        amax[t] = 0.0f;
+        h[position] = *amax;
+        *amax = 0.0f;
         float m = 0.0f;
         for (int i = 0; i < history_len; ++i)
             if (isfinite(h[i])) m = fmaxf(m, h[i]);
-        scale[t] = scale_rule(m, formats[t], margin, scale[t]);
-        scale_inv[t] = 1.0f / scale[t];
+        *scale = scale_rule(m, formats[t], margin, *scale);
+        *scale_inv = 1.0f / *scale;
     }
 }
 
@@ -257,7 +263,7 @@ __global__ void record_amax_kernel(float *__restrict__ amax, const float *__rest
 __global__ void init_kernel(float *__restrict__ state, int n, size_t total)
 {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x)
-        state[i] = i < (size_t)2 * n ? 1.0f : 0.0f;  // scale and scale_inv 1, amax and history 0
+        state[i] = i < (size_t)2 * kSlot * n ? 1.0f : 0.0f;  // scale and scale_inv 1, amax and history 0
 }
 
 void check_tensor(const fp8_scaling *s, int tensor, const char *call)
@@ -310,13 +316,14 @@ extern "C" void fp8_scaling_free(fp8_scaling *s)
 
 extern "C" int fp8_scaling_count(const fp8_scaling *s) { return s->n; }
 extern "C" float *fp8_scaling_amax(fp8_scaling *s) { return amax_of(s); }
+extern "C" int64_t fp8_scaling_amax_floats(const fp8_scaling *s) { return (int64_t)kSlot * s->n; }
 extern "C" int64_t fp8_scaling_updates(const fp8_scaling *s) { return s->updates; }
 extern "C" int fp8_scaling_position(const fp8_scaling *s) { return s->position; }
 
 extern "C" const float *fp8_scale_inv(const fp8_scaling *s, int tensor)
 {
     check_tensor(s, tensor, "fp8_scale_inv");
-    return scale_inv_of(s) + tensor;
+    return scale_inv_of(s) + (size_t)tensor * kSlot;
 }
 
 namespace {
@@ -334,8 +341,8 @@ void quantize(fp8_scaling *s, int tensor, const gpu_bf16 *x, int64_t rows, int c
     ALDIT_CHECK(!out_t || ld_t >= rows, "%s: ld_t %lld < rows %lld", call, (long long)ld_t, (long long)rows);
     ALDIT_CHECK(((uintptr_t)x % 16) == 0 && (!out || (uintptr_t)out % 8 == 0), "%s: x or out misaligned", call);
     const int format = (int)s->formats[tensor];
-    float *amax = amax_of(s) + tensor;
-    const float *scale = scale_of(s) + tensor;
+    float *amax = amax_of(s) + (size_t)tensor * kSlot;
+    const float *scale = scale_of(s) + (size_t)tensor * kSlot;
     const int64_t n_vecs = rows * cols / 8;
     if (s->updates == 0 && n_vecs > 0) {  // no history yet: this cast's own amax sets the scale
         amax_kernel<GELU><<<gpu_grid_blocks(n_vecs, kCastThreads, kCastMaxBlocks), kCastThreads, 0, stream>>>(
@@ -402,13 +409,13 @@ extern "C" void fp8_quantize_dbias(fp8_scaling *s, int tensor, const gpu_bf16 *d
 extern "C" const float *fp8_scale(const fp8_scaling *s, int tensor)
 {
     check_tensor(s, tensor, "fp8_scale");
-    return scale_of(s) + tensor;
+    return scale_of(s) + (size_t)tensor * kSlot;
 }
 
 extern "C" void fp8_record_amax(fp8_scaling *s, int tensor, const float *value, cudaStream_t stream)
 {
     check_tensor(s, tensor, "fp8_record_amax");
-    record_amax_kernel<<<1, 1, 0, stream>>>(amax_of(s) + tensor, value);
+    record_amax_kernel<<<1, 1, 0, stream>>>(amax_of(s) + (size_t)tensor * kSlot, value);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -472,11 +479,11 @@ extern "C" int fp8_scaling_load(fp8_scaling *s, const void *blob, size_t bytes, 
 extern "C" void fp8_scaling_download(const fp8_scaling *s, float *scale, float *scale_inv, float *amax, float *history)
 {
     CUDA_CHECK(cudaDeviceSynchronize());
-    const size_t n = (size_t)s->n * sizeof(float);
-    if (scale) CUDA_CHECK(cudaMemcpy(scale, scale_of(s), n, cudaMemcpyDeviceToHost));
-    if (scale_inv) CUDA_CHECK(cudaMemcpy(scale_inv, scale_inv_of(s), n, cudaMemcpyDeviceToHost));
-    if (amax) CUDA_CHECK(cudaMemcpy(amax, amax_of(s), n, cudaMemcpyDeviceToHost));
-    if (history) CUDA_CHECK(cudaMemcpy(history, history_of(s), n * (size_t)s->history_len, cudaMemcpyDeviceToHost));
+    const size_t n = (size_t)s->n, one = sizeof(float), slot = kSlot * sizeof(float);   // a value per slot
+    if (scale) CUDA_CHECK(cudaMemcpy2D(scale, one, scale_of(s), slot, one, n, cudaMemcpyDeviceToHost));
+    if (scale_inv) CUDA_CHECK(cudaMemcpy2D(scale_inv, one, scale_inv_of(s), slot, one, n, cudaMemcpyDeviceToHost));
+    if (amax) CUDA_CHECK(cudaMemcpy2D(amax, one, amax_of(s), slot, one, n, cudaMemcpyDeviceToHost));
+    if (history) CUDA_CHECK(cudaMemcpy(history, history_of(s), n * one * (size_t)s->history_len, cudaMemcpyDeviceToHost));
 }
 
 extern "C" int fp8_gpu_supported(int *major, int *minor)

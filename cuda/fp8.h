@@ -39,11 +39,17 @@ typedef struct fp8_scaling fp8_scaling;
 fp8_scaling *fp8_scaling_create(int n_tensors, const fp8_format *formats, int history_len, int margin);
 void fp8_scaling_free(fp8_scaling *s);
 int fp8_scaling_count(const fp8_scaling *s);
-/* Device pointer to tensor t's scale_inv (valid while the set lives; what a GEMM's scale pointer takes). */
+/* Floats per tensor in the device's scale, scale_inv and amax arrays: every tensor's value 16-byte aligned, as
+   cuBLASLt's FP8 GEMMs require of a scale pointer. */
+#define FP8_SLOT_FLOATS 4
+/* Device pointer to tensor t's scale_inv, 16-byte aligned (valid while the set lives; what a GEMM's scale pointer
+   takes). */
 const float *fp8_scale_inv(const fp8_scaling *s, int tensor);
-/* Device pointer to the running amaxes [n_tensors] (this step's, zeroed by each update): for a caller that makes
-   them the same on every rank (a max over the ranks) between the step's last cast and the update. */
+/* Device pointer to the running amaxes (this step's, zeroed by each update): tensor t's at [t * FP8_SLOT_FLOATS], the
+   floats between them zero; fp8_scaling_amax_floats values in all. For a caller that makes them the same on every
+   rank (a max over the ranks, all the values) between the step's last cast and the update. */
 float *fp8_scaling_amax(fp8_scaling *s);
+int64_t fp8_scaling_amax_floats(const fp8_scaling *s);
 /* Updates done (fp8_scaling_update calls since the start of the run, restored with the state). */
 int64_t fp8_scaling_updates(const fp8_scaling *s);
 

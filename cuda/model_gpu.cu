@@ -1893,7 +1893,7 @@ void gpu_model_fp8_fresh(gpu_model *gm, cudaStream_t stream)
 float *gpu_model_fp8_amax(gpu_model *gm, int *count)
 {
     const bool any = gm->fp8 && gm->fp8->scaling;
-    *count = any ? fp8_scaling_count(gm->fp8->scaling) : 0;
+    *count = any ? (int)fp8_scaling_amax_floats(gm->fp8->scaling) : 0;
     return any ? fp8_scaling_amax(gm->fp8->scaling) : nullptr;
 }
 
