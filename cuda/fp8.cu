@@ -454,11 +454,12 @@ extern "C" void fp8_scaling_save(const fp8_scaling *s, void *blob, cudaStream_t 
 extern "C" int fp8_scaling_load(fp8_scaling *s, const void *blob, size_t bytes, char *why, size_t why_size)
 {
     int64_t header[kHeaderWords];
-    if (bytes != fp8_scaling_state_bytes(s) || bytes < sizeof header) {
+    if (bytes < sizeof header) {
         snprintf(why, why_size, "%zu bytes of FP8 scaling state, this model's take %zu", bytes,
                  fp8_scaling_state_bytes(s));
         return 1;
     }
+    // the header first: a state of another history length or version is named as such, not by its size
     memcpy(header, blob, sizeof header);
     if (header[0] != kStateVersion || header[1] != s->n || header[2] != s->history_len || header[3] != s->margin ||
         header[4] < 0 || header[4] >= s->history_len || header[5] < 0) {
@@ -466,6 +467,11 @@ extern "C" int fp8_scaling_load(fp8_scaling *s, const void *blob, size_t bytes, 
                  "has version %d, %d tensors, history %d ([train] fp8_amax_history), margin %d ([train] fp8_margin)",
                  (long long)header[0], (long long)header[1], (long long)header[2], (long long)header[3],
                  kStateVersion, s->n, s->history_len, s->margin);
+        return 1;
+    }
+    if (bytes != fp8_scaling_state_bytes(s)) {
+        snprintf(why, why_size, "%zu bytes of FP8 scaling state, this model's take %zu", bytes,
+                 fp8_scaling_state_bytes(s));
         return 1;
     }
     s->position = (int)header[4];
