@@ -1,7 +1,8 @@
 #!/bin/sh
 # gpu_ulysses.sh — the GPU model's sequence parallelism on 2 and 4 GPU ranks (test_cuda_ulysses: groups of k = 2 and 4
 # against k = 1, summed over the group, within test_cuda_model's bf16 tolerances). Each rank count is skipped where
-# tests/gpu_present reports fewer GPU ranks.
+# tests/gpu_present reports fewer GPU ranks. ULYSSES_PROGRAM names another such test program (tests/gpu_mmdit_ulysses.sh:
+# test_cuda_mmdit_ulysses, HunyuanVideo-1.5's GPU model).
 . "${top_srcdir:-.}/tests/tap.sh"
 MPIEXEC=${MPIEXEC:-mpirun}
 n_gpus=0
@@ -14,7 +15,7 @@ for n in 2 4; do
         tap_result 0 "$n GPU ranks: groups of 2$([ $n -ge 4 ] && echo ' and 4') # SKIP $n_gpus GPU rank(s) possible, $n needed"
         continue
     fi
-    out=$($MPIEXEC -np $n --oversubscribe "${top_builddir:-.}/tests/test_cuda_ulysses" 2>&1); status=$?
+    out=$($MPIEXEC -np $n --oversubscribe "${top_builddir:-.}/tests/${ULYSSES_PROGRAM:-test_cuda_ulysses}" 2>&1); status=$?
     printf '%s\n' "$out" | sed 's/^/# /'
     if [ $status -eq 0 ] && printf '%s\n' "$out" | grep -q '^1\.\.0 # SKIP'; then
         tap_result 0 "$n GPU ranks # SKIP $(printf '%s\n' "$out" | sed -n 's/^1\.\.0 # SKIP //p' | head -1)"
