@@ -1,4 +1,4 @@
-/* ulysses_check.h — shared by the MPI tests of the CPU models' sequence parallelism (test_mpi_ulysses, test_mpi_mmdit_ulysses): one micro-batch run alone and on a group, and the group's summed results against the lone ones. */
+/* ulysses_check.h — shared by the MPI tests of the CPU models' sequence parallelism (test_mpi_ulysses, test_mpi_mmdit_ulysses): one micro-batch run alone and on a group, the group's summed results against the lone ones, and the TAP loop over group sizes and cases. */
 #ifndef ALDIT_TEST_ULYSSES_CHECK_H
 #define ALDIT_TEST_ULYSSES_CHECK_H
 
@@ -109,6 +109,59 @@ static inline double ulysses_worst_difference(const model *m, const ulysses_resu
         snprintf(where, where_size, "the whole gradient");
     }
     return worst;
+}
+
+
+/* Collective: the batch run alone and on this rank's group of k, compared by ulysses_worst_difference (a failure told
+   on stderr, "# rank R: NAME, k = K: ..."), then extra(context, k, &grouped) where extra is given (1: it failed).
+   Returns 1 on any rank's failure; the ranks' largest whole-gradient difference in *whole_out. */
+static inline int ulysses_check_group(model *m, const model_batch *batch, const char *name, int k, const comm_info *info,
+                                      int (*extra)(const void *context, int k, const ulysses_result *grouped),
+                                      const void *context, double *whole_out)
+{
+    ulysses_result alone = ulysses_run(m, batch, 1), grouped = ulysses_run(m, batch, k);
+    char where[160];
+    double whole = 0, worst = ulysses_worst_difference(m, &grouped, &alone, batch->n_samples, where, sizeof where, &whole);
+    int failed = !(worst <= 1.0);
+    if (failed)
+        fprintf(stderr, "# rank %d: %s, k = %d: %s differs by %.3g of its tolerance (loss %.9g, alone %.9g)\n",
+                info->rank, name, k, where, worst, grouped.loss, alone.loss);
+    if (extra) failed |= extra(context, k, &grouped);
+    comm_allreduce_max_f64(&whole, 1);
+    *whole_out = whole;
+    ulysses_result_free(&alone);
+    ulysses_result_free(&grouped);
+    return comm_allreduce_or_int(failed);
+}
+
+/* Collective: for k = 2 and 4 and each of the n_cases cases, check(m, c, k, info, &whole) (1: failed on a rank; the
+   whole gradient's difference in whole), one TAP line each from rank 0 naming case_name(c), `also` appended to what
+   it says; a k the ranks do not allow is skipped. Prints the plan first; returns 1 when any failed. */
+static inline int ulysses_tap_cases(model *m, const comm_info *info, int n_cases, const char *(*case_name)(int c),
+                                    int (*check)(model *m, int c, int k, const comm_info *info, double *whole),
+                                    const char *also)
+{
+    const int groups[2] = {2, 4};
+    if (info->rank == 0) printf("1..%d\n", 2 * n_cases);
+    int failed = 0, test = 0;
+    for (int g = 0; g < 2; g++)
+        for (int c = 0; c < n_cases; c++) {
+            const int k = groups[g];
+            test++;
+            if (k > info->n_ranks || info->n_ranks % k != 0) {
+                if (info->rank == 0) printf("ok %d - %s, k = %d # SKIP %d ranks\n", test, case_name(c), k, info->n_ranks);
+                continue;
+            }
+            double worst = 0;
+            const int bad = check(m, c, k, info, &worst);
+            failed |= bad;
+            if (info->rank == 0)
+                printf("%s %d - %s, k = %d on %d ranks: loss, per-sample losses and the weight gradient summed over "
+                       "the group equal k = 1's within %g relative (gradient: %.2g), each tensor within %g%s\n",
+                       bad ? "not ok" : "ok", test, case_name(c), k, info->n_ranks, ULYSSES_TOLERANCE, worst,
+                       ULYSSES_TENSOR_TOLERANCE, also);
+        }
+    return failed;
 }
 
 #endif
