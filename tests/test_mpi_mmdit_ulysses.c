@@ -50,9 +50,11 @@ static void test_deck(deck *config)
 
 /* Random weights (norm weights about 1); the ByT5 projection's 2048-wide layers scaled down so that its output stays
    of order one. */
-static void random_model(model *m, const deck *config)
+static void random_model(model *m)
 {
-    model_create(m, config);
+    deck config;
+    test_deck(&config);
+    model_create(m, &config);
     model_init_gaussian(m, 5, 0.3f);
     const char *wide[] = {"context_embedder_2.linear_2.weight", "context_embedder_2.linear_3.weight"};
     for (int k = 0; k < 2; k++) {
@@ -146,15 +148,7 @@ static const char *case_name(int c) { return CASES[c].name; }
 
 int main(int argc, char **argv)
 {
-    comm_info info = comm_init(&argc, &argv);
-    comm_groups_init(4);
-    deck config;
-    test_deck(&config);
-    model m;
-    random_model(&m, &config);
-    const int failed = ulysses_tap_cases(&m, &info, N_CASES, case_name, check_case,
-                                         "; each member's loss parts follow its video slice");
-    model_free(&m);
-    comm_finalize();
-    return failed;
+    const ulysses_suite suite = {random_model, N_CASES, case_name, check_case,
+                                 "; each member's loss parts follow its video slice"};
+    return ulysses_main(argc, argv, &suite);
 }

@@ -48,6 +48,14 @@ static void test_deck(deck *config)
     config->model.init_std = 0.02;
 }
 
+static void random_model(model *m)
+{
+    deck config;
+    test_deck(&config);
+    model_create(m, &config);
+    model_init_gaussian(m, 5, 0.2f);
+}
+
 typedef struct {
     int32_t frames[MAX_SAMPLES], height[MAX_SAMPLES], width[MAX_SAMPLES], text_len[MAX_SAMPLES];
     float sigma[MAX_SAMPLES];
@@ -96,15 +104,6 @@ static const char *case_name(int c) { return CASES[c].name; }
 
 int main(int argc, char **argv)
 {
-    comm_info info = comm_init(&argc, &argv);
-    comm_groups_init(4);
-    deck config;
-    test_deck(&config);
-    model m;
-    model_create(&m, &config);
-    model_init_gaussian(&m, 5, 0.2f);
-    const int failed = ulysses_tap_cases(&m, &info, N_CASES, case_name, check_case, "");
-    model_free(&m);
-    comm_finalize();
-    return failed;
+    const ulysses_suite suite = {random_model, N_CASES, case_name, check_case, ""};
+    return ulysses_main(argc, argv, &suite);
 }
