@@ -1,5 +1,6 @@
 // carver.cuh — hands out LAYOUT_GPU_ALIGN-aligned pieces of one device allocation (the GPU models' arenas), or only
-// counts them: the memory formula's padding (model/layout.h) is this alignment.
+// counts them: the memory formula's padding (model/layout.h) is this alignment; and the sequence-parallel head
+// layout's per-block attention tensors, carved alike by both GPU models.
 #ifndef ALDIT_CARVER_CUH
 #define ALDIT_CARVER_CUH
 
@@ -24,6 +25,24 @@ struct carver {
         return piece;
     }
 };
+
+// Per block (`layers` of them) a head layout's set of attention tensors at this member's heads, in this order: q, k, v
+// and the output (s.*out), rows x dk values each, then the log-sum-exps, rows x hk fp32. The blocks from n_sets on
+// share set 0 (block recomputation, which re-runs the exchange with each block: n_sets 1).
+template <typename Set, typename T>
+void carve_head_sets(carver &c, Set *sets, T *Set::*out, int layers, int n_sets, int64_t rows, int64_t dk, int64_t hk)
+{
+    for (int l = 0; l < layers; ++l) {
+        Set &s = sets[l];
+        if (l >= n_sets) {
+            s = sets[0];
+            continue;
+        }
+        T **tensors[] = {&s.q, &s.k, &s.v, &(s.*out)};
+        for (T **p : tensors) *p = c.take<T>(rows * dk);
+        s.lse = c.take<float>(rows * hk);
+    }
+}
 
 }  // namespace
 

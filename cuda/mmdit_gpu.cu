@@ -1142,16 +1142,7 @@ void carve_sp(mmdit_gpu *mm, carver &c)
     group_state &sp = mm->sp;
     const int64_t J = mm->n_joint, Dk = mm->D / sp.k, Hk = mm->H / sp.k, T = sp.n_video + sp.n_text;
     const int sets = mm->recompute == GPU_RECOMPUTE_BLOCK ? 1 : mm->layers;
-    for (int l = 0; l < mm->layers; ++l) {
-        joint_tensors &j = sp.sets[l];
-        if (l >= sets) {
-            j = sp.sets[0];
-            continue;
-        }
-        gpu_bf16 **tensors[] = {&j.q, &j.k, &j.v, &j.a};
-        for (gpu_bf16 **p : tensors) *p = c.take<gpu_bf16>(J * Dk);
-        j.lse = c.take<float>(J * Hk);
-    }
+    carve_head_sets(c, sp.sets, &joint_tensors::a, mm->layers, sets, J, Dk, Hk);
     gpu_bf16 **grads[] = {&sp.grads.o, &sp.grads.q, &sp.grads.k, &sp.grads.v};
     for (gpu_bf16 **p : grads) *p = c.take<gpu_bf16>(J * Dk);
     sp.recv = c.take<gpu_bf16>(3 * T * Dk);

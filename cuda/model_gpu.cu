@@ -466,16 +466,7 @@ void layout_sp(gpu_model *gm, carver &c, const batch_dims &d)
     sp_state &sp = gm->sp;
     const int64_t rows = sp.n_total + kTileSlack, Dk = gm->dim / sp.size, Hk = gm->num_heads / sp.size;
     const int sets = gm->recompute == GPU_RECOMPUTE_BLOCK ? 1 : gm->num_layers;
-    for (int l = 0; l < gm->num_layers; ++l) {
-        sp_heads &h = sp.heads[l];
-        if (l >= sets) {
-            h = sp.heads[0];
-            continue;
-        }
-        gpu_bf16 **tensors[] = {&h.q, &h.k, &h.v, &h.attn};
-        for (gpu_bf16 **p : tensors) *p = c.take<gpu_bf16>(rows * Dk);
-        h.lse = c.take<float>(rows * Hk);
-    }
+    carve_head_sets(c, sp.heads, &sp_heads::attn, gm->num_layers, sets, rows, Dk, Hk);
     gpu_bf16 **grads[] = {&sp.d_attn, &sp.d_q, &sp.d_k, &sp.d_v};
     for (gpu_bf16 **p : grads) *p = c.take<gpu_bf16>(rows * Dk);
     sp.xchg = c.take<gpu_bf16>(3 * d.n_tokens * gm->dim);

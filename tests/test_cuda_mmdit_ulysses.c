@@ -12,15 +12,11 @@
 
 #include "core/check.h"
 #include "core/rng.h"
-#include "cuda/gpu.h"
-#include "cuda/gradsync.h"
-#include "cuda/model_gpu.h"
-#include "cuda/seqpar_gpu.h"
+#include "cuda_ulysses_harness.h"
 #include "model/model.h"
 
-static const double kLossTolerance = 2e-2;     /* relative, as tests/test_cuda_ulysses.c for Wan */
-static const double kGradientTolerance = 5e-2; /* relative, whole vector and each parameter */
 enum { MAX_SAMPLES = 3, N_CASES = 3, CAPACITY_TOKENS = 2048, CAPACITY_TEXT = 96 };
+_Static_assert(MAX_SAMPLES <= ULYSSES_GPU_MAX_SAMPLES, "a result holds every sample's loss");
 
 typedef struct {
     const char *name;
@@ -124,54 +120,6 @@ static void free_batch(case_batch *t)
     free(t->image);
 }
 
-typedef struct {
-    double loss, sample_loss[MAX_SAMPLES];
-    double *grads;   /* [n_weights], summed over the group */
-} result;
-
-/* One forward/backward of `batch` on group size k (1: alone), the loss, per-sample losses and gradients summed over
-   the group. */
-static result run(gpu_model *gm, const model *m, const model_batch *batch, int k, int rank)
-{
-    model_batch mine = *batch;
-    mine.sp_size = k;
-    mine.sp_rank = k > 1 ? rank % k : 0;
-    mine.sp_group = k > 1 ? comm_group_get(k) : NULL;
-    result r = {0};
-    gpu_model_zero_grads(gm, 0);
-    r.loss = gpu_model_forward_backward(gm, &mine, 1.0f / (float)batch->n_samples, r.sample_loss, 0);
-    float *grads = xmalloc((size_t)m->n_weights * sizeof(float));
-    gpu_model_download_grads(gm, grads);
-    r.grads = xmalloc((size_t)m->n_weights * sizeof(double));
-    for (int64_t i = 0; i < m->n_weights; i++) r.grads[i] = grads[i];
-    free(grads);
-    if (k > 1) {
-        comm_group_allreduce_sum_f64(mine.sp_group, &r.loss, 1);
-        comm_group_allreduce_sum_f64(mine.sp_group, r.sample_loss, batch->n_samples);
-        for (int64_t first = 0; first < m->n_weights; first += 1 << 20) {
-            const int64_t left = m->n_weights - first;
-            comm_group_allreduce_sum_f64(mine.sp_group, r.grads + first, (int)(left < (1 << 20) ? left : 1 << 20));
-        }
-    }
-    return r;
-}
-
-static double norm_of(const double *a, int64_t n)
-{
-    double sum = 0.0;
-    for (int64_t i = 0; i < n; i++) sum += a[i] * a[i];
-    return sqrt(sum);
-}
-
-/* ||a - b|| / max(||b||, floor) over n values. */
-static double relative(const double *a, const double *b, int64_t n, double floor)
-{
-    double diff = 0.0;
-    for (int64_t i = 0; i < n; i++) diff += (a[i] - b[i]) * (a[i] - b[i]);
-    const double norm = norm_of(b, n), scale = norm > floor ? norm : floor;
-    return scale > 0.0 ? sqrt(diff) / scale : sqrt(diff);
-}
-
 /* Per parameter, the norm its error is measured against at least (beside 1e-3 of the whole gradient's): for a bias
    whose exact gradient is zero — the token refiner's key bias: softmax ignores a bias added to every key where no
    norm follows — its weight's gradient norm, as cuda_test_util.c's expect_gpu_matches_cpu; such a bias is one whose
@@ -204,37 +152,21 @@ static double *zero_bias_floors(model *m, const model_batch *batch)
 /* The worst of the checks as a fraction of its tolerance (<= 1 passes), naming it in `where`. A parameter whose
    gradient is under 1e-3 of the whole one is measured against that floor (bf16 rounding of a sum that nearly cancels),
    a bias of exact zero gradient against its weight's (zero_bias_floors). */
-static double worst_fraction(const model *m, const result *got, const result *want, int n_samples,
-                             const double *floors, char *where, size_t size, double *whole_out)
+static double worst_fraction(const model *m, const ulysses_gpu_result *got, const ulysses_gpu_result *want,
+                             int n_samples, const double *floors, char *where, size_t size, double *whole_out)
 {
-    double worst = fabs(got->loss - want->loss) / (kLossTolerance * fabs(want->loss));
+    double worst = fabs(got->loss - want->loss) / (ULYSSES_GPU_LOSS_TOLERANCE * fabs(want->loss));
     snprintf(where, size, "the loss (%.7g vs %.7g)", got->loss, want->loss);
     for (int b = 0; b < n_samples; b++) {
-        const double f = fabs(got->sample_loss[b] - want->sample_loss[b]) / (kLossTolerance * fabs(want->sample_loss[b]));
+        const double f = fabs(got->sample_loss[b] - want->sample_loss[b]) /
+                         (ULYSSES_GPU_LOSS_TOLERANCE * fabs(want->sample_loss[b]));
         if (!(f <= worst)) { worst = f; snprintf(where, size, "sample %d's loss (%.7g vs %.7g)", b, got->sample_loss[b],
                                                  want->sample_loss[b]); }
     }
-    const double whole = relative(got->grads, want->grads, m->n_weights, 0.0);
-    *whole_out = whole;
-    if (!(whole / kGradientTolerance <= worst)) { worst = whole / kGradientTolerance; snprintf(where, size, "the gradient"); }
-    const double norm = norm_of(want->grads, m->n_weights);
-    for (int p = 0; p < m->n_params; p++) {
-        const param_info *info = &m->params[p];
-        const double floor = floors[p] > 1e-3 * norm ? floors[p] : 1e-3 * norm;
-        const double f = relative(got->grads + info->offset, want->grads + info->offset, info->n_elements, floor) /
-                         kGradientTolerance;
-        if (!(f <= worst)) { worst = f; snprintf(where, size, "the gradient of %s", info->name); }
-    }
-    return worst;
+    return ulysses_gpu_gradient_worst(m, got, want, floors, worst, where, size, whole_out);
 }
 
-typedef struct {
-    gpu_recompute recompute;
-    gpu_attention_choice attention;
-    const char *name;
-} model_mode;
-
-static const model_mode MODES[] = {
+static const ulysses_gpu_mode MODES[] = {
     {GPU_RECOMPUTE_NONE, GPU_ATTENTION_AUTO, "recompute none, cuDNN from 64 joint rows where available"},
     {GPU_RECOMPUTE_BLOCK, GPU_ATTENTION_AUTO, "recompute block, cuDNN from 64 joint rows where available"},
     {GPU_RECOMPUTE_NONE, GPU_ATTENTION_OWN, "recompute none, own attention"},
@@ -242,9 +174,10 @@ static const model_mode MODES[] = {
 enum { N_MODES = sizeof MODES / sizeof MODES[0] };
 
 /* Collective: one case in one mode on groups of k; 1 on any rank's failure. */
-static int check_case(model *m, const seqpar_gpu *groups, const test_case *c, const model_mode *mode, int k,
+static int check_case(model *m, const seqpar_gpu *groups, int index, const ulysses_gpu_mode *mode, int k,
                       const comm_info *info, double *whole_out)
 {
+    const test_case *c = &CASES[index];
     case_batch t;
     make_batch(&t, m, c);
     double *floors = zero_bias_floors(m, &t.batch);
@@ -252,9 +185,10 @@ static int check_case(model *m, const seqpar_gpu *groups, const test_case *c, co
     gpu_model_set_attention(gm, mode->attention, 64);
     gpu_model_set_seqpar(gm, groups);
     gpu_model_upload_weights(gm, m->weights);
-    result alone = run(gm, m, &t.batch, 1, info->rank), grouped = run(gm, m, &t.batch, k, info->rank);
+    ulysses_gpu_result alone = ulysses_gpu_run(gm, m, &t.batch, 1, info->rank),
+                       grouped = ulysses_gpu_run(gm, m, &t.batch, k, info->rank);
     /* the group buffers were grown on the first grouped call: a second gives the same parts */
-    result again = run(gm, m, &t.batch, k, info->rank);
+    ulysses_gpu_result again = ulysses_gpu_run(gm, m, &t.batch, k, info->rank);
     char where[200];
     double whole = 0.0;
     double worst = worst_fraction(m, &grouped, &alone, c->n_samples, floors, where, sizeof where, &whole);
@@ -278,51 +212,12 @@ static int check_case(model *m, const seqpar_gpu *groups, const test_case *c, co
     return comm_allreduce_or_int(failed);
 }
 
+static const char *case_name(int c) { return CASES[c].name; }
+
 int main(int argc, char **argv)
 {
-    comm_info info = comm_init(&argc, &argv);
-    gpu_select(info.local_rank);
-    comm_groups_init(4);
-    model m;
-    tiny_model(&m);
-    gradsync *sync = gradsync_create(&info, m.n_weights, 0);
-    seqpar_gpu *groups = seqpar_gpu_create(sync, info.rank);
-    if (seqpar_gpu_count(groups) == 0) {
-        if (info.rank == 0) printf("1..0 # SKIP no NCCL group on %d rank(s) (a build without NCCL, or one rank)\n", info.n_ranks);
-        seqpar_gpu_free(groups);
-        gradsync_free(sync);
-        model_free(&m);
-        comm_finalize();
-        return 0;
-    }
-    const int sizes[2] = {2, 4};
-    if (info.rank == 0) printf("1..%d\n", 2 * N_CASES * N_MODES);
-    int failed = 0, test = 0;
-    for (int g = 0; g < 2; g++)
-        for (int c = 0; c < N_CASES; c++)
-            for (int mode = 0; mode < N_MODES; mode++) {
-                const int k = sizes[g];
-                test++;
-                if (!seqpar_gpu_get(groups, k)) {
-                    if (info.rank == 0)
-                        printf("ok %d - %s, %s, k = %d # SKIP %d ranks\n", test, CASES[c].name, MODES[mode].name, k,
-                               info.n_ranks);
-                    continue;
-                }
-                double whole = 0.0;
-                const int bad = check_case(&m, groups, &CASES[c], &MODES[mode], k, &info, &whole);
-                failed |= bad;
-                if (info.rank == 0)
-                    printf("%s %d - %s, %s, k = %d on %d GPU ranks: loss, per-sample losses and weight gradients "
-                           "summed over the group equal k = 1's within %g and %g relative (gradient: %.2g)\n",
-                           bad ? "not ok" : "ok", test, CASES[c].name, MODES[mode].name, k, info.n_ranks,
-                           kLossTolerance, kGradientTolerance, whole);
-            }
-    seqpar_gpu_free(groups);
-    gradsync_free(sync);
-    model_free(&m);
-    comm_finalize();
-    return failed;
+    const ulysses_gpu_suite suite = {tiny_model, N_CASES, case_name, MODES, N_MODES, check_case};
+    return ulysses_gpu_main(argc, argv, &suite);
 }
 
 #else

@@ -50,9 +50,11 @@ static void test_deck(deck *config)
 
 /* Random weights (norm weights about 1); the ByT5 projection's 2048-wide layers scaled down so that its output stays
    of order one. */
-static void random_model(model *m, const deck *config)
+static void random_model(model *m)
 {
-    model_create(m, config);
+    deck config;
+    test_deck(&config);
+    model_create(m, &config);
     model_init_gaussian(m, 5, 0.3f);
     const char *wide[] = {"context_embedder_2.linear_2.weight", "context_embedder_2.linear_3.weight"};
     for (int k = 0; k < 2; k++) {
@@ -107,10 +109,13 @@ static void free_batch(case_batch *t)
     free(t->latents); free(t->noise); free(t->text); free(t->text_2); free(t->image);
 }
 
-/* 1 where this member's own per-sample loss parts break the split: a part nonzero for a sample none of whose video
-   rows lie in [p Tv/k, (p+1) Tv/k), or zero for one that has some there. */
-static int split_broken(const test_case *c, int k, int member, const double *mine)
+/* 1 where this member's (p of k) own per-sample loss parts in the grouped result break the split of case `context`: a
+   part nonzero for a sample none of whose video rows lie in [p Tv/k, (p+1) Tv/k), or zero for one that has some there. */
+static int split_broken(const void *context, int k, const ulysses_result *grouped)
 {
+    const test_case *c = context;
+    const int member = comm_group_rank(comm_group_get(k));
+    const double *mine = grouped->mine;
     int64_t total = 0;
     for (int b = 0; b < c->n_samples; b++) total += (int64_t)c->shape[b][0] * (c->shape[b][1] / 2) * (c->shape[b][2] / 2);
     const int64_t lo = total * member / k, hi = total * (member + 1) / k;
@@ -129,56 +134,21 @@ static int split_broken(const test_case *c, int k, int member, const double *min
 }
 
 /* One case with the group of k: 0 when every rank's group agrees with its k = 1 results. */
-static int check_case(model *m, const test_case *c, int k, const comm_info *info, double *worst_out)
+static int check_case(model *m, int index, int k, const comm_info *info, double *worst_out)
 {
+    const test_case *c = &CASES[index];
     case_batch t;
     make_batch(&t, m, c);
-    ulysses_result alone = ulysses_run(m, &t.batch, 1), grouped = ulysses_run(m, &t.batch, k);
-    char where[160];
-    double whole = 0, worst = ulysses_worst_difference(m, &grouped, &alone, c->n_samples, where, sizeof where, &whole);
-    int failed = !(worst <= 1.0);
-    if (failed)
-        fprintf(stderr, "# rank %d: %s, k = %d: %s differs by %.3g of its tolerance (loss %.9g, alone %.9g)\n",
-                info->rank, c->name, k, where, worst, grouped.loss, alone.loss);
-    failed |= split_broken(c, k, comm_group_rank(comm_group_get(k)), grouped.mine);
-    comm_allreduce_max_f64(&whole, 1);
-    *worst_out = whole;
-    ulysses_result_free(&alone);
-    ulysses_result_free(&grouped);
+    const int failed = ulysses_check_group(m, &t.batch, c->name, k, info, split_broken, c, worst_out);
     free_batch(&t);
-    return comm_allreduce_or_int(failed);
+    return failed;
 }
+
+static const char *case_name(int c) { return CASES[c].name; }
 
 int main(int argc, char **argv)
 {
-    comm_info info = comm_init(&argc, &argv);
-    comm_groups_init(4);
-    deck config;
-    test_deck(&config);
-    model m;
-    random_model(&m, &config);
-    const int groups[2] = {2, 4};
-    if (info.rank == 0) printf("1..%d\n", 2 * N_CASES);
-    int failed = 0, test = 0;
-    for (int g = 0; g < 2; g++)
-        for (int c = 0; c < N_CASES; c++) {
-            const int k = groups[g];
-            test++;
-            if (k > info.n_ranks || info.n_ranks % k != 0) {
-                if (info.rank == 0) printf("ok %d - %s, k = %d # SKIP %d ranks\n", test, CASES[c].name, k, info.n_ranks);
-                continue;
-            }
-            double worst = 0;
-            const int bad = check_case(&m, &CASES[c], k, &info, &worst);
-            failed |= bad;
-            if (info.rank == 0)
-                printf("%s %d - %s, k = %d on %d ranks: loss, per-sample losses and the weight gradient summed over "
-                       "the group equal k = 1's within %g relative (gradient: %.2g), each tensor within %g; each "
-                       "member's loss parts follow its video slice\n",
-                       bad ? "not ok" : "ok", test, CASES[c].name, k, info.n_ranks, ULYSSES_TOLERANCE, worst,
-                       ULYSSES_TENSOR_TOLERANCE);
-        }
-    model_free(&m);
-    comm_finalize();
-    return failed;
+    const ulysses_suite suite = {random_model, N_CASES, case_name, check_case,
+                                 "; each member's loss parts follow its video slice"};
+    return ulysses_main(argc, argv, &suite);
 }

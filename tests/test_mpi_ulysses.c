@@ -48,6 +48,14 @@ static void test_deck(deck *config)
     config->model.init_std = 0.02;
 }
 
+static void random_model(model *m)
+{
+    deck config;
+    test_deck(&config);
+    model_create(m, &config);
+    model_init_gaussian(m, 5, 0.2f);
+}
+
 typedef struct {
     int32_t frames[MAX_SAMPLES], height[MAX_SAMPLES], width[MAX_SAMPLES], text_len[MAX_SAMPLES];
     float sigma[MAX_SAMPLES];
@@ -82,55 +90,20 @@ static void make_batch(case_batch *t, const model *m, const test_case *c)
 }
 
 /* One case with the group of k: 0 when every rank's group agrees with its k = 1 results. */
-static int check_case(model *m, const test_case *c, int k, const comm_info *info, double *worst_out)
+static int check_case(model *m, int index, int k, const comm_info *info, double *worst_out)
 {
+    const test_case *c = &CASES[index];
     case_batch t;
     make_batch(&t, m, c);
-    ulysses_result alone = ulysses_run(m, &t.batch, 1), grouped = ulysses_run(m, &t.batch, k);
-    char where[160];
-    double whole = 0, worst = ulysses_worst_difference(m, &grouped, &alone, c->n_samples, where, sizeof where, &whole);
-    const int failed = !(worst <= 1.0);
-    if (failed)
-        fprintf(stderr, "# rank %d: %s, k = %d: %s differs by %.3g of its tolerance (loss %.9g, alone %.9g)\n",
-                info->rank, c->name, k, where, worst, grouped.loss, alone.loss);
-    comm_allreduce_max_f64(&whole, 1);
-    *worst_out = whole;
-    ulysses_result_free(&alone);
-    ulysses_result_free(&grouped);
+    const int failed = ulysses_check_group(m, &t.batch, c->name, k, info, NULL, NULL, worst_out);
     free(t.latents); free(t.noise); free(t.text);
-    return comm_allreduce_or_int(failed);
+    return failed;
 }
+
+static const char *case_name(int c) { return CASES[c].name; }
 
 int main(int argc, char **argv)
 {
-    comm_info info = comm_init(&argc, &argv);
-    comm_groups_init(4);
-    deck config;
-    test_deck(&config);
-    model m;
-    model_create(&m, &config);
-    model_init_gaussian(&m, 5, 0.2f);
-    const int groups[2] = {2, 4};
-    if (info.rank == 0) printf("1..%d\n", 2 * N_CASES);
-    int failed = 0, test = 0;
-    for (int g = 0; g < 2; g++)
-        for (int c = 0; c < N_CASES; c++) {
-            const int k = groups[g];
-            test++;
-            if (k > info.n_ranks || info.n_ranks % k != 0) {
-                if (info.rank == 0) printf("ok %d - %s, k = %d # SKIP %d ranks\n", test, CASES[c].name, k, info.n_ranks);
-                continue;
-            }
-            double worst = 0;
-            const int bad = check_case(&m, &CASES[c], k, &info, &worst);
-            failed |= bad;
-            if (info.rank == 0)
-                printf("%s %d - %s, k = %d on %d ranks: loss, per-sample losses and the weight gradient summed over "
-                       "the group equal k = 1's within %g relative (gradient: %.2g), each tensor within %g\n",
-                       bad ? "not ok" : "ok", test, CASES[c].name, k, info.n_ranks, ULYSSES_TOLERANCE, worst,
-                       ULYSSES_TENSOR_TOLERANCE);
-        }
-    model_free(&m);
-    comm_finalize();
-    return failed;
+    const ulysses_suite suite = {random_model, N_CASES, case_name, check_case, ""};
+    return ulysses_main(argc, argv, &suite);
 }

@@ -1,4 +1,4 @@
-/* ulysses_check.h — shared by the MPI tests of the CPU models' sequence parallelism (test_mpi_ulysses, test_mpi_mmdit_ulysses): one micro-batch run alone and on a group, and the group's summed results against the lone ones. */
+/* ulysses_check.h — shared by the MPI tests of the CPU models' sequence parallelism (test_mpi_ulysses, test_mpi_mmdit_ulysses): one micro-batch run alone and on a group, the group's summed results against the lone ones, and the TAP main over group sizes and cases. */
 #ifndef ALDIT_TEST_ULYSSES_CHECK_H
 #define ALDIT_TEST_ULYSSES_CHECK_H
 
@@ -109,6 +109,71 @@ static inline double ulysses_worst_difference(const model *m, const ulysses_resu
         snprintf(where, where_size, "the whole gradient");
     }
     return worst;
+}
+
+
+/* Collective: the batch run alone and on this rank's group of k, compared by ulysses_worst_difference (a failure told
+   on stderr, "# rank R: NAME, k = K: ..."), then extra(context, k, &grouped) where extra is given (1: it failed).
+   Returns 1 on any rank's failure; the ranks' largest whole-gradient difference in *whole_out. */
+static inline int ulysses_check_group(model *m, const model_batch *batch, const char *name, int k, const comm_info *info,
+                                      int (*extra)(const void *context, int k, const ulysses_result *grouped),
+                                      const void *context, double *whole_out)
+{
+    ulysses_result alone = ulysses_run(m, batch, 1), grouped = ulysses_run(m, batch, k);
+    char where[160];
+    double whole = 0, worst = ulysses_worst_difference(m, &grouped, &alone, batch->n_samples, where, sizeof where, &whole);
+    int failed = !(worst <= 1.0);
+    if (failed)
+        fprintf(stderr, "# rank %d: %s, k = %d: %s differs by %.3g of its tolerance (loss %.9g, alone %.9g)\n",
+                info->rank, name, k, where, worst, grouped.loss, alone.loss);
+    if (extra) failed |= extra(context, k, &grouped);
+    comm_allreduce_max_f64(&whole, 1);
+    *whole_out = whole;
+    ulysses_result_free(&alone);
+    ulysses_result_free(&grouped);
+    return comm_allreduce_or_int(failed);
+}
+
+typedef struct {
+    void (*make_model)(model *m);   /* the test model, the same on every rank */
+    int n_cases;
+    const char *(*case_name)(int c);
+    /* Collective: case c on groups of k; 1 on any rank's failure, the whole gradient's difference in *whole */
+    int (*check)(model *m, int c, int k, const comm_info *info, double *whole);
+    const char *also;               /* appended to what each TAP line says ("" for nothing) */
+} ulysses_suite;
+
+/* The test program: MPI, groups up to 4 and the suite's model; the plan, then for k = 2 and 4 and each case one TAP
+   line from rank 0 (a k the ranks do not allow skipped). Returns the exit status: 1 when any check failed. */
+static inline int ulysses_main(int argc, char **argv, const ulysses_suite *s)
+{
+    comm_info info = comm_init(&argc, &argv);
+    comm_groups_init(4);
+    model m;
+    s->make_model(&m);
+    const int groups[2] = {2, 4};
+    if (info.rank == 0) printf("1..%d\n", 2 * s->n_cases);
+    int failed = 0, test = 0;
+    for (int g = 0; g < 2; g++)
+        for (int c = 0; c < s->n_cases; c++) {
+            const int k = groups[g];
+            test++;
+            if (k > info.n_ranks || info.n_ranks % k != 0) {
+                if (info.rank == 0) printf("ok %d - %s, k = %d # SKIP %d ranks\n", test, s->case_name(c), k, info.n_ranks);
+                continue;
+            }
+            double worst = 0;
+            const int bad = s->check(&m, c, k, &info, &worst);
+            failed |= bad;
+            if (info.rank == 0)
+                printf("%s %d - %s, k = %d on %d ranks: loss, per-sample losses and the weight gradient summed over "
+                       "the group equal k = 1's within %g relative (gradient: %.2g), each tensor within %g%s\n",
+                       bad ? "not ok" : "ok", test, s->case_name(c), k, info.n_ranks, ULYSSES_TOLERANCE, worst,
+                       ULYSSES_TENSOR_TOLERANCE, s->also);
+        }
+    model_free(&m);
+    comm_finalize();
+    return failed;
 }
 
 #endif
