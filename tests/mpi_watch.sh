@@ -16,7 +16,8 @@ tap_result $? "a step's deadline passed in its work, every rank answering: the w
 stall each
 printf '%s\n' "$out" | grep -q "aldit: error: unit stream: a collective has not completed in [12] s of waiting although every rank answers" &&
     test "$status" -ne 0
-tap_result $? "a wait's own deadline passed, every rank answering: the collective has not completed (exit $status)" "$out"
+tap_result $? "a wait's own deadline passed, every rank answering: the collective did not complete (exit $status)" \
+    "$out"
 stall stopped
 printf '%s\n' "$out" | grep -q "aldit: error: unit step: rank 1 (of 2) has not arrived by the deadline (the deadline counts from \(0\.[5-9]\|[1-9][0-9]*\.[0-9]\) s ago, this wait began 0\.[0-9] s ago) and has not answered in 1 s" &&
     test "$status" -ne 0

@@ -1,7 +1,8 @@
 /* test_mpi_watch.c — run under mpirun (2 ranks) by mpi_watch.sh: one stall of comm.h's watch, named by the argument,
    which ends the job through rank 0's report (mpi_watch.sh reads it): "step" (a whole-span deadline passed during the
    work before the wait, rank 1 arriving within the grace), "each" (a per-wait deadline, rank 1 arriving within the
-   grace), "stopped" (a whole-span deadline, rank 1 not arriving within the grace). Exit 3 if the collective completes. */
+   grace), "stopped" (a whole-span deadline, rank 1 not arriving within the grace). Exit 3 if the collective
+   completes. */
 #include "core/comm.h"
 
 #include <stdio.h>

@@ -65,8 +65,8 @@ static void answer_pings(void)
 static void describe_wait(char *text, size_t size, double waited)
 {
     if (watch.each > 0) snprintf(text, size, "waited %.0f s", waited);
-    else snprintf(text, size, "the deadline counts from %.1f s ago, this wait began %.1f s ago", MPI_Wtime() - watch.began,
-                  waited);
+    else snprintf(text, size, "the deadline counts from %.1f s ago, this wait began %.1f s ago",
+                  MPI_Wtime() - watch.began, waited);
 }
 
 /* Rank 0, past the deadline: ask every rank, wait `grace` seconds, name those that did not answer, abort. */

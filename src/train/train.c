@@ -771,8 +771,8 @@ static void restore_fp8_state(trainer *t, const char *path)
     t->resumed_fp8_bytes = 0;
 }
 
-/* The start-up's watch (watchdog.h): from the run folder to the first step, each collective's wait under the first
-   step's deadline, so that a rank stopped there is named (the load of the state has its own watch). */
+/* The start-up's watch (watchdog.h): from train_run's first collective to the first step, each collective's wait
+   under the first step's deadline, so that a rank stopped there is named (the load of the state has its own watch). */
 static void watch_start_up(const deck *config, int rank)
 {
     watchdog_phase_begin(rank, "start-up", watchdog_timeout(config, 0.0, 1));

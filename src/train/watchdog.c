@@ -1,4 +1,5 @@
-/* watchdog.c — the step deadline: how long a step may take, and the comm watch over its collectives. */
+/* watchdog.c — the step deadline: how long a step may take, the comm watch over its collectives (and over the state's
+   streams, the start-up and the run's end), and the test hook that stops a rank at a named place. */
 #include "train/watchdog.h"
 #include "core/check.h"
 #include "core/comm.h"
