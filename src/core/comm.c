@@ -16,6 +16,7 @@ enum { TAG_PING = 7301, TAG_PONG = 7302 };
 
 static struct {
     int on;
+    double began; /* comm_time when the watch began: a whole-span watch's deadline counts from about then */
     double deadline, grace;
     double each; /* > 0: each wait's own deadline, seconds after it began (comm_watch_each); deadline unused */
     char what[160];
@@ -24,6 +25,7 @@ static struct {
 void comm_watch_begin(double deadline, double grace, const char *what)
 {
     watch.on = 1;
+    watch.began = MPI_Wtime();
     watch.deadline = deadline;
     watch.each = 0.0;
     watch.grace = grace > 0 ? grace : 1.0;
@@ -58,9 +60,20 @@ static void answer_pings(void)
     }
 }
 
+/* How long the stalled wait lasted and, for a watch whose deadline spans several waits and the work between them (a
+   step), how long the watch had run: the deadline counts the work between the waits too. */
+static void describe_wait(char *text, size_t size, double waited)
+{
+    if (watch.each > 0) snprintf(text, size, "waited %.0f s", waited);
+    else snprintf(text, size, "the deadline counts from %.1f s ago, this wait began %.1f s ago",
+                  MPI_Wtime() - watch.began, waited);
+}
+
 /* Rank 0, past the deadline: ask every rank, wait `grace` seconds, name those that did not answer, abort. */
 _Noreturn static void report_stall(double waited)
 {
+    char how_long[128];
+    describe_wait(how_long, sizeof how_long, waited);
     int n_ranks = 1;
     MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &n_ranks));
     MPI_Request *requests = calloc(2 * (size_t)n_ranks, sizeof *requests);
@@ -90,14 +103,18 @@ _Noreturn static void report_stall(double waited)
     }
     fflush(stdout);
     if (missing > 0)
-        fprintf(stderr, "aldit: error: %s: rank%s %s%s (of %d) %s not arrived by the deadline (waited %.0f s) and %s not "
+        fprintf(stderr, "aldit: error: %s: rank%s %s%s (of %d) %s not arrived by the deadline (%s) and %s not "
                 "answered in %.0f s (stopped or stalled: a signal, a hung file system or device, a dead node); "
                 "aborting the job so that it can be requeued\n", watch.what, missing > 1 ? "s" : "", names,
-                missing > 32 ? " ..." : "", n_ranks, missing > 1 ? "have" : "has", waited, missing > 1 ? "have" : "has",
-                watch.grace);
-    else
+                missing > 32 ? " ..." : "", n_ranks, missing > 1 ? "have" : "has", how_long,
+                missing > 1 ? "have" : "has", watch.grace);
+    else if (watch.each > 0)
         fprintf(stderr, "aldit: error: %s: a collective has not completed in %.0f s of waiting although every rank "
                 "answers (the network?); aborting the job so that it can be requeued\n", watch.what, waited);
+    else
+        fprintf(stderr, "aldit: error: %s: past the deadline (%s) and every rank answers: the work outlasted the "
+                "deadline (a loaded machine, or a deadline too short for it) or a collective does not complete (the "
+                "network?); aborting the job so that it can be requeued\n", watch.what, how_long);
     fflush(stderr);
     comm_abort(ALDIT_EXIT_ERROR);
 }
@@ -161,15 +178,29 @@ static void groups_free(void)
     groups_made = 0;
 }
 
+static void allreduce_on(MPI_Comm comm, void *values, size_t n_values, MPI_Datatype type, MPI_Op op);
+
 /* Whether every member of `comm` shares this rank's node, agreed over all ranks (collective on the world). */
 static int whole_on_one_node(MPI_Comm comm, int whole)
 {
     int low = node_leader, high = node_leader;
-    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &low, 1, MPI_INT, MPI_MIN, comm));
-    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &high, 1, MPI_INT, MPI_MAX, comm));
+    allreduce_on(comm, &low, 1, MPI_INT, MPI_MIN);
+    allreduce_on(comm, &high, 1, MPI_INT, MPI_MAX);
     int local = whole && low == high;
-    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &local, 1, MPI_INT, MPI_LAND, MPI_COMM_WORLD));
+    allreduce_on(MPI_COMM_WORLD, &local, 1, MPI_INT, MPI_LAND);
     return local;
+}
+
+/* Every rank has arrived (MPI_Ibarrier; inside a watch it waits as the collectives do). */
+static void barrier(void)
+{
+    if (!watch.on) {
+        MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
+        return;
+    }
+    MPI_Request request;
+    MPI_CHECK(MPI_Ibarrier(MPI_COMM_WORLD, &request));
+    wait_request(&request);
 }
 
 void comm_groups_init(int max_k)
@@ -185,6 +216,7 @@ void comm_groups_init(int max_k)
     for (int g = 1; g <= MAX_GROUP_LOG2 && (1 << g) <= max_k && (1 << g) <= n_ranks; g++) {
         const int k = 1 << g;
         struct comm_group *group = &groups[g];
+        barrier(); /* MPI has no split that does not block: inside a watch, a rank stopped before it is named here */
         MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, rank / k, rank, &group->comm));
         MPI_CHECK(MPI_Comm_set_errhandler(group->comm, MPI_ERRORS_RETURN));
         MPI_CHECK(MPI_Comm_size(group->comm, &group->size));
@@ -334,7 +366,7 @@ int comm_scatterv_i64(const int64_t *send, const int *counts, const int *displs,
     return my_count;
 }
 
-static void allreduce(void *values, size_t n_values, MPI_Datatype type, MPI_Op op)
+static void allreduce_on(MPI_Comm comm, void *values, size_t n_values, MPI_Datatype type, MPI_Op op)
 {
     int type_bytes = 0;
     MPI_CHECK(MPI_Type_size(type, &type_bytes));
@@ -343,12 +375,17 @@ static void allreduce(void *values, size_t n_values, MPI_Datatype type, MPI_Op o
         int piece = n_values > (size_t)INT_MAX ? INT_MAX : (int)n_values;
         if (watch.on) {
             MPI_Request request;
-            MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, bytes, piece, type, op, MPI_COMM_WORLD, &request));
+            MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, bytes, piece, type, op, comm, &request));
             wait_request(&request);
-        } else MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, bytes, piece, type, op, MPI_COMM_WORLD));
+        } else MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, bytes, piece, type, op, comm));
         bytes += (size_t)piece * (size_t)type_bytes;
         n_values -= (size_t)piece;
     }
+}
+
+static void allreduce(void *values, size_t n_values, MPI_Datatype type, MPI_Op op)
+{
+    allreduce_on(MPI_COMM_WORLD, values, n_values, type, op);
 }
 
 void comm_allreduce_sum_f32(float *values, size_t n_values) { allreduce(values, n_values, MPI_FLOAT, MPI_SUM); }

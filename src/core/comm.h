@@ -65,7 +65,9 @@ void comm_gatherv_f32(const float *mine, const int64_t *counts, const int64_t *d
    A group of size k (a power of two) is the aligned block of world ranks base .. base+k-1, base = rank - rank % k.
    comm_groups_init is collective over every rank (call it once, after comm_init, with the same max_k everywhere): it
    makes this rank's group communicator for every k = 2, 4, ..., up to max_k and no further than the ranks
-   (MPI_Comm_split, color rank / k). comm_finalize frees them. */
+   (MPI_Comm_split, color rank / k). Inside a watch its agreements wait as the collectives do, and each split follows
+   a watched barrier (MPI has no split that does not block: a rank stopped before it is named at the barrier).
+   comm_finalize frees them. */
 typedef struct comm_group comm_group;
 void comm_groups_init(int max_k);
 /* This rank's group of size k (k > 1) made by comm_groups_init; NULL for k <= 1 or a k that was not made. */
@@ -97,7 +99,9 @@ ALDIT_NORETURN void comm_abort(int code);
    answers rank 0's "are you there?" while it waits. When a wait passes `deadline` (comm_time seconds):
    on rank 0, it asks every rank and gives them `grace` seconds to answer; the ranks that did not
    (stopped, stalled in compute, a hung file system or device) are named in "aldit: error: `what`: ..."
-   and the job ends through comm_abort(ALDIT_EXIT_ERROR). On any other rank (whose deadline should be
+   and the job ends through comm_abort(ALDIT_EXIT_ERROR). When every rank answers, the message says so and, for this
+   watch (whose deadline counts the work between the waits too), how long ago the watch began and the wait began:
+   the work outlasted the deadline (or a collective does not complete). On any other rank (whose deadline should be
    later than rank 0's, so that rank 0 reports first) the message says that rank 0 has not answered.
    deadline <= 0: no deadline (waits still sleep and answer). Not reentrant; outside a watch collectives
    block as MPI does. */

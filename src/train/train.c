@@ -690,6 +690,7 @@ static void save_checkpoint(trainer *t, int must_succeed)
     }
     comm_bcast_bytes(&status, sizeof status);
     if (status == 0) {
+        watchdog_test_stop(t->info->rank, "save", t->step);
         status = state_save(t->dev, &t->net, writer, groups); /* collective: every rank's part of each tensor */
         if (t->info->rank == 0) {
             if (status == 0) status = checkpoint_write_state(writer, &state);
@@ -770,8 +771,15 @@ static void restore_fp8_state(trainer *t, const char *path)
     t->resumed_fp8_bytes = 0;
 }
 
-/* Collective: the backend's state from a checkpoint to resume from, [model] init's weights, or the random init,
-   streamed tensor by tensor (state.h). */
+/* The start-up's watch (watchdog.h): from train_run's first collective to the first step, each collective's wait
+   under the first step's deadline, so that a rank stopped there is named (the load of the state has its own watch). */
+static void watch_start_up(const deck *config, int rank)
+{
+    watchdog_phase_begin(rank, "start-up", watchdog_timeout(config, 0.0, 1));
+}
+
+/* Collective, inside the start-up's watch: the backend's state from a checkpoint to resume from, [model] init's
+   weights, or the random init, streamed tensor by tensor (state.h) under the state watch. */
 static void initial_state(trainer *t, char *resumed_from, size_t resumed_size)
 {
     const deck *config = t->config;
@@ -810,8 +818,9 @@ static void initial_state(trainer *t, char *resumed_from, size_t resumed_size)
     /* the first step's deadline per tensor: the step's own is not known before the first draw */
     watchdog_state_begin(rank, found ? "resume: loading the checkpoint's state" : "loading the initial state",
                          watchdog_timeout(config, 0.0, 1));
+    watchdog_test_stop(rank, "load", 0);
     if (status == 0) status = state_load(t->dev, &t->net, reader, groups, config->run.seed);
-    watchdog_state_end();
+    watch_start_up(config, rank); /* ends the state watch */
     if (status != 0 && rank == 0 && !found && config->model.init[0])
         fprintf(stderr, "aldit: error: cannot start from [model] init = %s\n", config->model.init);
     else if (status != 0 && rank == 0 && reader)
@@ -1608,7 +1617,11 @@ static void trainer_setup(trainer *t, const deck *config, const comm_info *info,
 
 /* Collective, while the first step's samples are read: the state set in initial_state is complete (a GPU's bf16
    copies made, and NCCL connects the ranks). */
-static void start_device(trainer *t) { t->dev->ops->start(t->dev); }
+static void start_device(trainer *t)
+{
+    watchdog_test_stop(t->info->rank, "start", 0);
+    t->dev->ops->start(t->dev);
+}
 
 static void trainer_free(trainer *t)
 {
@@ -1647,8 +1660,12 @@ static void trainer_free(trainer *t)
 
 int train_run(const deck *config, const comm_info *info)
 {
+    watch_start_up(config, info->rank); /* until the first step's watch */
     int device = device_resolve(config, info);
-    if (device < 0) return device == -1 ? ALDIT_EXIT_ERROR : ALDIT_EXIT_USAGE;
+    if (device < 0) {
+        watchdog_phase_end();
+        return device == -1 ? ALDIT_EXIT_ERROR : ALDIT_EXIT_USAGE;
+    }
     cpu_set_threads(threads_per_rank(config, info));
     trainer t;
     char resumed_from[2 * DECK_PATH_MAX];
@@ -1672,6 +1689,7 @@ int train_run(const deck *config, const comm_info *info)
     /* the first step's deadline (later ones come with each step's end) */
     if (info->rank == 0) t.step_timeout = watchdog_timeout(config, t.upcoming_pred_max, 1);
     comm_bcast_bytes(&t.step_timeout, sizeof t.step_timeout);
+    watchdog_phase_end();
     while (!finished) {
         swap_assignments(&t);
         step_record record = {0};
@@ -1714,8 +1732,10 @@ int train_run(const deck *config, const comm_info *info)
         else if (finished && info->rank == 0)
             printf("aldit: no final checkpoint ([checkpoint] at_end = off): the run folder holds none\n");
     }
+    watchdog_phase_begin(info->rank, "the run's end", t.step_timeout);
     prefetch_drain(t.reader);
     print_timing_table(&t);
+    watchdog_phase_end();
     trainer_free(&t);
     return status;
 }

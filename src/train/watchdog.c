@@ -1,8 +1,13 @@
-/* watchdog.c — the step deadline: how long a step may take, and the comm watch over its collectives. */
+/* watchdog.c — the step deadline: how long a step may take, the comm watch over its collectives (and over the state's
+   streams, the start-up and the run's end), and the test hook that stops a rank at a named place. */
 #include "train/watchdog.h"
+#include "core/check.h"
 #include "core/comm.h"
 
+#include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 double watchdog_timeout(const deck *config, double predicted_step_s, int first_step)
 {
@@ -43,3 +48,30 @@ void watchdog_state_begin(int rank, const char *what, double timeout)
 }
 
 void watchdog_state_end(void) { comm_watch_end(); }
+
+void watchdog_phase_begin(int rank, const char *what, double timeout)
+{
+    char text[160];
+    snprintf(text, sizeof text, "%s (a deadline of %g s for each wait, from [run] step_timeout)", what, timeout);
+    comm_watch_each(deadline_of(rank, timeout), grace_of(timeout), text);
+}
+
+void watchdog_phase_end(void) { comm_watch_end(); }
+
+void watchdog_test_stop(int rank, const char *point, int64_t step)
+{
+    const char *hook = getenv("ALDIT_TEST_STOP");
+    if (!hook || !hook[0]) return;
+    int stop_rank = -1, used = 0;
+    char where[8] = "";
+    long long stop_step = -1;
+    const int fields = sscanf(hook, "%d:%7[a-z]%n:%lld%n", &stop_rank, where, &used, &stop_step, &used);
+    const int known = !strcmp(where, "start") || !strcmp(where, "load") || !strcmp(where, "save");
+    ALDIT_CHECK(fields >= 2 && hook[used] == '\0' && stop_rank >= 0 && known && (fields == 2 || !strcmp(where, "save")),
+                "ALDIT_TEST_STOP=%s (a test hook: RANK:start, RANK:load, RANK:save or RANK:save:STEP); unset it to "
+                "train without it", hook);
+    if (rank != stop_rank || strcmp(where, point) != 0 || (fields == 3 && stop_step != step)) return;
+    fflush(stdout);
+    fflush(stderr);
+    raise(SIGSTOP);
+}

@@ -1,4 +1,5 @@
-/* watchdog.h — the step deadline of the training loop ([run] step_timeout) over comm.h's step watch. */
+/* watchdog.h — the step deadline of the training loop ([run] step_timeout) over comm.h's step watch; the same watch
+   per wait over the state's streams, the start-up and the run's end. */
 #ifndef ALDIT_WATCHDOG_H
 #define ALDIT_WATCHDOG_H
 
@@ -29,5 +30,21 @@ double watchdog_pass_timeout(const deck *config, double predicted_pass_s);
    the job aborted (exit 1) before the checkpoint is renamed into place: the previous one stays the newest. */
 void watchdog_state_begin(int rank, const char *what, double timeout);
 void watchdog_state_end(void);
+
+/* Collective in effect (every rank, the same `timeout`): the same per-wait watch over a phase of work outside the
+   steps whose length is not bounded but each wait is (`what` names it: the start-up, from train_run's first
+   collective to the first step, under the first step's deadline; the run's end, under the step's): "start-up (a
+   deadline of 12 s for each wait, from [run] step_timeout): rank 1 (of 2) has not arrived ...". Ended by
+   watchdog_phase_end. */
+void watchdog_phase_begin(int rank, const char *what, double timeout);
+void watchdog_phase_end(void);
+
+/* The test hook ALDIT_TEST_STOP=RANK:POINT or RANK:save:STEP (environment): rank RANK stops itself (SIGSTOP, as a
+   stopped or hung rank would sit) when it reaches `point` at step `step`, so that the watchdog's tests stall a rank
+   at a chosen place whatever the machine's load (tests/train_watchdog.sh). The training loop's points: "start" (the
+   device's start, in the start-up, after the initial state), "load" (before the first tensor of a resume's or an
+   init's state stream), "save" (before the first tensor of a checkpoint's; with STEP, only the checkpoint of that
+   step). Unset or empty: nothing. Malformed, or a point not among these: fatal, naming it. */
+void watchdog_test_stop(int rank, const char *point, int64_t step);
 
 #endif
