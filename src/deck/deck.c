@@ -77,7 +77,8 @@ static const deck_key deck_keys[] = {
      .zero_word = "auto", .default_text = "auto",
      .help = "seconds a step may take before rank 0 names the ranks that have not arrived and aborts the job "
              "(auto = max(10 x the predicted step, 300 s); the first step of a run gets 3 times as long); also the "
-             "deadline of each tensor of a checkpoint's save (3 times for a resume's load)"},
+             "deadline of each tensor of a checkpoint's save (3 times for a resume's load) and of each wait of the start-up "
+             "(3 times) and of the run's end"},
     /* [model] */
     {KEY("model", "name", KEY_STRING, model.name), .nonempty = 1, .default_text = "wan1.3b",
      .help = "label in logs and checkpoints"},
