@@ -3,12 +3,16 @@
    the cuBLASLt linear layers of a Wan 2.1 block (1.3B or 14B dims), forward and both backward GEMMs, in TFLOP/s;
    self- and cross-attention forward and backward in TFLOP/s; one whole block forward+backward against the floor
    of its GEMMs and attentions measured in the same run; one member's block forward+backward of a sample split over a
-   sequence-parallel group of k, with the bytes its exchange moves). */
+   sequence-parallel group of k, with the bytes its exchange moves; HunyuanVideo-1.5's MMDiT block forward+backward on
+   packed micro-batches of video and caption rows against the floor of its GEMMs and joint attention, and what its
+   step spends outside the blocks). */
 #include "config.h"
 
 #include <cuda_profiler_api.h>
 
 #include <getopt.h>
+#include <math.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,7 +32,7 @@
 #include "cuda/seqpar_gpu.h"
 #include "core/rng.h"
 
-enum { kMaxDims = 8, kMaxSeq = 8, kMaxSplit = 4 };
+enum { kMaxDims = 8, kMaxSeq = 8, kMaxSplit = 4, kMaxCases = 8 };
 
 /* The block dims of the gemm, attention and block sections (--wan): Wan 2.1's 1.3B and 14B, and HunyuanVideo-1.5's
    widths (hv15: its block's q/k/v/out and MLP GEMMs and its joint attention's heads; the sections time a Wan block of
@@ -39,6 +43,14 @@ typedef struct {
 } wan_dims;
 static const wan_dims kWanModels[] = {{"1.3b", 1536, 8960, 12, 128}, {"14b", 5120, 13824, 40, 128},
                                      {"hv15", 2048, 8192, 16, 128}};
+
+/* One micro-batch of the mmdit section: `samples` samples, each of S video tokens and a joint caption of L Qwen rows,
+   text_2 ByT5 rows and image SigLIP rows. */
+typedef struct {
+    int samples;
+    int64_t S;
+    int L, text_2, image;
+} mmdit_case;
 
 typedef struct {
     int run_lnmod, run_gemm, run_attention, run_block; /* --sections (block also runs gemm and attention) */
@@ -62,16 +74,23 @@ typedef struct {
     int n_split;
     int split_k[kMaxSplit]; /* --split-k: the group sizes of the split section (default 1,2,4) */
     int run_zeros;         /* --sections zeros */
+    int run_mmdit;         /* --sections mmdit */
+    int seq_given;         /* --seq was given (mmdit: its cases are then one sample of each S) */
+    int text_2_rows, image_rows; /* mmdit's --seq cases: ByT5 and SigLIP image rows per sample */
+    int n_cases;
+    mmdit_case cases[kMaxCases]; /* --mmdit-cases (or from --seq, or the default list) */
 } bench_options;
 
 static void usage(FILE *out)
 {
     fprintf(out,
-            "usage: aldit-bench [--sections lnmod,gemm,attention,block,split,zeros] [--samples B] [--rows S] [--dims D1,D2,...]\n"
+            "usage: aldit-bench [--sections lnmod,gemm,attention,block,split,zeros,mmdit] [--samples B] [--rows S]\n"
+            "                   [--dims D1,D2,...]\n"
             "                   [--repeats N] [--seq S1,S2,...] [--text-rows T] [--profile-step 0|1]\n"
             "                   [--backends own,cudnn,cudnn-tiles] [--block-layers K]\n"
             "                   [--gemm-autotune 0|1] [--attention-autotune 0|1] [--wan 1.3b|14b|hv15] [--json FILE]\n"
-            "                   [--split-k K1,K2,...]\n"
+            "                   [--split-k K1,K2,...] [--mmdit-cases [Bx]S:L[:T2[:I]],...] [--text-2-rows T2]\n"
+            "                   [--image-rows I]\n"
             "  Device copy bandwidth, then the sections (default lnmod,gemm):\n"
             "  lnmod: LayerNorm-Modulate (forward, backward, gated-residual variants) on B packed samples of S rows\n"
             "    each (default B=2, S=32760, D=1536,3072,5120). The kernel and row-group shape of each forward are\n"
@@ -107,6 +126,18 @@ static void usage(FILE *out)
             "  zeros: the (1 + K)-layer model's step (--wan dims, one sample of S tokens, --seq) on zero weights and zero\n"
             "    data against the same step on random weights and data, timed in turn: what timing a model before its\n"
             "    state is set (all zeros) would leave out (the start-up calibration times random values since issue 31).\n"
+            "  mmdit: HunyuanVideo-1.5's MMDiT block forward+backward (the hunyuanvideo15 GPU model at\n"
+            "    inputs/hunyuanvideo15-8layers.ini's dims: dim 2048, FFN 8192, 16 heads of 128, Qwen 3584 / ByT5 1472 /\n"
+            "    SigLIP 1152; recompute none, bf16) on packed micro-batches, timed as the block section's:\n"
+            "    ((1 + K)-layer step - 1-layer step) / K; the 1-layer step less one block is what the step spends outside\n"
+            "    the blocks (token refiner, embedders, head, loss). Floor: the block's GEMM FLOPs (video and text streams)\n"
+            "    at the rates of the MMDiT stream's GEMMs (q, k, v, out, MLP up and down) and its joint attention over\n"
+            "    N = S + L rows per sample at the self-attention rate (fastest backend), both measured in the same call by\n"
+            "    the gemm and attention sections at hv15 widths on rows spanning the cases (log-interpolated between them).\n"
+            "    --mmdit-cases: each case B samples (default 1) of S video tokens, L Qwen rows, T2 ByT5 and I image rows\n"
+            "    (default 256:1000,1024:1000,16320:300,61200:300,16x256:600: images with long captions, videos, a packed\n"
+            "    micro-batch of short samples); without it, --seq gives one sample of each S with --text-rows L,\n"
+            "    --text-2-rows and --image-rows (default 0). --profile-step 1 as in the block section.\n"
             "  Short ops: N=21 timed groups of 10 launches; long ones (attention, block) fewer groups of 1 launch,\n"
             "  about 3-6 s per figure; medians reported. --json also writes the figures to FILE.\n");
 }
@@ -130,6 +161,116 @@ static long parse_long(const char *text, const char *option, long low, long high
     return value;
 }
 
+/* The sections (--sections), each by its flag in bench_options. */
+typedef struct {
+    const char *name;
+    size_t flag;
+} section_entry;
+static const section_entry kSectionTable[] = {
+    {"lnmod", offsetof(bench_options, run_lnmod)},         {"gemm", offsetof(bench_options, run_gemm)},
+    {"attention", offsetof(bench_options, run_attention)}, {"block", offsetof(bench_options, run_block)},
+    {"split", offsetof(bench_options, run_split)},         {"zeros", offsetof(bench_options, run_zeros)},
+    {"mmdit", offsetof(bench_options, run_mmdit)},
+};
+enum { kSectionCount = sizeof kSectionTable / sizeof kSectionTable[0] };
+
+/* Bounds of an mmdit case: caption rows of each source per sample, samples, video and joint caption rows of a
+   micro-batch (the GPU model's packed buffers and joint layout stay far inside its int32 indexing). */
+enum { kMaxCaptionRows = 1 << 14, kMaxCaseSamples = 256 };
+static const int64_t kMaxCaseVideoRows = (int64_t)1 << 21, kMaxCaseTextRows = (int64_t)1 << 20;
+
+/* A case's label, as --mmdit-cases writes it: [Bx]S:L[:T2[:I]]. */
+static void mmdit_case_label(const mmdit_case *c, char *text, size_t size)
+{
+    int n = c->samples > 1 ? snprintf(text, size, "%dx", c->samples) : 0;
+    n += snprintf(text + n, size - (size_t)n, "%lld:%d", (long long)c->S, c->L);
+    if (c->text_2 || c->image) n += snprintf(text + n, size - (size_t)n, ":%d", c->text_2);
+    if (c->image) snprintf(text + n, size - (size_t)n, ":%d", c->image);
+}
+
+/* The micro-batch's bounds (kMaxCaseVideoRows, kMaxCaseTextRows); exit 2 naming the case otherwise. */
+static void check_mmdit_case(const mmdit_case *c, const char *option)
+{
+    char label[96];
+    mmdit_case_label(c, label, sizeof label);
+    const int64_t video = c->samples * c->S, text = (int64_t)c->samples * (c->L + c->text_2 + c->image);
+    if (video > kMaxCaseVideoRows || text > kMaxCaseTextRows) {
+        fprintf(stderr, "aldit-bench: %s: case %s has %lld video and %lld caption rows; at most %lld and %lld\n", option,
+                label, (long long)video, (long long)text, (long long)kMaxCaseVideoRows, (long long)kMaxCaseTextRows);
+        exit(ALDIT_EXIT_USAGE);
+    }
+}
+
+/* Whether `item` has the form [Bx]S:L[:T2[:I]] with every field a nonempty run of digits. */
+static int mmdit_case_form(const char *item)
+{
+    const char *p = item;
+    const size_t lead = strspn(p, "0123456789");
+    if (lead > 0 && p[lead] == 'x') p += lead + 1;
+    int fields = 0;
+    for (;;) {
+        const size_t digits = strspn(p, "0123456789");
+        if (digits == 0) return 0;
+        ++fields;
+        p += digits;
+        if (*p == '\0') return fields >= 2 && fields <= 4;
+        if (*p++ != ':') return 0;
+    }
+}
+
+/* One --mmdit-cases item, [Bx]S:L[:T2[:I]] (`list`: the whole value, for the messages). */
+static mmdit_case parse_mmdit_case(const char *item, const char *list)
+{
+    if (!mmdit_case_form(item)) {
+        fprintf(stderr, "aldit-bench: --mmdit-cases %s: case %s is not [Bx]S:L[:T2[:I]] (B samples of S video tokens, "
+                "L Qwen, T2 ByT5 and I image rows: integers)\n", list, item);
+        exit(ALDIT_EXIT_USAGE);
+    }
+    mmdit_case c = {1, 0, 0, 0, 0};
+    char *copy = strdup(item), *rest = copy, *save = NULL;
+    char *times = strchr(copy, 'x');
+    if (times) {
+        *times = '\0';
+        c.samples = (int)parse_long(copy, "--mmdit-cases (samples B)", 1, kMaxCaseSamples);
+        rest = times + 1;
+    }
+    long values[4] = {0, 0, 0, 0};
+    static const char *const names[4] = {"--mmdit-cases (video tokens S)", "--mmdit-cases (Qwen rows L)",
+                                         "--mmdit-cases (ByT5 rows T2)", "--mmdit-cases (image rows I)"};
+    static const long low[4] = {1, 1, 0, 0}, high[4] = {1L << 20, kMaxCaptionRows, kMaxCaptionRows, kMaxCaptionRows};
+    int n = 0;
+    for (char *part = strtok_r(rest, ":", &save); part && n < 4; part = strtok_r(NULL, ":", &save), ++n)
+        values[n] = parse_long(part, names[n], low[n], high[n]);
+    free(copy);
+    c.S = values[0], c.L = (int)values[1], c.text_2 = (int)values[2], c.image = (int)values[3];
+    check_mmdit_case(&c, "--mmdit-cases");
+    return c;
+}
+
+/* mmdit's cases without --mmdit-cases: one sample of each --seq S with --text-rows, --text-2-rows and --image-rows
+   rows where --seq was given, else the list that mirrors HunyuanVideo-1.5's epoch (images with long captions,
+   videos of 480p and 720p, a packed micro-batch of short samples: the epoch's hold about 7 on average). */
+static void set_mmdit_cases(bench_options *o)
+{
+    static const mmdit_case defaults[] = {{1, 256, 1000, 0, 0}, {1, 1024, 1000, 0, 0}, {1, 16320, 300, 0, 0},
+                                          {1, 61200, 300, 0, 0}, {16, 256, 600, 0, 0}};
+    if (!o->seq_given) {
+        o->n_cases = (int)(sizeof defaults / sizeof defaults[0]);
+        memcpy(o->cases, defaults, sizeof defaults);
+        return;
+    }
+    if (o->text_rows > kMaxCaptionRows) {
+        fprintf(stderr, "aldit-bench: --text-rows %d: the mmdit section takes at most %d Qwen rows\n", o->text_rows,
+                kMaxCaptionRows);
+        exit(ALDIT_EXIT_USAGE);
+    }
+    o->n_cases = o->n_seq;
+    for (int i = 0; i < o->n_seq; ++i) {
+        o->cases[i] = (mmdit_case){1, o->seq[i], o->text_rows, o->text_2_rows, o->image_rows};
+        check_mmdit_case(&o->cases[i], "--seq");
+    }
+}
+
 /* K, the blocks the block section's deeper model adds: its figure grows with K while the deeper step's share at
    the sustained (power-capped) clocks grows, and has settled by K = 8 (docs/PERFORMANCE.md, table 7e). */
 enum { kDefaultBlockLayers = 8 };
@@ -137,10 +278,11 @@ enum { kDefaultBlockLayers = 8 };
 static bench_options parse_options(int argc, char **argv)
 {
     bench_options o = {1, 1, 0, 0, 2, 32760, 3, {1536, 3072, 5120}, 21, 10, 4, {4096, 16384, 32760, 75600}, 512, 0,
-                       "own,cudnn,cudnn-tiles", 0, 0, kDefaultBlockLayers, NULL, &kWanModels[0], 0, 0, {0}, 0};
+                       "own,cudnn,cudnn-tiles", 0, 0, kDefaultBlockLayers, NULL, &kWanModels[0], 0, 0, {0}, 0, 0, 0, 0,
+                       0, 0, {{0}}};
     enum {
         kSections = 256, kSamples, kRows, kDims, kRepeats, kSeq, kTextRows, kProfileStep, kBackends, kBlockLayers,
-        kGemmAutotune, kAttentionAutotune, kJson, kWan, kSplitK
+        kGemmAutotune, kAttentionAutotune, kJson, kWan, kSplitK, kMmditCases, kText2Rows, kImageRows
     };
     static const struct option options[] = {
         {"help", no_argument, NULL, 'h'},
@@ -159,6 +301,9 @@ static bench_options parse_options(int argc, char **argv)
         {"json", required_argument, NULL, kJson},
         {"wan", required_argument, NULL, kWan},
         {"split-k", required_argument, NULL, kSplitK},
+        {"mmdit-cases", required_argument, NULL, kMmditCases},
+        {"text-2-rows", required_argument, NULL, kText2Rows},
+        {"image-rows", required_argument, NULL, kImageRows},
         {NULL, 0, NULL, 0},
     };
     opterr = 0; /* the messages below name the option and exit 2 */
@@ -206,27 +351,41 @@ static bench_options parse_options(int argc, char **argv)
         }
         case kSections: {
             char *copy = strdup(value), *save = NULL;
-            o.run_lnmod = o.run_gemm = o.run_attention = o.run_block = o.run_split = o.run_zeros = 0;
+            for (size_t k = 0; k < kSectionCount; ++k) *(int *)((char *)&o + kSectionTable[k].flag) = 0;
             for (char *item = strtok_r(copy, ",", &save); item; item = strtok_r(NULL, ",", &save)) {
-                if (!strcmp(item, "lnmod")) o.run_lnmod = 1;
-                else if (!strcmp(item, "gemm")) o.run_gemm = 1;
-                else if (!strcmp(item, "attention")) o.run_attention = 1;
-                else if (!strcmp(item, "block")) o.run_block = 1;
-                else if (!strcmp(item, "split")) o.run_split = 1;
-                else if (!strcmp(item, "zeros")) o.run_zeros = 1;
-                else {
-                    fprintf(stderr, "aldit-bench: --sections %s: unknown section %s (lnmod, gemm, attention, block, "
-                            "split, zeros)\n",
-                            value, item);
+                size_t k = 0;
+                while (k < kSectionCount && strcmp(item, kSectionTable[k].name)) ++k;
+                if (k == kSectionCount) {
+                    fprintf(stderr, "aldit-bench: --sections %s: unknown section %s (", value, item);
+                    for (size_t j = 0; j < kSectionCount; ++j)
+                        fprintf(stderr, "%s%s", j ? ", " : "", kSectionTable[j].name);
+                    fprintf(stderr, ")\n");
                     exit(ALDIT_EXIT_USAGE);
                 }
+                *(int *)((char *)&o + kSectionTable[k].flag) = 1;
             }
             free(copy);
             break;
         }
+        case kMmditCases: {
+            char *copy = strdup(value), *save = NULL;
+            o.n_cases = 0;
+            for (char *item = strtok_r(copy, ",", &save); item; item = strtok_r(NULL, ",", &save)) {
+                if (o.n_cases == kMaxCases) {
+                    fprintf(stderr, "aldit-bench: --mmdit-cases %s: at most %d cases\n", value, kMaxCases);
+                    exit(ALDIT_EXIT_USAGE);
+                }
+                o.cases[o.n_cases++] = parse_mmdit_case(item, value);
+            }
+            free(copy);
+            break;
+        }
+        case kText2Rows: o.text_2_rows = (int)parse_long(value, "--text-2-rows", 0, kMaxCaptionRows); break;
+        case kImageRows: o.image_rows = (int)parse_long(value, "--image-rows", 0, kMaxCaptionRows); break;
         case kSeq: {
             char *copy = strdup(value), *save = NULL;
             o.n_seq = 0;
+            o.seq_given = 1;
             for (char *item = strtok_r(copy, ",", &save); item; item = strtok_r(NULL, ",", &save)) {
                 if (o.n_seq == kMaxSeq) {
                     fprintf(stderr, "aldit-bench: --seq %s: at most %d values\n", value, kMaxSeq);
@@ -279,6 +438,7 @@ static bench_options parse_options(int argc, char **argv)
     }
     if (optind < argc) usage_error("unexpected argument", argv[optind]);
     if (o.run_block) o.run_gemm = o.run_attention = 1; /* the block's floor comes from their rates */
+    if (o.run_mmdit && o.n_cases == 0) set_mmdit_cases(&o);
     if (o.n_split == 0) {
         const int defaults[] = {1, 2, 4};
         o.n_split = 3;
@@ -1035,8 +1195,6 @@ typedef struct {
 static const double kGiB = 1073741824.0;
 static const size_t kBlockMemoryMargin = (size_t)2 << 30; /* cuBLASLt, CUDA context, fragmentation */
 
-/* The block sections' models at --wan's dims: layers[0] of 1 block, layers[1] of 1 + --block-layers blocks (Wan 2.1's
-   defaults otherwise: text_dim 4096, 16 channels, patch 1x2x2, qk_norm, cross_attn_norm), gaussian weights. */
 /* Values uniform in (-a, a), a = std sqrt(3) (the standard deviation of normal(0, std)), 1 added where the table's
    init is ONE (norm weights): a timing's weights need to be nonzero and of a training scale, not normal; one
    64-bit draw per value, so that 14B dims take a second or two, not the half minute of Box-Muller's draws. */
@@ -1055,21 +1213,16 @@ static void fill_uniform(model *m, uint64_t seed, double std)
     }
 }
 
-/* The 1-layer model and the (1 + K)-layer one with the same values: the deeper one takes the embeddings, the head
-   and, for each of its blocks, the block of the 1-layer model (the timing does not care that its blocks repeat). */
-static void make_block_models(const bench_options *o, model layers[2])
+/* The 1-layer model of `config` and the (1 + K)-layer one with the same values: the deeper one takes the embeddings,
+   the head and, for each of its blocks, the block of the 1-layer model (the timing does not care that its blocks
+   repeat). */
+static void make_layer_models(deck *config, int block_layers, model layers[2])
 {
-    deck config;
-    deck_defaults(&config);
-    config.model.dim = o->wan->dim;
-    config.model.ffn_dim = o->wan->ffn_dim;
-    config.model.num_heads = o->wan->heads;
-    config.model.text_len = o->text_rows;
-    config.model.num_layers = 1;
-    model_create(&layers[0], &config);
+    config->model.num_layers = 1;
+    model_create(&layers[0], config);
     fill_uniform(&layers[0], 0xb10c0001ull, 0.02);
-    config.model.num_layers = 1 + o->block_layers;
-    model_create(&layers[1], &config);
+    config->model.num_layers = 1 + block_layers;
+    model_create(&layers[1], config);
     const model_layout *one = &layers[0].layout, *deep = &layers[1].layout;
     const int64_t head = one->blocks_offset + one->block_stride, head_values = layers[0].n_weights - head;
     memcpy(layers[1].weights, layers[0].weights, (size_t)one->blocks_offset * sizeof(float));
@@ -1078,6 +1231,19 @@ static void make_block_models(const bench_options *o, model layers[2])
                (size_t)one->block_stride * sizeof(float));
     memcpy(layers[1].weights + layers[1].n_weights - head_values, layers[0].weights + head,
            (size_t)head_values * sizeof(float));
+}
+
+/* The block sections' models at --wan's dims: layers[0] of 1 block, layers[1] of 1 + --block-layers blocks (Wan 2.1's
+   defaults otherwise: text_dim 4096, 16 channels, patch 1x2x2, qk_norm, cross_attn_norm), uniform weights. */
+static void make_block_models(const bench_options *o, model layers[2])
+{
+    deck config;
+    deck_defaults(&config);
+    config.model.dim = o->wan->dim;
+    config.model.ffn_dim = o->wan->ffn_dim;
+    config.model.num_heads = o->wan->heads;
+    config.model.text_len = o->text_rows;
+    make_layer_models(&config, o->block_layers, layers);
 }
 
 /* One block (--wan dims) forward+backward at every S: the GPU model's step (one sample of S tokens and T text
@@ -1273,10 +1439,362 @@ static void run_split_section(const bench_options *o, cudaStream_t stream, split
     model_free(&layers[1]);
 }
 
+/* ---- mmdit section: HunyuanVideo-1.5's MMDiT block ------------------------------------------------------------- */
+
+enum { kHv15Layers = 8 };   /* inputs/hunyuanvideo15-8layers.ini's blocks: the step the epoch runs */
+static const wan_dims *const kHv15Widths = &kWanModels[2];
+
+typedef struct {
+    int n_floor;                              /* the rows the floor's rates were measured at */
+    int64_t floor_rows[kMaxSeq];
+    double floor_gemm_tflops[kMaxSeq];        /* the MMDiT stream's GEMMs, forward and both backward */
+    double floor_self_spf[kMaxSeq];           /* self-attention fwd+bwd seconds per forward FLOP, fastest backend */
+    int64_t video_rows[kMaxCases], text_rows[kMaxCases];   /* the micro-batch's packed rows of each stream */
+    int skipped[kMaxCases];
+    double need_bytes[kMaxCases], free_bytes[kMaxCases];
+    double step_ms[kMaxCases][2];             /* 1-layer, (1 + K)-layer model */
+    double block_ms[kMaxCases], outside_ms[kMaxCases];
+    double gemm_flops[kMaxCases], attention_flops[kMaxCases]; /* the block's: 3x its forward's */
+    double gemm_floor_ms[kMaxCases], attention_floor_ms[kMaxCases], floor_ms[kMaxCases];
+    double outside_floor_ms[kMaxCases];       /* the embedders', refiner's and head's GEMMs, the refiner's attention */
+} mmdit_results;
+
+static int compare_int64(const void *a, const void *b)
+{
+    const int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* The rows the floor's rates are measured at (the gemm and attention sections' S): every micro-batch's video and
+   caption rows, every sample's joint length N = S + L and Qwen rows (the refiner's attention) where they are at most
+   kMaxSeq distinct values, else kMaxSeq values evenly spaced in log rows from the least of them to the most. */
+static int mmdit_floor_rows(const bench_options *o, int64_t rows[kMaxSeq])
+{
+    int64_t points[4 * kMaxCases];
+    int n = 0;
+    for (int i = 0; i < o->n_cases; ++i) {
+        const mmdit_case *c = &o->cases[i];
+        const int64_t L = c->L + c->text_2 + c->image;
+        points[n++] = c->samples * c->S;
+        points[n++] = c->samples * L;
+        points[n++] = c->S + L;
+        points[n++] = c->L;
+    }
+    qsort(points, (size_t)n, sizeof points[0], compare_int64);
+    int distinct = 0;
+    for (int i = 0; i < n; ++i)
+        if (distinct == 0 || points[i] != points[distinct - 1]) points[distinct++] = points[i];
+    if (distinct <= kMaxSeq) {
+        memcpy(rows, points, (size_t)distinct * sizeof *rows);
+        return distinct;
+    }
+    const double low = log((double)points[0]), high = log((double)points[distinct - 1]);
+    for (int i = 0; i < kMaxSeq; ++i) rows[i] = (int64_t)llround(exp(low + (high - low) * i / (kMaxSeq - 1)));
+    rows[0] = points[0];
+    rows[kMaxSeq - 1] = points[distinct - 1];
+    return kMaxSeq;
+}
+
+/* ys at x: piecewise linear in log x through the n points (xs ascending), held at the ends (tests/bench/
+   train_table.py's interpolate, which the epoch's floor uses). */
+static double interpolate_log(const int64_t *xs, const double *ys, int n, double x)
+{
+    if (x <= (double)xs[0]) return ys[0];
+    for (int i = 1; i < n; ++i)
+        if (x <= (double)xs[i]) {
+            const double t = (log(x) - log((double)xs[i - 1])) / (log((double)xs[i]) - log((double)xs[i - 1]));
+            return ys[i - 1] + t * (ys[i] - ys[i - 1]);
+        }
+    return ys[n - 1];
+}
+
+/* The floor's rates at the rows `f` (the gemm and attention sections' options) measured: the MMDiT stream's GEMMs
+   (4 of dim x dim: the gemm section's layer 0; MLP up and down: its layers 2 and 3), forward and both backward, in
+   TFLOP/s; self-attention forward+backward seconds per forward FLOP of the fastest backend. */
+static void mmdit_floor_rates(const bench_options *f, const gemm_results *gemm, const attention_results *attn,
+                              mmdit_results *r)
+{
+    const int d = f->wan->dim, ffn = f->wan->ffn_dim;
+    r->n_floor = f->n_seq;
+    for (int i = 0; i < f->n_seq; ++i) {
+        const int64_t rows = f->seq[i];
+        double ms = 0.0;
+        for (int op = 0; op < kGemmOps; ++op) ms += 4.0 * gemm->ms[i][0][op] + gemm->ms[i][2][op] + gemm->ms[i][3][op];
+        const double flops = 3.0 * (4.0 * gemm_linear_flops(rows, d, d) + gemm_linear_flops(rows, d, ffn) +
+                                    gemm_linear_flops(rows, ffn, d));
+        r->floor_rows[i] = rows;
+        r->floor_gemm_tflops[i] = tflops(flops, ms);
+        const double attention_ms = fastest_attention_ms(attn, i, 0);
+        if (attention_ms <= 0.0)
+            ALDIT_FATAL_CODE(ALDIT_EXIT_USAGE, "aldit-bench: mmdit: no attention backend timed at %lld rows (--backends "
+                             "%s): the floor needs one", (long long)rows, f->attention_backends);
+        r->floor_self_spf[i] = 1e-3 * attention_ms / attn->flops[i][0][0];
+    }
+}
+
+/* Milliseconds of `flops` GEMM FLOPs at the floor's rate for `rows` rows. */
+static double mmdit_gemm_floor_ms(const mmdit_results *r, double flops, double rows)
+{
+    return flops / (1e9 * interpolate_log(r->floor_rows, r->floor_gemm_tflops, r->n_floor, rows));
+}
+
+/* Milliseconds of one self-attention forward+backward over n rows (dim wide) at the floor's rate; *fwd_flops its
+   forward's FLOPs. */
+static double mmdit_attention_floor_ms(const mmdit_results *r, double n, int dim, double *fwd_flops)
+{
+    *fwd_flops = 4.0 * n * n * dim;
+    return 1e3 * *fwd_flops * interpolate_log(r->floor_rows, r->floor_self_spf, r->n_floor, n);
+}
+
+/* A latent grid (frames, rows, columns after the 1x1x1 patch) of S tokens: HunyuanVideo-1.5's shapes where S is one
+   of them (images of 256, 512 and 1024 pixels; 480p and 720p 65-frame videos: 17 latent frames), else block_grid's. */
+static void mmdit_grid(int64_t S, int64_t grid[3])
+{
+    static const int64_t known[][3] = {{1, 16, 16}, {1, 32, 32}, {1, 64, 64}, {17, 30, 32}, {17, 45, 80}};
+    for (size_t i = 0; i < sizeof known / sizeof known[0]; ++i)
+        if (known[i][0] * known[i][1] * known[i][2] == S) {
+            memcpy(grid, known[i], sizeof known[i]);
+            return;
+        }
+    block_grid(S, grid);
+}
+
+/* One mmdit case's micro-batch: `samples` alike samples (latents out_dim x F x H x W, noise, Qwen, ByT5 and image
+   rows), random normal values, text-to-video. */
+typedef struct {
+    int32_t *frames, *height, *width, *text_len, *text_2_len, *image_len;
+    float *sigma, *latents, *noise, *text, *text_2, *image;
+    model_batch batch;
+} mmdit_batch;
+
+static float *random_normal_floats(size_t n, uint64_t *rng)
+{
+    float *values = xmalloc((n > 0 ? n : 1) * sizeof *values);
+    for (size_t i = 0; i < n; ++i) values[i] = (float)rng_normal(rng);
+    return values;
+}
+
+static void make_mmdit_batch(const model *m, const mmdit_case *c, uint64_t seed, mmdit_batch *b)
+{
+    const size_t B = (size_t)c->samples;
+    int64_t grid[3];
+    mmdit_grid(c->S, grid);
+    int32_t **counts[] = {&b->frames, &b->height, &b->width, &b->text_len, &b->text_2_len, &b->image_len};
+    for (size_t i = 0; i < sizeof counts / sizeof counts[0]; ++i) *counts[i] = xmalloc(B * sizeof(int32_t));
+    b->sigma = xmalloc(B * sizeof *b->sigma);
+    for (size_t s = 0; s < B; ++s) {
+        b->frames[s] = (int32_t)grid[0] * m->patch_t;
+        b->height[s] = (int32_t)grid[1] * m->patch_h;
+        b->width[s] = (int32_t)grid[2] * m->patch_w;
+        b->text_len[s] = c->L, b->text_2_len[s] = c->text_2, b->image_len[s] = c->image;
+        b->sigma[s] = 0.5f;
+    }
+    const size_t n_latent = B * (size_t)m->out_dim * (size_t)b->frames[0] * (size_t)b->height[0] * (size_t)b->width[0];
+    uint64_t rng = seed;
+    b->latents = random_normal_floats(n_latent, &rng);
+    b->noise = random_normal_floats(n_latent, &rng);
+    b->text = random_normal_floats(B * (size_t)c->L * (size_t)m->text_dim, &rng);
+    b->text_2 = random_normal_floats(B * (size_t)c->text_2 * (size_t)m->text_2_dim, &rng);
+    b->image = random_normal_floats(B * (size_t)c->image * (size_t)m->image_dim, &rng);
+    b->batch = (model_batch){.n_samples = c->samples, .frames = b->frames, .height = b->height, .width = b->width,
+                             .text_len = b->text_len, .latents = b->latents, .noise = b->noise, .sigma = b->sigma,
+                             .text = b->text, .sp_size = 1, .text_2_len = b->text_2_len, .image_len = b->image_len,
+                             .text_2 = b->text_2, .image = b->image};
+}
+
+static void free_mmdit_batch(mmdit_batch *b)
+{
+    void *arrays[] = {b->frames, b->height, b->width, b->text_len, b->text_2_len, b->image_len, b->sigma,
+                      b->latents, b->noise, b->text, b->text_2, b->image};
+    for (size_t i = 0; i < sizeof arrays / sizeof arrays[0]; ++i) free(arrays[i]);
+}
+
+/* The mmdit section's models: inputs/hunyuanvideo15-8layers.ini's dims with 1 and 1 + K blocks, text_len the longest
+   caption of the cases (at least the deck's 1000). */
+static void make_mmdit_models(const bench_options *o, model layers[2])
+{
+    deck config;
+    deck_defaults(&config);
+    config.model.family = FAMILY_HUNYUANVIDEO15;
+    config.model.text_padding = TEXT_PADDING_TRIM;
+    config.model.dim = kHv15Widths->dim;
+    config.model.ffn_dim = kHv15Widths->ffn_dim;
+    config.model.num_heads = kHv15Widths->heads;
+    config.model.in_dim = 65;
+    config.model.out_dim = 32;
+    config.model.patch_t = config.model.patch_h = config.model.patch_w = 1;
+    config.model.text_len = 1000;
+    for (int i = 0; i < o->n_cases; ++i)
+        config.model.text_len = o->cases[i].L > config.model.text_len ? o->cases[i].L : config.model.text_len;
+    config.model.text_dim = 3584;
+    config.model.text_2_dim = 1472;
+    config.model.image_dim = 1152;
+    config.model.rope_axes_t = 16;
+    config.model.freq_dim = 256;
+    config.model.eps = 1e-6f;
+    make_layer_models(&config, o->block_layers, layers);
+}
+
+/* Case i's floors (per block: its GEMMs of both streams and its joint attention; outside the blocks: the embedders',
+   refiner's and head's GEMMs and the refiner's attention over each sample's Qwen rows) and FLOPs, from the layout's
+   FLOP counts (model_layout_gemm_flops of the 1-layer model: its blocks' counts are one block's; outside the blocks
+   it counts every text-row Linear, the ByT5 and image embedders' too, per row of the joint text, as the epoch's floor
+   in tests/bench/train_table.py does) and r's rates. */
+static void mmdit_case_floor(const model *one, const mmdit_case *c, int i, mmdit_results *r)
+{
+    const layout_gemm_flops lf = model_layout_gemm_flops(&one->layout);
+    const double Tv = (double)r->video_rows[i], Tt = (double)r->text_rows[i];
+    const double video = 3.0 * lf.block_per_token * Tv, text = 3.0 * lf.block_per_text * Tt;
+    r->gemm_flops[i] = video + text;
+    r->gemm_floor_ms[i] = mmdit_gemm_floor_ms(r, video, Tv) + mmdit_gemm_floor_ms(r, text, Tt);
+    double fwd_flops = 0.0;
+    const double joint_ms = mmdit_attention_floor_ms(r, (double)(c->S + c->L + c->text_2 + c->image), one->dim,
+                                                     &fwd_flops);
+    r->attention_flops[i] = 3.0 * c->samples * fwd_flops;
+    r->attention_floor_ms[i] = c->samples * joint_ms;
+    r->floor_ms[i] = r->gemm_floor_ms[i] + r->attention_floor_ms[i];
+    const double refiner_ms = mmdit_attention_floor_ms(r, (double)c->L, one->dim, &fwd_flops);
+    r->outside_floor_ms[i] = mmdit_gemm_floor_ms(r, 3.0 * lf.outside_per_token * Tv, Tv) +
+                             mmdit_gemm_floor_ms(r, 3.0 * (lf.outside_per_text * Tt + lf.outside_per_sample * c->samples),
+                                                 Tt) +
+                             LAYOUT_MMDIT_REFINER_LAYERS * c->samples * refiner_ms;
+}
+
+/* The MMDiT block forward+backward of every case, against its floor, and the step outside the blocks: the gemm and
+   attention sections at hv15 widths on mmdit_floor_rows (their tables printed as theirs), then per case the 1-layer
+   and (1 + K)-layer steps timed in turn (time_steps_alternating), as the block section. */
+static void run_mmdit_section(const bench_options *o, cudaStream_t stream, mmdit_results *r)
+{
+    const int K = o->block_layers;
+    bench_options f = *o;   /* the floor's sections: hv15 widths on the floor's rows */
+    f.wan = kHv15Widths;
+    f.n_seq = mmdit_floor_rows(o, f.seq);
+    printf("MMDiT floor rates: the gemm and attention sections at HunyuanVideo-1.5's widths on rows");
+    for (int i = 0; i < f.n_seq; ++i) printf("%s%lld", i ? ", " : " ", (long long)f.seq[i]);
+    printf(":\n");
+    static gemm_results gemm;
+    static attention_results attn;
+    run_gemm_section(&f, stream, &gemm);
+    run_attention_section(&f, stream, &attn);
+    mmdit_floor_rates(&f, &gemm, &attn, r);
+
+    model layers[2];
+    make_mmdit_models(o, layers);
+    const model *deep = &layers[1];
+    printf("HunyuanVideo-1.5 MMDiT block forward+backward (dim %d, ffn %d, %d heads of %d; recompute none, bf16;\n"
+           "  case [Bx]S:L[:T2[:I]] = B samples of S video tokens, L Qwen, T2 ByT5, I image rows; block = (%d-layer step -\n"
+           "  1-layer step) / %d, medians of steps timed in turn; TFLOP/s over 3x the forward's FLOPs; floor = the block's\n"
+           "  GEMMs of both streams + its joint attention over N = S + L per sample forward+backward, at the rates above):\n",
+           deep->dim, deep->ffn_dim, deep->num_heads, deep->dim / deep->num_heads, 1 + K, K);
+    char deep_label[24];
+    snprintf(deep_label, sizeof deep_label, "%d-layer", 1 + K);
+    printf("%-18s %7s %7s %9s %9s %9s %8s | %8s %8s %9s %11s %8s\n", "case", "video", "text", "1-layer", deep_label,
+           "block ms", "TFLOP/s", "GEMM ms", "attn ms", "floor ms", "block/floor", "floor %");
+    for (int i = 0; i < o->n_cases; ++i) {
+        const mmdit_case *c = &o->cases[i];
+        char label[96];
+        mmdit_case_label(c, label, sizeof label);
+        r->video_rows[i] = c->samples * c->S;
+        r->text_rows[i] = (int64_t)c->samples * (c->L + c->text_2 + c->image);
+        mmdit_case_floor(&layers[0], c, i, r);
+        size_t free_bytes = 0, total_bytes = 0;
+        gpu_memory_info(&free_bytes, &total_bytes);
+        const size_t need = gpu_model_workspace_bytes(deep, r->video_rows[i], c->samples, r->text_rows[i]) +
+                            gpu_model_workspace_bytes(&layers[0], r->video_rows[i], c->samples, r->text_rows[i]) +
+                            10 * (size_t)(deep->n_weights + layers[0].n_weights) + kBlockMemoryMargin;
+        r->need_bytes[i] = (double)need;
+        r->free_bytes[i] = (double)free_bytes;
+        r->skipped[i] = need > free_bytes;
+        if (r->skipped[i]) {
+            printf("%-18s skipped: needs %.1f GiB (1- and %d-layer models, recompute none, + %.0f GiB margin), %.1f GiB "
+                   "free\n", label, need / kGiB, 1 + K, kBlockMemoryMargin / kGiB, free_bytes / kGiB);
+            continue;
+        }
+        mmdit_batch batch;
+        make_mmdit_batch(deep, c, rng_hash(0x33d17001ull, (uint64_t)i), &batch);
+        step_context steps[2];
+        for (int l = 0; l < 2; ++l) {
+            steps[l] = (step_context){gpu_model_create(&layers[l], r->video_rows[i], c->samples, r->text_rows[i]),
+                                      &batch.batch, 0.0};
+            gpu_model_set_autotune(steps[l].gm, o->gemm_autotune, o->attention_autotune);
+            gpu_model_upload_weights(steps[l].gm, layers[l].weights);
+        }
+        time_steps_alternating(steps, o, stream, r->step_ms[i]);
+        if (o->profile_step) { /* as the block section's: a profiler started with capture off sees this step only */
+            CUDA_CHECK(cudaDeviceSynchronize());
+            CUDA_CHECK(cudaProfilerStart());
+            run_model_step(&steps[1], stream);
+            CUDA_CHECK(cudaDeviceSynchronize());
+            CUDA_CHECK(cudaProfilerStop());
+        }
+        for (int l = 0; l < 2; ++l) gpu_model_free(steps[l].gm);
+        free_mmdit_batch(&batch);
+        r->block_ms[i] = (r->step_ms[i][1] - r->step_ms[i][0]) / K;
+        r->outside_ms[i] = r->step_ms[i][0] - r->block_ms[i];
+        const double flops = r->gemm_flops[i] + r->attention_flops[i];
+        printf("%-18s %7lld %7lld %9.3f %9.3f %9.3f %8.1f | %8.3f %8.3f %9.3f %11.3f %7.1f%%\n", label,
+               (long long)r->video_rows[i], (long long)r->text_rows[i], r->step_ms[i][0], r->step_ms[i][1],
+               r->block_ms[i], tflops(flops, r->block_ms[i]), r->gemm_floor_ms[i], r->attention_floor_ms[i],
+               r->floor_ms[i], r->block_ms[i] / r->floor_ms[i], 100.0 * r->floor_ms[i] / r->block_ms[i]);
+    }
+    printf("Outside the blocks (1-layer step - block: token refiner, caption embedders, time path, patch embedding, head,\n"
+           "  loss, the batch's staging; floor: their GEMMs at the rates above, the refiner's attention over each\n"
+           "  sample's Qwen rows) and the %d-layer step of inputs/hunyuanvideo15-8layers.ini (outside + %d blocks):\n",
+           kHv15Layers, kHv15Layers);
+    char step_label[24];
+    snprintf(step_label, sizeof step_label, "%d-layer ms", kHv15Layers);
+    printf("%-18s %11s %11s %8s | %12s %12s %8s\n", "case", "outside ms", "floor ms", "floor %", step_label,
+           "floor ms", "floor %");
+    for (int i = 0; i < o->n_cases; ++i) {
+        if (r->skipped[i]) continue;
+        char label[96];
+        mmdit_case_label(&o->cases[i], label, sizeof label);
+        const double step = r->outside_ms[i] + kHv15Layers * r->block_ms[i];
+        const double floor = r->outside_floor_ms[i] + kHv15Layers * r->floor_ms[i];
+        printf("%-18s %11.3f %11.3f %7.1f%% | %12.3f %12.3f %7.1f%%\n", label, r->outside_ms[i],
+               r->outside_floor_ms[i], 100.0 * r->outside_floor_ms[i] / r->outside_ms[i], step, floor,
+               100.0 * floor / step);
+    }
+    printf("  (floor %%: floor / measured, the epoch's measure in docs/PERFORMANCE.md: 76.5%% for the 8-layer epoch.)\n");
+    model_free(&layers[0]);
+    model_free(&layers[1]);
+}
+
+/* The mmdit section's figures: ", \"mmdit\": {...}" (the floor's rates, then one entry per case). */
+static void write_mmdit_json(FILE *json, const bench_options *o, const mmdit_results *r)
+{
+    fprintf(json, ", \"mmdit\": {\"dim\": %d, \"ffn_dim\": %d, \"heads\": %d, \"block_layers\": %d, \"floor\": [",
+            kHv15Widths->dim, kHv15Widths->ffn_dim, kHv15Widths->heads, o->block_layers);
+    for (int i = 0; i < r->n_floor; ++i)
+        fprintf(json, "%s\n  {\"rows\": %lld, \"gemm_tflops\": %.2f, \"self_attention_tflops\": %.2f}", i ? "," : "",
+                (long long)r->floor_rows[i], r->floor_gemm_tflops[i], 3.5 / r->floor_self_spf[i] / 1e12);
+    fprintf(json, "\n], \"cases\": [");
+    for (int i = 0; i < o->n_cases; ++i) {
+        const mmdit_case *c = &o->cases[i];
+        fprintf(json, "%s\n  {\"samples\": %d, \"S\": %lld, \"L\": %d, \"text_2\": %d, \"image\": %d, "
+                "\"video_rows\": %lld, \"text_rows\": %lld, \"gemm_gflop\": %.2f, \"attention_gflop\": %.2f, "
+                "\"gemm_floor_ms\": %.4f, \"attention_floor_ms\": %.4f, \"floor_ms\": %.4f, "
+                "\"outside_floor_ms\": %.4f, \"need_gib\": %.2f, \"free_gib\": %.2f", i ? "," : "", c->samples,
+                (long long)c->S, c->L, c->text_2, c->image, (long long)r->video_rows[i], (long long)r->text_rows[i],
+                r->gemm_flops[i] / 1e9, r->attention_flops[i] / 1e9, r->gemm_floor_ms[i], r->attention_floor_ms[i],
+                r->floor_ms[i], r->outside_floor_ms[i], r->need_bytes[i] / kGiB, r->free_bytes[i] / kGiB);
+        if (r->skipped[i])
+            fprintf(json, ", \"skipped\": true}");
+        else
+            fprintf(json, ", \"one_layer_ms\": %.4f, \"deep_step_ms\": %.4f, \"block_ms\": %.4f, \"outside_ms\": %.4f, "
+                    "\"tflops\": %.2f, \"block_over_floor\": %.4f, \"layers8_ms\": %.4f, \"layers8_floor_ms\": %.4f}",
+                    r->step_ms[i][0], r->step_ms[i][1], r->block_ms[i], r->outside_ms[i],
+                    tflops(r->gemm_flops[i] + r->attention_flops[i], r->block_ms[i]), r->block_ms[i] / r->floor_ms[i],
+                    r->outside_ms[i] + kHv15Layers * r->block_ms[i],
+                    r->outside_floor_ms[i] + kHv15Layers * r->floor_ms[i]);
+    }
+    fprintf(json, "\n]}");
+}
+
 /* Writes the figures to `json` (opened at the start, so that a bad path fails before the measurements) and closes it. */
 static void write_json(FILE *json, const bench_options *o, const char *device, double copy_gbs,
                        double lnmod[kMaxDims][kLnmodOps][2], const gemm_results *gemm, const attention_results *attn,
-                       const block_results *block, const split_results *split)
+                       const block_results *block, const split_results *split, const mmdit_results *mmdit)
 {
     fprintf(json, "{\"device\": \"%s\", \"copy_gbs\": %.1f, \"wan\": \"%s\", \"dim\": %d, \"ffn_dim\": %d, "
             "\"heads\": %d", device, copy_gbs, o->wan->name, o->wan->dim, o->wan->ffn_dim, o->wan->heads);
@@ -1375,6 +1893,7 @@ static void write_json(FILE *json, const bench_options *o, const char *device, d
             }
         fprintf(json, "\n]");
     }
+    if (o->run_mmdit) write_mmdit_json(json, o, mmdit);
     fprintf(json, "}\n");
     if (fclose(json)) ALDIT_FATAL("--json %s: writing failed", o->json_path);
 }
@@ -1457,13 +1976,15 @@ int main(int argc, char **argv)
     static attention_results attention;
     static block_results block;
     static split_results split;
+    static mmdit_results mmdit;
     if (o.run_lnmod) run_lnmod_section(&o, copy_gbs, stream, lnmod_results);
     if (o.run_gemm) run_gemm_section(&o, stream, &gemm);
     if (o.run_attention) run_attention_section(&o, stream, &attention);
     if (o.run_block) run_block_section(&o, &gemm, &attention, stream, &block);
     if (o.run_split) run_split_section(&o, stream, &split);
     if (o.run_zeros) run_zeros_section(&o, stream);
+    if (o.run_mmdit) run_mmdit_section(&o, stream, &mmdit);
     CUDA_CHECK(cudaStreamDestroy(stream));
-    if (json) write_json(json, &o, device, copy_gbs, lnmod_results, &gemm, &attention, &block, &split);
+    if (json) write_json(json, &o, device, copy_gbs, lnmod_results, &gemm, &attention, &block, &split, &mmdit);
     return 0;
 }
