@@ -26,8 +26,9 @@
 #     (ARM_PRECISION=bf16: the CPU has no FP8), 2 seeds, 8 steps in slices of 4: a first call stopped after 4
 #     launches, a second that resumes each run to the end, the table passing (identical arms), RESULTS filled, a
 #     doctored copy of the second arm's metrics failing (validation losses raised by 1%; or sigma 0.1 alone worse by
-#     3%, while 0.5% passes), bad input refused, a call with no time left launching nothing, and a run stopped by
-#     the time budget's signal mid-slice with its checkpoint. About 10 s.
+#     3%, while 0.5% passes), bad input refused (a step trained on other tokens in one arm; a missing file), a call
+#     with no time left launching nothing, and a run stopped by the time budget's signal mid-slice with its
+#     checkpoint. About 10 s.
 # Environment: WORK (the runs, stores, logs and table; GPU default /tmp/fp8_ab, kept: call again with the same WORK
 #   to go on), SEEDS (3; --toy 2), STEPS (2000; --toy 8), EVAL_EVERY (250; --toy 2), SLICE (1000; --toy 4),
 #   TIME_LIMIT (seconds this call may take, from its start: 540), GRACE (30), MIN_LAUNCH (60; --toy 1),
@@ -59,7 +60,7 @@ if [ "$mode" = smoke ]; then
     "$PYTHON" -c "import json" > /dev/null 2>&1 || tap_skip_all "$PYTHON does not run"
     work=${WORK:-$(mktemp -d /tmp/fp8_ab_smoke.XXXXXX)}
     toy() { env WORK="$work/ab" ARM_PRECISION=bf16 "$@" sh "$self" --toy "$build"; }
-    tap_plan 15
+    tap_plan 16
     # chunk 1: 4 launches (each run to step 4), then stopped as at a time budget
     toy LAUNCHES=4 > "$work/chunk1.log" 2>&1; status=$?
     tap_is "first call: stopped after 4 launches, exit 3 (call again)" "$status" 3
@@ -92,16 +93,19 @@ if [ "$mode" = smoke ]; then
     [ "$results" = "$want" ] && [ "$(tar tzf "$work/results/fp8_ab_runs.tar.gz" | grep -c 'metrics.jsonl$')" = 4 ]
     tap_result $? "RESULTS gets the table, the curves (where matplotlib imports) and the 4 runs' metrics in a tar.gz" \
         "got '$results', want '$want'; $(tar tzf "$work/results/fp8_ab_runs.tar.gz" 2>&1)"
-    # doctored copies of the second arm's metrics: doctor NAME LOSS_FACTOR SIGMA0_FACTOR, then the table on them
+    # doctored copies of the second arm's metrics: doctor NAME LOSS_FACTOR SIGMA0_FACTOR [TOKENS_OF_STEP_3], then the
+    # table on them
     doctor() {
         mkdir -p "$work/$1"
         for seed in 1 2; do
-            "$PYTHON" - "$work/ab/fp8_gemm_s$seed/metrics.jsonl" "$work/$1/s$seed.jsonl" "$2" "$3" <<'PY'
+            "$PYTHON" - "$work/ab/fp8_gemm_s$seed/metrics.jsonl" "$work/$1/s$seed.jsonl" "$2" "$3" "${4:-}" <<'PY'
 import json, sys
-loss, sigma0 = float(sys.argv[3]), float(sys.argv[4])
+loss, sigma0, tokens = float(sys.argv[3]), float(sys.argv[4]), sys.argv[5]
 with open(sys.argv[1]) as src, open(sys.argv[2], "w") as out:
     for line in src:
         record = json.loads(line)
+        if tokens and record["step"] == 3:
+            record["tokens"] = int(tokens)
         if "val_loss" in record:
             record["val_loss"] *= loss
             record["val_loss_sigma"] = [v * loss * (sigma0 if i == 0 else 1.0)
@@ -123,6 +127,10 @@ PY
     doctor sigma_ok 1 1.005; status=$?
     tap_result $status "val_loss kept, sigma 0.1 worse by 0.5% (under 3x the 0.25% floor): the table passes" \
         "exit $status: $(cat "$work/sigma_ok.txt")"
+    doctor unlike 1 1 99999; status=$?
+    case $status:$(cat "$work/unlike.txt") in 2:*"step 3 trained"*"did not see the same steps"*) found=0 ;; *) found=1 ;; esac
+    tap_result $found "the arms of a seed trained other tokens at step 3: the table refuses (exit 2) naming it" \
+        "exit $status: $(cat "$work/unlike.txt")"
     "$PYTHON" "$table" --bf16 "$work/ab/bf16_s1/metrics.jsonl" "$work/missing.jsonl" \
         --arm fp8_gemm "$work/raised/s1.jsonl" > "$work/missing.txt" 2>&1; status=$?
     case $status:$(cat "$work/missing.txt") in 2:*missing.jsonl*) found=0 ;; *) found=1 ;; esac
@@ -142,7 +150,9 @@ PY
     at=$(ls "$work/stop/bf16_s1/checkpoints" 2>/dev/null | sed -n 's/^step_0*\([0-9][0-9]*\)\.h5$/\1/p')
     [ $status = 3 ] && [ "${at:-0}" -gt 0 ] && [ "${at:-0}" -lt 100000 ] && [ $took -le 7 ] &&
         grep -q "stop requested by a signal: checkpointing step $at" "$work/stop/bf16_s1.log"
-    tap_result $? "TIME_LIMIT 6 s, GRACE 2 s: the run in flight signalled at 4 s stops with a checkpoint (step ${at:-none}), exit 3, in ${took} s" \
+    stopped=$?
+    name="the run in flight, signalled at 4 s (TIME_LIMIT 6, GRACE 2), stops with a checkpoint (step ${at:-none})"
+    tap_result $stopped "$name, exit 3, in ${took} s" \
         "exit $status: $(cat "$work/stop.log"; tail -n 5 "$work/stop/bf16_s1.log")"
     [ -n "${WORK:-}" ] || rm -rf "$work"
     tap_done
@@ -274,7 +284,8 @@ advance() {
                 fi
                 left=$((stop_at - $(now)))
                 if [ $left -lt "$MIN_LAUNCH" ]; then
-                    echo "== stopping before the time budget: ${left} s left before TIME_LIMIT - GRACE, less than MIN_LAUNCH = $MIN_LAUNCH"
+                    echo "== stopping before the time budget: ${left} s left before TIME_LIMIT - GRACE," \
+                         "less than MIN_LAUNCH = $MIN_LAUNCH"
                     return 3
                 fi
                 launches=$((launches + 1))

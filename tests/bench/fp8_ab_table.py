@@ -14,8 +14,11 @@ the bf16 mean, |fp8 - bf16| / bf16 <= bound, and no noise level is worse by more
 The metrics are aldit's (docs/running.md, Metrics): the lines with val_loss, val_sigmas and val_loss_sigma; a step
 written twice counts by its last line (a resumed run's). A null val_loss (not finite) fails its step.
 
+Both arms of a seed must have trained the same steps: every step both reached with the same samples, tokens and
+micro-batches (the balancer pinned, tests/bench/fp8_ab.sh), else the comparison is refused as bad input.
+
 Exit status: 0 every arm passes; 1 an arm fails; 2 bad input (a file missing or unreadable, a line not JSON, no
-validation step common to all runs, other sigmas in one run).
+validation step common to all runs, other sigmas in one run, the arms of a seed trained on different steps).
 """
 import argparse
 import json
@@ -28,14 +31,18 @@ def bad_input(message):
     sys.exit(2)
 
 
+STEP_KEYS = ("samples", "tokens", "micro_batches")  # what the balancer gave a step: the same in both arms of a seed
+
+
 def read_validations(path):
-    """{step: (val_loss, [val_loss_sigma]), ...} and the sigmas of a metrics file."""
+    """{step: (val_loss, [val_loss_sigma]), ...}, the sigmas and {step: (samples, tokens, micro_batches)} of a metrics
+    file."""
     try:
         with open(path) as f:
             lines = f.readlines()
     except OSError as e:
         bad_input(f"cannot read {path}: {e.strerror}")
-    points, sigmas = {}, None
+    points, sigmas, shapes = {}, None, {}
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
@@ -43,6 +50,8 @@ def read_validations(path):
             record = json.loads(line)
         except ValueError:
             bad_input(f"{path}:{number}: not a JSON line")
+        if "step" in record:
+            shapes[int(record["step"])] = tuple(record.get(key) for key in STEP_KEYS)
         if "val_loss" not in record:
             continue
         if "step" not in record or "val_sigmas" not in record or "val_loss_sigma" not in record:
@@ -52,7 +61,18 @@ def read_validations(path):
         sigmas = record["val_sigmas"]
         to_float = lambda v: math.nan if v is None else float(v)  # noqa: E731
         points[int(record["step"])] = (to_float(record["val_loss"]), [to_float(v) for v in record["val_loss_sigma"]])
-    return points, sigmas
+    return points, sigmas, shapes
+
+
+def check_same_steps(name, bf16_paths, arm_paths, shapes_of):
+    """Both arms of a seed must have trained the same steps (samples, tokens, micro-batches of every step both
+    reached): else the A/B compares unlike runs, and it says where."""
+    for seed, (ref, got) in enumerate(zip(bf16_paths, arm_paths), 1):
+        a, b = shapes_of[ref], shapes_of[got]
+        for step in sorted(set(a) & set(b)):
+            if a[step] != b[step]:
+                bad_input(f"seed {seed}: {got} step {step} trained {dict(zip(STEP_KEYS, b[step]))}, but {ref} "
+                          f"{dict(zip(STEP_KEYS, a[step]))}: the arms did not see the same steps (balancer not pinned?)")
 
 
 def mean(values):
@@ -166,12 +186,13 @@ def main():
         if len(arm) < 2:
             bad_input(f"--arm {arm[0]}: needs a name and at least one metrics file")
 
-    sigmas_of = {}
+    sigmas_of, shapes_of = {}, {}
+
     def load(path):
-        points, sigmas = read_validations(path)
+        points, sigmas, shapes = read_validations(path)
         if not points:
             bad_input(f"{path}: no validation line (val_loss)")
-        sigmas_of[path] = sigmas
+        sigmas_of[path], shapes_of[path] = sigmas, shapes
         return points
     bf16 = [load(path) for path in args.bf16]
     arms = [(arm[0], [load(path) for path in arm[1:]]) for arm in args.arm]
@@ -179,6 +200,8 @@ def main():
         bad_input("the runs were validated at different sigmas: " +
                   "; ".join(f"{p}: {s}" for p, s in sigmas_of.items()))
     sigmas = next(iter(sigmas_of.values()))
+    for arm in args.arm:
+        check_same_steps(arm[0], args.bf16, arm[1:], shapes_of)
     runs = bf16 + [run for _, arm_runs in arms for run in arm_runs]
     steps = sorted(set.intersection(*(set(run) for run in runs)))
     if not steps:
