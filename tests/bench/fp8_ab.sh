@@ -312,6 +312,8 @@ advance() {
 }
 echo "== fp8_ab.sh: $deck, arms: $arms, seeds 1-$SEEDS, $STEPS steps in slices of $SLICE, validation every $EVAL_EVERY" \
      "steps; WORK $work; stop at $TIME_LIMIT - $GRACE s"
+ls "$work"/*_s*/checkpoints/step_*.h5 > /dev/null 2>&1 ||
+    echo "== a fresh start: no run in $work has a checkpoint yet (a machine given back loses WORK: call back to back)"
 advance; advanced=$?
 
 # the table over the steps every run has reached (bf16 the reference; one block per FP8 arm)
