@@ -127,13 +127,85 @@ __global__ void patchify_kernel(const patchify_args a)
     }
 }
 
-// y = x W^T + b over a few fp32 rows (one per sample) with a bf16 weight [out, in]: one warp per output, its lanes
-// over the inputs, rows in turn. chunk > 0: y is chunk-major [out / chunk][rows][chunk] (modulation vectors).
-__device__ __forceinline__ int64_t rows_index(int r, int o, int rows, int out, int chunk)
+// y = x W^T + b over a few fp32 rows (one per sample) with a bf16 weight [out, in]. chunk > 0: y (and dy) is
+// chunk-major [out / chunk][rows][chunk] (modulation vectors): output o of row r at row_offset(o) + r * row_stride.
+__device__ __forceinline__ int64_t row_offset(int o, int rows, int out, int chunk)
 {
-    return chunk > 0 ? ((int64_t)(o / chunk) * rows + r) * chunk + o % chunk : (int64_t)r * out + o;
+    return chunk > 0 ? (int64_t)(o / chunk) * rows * chunk + o % chunk : o;
 }
 
+__device__ __forceinline__ int64_t row_stride(int out, int chunk) { return chunk > 0 ? chunk : out; }
+
+__device__ __forceinline__ void unpack8(const uint4 v, float f[8])
+{
+    const uint32_t words[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        f[2 * k] = __uint_as_float(words[k] << 16);
+        f[2 * k + 1] = __uint_as_float(words[k] & 0xffff0000u);
+    }
+}
+
+// The tiled forms (in a multiple of 8, 16-byte aligned weight and x): a block's warps take kLinOuts outputs each;
+// the rows go in tiles of kLinRows, the inputs in chunks of kLinCols staged in shared memory, one 8-value vector of
+// each output's weight per lane and chunk: the weight is read once per row tile, x once per block and row tile.
+constexpr int kLinRows = 8, kLinOuts = 8, kLinCols = 256, kLinWarps = kThreads / 32;
+
+__global__ void __launch_bounds__(kThreads) rows_linear_fwd_tiled_kernel(const float *x, int rows, int in, int out,
+                                                                         const gpu_bf16 *weight, const gpu_bf16 *bias,
+                                                                         int chunk, float *y)
+{
+    __shared__ __align__(16) float xs[kLinRows][kLinCols];
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const int o0 = (blockIdx.x * kLinWarps + warp) * kLinOuts;
+    for (int r0 = 0; r0 < rows; r0 += kLinRows) {
+        const int nr = min(kLinRows, rows - r0);
+        float acc[kLinOuts][kLinRows];
+#pragma unroll
+        for (int j = 0; j < kLinOuts; ++j)
+#pragma unroll
+            for (int r = 0; r < kLinRows; ++r) acc[j][r] = 0.0f;
+        for (int c0 = 0; c0 < in; c0 += kLinCols) {
+            __syncthreads();
+            for (int k = threadIdx.x; k < kLinRows * kLinCols / 4; k += kThreads) {
+                const int r = k / (kLinCols / 4), c = (k % (kLinCols / 4)) * 4;
+                float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                if (r < nr && c0 + c < in) v = *reinterpret_cast<const float4 *>(x + (int64_t)(r0 + r) * in + c0 + c);
+                *reinterpret_cast<float4 *>(&xs[r][c]) = v;
+            }
+            __syncthreads();
+            const int col = c0 + lane * 8;
+            if (col >= in) continue;
+            float xv[kLinRows][8];
+#pragma unroll
+            for (int r = 0; r < kLinRows; ++r)
+#pragma unroll
+                for (int k = 0; k < 8; ++k) xv[r][k] = xs[r][lane * 8 + k];
+#pragma unroll
+            for (int j = 0; j < kLinOuts; ++j) {
+                if (o0 + j >= out) break;
+                float w[8];
+                unpack8(*reinterpret_cast<const uint4 *>(weight + (int64_t)(o0 + j) * in + col), w);
+#pragma unroll
+                for (int r = 0; r < kLinRows; ++r)
+#pragma unroll
+                    for (int k = 0; k < 8; ++k) acc[j][r] += xv[r][k] * w[k];
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < kLinOuts; ++j)
+#pragma unroll
+            for (int r = 0; r < kLinRows; ++r) {
+                float sum = acc[j][r];
+                for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+                const int o = o0 + j;
+                if (lane == 0 && r < nr && o < out)
+                    y[row_offset(o, rows, out, chunk) + (int64_t)(r0 + r) * row_stride(out, chunk)] = sum + bf(bias[o]);
+            }
+    }
+}
+
+// Any in and alignment: one warp per output, its lanes over the inputs, rows in turn.
 __global__ void rows_linear_fwd_kernel(const float *x, int rows, int in, int out, const gpu_bf16 *weight,
                                        const gpu_bf16 *bias, int chunk, float *y)
 {
@@ -145,39 +217,96 @@ __global__ void rows_linear_fwd_kernel(const float *x, int rows, int in, int out
             float sum = 0.0f;
             for (int i = lane; i < in; i += 32) sum += x[(int64_t)r * in + i] * bf(w[i]);
             for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
-            if (lane == 0) y[rows_index(r, (int)o, rows, out, chunk)] = sum + bf(bias[o]);
+            if (lane == 0) y[row_offset((int)o, rows, out, chunk) + (int64_t)r * row_stride(out, chunk)] = sum + bf(bias[o]);
         }
     }
 }
 
-// dW[o, i] += sum_r dy[r, o] x[r, i]; db[o] += sum_r dy[r, o] (rows in order).
+// dW[o, i] += sum_r dy[r, o] x[r, i]; db[o] += sum_r dy[r, o] (rows in order). `quads`: four inputs per thread
+// (in a multiple of 4, x and dW 16-byte aligned), else one.
 __global__ void rows_linear_dweight_kernel(const float *x, const float *dy, int rows, int in, int out, int chunk,
-                                           float *dweight, float *dbias)
+                                           int quads, float *dweight, float *dbias)
 {
-    FOR_EACH_INDEX(k, (int64_t)out * in) {
-        const int o = (int)(k / in), i = (int)(k % in);
-        float sum = 0.0f;
-        for (int r = 0; r < rows; ++r) sum += dy[rows_index(r, o, rows, out, chunk)] * x[(int64_t)r * in + i];
-        dweight[k] += sum;
+    const int width = quads ? 4 : 1, per_row = in / width;
+    const int64_t stride = row_stride(out, chunk);
+    FOR_EACH_INDEX(k, (int64_t)out * per_row) {
+        const int o = (int)(k / per_row), i = (int)(k % per_row) * width;
+        const float *d = dy + row_offset(o, rows, out, chunk);
+        float *dw = dweight + (int64_t)o * in + i;
+        if (quads) {
+            float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            for (int r = 0; r < rows; ++r) {
+                const float g = d[r * stride];
+                const float4 v = *reinterpret_cast<const float4 *>(x + (int64_t)r * in + i);
+                sum.x += g * v.x; sum.y += g * v.y; sum.z += g * v.z; sum.w += g * v.w;
+            }
+            float4 w = *reinterpret_cast<float4 *>(dw);
+            w.x += sum.x; w.y += sum.y; w.z += sum.z; w.w += sum.w;
+            *reinterpret_cast<float4 *>(dw) = w;
+        } else {
+            float sum = 0.0f;
+            for (int r = 0; r < rows; ++r) sum += d[r * stride] * x[(int64_t)r * in + i];
+            *dw += sum;
+        }
         if (i == 0) {
             float bias_sum = 0.0f;
-            for (int r = 0; r < rows; ++r) bias_sum += dy[rows_index(r, o, rows, out, chunk)];
+            for (int r = 0; r < rows; ++r) bias_sum += d[r * stride];
             dbias[o] += bias_sum;
         }
     }
 }
 
 // dx[r, i] (+)= sum_o dy[r, o] W[o, i], the outputs cut into `slices` ranges (threads enough for the GPU with few
-// rows): partial[slice][r][i], then their sum in slice order (deterministic).
+// rows): partial[slice][r][i], then their sum in slice order (deterministic). The tiled form (in a multiple of 8,
+// a 16-byte aligned weight): a thread takes 8 inputs of a tile of kLinRows rows, reading each weight vector once per
+// row tile; grid (in / 8 x slices, row tiles).
+__global__ void __launch_bounds__(kThreads) rows_linear_dx_tiled_kernel(const float *dy, int rows, int in, int out,
+                                                                        int chunk, const gpu_bf16 *weight, int slices,
+                                                                        float *partial)
+{
+    const int vecs = in / 8;
+    const int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= (int64_t)vecs * slices) return;
+    const int slice = (int)(t / vecs), i = (int)(t % vecs) * 8, r0 = blockIdx.y * kLinRows;
+    const int nr = min(kLinRows, rows - r0);
+    const int first = (int)((int64_t)out * slice / slices), last = (int)((int64_t)out * (slice + 1) / slices);
+    const int64_t stride = row_stride(out, chunk);
+    float acc[kLinRows][8];
+#pragma unroll
+    for (int r = 0; r < kLinRows; ++r)
+#pragma unroll
+        for (int k = 0; k < 8; ++k) acc[r][k] = 0.0f;
+    for (int o = first; o < last; ++o) {
+        float w[8];
+        unpack8(*reinterpret_cast<const uint4 *>(weight + (int64_t)o * in + i), w);
+        const float *d = dy + row_offset(o, rows, out, chunk) + (int64_t)r0 * stride;
+#pragma unroll
+        for (int r = 0; r < kLinRows; ++r) {
+            const float g = r < nr ? d[r * stride] : 0.0f;
+#pragma unroll
+            for (int k = 0; k < 8; ++k) acc[r][k] += g * w[k];
+        }
+    }
+    const int64_t n = (int64_t)rows * in;
+#pragma unroll
+    for (int r = 0; r < kLinRows; ++r) {
+        if (r >= nr) break;
+        float *p = partial + slice * n + (int64_t)(r0 + r) * in + i;
+        *reinterpret_cast<float4 *>(p) = make_float4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]);
+        *reinterpret_cast<float4 *>(p + 4) = make_float4(acc[r][4], acc[r][5], acc[r][6], acc[r][7]);
+    }
+}
+
 __global__ void rows_linear_dx_partial_kernel(const float *dy, int rows, int in, int out, int chunk,
                                               const gpu_bf16 *weight, int slices, float *partial)
 {
-    const int64_t n = (int64_t)rows * in;
+    const int64_t n = (int64_t)rows * in, stride = row_stride(out, chunk);
     FOR_EACH_INDEX(k, slices * n) {
         const int slice = (int)(k / n), r = (int)(k % n / in), i = (int)(k % in);
         const int first = (int)((int64_t)out * slice / slices), last = (int)((int64_t)out * (slice + 1) / slices);
         float sum = 0.0f;
-        for (int o = first; o < last; ++o) sum += dy[rows_index(r, o, rows, out, chunk)] * bf(weight[(int64_t)o * in + i]);
+        for (int o = first; o < last; ++o)
+            sum += dy[row_offset(o, rows, out, chunk) + r * stride] * bf(weight[(int64_t)o * in + i]);
         partial[k] = sum;
     }
 }
@@ -257,15 +386,38 @@ __global__ void gated_residual_dy_kernel(const gpu_bf16 *dout, const float *gate
     }
 }
 
-// dgate[b, c] = sum over b's rows of dout * y (rows in order).
-__global__ void gate_sum_kernel(const gpu_bf16 *dout, const gpu_bf16 *y, const int64_t *start, int n_samples, int dim,
-                                float *dgate)
+// dgate[b, c] = sum over b's rows of dout * y, in two passes: each sample's rows cut into `parts` equal ranges,
+// partial[b][part][c] over a range (rows in order, two columns a thread: dim even), then the parts summed in order.
+__global__ void gate_sum_partial_kernel(const gpu_bf16 *dout, const gpu_bf16 *y, const int64_t *start, int n_samples,
+                                        int dim, int parts, float *partial)
 {
-    FOR_EACH_INDEX(i, (int64_t)n_samples * dim) {
-        const int b = (int)(i / dim), c = (int)(i % dim);
+    const int pairs = dim / 2;
+    FOR_EACH_INDEX(i, (int64_t)n_samples * parts * pairs) {
+        const int64_t bp = i / pairs;
+        const int c = (int)(i % pairs) * 2, b = (int)(bp / parts), part = (int)(bp % parts);
+        const int64_t n = start[b + 1] - start[b];
+        const int64_t lo = start[b] + n * part / parts, hi = start[b] + n * (part + 1) / parts;
+        float s0 = 0.0f, s1 = 0.0f;
+#pragma unroll 4
+        for (int64_t r = lo; r < hi; ++r) {
+            const uint32_t g = *reinterpret_cast<const uint32_t *>(dout + r * dim + c);
+            const uint32_t v = *reinterpret_cast<const uint32_t *>(y + r * dim + c);
+            s0 += __uint_as_float(g << 16) * __uint_as_float(v << 16);
+            s1 += __uint_as_float(g & 0xffff0000u) * __uint_as_float(v & 0xffff0000u);
+        }
+        partial[bp * dim + c] = s0;
+        partial[bp * dim + c + 1] = s1;
+    }
+}
+
+__global__ void parts_sum_kernel(const float *partial, int n_groups, int parts, int dim, int accumulate, float *out)
+{
+    FOR_EACH_INDEX(i, (int64_t)n_groups * dim) {
+        const int64_t g = i / dim;
+        const int c = (int)(i % dim);
         float sum = 0.0f;
-        for (int64_t r = start[b]; r < start[b + 1]; ++r) sum += bf(dout[r * dim + c]) * bf(y[r * dim + c]);
-        dgate[i] = sum;
+        for (int part = 0; part < parts; ++part) sum += partial[(g * parts + part) * dim + c];
+        out[i] = accumulate ? out[i] + sum : sum;
     }
 }
 
@@ -357,15 +509,24 @@ __global__ void text_split_kernel(const int32_t *map, int64_t n_text, int dim, c
     }
 }
 
-// d_type[kind, c] += sum over the rows of that kind (in order).
-__global__ void type_grad_kernel(const int32_t *map, int64_t n_text, int dim, const gpu_bf16 *d_text, float *d_type)
+// d_type[kind, c] += sum over the rows of that kind, in two passes: the rows cut into `parts` equal ranges,
+// partial[kind][part][c] over a range (rows in order), then parts_sum_kernel.
+__global__ void type_grad_partial_kernel(const int32_t *map, int64_t n_text, int dim, int parts, const gpu_bf16 *d_text,
+                                         float *partial)
 {
-    FOR_EACH_INDEX(i, (int64_t)3 * dim) {
-        const int kind = (int)(i / dim), c = (int)(i % dim);
-        float sum = 0.0f;
-        for (int64_t r = 0; r < n_text; ++r)
-            if ((map[r] >> kKindShift) == kind) sum += bf(d_text[r * dim + c]);
-        d_type[i] += sum;
+    FOR_EACH_INDEX(i, (int64_t)parts * dim) {
+        const int part = (int)(i / dim), c = (int)(i % dim);
+        float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f;
+        for (int64_t r = n_text * part / parts; r < n_text * (part + 1) / parts; ++r) {
+            const int kind = map[r] >> kKindShift;
+            const float v = bf(d_text[r * dim + c]);
+            s0 += kind == 0 ? v : 0.0f;
+            s1 += kind == 1 ? v : 0.0f;
+            s2 += kind == 2 ? v : 0.0f;
+        }
+        partial[(int64_t)part * dim + c] = s0;
+        partial[((int64_t)parts + part) * dim + c] = s1;
+        partial[((int64_t)2 * parts + part) * dim + c] = s2;
     }
 }
 
@@ -390,29 +551,63 @@ __global__ void add_columns_kernel(const float *src, int64_t rows, int narrow, i
         CUDA_CHECK_LAUNCH();                                                \
     } while (0)
 
+bool aligned16(const void *p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
 void rows_linear_fwd(const float *x, int rows, int in, int out, const gpu_bf16 *w, const layout_linear &lin, int chunk,
                      float *y, cudaStream_t stream)
 {
-    const int64_t threads = (int64_t)out * 32;
-    if (rows > 0) rows_linear_fwd_kernel<<<blocks_for(threads), kThreads, 0, stream>>>(x, rows, in, out, w + lin.weight,
-                                                                                       w + lin.bias, chunk, y);
+    if (rows <= 0) return;
+    const gpu_bf16 *weight = w + lin.weight;
+    if (in % 8 == 0 && aligned16(weight) && aligned16(x)) {
+        const int per_block = kLinWarps * kLinOuts;
+        rows_linear_fwd_tiled_kernel<<<(out + per_block - 1) / per_block, kThreads, 0, stream>>>(x, rows, in, out, weight,
+                                                                                               w + lin.bias, chunk, y);
+    } else {
+        rows_linear_fwd_kernel<<<blocks_for((int64_t)out * 32), kThreads, 0, stream>>>(x, rows, in, out, weight,
+                                                                                     w + lin.bias, chunk, y);
+    }
     CUDA_CHECK_LAUNCH();
 }
 
 // dW, db added into g (the unit's gradients); dx (NULL: none) overwritten or added into, through partial sums over
-// up to 64 slices of the outputs in `scratch` (as many as its bytes hold: the same for every call of a model).
+// slices of the outputs in `scratch` (enough threads for the GPU, as many as its bytes hold).
 void rows_linear_bwd(const float *x, const float *dy, int rows, int in, int out, const gpu_bf16 *w, float *g,
                      const layout_linear &lin, int chunk, float *dx, int accumulate, void *scratch, size_t scratch_bytes,
                      cudaStream_t stream)
 {
-    LAUNCH(rows_linear_dweight_kernel, (int64_t)out * in, x, dy, rows, in, out, chunk, g + lin.weight, g + lin.bias);
+    const int quads = in % 4 == 0 && aligned16(x) && aligned16(g + lin.weight);
+    LAUNCH(rows_linear_dweight_kernel, (int64_t)out * (quads ? in / 4 : in), x, dy, rows, in, out, chunk, quads,
+           g + lin.weight, g + lin.bias);
     if (!dx || rows <= 0) return;
+    const gpu_bf16 *weight = w + lin.weight;
+    const int tiled = in % 8 == 0 && aligned16(weight);
     const int64_t n = (int64_t)rows * in, room = (int64_t)(scratch_bytes / sizeof(float)) / n;
-    const int slices = (int)(room < 64 ? (room < 1 ? 1 : room) : 64);
     ALDIT_CHECK(room >= 1, "gpu model: the scratch holds no [%d, %d] partial sum", rows, in);
+    // the tiled form: about 64k threads over the inputs' vectors and the row tiles, each slice at least 16 outputs
+    const int64_t tiles = (rows + kLinRows - 1) / kLinRows, want = 65536 / ((int64_t)in / 8 * tiles) + 1;
+    const int64_t most = tiled ? (want < out / 16 ? want : out / 16) : 64;
+    const int slices = (int)(room < most ? room : most < 1 ? 1 : most);
     float *partial = static_cast<float *>(scratch);
-    LAUNCH(rows_linear_dx_partial_kernel, slices * n, dy, rows, in, out, chunk, w + lin.weight, slices, partial);
+    if (tiled) {
+        const dim3 grid((unsigned)((in / 8 * (int64_t)slices + kThreads - 1) / kThreads), (unsigned)tiles);
+        rows_linear_dx_tiled_kernel<<<grid, kThreads, 0, stream>>>(dy, rows, in, out, chunk, weight, slices, partial);
+        CUDA_CHECK_LAUNCH();
+    } else {
+        LAUNCH(rows_linear_dx_partial_kernel, slices * n, dy, rows, in, out, chunk, weight, slices, partial);
+    }
     LAUNCH(rows_linear_dx_sum_kernel, n, partial, slices, n, accumulate, dx);
+}
+
+// Parts for a two-pass sum over `rows` rows in `groups` groups: about 8 rows a part (threads enough for a GPU with few
+// long samples), at most 256 parts a group and as many as the scratch holds ([groups][parts][dim] floats).
+int sum_parts(int64_t rows, int groups, int dim, size_t scratch_bytes)
+{
+    const int64_t room = (int64_t)(scratch_bytes / sizeof(float)) / ((int64_t)groups * dim);
+    int64_t parts = rows / ((int64_t)groups * 8) + 1;
+    parts = parts > 256 ? 256 : parts;
+    parts = parts > room ? room : parts;
+    ALDIT_CHECK(parts >= 1, "gpu model: the scratch holds no [%d, %d] partial sum", groups, dim);
+    return (int)parts;
 }
 
 // ---- the workspace ---------------------------------------------------------------------------------------------
@@ -1274,10 +1469,15 @@ void gated_residual(const gpu_bf16 *x, const gpu_bf16 *y, const float *gate, con
 
 // dy = dout gate_b and dgate_b = sum of dout y over b's rows (the residual's own gradient, dout, passes on).
 void gated_residual_bwd(const gpu_bf16 *dout, const gpu_bf16 *y, const float *gate, const int64_t *start, int B,
-                        int64_t rows, int D, gpu_bf16 *dy, float *dgate, cudaStream_t stream)
+                        int64_t rows, int D, gpu_bf16 *dy, float *dgate, void *scratch, size_t scratch_bytes,
+                        cudaStream_t stream)
 {
     LAUNCH(gated_residual_dy_kernel, rows * D, dout, gate, start, B, rows, D, dy);
-    LAUNCH(gate_sum_kernel, (int64_t)B * D, dout, y, start, B, D, dgate);
+    ALDIT_CHECK(D % 2 == 0, "gpu model: the gate's sum takes an even width (got %d)", D);
+    const int parts = sum_parts(rows, B, D, scratch_bytes);
+    float *partial = static_cast<float *>(scratch);
+    LAUNCH(gate_sum_partial_kernel, (int64_t)B * parts * (D / 2), dout, y, start, B, D, parts, partial);
+    LAUNCH(parts_sum_kernel, (int64_t)B * D, partial, B, parts, D, 0, dgate);
 }
 
 // The joint layout's rows [n_joint, width] from the map's sources: row map[j] of video (< n_video) or of text (the
@@ -1566,7 +1766,7 @@ void stream_out_bwd(mmdit_gpu *mm, const mmdit_gpu_env *env, const gpu_bf16 *w, 
     const int B = mm->n_samples, D = mm->D, F = mm->F;
     stream_scratch &sc = *v.sc;
     gated_residual_bwd(sc.d_res, s.y_ff, chunk(s.mod, 5, B, D), v.start, B, v.n, D, sc.d_y, chunk(sc.d_mod, 5, B, D),
-                       stream);
+                       mm->scratch, mm->scratch_bytes, stream);
     linear_bwd(env, w, g, s.ff_act, sc.d_y, v.n, F, D, v.off.ff_out, s.ff_pre, sc.d_ff, 0, stream);
     linear_bwd(env, w, g, s.h2, sc.d_ff, v.n, D, F, v.off.ff_in, nullptr, sc.d_h, 0, stream);
     lnmod_residual_bwd(s.x1, s.y_attn, sc.d_h, sc.d_res, v.n, D, v.start, B, chunk(s.mod, 2, B, D),
@@ -1794,7 +1994,8 @@ void refiner_block_bwd(mmdit_gpu *mm, const mmdit_gpu_env *env, const gpu_bf16 *
     const int64_t *rows = mm->dev.qwen;
     stream_scratch &sc = mm->st;
     gpu_bf16 *dr = mm->d_r;
-    gated_residual_bwd(dr, s.y_ff, s.gates + (int64_t)B * D, rows, B, Q, D, sc.d_y, mm->d_gates + (int64_t)B * D, stream);
+    gated_residual_bwd(dr, s.y_ff, s.gates + (int64_t)B * D, rows, B, Q, D, sc.d_y, mm->d_gates + (int64_t)B * D,
+                       mm->scratch, mm->scratch_bytes, stream);
     linear_bwd(env, ew, grads, s.ff_act, sc.d_y, Q, R, D, rb.ff_out, nullptr, mm->d_rff, 0, stream);
     LAUNCH(silu_bf16_bwd_kernel, Q * R, s.ff_pre, mm->d_rff, Q * R, mm->d_rff);
     linear_bwd(env, ew, grads, s.n2, mm->d_rff, Q, D, R, rb.ff_in, nullptr, sc.d_h, 0, stream);
@@ -1917,7 +2118,10 @@ void backward(mmdit_gpu *mm, const mmdit_gpu_env *env, cudaStream_t stream)
         CUDA_CHECK(cudaMemsetAsync(mm->d_i, 0, (size_t)(mm->n_image * D) * sizeof(gpu_bf16), stream));
     }
     const int32_t *text_map = mm->dev.text_map + mm->text_lo;
-    LAUNCH(type_grad_kernel, (int64_t)3 * D, text_map, L, D, mm->st.d_res, grads + e.cond_type);
+    const int parts = sum_parts(L, 3, D, mm->scratch_bytes);
+    float *partial = static_cast<float *>(mm->scratch);
+    LAUNCH(type_grad_partial_kernel, (int64_t)parts * D, text_map, L, D, parts, mm->st.d_res, partial);
+    LAUNCH(parts_sum_kernel, (int64_t)3 * D, partial, 3, parts, D, 1, grads + e.cond_type);
     LAUNCH(text_split_kernel, L * D, text_map, L, D, mm->st.d_res, mm->d_r, mm->d_g, mm->d_i);
     if (mm->n_image > 0) image_bwd(mm, env, ew, grads, stream);
     if (mm->n_byt5 > 0) byt5_bwd(mm, env, ew, grads, stream);

@@ -62,9 +62,12 @@ static const double kU[2] = {0x1p-4, 0x1p-3}; /* unit roundoff of E4M3, E5M2 */
 static const double kZ = 6.0;                 /* sigmas of the statistical element bound */
 static const double kBf16Out = 0x1p-8;        /* a bf16 output's rounding */
 static const double kFastAccumulation = 0x1p-11;
-/* fp32's GELU gradient (the DGELU epilogue's) against the double reference, absolute: in the far negative tail
-   1 + tanh(u) cancels to exactly 0 in fp32 (u below about -9, x below about -5.4) where the reference is still ~1e-8 */
-static const double kGeluGradAbs = 1e-6;
+/* fp32's GELU gradient (the DGELU epilogue's) against the double reference, absolute: in the negative tail 1 + tanh(u)
+   cancels in fp32 (to exactly 0 for u below about -9, x below about -5.4, where the reference is still ~1e-8), and the
+   H200's epilogue returned exactly 0 for an element whose reference gradient was just above 1e-6 (x near -4.9, where
+   1 + tanh(u) is ~2e-7, a few fp32 steps of tanh near -1). 1e-5 covers that tail with margin and stays four orders
+   below E5M2's unit roundoff, the gradient's own error. */
+static const double kGeluGradAbs = 1e-5;
 
 static uint64_t g_seed = 0xf8f8f8f8ull;
 static gemm_context *g_gemm;

@@ -32,7 +32,7 @@
 static const double kLossTolerance = 2e-2;     /* relative, bf16 activations (test_cuda_model.c's) */
 static const double kGradientTolerance = 5e-2; /* relative, whole vector and each parameter (the same) */
 
-enum { kMaxSamples = 4, kCapacityTokens = 256, kCapacityText = 96 };
+enum { kMaxSamples = 12, kCapacityTokens = 256, kCapacityText = 96 };
 
 /* Samples: latent frames, height, width; Qwen, ByT5 and image rows; sigma. */
 typedef struct {
@@ -176,6 +176,19 @@ static void test_image_to_video(void **state)
     const batch_spec spec = {4, {3, 1, 2, 4}, {4, 6, 2, 4}, {6, 4, 6, 2}, {5, 7, 2, 9}, {2, 0, 3, 1}, {4, 0, 2, 3},
                              {0.3f, 0.75f, 0.6f, 0.45f}, {1, 0, 0, 1}};
     compare_with_cpu("image-to-video and text-to-video, 4 samples packed", &spec, 0x3eed0004ull, 0);
+}
+
+/* Eleven samples in one micro-batch: the per-sample Linears (time, modulation, refiner conditioning, head) take their
+   rows in tiles of 8, here a whole tile and a part of one, and the gates' sums over each sample's rows their parts. */
+static void test_many_samples(void **state)
+{
+    (void)state;
+    const batch_spec spec = {11, {1, 2, 1, 1, 3, 1, 2, 1, 1, 2, 1}, {4, 4, 2, 4, 2, 6, 2, 4, 2, 4, 2},
+                             {4, 2, 4, 6, 4, 2, 4, 2, 2, 4, 4}, {3, 1, 5, 2, 7, 1, 4, 2, 6, 1, 3},
+                             {0, 2, 0, 1, 0, 0, 3, 0, 0, 1, 0}, {0, 0, 4, 0, 0, 0, 2, 0, 0, 0, 0},
+                             {0.3f, 0.75f, 0.05f, 0.5f, 0.9f, 0.2f, 0.6f, 0.35f, 0.15f, 0.8f, 0.45f},
+                             {0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0}};
+    compare_with_cpu("11 samples packed", &spec, 0x3eed0005ull, 0);
 }
 
 /* The joint attention of samples of 24 joint rows or more on cuDNN (over whole tiles of the joint layout), the rest
@@ -384,6 +397,7 @@ int main(void)
         cmocka_unit_test(test_qwen_only),
         cmocka_unit_test(test_all_sources),
         cmocka_unit_test(test_image_to_video),
+        cmocka_unit_test(test_many_samples),
         cmocka_unit_test(test_cudnn_joint_attention),
         cmocka_unit_test(test_recompute_match),
         cmocka_unit_test(test_forward_loss_matches),
