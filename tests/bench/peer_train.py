@@ -34,6 +34,7 @@ CPU the process's peak resident set.
 import argparse
 import gc
 import json
+import math
 import os
 import random
 import resource
@@ -387,6 +388,12 @@ def main():
     time_s = time.perf_counter() - started
     losses = [float(x) for x in losses]
     reserved, allocated = peak_gib(device)
+    bad = [i for i, x in enumerate(losses) if not math.isfinite(x)]
+    if bad:   # a diverged run: say where it began (the steps after it train on non-finite weights)
+        first = batches[bad[0]]
+        print(f"peer_train.py: the loss is not finite at {len(bad)} of {len(losses)} steps, first at step {bad[0] + 1}: "
+              f"{len(first)} x {samples[first[0]]['bucket']}, {sum(samples[i]['text_rows'] for i in first)} text rows",
+              file=sys.stderr, flush=True)
 
     coef = train_table.forward_flops(dims)
     tokens = sum(s["tokens"] for s in samples)
@@ -406,6 +413,7 @@ def main():
         "max_checkpointed_blocks": max(plan.values()), "loss_first_tenth": sum(losses[:tenth]) / tenth,
         "loss_last_tenth": sum(losses[-tenth:]) / tenth, "text_rows": sum(s["text_rows"] for s in samples),
         "i2v_samples": sum(1 for s in samples if s.get("i2v")),
+        "nonfinite_steps": len(bad), "first_nonfinite_step": bad[0] + 1 if bad else None,
     }
     line = json.dumps(report)
     print(line, flush=True)

@@ -230,7 +230,8 @@ def aldit_summary(path):
     return {"time_s": sum(r["step_s"] for r in rows) - first_wait, "first_wait_s": first_wait,
             "samples": sum(r["samples"] for r in rows),
             "tokens": sum(r["tokens"] for r in rows), "model_flops": sum(r["model_flops"] for r in rows),
-            "micro_batches": sum(r["micro_batches"] for r in rows), "steps": len(rows)}
+            "micro_batches": sum(r["micro_batches"] for r in rows), "steps": len(rows),
+            "losses": [r.get("loss", 0.0) for r in rows]}
 
 
 def main():
@@ -320,10 +321,19 @@ def main():
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"rows": rows, "floor": floor, "same": same}, f, indent=1)
+    diverged = []
+    if peer.get("nonfinite_steps") or not math.isfinite(peer.get("loss_last_tenth", 0.0)):
+        diverged.append(f"the peer's loss is not finite at {peer.get('nonfinite_steps', '?')} of {peer['steps']} steps "
+                        f"(first: step {peer.get('first_nonfinite_step', '?')})")
+    if not all(math.isfinite(x) for x in aldit.get("losses", [])):
+        diverged.append("aldit's loss is not finite at some step")
+    for line in diverged:   # the same work was timed, but a diverged run is no comparison to stand on
+        print(f"train_table: {line}: the comparison is not valid until it trains", file=sys.stderr)
     if mismatch:
         for key in mismatch:
             print(f"train_table: the runs differ in {key}: aldit {same[key][0]:.17g}, peer {same[key][1]:.17g}",
                   file=sys.stderr)
+    if mismatch or diverged:
         sys.exit(1)
 
 

@@ -29,6 +29,9 @@
 # limited length; the table is printed each time), FP8 (1: after the bf16
 # run, the same epoch again with train.precision=fp8 into WORK/aldit_fp8, a row of its own in the table with its
 # ratios to bf16 aldit and to the peer; GPU only, a GPU of compute capability 8.9 or more).
+# GPU: nvidia-smi's SM clock and power every 100 ms go to WORK/smi.csv with a mark after each phase (WORK/marks.txt),
+# and tools/clock_summary.py's table per phase ends the output: the floor's rates come from aldit-bench's short timed
+# bursts, the runs are minutes of sustained load, and this says whether they ran at the same clocks.
 set -u
 smoke=0
 family=wan
@@ -78,6 +81,16 @@ peak_watch() {
     kill "$watcher" 2> /dev/null; wait "$watcher" 2> /dev/null
     return $status
 }
+# the GPU's SM clock and power every 100 ms over the whole call (GPU only), with a mark after each phase, so that a run
+# and the aldit-bench rates its floor is priced at can be compared at the clocks they ran at (tools/clock_summary.py)
+clock_watch() {
+    [ "$smoke" = 1 ] || ! command -v nvidia-smi > /dev/null 2>&1 && return
+    nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,clocks_event_reasons.active --format=csv -lms 100 \
+        >> "$work/smi.csv" 2> /dev/null &
+    smi_pid=$!
+    mark "call start"
+}
+mark() { [ -n "${smi_pid:-}" ] && echo "$(date +%s.%N) $1" >> "$work/marks.txt"; return 0; }
 gib_of() { v=$(cat "$1" 2>/dev/null); case $v in ''|-) echo "" ;; *) awk -v m="$v" 'BEGIN {printf "%.2f", m / 1024}' ;; esac; }
 
 if [ "$smoke" = 1 ] && [ "$family" = wan ]; then
@@ -113,6 +126,7 @@ else
         bench="--wan hv15 --seq 256,1024,4096,16384,32760,63232"
     fi
     # shellcheck disable=SC2086
+    clock_watch
     [ -f "$store" ] || "$build/aldit-store" synth --spec "$srcdir/inputs/$spec" --samples "$samples" $synth --seed 11 \
         --out "$store" || exit 2
     [ -x "$build/aldit-bench" ] || { echo "train_vs_peer.sh: $build/aldit-bench not found (a CUDA build: make aldit-bench)" >&2; exit 2; }
@@ -123,6 +137,7 @@ else
         # shellcheck disable=SC2086
         "$build/aldit-bench" --sections gemm,attention $bench --backends own,cudnn \
             --repeats 5 --json "$work/bench.json" || exit 1
+        mark "aldit-bench (the floor's rates)"
     fi
     launch=${ALDIT_LAUNCH:-mpirun -np 1}
     peer_options="--device cuda"
@@ -139,6 +154,7 @@ case " $runs " in
         peak_watch "$work/aldit.peak" $launch "$build/aldit" "$deck" "$@" > "$work/aldit.log" 2>&1; aldit_status=$?
         awk -v a="$started" -v b="$(date +%s.%N)" 'BEGIN {printf "%.1f\n", b - a}' > "$work/aldit.wall"
         echo "$aldit_status" > "$work/aldit.status"
+        mark "aldit (start-up and epoch)"
         [ "$smoke" = 1 ] || tail -n 25 "$work/aldit.log" ;;
     *)  aldit_status=$(cat "$work/aldit.status" 2>/dev/null || echo 1)
         echo "== aldit: $work/aldit of an earlier call (exit $aldit_status)" ;;
@@ -151,6 +167,7 @@ if [ "${FP8:-0}" = 1 ] && [ "$smoke" = 0 ]; then
     # shellcheck disable=SC2086
     peak_watch "$work/aldit_fp8.peak" $launch "$build/aldit" "$deck" "data.store=$store" "run.dir=$work/aldit_fp8" \
         train.precision=fp8 > "$work/aldit_fp8.log" 2>&1; fp8_status=$?
+    mark "aldit fp8 (start-up and epoch)"
     tail -n 25 "$work/aldit_fp8.log"
 fi
 case " $runs " in
@@ -160,6 +177,7 @@ case " $runs " in
         peak_watch "$work/peer.peak" "$PYTHON" "$srcdir/tests/bench/peer_train.py" --deck "$deck" $peer_options \
             ${PEER_ARGS:-} --json "$work/peer.json" "$@" > "$work/peer.log" 2>&1; peer_status=$?
         echo "$peer_status" > "$work/peer.status"
+        mark "peer (loading, warm-up, epoch)"
         [ "$smoke" = 1 ] || tail -n 5 "$work/peer.log" ;;
     *)  peer_status=$(cat "$work/peer.status" 2>/dev/null || echo 1)
         echo "== peer_train.py: $work/peer.json of an earlier call (exit $peer_status)" ;;
@@ -181,6 +199,11 @@ fi
 
 if [ "$smoke" = 0 ]; then
     cat "$work/table.txt"
+    if [ -n "${smi_pid:-}" ]; then
+        kill "$smi_pid" 2> /dev/null; wait "$smi_pid" 2> /dev/null
+        echo "GPU clocks and power while busy (over 300 W), per phase of this and earlier calls with this WORK:"
+        "$PYTHON" "$srcdir/tools/clock_summary.py" "$work/smi.csv" "$work/marks.txt" || true
+    fi
     echo "(files in $work; aldit exit $aldit_status, peer exit $peer_status${FP8:+, aldit fp8 exit $fp8_status})"
     [ "$aldit_status" = 0 ] && [ "$peer_status" = 0 ] && [ $table_status = 0 ] && [ $fp8_status = 0 ]
     exit $?
