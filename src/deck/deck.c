@@ -303,6 +303,10 @@ static const deck_key deck_keys[] = {
              "off; it stops after profile_steps steps (off: never started)"},
     {KEY("log", "profile_steps", KEY_INT64, log.profile_steps), .min = 1, .max = 1e12, .default_text = "1",
      .help = "steps inside the profiler's capture from profile_from"},
+    {KEY("log", "micro_batches", KEY_BOOL, log.micro_batches), .default_text = "off",
+     .help = "each rank writes one JSON line per micro-batch to run.dir/micro_batches.RANK.jsonl: its step, its seconds "
+             "(the backend's call until its losses are back) and each sample's video tokens and caption rows "
+             "(tests/bench/train_table.py --micro-batches sets them against their floor)"},
     /* [eval] */
     {KEY("eval", "store", KEY_STRING, eval.store), .default_text = "",
      .help = "held-out HDF5 latent store (the training store's format and dims) whose loss is measured during "

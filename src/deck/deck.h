@@ -139,6 +139,7 @@ typedef struct {
         char metrics[DECK_PATH_MAX];   /* JSON lines file, relative to run.dir */
         int64_t profile_from;          /* first step inside the device profiler's capture (0 = no capture) */
         int64_t profile_steps;         /* steps captured from profile_from */
+        int micro_batches;             /* each rank's micro-batches (samples, seconds) to run.dir/micro_batches.RANK.jsonl */
     } log;
     struct {
         char store[DECK_PATH_MAX];     /* held-out HDF5 latent store validated during training ("" = none) */

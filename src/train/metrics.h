@@ -6,8 +6,8 @@
 
 typedef struct metrics_file metrics_file;
 
-/* Rank 0. resumed_step = 0: a new, empty file at `path`. resumed_step > 0: the file keeps its lines of steps
-   up to resumed_step (later ones are about to be recomputed, so no step appears twice) and drops any line
+/* Rank 0 (the metrics), or each rank its own file ([log] micro_batches). resumed_step = 0: a new, empty file at
+   `path`. resumed_step > 0: the file keeps its lines of steps up to resumed_step (later ones are about to be recomputed, so no step appears twice) and drops any line
    without its '\n' (a torn last line of a run that died while writing it); missing, it is created.
    A file that cannot be opened or rewritten ends the job naming it ([log] metrics). */
 metrics_file *metrics_open(const char *path, int64_t resumed_step);

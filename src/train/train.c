@@ -491,6 +491,8 @@ typedef struct {
                                        the first test_blocks blocks (-1: all) */
     metrics_file *metrics;          /* rank 0 */
     int metrics_failed;             /* a write to it failed (warned once; training goes on) */
+    metrics_file *micro_log;        /* [log] micro_batches: this rank's micro-batches (NULL when off) */
+    int micro_log_failed;
     int ema_resumed;                /* [train] ema_decay: the EMA came from the checkpoint resumed (else the weights) */
     checkpoint_hook *hook;          /* rank 0: [checkpoint] hook, NULL when none */
     evaluator *eval;                /* [eval]: NULL when off */
@@ -589,6 +591,28 @@ static void prepare_samples(trainer *t, const sample_batch *batch)
     }
 }
 
+/* [log] micro_batches: one line for micro-batch `micro` of this rank: its seconds (the backend's call, until its
+   losses are back) and each sample's video tokens and caption rows (Qwen or padded text, ByT5, image-to-video SigLIP). */
+static void log_micro_batch(trainer *t, const sample_batch *batch, int micro, double seconds)
+{
+    const deck *config = t->config;
+    metrics_add(t->micro_log, "{\"step\": %lld, \"rank\": %d, \"micro\": %d, \"group\": %d, \"seconds\": %.6f, "
+                "\"samples\": [", (long long)(t->step + 1), t->info->rank, micro, t->current.micro_group[micro], seconds);
+    for (int i = t->current.micro_start[micro]; i < t->current.micro_start[micro + 1]; i++) {
+        const int64_t tokens = store_sample_tokens(&t->data.samples[batch->ids[i]], config->model.patch_t,
+                                                   config->model.patch_h, config->model.patch_w);
+        metrics_add(t->micro_log, "%s[%lld, %d]", i > t->current.micro_start[micro] ? ", " : "", (long long)tokens,
+                    t->text_len[i] + batch->text_2_len[i] + batch->image_len[i]);
+    }
+    metrics_add(t->micro_log, "]}");
+    const int failure = metrics_end_line(t->micro_log);
+    if (failure != 0 && !t->micro_log_failed) {
+        t->micro_log_failed = 1;
+        aldit_warn("rank %d: writing its micro-batch log in %s failed at step %lld: %s; the file keeps whole lines "
+                   "only, training goes on", t->info->rank, config->run.dir, (long long)(t->step + 1), strerror(failure));
+    }
+}
+
 /* Forward + backward of every micro-batch of this rank, a group's together with its other members (model_batch's
    sp_size); the backend's gradients are already divided by the step's global sample count. Returns this rank's sum of
    per-sample losses (of a group's micro-batch, this member's part: the ranks' sum counts each sample once). */
@@ -613,7 +637,9 @@ static double compute_gradients(trainer *t, const sample_batch *batch)
             .i2v = batch->i2v + first,
             .sp_size = group, .sp_rank = t->info->rank % group, .sp_group = comm_group_get(group),
         };
+        const double started = comm_time();
         loss_sum += t->dev->ops->micro_batch(t->dev, &mb, grad_scale, micro == t->current.n_micro - 1);
+        if (t->micro_log) log_micro_batch(t, batch, micro, seconds_since(started));
     }
     return loss_sum;
 }
@@ -1613,6 +1639,11 @@ static void trainer_setup(trainer *t, const deck *config, const comm_info *info,
         t->metrics = metrics_open(path, t->step);
         t->hook = hook_create(config);
     }
+    if (config->log.micro_batches) {
+        char path[2 * DECK_PATH_MAX];
+        snprintf(path, sizeof path, "%s/micro_batches.%d.jsonl", config->run.dir, info->rank);
+        t->micro_log = metrics_open(path, t->step);
+    }
 }
 
 /* Collective, while the first step's samples are read: the state set in initial_state is complete (a GPU's bf16
@@ -1637,6 +1668,9 @@ static void trainer_free(trainer *t)
             aldit_warn("closing the metrics file of %s failed: its last lines may be missing", t->config->run.dir);
         hook_close(t->hook);
     }
+    if (metrics_close(t->micro_log) != 0 && !t->micro_log_failed)
+        aldit_warn("rank %d: closing its micro-batch log in %s failed: its last lines may be missing", t->info->rank,
+                   t->config->run.dir);
     free(t->samples);
     free(t->snapshot);
     free(t->rank_seconds);

@@ -234,6 +234,57 @@ def aldit_summary(path):
             "losses": [r.get("loss", 0.0) for r in rows]}
 
 
+def micro_batch_floors(deck, bench, paths):
+    """Each logged micro-batch ([log] micro_batches) against its floor: floor_seconds over its own samples, its GEMMs
+    at the rate of its own video rows. Returns a list of dicts (step, rank, micro, samples, tokens, text rows,
+    longest sample, seconds, floor_s)."""
+    batches = []
+    for path in paths:
+        try:
+            with open(path) as f:
+                lines = [json.loads(line) for line in f if line.strip()]
+        except (OSError, ValueError) as e:
+            sys.exit(f"{path}: {e}")
+        for m in lines:
+            samples = [(int(s), int(rows)) for s, rows in m["samples"]]
+            tokens = sum(s for s, _ in samples)
+            gemm_s, attention_s = floor_seconds(deck, bench, samples, max(1, tokens))
+            batches.append({"step": m["step"], "rank": m["rank"], "micro": m["micro"], "samples": len(samples),
+                            "tokens": tokens, "text_rows": sum(r for _, r in samples),
+                            "longest": max(s for s, _ in samples), "seconds": m["seconds"],
+                            "floor_s": gemm_s + attention_s})
+    return batches
+
+
+MICRO_CLASSES = [("a sample of 30,000 tokens or more", 30000), ("a sample of 8,000 to 30,000", 8000),
+                 ("every sample under 8,000 tokens", 0)]
+
+
+def print_micro_batches(batches, top=10):
+    """The micro-batches' seconds against their floors, by the length of their longest sample, and the worst."""
+    seconds, floor = sum(b["seconds"] for b in batches), sum(b["floor_s"] for b in batches)
+    print(f"micro-batches logged: {len(batches)}, {seconds:.2f} s against a floor of {floor:.2f} s "
+          f"({100 * floor / seconds:.1f}%); by their longest sample:")
+    print("| micro-batches with | count | samples | seconds | floor (s) | floor % | seconds over the floor | share of it |")
+    print("|---|---|---|---|---|---|---|---|")
+    excess = seconds - floor
+    for label, least in MICRO_CLASSES:
+        upper = min([bound for _, bound in MICRO_CLASSES if bound > least], default=None)
+        group = [b for b in batches if b["longest"] >= least and (upper is None or b["longest"] < upper)]
+        if not group:
+            continue
+        s, f = sum(b["seconds"] for b in group), sum(b["floor_s"] for b in group)
+        print(f"| {label} | {len(group)} | {sum(b['samples'] for b in group)} | {s:.2f} | {f:.2f} | {100 * f / s:.1f}% | "
+              f"{s - f:.2f} | {100 * (s - f) / excess if excess > 0 else 0.0:.0f}% |")
+    print(f"the {min(top, len(batches))} furthest over their floor (seconds - floor):")
+    print("| step | rank | micro | samples | video tokens | caption rows | longest | seconds | floor (s) | floor % |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for b in sorted(batches, key=lambda b: b["floor_s"] - b["seconds"])[:top]:
+        print(f"| {b['step']} | {b['rank']} | {b['micro']} | {b['samples']} | {b['tokens']} | {b['text_rows']} | "
+              f"{b['longest']} | {b['seconds']:.3f} | {b['floor_s']:.3f} | {100 * b['floor_s'] / b['seconds']:.1f}% |")
+    return {"count": len(batches), "seconds": seconds, "floor_s": floor}
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--deck", required=True)
@@ -245,6 +296,9 @@ def main():
     parser.add_argument("--aldit-wall-s", type=float, help="aldit's whole run, start-up included")
     parser.add_argument("--aldit-fp8", help="metrics.jsonl of the same epoch with [train] precision = fp8 (a row of its own)")
     parser.add_argument("--aldit-fp8-peak-gib", type=float, help="that run's peak device memory")
+    parser.add_argument("--micro-batches", nargs="+", metavar="JSONL",
+                        help="aldit's micro_batches.RANK.jsonl ([log] micro_batches = on): each micro-batch against its "
+                             "floor (needs --bench)")
     parser.add_argument("--json")
     parser.add_argument("overrides", nargs="*", help="section.key=value, as given to aldit")
     args = parser.parse_args()
@@ -318,9 +372,14 @@ def main():
           f"counted), peer {peer['steps']} steps"
           + (f"; aldit's whole run {args.aldit_wall_s:.1f} s" if args.aldit_wall_s else "")
           + f"; the peer's loading and warm-up {peer.get('load_s', 0) + peer.get('warmup_s', 0):.1f} s")
+    micro = None
+    if args.micro_batches and not args.bench:
+        sys.exit("--micro-batches: needs --bench (aldit-bench's rates price each micro-batch)")
+    if args.micro_batches:
+        micro = print_micro_batches(micro_batch_floors(deck, bench, args.micro_batches))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"rows": rows, "floor": floor, "same": same}, f, indent=1)
+            json.dump({"rows": rows, "floor": floor, "same": same, "micro_batches": micro}, f, indent=1)
     diverged = []
     if peer.get("nonfinite_steps") or not math.isfinite(peer.get("loss_last_tenth", 0.0)):
         diverged.append(f"the peer's loss is not finite at {peer.get('nonfinite_steps', '?')} of {peer['steps']} steps "

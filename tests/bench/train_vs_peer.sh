@@ -151,7 +151,8 @@ case " $runs " in
         [ "$smoke" = 1 ] || echo "== aldit: $deck $*"
         started=$(date +%s.%N)
         # shellcheck disable=SC2086
-        peak_watch "$work/aldit.peak" $launch "$build/aldit" "$deck" "$@" > "$work/aldit.log" 2>&1; aldit_status=$?
+        peak_watch "$work/aldit.peak" $launch "$build/aldit" "$deck" "$@" log.micro_batches=on > "$work/aldit.log" 2>&1
+        aldit_status=$?
         awk -v a="$started" -v b="$(date +%s.%N)" 'BEGIN {printf "%.1f\n", b - a}' > "$work/aldit.wall"
         echo "$aldit_status" > "$work/aldit.status"
         mark "aldit (start-up and epoch)"
@@ -185,6 +186,9 @@ esac
 
 table_options=
 [ "$smoke" = 1 ] || table_options="--bench $work/bench.json"
+# each of aldit's micro-batches against its floor (an earlier call's aldit run may predate the log)
+[ "$smoke" = 1 ] || [ ! -s "$work/aldit/micro_batches.0.jsonl" ] || \
+    table_options="$table_options --micro-batches $work/aldit/micro_batches.0.jsonl"
 aldit_gib=$(gib_of "$work/aldit.peak"); peer_gib=$(gib_of "$work/peer.peak")
 [ -n "$aldit_gib" ] && table_options="$table_options --aldit-peak-gib $aldit_gib"
 [ -n "$peer_gib" ] && table_options="$table_options --peer-peak-gib $peer_gib"
@@ -228,14 +232,21 @@ PY
 bench_status=$?
 # shellcheck disable=SC2086
 [ $bench_status = 0 ] && "$PYTHON" "$srcdir/tests/bench/train_table.py" --deck "$deck" --aldit "$work/aldit/metrics.jsonl" \
-    --peer "$work/peer.json" --bench "$work/bench.json" --json "$work/floor.json" "$@" > "$work/floor.txt" 2>&1
+    --peer "$work/peer.json" --bench "$work/bench.json" --micro-batches "$work/aldit/micro_batches.0.jsonl" \
+    --json "$work/floor.json" "$@" > "$work/floor.txt" 2>&1
 floor_status=$?
 rate=$("$PYTHON" -c "import json, sys; print(json.load(open(sys.argv[1]))['floor']['model_tflops'] * 1e12)" \
     "$work/floor.json" 2>/dev/null)
 awk -v r="${rate:-0}" 'BEGIN { exit !(r > 0.99999e9 && r < 1.00001e9) }' || floor_status=1
+# the micro-batches aldit logged, priced alike, must add up to the epoch's floor: every sample logged once, with the
+# video tokens and caption rows the table counts from the store
+micro=$("$PYTHON" -c "import json, sys; d = json.load(open(sys.argv[1])); print(d['micro_batches']['floor_s'] / d['floor']['time_s'])" \
+    "$work/floor.json" 2>/dev/null)
+micro_status=0
+awk -v r="${micro:-0}" 'BEGIN { exit !(r > 0.999999 && r < 1.000001) }' || micro_status=1
 
 . "$srcdir/tests/tap.sh"
-tap_plan 6
+tap_plan 7
 tap_result "$aldit_status" "aldit trains one epoch of the toy store (CPU, family $family)" "$(tail -n 20 "$work/aldit.log")"
 peer=$(sed -n 's/.*"peer": "\([^"]*\)".*/\1/p' "$work/peer.json" 2>/dev/null)
 tap_result "$peer_status" "peer_train.py trains the same store (CPU, $peer, bf16 autocast, fused AdamW, buckets, checkpointing)" \
@@ -251,5 +262,7 @@ case $(cat "$work/table.txt") in *"| aldit |"*"| peer (diffusers, compile "*"| a
 tap_result $found "the table has aldit's, the peer's and the ratio row, over the 40 samples" "$(cat "$work/table.txt")"
 tap_result $floor_status "the floor at made-up rates of 1e9 FLOP/s: aldit's model FLOPs at 1e9 FLOP/s (got ${rate:-none})" \
     "$(cat "$work/bench.log" "$work/floor.txt" 2>/dev/null)"
+tap_result $micro_status "aldit's micro-batch log ([log] micro_batches), each priced at the same rates, sums to the epoch's floor (ratio ${micro:-none})" \
+    "$(cat "$work/floor.txt" 2>/dev/null; head -3 "$work/aldit/micro_batches.0.jsonl" 2>/dev/null)"
 [ -n "${WORK:-}" ] || rm -rf "$work"
 tap_done
