@@ -1237,7 +1237,7 @@ void text_map(mmdit_gpu *mm)
 void copy_in(float *pinned_rows, float *device_rows, const float *src, int64_t n, cudaStream_t stream)
 {
     if (n <= 0) return;
-    memcpy(pinned_rows, src, (size_t)n * sizeof(float));
+    cpu_copy(pinned_rows, src, (size_t)n * sizeof(float));
     CUDA_CHECK(cudaMemcpyAsync(device_rows, pinned_rows, (size_t)n * sizeof(float), cudaMemcpyHostToDevice, stream));
 }
 

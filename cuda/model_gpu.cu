@@ -582,12 +582,12 @@ batch_dims stage_batch(gpu_model *gm, const model_batch *batch, cudaStream_t str
 
     const size_t latent_bytes = (size_t)dims.n_latent_values * sizeof(float);
     const size_t text_bytes = (size_t)dims.n_text * gm->text_dim * sizeof(float);
-    if (text_bytes) memcpy(gm->text_pinned, batch->text, text_bytes);
+    cpu_copy(gm->text_pinned, batch->text, text_bytes);
     CUDA_CHECK(cudaMemcpyAsync(gm->tables_device.token_start, gm->tables_pinned, gm->tables_bytes,
                                cudaMemcpyHostToDevice, stream));
     if (!gm->sp.group) {  // in a group the whole samples went to the group's buffers (sp_copy_inputs)
-        memcpy(gm->latents_pinned, batch->latents, latent_bytes);
-        memcpy(gm->noise_pinned, batch->noise, latent_bytes);
+        cpu_copy(gm->latents_pinned, batch->latents, latent_bytes);
+        cpu_copy(gm->noise_pinned, batch->noise, latent_bytes);
         CUDA_CHECK(cudaMemcpyAsync(gm->latents, gm->latents_pinned, latent_bytes, cudaMemcpyHostToDevice, stream));
         CUDA_CHECK(cudaMemcpyAsync(gm->noise, gm->noise_pinned, latent_bytes, cudaMemcpyHostToDevice, stream));
     }

@@ -41,6 +41,30 @@ static double linear_objective(void *context)
     return weighted_sum(t->y, t->out_weight, t->n_rows * t->out_dim);
 }
 
+/* cpu_copy: every byte in place, below its parallel size, at it and past it with a tail shorter than a piece, and at
+   an odd offset; on 1 and on 4 threads (the last test: it leaves 4 set). */
+static void test_copy(void **state)
+{
+    (void)state;
+    const size_t sizes[] = {0, 1, 4097, (size_t)8 << 20, ((size_t)9 << 20) + 12345};
+    for (int threads = 1; threads <= 4; threads += 3) {
+        cpu_set_threads(threads);
+        for (size_t c = 0; c < sizeof sizes / sizeof sizes[0]; c++) {
+            const size_t n = sizes[c];
+            unsigned char *src = malloc(n + 1), *dst = malloc(n + 3);
+            assert_non_null(src);
+            assert_non_null(dst);
+            for (size_t i = 0; i < n + 1; i++) src[i] = (unsigned char)(i * 2654435761u >> 13);
+            memset(dst, 0xa5, n + 3);
+            cpu_copy(dst + 1, src + 1, n);
+            assert_true(dst[0] == 0xa5 && dst[n + 1] == 0xa5 && dst[n + 2] == 0xa5);
+            assert_memory_equal(dst + 1, src + 1, n);
+            free(src);
+            free(dst);
+        }
+    }
+}
+
 static void test_linear(void **state)
 {
     (void)state;
@@ -603,6 +627,7 @@ int main(void)
         cmocka_unit_test(test_gated_residual),
         cmocka_unit_test(test_sinusoidal_embedding),
         cmocka_unit_test(test_patchify),
+        cmocka_unit_test(test_copy),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -27,6 +27,21 @@ void cpu_set_threads(int n_threads)
 #endif
 }
 
+void cpu_copy(void *dst, const void *src, size_t bytes)
+{
+    enum { kPiece = 1 << 20, kParallelBytes = 8 << 20 };
+    if (bytes < kParallelBytes) {
+        if (bytes > 0) memcpy(dst, src, bytes);
+        return;
+    }
+    const int64_t pieces = (int64_t)((bytes + kPiece - 1) / kPiece);
+#pragma omp parallel for schedule(static)
+    for (int64_t p = 0; p < pieces; p++) {
+        const size_t first = (size_t)p * kPiece, size = first + kPiece <= bytes ? kPiece : bytes - first;
+        memcpy((char *)dst + first, (const char *)src + first, size);
+    }
+}
+
 /* Loops over fewer values than this stay on one thread (the fork/join costs more than it saves). */
 #define PARALLEL_MIN_VALUES 16384
 /* Column reductions run over blocks of this many columns, one block per thread, rows in order:

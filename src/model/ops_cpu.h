@@ -2,6 +2,7 @@
 #ifndef ALDIT_OPS_CPU_H
 #define ALDIT_OPS_CPU_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 /* Conventions for every op below.
@@ -11,6 +12,10 @@
      gradients of parameters (dweight, dbias) are ADDED into, so a whole model accumulates in place.
    - Outputs must not alias inputs unless the op says they may.
    - Statistics and reductions are fp32 or better, in a fixed order that does not depend on the thread count. */
+
+/* memcpy over the rank's OpenMP threads (cpu_set_threads) in 1 MiB pieces, for copies of 8 MiB or more (a GPU model
+   staging a micro-batch's captions and latents into pinned memory: one core's copy is a few GB/s); memcpy below. */
+void cpu_copy(void *dst, const void *src, size_t bytes);
 
 /* y = x · weight^T + bias: x [n_rows, in_dim], weight [out_dim, in_dim] (PyTorch Linear), bias [out_dim]
    or NULL, y [n_rows, out_dim]. CBLAS sgemm when built with it, plain loops otherwise. */
