@@ -392,7 +392,7 @@ def main():
     if bad:   # a diverged run: say where it began (the steps after it train on non-finite weights)
         first = batches[bad[0]]
         print(f"peer_train.py: the loss is not finite at {len(bad)} of {len(losses)} steps, first at step {bad[0] + 1}: "
-              f"{len(first)} x {samples[first[0]]['bucket']}, {sum(samples[i]['text_rows'] for i in first)} text rows",
+              f"{len(first)} x {samples[first[0]]['bucket']}, caption rows per sample {[samples[i]['text_rows'] for i in first]}",
               file=sys.stderr, flush=True)
 
     coef = train_table.forward_flops(dims)
