@@ -236,8 +236,9 @@ def aldit_summary(path):
 
 def micro_batch_floors(deck, bench, paths):
     """Each logged micro-batch ([log] micro_batches) against its floor: floor_seconds over its own samples, its GEMMs
-    at the rate of its own video rows. Returns a list of dicts (step, rank, micro, samples, tokens, text rows,
-    longest sample, seconds, floor_s)."""
+    at the rate of its own video rows; a sequence-parallel group's micro-batch (group k > 1, logged by each member)
+    at a member's share, 1/k of it. Returns a list of dicts (step, rank, micro, samples, tokens, text rows, longest
+    sample, seconds, floor_s)."""
     batches = []
     for path in paths:
         try:
@@ -252,7 +253,7 @@ def micro_batch_floors(deck, bench, paths):
             batches.append({"step": m["step"], "rank": m["rank"], "micro": m["micro"], "samples": len(samples),
                             "tokens": tokens, "text_rows": sum(r for _, r in samples),
                             "longest": max(s for s, _ in samples), "seconds": m["seconds"],
-                            "floor_s": gemm_s + attention_s})
+                            "floor_s": (gemm_s + attention_s) / max(1, int(m.get("group", 1)))})
     return batches
 
 
