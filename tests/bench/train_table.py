@@ -289,21 +289,29 @@ def print_micro_batches(batches, top=10):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--deck", required=True)
-    parser.add_argument("--aldit", required=True, help="aldit's metrics.jsonl")
-    parser.add_argument("--peer", required=True, help="peer_train.py's JSON")
+    parser.add_argument("--aldit", help="aldit's metrics.jsonl")
+    parser.add_argument("--peer", help="peer_train.py's JSON")
     parser.add_argument("--bench", help="aldit-bench --sections gemm,attention --json of the same call")
     parser.add_argument("--aldit-peak-gib", type=float, help="aldit's peak device memory (e.g. from nvidia-smi)")
     parser.add_argument("--peer-peak-gib", type=float, help="the peer's peak device memory (default: its own count)")
     parser.add_argument("--aldit-wall-s", type=float, help="aldit's whole run, start-up included")
     parser.add_argument("--aldit-fp8", help="metrics.jsonl of the same epoch with [train] precision = fp8 (a row of its own)")
     parser.add_argument("--aldit-fp8-peak-gib", type=float, help="that run's peak device memory")
-    parser.add_argument("--micro-batches", nargs="+", metavar="JSONL",
-                        help="aldit's micro_batches.RANK.jsonl ([log] micro_batches = on): each micro-batch against its "
-                             "floor (needs --bench)")
+    parser.add_argument("--micro-batches", action="append", metavar="JSONL",
+                        help="aldit's micro_batches.RANK.jsonl ([log] micro_batches = on; once per file): each "
+                             "micro-batch against its floor (needs --bench)")
     parser.add_argument("--json")
     parser.add_argument("overrides", nargs="*", help="section.key=value, as given to aldit")
     args = parser.parse_args()
     deck = read_deck(args.deck, args.overrides)
+    if args.micro_batches and not args.bench:
+        sys.exit("--micro-batches: needs --bench (aldit-bench's rates price each micro-batch)")
+    if args.micro_batches and not args.aldit and not args.peer:   # the micro-batches alone, no comparison
+        with open(args.bench) as f:
+            print_micro_batches(micro_batch_floors(deck, json.load(f), args.micro_batches))
+        return
+    if not args.aldit or not args.peer:
+        parser.error("--aldit and --peer are required (without them: --bench and --micro-batches alone)")
     aldit = aldit_summary(args.aldit)
     try:
         with open(args.peer) as f:
@@ -374,8 +382,6 @@ def main():
           + (f"; aldit's whole run {args.aldit_wall_s:.1f} s" if args.aldit_wall_s else "")
           + f"; the peer's loading and warm-up {peer.get('load_s', 0) + peer.get('warmup_s', 0):.1f} s")
     micro = None
-    if args.micro_batches and not args.bench:
-        sys.exit("--micro-batches: needs --bench (aldit-bench's rates price each micro-batch)")
     if args.micro_batches:
         micro = print_micro_batches(micro_batch_floors(deck, bench, args.micro_batches))
     if args.json:
