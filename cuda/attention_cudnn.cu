@@ -14,6 +14,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 #include <cudnn.h>
 
@@ -355,6 +356,8 @@ struct attention_cudnn {
     tune_record tune_records[kMaxTuneRecords];
     int n_tune_records;
     char build_error[kErrorBytes];
+    int64_t plans_built;   // attention_cudnn_setup_stats: plans built, host seconds of builds and tuning rounds
+    double setup_seconds;
 };
 
 namespace {
@@ -805,6 +808,13 @@ bool ensure_handle(context &s)
     return true;
 }
 
+double host_seconds()
+{
+    timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return (double)now.tv_sec + 1e-9 * (double)now.tv_nsec;
+}
+
 const char *direction_name(int direction)
 {
     return direction == kForward ? "forward" : "backward";
@@ -833,7 +843,10 @@ plan_entry *find_plan(context &s, int direction, int64_t seq_len_q, int64_t seq_
     victim->num_heads = num_heads;
     victim->head_dim = head_dim;
     victim->query_batches = query_batches;
+    const double started = host_seconds();
     const bool built = direction == kForward ? build_forward(s, *victim) : build_backward(s, *victim);
+    s.setup_seconds += host_seconds() - started;
+    s.plans_built += built;
     if (!built) {
         destroy_entry(s, *victim);
         return nullptr;
@@ -935,7 +948,11 @@ void execute(context &s, plan_entry &e, int n_tensors, const int64_t *uids, void
     CUDNN_CHECK(cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &workspace));
     CUDNN_CHECK(cudnnBackendFinalize(pack));
     CUDNN_CHECK(cudnnSetStream(s.handle, stream));
-    if (e.n_candidates > 0) tune(s, e, pack, stream);
+    if (e.n_candidates > 0) {
+        const double started = host_seconds();
+        tune(s, e, pack, stream);
+        s.setup_seconds += host_seconds() - started;
+    }
     CUDNN_CHECK(cudnnBackendExecute(s.handle, e.plan, pack));
     CUDNN_CHECK(cudnnBackendDestroyDescriptor(pack));
 }
@@ -1172,6 +1189,12 @@ extern "C" void attention_cudnn_free(attention_cudnn *context)
     if (s.buffer) CUDA_CHECK(cudaFree(s.buffer));
     if (s.handle) CUDNN_CHECK(cudnnDestroy(s.handle));
     free(context);
+}
+
+extern "C" void attention_cudnn_setup_stats(const attention_cudnn *context, int64_t *plans_built, double *seconds)
+{
+    *plans_built = context ? context->plans_built : 0;
+    *seconds = context ? context->setup_seconds : 0.0;
 }
 
 extern "C" void attention_cudnn_tuning_report(const attention_cudnn *context, FILE *out)

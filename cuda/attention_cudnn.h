@@ -110,6 +110,10 @@ void attention_cudnn_bwd(attention_cudnn *context, const gpu_bf16 *q, const gpu_
    rounding to bf16. */
 #define ATTENTION_CUDNN_MOST_QUERY_BATCHES 8
 
+/* The one-time work done inside calls so far: execution plans built (each a cuDNN finalize on the host, 0.04-1 s)
+   and the host seconds the builds and the autotuning rounds took (a round synchronises the stream). */
+void attention_cudnn_setup_stats(const attention_cudnn *context, int64_t *plans_built, double *seconds);
+
 /* One line per size class the context tuned: the shape that was timed, its candidates, the heuristics' first and
    the kept configuration (engine index, knob type=value) with their least times. */
 void attention_cudnn_tuning_report(const attention_cudnn *context, FILE *out);

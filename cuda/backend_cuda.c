@@ -1123,6 +1123,12 @@ static int cuda_set_fp8_state(backend *b, const void *blob, size_t bytes, char *
     return gpu_model_fp8_load(gpu->net, blob, bytes, why, why_size);
 }
 
+static void cuda_setup_stats(const backend *b, int64_t *count, double *seconds)
+{
+    const train_gpu *gpu = b->state;
+    gpu_model_setup_stats(gpu->net, count, seconds);
+}
+
 static const backend_ops cuda_ops = {
     .name = "cuda",
     .free = cuda_free,
@@ -1140,6 +1146,7 @@ static const backend_ops cuda_ops = {
     .calibration_copies = cuda_calibration_copies,
     .time_shapes = cuda_time_shapes,
     .profile = cuda_profile,
+    .setup_stats = cuda_setup_stats,
     .device_key = cuda_device_key,
     .fp8_state_bytes = cuda_fp8_state_bytes,
     .get_fp8_state = cuda_get_fp8_state,

@@ -1619,6 +1619,17 @@ int gpu_model_set_attention(gpu_model *gm, gpu_attention_choice choice, int64_t 
     return gm->use_cudnn;
 }
 
+void gpu_model_setup_stats(const gpu_model *gm, int64_t *plans_built, double *seconds)
+{
+#ifdef HAVE_CUDNN
+    attention_cudnn_setup_stats(gm->cudnn, plans_built, seconds);
+#else
+    (void)gm;
+    *plans_built = 0;
+    *seconds = 0.0;
+#endif
+}
+
 double gpu_model_enqueue_seconds(const gpu_model *gm)
 {
     if (gm->family) return mmdit_gpu_enqueue_seconds(gm->family);

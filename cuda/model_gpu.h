@@ -147,6 +147,9 @@ void gpu_model_give_contexts(gpu_model *gm, gpu_model_contexts *contexts);
 /* Host seconds the last gpu_model_forward_backward call spent queuing its work (staging the batch, every
    launch), before it waited for the GPU: where this approaches the GPU's time the step is launch-bound. */
 double gpu_model_enqueue_seconds(const gpu_model *gm);
+/* The cuDNN execution plans its attention context has built so far and the host seconds of those builds and their
+   autotuning (attention_cudnn_setup_stats); 0 and 0 without cuDNN. */
+void gpu_model_setup_stats(const gpu_model *gm, int64_t *plans_built, double *seconds);
 
 /* Gradient readiness, for an all-reduce that overlaps the backward (src/gradsync.h): while `ready` is set,
    each gpu_model_forward_backward call calls ready(context, first, count, stream) on the calling thread as

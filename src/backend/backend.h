@@ -127,6 +127,10 @@ typedef struct {
     /* NULL where the device has no profiler to drive: on = 1 starts the device profiler's capture after the queued work
        (the steps [log] profile_from names), 0 stops it after the queued work. */
     void (*profile)(backend *b, int on);
+    /* NULL where the device does none: the one-time set-up its calls have done so far, cumulative since it was made
+       (CUDA: cuDNN execution plans built for shapes met the first time, and their autotuning): how many, and the host
+       seconds they took. A step that meets new shapes spends them inside its compute. */
+    void (*setup_stats)(const backend *b, int64_t *count, double *seconds);
     /* The key under which start-up timings of this device are cached in the run folder (calibration.h). */
     const char *(*device_key)(const backend *b, int *ranks_per_device);
     /* NULL where the backend keeps no FP8 state: the delayed-scaling state of [train] precision = fp8 (amax histories

@@ -305,8 +305,9 @@ static const deck_key deck_keys[] = {
      .help = "steps inside the profiler's capture from profile_from"},
     {KEY("log", "micro_batches", KEY_BOOL, log.micro_batches), .default_text = "off",
      .help = "each rank writes one JSON line per micro-batch to run.dir/micro_batches.RANK.jsonl: its step, its seconds "
-             "(the backend's call until its losses are back) and each sample's video tokens and caption rows "
-             "(tests/bench/train_table.py --micro-batches sets them against their floor)"},
+             "(the backend's call until its losses are back), the device's one-time set-up among them (new cuDNN "
+             "plans) and each sample's video tokens and caption rows (tests/bench/train_table.py --micro-batches sets "
+             "them against their floor)"},
     /* [eval] */
     {KEY("eval", "store", KEY_STRING, eval.store), .default_text = "",
      .help = "held-out HDF5 latent store (the training store's format and dims) whose loss is measured during "

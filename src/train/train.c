@@ -491,6 +491,8 @@ typedef struct {
                                        the first test_blocks blocks (-1: all) */
     metrics_file *metrics;          /* rank 0 */
     int metrics_failed;             /* a write to it failed (warned once; training goes on) */
+    double setup_s;                 /* the device's one-time set-up inside this run's steps (backend setup_stats) */
+    int64_t setup_count;
     metrics_file *micro_log;        /* [log] micro_batches: this rank's micro-batches (NULL when off) */
     int micro_log_failed;
     int ema_resumed;                /* [train] ema_decay: the EMA came from the checkpoint resumed (else the weights) */
@@ -592,12 +594,21 @@ static void prepare_samples(trainer *t, const sample_batch *batch)
 }
 
 /* [log] micro_batches: one line for micro-batch `micro` of this rank: its seconds (the backend's call, until its
-   losses are back) and each sample's video tokens and caption rows (Qwen or padded text, ByT5, image-to-video SigLIP). */
-static void log_micro_batch(trainer *t, const sample_batch *batch, int micro, double seconds)
+   losses are back), the device's one-time set-up among them (setup_s: cuDNN plans of new shapes) and each sample's
+   video tokens and caption rows (Qwen or padded text, ByT5, image-to-video SigLIP). */
+static void setup_stats(const trainer *t, int64_t *count, double *seconds)
+{
+    *count = 0;
+    *seconds = 0.0;
+    if (t->dev->ops->setup_stats) t->dev->ops->setup_stats(t->dev, count, seconds);
+}
+
+static void log_micro_batch(trainer *t, const sample_batch *batch, int micro, double seconds, double setup_s)
 {
     const deck *config = t->config;
     metrics_add(t->micro_log, "{\"step\": %lld, \"rank\": %d, \"micro\": %d, \"group\": %d, \"seconds\": %.6f, "
-                "\"samples\": [", (long long)(t->step + 1), t->info->rank, micro, t->current.micro_group[micro], seconds);
+                "\"setup_s\": %.6f, \"samples\": [", (long long)(t->step + 1), t->info->rank, micro,
+                t->current.micro_group[micro], seconds, setup_s);
     for (int i = t->current.micro_start[micro]; i < t->current.micro_start[micro + 1]; i++) {
         const int64_t tokens = store_sample_tokens(&t->data.samples[batch->ids[i]], config->model.patch_t,
                                                    config->model.patch_h, config->model.patch_w);
@@ -638,8 +649,15 @@ static double compute_gradients(trainer *t, const sample_batch *batch)
             .sp_size = group, .sp_rank = t->info->rank % group, .sp_group = comm_group_get(group),
         };
         const double started = comm_time();
+        int64_t count_before, count_after;
+        double setup_before, setup_after;
+        setup_stats(t, &count_before, &setup_before);
         loss_sum += t->dev->ops->micro_batch(t->dev, &mb, grad_scale, micro == t->current.n_micro - 1);
-        if (t->micro_log) log_micro_batch(t, batch, micro, seconds_since(started));
+        const double seconds = seconds_since(started);
+        setup_stats(t, &count_after, &setup_after);
+        t->setup_s += setup_after - setup_before;
+        t->setup_count += count_after - count_before;
+        if (t->micro_log) log_micro_batch(t, batch, micro, seconds, setup_after - setup_before);
     }
     return loss_sum;
 }
@@ -1038,12 +1056,13 @@ static void print_progress(const trainer *t, const step_record *r)
 static void print_timing_table(const trainer *t)
 {
     double wall = seconds_since(t->started_s);
-    double max_s[N_PHASES + 1], mean_s[N_PHASES + 1];
+    double max_s[N_PHASES + 2], mean_s[N_PHASES + 2];   /* the phases, the wall, the device's set-up in the steps */
     memcpy(max_s, t->phase_s, sizeof t->phase_s);
     max_s[N_PHASES] = wall;
+    max_s[N_PHASES + 1] = t->setup_s;
     memcpy(mean_s, max_s, sizeof max_s);
-    comm_allreduce_max_f64(max_s, N_PHASES + 1);
-    comm_allreduce_sum_f64(mean_s, N_PHASES + 1);
+    comm_allreduce_max_f64(max_s, N_PHASES + 2);
+    comm_allreduce_sum_f64(mean_s, N_PHASES + 2);
     if (t->info->rank != 0) return;
     printf("\ntiming over %lld step(s) of this run (seconds)     max rank  mean rank  share of wall\n",
            (long long)(t->step - t->first_step));
@@ -1052,6 +1071,10 @@ static void print_timing_table(const trainer *t)
         printf("  %-44s %9.3f  %9.3f  %6.1f%%\n", phase_names[p], max_s[p], mean_s[p] / t->info->n_ranks,
                max_s[N_PHASES] > 0 ? 100.0 * max_s[p] / max_s[N_PHASES] : 0.0);
         accounted += mean_s[p] / t->info->n_ranks;
+        if (p == PHASE_COMPUTE && max_s[N_PHASES + 1] > 0.0)
+            printf("    %-42s %9.3f  %9.3f  %6.1f%%\n", "of which device set-up (new cuDNN plans)", max_s[N_PHASES + 1],
+                   mean_s[N_PHASES + 1] / t->info->n_ranks,
+                   max_s[N_PHASES] > 0 ? 100.0 * max_s[N_PHASES + 1] / max_s[N_PHASES] : 0.0);
     }
     printf("  %-44s %9s  %9.3f\n", "set-up and other", "", mean_s[N_PHASES] / t->info->n_ranks - accounted);
     printf("  %-44s %9.3f\n", "wall", max_s[N_PHASES]);

@@ -253,6 +253,7 @@ def micro_batch_floors(deck, bench, paths):
             batches.append({"step": m["step"], "rank": m["rank"], "micro": m["micro"], "samples": len(samples),
                             "tokens": tokens, "text_rows": sum(r for _, r in samples),
                             "longest": max(s for s, _ in samples), "seconds": m["seconds"],
+                            "setup_s": m.get("setup_s", 0.0),
                             "floor_s": (gemm_s + attention_s) / max(1, int(m.get("group", 1)))})
     return batches
 
@@ -264,10 +265,13 @@ MICRO_CLASSES = [("a sample of 30,000 tokens or more", 30000), ("a sample of 8,0
 def print_micro_batches(batches, top=10):
     """The micro-batches' seconds against their floors, by the length of their longest sample, and the worst."""
     seconds, floor = sum(b["seconds"] for b in batches), sum(b["floor_s"] for b in batches)
+    setup = sum(b["setup_s"] for b in batches)
     print(f"micro-batches logged: {len(batches)}, {seconds:.2f} s against a floor of {floor:.2f} s "
-          f"({100 * floor / seconds:.1f}%); by their longest sample:")
-    print("| micro-batches with | count | samples | seconds | floor (s) | floor % | seconds over the floor | share of it |")
-    print("|---|---|---|---|---|---|---|---|")
+          f"({100 * floor / seconds:.1f}%), of which {setup:.2f} s the device's one-time set-up (cuDNN plans of "
+          f"shapes met the first time); by their longest sample:")
+    print("| micro-batches with | count | samples | seconds | floor (s) | floor % | seconds over the floor | share of it "
+          "| of which set-up (s) |")
+    print("|---|---|---|---|---|---|---|---|---|")
     excess = seconds - floor
     for label, least in MICRO_CLASSES:
         upper = min([bound for _, bound in MICRO_CLASSES if bound > least], default=None)
@@ -276,14 +280,17 @@ def print_micro_batches(batches, top=10):
             continue
         s, f = sum(b["seconds"] for b in group), sum(b["floor_s"] for b in group)
         print(f"| {label} | {len(group)} | {sum(b['samples'] for b in group)} | {s:.2f} | {f:.2f} | {100 * f / s:.1f}% | "
-              f"{s - f:.2f} | {100 * (s - f) / excess if excess > 0 else 0.0:.0f}% |")
+              f"{s - f:.2f} | {100 * (s - f) / excess if excess > 0 else 0.0:.0f}% | "
+              f"{sum(b['setup_s'] for b in group):.2f} |")
     print(f"the {min(top, len(batches))} furthest over their floor (seconds - floor):")
-    print("| step | rank | micro | samples | video tokens | caption rows | longest | seconds | floor (s) | floor % |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("| step | rank | micro | samples | video tokens | caption rows | longest | seconds | floor (s) | floor % "
+          "| set-up (s) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for b in sorted(batches, key=lambda b: b["floor_s"] - b["seconds"])[:top]:
         print(f"| {b['step']} | {b['rank']} | {b['micro']} | {b['samples']} | {b['tokens']} | {b['text_rows']} | "
-              f"{b['longest']} | {b['seconds']:.3f} | {b['floor_s']:.3f} | {100 * b['floor_s'] / b['seconds']:.1f}% |")
-    return {"count": len(batches), "seconds": seconds, "floor_s": floor}
+              f"{b['longest']} | {b['seconds']:.3f} | {b['floor_s']:.3f} | {100 * b['floor_s'] / b['seconds']:.1f}% | "
+              f"{b['setup_s']:.3f} |")
+    return {"count": len(batches), "seconds": seconds, "floor_s": floor, "setup_s": setup}
 
 
 def main():
