@@ -1191,6 +1191,19 @@ extern "C" void attention_cudnn_free(attention_cudnn *context)
     free(context);
 }
 
+extern "C" int attention_cudnn_prepare(attention_cudnn *context, int64_t seq_len_q, int64_t seq_len_kv, int num_heads,
+                                       int head_dim)
+{
+    attention_cudnn &s = checked(context, "attention_cudnn_prepare");
+    ALDIT_CHECK(shape_supported(seq_len_q, seq_len_kv, num_heads, head_dim), "attention_cudnn_prepare: no cuDNN "
+                "attention for seq_len_q %lld, seq_len_kv %lld, %d heads of head_dim %d", (long long)seq_len_q,
+                (long long)seq_len_kv, num_heads, head_dim);
+    const int64_t before = s.plans_built;
+    need_plan(s, kForward, seq_len_q, seq_len_kv, num_heads, head_dim);
+    need_plan(s, kBackward, seq_len_q, seq_len_kv, num_heads, head_dim, query_batches_for(seq_len_q, seq_len_kv));
+    return (int)(s.plans_built - before);
+}
+
 extern "C" void attention_cudnn_setup_stats(const attention_cudnn *context, int64_t *plans_built, double *seconds)
 {
     *plans_built = context ? context->plans_built : 0;

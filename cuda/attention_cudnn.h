@@ -110,6 +110,12 @@ void attention_cudnn_bwd(attention_cudnn *context, const gpu_bf16 *q, const gpu_
    rounding to bf16. */
 #define ATTENTION_CUDNN_MOST_QUERY_BATCHES 8
 
+/* Build, if not cached yet, the forward and backward plans a call of this shape uses (the self-attention's on padded
+   rows: seq_len_q = seq_len_kv = attention_cudnn_padded_rows(seq_len)), so that the call builds none; autotuning, where
+   on, still runs at the class's first call. Returns the plans built (fatal where one does not build). */
+int attention_cudnn_prepare(attention_cudnn *context, int64_t seq_len_q, int64_t seq_len_kv, int num_heads,
+                            int head_dim);
+
 /* The one-time work done inside calls so far: execution plans built (each a cuDNN finalize on the host, 0.04-1 s)
    and the host seconds the builds and the autotuning rounds took (a round synchronises the stream). */
 void attention_cudnn_setup_stats(const attention_cudnn *context, int64_t *plans_built, double *seconds);

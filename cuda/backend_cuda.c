@@ -1123,6 +1123,21 @@ static int cuda_set_fp8_state(backend *b, const void *blob, size_t bytes, char *
     return gpu_model_fp8_load(gpu->net, blob, bytes, why, why_size);
 }
 
+static int64_t cuda_prepare(backend *b, const balance_sample *samples, int64_t n_samples)
+{
+    train_gpu *gpu = b->state;
+    int32_t *tokens = xmalloc((size_t)(n_samples > 0 ? n_samples : 1) * sizeof *tokens);
+    int32_t *rows = xmalloc((size_t)(n_samples > 0 ? n_samples : 1) * sizeof *rows);
+    for (int64_t i = 0; i < n_samples; i++) {
+        tokens[i] = samples[i].tokens;
+        rows[i] = samples[i].text_len;
+    }
+    const int64_t built = gpu_model_prepare(gpu->net, tokens, rows, n_samples);
+    free(tokens);
+    free(rows);
+    return built;
+}
+
 static void cuda_setup_stats(const backend *b, int64_t *count, double *seconds)
 {
     const train_gpu *gpu = b->state;
@@ -1146,6 +1161,7 @@ static const backend_ops cuda_ops = {
     .calibration_copies = cuda_calibration_copies,
     .time_shapes = cuda_time_shapes,
     .profile = cuda_profile,
+    .prepare = cuda_prepare,
     .setup_stats = cuda_setup_stats,
     .device_key = cuda_device_key,
     .fp8_state_bytes = cuda_fp8_state_bytes,

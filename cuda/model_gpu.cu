@@ -1630,6 +1630,34 @@ void gpu_model_setup_stats(const gpu_model *gm, int64_t *plans_built, double *se
 #endif
 }
 
+int64_t gpu_model_prepare(gpu_model *gm, const int32_t *tokens, const int32_t *text_rows, int64_t n)
+{
+#ifdef HAVE_CUDNN
+    if (!gm->family || !gm->use_cudnn || !gm->cudnn || n <= 0) return 0;
+    int64_t *lengths = static_cast<int64_t *>(xmalloc((size_t)n * sizeof(int64_t)));
+    int64_t kept = 0;
+    for (int64_t i = 0; i < n; ++i) {
+        const int64_t rows = (int64_t)tokens[i] + text_rows[i];
+        if (rows >= gm->cudnn_min_tokens) lengths[kept++] = attention_cudnn_padded_rows(rows);
+    }
+    qsort(lengths, (size_t)kept, sizeof(int64_t), [](const void *a, const void *b) {
+        const int64_t x = *static_cast<const int64_t *>(a), y = *static_cast<const int64_t *>(b);
+        return (x < y) - (x > y);   // the longest first
+    });
+    int64_t built = 0, distinct = 0;
+    for (int64_t i = 0; i < kept && distinct < ATTENTION_CUDNN_PLAN_SLOTS / 2; ++i) {
+        if (i > 0 && lengths[i] == lengths[i - 1]) continue;
+        ++distinct;
+        built += attention_cudnn_prepare(gm->cudnn, lengths[i], lengths[i], gm->num_heads, gm->head_dim);
+    }
+    free(lengths);
+    return built;
+#else
+    (void)gm, (void)tokens, (void)text_rows, (void)n;
+    return 0;
+#endif
+}
+
 double gpu_model_enqueue_seconds(const gpu_model *gm)
 {
     if (gm->family) return mmdit_gpu_enqueue_seconds(gm->family);

@@ -150,6 +150,13 @@ double gpu_model_enqueue_seconds(const gpu_model *gm);
 /* The cuDNN execution plans its attention context has built so far and the host seconds of those builds and their
    autotuning (attention_cudnn_setup_stats); 0 and 0 without cuDNN. */
 void gpu_model_setup_stats(const gpu_model *gm, int64_t *plans_built, double *seconds);
+/* Before the steps: the cuDNN plans of these samples' attention shapes (tokens[i] video tokens, text_rows[i] caption
+   rows as the model takes them), as a micro-batch of this model alone (no group) would build them at first use. The
+   hunyuanvideo15 family: each sample's joint length N = tokens + text_rows on whole tiles, where N reaches the
+   model's cuDNN threshold (gpu_model_set_attention), the longest first, at most half of
+   ATTENTION_CUDNN_PLAN_SLOTS lengths. Wan (whose store has few lengths): none. Returns the plans built (0 without
+   cuDNN or with its attention off). */
+int64_t gpu_model_prepare(gpu_model *gm, const int32_t *tokens, const int32_t *text_rows, int64_t n);
 
 /* Gradient readiness, for an all-reduce that overlaps the backward (src/gradsync.h): while `ready` is set,
    each gpu_model_forward_backward call calls ready(context, first, count, stream) on the calling thread as

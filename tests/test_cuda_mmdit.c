@@ -205,6 +205,46 @@ static void test_cudnn_joint_attention(void **state)
 #endif
 }
 
+/* gpu_model_prepare ([train] prebuild): the cuDNN plans of the samples' joint lengths (those on cuDNN: 27 and 34 rows,
+   both on one 128-row tile) built before the call, forward and backward, once; the call then builds none. */
+static void test_prepare_plans(void **state)
+{
+    (void)state;
+#ifdef HAVE_CUDNN
+    const batch_spec spec = {4, {1, 3, 2, 5}, {4, 4, 6, 4}, {4, 6, 4, 6}, {16, 5, 3, 4}, {0, 4, 3, 0}, {0, 0, 0, 0},
+                             {0.2f, 0.5f, 0.9f, 0.4f}, {0}};
+    model m;
+    tiny_model(&m, 2, 0x3eed0006ull);
+    host_batch hb;
+    make_batch(&m, &spec, 0x3eed0007ull, &hb);
+    gpu_select(0);
+    gpu_model *gm = gpu_model_create(&m, kCapacityTokens, kMaxSamples, kCapacityText);
+    assert_int_equal(gpu_model_set_attention(gm, GPU_ATTENTION_AUTO, 24), 1);
+    gpu_model_upload_weights(gm, m.weights);
+    int32_t tokens[4], rows[4];
+    for (int b = 0; b < spec.n_samples; ++b) {   /* patch 1x2x2 */
+        tokens[b] = spec.frames[b] * (spec.height[b] / 2) * (spec.width[b] / 2);
+        rows[b] = spec.text_len[b] + spec.text_2_len[b] + spec.image_len[b];
+    }
+    const int64_t built = gpu_model_prepare(gm, tokens, rows, spec.n_samples);
+    printf("# prepared: %lld plan(s) for joint lengths %d, %d, %d, %d\n", (long long)built, tokens[0] + rows[0],
+           tokens[1] + rows[1], tokens[2] + rows[2], tokens[3] + rows[3]);
+    assert_int_equal(built, 2);
+    assert_int_equal(gpu_model_prepare(gm, tokens, rows, spec.n_samples), 0);
+    int64_t before, after;
+    double seconds;
+    gpu_model_setup_stats(gm, &before, &seconds);
+    gpu_model_forward_backward(gm, &hb.batch, 1.0f, NULL, 0);
+    gpu_model_setup_stats(gm, &after, &seconds);
+    assert_int_equal(after, before);
+    gpu_model_free(gm);
+    free_batch(&hb);
+    model_free(&m);
+#else
+    skip();
+#endif
+}
+
 static void four_layer_case(uint64_t seed, model *m, batch_spec *spec, host_batch *hb)
 {
     *spec = (batch_spec){3, {1, 3, 2}, {4, 4, 6}, {4, 6, 4}, {16, 5, 2}, {2, 0, 3}, {0, 4, 2}, {0.2f, 0.5f, 0.9f}, {0}};
@@ -399,6 +439,7 @@ int main(void)
         cmocka_unit_test(test_image_to_video),
         cmocka_unit_test(test_many_samples),
         cmocka_unit_test(test_cudnn_joint_attention),
+        cmocka_unit_test(test_prepare_plans),
         cmocka_unit_test(test_recompute_match),
         cmocka_unit_test(test_forward_loss_matches),
         cmocka_unit_test(test_grads_ready_ranges),

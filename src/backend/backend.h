@@ -127,6 +127,10 @@ typedef struct {
     /* NULL where the device has no profiler to drive: on = 1 starts the device profiler's capture after the queued work
        (the steps [log] profile_from names), 0 stops it after the queued work. */
     void (*profile)(backend *b, int on);
+    /* NULL where the device builds nothing per shape: before the first step, what its calls would build the first time
+       they meet these samples' shapes (tokens, text_len: the caption rows the model takes; CUDA: cuDNN attention
+       plans, as gpu_model_prepare says), so that no step pays it. Not collective. Returns how many were built. */
+    int64_t (*prepare)(backend *b, const balance_sample *samples, int64_t n_samples);
     /* NULL where the device does none: the one-time set-up its calls have done so far, cumulative since it was made
        (CUDA: cuDNN execution plans built for shapes met the first time, and their autotuning): how many, and the host
        seconds they took. A step that meets new shapes spends them inside its compute. */

@@ -114,6 +114,7 @@ typedef struct {
         int max_skipped;               /* stop after this many consecutive skipped steps (0 = no limit) */
         deck_attention attention;      /* CUDA attention kernel: auto | cudnn | own */
         int autotune;                  /* CUDA: time cuBLASLt's and cuDNN's candidate configurations (1) */
+        int prebuild;                  /* CUDA: build the cuDNN plans of the store's sample shapes before step 1 (1) */
         double allreduce_bucket;       /* CUDA: bytes per overlapped gradient all-reduce; 0 = one after the backward */
         deck_shard shard;              /* auto | none | optimizer | gradients | full */
         double ema_decay;              /* EMA of the fp32 weights: ema = d ema + (1 - d) w per update (0 = off) */

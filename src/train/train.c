@@ -1669,6 +1669,35 @@ static void trainer_setup(trainer *t, const deck *config, const comm_info *info,
     }
 }
 
+/* [train] prebuild: before the first step, what the device builds at a shape's first use, for every sample of the
+   store (hunyuanvideo15: its joint caption with and without its image rows, as prefetch's task draw may give it).
+   Not collective: every rank builds the same, after the start-up's watched waits. */
+static void prebuild(trainer *t)
+{
+    const deck *config = t->config;
+    if (!config->train.prebuild || !t->dev->ops->prepare) return;
+    const double started = comm_time();
+    balance_sample *shapes = xmalloc((size_t)(2 * t->data.n_samples + 1) * sizeof *shapes);
+    int64_t n = 0;
+    for (int64_t id = 0; id < t->data.n_samples; id++) {
+        const store_sample *sample = &t->data.samples[id];
+        const int32_t tokens = (int32_t)store_sample_tokens(sample, config->model.patch_t, config->model.patch_h,
+                                                            config->model.patch_w);
+        int32_t rows = text_rows_of(sample, config), image = 0;
+        if (config->model.family == FAMILY_HUNYUANVIDEO15 && t->data.has_sources) {
+            rows += t->data.sources[id].text_2_len;
+            image = sample->frames > 1 ? t->data.sources[id].image_len : 0;
+        }
+        shapes[n++] = (balance_sample){id, tokens, rows};
+        if (image > 0) shapes[n++] = (balance_sample){id, tokens, rows + image};
+    }
+    const int64_t built = t->dev->ops->prepare(t->dev, shapes, n);
+    free(shapes);
+    if (t->info->rank == 0 && built > 0)
+        printf("  prebuild   %lld attention plan(s) of the store's sample shapes in %.1f s ([train] prebuild)\n",
+               (long long)built, seconds_since(started));
+}
+
 /* Collective, while the first step's samples are read: the state set in initial_state is complete (a GPU's bf16
    copies made, and NCCL connects the ranks). */
 static void start_device(trainer *t)
@@ -1747,6 +1776,10 @@ int train_run(const deck *config, const comm_info *info)
     if (info->rank == 0) t.step_timeout = watchdog_timeout(config, t.upcoming_pred_max, 1);
     comm_bcast_bytes(&t.step_timeout, sizeof t.step_timeout);
     watchdog_phase_end();
+    if (!finished) {
+        prebuild(&t);
+        t.loop_started_s = comm_time();
+    }
     while (!finished) {
         swap_assignments(&t);
         step_record record = {0};
