@@ -28,15 +28,16 @@ extern "C" {
    call on another GPU is fatal); one host thread per context. Execution plans are built on first use of a
    (direction, seq_len_q, seq_len_kv, num_heads, head_dim) and cached in the context (the last
    ATTENTION_CUDNN_PLAN_SLOTS shapes, least recently used out; a build takes 0.04-1 s on an H200; a training run
-   needs four plans per (tokens, text length) pair of its long samples: 256 slots hold the 17 long shapes of
-   inputs/mixed.lengths at several text lengths). The context keeps one device buffer for cuDNN's workspace and,
+   needs four plans per (tokens, text length) pair of its long samples: 512 slots hold the 17 long shapes of
+   inputs/mixed.lengths at several text lengths, and the MMDiT family's two plans per joint tile count, 82 of them in
+   a 300-sample HunyuanVideo-1.5 store). The context keeps one device buffer for cuDNN's workspace and,
    in the backward, the fp32 softmax-sum [num_heads, seq_len_q] and fp32 dQ accumulator [num_heads, seq_len_q,
    head_dim]: about 4 * num_heads * seq_len_q * (head_dim + 1) bytes plus the plan's workspace — the query rows
    set its size — and, where the backward splits the query rows (below), 8 * batches * seq_len_kv * num_heads *
    head_dim bytes more; grown (cudaFree + cudaMalloc, which synchronises the device) when a longer sample comes.
    The backward's dQ goes through atomic adds: it is not bitwise reproducible. Work is queued on `stream`. A
    cuDNN failure is fatal, naming file:line, the call, cuDNN's status and its last error message. */
-#define ATTENTION_CUDNN_PLAN_SLOTS 256
+#define ATTENTION_CUDNN_PLAN_SLOTS 512
 
 typedef struct attention_cudnn attention_cudnn;
 

@@ -1645,7 +1645,7 @@ int64_t gpu_model_prepare(gpu_model *gm, const int32_t *tokens, const int32_t *t
         return (x < y) - (x > y);   // the longest first
     });
     int64_t built = 0, distinct = 0;
-    for (int64_t i = 0; i < kept && distinct < ATTENTION_CUDNN_PLAN_SLOTS / 2; ++i) {
+    for (int64_t i = 0; i < kept && distinct < ATTENTION_CUDNN_PLAN_SLOTS / 4; ++i) {   // two plans each: half the slots
         if (i > 0 && lengths[i] == lengths[i - 1]) continue;
         ++distinct;
         built += attention_cudnn_prepare(gm->cudnn, lengths[i], lengths[i], gm->num_heads, gm->head_dim);
