@@ -1778,7 +1778,7 @@ int train_run(const deck *config, const comm_info *info)
     watchdog_phase_end();
     if (!finished) {
         prebuild(&t);
-        t.loop_started_s = comm_time();
+        t.loop_started_s = t.checkpoint_s = comm_time();   /* the loop's clocks start after it */
     }
     while (!finished) {
         swap_assignments(&t);
