@@ -9,7 +9,10 @@ store and samples as an aldit run, timed; one JSON line with samples/s, tokens/s
 The model, by the deck's [model] family: diffusers' WanTransformer3DModel with the deck's [model] dims
 (tools/wan_names.py's config), or (family = hunyuanvideo15) diffusers' HunyuanVideo15Transformer3DModel
 (tests/bench/peer_mmdit.py: its draws, buckets and inputs); fp32 parameters under bf16 autocast, fused AdamW (the
-deck's lr, betas, eps, weight decay; constant lr), the deck's grad_clip, torch.compile on each transformer block
+deck's lr, betas, eps, weight decay; aldit's schedule: linear warmup over train.warmup_steps, then cosine to
+min_lr at the epoch's last step, or constant, by the peer's own step count), the deck's grad_clip and its
+train.nonfinite policy (error: stop at the first non-finite loss or gradient norm, naming the step and its batch;
+skip: leave the weights unchanged on such a step and count it), torch.compile on each transformer block
 (regional compilation, diffusers' compile_repeated_blocks; --compile model compiles the whole model). Data: the
 deck's store read with h5py as docs/store.md defines it, every sample once (one epoch, as the aldit run over the
 same store), held on the device (with the store's caption sources, ByT5 and SigLIP rows, for hunyuanvideo15); Wan's
@@ -241,6 +244,20 @@ def build_model(family, deck, device, compile_mode, attention_backend):
     return model
 
 
+def scheduled_lr(deck, step, total_steps):
+    """aldit's learning rate of 1-based optimizer step `step` of `total_steps` (src/model/optim.c's optim_lr)."""
+    peak, floor_lr = float(deck["train.lr"]), float(deck["train.min_lr"])
+    warmup = int(deck["train.warmup_steps"])
+    if warmup > 0 and step <= warmup:
+        return peak * step / warmup
+    if deck["train.lr_schedule"] == "constant":
+        return peak
+    decay_steps = total_steps - warmup
+    if decay_steps <= 0 or step >= total_steps:
+        return floor_lr
+    return floor_lr + 0.5 * (peak - floor_lr) * (1.0 + math.cos(math.pi * (step - warmup) / decay_steps))
+
+
 def make_optimizer(model, deck, device):
     options = dict(lr=float(deck["train.lr"]), betas=(float(deck["train.beta1"]), float(deck["train.beta2"])),
                    eps=float(deck["train.adam_eps"]), weight_decay=float(deck["train.weight_decay"]))
@@ -254,6 +271,7 @@ class Trainer:
     def __init__(self, family, model, optimizer, samples, deck, device):
         self.family, self.model, self.optimizer, self.samples, self.device = family, model, optimizer, samples, device
         self.grad_clip = float(deck["train.grad_clip"])
+        self.skip_nonfinite = deck["train.nonfinite"] == "skip"
         self.generator = torch.Generator(device=device)
         self.generator.manual_seed(int(deck["run.seed"]) + 1)
         self.autocast = torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16)
@@ -273,14 +291,21 @@ class Trainer:
             pred = self.family.forward(self.model, batch, x_t, x0, sigma)
         return torch.nn.functional.mse_loss(pred.float(), noise - x0)
 
-    def step(self, batch):
+    def step(self, batch, lr):
+        """One optimizer step at learning rate lr: (loss, gradient norm, skipped), the first two as numbers (the
+        step waits for its loss, as aldit's does, to apply the non-finite policy)."""
         loss = self.loss(batch)
         loss.backward()
-        if self.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip, foreach=True)
-        self.optimizer.step()
+        max_norm = self.grad_clip if self.grad_clip > 0 else float("inf")
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm, foreach=True)
+        loss, norm = float(loss.detach()), float(norm)
+        finite = math.isfinite(loss) and math.isfinite(norm)
+        if finite or not self.skip_nonfinite:
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr
+            self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return loss.detach()
+        return loss, norm, not finite
 
     def warm(self, batch):
         """Forward and backward of one batch, gradients dropped (compiles the shape, probes its memory)."""
@@ -378,27 +403,30 @@ def main():
 
     if torch.device(device).type == "cuda":
         torch.cuda.reset_peak_memory_stats()
-    losses = []
+    losses, norms, bad = [], [], []
     synchronize(device)
     started = time.perf_counter()
-    for batch in batches:
+    for step, batch in enumerate(batches, start=1):
         trainer.set_checkpointing(plan[(len(batch), samples[batch[0]]["bucket"])])
-        losses.append(trainer.step(batch))
+        loss, norm, skipped = trainer.step(batch, scheduled_lr(deck, step, len(batches)))
+        losses.append(loss)
+        norms.append(norm)
+        if skipped:
+            bad.append(step - 1)
+            described = (f"step {step}: the loss ({loss:g}) or gradient norm ({norm:g}) is not finite: {len(batch)} x "
+                         f"{samples[batch[0]]['bucket']}, caption rows per sample {[samples[i]['text_rows'] for i in batch]}")
+            if not trainer.skip_nonfinite:
+                fail(f"{described} (train.nonfinite = error; skip leaves such a step's weights unchanged)")
+            print(f"peer_train.py: {described}: skipped (train.nonfinite = skip)", file=sys.stderr, flush=True)
     synchronize(device)
     time_s = time.perf_counter() - started
-    losses = [float(x) for x in losses]
     reserved, allocated = peak_gib(device)
-    bad = [i for i, x in enumerate(losses) if not math.isfinite(x)]
-    if bad:   # a diverged run: say where it began (the steps after it train on non-finite weights)
-        first = batches[bad[0]]
-        print(f"peer_train.py: the loss is not finite at {len(bad)} of {len(losses)} steps, first at step {bad[0] + 1}: "
-              f"{len(first)} x {samples[first[0]]['bucket']}, caption rows per sample {[samples[i]['text_rows'] for i in first]}",
-              file=sys.stderr, flush=True)
 
     coef = train_table.forward_flops(dims)
     tokens = sum(s["tokens"] for s in samples)
     flops = sum(sum(train_table.model_flops(coef, s["tokens"], s["text_rows"])) for s in samples)
-    tenth = max(1, len(losses) // 10)
+    finite = [x for x in losses if math.isfinite(x)] or [float("nan")]   # a skipped step's loss is left out
+    tenth = max(1, len(finite) // 10)
     report = {
         "peer": family.name, "family": dims["family"], "torch": torch.__version__,
         "diffusers": __import__("diffusers").__version__,
@@ -410,10 +438,13 @@ def main():
         "model_flops": flops, "model_tflops": flops / time_s / 1e12, "peak_gib": reserved,
         "peak_allocated_gib": allocated, "dataset_gib": dataset_gib, "load_s": load_s, "warmup_s": warmup_s,
         "checkpointed_shapes": sum(1 for k in plan.values() if k > 0), "batch_shapes": len(plan),
-        "max_checkpointed_blocks": max(plan.values()), "loss_first_tenth": sum(losses[:tenth]) / tenth,
-        "loss_last_tenth": sum(losses[-tenth:]) / tenth, "text_rows": sum(s["text_rows"] for s in samples),
+        "max_checkpointed_blocks": max(plan.values()), "loss_first_tenth": sum(finite[:tenth]) / tenth,
+        "loss_last_tenth": sum(finite[-tenth:]) / tenth, "text_rows": sum(s["text_rows"] for s in samples),
         "i2v_samples": sum(1 for s in samples if s.get("i2v")),
         "nonfinite_steps": len(bad), "first_nonfinite_step": bad[0] + 1 if bad else None,
+        "lr_first": scheduled_lr(deck, 1, len(batches)), "lr_last": scheduled_lr(deck, len(batches), len(batches)),
+        "losses": [x if math.isfinite(x) else None for x in losses],
+        "grad_norms": [x if math.isfinite(x) else None for x in norms],
     }
     line = json.dumps(report)
     print(line, flush=True)

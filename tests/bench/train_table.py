@@ -42,7 +42,8 @@ DECK_DEFAULTS = {
     "model.family": "wan", "model.text_2_dim": "1472", "model.image_dim": "1152", "model.rope_axes_t": "16",
     "data.store": "",
     "train.lr": "1e-4", "train.weight_decay": "0.01", "train.beta1": "0.9", "train.beta2": "0.999",
-    "train.adam_eps": "1e-8", "train.grad_clip": "1", "train.timestep_shift": "5", "train.timesteps": "uniform",
+    "train.adam_eps": "1e-8", "train.grad_clip": "1", "train.min_lr": "0", "train.warmup_steps": "100",
+    "train.lr_schedule": "cosine", "train.nonfinite": "error", "train.timestep_shift": "5", "train.timesteps": "uniform",
     "train.i2v_share": "0",
 }
 # keys whose default depends on [model] family (deck.c's family_default)

@@ -97,14 +97,15 @@ if [ "$smoke" = 1 ] && [ "$family" = wan ]; then
     store="$work/smoke.h5"
     set -- run.device=cpu run.threads=1 model.dim=32 model.ffn_dim=64 model.num_heads=2 model.num_layers=2 \
         model.text_len=16 model.text_dim=16 model.freq_dim=32 balance.mem_budget=256MiB balance.calibrate=0 \
-        balance.global_batch=8 "data.store=$store" "run.dir=$work/aldit"
+        balance.global_batch=8 train.warmup_steps=2 "data.store=$store" "run.dir=$work/aldit"
     synth="--text-len 8 --text-dim 16"
 elif [ "$smoke" = 1 ]; then   # hunyuanvideo15 at toy size: head dim 16 (RoPE 4/6/6), diffusers' 256-wide sinusoid
     store="$work/smoke.h5"
     set -- run.device=cpu run.threads=1 model.dim=32 model.ffn_dim=64 model.num_heads=2 model.num_layers=2 \
         model.in_dim=9 model.out_dim=4 model.text_len=16 model.text_dim=12 model.text_2_dim=6 model.image_dim=10 \
         model.rope_axes_t=4 train.recompute=none balance.recompute=none train.i2v_share=0.5 \
-        balance.mem_budget=256MiB balance.calibrate=0 balance.global_batch=8 "data.store=$store" "run.dir=$work/aldit"
+        balance.mem_budget=256MiB balance.calibrate=0 balance.global_batch=8 train.warmup_steps=2 \
+        "data.store=$store" "run.dir=$work/aldit"
     synth="--text-len 16 --text-dim 12 --channels 4 --text-2-dim 6 --text-2-len 5 --image-dim 10 --image-len 3"
 fi
 if [ "$smoke" = 1 ]; then
@@ -247,8 +248,21 @@ micro=$("$PYTHON" -c "import json, sys; d = json.load(open(sys.argv[1])); print(
 micro_status=0
 awk -v r="${micro:-0}" 'BEGIN { exit !(r > 0.999999 && r < 1.000001) }' || micro_status=1
 
+# the peer's learning rate at each of aldit's steps (peer_train.py's scheduled_lr, over aldit's step count) is aldit's
+lr_check=$("$PYTHON" -c "
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import peer_train, train_table
+deck = train_table.read_deck(sys.argv[2], sys.argv[4:])
+rows = [json.loads(line) for line in open(sys.argv[3])]
+worst = max(abs(peer_train.scheduled_lr(deck, r['step'], len(rows)) - r['lr']) / r['lr'] for r in rows)
+print(f'{len(rows)} steps, largest relative difference {worst:.2e}')
+sys.exit(worst > 1e-9)
+" "$srcdir/tests/bench" "$deck" "$work/aldit/metrics.jsonl" "$@" 2>&1)
+lr_status=$?
+
 . "$srcdir/tests/tap.sh"
-tap_plan 7
+tap_plan 8
 tap_result "$aldit_status" "aldit trains one epoch of the toy store (CPU, family $family)" "$(tail -n 20 "$work/aldit.log")"
 peer=$(sed -n 's/.*"peer": "\([^"]*\)".*/\1/p' "$work/peer.json" 2>/dev/null)
 tap_result "$peer_status" "peer_train.py trains the same store (CPU, $peer, bf16 autocast, fused AdamW, buckets, checkpointing)" \
@@ -266,5 +280,6 @@ tap_result $floor_status "the floor at made-up rates of 1e9 FLOP/s: aldit's mode
     "$(cat "$work/bench.log" "$work/floor.txt" 2>/dev/null)"
 tap_result $micro_status "aldit's micro-batch log ([log] micro_batches), each priced at the same rates, sums to the epoch's floor (ratio ${micro:-none})" \
     "$(cat "$work/floor.txt" 2>/dev/null; head -3 "$work/aldit/micro_batches.0.jsonl" 2>/dev/null)"
+tap_result $lr_status "the peer's learning rate at aldit's steps is aldit's (warmup, then cosine): $lr_check" "$lr_check"
 [ -n "${WORK:-}" ] || rm -rf "$work"
 tap_done
