@@ -416,7 +416,9 @@ def main():
             described = (f"step {step}: the loss ({loss:g}) or gradient norm ({norm:g}) is not finite: {len(batch)} x "
                          f"{samples[batch[0]]['bucket']}, caption rows per sample {[samples[i]['text_rows'] for i in batch]}")
             if not trainer.skip_nonfinite:
-                fail(f"{described} (train.nonfinite = error; skip leaves such a step's weights unchanged)")
+                recent = ", ".join(f"{a:.4g}/{b:.4g}" for a, b in zip(losses[-6:-1], norms[-6:-1]))
+                fail(f"{described} (the steps before it, loss/gradient norm: {recent or 'none'}; "
+                     f"train.nonfinite = error; skip leaves such a step's weights unchanged)")
             print(f"peer_train.py: {described}: skipped (train.nonfinite = skip)", file=sys.stderr, flush=True)
     synchronize(device)
     time_s = time.perf_counter() - started
