@@ -13,6 +13,15 @@ CPU model builds it (src/model/mmdit.c, put_condition). Qwen and ByT5 rows are p
 batch (at least one row) with their attention masks; image rows as stored (image-to-video; every row valid) or one
 zero row (text-to-video, which the model masks out). The model takes timestep 1000 sigma; the loss is the mean square
 error of its output against noise - x0.
+
+Attention masks: diffusers builds each joint attention's mask as (row valid) & (key valid), [B, 1, N, N], so the query
+of a padded caption row has every key masked. On the H200 such batches made the peer's gradient NaN (session 18:
+a finite loss and a NaN gradient norm at a batch of two 33,390-token videos whose captions pad 655 rows). key_masks
+(the default; build(joint_masks=True) keeps diffusers' own) gives the blocks' joint attention and the token refiner's
+self-attention the key mask alone, [B, 1, 1, N]: a padded row's query then attends to the valid keys, so no row is
+fully masked; every valid row's value, the loss and every gradient are unchanged (a padded row is never a valid
+row's key, and its own output never reaches the loss: tests/bench/peer_masks.sh checks it on the CPU), and no N x N
+mask is read by the attention.
 """
 import os
 import sys
@@ -36,6 +45,43 @@ def padded(rows, width, device):
     return values, mask
 
 
+def key_mask(mask):
+    """The key mask of a joint [B, 1, N, N] boolean mask (row valid & key valid): its first row, [B, 1, 1, N]. The
+    first row is valid in every mask this model builds (a video token in the blocks, a sample's first caption token
+    in the refiner, where a caption has at least one row)."""
+    if mask is not None and mask.dim() == 4 and mask.shape[-2] == mask.shape[-1] and mask.shape[-2] > 1:
+        return mask[:, :, :1, :]
+    return mask
+
+
+class KeyMaskProcessor:
+    """An attention processor that hands its inner processor the key mask of the joint mask it is given."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, *args, **kwargs):
+        return self.inner(attn, hidden_states, encoder_hidden_states, key_mask(attention_mask), *args, **kwargs)
+
+
+def key_masks(model):
+    """The model's attentions with key masks only (the module docstring says why): the dual-stream blocks through
+    the diffusers module's attention dispatch (their processor builds the joint mask itself; the patch holds for
+    every model of the process), the refiner's through its processors."""
+    import diffusers.models.transformers.transformer_hunyuan_video15 as hv
+
+    if not getattr(hv.dispatch_attention_fn, "key_masks", False):
+        dispatch = hv.dispatch_attention_fn
+
+        def keyed(query, key, value, attn_mask=None, **kwargs):
+            return dispatch(query, key, value, attn_mask=key_mask(attn_mask), **kwargs)
+
+        keyed.key_masks = True
+        hv.dispatch_attention_fn = keyed
+    for block in model.context_embedder.token_refiner.refiner_blocks:
+        block.attn.set_processor(KeyMaskProcessor(block.attn.processor))
+
+
 class HunyuanFamily:
     name = "diffusers HunyuanVideo15Transformer3DModel"
 
@@ -51,10 +97,17 @@ class HunyuanFamily:
             return "model.family = hunyuanvideo15 takes captions at their own lengths (model.text_padding = trim)"
         return None
 
-    def build(self):
+    def build(self, joint_masks=False):
         from diffusers import HunyuanVideo15Transformer3DModel
 
-        return HunyuanVideo15Transformer3DModel(**hunyuan_parity.diffusers_config(self.dims))
+        import diffusers.models.transformers.transformer_hunyuan_video15 as hv
+
+        if joint_masks and getattr(hv.dispatch_attention_fn, "key_masks", False):
+            raise RuntimeError("peer_mmdit: diffusers' joint masks asked for after key_masks patched this process")
+        model = HunyuanVideo15Transformer3DModel(**hunyuan_parity.diffusers_config(self.dims))
+        if not joint_masks:
+            key_masks(model)
+        return model
 
     @staticmethod
     def blocks(model):

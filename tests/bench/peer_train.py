@@ -4,7 +4,7 @@ store and samples as an aldit run, timed; one JSON line with samples/s, tokens/s
 
     python3 tests/bench/peer_train.py --deck DECK [section.key=value ...] [--device cuda|cpu]
         [--bucket-tokens 76032] [--compile blocks|model|none] [--checkpoint auto|none|all|N]
-        [--attention-backend NAME] [--json FILE]
+        [--attention-backend NAME] [--joint-masks] [--json FILE]
 
 The model, by the deck's [model] family: diffusers' WanTransformer3DModel with the deck's [model] dims
 (tools/wan_names.py's config), or (family = hunyuanvideo15) diffusers' HunyuanVideo15Transformer3DModel
@@ -30,7 +30,9 @@ checkpointed blocks less L/4, with L/4 more each time it runs out of memory; the
 fitted per shape (none, all or N: that many for every shape). Model FLOPs per sample are aldit's
 (train_table.py: 3x the forward's GEMM and attention FLOPs; hunyuanvideo15 by the joint length N = S + L with the
 sample's Qwen, ByT5 and, as image-to-video, SigLIP rows). --attention-backend names a diffusers attention backend
-(set_attention_backend, e.g. flash or _native_cudnn; default: diffusers' own, PyTorch's SDPA). Peak memory:
+(set_attention_backend, e.g. flash or _native_cudnn; default: diffusers' own, PyTorch's SDPA). hunyuanvideo15's
+attentions take key masks, every valid row's result unchanged (peer_mmdit.py says why); --joint-masks keeps
+diffusers' own [B, 1, N, N] masks. Peak memory:
 torch.cuda.max_memory_reserved over the timed epoch (the dataset on the device included, also given alone); on the
 CPU the process's peak resident set.
 """
@@ -222,12 +224,12 @@ class Checkpointable(torch.nn.Module):
         return self.block(*args)
 
 
-def build_model(family, deck, device, compile_mode, attention_backend):
+def build_model(family, deck, device, compile_mode, attention_backend, joint_masks=False):
     from diffusers.utils import logging
 
     logging.set_verbosity_error()
     torch.manual_seed(int(deck["run.seed"]))
-    model = family.build()
+    model = family.build(joint_masks=True) if joint_masks else family.build()
     if attention_backend:
         model.set_attention_backend(attention_backend)
     family.set_blocks(model, torch.nn.ModuleList(Checkpointable(block) for block in family.blocks(model)))
@@ -371,6 +373,8 @@ def main():
     parser.add_argument("--compile", choices=("blocks", "model", "none"), default="blocks")
     parser.add_argument("--checkpoint", default="auto", help="auto, none, all or N blocks")
     parser.add_argument("--attention-backend", help="a diffusers attention backend (set_attention_backend)")
+    parser.add_argument("--joint-masks", action="store_true",
+                        help="hunyuanvideo15: diffusers' own [B, 1, N, N] joint masks, not the key masks (peer_mmdit.py)")
     parser.add_argument("--json", help="also write the JSON line to FILE")
     parser.add_argument("overrides", nargs="*", help="section.key=value, as given to aldit")
     args = parser.parse_args()
@@ -391,7 +395,9 @@ def main():
     samples = load_store(deck, dims, family.latent_channels(), device)
     family.prepare(samples)
     dataset_gib = sum(s[k].numel() for s in samples for k in ("latent", "text", "text_2", "image")) * 4 / GIB
-    model = build_model(family, deck, device, args.compile, args.attention_backend)
+    if args.joint_masks and dims["family"] != "hunyuanvideo15":
+        fail("--joint-masks: only model.family = hunyuanvideo15 masks its captions")
+    model = build_model(family, deck, device, args.compile, args.attention_backend, args.joint_masks)
     optimizer, adamw = make_optimizer(model, deck, device)
     trainer = Trainer(family, model, optimizer, samples, deck, device)
     batches = bucket_batches(samples, args.bucket_tokens, int(deck["run.seed"]))
