@@ -1630,27 +1630,55 @@ void gpu_model_setup_stats(const gpu_model *gm, int64_t *plans_built, double *se
 #endif
 }
 
+#ifdef HAVE_CUDNN
+namespace {
+// Sorts v[0..n) longest first and keeps each value once; returns how many remain.
+int64_t distinct_longest_first(int64_t *v, int64_t n)
+{
+    qsort(v, (size_t)n, sizeof(int64_t), [](const void *a, const void *b) {
+        const int64_t x = *static_cast<const int64_t *>(a), y = *static_cast<const int64_t *>(b);
+        return (x < y) - (x > y);
+    });
+    int64_t kept = 0;
+    for (int64_t i = 0; i < n; ++i)
+        if (kept == 0 || v[i] != v[kept - 1]) v[kept++] = v[i];
+    return kept;
+}
+
+// The plans of one length: the joint family's self-attention on whole tiles; Wan's self-attention at the length and
+// on whole tiles (the last sample of a micro-batch runs padded, the others not) and its cross-attention to the
+// text_len caption rows where the sample's captions are that long (sample_on_cudnn). `has_text` is 1 when it is.
+int prepare_length(gpu_model *gm, int64_t rows, int has_text)
+{
+    const int64_t padded = attention_cudnn_padded_rows(rows);
+    if (gm->family) return attention_cudnn_prepare(gm->cudnn, padded, padded, gm->num_heads, gm->head_dim);
+    int built = attention_cudnn_prepare(gm->cudnn, rows, rows, gm->num_heads, gm->head_dim);
+    if (padded != rows) built += attention_cudnn_prepare(gm->cudnn, padded, padded, gm->num_heads, gm->head_dim);
+    if (has_text) built += attention_cudnn_prepare(gm->cudnn, rows, gm->text_len, gm->num_heads, gm->head_dim);
+    return built;
+}
+}  // namespace
+#endif
+
 int64_t gpu_model_prepare(gpu_model *gm, const int32_t *tokens, const int32_t *text_rows, int64_t n)
 {
 #ifdef HAVE_CUDNN
-    if (!gm->family || !gm->use_cudnn || !gm->cudnn || n <= 0) return 0;
-    int64_t *lengths = static_cast<int64_t *>(xmalloc((size_t)n * sizeof(int64_t)));
+    if (!gm->use_cudnn || !gm->cudnn || n <= 0) return 0;
+    // a length's key: its rows, times 2, plus 1 where a Wan sample of it has full-length captions (cross-attention)
+    int64_t *keys = static_cast<int64_t *>(xmalloc((size_t)n * sizeof(int64_t)));
     int64_t kept = 0;
     for (int64_t i = 0; i < n; ++i) {
-        const int64_t rows = (int64_t)tokens[i] + text_rows[i];
-        if (rows >= gm->cudnn_min_tokens) lengths[kept++] = attention_cudnn_padded_rows(rows);
+        const int64_t rows = gm->family ? (int64_t)tokens[i] + text_rows[i] : (int64_t)tokens[i];
+        if (rows >= gm->cudnn_min_tokens) keys[kept++] = 2 * rows + (!gm->family && text_rows[i] == gm->text_len);
     }
-    qsort(lengths, (size_t)kept, sizeof(int64_t), [](const void *a, const void *b) {
-        const int64_t x = *static_cast<const int64_t *>(a), y = *static_cast<const int64_t *>(b);
-        return (x < y) - (x > y);   // the longest first
-    });
-    int64_t built = 0, distinct = 0;
-    for (int64_t i = 0; i < kept && distinct < ATTENTION_CUDNN_PLAN_SLOTS / 4; ++i) {   // two plans each: half the slots
-        if (i > 0 && lengths[i] == lengths[i - 1]) continue;
-        ++distinct;
-        built += attention_cudnn_prepare(gm->cudnn, lengths[i], lengths[i], gm->num_heads, gm->head_dim);
+    kept = distinct_longest_first(keys, kept);
+    const int per_length = gm->family ? 2 : 6;   // plans (forward and backward) a length may take
+    int64_t built = 0, planned = 0;
+    for (int64_t i = 0; i < kept && planned + per_length <= ATTENTION_CUDNN_PLAN_SLOTS / 2; ++i) {
+        planned += per_length;
+        built += prepare_length(gm, keys[i] / 2, (int)(keys[i] % 2));
     }
-    free(lengths);
+    free(keys);
     return built;
 #else
     (void)gm, (void)tokens, (void)text_rows, (void)n;

@@ -152,10 +152,11 @@ double gpu_model_enqueue_seconds(const gpu_model *gm);
 void gpu_model_setup_stats(const gpu_model *gm, int64_t *plans_built, double *seconds);
 /* Before the steps: the cuDNN plans of these samples' attention shapes (tokens[i] video tokens, text_rows[i] caption
    rows as the model takes them), as a micro-batch of this model alone (no group) would build them at first use. The
-   hunyuanvideo15 family: each sample's joint length N = tokens + text_rows on whole tiles, where N reaches the
-   model's cuDNN threshold (gpu_model_set_attention), the longest first, at most a quarter of
-   ATTENTION_CUDNN_PLAN_SLOTS lengths (their two plans each fill half the slots). Wan (whose store has few lengths): none. Returns the plans built (0 without
-   cuDNN or with its attention off). */
+   hunyuanvideo15 family: each sample's joint length N = tokens + text_rows on whole tiles (two plans a length). Wan:
+   each sample's self-attention over its tokens, at that length and on whole tiles (the last sample of a micro-batch
+   runs so), and its cross-attention where text_rows is the model's text_len (up to six plans a length). Lengths
+   where they reach the model's cuDNN threshold (gpu_model_set_attention), the longest first, while their plans fit
+   half of ATTENTION_CUDNN_PLAN_SLOTS. Returns the plans built (0 without cuDNN or with its attention off). */
 int64_t gpu_model_prepare(gpu_model *gm, const int32_t *tokens, const int32_t *text_rows, int64_t n);
 
 /* Gradient readiness, for an all-reduce that overlaps the backward (src/gradsync.h): while `ready` is set,

@@ -146,6 +146,44 @@ static void test_cudnn_attention(void **state)
 #endif
 }
 
+/* [train] prebuild's gpu_model_prepare for Wan on test_cudnn_attention's batch (cuDNN from 17 tokens): 32 tokens
+   (self at 32 and, as the micro-batch's last sample, on one whole tile of 128: 4 plans), 30 (self at 30; the tile
+   is built: 2), 18 with the full 16 text rows (self at 18 and cross to 16 keys: 4); 16 tokens stay on our kernel.
+   Again: none. The micro-batch then builds no plan of its own. Skipped without cuDNN. */
+static void test_prepare_plans(void **state)
+{
+    (void)state;
+#ifdef HAVE_CUDNN
+    const batch_spec spec = {4, {1, 3, 2, 2}, {8, 4, 6, 8}, {8, 6, 10, 8}, {16, 16, 0, 11}, {0.2f, 0.5f, 0.9f, 0.4f}};
+    model m;
+    tiny_model(&m, 2, 0x5eed0010ull);
+    host_batch hb;
+    make_batch(&m, &spec, 0x5eed0011ull, &hb);
+    gpu_select(0);
+    gpu_model *gm = gpu_model_create(&m, 256, 4, 0);
+    assert_int_equal(gpu_model_set_attention(gm, GPU_ATTENTION_AUTO, 17), 1);
+    gpu_model_upload_weights(gm, m.weights);
+    int32_t tokens[4];
+    for (int b = 0; b < spec.n_samples; ++b) tokens[b] = spec.frames[b] * (spec.height[b] / 2) * (spec.width[b] / 2);
+    const int64_t built = gpu_model_prepare(gm, tokens, spec.text_len, spec.n_samples);
+    printf("# prepared: %lld plan(s) for %d, %d, %d, %d tokens\n", (long long)built, tokens[0], tokens[1], tokens[2],
+           tokens[3]);
+    assert_int_equal(built, 10);
+    assert_int_equal(gpu_model_prepare(gm, tokens, spec.text_len, spec.n_samples), 0);
+    int64_t before, after;
+    double seconds;
+    gpu_model_setup_stats(gm, &before, &seconds);
+    gpu_model_forward_backward(gm, &hb.batch, 1.0f, NULL, 0);
+    gpu_model_setup_stats(gm, &after, &seconds);
+    assert_int_equal(after, before);
+    gpu_model_free(gm);
+    free_batch(&hb);
+    model_free(&m);
+#else
+    skip();
+#endif
+}
+
 /* The tiny model with 4 layers (so that middle blocks exist) and a packed batch of 3 samples (1, 3 and 2
    frames; 16, 5 and 11 text rows), weights and data from `seed`. hb's batch points into *spec, which must
    outlive it. */
@@ -464,6 +502,7 @@ int main(void)
         cmocka_unit_test(test_packed_batch),
         cmocka_unit_test(test_sample_without_text),
         cmocka_unit_test(test_cudnn_attention),
+        cmocka_unit_test(test_prepare_plans),
         cmocka_unit_test(test_recompute_match),
         cmocka_unit_test(test_grads_ready_ranges),
         cmocka_unit_test(test_forward_loss_matches),
