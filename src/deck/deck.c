@@ -246,8 +246,9 @@ static const deck_key deck_keys[] = {
      .help = "CUDA: time the candidate configurations of cuBLASLt (each GEMM shape) and cuDNN attention (each size "
              "class) on first use and keep the fastest (off: the heuristics' first choices, the same in every run)"},
     {KEY("train", "prebuild", KEY_BOOL, train.prebuild), .default_text = "on",
-     .help = "CUDA: before the first step, build the cuDNN attention plans of the store's sample shapes (model.family "
-             "= hunyuanvideo15: each sample's joint length, with and without its image rows), so that no step builds "
+     .help = "CUDA: before the first step, build the cuDNN attention plans of the store's sample shapes (wan: each "
+             "sample's self-attention and cross-attention; hunyuanvideo15: each sample's joint length, with and "
+             "without its image rows), so that no step builds "
              "one (0.04-1 s each); off: each is built at its shape's first use"},
     {KEY("train", "allreduce_bucket", KEY_BYTES, train.allreduce_bucket), .min = 0, .max = 1125899906842624.0,
      .default_text = "64MiB",
