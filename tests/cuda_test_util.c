@@ -225,6 +225,21 @@ static int by_error_descending(const void *a, const void *b)
     return ea < eb ? 1 : (ea > eb ? -1 : 0);
 }
 
+void expect_prepared_plans(gpu_model *gm, const int32_t *tokens, const int32_t *text_rows, int n, int64_t expected,
+                           const model_batch *batch)
+{
+    const int64_t built = gpu_model_prepare(gm, tokens, text_rows, n);
+    printf("# prepared: %lld plan(s) for %d sample(s), %lld expected\n", (long long)built, n, (long long)expected);
+    assert_int_equal(built, expected);
+    assert_int_equal(gpu_model_prepare(gm, tokens, text_rows, n), 0);
+    int64_t before, after;
+    double seconds;
+    gpu_model_setup_stats(gm, &before, &seconds);
+    gpu_model_forward_backward(gm, batch, 1.0f, NULL, 0);
+    gpu_model_setup_stats(gm, &after, &seconds);
+    assert_int_equal(after, before);
+}
+
 enum { kMostSamples = 16 };
 
 void expect_gpu_matches_cpu(const char *case_name, model *m, gpu_model *gm, const model_batch *batch,

@@ -73,6 +73,11 @@ void expect_close_or_neg_inf(const char *what, const char *case_name, const floa
 void expect_gpu_matches_cpu(const char *case_name, model *m, gpu_model *gm, const model_batch *batch,
                             double loss_tolerance, double gradient_tolerance);
 
+/* [train] prebuild's contract on one micro-batch: gpu_model_prepare(gm, tokens, text_rows, n) builds `expected`
+   plans, a second call none, and then gm's forward and backward of batch build none of their own (setup_stats). */
+void expect_prepared_plans(gpu_model *gm, const int32_t *tokens, const int32_t *text_rows, int n, int64_t expected,
+                           const model_batch *batch);
+
 /* Milliseconds per call of `repeats` calls of fn(context) timed with events on stream 0, after one warm-up call. */
 double gpu_milliseconds_per_call(void (*fn)(void *), void *context, int repeats);
 

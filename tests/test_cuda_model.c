@@ -165,17 +165,7 @@ static void test_prepare_plans(void **state)
     gpu_model_upload_weights(gm, m.weights);
     int32_t tokens[4];
     for (int b = 0; b < spec.n_samples; ++b) tokens[b] = spec.frames[b] * (spec.height[b] / 2) * (spec.width[b] / 2);
-    const int64_t built = gpu_model_prepare(gm, tokens, spec.text_len, spec.n_samples);
-    printf("# prepared: %lld plan(s) for %d, %d, %d, %d tokens\n", (long long)built, tokens[0], tokens[1], tokens[2],
-           tokens[3]);
-    assert_int_equal(built, 10);
-    assert_int_equal(gpu_model_prepare(gm, tokens, spec.text_len, spec.n_samples), 0);
-    int64_t before, after;
-    double seconds;
-    gpu_model_setup_stats(gm, &before, &seconds);
-    gpu_model_forward_backward(gm, &hb.batch, 1.0f, NULL, 0);
-    gpu_model_setup_stats(gm, &after, &seconds);
-    assert_int_equal(after, before);
+    expect_prepared_plans(gm, tokens, spec.text_len, spec.n_samples, 10, &hb.batch);
     gpu_model_free(gm);
     free_batch(&hb);
     model_free(&m);
