@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "core/check.h"
 #include "cuda/gpu.h"
@@ -12,7 +13,7 @@
 #ifdef HAVE_NCCL
 #include <nccl.h>
 
-/* End the job with "aldit: FILE:LINE: NCCL error N (message) in CALL". */
+/* End the job with "aldit: FILE:LINE: NCCL error N (message) in CALL" (calls that take no communicator). */
 #define NCCL_CHECK(call) do { ncclResult_t nccl_status_ = (call); \
     if (nccl_status_ != ncclSuccess) \
         aldit_fatal_at(__FILE__, __LINE__, ALDIT_EXIT_ERROR, "NCCL error %d (%s) in %s", (int)nccl_status_, \
@@ -61,7 +62,11 @@ gradsync *gradsync_create(const comm_info *info, int64_t n_values, int shard_col
     ncclUniqueId id;
     if (info->rank == 0) NCCL_CHECK(ncclGetUniqueId(&id));
     comm_bcast_bytes(&id, sizeof id);
-    NCCL_CHECK(ncclCommInitRank(&sync->comm, info->n_ranks, id, info->rank));
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    /* no host wait inside NCCL: gradsync_nccl_settle waits, under the watch (ALDIT_NCCL_BLOCKING=1: NCCL waits) */
+    const char *blocking = getenv("ALDIT_NCCL_BLOCKING");
+    config.blocking = blocking && strcmp(blocking, "1") == 0;
+    GRADSYNC_NCCL(sync->comm, ncclCommInitRankConfig(&sync->comm, info->n_ranks, id, info->rank, &config));
     /* the highest priority: a bucket's all-reduce gets its SMs ahead of the backward's kernels */
     int lowest_priority = 0, highest_priority = 0;
     CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&lowest_priority, &highest_priority));
@@ -110,7 +115,8 @@ void gradsync_connect(gradsync *sync, int64_t n_values)
         float *warmup = NULL;
         CUDA_CHECK(cudaMalloc((void **)&warmup, (size_t)warmup_values * sizeof(float)));
         CUDA_CHECK(cudaMemsetAsync(warmup, 0, (size_t)warmup_values * sizeof(float), sync->stream));
-        NCCL_CHECK(ncclAllReduce(warmup, warmup, (size_t)warmup_values, ncclFloat32, ncclSum, sync->comm, sync->stream));
+        GRADSYNC_NCCL(sync->comm, ncclAllReduce(warmup, warmup, (size_t)warmup_values, ncclFloat32, ncclSum,
+                                                sync->comm, sync->stream));
         CUDA_CHECK(cudaStreamSynchronize(sync->stream));
         CUDA_CHECK(cudaFree(warmup));
     }
@@ -124,7 +130,7 @@ void gradsync_free(gradsync *sync)
     if (!sync) return;
 #ifdef HAVE_NCCL
     if (sync->nccl) {
-        NCCL_CHECK(ncclCommDestroy(sync->comm));
+        gradsync_nccl_destroy(sync->comm);
         CUDA_CHECK(cudaStreamDestroy(sync->stream));
         CUDA_CHECK(cudaEventDestroy(sync->ready));
         CUDA_CHECK(cudaEventDestroy(sync->compute_done));
@@ -137,6 +143,43 @@ void gradsync_free(gradsync *sync)
 }
 
 const char *gradsync_method(const gradsync *sync) { return sync->method; }
+
+void gradsync_nccl_settle(struct ncclComm *comm, int result, const char *file, int line, const char *call)
+{
+#ifdef HAVE_NCCL
+    ncclResult_t state = (ncclResult_t)result;
+    const double started = comm_time();
+    double pause = 1e-5;
+    while (state == ncclInProgress) {
+        if (comm_watch_active()) comm_watch_tick(started, &pause);
+        else if (comm_time() - started > COMM_WATCH_SPIN_S) {
+            const struct timespec nap = {0, (long)(pause * 1e9)};
+            nanosleep(&nap, NULL);
+            pause = pause < 1e-3 ? 2.0 * pause : 1e-3;
+        }
+        const ncclResult_t asked = ncclCommGetAsyncError(comm, &state);
+        if (asked != ncclSuccess) state = asked;
+    }
+    if (state != ncclSuccess)
+        aldit_fatal_at(file, line, ALDIT_EXIT_ERROR, "NCCL error %d (%s) in %s: %s", (int)state,
+                       ncclGetErrorString(state), call, ncclGetLastError(comm));
+#else
+    (void)comm, (void)result, (void)file, (void)line, (void)call;
+#endif
+}
+
+void gradsync_nccl_destroy(struct ncclComm *comm)
+{
+#ifdef HAVE_NCCL
+    GRADSYNC_NCCL(comm, ncclCommFinalize(comm));  /* its work flushed and waited for, as a non-blocking one asks */
+    const ncclResult_t destroyed = ncclCommDestroy(comm);
+    if (destroyed != ncclSuccess && destroyed != ncclInProgress)  /* the handle is gone: nothing to poll */
+        aldit_fatal_at(__FILE__, __LINE__, ALDIT_EXIT_ERROR, "NCCL error %d (%s) in ncclCommDestroy", (int)destroyed,
+                       ncclGetErrorString(destroyed));
+#else
+    (void)comm;
+#endif
+}
 
 struct ncclComm *gradsync_nccl_comm(const gradsync *sync)
 {
@@ -168,7 +211,8 @@ static void launch_pending(gradsync *sync, cudaStream_t stream)
     float *bucket = sync->values + sync->pending_first;
     CUDA_CHECK(cudaEventRecord(sync->ready, stream));
     CUDA_CHECK(cudaStreamWaitEvent(sync->stream, sync->ready, 0));
-    NCCL_CHECK(ncclAllReduce(bucket, bucket, (size_t)count, ncclFloat32, ncclSum, sync->comm, sync->stream));
+    GRADSYNC_NCCL(sync->comm,
+                  ncclAllReduce(bucket, bucket, (size_t)count, ncclFloat32, ncclSum, sync->comm, sync->stream));
     sync->buckets++;
 #else
     (void)stream;
@@ -275,8 +319,8 @@ static void all_gather(gradsync *sync, void *values, int64_t piece, size_t bytes
     if (piece == 0 || !shard_collective_runs(sync, "an all-gather")) return; /* without NCCL nothing moves */
 #ifdef HAVE_NCCL
     const char *own = (const char *)values + (size_t)sync->rank * (size_t)piece * bytes;
-    NCCL_CHECK(ncclAllGather(own, values, (size_t)piece, bytes == sizeof(float) ? ncclFloat32 : ncclBfloat16,
-                             sync->comm, sync->stream));
+    const ncclDataType_t type = bytes == sizeof(float) ? ncclFloat32 : ncclBfloat16;
+    GRADSYNC_NCCL(sync->comm, ncclAllGather(own, values, (size_t)piece, type, sync->comm, sync->stream));
 #else
     (void)values;
     (void)bytes;
@@ -299,8 +343,9 @@ void gradsync_reduce_scatter_f32(gradsync *sync, float *values, int64_t piece)
     ALDIT_CHECK(piece >= 0, "gradsync: a reduce-scatter of %lld values per rank", (long long)piece);
     if (piece == 0 || !shard_collective_runs(sync, "a reduce-scatter")) return;
 #ifdef HAVE_NCCL
-    NCCL_CHECK(ncclReduceScatter(values, values + (int64_t)sync->rank * piece, (size_t)piece, ncclFloat32, ncclSum,
-                                 sync->comm, sync->stream));
+    float *own = values + (int64_t)sync->rank * piece;
+    GRADSYNC_NCCL(sync->comm, ncclReduceScatter(values, own, (size_t)piece, ncclFloat32, ncclSum, sync->comm,
+                                                sync->stream));
 #endif
 }
 
@@ -309,7 +354,8 @@ void gradsync_sum_f32(gradsync *sync, float *values, int64_t n_values)
     (void)values; /* without NCCL nothing moves */
     if (n_values <= 0 || !shard_collective_runs(sync, "an all-reduce")) return;
 #ifdef HAVE_NCCL
-    NCCL_CHECK(ncclAllReduce(values, values, (size_t)n_values, ncclFloat32, ncclSum, sync->comm, sync->stream));
+    GRADSYNC_NCCL(sync->comm,
+                  ncclAllReduce(values, values, (size_t)n_values, ncclFloat32, ncclSum, sync->comm, sync->stream));
 #endif
 }
 
@@ -318,6 +364,7 @@ void gradsync_sum_f64(gradsync *sync, double *values, int64_t n_values)
     (void)values; /* without NCCL nothing moves */
     if (n_values <= 0 || !shard_collective_runs(sync, "an all-reduce")) return;
 #ifdef HAVE_NCCL
-    NCCL_CHECK(ncclAllReduce(values, values, (size_t)n_values, ncclFloat64, ncclSum, sync->comm, sync->stream));
+    GRADSYNC_NCCL(sync->comm,
+                  ncclAllReduce(values, values, (size_t)n_values, ncclFloat64, ncclSum, sync->comm, sync->stream));
 #endif
 }

@@ -15,7 +15,8 @@ typedef struct gradsync gradsync;
 /* Collective, after the rank's GPU is selected: ready to sum fp32 device buffers of up to n_values
    values over all ranks. With NCCL and more than one rank (or shard_collectives 1: also with one rank, so that a
    sharded state's collectives run through NCCL there too): rank 0 makes the unique id, comm_bcast_bytes
-   sends it, every rank joins with ncclCommInitRank and gets its own NCCL stream. Without NCCL: a pinned
+   sends it, every rank joins a non-blocking communicator (ncclCommInitRankConfig; blocking where
+   ALDIT_NCCL_BLOCKING=1 is in the environment) and gets its own NCCL stream. Without NCCL: a pinned
    host buffer of n_values floats for MPI (shard_collectives with more than one rank is then fatal: the CUDA
    backend refuses a sharded mode before). With one rank otherwise nothing is made. */
 gradsync *gradsync_create(const comm_info *info, int64_t n_values, int shard_collectives);
@@ -86,5 +87,19 @@ void gradsync_sum_f64(gradsync *sync, double *values, int64_t n_values);
    (one rank without shard collectives, or a build without NCCL). The type is NCCL's ncclComm_t. */
 struct ncclComm;
 struct ncclComm *gradsync_nccl_comm(const gradsync *sync);
+
+/* The end of an NCCL call on a communicator of this build (the world's above and the groups split from it are
+   non-blocking: a call that must wait, e.g. for a peer to connect, returns ncclInProgress instead of holding the host
+   inside NCCL). `result` is the call's ncclResult_t; ncclInProgress is waited out by polling ncclCommGetAsyncError,
+   under the step watch where one is on (comm_watch_tick: a rank stopped while this one waits is named at the
+   deadline, as in any watched wait) and without a deadline otherwise. Any other result ends the job with
+   "FILE:LINE: NCCL error N (message) in CALL: NCCL's last error". No-op in a build without NCCL. */
+void gradsync_nccl_settle(struct ncclComm *comm, int result, const char *file, int line, const char *call);
+/* In the files that own NCCL calls (nccl.h included): `call` on communicator `comm` (NULL for a call that takes
+   none), then gradsync_nccl_settle. */
+#define GRADSYNC_NCCL(comm, call) do { const int gradsync_result_ = (int)(call); \
+    gradsync_nccl_settle((comm), gradsync_result_, __FILE__, __LINE__, #call); } while (0)
+/* Finalize (settled as above) and destroy a communicator of this build. */
+void gradsync_nccl_destroy(struct ncclComm *comm);
 
 #endif

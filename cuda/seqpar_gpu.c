@@ -10,12 +10,6 @@
 
 #ifdef HAVE_NCCL
 #include <nccl.h>
-
-/* End the job with "aldit: FILE:LINE: NCCL error N (message) in CALL". */
-#define NCCL_CHECK(call) do { ncclResult_t nccl_status_ = (call); \
-    if (nccl_status_ != ncclSuccess) \
-        aldit_fatal_at(__FILE__, __LINE__, ALDIT_EXIT_ERROR, "NCCL error %d (%s) in %s", (int)nccl_status_, \
-                       ncclGetErrorString(nccl_status_), #call); } while (0)
 #endif
 
 /* Group sizes 2, 4, ..., 2^SEQPAR_MAX_LOG. */
@@ -61,10 +55,12 @@ static seqpar_gpu_group *new_group(int k, int member)
 static seqpar_gpu_group *make_group(ncclComm_t world, int rank, int k)
 {
     seqpar_gpu_group *group = new_group(k, rank % k);
-    NCCL_CHECK(ncclCommSplit(world, rank / k, rank % k, &group->comm, NULL));
+    /* the world's configuration inherited (non-blocking): the new communicator settled, then the world's state */
+    GRADSYNC_NCCL(group->comm, ncclCommSplit(world, rank / k, rank % k, &group->comm, NULL));
+    gradsync_nccl_settle(world, (int)ncclInProgress, __FILE__, __LINE__, "ncclCommSplit (the world's state)");
     int n_members = 0, member = 0;
-    NCCL_CHECK(ncclCommCount(group->comm, &n_members));
-    NCCL_CHECK(ncclCommUserRank(group->comm, &member));
+    GRADSYNC_NCCL(group->comm, ncclCommCount(group->comm, &n_members));
+    GRADSYNC_NCCL(group->comm, ncclCommUserRank(group->comm, &member));
     ALDIT_CHECK(n_members == k && member == group->rank, "seqpar_gpu: the split for groups of %d made member %d of %d",
                 k, member, n_members);
     return group;
@@ -110,7 +106,7 @@ void seqpar_gpu_free(seqpar_gpu *sp)
         seqpar_gpu_group *group = sp->groups[log];
         if (!group) continue;
 #ifdef HAVE_NCCL
-        if (!group->loopback) NCCL_CHECK(ncclCommDestroy(group->comm));
+        if (!group->loopback) gradsync_nccl_destroy(group->comm);
 #endif
         CUDA_CHECK(cudaStreamDestroy(group->stream));
         CUDA_CHECK(cudaEventDestroy(group->inputs_ready));
@@ -152,11 +148,11 @@ static void exchange_tensor(const seqpar_gpu_group *group, const gpu_bf16 *send,
     for (int p = 0; p < group->size; p++) {
         if (p == group->rank) continue;
         if (send_counts[p] > 0)
-            NCCL_CHECK(ncclSend(send + send_displs[p], (size_t)send_counts[p], ncclBfloat16, p, group->comm,
-                                group->stream));
+            GRADSYNC_NCCL(group->comm, ncclSend(send + send_displs[p], (size_t)send_counts[p], ncclBfloat16, p,
+                                                group->comm, group->stream));
         if (recv_counts[p] > 0)
-            NCCL_CHECK(ncclRecv(recv + recv_displs[p], (size_t)recv_counts[p], ncclBfloat16, p, group->comm,
-                                group->stream));
+            GRADSYNC_NCCL(group->comm, ncclRecv(recv + recv_displs[p], (size_t)recv_counts[p], ncclBfloat16, p,
+                                                group->comm, group->stream));
     }
 }
 #endif
@@ -173,10 +169,10 @@ void seqpar_gpu_alltoall_bf16(const seqpar_gpu_group *group, int n_tensors, cons
         keep_own_part(group, send[t], send_counts, send_displs, recv[t], recv_counts, recv_displs);
     if (!group->loopback) {
 #ifdef HAVE_NCCL
-        NCCL_CHECK(ncclGroupStart());
+        GRADSYNC_NCCL(NULL, ncclGroupStart());
         for (int t = 0; t < n_tensors; t++)
             exchange_tensor(group, send[t], send_counts, send_displs, recv[t], recv_counts, recv_displs);
-        NCCL_CHECK(ncclGroupEnd());
+        GRADSYNC_NCCL(group->comm, ncclGroupEnd());  /* a non-blocking group may still be connecting */
 #else
         ALDIT_FATAL("seqpar_gpu: an all-to-all without NCCL");   /* no such group is made without it */
 #endif
