@@ -918,6 +918,7 @@ static double time_micro_batch(train_gpu *gpu, gpu_model *net, const backend_sha
                          .text_len = room->text_len, .latents = room->latents, .noise = room->noise,
                          .sigma = room->sigma, .text = room->text};
     if (warm_up) gpu_model_forward_backward(net, &batch, 1.0f, NULL, gpu->stream);
+    gpu_model_fp8_steady(net, gpu->stream);  /* fp8: timed as training's steps after its first run */
     double least = 0.0, sum = 0.0;
     int n_timed = 0;
     do {
@@ -1093,6 +1094,7 @@ static double cuda_time_shapes(backend *b, int layers, const backend_shape *shap
         if (progress) progress(context, i, seconds[i]);
     }
     if (net != gpu->net) swap_out_small_model(gpu, net, &small_table);
+    else gpu_model_fp8_restart(net, gpu->stream);  /* the run's own model: no scaling learnt from timing's data */
     room_free(&room);
     comm_allreduce_sum_f64(seconds, (size_t)n_shapes); /* every rank times the same micro-batches */
     for (int i = 0; i < n_shapes; i++) seconds[i] /= gpu->n_ranks;

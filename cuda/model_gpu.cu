@@ -1948,6 +1948,17 @@ void gpu_model_fp8_fresh(gpu_model *gm, cudaStream_t stream)
         fp8_scaling_reset(gm->fp8->scaling, stream);
 }
 
+void gpu_model_fp8_steady(gpu_model *gm, cudaStream_t stream)
+{
+    if (gm->fp8 && gm->fp8->scaling && fp8_scaling_updates(gm->fp8->scaling) == 0)
+        fp8_scaling_update(gm->fp8->scaling, stream);
+}
+
+void gpu_model_fp8_restart(gpu_model *gm, cudaStream_t stream)
+{
+    if (gm->fp8 && gm->fp8->scaling) fp8_scaling_reset(gm->fp8->scaling, stream);
+}
+
 float *gpu_model_fp8_amax(gpu_model *gm, int *count)
 {
     const bool any = gm->fp8 && gm->fp8->scaling;

@@ -196,6 +196,12 @@ void gpu_model_fp8_step(gpu_model *gm, cudaStream_t stream);
 /* Before the first step of a run that restored no scaling state (none restored: no update done yet), forget what casts
    so far recorded (fp8_scaling_reset; start-up warm-ups). Nothing in bf16 or once an update was done or restored. */
 void gpu_model_fp8_fresh(gpu_model *gm, cudaStream_t stream);
+/* For timing (start-up calibration): where no update was done yet, one update from what the casts recorded so far, so
+   that later calls run as training's steps after the first do (delayed scaling: one pass per cast, the FFN's GELU
+   emitted in FP8) rather than at the first step's current scaling. gpu_model_fp8_restart then forgets it all (the
+   scaling state of a model not yet trained). Nothing in bf16. */
+void gpu_model_fp8_steady(gpu_model *gm, cudaStream_t stream);
+void gpu_model_fp8_restart(gpu_model *gm, cudaStream_t stream);
 /* The running amaxes of the step (fp8_scaling_amax; device, *count values; NULL and 0 in bf16), for a max over the
    data-parallel ranks before gpu_model_fp8_step, so that every rank scales alike. */
 float *gpu_model_fp8_amax(gpu_model *gm, int *count);
