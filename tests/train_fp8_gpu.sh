@@ -6,7 +6,8 @@
 # bf16's (the FP8 path ran), its first 5 stay within the bound below of bf16's, and its loss falls; an fp8 run of 10
 # steps resumed to 20 gives steps 11-20 bit for bit as the uninterrupted fp8 run (the scales and amax histories come
 # from the checkpoint), where a bf16 run resumed the same way is checked bit for bit too (to tell the two apart); a
-# resume with another fp8_amax_history is refused; with 2 GPU ranks (the amaxes max-reduced over them, so rank 0's
+# resume with another fp8_amax_history is refused; with the start-up calibration on, step 1 is the uncalibrated run's
+# (the calibration's scaling state restarted); with 2 GPU ranks (the amaxes max-reduced over them, so rank 0's
 # scaling state in the checkpoint is both ranks') an fp8 run resumed is bit for bit as uninterrupted too.
 #
 # The loss bound (steps 1-5). Each FP8 forward GEMM's output errs by a relative RMS of at most
@@ -23,7 +24,7 @@ STEPS=20
 HALF=10
 SAME="train.lr_schedule=constant balance.calibrate=0 train.autotune=off"
 LOSS_BOUND=0.67
-tap_plan 13
+tap_plan 14
 
 n_gpus=0
 probe="$top_builddir/tests/gpu_present"
@@ -43,7 +44,7 @@ env CUDA_VISIBLE_DEVICES=-1 $MPIEXEC -np 1 --oversubscribe "$ALDIT" "$TRAIN_DECK
 case $status:$(cat "$WORK/auto_fp8.log") in 2:*"precision = fp8 needs the CUDA backend"*"CPU backend"*) found=0 ;; *) found=1 ;; esac
 tap_result $found "precision = fp8 where device = auto lands on the CPU: exit 2 saying why" "$(cat "$WORK/auto_fp8.log")"
 
-names="bf16 run exits 0|fp8 run exits 0|fp8's losses differ from bf16's (the FP8 path ran)|fp8's first 5 steps within $LOSS_BOUND of bf16|the fp8 loss falls|a 10-step fp8 run resumed to 20 steps exits 0 and restores the FP8 state|fp8 steps 11-20 after the resume bit for bit as uninterrupted|bf16 steps 11-20 after the resume bit for bit as uninterrupted|a resume with another fp8_amax_history is refused (exit 2)|2 ranks: fp8 steps 11-20 after the resume bit for bit as uninterrupted"
+names="bf16 run exits 0|fp8 run exits 0|fp8's losses differ from bf16's (the FP8 path ran)|fp8's first 5 steps within $LOSS_BOUND of bf16|the fp8 loss falls|a 10-step fp8 run resumed to 20 steps exits 0 and restores the FP8 state|fp8 steps 11-20 after the resume bit for bit as uninterrupted|bf16 steps 11-20 after the resume bit for bit as uninterrupted|a resume with another fp8_amax_history is refused (exit 2)|fp8 with the start-up calibration: step 1 within 1e-6 of the uncalibrated run's (the scaling restarted)|2 ranks: fp8 steps 11-20 after the resume bit for bit as uninterrupted"
 skip_rest() {
     echo "$names" | tr '|' '\n' | while read -r name; do skip "$name" "$1"; done
     tap_done
@@ -94,6 +95,20 @@ run_aldit 1 resumed_fp8 run.device=cuda run.steps=$((STEPS + 2)) $SAME train.pre
 status=$?
 case $status:$(cat "$WORK/resumed_fp8.log") in 2:*"cannot resume from"*"history 16"*"fp8_amax_history"*) found=0 ;; *) found=1 ;; esac
 tap_result $found "a resume with another fp8_amax_history is refused (exit 2)" "$(tail -5 "$WORK/resumed_fp8.log")"
+
+# the start-up calibration times fp8 at delayed scaling, then restarts the scaling state: step 1 (the same samples in
+# one micro-batch, the same weights) as the uncalibrated run's, cast at its own current scaling; a state left over
+# from the timing would cast it at other scales (E4M3 steps of 6%: far over the bound)
+run_aldit 1 calibrated_fp8 run.device=cuda run.steps=1 train.lr_schedule=constant train.autotune=off \
+    balance.calibrate=1 train.precision=fp8; status=$?
+losses "$WORK/calibrated_fp8/metrics.jsonl" > "$WORK/calibrated.losses"
+plan_of() { sed -n 's/^{"step": 1,.*"samples": \([0-9]*\),.*"micro_batches": \([0-9]*\),.*/\1 \2/p' "$1"; }
+[ $status = 0 ] && [ -n "$(plan_of "$WORK/gpu_fp8/metrics.jsonl")" ] &&
+    [ "$(plan_of "$WORK/calibrated_fp8/metrics.jsonl")" = "$(plan_of "$WORK/gpu_fp8/metrics.jsonl")" ] &&
+    compare "$WORK/fp8.losses" "$WORK/calibrated.losses" 1e-6 1 1 > "$WORK/calibrated.compare"
+tap_result $? "fp8 with the start-up calibration: step 1 within 1e-6 of the uncalibrated run's (the scaling restarted)" \
+    "$(plan_of "$WORK/gpu_fp8/metrics.jsonl"); $(plan_of "$WORK/calibrated_fp8/metrics.jsonl"); \
+$(cat "$WORK/calibrated.compare" 2>/dev/null); $(tail -5 "$WORK/calibrated_fp8.log")"
 
 if [ "$n_gpus" -ge 2 ]; then
     run_aldit 2 two_fp8 run.device=cuda run.steps=$STEPS $SAME train.precision=fp8
