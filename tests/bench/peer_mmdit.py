@@ -15,8 +15,8 @@ zero row (text-to-video, which the model masks out). The model takes timestep 10
 error of its output against noise - x0.
 
 Attention masks: diffusers builds each joint attention's mask as (row valid) & (key valid), [B, 1, N, N], so the query
-of a padded caption row has every key masked. On the H200 such batches made the peer's gradient NaN (session 18:
-a finite loss and a NaN gradient norm at a batch of two 33,390-token videos whose captions pad 655 rows). key_masks
+of a padded caption row has every key masked, and batches that pad many rows gave the peer a NaN gradient on the
+H200 (docs/PERFORMANCE.md, the HunyuanVideo-1.5 comparison). key_masks
 (the default; build(joint_masks=True) keeps diffusers' own) gives the blocks' joint attention and the token refiner's
 self-attention the key mask alone, [B, 1, 1, N]: a padded row's query then attends to the valid keys, so no row is
 fully masked; every valid row's value, the loss and every gradient are unchanged (a padded row is never a valid
