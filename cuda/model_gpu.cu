@@ -1664,7 +1664,8 @@ int64_t gpu_model_prepare(gpu_model *gm, const int32_t *tokens, const int32_t *t
 {
 #ifdef HAVE_CUDNN
     if (!gm->use_cudnn || !gm->cudnn || n <= 0) return 0;
-    // a length's key: its rows, times 2, plus 1 where a Wan sample of it has full-length captions (cross-attention)
+    // a length's key: its rows, times 2, plus 1 where a Wan sample of it has full-length captions (cross-attention);
+    // longest first, a length's key with captions before the one without, which it covers
     int64_t *keys = static_cast<int64_t *>(xmalloc((size_t)n * sizeof(int64_t)));
     int64_t kept = 0;
     for (int64_t i = 0; i < n; ++i) {
@@ -1675,6 +1676,7 @@ int64_t gpu_model_prepare(gpu_model *gm, const int32_t *tokens, const int32_t *t
     const int per_length = gm->family ? 2 : 6;   // plans (forward and backward) a length may take
     int64_t built = 0, planned = 0;
     for (int64_t i = 0; i < kept && planned + per_length <= ATTENTION_CUDNN_PLAN_SLOTS / 2; ++i) {
+        if (i > 0 && keys[i] / 2 == keys[i - 1] / 2) continue;
         planned += per_length;
         built += prepare_length(gm, keys[i] / 2, (int)(keys[i] % 2));
     }
