@@ -1664,13 +1664,16 @@ int64_t gpu_model_prepare(gpu_model *gm, const int32_t *tokens, const int32_t *t
 {
 #ifdef HAVE_CUDNN
     if (!gm->use_cudnn || !gm->cudnn || n <= 0) return 0;
-    // a length's key: its rows, times 2, plus 1 where a Wan sample of it has full-length captions (cross-attention);
-    // longest first, a length's key with captions before the one without, which it covers
+    // a length's key: its rows (the joint family's on whole tiles, the only shape it runs, so that lengths sharing
+    // tiles take one place in the budget), times 2, plus 1 where a Wan sample of it has full-length captions
+    // (cross-attention); longest first, a length's key with captions before the one without, which it covers
     int64_t *keys = static_cast<int64_t *>(xmalloc((size_t)n * sizeof(int64_t)));
     int64_t kept = 0;
     for (int64_t i = 0; i < n; ++i) {
-        const int64_t rows = gm->family ? (int64_t)tokens[i] + text_rows[i] : (int64_t)tokens[i];
-        if (rows >= gm->cudnn_min_tokens) keys[kept++] = 2 * rows + (!gm->family && text_rows[i] == gm->text_len);
+        const int64_t joint = (int64_t)tokens[i] + text_rows[i];
+        if ((gm->family ? joint : tokens[i]) < gm->cudnn_min_tokens) continue;
+        keys[kept++] = gm->family ? 2 * attention_cudnn_padded_rows(joint)
+                                  : 2 * (int64_t)tokens[i] + (text_rows[i] == gm->text_len);
     }
     kept = distinct_longest_first(keys, kept);
     const int per_length = gm->family ? 2 : 6;   // plans (forward and backward) a length may take

@@ -235,6 +235,35 @@ static void test_prepare_plans(void **state)
 #endif
 }
 
+/* [train] prebuild's budget counts whole tiles, the only shape the joint family's attention runs: 128 lengths that
+   share one tile (1,025 to 1,152 joint rows) and one length in the tile below (900) are two shapes, 4 plans, where a
+   budget counting lengths (half of ATTENTION_CUDNN_PLAN_SLOTS / 2 plans each) spent itself on the first tile. */
+static void test_prepare_plans_tiles(void **state)
+{
+    (void)state;
+#ifdef HAVE_CUDNN
+    model m;
+    tiny_model(&m, 1, 0x3eed0016ull);
+    gpu_select(0);
+    gpu_model *gm = gpu_model_create(&m, kCapacityTokens, kMaxSamples, kCapacityText);
+    assert_int_equal(gpu_model_set_attention(gm, GPU_ATTENTION_AUTO, 24), 1);
+    enum { kLengths = 129 };
+    int32_t tokens[kLengths], rows[kLengths];
+    for (int i = 0; i < kLengths; ++i) {
+        rows[i] = 10 + i % 7;
+        tokens[i] = (i < 128 ? 1025 + i : 900) - rows[i];
+    }
+    const int64_t built = gpu_model_prepare(gm, tokens, rows, kLengths);
+    printf("# %d joint lengths on 2 tiles (1152 and 1024 rows): %lld plan(s), 4 expected\n", kLengths, (long long)built);
+    assert_int_equal(built, 4);
+    assert_int_equal(gpu_model_prepare(gm, tokens, rows, kLengths), 0);
+    gpu_model_free(gm);
+    model_free(&m);
+#else
+    skip();
+#endif
+}
+
 static void four_layer_case(uint64_t seed, model *m, batch_spec *spec, host_batch *hb)
 {
     *spec = (batch_spec){3, {1, 3, 2}, {4, 4, 6}, {4, 6, 4}, {16, 5, 2}, {2, 0, 3}, {0, 4, 2}, {0.2f, 0.5f, 0.9f}, {0}};
@@ -430,6 +459,7 @@ int main(void)
         cmocka_unit_test(test_many_samples),
         cmocka_unit_test(test_cudnn_joint_attention),
         cmocka_unit_test(test_prepare_plans),
+        cmocka_unit_test(test_prepare_plans_tiles),
         cmocka_unit_test(test_recompute_match),
         cmocka_unit_test(test_forward_loss_matches),
         cmocka_unit_test(test_grads_ready_ranges),
