@@ -53,11 +53,22 @@ fi
 if [ "$n_gpus" -ge 2 ]; then
     start_aldit 2 stall $GPU run.steps=100000 log.every=1000 run.step_timeout=5 train.shard=full
     wait_for 120 has_lines stall 3
-    rank1=$(rank_pid stall $launcher 1)
+    rank0=$(rank_pid stall $launcher 0); rank1=$(rank_pid stall $launcher 1)
     kill -STOP "$rank1"
     stopped=$(date +%s)
+    echo "# stopped rank 1 (pid ${rank1:-not found}; rank 0 is ${rank0:-not found}) after $(metrics_lines stall) steps"
     launcher_gone() { ! kill -0 $launcher 2>/dev/null; }
-    wait_for 90 launcher_gone || kill -KILL $launcher $(run_pids stall 0) 2>/dev/null
+    if ! wait_for 90 launcher_gone; then
+        # still running: where rank 0's threads wait (cuda-gdb attaches where there is no gdb), for the log
+        echo "# rank 0 still running after 90 s, $(metrics_lines stall) steps; its threads:"
+        for task in /proc/$rank0/task/*; do
+            echo "#   $(cat $task/comm 2>/dev/null) $(cut -d' ' -f3 $task/stat 2>/dev/null) $(cat $task/wchan 2>/dev/null)"
+        done
+        debugger=$(command -v gdb || command -v cuda-gdb)
+        [ -n "$debugger" ] && timeout 60 "$debugger" -batch -p "$rank0" -ex "thread apply all bt 20" 2>&1 |
+            grep -E '^(#|Thread)' | sed 's/^/#   /' | head -120
+        kill -KILL $launcher $(run_pids stall 0) 2>/dev/null
+    fi
     wait $launcher; status=$?
     took=$(($(date +%s) - stopped))
     kill -CONT "$rank1" 2>/dev/null; kill -KILL "$rank1" 2>/dev/null
