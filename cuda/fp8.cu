@@ -9,6 +9,7 @@
 
 #include "cuda/bf16vec.cuh"
 #include "cuda/colsum.cuh"
+#include "cuda/gelu.cuh"
 
 namespace {
 
@@ -56,13 +57,29 @@ __host__ __device__ float scale_rule(float m, int format, int margin, float prev
     return isfinite(scale) && scale > 0.0f ? scale : previous;
 }
 
-// gelu_tanh (PyTorch's approximate='tanh'; the constants of cpu_gelu_tanh_fwd) where GELU, else the value itself: what a
-// cast reads from its bf16 input.
-template <bool GELU>
-__device__ __forceinline__ float input_value(float v)
+// What a cast casts of its bf16 input x (and, for kGeluGrad, of the GELU input pre at the same place): x itself;
+// gelu_tanh(x); or x * gelu_tanh'(pre), the gradient of a GELU's input from that of its output.
+enum class CastOf { kValue, kGelu, kGeluGrad };
+
+template <CastOf OF>
+__device__ __forceinline__ float input_value(float x, float pre)
 {
-    if constexpr (GELU) return 0.5f * v * (1.0f + tanhf(0.7978845608028654f * (v + 0.044715f * v * v * v)));
-    return v;
+    if constexpr (OF == CastOf::kGelu) return gelu_tanh(x);
+    if constexpr (OF == CastOf::kGeluGrad) return x * gelu_tanh_grad(pre);
+    (void)pre;
+    return x;
+}
+
+// The 8 values of vector i that a cast of kind OF casts (pre read only for kGeluGrad).
+template <CastOf OF>
+__device__ __forceinline__ void load_values(const uint4 *__restrict__ x, const uint4 *__restrict__ pre, int64_t i,
+                                            float (&v)[kVecElems])
+{
+    float p[kVecElems] = {0, 0, 0, 0, 0, 0, 0, 0};
+    unpack8(x[i], v);
+    if constexpr (OF == CastOf::kGeluGrad) unpack8(pre[i], p);
+#pragma unroll
+    for (int j = 0; j < kVecElems; ++j) v[j] = input_value<OF>(v[j], p[j]);
 }
 
 __device__ __forceinline__ uint8_t to_fp8(float v, int format)
@@ -86,15 +103,16 @@ __device__ void block_amax_into(float local, float *amax)
 }
 
 // Where the value is NaN, fmaxf ignores it; a NaN input makes the amax at least the largest finite magnitude seen.
-template <bool GELU>
-__global__ void amax_kernel(const uint4 *__restrict__ x, int64_t n_vecs, float *__restrict__ amax)
+template <CastOf OF>
+__global__ void amax_kernel(const uint4 *__restrict__ x, const uint4 *__restrict__ pre, int64_t n_vecs,
+                            float *__restrict__ amax)
 {
     float local = 0.0f;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n_vecs; i += (int64_t)gridDim.x * blockDim.x) {
         float f[kVecElems];
-        unpack8(x[i], f);
+        load_values<OF>(x, pre, i, f);
 #pragma unroll
-        for (int j = 0; j < kVecElems; ++j) local = fmaxf(local, fabsf(input_value<GELU>(f[j])));
+        for (int j = 0; j < kVecElems; ++j) local = fmaxf(local, fabsf(f[j]));
     }
     block_amax_into(local, amax);
 }
@@ -108,7 +126,7 @@ __global__ void scale_from_amax_kernel(float *__restrict__ state, int n, int t, 
 }
 
 // out[i] = fp8(x[i] * scale), 8 values per thread and step; the amax of x into *amax.
-template <bool GELU>
+template <CastOf OF>
 __global__ void cast_kernel(const uint4 *__restrict__ x, int64_t n_vecs, const float *__restrict__ scale_p, int format,
                             uint2 *__restrict__ out, float *__restrict__ amax)
 {
@@ -120,7 +138,7 @@ __global__ void cast_kernel(const uint4 *__restrict__ x, int64_t n_vecs, const f
         uint8_t q[kVecElems];
 #pragma unroll
         for (int j = 0; j < kVecElems; ++j) {
-            const float v = input_value<GELU>(f[j]);
+            const float v = input_value<OF>(f[j], 0.0f);
             local = fmaxf(local, fabsf(v));
             q[j] = to_fp8(v * scale, format);
         }
@@ -133,7 +151,7 @@ __global__ void cast_kernel(const uint4 *__restrict__ x, int64_t n_vecs, const f
 
 // Tile (blockIdx.y, blockIdx.x) of kTile rows x kTile columns: out (when not NULL) [rows, cols] and out_t [cols, ld_t],
 // the rows from `rows` to ld_t zero in out_t.
-template <bool GELU>
+template <CastOf OF>
 __global__ void __launch_bounds__(kTile *kTileRows)
     cast_transpose_kernel(const __nv_bfloat16 *__restrict__ x, int64_t rows, int cols, const float *__restrict__ scale_p,
                           int format, uint8_t *__restrict__ out, uint8_t *__restrict__ out_t, int64_t ld_t,
@@ -149,7 +167,7 @@ __global__ void __launch_bounds__(kTile *kTileRows)
         const int64_t r = r0 + dr;
         uint8_t q = 0;
         if (r < rows && c < cols) {
-            const float v = input_value<GELU>(__bfloat162float(x[r * cols + c]));
+            const float v = input_value<OF>(__bfloat162float(x[r * cols + c]), 0.0f);
             local = fmaxf(local, fabsf(v));
             q = to_fp8(v * scale, format);
             if (out) out[r * cols + c] = q;
@@ -168,11 +186,12 @@ __global__ void __launch_bounds__(kTile *kTileRows)
 // cast_transpose_kernel with whole vectors, where cols and ld_t are multiples of 8: tile (blockIdx.y, blockIdx.x) of
 // kWideTile rows x kWideTile columns; a thread casts vectors of 8 values of x's rows (16-byte loads, 8-byte stores
 // to out) into the shared tile, then writes vectors of 8 bytes of out_t's rows from it. partials (may be NULL):
-// [row tiles][cols], the column sums of x over the tile's rows (each thread's two rows, then the 32 threads of a
-// column added in order: the same bits on every run).
-template <bool GELU>
+// [row tiles][cols], the column sums of the values cast over the tile's rows (each thread's two rows, then the 32
+// threads of a column added in order: the same bits on every run). pre: the GELU input, for kGeluGrad (else NULL).
+template <CastOf OF>
 __global__ void __launch_bounds__(kWideThreads)
-    cast_transpose_wide_kernel(const uint4 *__restrict__ x, int64_t rows, int cols, const float *__restrict__ scale_p,
+    cast_transpose_wide_kernel(const uint4 *__restrict__ x, const uint4 *__restrict__ pre, int64_t rows, int cols,
+                               const float *__restrict__ scale_p,
                                int format, uint2 *__restrict__ out, uint8_t *__restrict__ out_t, int64_t ld_t,
                                float *__restrict__ amax, float *__restrict__ partials)
 {
@@ -191,11 +210,11 @@ __global__ void __launch_bounds__(kWideThreads)
         uint8_t q[8] = {0, 0, 0, 0, 0, 0, 0, 0};
         if (r < rows && cv < col_vecs) {
             float f[kVecElems];
-            unpack8(x[r * col_vecs + cv], f);
+            load_values<OF>(x, pre, r * col_vecs + cv, f);
 #pragma unroll
             for (int j = 0; j < kVecElems; ++j) {
-                part[j] += f[j];
-                const float value = input_value<GELU>(f[j]);
+                const float value = f[j];
+                part[j] += value;
                 local = fmaxf(local, fabsf(value));
                 q[j] = to_fp8(value * scale, format);
             }
@@ -328,10 +347,15 @@ extern "C" const float *fp8_scale_inv(const fp8_scaling *s, int tensor)
 
 namespace {
 
-template <bool GELU>
+template <CastOf OF>
 void quantize(fp8_scaling *s, int tensor, const gpu_bf16 *x, int64_t rows, int cols, uint8_t *out, uint8_t *out_t,
-              int64_t ld_t, cudaStream_t stream, const char *call, float *dbias = nullptr, float *partials = nullptr)
+              int64_t ld_t, cudaStream_t stream, const char *call, float *dbias = nullptr, float *partials = nullptr,
+              const gpu_bf16 *pre = nullptr)
 {
+    ALDIT_CHECK((OF == CastOf::kGeluGrad) == (pre != nullptr) && (uintptr_t)pre % 16 == 0,
+                "%s: the GELU input is %s", call, pre ? "misaligned or not asked for" : "missing");
+    ALDIT_CHECK(OF != CastOf::kGeluGrad || (out_t && ld_t % 8 == 0 && (uintptr_t)out_t % 8 == 0),
+                "%s: needs out_t with ld_t a multiple of 8, 8-byte aligned", call);
     ALDIT_CHECK(!dbias || (partials && out_t && ld_t % 8 == 0 && (uintptr_t)out_t % 8 == 0),
                 "%s: the bias gradient needs out_t with ld_t a multiple of 8 and partials", call);
     check_tensor(s, tensor, call);
@@ -345,8 +369,8 @@ void quantize(fp8_scaling *s, int tensor, const gpu_bf16 *x, int64_t rows, int c
     const float *scale = scale_of(s) + (size_t)tensor * kSlot;
     const int64_t n_vecs = rows * cols / 8;
     if (s->updates == 0 && n_vecs > 0) {  // no history yet: this cast's own amax sets the scale
-        amax_kernel<GELU><<<gpu_grid_blocks(n_vecs, kCastThreads, kCastMaxBlocks), kCastThreads, 0, stream>>>(
-            (const uint4 *)x, n_vecs, amax);
+        amax_kernel<OF><<<gpu_grid_blocks(n_vecs, kCastThreads, kCastMaxBlocks), kCastThreads, 0, stream>>>(
+            (const uint4 *)x, (const uint4 *)pre, n_vecs, amax);
         CUDA_CHECK_LAUNCH();
         scale_from_amax_kernel<<<1, 1, 0, stream>>>(s->state, s->n, tensor, format, s->margin);
         CUDA_CHECK_LAUNCH();
@@ -357,27 +381,29 @@ void quantize(fp8_scaling *s, int tensor, const gpu_bf16 *x, int64_t rows, int c
                     (long long)rows, kWideTile);
         if (row_tiles == 0) return;  // no rows: nothing to add to dbias either
         const dim3 grid((unsigned)((cols + kWideTile - 1) / kWideTile), (unsigned)row_tiles);
-        cast_transpose_wide_kernel<GELU><<<grid, kWideThreads, 0, stream>>>((const uint4 *)x, rows, cols, scale, format,
-                                                                            (uint2 *)out, out_t, ld_t, amax, partials);
+        cast_transpose_wide_kernel<OF><<<grid, kWideThreads, 0, stream>>>(
+            (const uint4 *)x, (const uint4 *)pre, rows, cols, scale, format, (uint2 *)out, out_t, ld_t, amax, partials);
         CUDA_CHECK_LAUNCH();
         if (dbias) {
             column_partials_kernel<<<(cols + kPartialColumns - 1) / kPartialColumns, kPartialThreads, 0, stream>>>(
                 partials, (int)row_tiles, cols, dbias, 1);
             CUDA_CHECK_LAUNCH();
         }
-    } else if (out_t) {
-        const int64_t row_tiles = ((rows > ld_t ? rows : ld_t) + kTile - 1) / kTile;
-        ALDIT_CHECK(row_tiles <= 65535, "%s: %lld rows, more than the transposing grid takes (65535 x %d)", call,
-                    (long long)rows, kTile);
-        if (row_tiles == 0) return;
-        const dim3 grid((unsigned)((cols + kTile - 1) / kTile), (unsigned)row_tiles);
-        cast_transpose_kernel<GELU><<<grid, dim3(kTile, kTileRows), 0, stream>>>((const __nv_bfloat16 *)x, rows, cols, scale,
-                                                                        format, out, out_t, ld_t, amax);
-        CUDA_CHECK_LAUNCH();
-    } else if (n_vecs > 0) {
-        cast_kernel<GELU><<<gpu_grid_blocks(n_vecs, kCastThreads, kCastMaxBlocks), kCastThreads, 0, stream>>>(
-            (const uint4 *)x, n_vecs, scale, format, (uint2 *)out, amax);
-        CUDA_CHECK_LAUNCH();
+    } else if constexpr (OF != CastOf::kGeluGrad) {  // (kGeluGrad takes the branch above: checked on entry)
+        if (out_t) {
+            const int64_t row_tiles = ((rows > ld_t ? rows : ld_t) + kTile - 1) / kTile;
+            ALDIT_CHECK(row_tiles <= 65535, "%s: %lld rows, more than the transposing grid takes (65535 x %d)", call,
+                        (long long)rows, kTile);
+            if (row_tiles == 0) return;
+            const dim3 grid((unsigned)((cols + kTile - 1) / kTile), (unsigned)row_tiles);
+            cast_transpose_kernel<OF><<<grid, dim3(kTile, kTileRows), 0, stream>>>(
+                (const __nv_bfloat16 *)x, rows, cols, scale, format, out, out_t, ld_t, amax);
+            CUDA_CHECK_LAUNCH();
+        } else if (n_vecs > 0) {
+            cast_kernel<OF><<<gpu_grid_blocks(n_vecs, kCastThreads, kCastMaxBlocks), kCastThreads, 0, stream>>>(
+                (const uint4 *)x, n_vecs, scale, format, (uint2 *)out, amax);
+            CUDA_CHECK_LAUNCH();
+        }
     }
 }
 
@@ -386,13 +412,13 @@ void quantize(fp8_scaling *s, int tensor, const gpu_bf16 *x, int64_t rows, int c
 extern "C" void fp8_quantize(fp8_scaling *s, int tensor, const gpu_bf16 *x, int64_t rows, int cols, uint8_t *out,
                              uint8_t *out_t, int64_t ld_t, cudaStream_t stream)
 {
-    quantize<false>(s, tensor, x, rows, cols, out, out_t, ld_t, stream, "fp8_quantize");
+    quantize<CastOf::kValue>(s, tensor, x, rows, cols, out, out_t, ld_t, stream, "fp8_quantize");
 }
 
 extern "C" void fp8_quantize_gelu(fp8_scaling *s, int tensor, const gpu_bf16 *pre, int64_t rows, int cols, uint8_t *out,
                                   uint8_t *out_t, int64_t ld_t, cudaStream_t stream)
 {
-    quantize<true>(s, tensor, pre, rows, cols, out, out_t, ld_t, stream, "fp8_quantize_gelu");
+    quantize<CastOf::kGelu>(s, tensor, pre, rows, cols, out, out_t, ld_t, stream, "fp8_quantize_gelu");
 }
 
 extern "C" size_t fp8_dbias_partials_floats(int64_t ld_t, int cols)
@@ -403,7 +429,15 @@ extern "C" size_t fp8_dbias_partials_floats(int64_t ld_t, int cols)
 extern "C" void fp8_quantize_dbias(fp8_scaling *s, int tensor, const gpu_bf16 *dy, int64_t rows, int cols, uint8_t *out,
                                    uint8_t *out_t, int64_t ld_t, float *dbias, float *partials, cudaStream_t stream)
 {
-    quantize<false>(s, tensor, dy, rows, cols, out, out_t, ld_t, stream, "fp8_quantize_dbias", dbias, partials);
+    quantize<CastOf::kValue>(s, tensor, dy, rows, cols, out, out_t, ld_t, stream, "fp8_quantize_dbias", dbias, partials);
+}
+
+extern "C" void fp8_quantize_dbias_dgelu(fp8_scaling *s, int tensor, const gpu_bf16 *dy, const gpu_bf16 *pre,
+                                         int64_t rows, int cols, uint8_t *out, uint8_t *out_t, int64_t ld_t,
+                                         float *dbias, float *partials, cudaStream_t stream)
+{
+    quantize<CastOf::kGeluGrad>(s, tensor, dy, rows, cols, out, out_t, ld_t, stream, "fp8_quantize_dbias_dgelu", dbias,
+                                partials, pre);
 }
 
 extern "C" const float *fp8_scale(const fp8_scaling *s, int tensor)

@@ -74,6 +74,13 @@ void fp8_quantize_gelu(fp8_scaling *s, int tensor, const gpu_bf16 *pre, int64_t 
 size_t fp8_dbias_partials_floats(int64_t ld_t, int cols);
 void fp8_quantize_dbias(fp8_scaling *s, int tensor, const gpu_bf16 *dy, int64_t rows, int cols, uint8_t *out,
                         uint8_t *out_t, int64_t ld_t, float *dbias, float *partials, cudaStream_t stream);
+/* fp8_quantize_dbias of the gradient of a GELU's input, dy * gelu_tanh'(pre) in fp32 (dy the gradient of its output,
+   pre [rows, cols] its input, bf16, 16-byte aligned), in the same one pass: what the GELU's linear casts when the
+   linear after the GELU gave dy without the DGELU epilogue. The bias gradient sums the fp32 products (not bf16-rounded
+   ones as gemm_linear_bwd_data's DGELU output would give). */
+void fp8_quantize_dbias_dgelu(fp8_scaling *s, int tensor, const gpu_bf16 *dy, const gpu_bf16 *pre, int64_t rows,
+                              int cols, uint8_t *out, uint8_t *out_t, int64_t ld_t, float *dbias, float *partials,
+                              cudaStream_t stream);
 
 /* Device pointer to tensor t's scale (what a GEMM that writes the tensor in FP8 takes as its D scale). */
 const float *fp8_scale(const fp8_scaling *s, int tensor);

@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "cuda/bf16vec.cuh"
+#include "cuda/gelu.cuh"
 #include "cuda/colsum.cuh"
 
 namespace {
@@ -32,8 +33,6 @@ constexpr int64_t kColsumMinChunkRows = 64;  // rows of a chunk at the least (th
 static_assert(kColsumLanes == kVecElems, "a column-sum block finishes one column of each vector per lane");
 constexpr int kElementwiseThreads = 256;
 constexpr int kElementwiseMaxBlocks = 4096;
-constexpr float kGeluSqrt2OverPi = 0.7978845608028654f;  // the constants of cpu_gelu_tanh_fwd
-constexpr float kGeluCubic = 0.044715f;
 
 enum GemmKind { kForward = 0, kBackwardData = 1, kBackwardWeight = 2, kFp8Forward = 3, kFp8BackwardData = 4,
                 kFp8BackwardWeight = 5, kFp8ForwardFp8Out = 6, kKinds = 7 };
@@ -474,18 +473,6 @@ unsigned elementwise_blocks(int64_t n_items)
 
 // ---- kernels standing in for the epilogues --------------------------------------------------------
 
-__device__ __forceinline__ float gelu_tanh(float v)
-{
-    return 0.5f * v * (1.0f + tanhf(kGeluSqrt2OverPi * (v + kGeluCubic * v * v * v)));
-}
-
-__device__ __forceinline__ float gelu_tanh_grad(float v)
-{
-    const float t = tanhf(kGeluSqrt2OverPi * (v + kGeluCubic * v * v * v));
-    const float du_dv = kGeluSqrt2OverPi * (1.0f + 3.0f * kGeluCubic * v * v);
-    return 0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du_dv;
-}
-
 // 16-byte vectors of 8 bf16 as 4 pairs.
 union Vec8 {
     uint4 raw;
@@ -860,22 +847,16 @@ extern "C" void gemm_fp8_bwd_data(gemm_context *context, const uint8_t *dy8, con
     begin_call(dev, stream);
     const int64_t m = in_dim, n = n_rows, k = out_dim;
     const float beta = accumulate_dx ? 1.0f : 0.0f;
-    bool done = false;
-    if (gelu_input && dev.fused) {
-        Plan *plan = find_plan(dev, kFp8BackwardData, CUBLASLT_EPILOGUE_DGELU, m, n, k, wt8, dy8, dx, NULL, gelu_input,
-                               false);
-        if (plan) run_plan(dev, *plan, wt8, dy8, beta, dx, NULL, gelu_input, stream, w_scale_inv, dy_scale_inv), done = true;
-        else dev.stats.unfused += 1;
-    }
-    if (!done) {
-        Plan *plan = find_plan(dev, kFp8BackwardData, CUBLASLT_EPILOGUE_DEFAULT, m, n, k, wt8, dy8, dx, NULL, NULL, true);
-        run_plan(dev, *plan, wt8, dy8, beta, dx, NULL, NULL, stream, w_scale_inv, dy_scale_inv);
-        if (gelu_input) {
-            const int64_t n_vecs = n_rows * in_dim / 8;
-            dgelu_kernel<<<elementwise_blocks(n_vecs), kElementwiseThreads, 0, stream>>>((uint4 *)dx,
-                                                                                        (const uint4 *)gelu_input, n_vecs);
-            CUDA_CHECK_LAUNCH();
-        }
+    // the GELU's derivative in our own pass, never cuBLASLt's FP8 DGELU epilogue: on an H200 (cuBLASLt 13.1) that ran
+    // as a separate kernel of ~7 ms a call at the Wan FFN's shape, several times the GEMM (docs/PERFORMANCE.md,
+    // session 19)
+    Plan *plan = find_plan(dev, kFp8BackwardData, CUBLASLT_EPILOGUE_DEFAULT, m, n, k, wt8, dy8, dx, NULL, NULL, true);
+    run_plan(dev, *plan, wt8, dy8, beta, dx, NULL, NULL, stream, w_scale_inv, dy_scale_inv);
+    if (gelu_input) {
+        const int64_t n_vecs = n_rows * in_dim / 8;
+        dgelu_kernel<<<elementwise_blocks(n_vecs), kElementwiseThreads, 0, stream>>>((uint4 *)dx,
+                                                                                    (const uint4 *)gelu_input, n_vecs);
+        CUDA_CHECK_LAUNCH();
     }
     end_call(dev);
 }

@@ -119,8 +119,9 @@ void gemm_linear_bwd_weight(gemm_context *context, const gpu_bf16 *x, const gpu_
      wgrad    dW [out, in]   (+)= dyt8 [out, P] (E5M2) . xt8 [in, P]^T (E4M3)       (x and dy transposed, rows
               padded with zeros to P = gemm_fp8_padded_rows(rows), cuBLASLt's multiple of 16 for k)
    Fast accumulation (FP8 products summed in the tensor core's reduced-precision accumulator before fp32) is on in
-   the forward and dgrad, off in wgrad, whose reduction runs over all rows. The bias, GELU and DGELU epilogues are
-   those of the bf16 calls (same fallbacks); the bias gradient is not computed here (gemm_column_sums of the bf16 dy, or
+   the forward and dgrad, off in wgrad, whose reduction runs over all rows. The bias and GELU epilogues are those of
+   the bf16 calls (same fallbacks); the GELU gradient (gelu_input) is always the own pass after the GEMM (cuBLASLt's
+   FP8 DGELU epilogue runs as a slow separate kernel); the bias gradient is not computed here (gemm_column_sums of the bf16 dy, or
    fp8_quantize_dbias in the pass that casts dy, as the model does). in_dim and out_dim
    must be multiples of 16 (gemm_fp8_supported), pointers 16-byte aligned. */
 int gemm_fp8_supported(int in_dim, int out_dim);

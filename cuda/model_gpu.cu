@@ -141,6 +141,8 @@ struct fp8_linears {
     float *amax_d;         // the FFN's first GEMM's AMAX_D (device, one float)
     float *partials;       // the bias gradients' per-tile column sums (fp8_quantize_dbias)
     bool act_ready;        // g8 holds the FFN's GELU output in E4M3, which its first GEMM emitted (the forward)
+    const gpu_bf16 *dgelu_pre;  // the backward: the FFN's second linear left its dx as the GELU output's gradient;
+                                // the first one's cast of dy applies the GELU's derivative at this input
     size_t bytes;
 };
 
@@ -678,7 +680,9 @@ void block_linear_fwd(const gpu_model *gm, int layer, int which, const gpu_bf16 
 // The backward of block_linear_fwd: dW, db added into g; dx (skipped when NULL) overwritten or added into; with
 // gelu_input, dx is the gradient of the GELU's input (as linear_bwd). FP8: dy cast to E5M2 with its transpose and db
 // (its column sums) in one pass, the input's transpose (once for self q, k, v: q's backward comes first), the
-// weight's transpose.
+// weight's transpose. The FFN's second linear gives dx without the DGELU epilogue (cuBLASLt runs its FP8 one as a
+// separate pass several times the GEMM's own time: docs/PERFORMANCE.md, session 19); the first linear's cast of dy
+// applies gelu_tanh' in the same pass (fp8_quantize_dbias_dgelu).
 void block_linear_bwd(gpu_model *gm, int layer, int which, const gpu_bf16 *w, float *g, const gpu_bf16 *x,
                       const gpu_bf16 *dy, int64_t n_rows, int in_dim, int out_dim, linear_offsets lin,
                       const gpu_bf16 *gelu_input, gpu_bf16 *dx, int accumulate_dx, cudaStream_t stream)
@@ -691,7 +695,14 @@ void block_linear_bwd(gpu_model *gm, int layer, int which, const gpu_bf16 *w, fl
     const int64_t padded = gemm_fp8_padded_rows(n_rows);
     const int input = fp8_tensor(layer, fp8_input_owner(which), kFp8Input), weight = fp8_tensor(layer, which, kFp8Weight);
     const int grad = fp8_tensor(layer, which, kFp8Grad);
-    fp8_quantize_dbias(f->scaling, grad, dy, n_rows, out_dim, f->g8, f->gt8, padded, g + lin.bias, f->partials, stream);
+    const gpu_bf16 *dgelu_pre = which == kFfnIn ? f->dgelu_pre : nullptr;
+    f->dgelu_pre = nullptr;
+    if (dgelu_pre)
+        fp8_quantize_dbias_dgelu(f->scaling, grad, dy, dgelu_pre, n_rows, out_dim, f->g8, f->gt8, padded, g + lin.bias,
+                                 f->partials, stream);
+    else
+        fp8_quantize_dbias(f->scaling, grad, dy, n_rows, out_dim, f->g8, f->gt8, padded, g + lin.bias, f->partials,
+                           stream);
     if (which == kFfnOut && gelu_input)  // its input is gelu(pre): cast from pre (the forward may not have kept it)
         fp8_quantize_gelu(f->scaling, input, gelu_input, n_rows, in_dim, nullptr, f->xt8, padded, stream);
     else if (fp8_input_owner(which) == which)
@@ -700,8 +711,10 @@ void block_linear_bwd(gpu_model *gm, int layer, int which, const gpu_bf16 *w, fl
                         padded, in_dim, out_dim, g + lin.weight, 1, stream);
     if (!dx) return;
     fp8_quantize(f->scaling, weight, w + lin.weight, out_dim, in_dim, nullptr, f->wt8, out_dim, stream);
+    const bool defer_dgelu = which == kFfnOut && gelu_input != nullptr;
     gemm_fp8_bwd_data(gm->gemm, f->g8, fp8_scale_inv(f->scaling, grad), n_rows, in_dim, out_dim, f->wt8,
-                      fp8_scale_inv(f->scaling, weight), gelu_input, dx, accumulate_dx, stream);
+                      fp8_scale_inv(f->scaling, weight), defer_dgelu ? nullptr : gelu_input, dx, accumulate_dx, stream);
+    if (defer_dgelu) f->dgelu_pre = gelu_input;
 }
 
 // The fp32 value of the time path at flat offset `offset` (time_first <= offset < blocks_offset), of the time path's

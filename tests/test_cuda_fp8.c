@@ -333,6 +333,72 @@ static void test_cast_dbias(void **state)
     }
 }
 
+/* fp8_quantize_dbias_dgelu: the cast of v = dy * gelu_tanh'(pre) (fp32 on the device; against the double reference
+   within kGeluGradAbs |dy| besides E5M2's rounding), out and out_t the same bytes (pad columns of out_t zero), the
+   amax max |v|, and db0 + the column sums of v added into dbias (the bound of test_cast_dbias on sum |v|, plus
+   kGeluGradAbs sum |dy| for the products' own error), over one and several row tiles and a partial column tile. */
+static void test_cast_dbias_dgelu(void **state)
+{
+    (void)state;
+    static const struct { int64_t rows; int cols; } shapes[] = {{45, 96}, {300, 200}};
+    for (size_t k = 0; k < sizeof shapes / sizeof *shapes; ++k) {
+        const int64_t rows = shapes[k].rows, ld_t = gemm_fp8_padded_rows(rows);
+        const int cols = shapes[k].cols;
+        const size_t n = (size_t)rows * cols;
+        gpu_bf16 *dy_bits, *pre_bits;
+        float *dy = random_bf16(n, 1e-3, &dy_bits), *pre = random_bf16(n, 2.0, &pre_bits);
+        uint64_t seed = g_seed++;
+        float *db0 = random_normal_f32(&seed, (size_t)cols, 0.0, 1e-2);
+        const fp8_format formats[1] = {FP8_E5M2};
+        fp8_scaling *s = fp8_scaling_create(1, formats, 4, 0);
+        gpu_bf16 *d_dy = device_upload(dy_bits, n * sizeof *dy_bits), *d_pre = device_upload(pre_bits, n * sizeof *pre_bits);
+        uint8_t *d_q = device_poisoned(n), *d_t = device_poisoned((size_t)cols * ld_t);
+        float *d_db = device_upload(db0, (size_t)cols * sizeof(float));
+        float *partials = device_poisoned(fp8_dbias_partials_floats(ld_t, cols) * sizeof(float));
+        fp8_quantize_dbias_dgelu(s, 0, d_dy, d_pre, rows, cols, d_q, d_t, ld_t, d_db, partials, 0);
+        CUDA_CHECK(cudaDeviceSynchronize());
+        uint8_t *q = xmalloc(n), *t = xmalloc((size_t)cols * ld_t);
+        CUDA_CHECK(cudaMemcpy(q, d_q, n, cudaMemcpyDeviceToHost));
+        CUDA_CHECK(cudaMemcpy(t, d_t, (size_t)cols * ld_t, cudaMemcpyDeviceToHost));
+        float scale_inv, amax;
+        fp8_scaling_download(s, NULL, &scale_inv, &amax, NULL);
+        double want_amax = 0.0, most_dy = 0.0;
+        for (size_t i = 0; i < n; ++i) {
+            want_amax = fmax(want_amax, fabs(dy[i] * gelu_tanh_grad(pre[i])));
+            most_dy = fmax(most_dy, fabs(dy[i]));
+        }
+        assert_true(fabs(amax - want_amax) <= kGeluGradAbs * most_dy);
+        for (int64_t r = 0; r < rows; ++r)
+            for (int c = 0; c < cols; ++c) {
+                const int64_t i = r * cols + c;
+                const double v = dy[i] * gelu_tanh_grad(pre[i]), got = fp8_decode(q[i], 1) * scale_inv;
+                const double tolerance = kU[1] * fabs(v) + kGeluGradAbs * fabs(dy[i]) + 0x1p-17 * scale_inv;
+                if (!(fabs(got - v) <= tolerance * (1 + 1e-6)))
+                    fail_msg("dgelu cast (%lld x %d): (%lld, %d) = %.6g decodes to %.6g", (long long)rows, cols,
+                             (long long)r, c, v, got);
+                assert_int_equal(t[(int64_t)c * ld_t + r], q[i]);
+            }
+        for (int c = 0; c < cols; ++c)
+            for (int64_t r = rows; r < ld_t; ++r) assert_int_equal(t[(int64_t)c * ld_t + r], 0);
+        float *db = download_f32(d_db, (size_t)cols);
+        const double tiles = (double)((ld_t + 63) / 64);
+        for (int c = 0; c < cols; ++c) {
+            double want = db0[c], absolute = fabs(db0[c]), dy_sum = 0.0;
+            for (int64_t r = 0; r < rows; ++r) {
+                const double v = dy[r * cols + c] * gelu_tanh_grad(pre[r * cols + c]);
+                want += v, absolute += fabs(v), dy_sum += fabs(dy[r * cols + c]);
+            }
+            if (!(fabs(db[c] - want) <= (64.0 + tiles + 2.0) * 0x1p-24 * absolute + kGeluGradAbs * dy_sum))
+                fail_msg("dgelu dbias (%lld x %d): column %d is %.9g, want %.9g", (long long)rows, cols, c, db[c], want);
+        }
+        void *host[] = {dy, dy_bits, pre, pre_bits, db0, db, q, t};
+        void *device[] = {d_dy, d_pre, d_q, d_t, d_db, partials};
+        free_host_buffers(host, 8);
+        free_device_buffers(device, 6);
+        fp8_scaling_free(s);
+    }
+}
+
 /* ---- delayed scaling -------------------------------------------------------------------------------------- */
 
 /* Steps of casts of tensors with known amax (0 for some: the scale is kept), then updates, against a host replay. */
@@ -903,6 +969,7 @@ int main(void)
     g_gemm = gemm_create(0, 1);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_cast),    cmocka_unit_test(test_cast_gelu), cmocka_unit_test(test_cast_dbias),
+        cmocka_unit_test(test_cast_dbias_dgelu),
         cmocka_unit_test(test_delayed_scaling), cmocka_unit_test(test_forward),
         cmocka_unit_test(test_dgrad),   cmocka_unit_test(test_wgrad),           cmocka_unit_test(test_column_sums),
         cmocka_unit_test(test_model_against_bf16), cmocka_unit_test(test_model_delayed_against_bf16),
