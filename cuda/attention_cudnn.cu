@@ -1148,6 +1148,14 @@ extern "C" void attention_cudnn_fwd_padded(attention_cudnn *context, const gpu_b
     ALDIT_CHECK(seq_len >= 1 && padded_rows >= seq_len, "attention_cudnn_fwd_padded: padded_rows %lld must be at least "
                 "seq_len %lld", (long long)padded_rows, (long long)seq_len);
     attention_cudnn_cross_fwd(context, q, k, v, padded_rows, padded_rows, num_heads, head_dim, out, stats, stream);
+    attention_cudnn_rescale_padded(out, stats, seq_len, padded_rows, num_heads, head_dim, stream);
+}
+
+extern "C" void attention_cudnn_rescale_padded(gpu_bf16 *out, float *stats, int64_t seq_len, int64_t padded_rows,
+                                               int num_heads, int head_dim, cudaStream_t stream)
+{
+    ALDIT_CHECK(head_dim % 8 == 0 && head_dim <= 128 && padded_rows >= seq_len, "attention_cudnn_rescale_padded: "
+                "head_dim %d, seq_len %lld, padded_rows %lld", head_dim, (long long)seq_len, (long long)padded_rows);
     if (padded_rows == seq_len) return;
     const int vecs_per_head = head_dim / 8;  // head_dim: a multiple of 8 up to 128 (checked above)
     const int64_t pairs = seq_len * num_heads, pairs_per_block = kRescaleThreads / vecs_per_head;

@@ -93,6 +93,12 @@ int64_t attention_cudnn_padded_rows(int64_t seq_len);
 void attention_cudnn_fwd_padded(attention_cudnn *context, const gpu_bf16 *q, const gpu_bf16 *k, const gpu_bf16 *v,
                                 int64_t seq_len, int64_t padded_rows, int num_heads, int head_dim, gpu_bf16 *out,
                                 float *stats, cudaStream_t stream);
+/* The forward's correction alone (what attention_cudnn_fwd_padded does after its cuDNN call): out [padded_rows,
+   num_heads, head_dim] and stats [num_heads, padded_rows] of a forward run on padded_rows rows of which the rows past
+   seq_len were zero in q, k and v (any such forward, e.g. cuda/attention_fp8.h's, its output in bf16) become the
+   unpadded attention's. Nothing is done where padded_rows == seq_len. */
+void attention_cudnn_rescale_padded(gpu_bf16 *out, float *stats, int64_t seq_len, int64_t padded_rows, int num_heads,
+                                    int head_dim, cudaStream_t stream);
 void attention_cudnn_bwd_padded(attention_cudnn *context, const gpu_bf16 *q, const gpu_bf16 *k, const gpu_bf16 *v,
                                 const gpu_bf16 *out, const gpu_bf16 *dout, const float *stats, int64_t seq_len,
                                 int64_t padded_rows, int num_heads, int head_dim, gpu_bf16 *dq, gpu_bf16 *dk,

@@ -530,6 +530,29 @@ extern "C" void attention_fp8_free(attention_fp8 *context)
     free(context);
 }
 
+namespace {
+struct scale_sources {
+    const float *p[ATTENTION_FP8_SLOTS];
+};
+
+__global__ void load_scales_kernel(float *scales, scale_sources sources)
+{
+    const int slot = threadIdx.x;
+    if (slot < ATTENTION_FP8_SLOTS) scales[4 * slot] = sources.p[slot] ? *sources.p[slot] : 0.0f;
+}
+}  // namespace
+
+extern "C" void attention_fp8_load_scales(float *scales, const float *const sources[ATTENTION_FP8_SLOTS],
+                                          cudaStream_t stream)
+{
+    ALDIT_CHECK(scales && reinterpret_cast<uintptr_t>(scales) % 16 == 0, "attention_fp8_load_scales: scales %p is NULL "
+                "or not 16-byte aligned", (void *)scales);
+    scale_sources s;
+    for (int i = 0; i < ATTENTION_FP8_SLOTS; ++i) s.p[i] = sources[i];
+    load_scales_kernel<<<1, 32, 0, stream>>>(scales, s);
+    CUDA_CHECK_LAUNCH();
+}
+
 extern "C" const char *attention_fp8_error(const attention_fp8 *context)
 {
     return context ? context->error : "";

@@ -1,4 +1,4 @@
-/* attention_fp8.h — cuDNN's FP8 fused attention (per-tensor scales, E4M3 forward, E5M2 gradients) for one sample through cuDNN's C backend API: the measurement of issue 34, not a training path. */
+/* attention_fp8.h — cuDNN's FP8 fused attention (per-tensor scales, E4M3 forward, E5M2 gradients) for one sample through cuDNN's C backend API: the measurement of issue 34 and the self-attention of [train] fp8_attention. */
 #ifndef ALDIT_ATTENTION_FP8_H
 #define ALDIT_ATTENTION_FP8_H
 
@@ -30,7 +30,7 @@ extern "C" {
    a plan that does not finalize, a plan whose execution cuDNN declines) is not fatal: the call returns 0 and
    attention_fp8_error says why; 1 when the work was queued. Other cuDNN failures (making the handle, descriptors)
    and bad arguments are fatal, naming file:line. */
-#define ATTENTION_FP8_PLAN_SLOTS 16
+#define ATTENTION_FP8_PLAN_SLOTS 256
 
 typedef enum { ATTENTION_FP8_ROWS = 0, ATTENTION_FP8_HEAD_MAJOR = 1 } attention_fp8_layout;
 
@@ -57,6 +57,11 @@ int attention_fp8_fwd(attention_fp8 *context, attention_fp8_layout layout, const
 int attention_fp8_bwd(attention_fp8 *context, attention_fp8_layout layout, const void *q, const void *k,
                       const void *v, const void *out, const void *dout, const float *stats, int64_t seq_len,
                       int num_heads, int head_dim, void *dq, void *dk, void *dv, float *scales, cudaStream_t stream);
+
+/* Fills a call's scales array (device) from values elsewhere on the device: slot i takes *sources[i] (NULL: 0, as an
+   amax slot should be before a call), in one launch queued on `stream`. For a caller that keeps each tensor's scale
+   with an amax history (delayed scaling, cuda/fp8.h) and hands each call the current values. */
+void attention_fp8_load_scales(float *scales, const float *const sources[ATTENTION_FP8_SLOTS], cudaStream_t stream);
 
 /* Why the last refused call was refused (the cuDNN call, its status and last error message); "" if none was. */
 const char *attention_fp8_error(const attention_fp8 *context);

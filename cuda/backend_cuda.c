@@ -200,7 +200,8 @@ static double split_reserve(const deck *config, const cost_model *cm, const mode
    the attention buffer. */
 static double fp8_buffer_for(const deck *config, const model *table, capacity c)
 {
-    return config->train.precision == PRECISION_FP8 ? (double)gpu_model_fp8_bytes(table, c.tokens) : 0.0;
+    return config->train.precision == PRECISION_FP8
+        ? (double)gpu_model_fp8_bytes(table, c.tokens, config->train.fp8_attention != FP8_ATTENTION_OFF) : 0.0;
 }
 
 /* 1 when the GPU model for the largest micro-batch under `budget`, and the group buffers it may need, fit
@@ -347,11 +348,13 @@ static void describe(const deck *config, const gpu_plan *gpu, const char *gradie
         snprintf(attention, sizeof attention, "  attention  cuDNN's fused attention (self and cross) for samples of "
                  "%lld tokens or more, our flash attention below\n", (long long)gpu->cudnn_min_tokens);
     else if (gradient_sum) snprintf(attention, sizeof attention, "  attention  our flash attention\n");
-    char precision[192] = "";
+    char precision[320] = "";
+    static const char *const fp8_attention[] = {"", "; the self-attention's forward on cuDNN too",
+                                                "; the self-attention on cuDNN too (forward and backward)"};
     if (config->train.precision == PRECISION_FP8)
         snprintf(precision, sizeof precision, "  precision  fp8: the blocks' q/k/v/o, cross q/o and FFN GEMMs in E4M3/E5M2 "
-                 "(delayed scaling, amax history %d, margin %d); the rest bf16/fp32\n", config->train.fp8_amax_history,
-                 config->train.fp8_margin);
+                 "(delayed scaling, amax history %d, margin %d)%s; the rest bf16/fp32\n", config->train.fp8_amax_history,
+                 config->train.fp8_margin, fp8_attention[config->train.fp8_attention]);
     if (gpu->offline) snprintf(gpu_text, sizeof gpu_text, "GPU %s", gpu->description);
     else snprintf(gpu_text, sizeof gpu_text, "GPU %d, %s; %d rank(s) per GPU", gpu->device, gpu->description,
                   gpu->ranks_per_gpu);
@@ -519,7 +522,8 @@ static gpu_model *make_gpu_model(const deck *config, const model *table, int64_t
                                               [ATTENTION_OWN] = GPU_ATTENTION_OWN};
     const int cudnn = gpu_model_set_attention(net, attention[config->train.attention], GPU_ATTENTION_CUDNN_MIN_TOKENS);
     if (config->train.precision == PRECISION_FP8)
-        gpu_model_set_precision(net, 1, config->train.fp8_amax_history, config->train.fp8_margin);
+        gpu_model_set_precision(net, 1, config->train.fp8_amax_history, config->train.fp8_margin,
+                                (int)config->train.fp8_attention);
     *cudnn_min_tokens = cudnn ? GPU_ATTENTION_CUDNN_MIN_TOKENS : 0;
     return net;
 }
@@ -602,6 +606,10 @@ static void cuda_free(backend *b)
     if (!b) return;
     train_gpu *gpu = b->state;
     CUDA_CHECK(cudaStreamSynchronize(gpu->stream));
+    const int64_t refused = gpu_model_fp8_attention_refused(gpu->net);
+    if (refused > 0)  /* every rank's own: the shapes differ by rank */
+        fprintf(stderr, "aldit: warning: rank %d: %lld FP8 self-attention call(s) ran in bf16: cuDNN refused their "
+                "shape ([train] fp8_attention)\n", gpu->rank, (long long)refused);
     shard_gpu_free(gpu->shard);
     gpu_model_free(gpu->net);
     CUDA_CHECK(cudaFree(gpu->adam_m));

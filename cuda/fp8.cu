@@ -253,6 +253,28 @@ __global__ void __launch_bounds__(kWideThreads)
     block_amax_into(local, amax);
 }
 
+__device__ __forceinline__ float from_fp8(uint8_t q, int format)
+{
+    const __half_raw h = __nv_cvt_fp8_to_halfraw((__nv_fp8_storage_t)q, format == FP8_E5M2 ? __NV_E5M2 : __NV_E4M3);
+    return __half2float(__half(h));
+}
+
+// out[i] = bf16(decode(in[i]) * scale_inv), 8 values per thread and step.
+__global__ void dequantize_kernel(const uint2 *__restrict__ in, int64_t n_vecs, const float *__restrict__ scale_inv_p,
+                                  int format, uint4 *__restrict__ out)
+{
+    const float scale_inv = *scale_inv_p;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n_vecs; i += (int64_t)gridDim.x * blockDim.x) {
+        uint8_t q[8];
+        const uint2 packed = in[i];
+        memcpy(q, &packed, sizeof q);
+        float f[kVecElems];
+#pragma unroll
+        for (int j = 0; j < kVecElems; ++j) f[j] = from_fp8(q[j], format) * scale_inv;
+        out[i] = pack8(f);
+    }
+}
+
 // Every tensor: the running amax into the history's slot `position`, then the scale from the history.
 __global__ void update_kernel(float *__restrict__ state, const int *__restrict__ formats, int n, int history_len,
                               int position, int margin)
@@ -446,6 +468,32 @@ extern "C" const float *fp8_scale(const fp8_scaling *s, int tensor)
     return scale_of(s) + (size_t)tensor * kSlot;
 }
 
+extern "C" void fp8_dequantize(const fp8_scaling *s, int tensor, const uint8_t *in, int64_t n, gpu_bf16 *out,
+                               cudaStream_t stream)
+{
+    check_tensor(s, tensor, "fp8_dequantize");
+    ALDIT_CHECK(n >= 0 && n % 8 == 0 && (uintptr_t)in % 8 == 0 && (uintptr_t)out % 16 == 0,
+                "fp8_dequantize: %lld values (a multiple of 8), in %p (8-byte aligned), out %p (16-byte aligned)",
+                (long long)n, (const void *)in, (void *)out);
+    const int64_t n_vecs = n / 8;
+    if (n_vecs == 0) return;
+    dequantize_kernel<<<gpu_grid_blocks(n_vecs, kCastThreads, kCastMaxBlocks), kCastThreads, 0, stream>>>(
+        (const uint2 *)in, n_vecs, scale_inv_of(s) + (size_t)tensor * kSlot, (int)s->formats[tensor], (uint4 *)out);
+    CUDA_CHECK_LAUNCH();
+}
+
+extern "C" void fp8_record_amax_of(fp8_scaling *s, int tensor, const gpu_bf16 *x, int64_t n, cudaStream_t stream)
+{
+    check_tensor(s, tensor, "fp8_record_amax_of");
+    ALDIT_CHECK(n >= 0 && n % 8 == 0 && (uintptr_t)x % 16 == 0, "fp8_record_amax_of: %lld values (a multiple of 8), "
+                "x %p (16-byte aligned)", (long long)n, (const void *)x);
+    const int64_t n_vecs = n / 8;
+    if (n_vecs == 0) return;
+    amax_kernel<CastOf::kValue><<<gpu_grid_blocks(n_vecs, kCastThreads, kCastMaxBlocks), kCastThreads, 0, stream>>>(
+        (const uint4 *)x, nullptr, n_vecs, amax_of(s) + (size_t)tensor * kSlot);
+    CUDA_CHECK_LAUNCH();
+}
+
 extern "C" void fp8_record_amax(fp8_scaling *s, int tensor, const float *value, cudaStream_t stream)
 {
     check_tensor(s, tensor, "fp8_record_amax");
@@ -498,7 +546,8 @@ extern "C" int fp8_scaling_load(fp8_scaling *s, const void *blob, size_t bytes, 
     if (header[0] != kStateVersion || header[1] != s->n || header[2] != s->history_len || header[3] != s->margin ||
         header[4] < 0 || header[4] >= s->history_len || header[5] < 0) {
         snprintf(why, why_size, "FP8 scaling state of version %lld, %lld tensors, history %lld, margin %lld; this run "
-                 "has version %d, %d tensors, history %d ([train] fp8_amax_history), margin %d ([train] fp8_margin)",
+                 "has version %d, %d tensors (more with [train] fp8_attention on), history %d ([train] "
+                 "fp8_amax_history), margin %d ([train] fp8_margin)",
                  (long long)header[0], (long long)header[1], (long long)header[2], (long long)header[3],
                  kStateVersion, s->n, s->history_len, s->margin);
         return 1;

@@ -87,6 +87,14 @@ const float *fp8_scale(const fp8_scaling *s, int tensor);
 /* Tensor t's running amax = max(itself, *value) (a device float another kernel set: a GEMM's AMAX_D), queued. */
 void fp8_record_amax(fp8_scaling *s, int tensor, const float *value, cudaStream_t stream);
 
+/* out [n] (bf16, 16-byte aligned) = the values the FP8 bytes in [n] (tensor t's format, 8-byte aligned) stand for:
+   each byte decoded times t's scale_inv. n a multiple of 8. Queued on `stream`. */
+void fp8_dequantize(const fp8_scaling *s, int tensor, const uint8_t *in, int64_t n, gpu_bf16 *out,
+                    cudaStream_t stream);
+/* Tensor t's running amax = max(itself, max |x|) over x [n] (bf16, 16-byte aligned, n a multiple of 8), with no cast:
+   for a tensor whose FP8 copy is made elsewhere (by cuDNN) from values that also exist in bf16. Queued. */
+void fp8_record_amax_of(fp8_scaling *s, int tensor, const gpu_bf16 *x, int64_t n, cudaStream_t stream);
+
 /* Back to the state of a new set (scales 1, amaxes and histories 0, no update done), queued on `stream`: what casts
    before the run's first step (start-up warm-ups on zero data) recorded is forgotten. */
 void fp8_scaling_reset(fp8_scaling *s, cudaStream_t stream);

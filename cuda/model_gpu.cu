@@ -33,6 +33,7 @@
 #include "cuda/attention.h"
 #ifdef HAVE_CUDNN
 #include "cuda/attention_cudnn.h"
+#include "cuda/attention_fp8.h"
 #endif
 #include "cuda/fused.h"
 #include "cuda/fp8.h"
@@ -133,6 +134,9 @@ struct sp_state {
 // tensors each (input E4M3, weight E4M3, output gradient E5M2), and one GEMM's FP8 operands at a time.
 enum Fp8Linear { kSelfQ, kSelfK, kSelfV, kSelfO, kCrossQ, kCrossO, kFfnIn, kFfnOut, kFp8Linears };
 enum Fp8Role { kFp8Input, kFp8Weight, kFp8Grad, kFp8Roles };
+// [train] fp8_attention: the scaled tensors of a block's FP8 self-attention, after every linear's: its inputs q, k, v
+// and output o, the probabilities s (E4M3), the output gradient do, the scores' gradient dp and dq, dk, dv (E5M2).
+enum Fp8AttnRole { kAttnQ, kAttnK, kAttnV, kAttnO, kAttnS, kAttnDO, kAttnDP, kAttnDQ, kAttnDK, kAttnDV, kFp8AttnRoles };
 struct fp8_linears {
     fp8_scaling *scaling;  // tensor (layer * kFp8Linears + linear) * kFp8Roles + role
     uint8_t *x8, *xt8;     // the input [rows, in] and its transpose [in, padded rows]
@@ -143,6 +147,13 @@ struct fp8_linears {
     bool act_ready;        // g8 holds the FFN's GELU output in E4M3, which its first GEMM emitted (the forward)
     const gpu_bf16 *dgelu_pre;  // the backward: the FFN's second linear left its dx as the GELU output's gradient;
                                 // the first one's cast of dy applies the GELU's derivative at this input
+    // [train] fp8_attention: cuDNN's FP8 self-attention (NULL: off), one sample's operands at a time
+    attention_fp8 *attention;
+    bool attention_backward;    // the backward too (fp8_attention = on), else only the forward
+    uint8_t *q8, *k8, *v8, *o8, *do8, *dq8, *dk8, *dv8;
+    float *probe_stats;         // the first step's probe forward writes its stats here, not into the saved ones
+    float *attn_scales;         // a call's scales array (attention_fp8.h), ATTENTION_FP8_SCALE_FLOATS
+    int64_t attention_refused;  // calls cuDNN refused (run in bf16 instead)
     size_t bytes;
 };
 
@@ -803,6 +814,121 @@ void zero_pad_rows(gpu_bf16 *const *buffers, int count, const attention_rows &r,
         CUDA_CHECK(cudaMemsetAsync(buffers[i] + r.n_rows * r.width, 0, (size_t)(pad_rows * r.width) * sizeof(gpu_bf16),
                                    stream));
 }
+
+// ---- [train] fp8_attention: a sample's self-attention through cuDNN's FP8 SDPA (attention_fp8.h) -----------------
+// Block `layer`'s q, k, v (and in the backward o, do) are cast to FP8 at their tensors' scales (delayed scaling, with
+// the linears' in one set), cuDNN runs the sample over the same rows as the bf16 call (padded to whole tiles where
+// that one is), and its FP8 outputs come back to the bf16 buffers the rest of the block reads (o rescaled for the
+// padding as attention_cudnn_fwd_padded's). Before the set's first update (a run's first step) the step runs bf16 and
+// the FP8 calls only probe: their amaxes of s, o and dp (which cuDNN takes before quantizing) and the bf16 outputs'
+// amaxes of dq, dk, dv start the histories, so that the second step finds scales for every tensor.
+
+int fp8_attn_tensor(const gpu_model *gm, int layer, int role)
+{
+    return gm->num_layers * kFp8Linears * kFp8Roles + layer * kFp8AttnRoles + role;
+}
+
+bool fp8_attention_on(const gpu_model *gm, int fp8_layer, attention_kind kind)
+{
+    return fp8_layer >= 0 && kind == kSelfAttention && gm->fp8 && gm->fp8->attention;
+}
+
+// The call's scales array from block `layer`'s tensors (the amax slots zero).
+void load_attention_scales(const gpu_model *gm, int layer, cudaStream_t stream)
+{
+    const fp8_scaling *sc = gm->fp8->scaling;
+    auto inv = [&](int role) { return fp8_scale_inv(sc, fp8_attn_tensor(gm, layer, role)); };
+    auto scale = [&](int role) { return fp8_scale(sc, fp8_attn_tensor(gm, layer, role)); };
+    const float *sources[ATTENTION_FP8_SLOTS] = {};
+    sources[ATTENTION_FP8_DESCALE_Q] = inv(kAttnQ), sources[ATTENTION_FP8_DESCALE_K] = inv(kAttnK);
+    sources[ATTENTION_FP8_DESCALE_V] = inv(kAttnV), sources[ATTENTION_FP8_DESCALE_O] = inv(kAttnO);
+    sources[ATTENTION_FP8_DESCALE_DO] = inv(kAttnDO), sources[ATTENTION_FP8_DESCALE_S] = inv(kAttnS);
+    sources[ATTENTION_FP8_DESCALE_DP] = inv(kAttnDP);
+    sources[ATTENTION_FP8_SCALE_S] = scale(kAttnS), sources[ATTENTION_FP8_SCALE_O] = scale(kAttnO);
+    sources[ATTENTION_FP8_SCALE_DP] = scale(kAttnDP), sources[ATTENTION_FP8_SCALE_DQ] = scale(kAttnDQ);
+    sources[ATTENTION_FP8_SCALE_DK] = scale(kAttnDK), sources[ATTENTION_FP8_SCALE_DV] = scale(kAttnDV);
+    attention_fp8_load_scales(gm->fp8->attn_scales, sources, stream);
+}
+
+// The amaxes a call wrote into its scales array (the slots of `roles`, by role) into block `layer`'s running amaxes.
+void record_attention_amaxes(gpu_model *gm, int layer, const int *slots, const int *roles, int n, cudaStream_t stream)
+{
+    for (int i = 0; i < n; ++i)
+        fp8_record_amax(gm->fp8->scaling, fp8_attn_tensor(gm, layer, roles[i]), gm->fp8->attn_scales + 4 * slots[i],
+                        stream);
+}
+
+// rows x width bf16 values of x as block `layer`'s tensor `role` into out8 [padded x width] (rows past `rows` zero).
+void cast_attention_input(gpu_model *gm, int layer, int role, const gpu_bf16 *x, int64_t rows, int64_t padded,
+                          int width, uint8_t *out8, cudaStream_t stream)
+{
+    fp8_quantize(gm->fp8->scaling, fp8_attn_tensor(gm, layer, role), x, rows, width, out8, nullptr, 0, stream);
+    if (padded > rows)
+        CUDA_CHECK(cudaMemsetAsync(out8 + rows * width, 0, (size_t)((padded - rows) * width), stream));
+}
+
+// Sample rows [at, at + rows) of the self-attention in FP8 (padded rows: those cuDNN runs, whose rows past `rows`
+// are zero in q, k, v): out (padded rows, bf16) and lse (head-major [H, padded]) as attention_cudnn_fwd_padded's.
+// probe: only the amaxes (out and lse untouched). false where cuDNN refuses the shape (nothing written).
+bool fp8_self_attention_fwd(gpu_model *gm, int layer, const attention_rows &r, const gpu_bf16 *q, const gpu_bf16 *k,
+                            const gpu_bf16 *v, int64_t rows, int64_t padded, gpu_bf16 *out, float *lse, bool probe,
+                            cudaStream_t stream)
+{
+    fp8_linears *f = gm->fp8;
+    const int W = r.width;
+    cast_attention_input(gm, layer, kAttnQ, q, padded, padded, W, f->q8, stream);
+    cast_attention_input(gm, layer, kAttnK, k, padded, padded, W, f->k8, stream);
+    cast_attention_input(gm, layer, kAttnV, v, padded, padded, W, f->v8, stream);
+    load_attention_scales(gm, layer, stream);
+    if (!attention_fp8_fwd(f->attention, ATTENTION_FP8_ROWS, f->q8, f->k8, f->v8, padded, r.heads, gm->head_dim, f->o8,
+                           probe ? f->probe_stats : lse, f->attn_scales, stream)) {
+        ++f->attention_refused;
+        return false;
+    }
+    const int slots[] = {ATTENTION_FP8_AMAX_S, ATTENTION_FP8_AMAX_O}, roles[] = {kAttnS, kAttnO};
+    record_attention_amaxes(gm, layer, slots, roles, 2, stream);
+    if (probe) return true;
+    fp8_dequantize(f->scaling, fp8_attn_tensor(gm, layer, kAttnO), f->o8, padded * W, out, stream);
+    attention_cudnn_rescale_padded(out, lse, rows, padded, r.heads, gm->head_dim, stream);
+    return true;
+}
+
+// The backward of fp8_self_attention_fwd: dq, dk, dv (padded rows, bf16; the pad rows scratch) from out, lse and the
+// output gradient dout (pad rows zero). probe (the first step, after the bf16 backward wrote dq, dk, dv): the amax of
+// dp from cuDNN and those of dq, dk, dv from the bf16 ones; nothing written. false where cuDNN refuses the shape.
+bool fp8_self_attention_bwd(gpu_model *gm, int layer, const attention_rows &r, const gpu_bf16 *q, const gpu_bf16 *k,
+                            const gpu_bf16 *v, const gpu_bf16 *out, const gpu_bf16 *dout, const float *lse,
+                            int64_t rows, int64_t padded, gpu_bf16 *dq, gpu_bf16 *dk, gpu_bf16 *dv, bool probe,
+                            cudaStream_t stream)
+{
+    fp8_linears *f = gm->fp8;
+    const int W = r.width;
+    cast_attention_input(gm, layer, kAttnQ, q, padded, padded, W, f->q8, stream);
+    cast_attention_input(gm, layer, kAttnK, k, padded, padded, W, f->k8, stream);
+    cast_attention_input(gm, layer, kAttnV, v, padded, padded, W, f->v8, stream);
+    cast_attention_input(gm, layer, kAttnO, out, rows, padded, W, f->o8, stream);
+    cast_attention_input(gm, layer, kAttnDO, dout, padded, padded, W, f->do8, stream);
+    load_attention_scales(gm, layer, stream);
+    if (!attention_fp8_bwd(f->attention, ATTENTION_FP8_ROWS, f->q8, f->k8, f->v8, f->o8, f->do8, lse, padded, r.heads,
+                           gm->head_dim, f->dq8, f->dk8, f->dv8, f->attn_scales, stream)) {
+        ++f->attention_refused;
+        return false;
+    }
+    const int slots[] = {ATTENTION_FP8_AMAX_DP, ATTENTION_FP8_AMAX_DQ, ATTENTION_FP8_AMAX_DK, ATTENTION_FP8_AMAX_DV};
+    const int roles[] = {kAttnDP, kAttnDQ, kAttnDK, kAttnDV};
+    gpu_bf16 *const grads[] = {dq, dk, dv};
+    uint8_t *const grads8[] = {f->dq8, f->dk8, f->dv8};
+    if (probe) {
+        record_attention_amaxes(gm, layer, slots, roles, 1, stream);
+        for (int i = 0; i < 3; ++i)
+            fp8_record_amax_of(f->scaling, fp8_attn_tensor(gm, layer, roles[1 + i]), grads[i], rows * W, stream);
+        return true;
+    }
+    record_attention_amaxes(gm, layer, slots, roles, 4, stream);
+    for (int i = 0; i < 3; ++i)
+        fp8_dequantize(f->scaling, fp8_attn_tensor(gm, layer, roles[1 + i]), grads8[i], padded * W, grads[i], stream);
+    return true;
+}
 #endif
 
 // The end of the run of samples that starts at `first` (a sample on cuDNN is a run of one).
@@ -816,8 +942,9 @@ int run_end(const gpu_model *gm, const attention_rows &r, attention_kind kind, i
 
 // out and lse ([rows, heads] as attention.h's; head-major per sample on cuDNN) from q (the rows of r) and k, v
 // (key rows of `kind`). q, k, v are not const: a last sample run over whole tiles has their rows past the
-// batch's zeroed.
-void attention_dispatch_fwd(const gpu_model *gm, const attention_rows &r, int n_samples, attention_kind kind,
+// batch's zeroed. fp8_layer: the block whose FP8 self-attention tensors a sample on cuDNN uses where [train]
+// fp8_attention is on (-1: bf16).
+void attention_dispatch_fwd(gpu_model *gm, const attention_rows &r, int n_samples, attention_kind kind, int fp8_layer,
                             gpu_bf16 *q, gpu_bf16 *k, gpu_bf16 *v, gpu_bf16 *out, float *lse, cudaStream_t stream)
 {
     const int H = r.heads, hd = gm->head_dim;
@@ -832,12 +959,21 @@ void attention_dispatch_fwd(const gpu_model *gm, const attention_rows &r, int n_
             if (padded > rows) {
                 gpu_bf16 *const inputs[] = {q, k, v};
                 zero_pad_rows(inputs, 3, r, padded - rows, stream);
+            }
+            const bool fp8 = fp8_attention_on(gm, fp8_layer, kind), steady = fp8 && fp8_scaling_updates(gm->fp8->scaling) > 0;
+            if (steady && fp8_self_attention_fwd(gm, fp8_layer, r, q + at, k + at, v + at, rows, padded, out + at,
+                                                 lse + start[b] * H, false, stream))
+                continue;
+            if (padded > rows) {
                 attention_cudnn_fwd_padded(gm->cudnn, q + at, k + at, v + at, rows, padded, H, hd, out + at, lse + start[b] * H,
                                            stream);
             } else {
                 attention_cudnn_cross_fwd(gm->cudnn, q + at, k + key_at, v + key_at, rows, keys[end] - keys[b], H, hd, out + at,
                                           lse + start[b] * H, stream);
             }
+            if (fp8 && !steady)  // the first step: the FP8 call's amaxes only
+                fp8_self_attention_fwd(gm, fp8_layer, r, q + at, k + at, v + at, rows, padded, out + at,
+                                       lse + start[b] * H, true, stream);
             continue;
         }
 #endif
@@ -847,8 +983,9 @@ void attention_dispatch_fwd(const gpu_model *gm, const attention_rows &r, int n_
 }
 
 // dq (the rows of r), dk, dv (key rows of `kind`) from the output gradient dout (its pad rows are zeroed where a
-// last sample runs over whole tiles).
-void attention_dispatch_bwd(gpu_model *gm, const attention_rows &r, int n_samples, attention_kind kind,
+// last sample runs over whole tiles); fp8_layer as attention_dispatch_fwd's (the backward in FP8 only with
+// fp8_attention = on).
+void attention_dispatch_bwd(gpu_model *gm, const attention_rows &r, int n_samples, attention_kind kind, int fp8_layer,
                             const gpu_bf16 *q, const gpu_bf16 *k, const gpu_bf16 *v, const gpu_bf16 *out,
                             gpu_bf16 *dout, const float *lse, gpu_bf16 *dq, gpu_bf16 *dk, gpu_bf16 *dv,
                             cudaStream_t stream)
@@ -865,12 +1002,23 @@ void attention_dispatch_bwd(gpu_model *gm, const attention_rows &r, int n_sample
             if (padded > rows) {  // q, k, v still have zero pad rows from the forward; the output gradient's too
                 gpu_bf16 *const output_grad[] = {dout};
                 zero_pad_rows(output_grad, 1, r, padded - rows, stream);
+            }
+            const bool fp8 = fp8_attention_on(gm, fp8_layer, kind) && gm->fp8->attention_backward;
+            const bool steady = fp8 && fp8_scaling_updates(gm->fp8->scaling) > 0;
+            if (steady && fp8_self_attention_bwd(gm, fp8_layer, r, q + at, k + at, v + at, out + at, dout + at,
+                                                 lse + start[b] * H, rows, padded, dq + at, dk + at, dv + at, false,
+                                                 stream))
+                continue;
+            if (padded > rows) {
                 attention_cudnn_bwd_padded(gm->cudnn, q + at, k + at, v + at, out + at, dout + at, lse + start[b] * H, rows,
                                            padded, H, hd, dq + at, dk + at, dv + at, stream);
             } else {
                 attention_cudnn_cross_bwd(gm->cudnn, q + at, k + key_at, v + key_at, out + at, dout + at, lse + start[b] * H,
                                           rows, keys[end] - keys[b], H, hd, dq + at, dk + key_at, dv + key_at, stream);
             }
+            if (fp8 && !steady)  // the first step: the FP8 call's amaxes only
+                fp8_self_attention_bwd(gm, fp8_layer, r, q + at, k + at, v + at, out + at, dout + at, lse + start[b] * H,
+                                       rows, padded, dq + at, dk + at, dv + at, true, stream);
             continue;
         }
 #endif
@@ -936,15 +1084,15 @@ void sp_to_tokens(gpu_model *gm, const batch_dims &d, const gpu_bf16 *const *all
 void self_attention_fwd(gpu_model *gm, const batch_dims &d, int l, block_saved &s, cudaStream_t stream)
 {
     if (!gm->sp.group) {
-        attention_dispatch_fwd(gm, token_rows(gm, d), d.n_samples, kSelfAttention, s.q, s.k, s.v, s.attn, s.attn_lse,
-                               stream);
+        attention_dispatch_fwd(gm, token_rows(gm, d), d.n_samples, kSelfAttention, l, s.q, s.k, s.v, s.attn,
+                               s.attn_lse, stream);
         return;
     }
     const sp_heads &h = gm->sp.heads[l];
     const gpu_bf16 *const rows[] = {s.q, s.k, s.v};
     gpu_bf16 *const heads[] = {h.q, h.k, h.v};
     sp_to_heads(gm, d, rows, heads, 3, stream);
-    attention_dispatch_fwd(gm, head_rows(gm), d.n_samples, kSelfAttention, h.q, h.k, h.v, h.attn, h.lse, stream);
+    attention_dispatch_fwd(gm, head_rows(gm), d.n_samples, kSelfAttention, l, h.q, h.k, h.v, h.attn, h.lse, stream);
     const gpu_bf16 *const out_heads[] = {h.attn};
     gpu_bf16 *const out_rows[] = {s.attn};
     sp_to_tokens(gm, d, out_heads, out_rows, 1, stream);
@@ -955,7 +1103,7 @@ void self_attention_fwd(gpu_model *gm, const batch_dims &d, int l, block_saved &
 void self_attention_bwd(gpu_model *gm, const batch_dims &d, int l, const block_saved &s, cudaStream_t stream)
 {
     if (!gm->sp.group) {
-        attention_dispatch_bwd(gm, token_rows(gm, d), d.n_samples, kSelfAttention, s.q, s.k, s.v, s.attn, gm->d_t,
+        attention_dispatch_bwd(gm, token_rows(gm, d), d.n_samples, kSelfAttention, l, s.q, s.k, s.v, s.attn, gm->d_t,
                                s.attn_lse, gm->d_q, gm->d_k, gm->d_v, stream);
         return;
     }
@@ -964,23 +1112,23 @@ void self_attention_bwd(gpu_model *gm, const batch_dims &d, int l, const block_s
     const gpu_bf16 *const dout_rows[] = {gm->d_t};
     gpu_bf16 *const dout_heads[] = {sp.d_attn};
     sp_to_heads(gm, d, dout_rows, dout_heads, 1, stream);
-    attention_dispatch_bwd(gm, head_rows(gm), d.n_samples, kSelfAttention, h.q, h.k, h.v, h.attn, sp.d_attn, h.lse,
+    attention_dispatch_bwd(gm, head_rows(gm), d.n_samples, kSelfAttention, l, h.q, h.k, h.v, h.attn, sp.d_attn, h.lse,
                            sp.d_q, sp.d_k, sp.d_v, stream);
     const gpu_bf16 *const grads_heads[] = {sp.d_q, sp.d_k, sp.d_v};
     gpu_bf16 *const grads_rows[] = {gm->d_q, gm->d_k, gm->d_v};
     sp_to_tokens(gm, d, grads_heads, grads_rows, 3, stream);
 }
 
-void cross_attention_fwd(const gpu_model *gm, const batch_dims &d, block_saved &s, cudaStream_t stream)
+void cross_attention_fwd(gpu_model *gm, const batch_dims &d, block_saved &s, cudaStream_t stream)
 {
-    attention_dispatch_fwd(gm, token_rows(gm, d), d.n_samples, kCrossAttention, s.cq, s.ck, s.cv, s.cattn,
+    attention_dispatch_fwd(gm, token_rows(gm, d), d.n_samples, kCrossAttention, -1, s.cq, s.ck, s.cv, s.cattn,
                            s.cattn_lse, stream);
 }
 
 // dq into gm->d_q, dk and dv of the text rows into gm->d_ck, d_cv, from the output gradient in gm->d_t.
 void cross_attention_bwd(gpu_model *gm, const batch_dims &d, const block_saved &s, cudaStream_t stream)
 {
-    attention_dispatch_bwd(gm, token_rows(gm, d), d.n_samples, kCrossAttention, s.cq, s.ck, s.cv, s.cattn, gm->d_t,
+    attention_dispatch_bwd(gm, token_rows(gm, d), d.n_samples, kCrossAttention, -1, s.cq, s.ck, s.cv, s.cattn, gm->d_t,
                            s.cattn_lse, gm->d_q, gm->d_ck, gm->d_cv, stream);
 }
 // ---- end of the attention dispatch -----------------------------------------------------------------------
@@ -1779,7 +1927,7 @@ void gpu_model_free(gpu_model *gm)
     free(gm->timesteps_host);
     free(gm->blocks);
     free(gm->saved);
-    gpu_model_set_precision(gm, 0, 1, 0);
+    gpu_model_set_precision(gm, 0, 1, 0, 0);
     free(gm);
 }
 
@@ -1908,10 +2056,49 @@ size_t fp8_scratch_bytes(int64_t dim, int64_t ffn_dim, int64_t max_rows, size_t 
     return 4 * act + 2 * weight + partials + 256;  // + the AMAX_D float
 }
 
+// [train] fp8_attention's scratch: one sample's q, k, v, o, do, dq, dk, dv in FP8 at up to max_rows rows and the
+// cuDNN tile's slack (a sequence-parallel member's every row with its heads is no more bytes), the probe's stats and
+// a call's scales array; each piece rounded up to 256 bytes (*operand: one operand's).
+size_t fp8_attention_bytes(int64_t dim, int num_heads, int64_t max_rows, size_t *operand)
+{
+    const int64_t rows = max_rows + kTileSlack;
+    const size_t one = (size_t)(rows * dim + 255) / 256 * 256;
+    const size_t stats = (size_t)(rows * num_heads * (int64_t)sizeof(float) + 255) / 256 * 256;
+    const size_t scales = (ATTENTION_FP8_SCALE_FLOATS * sizeof(float) + 255) / 256 * 256;
+    if (operand) *operand = one;
+    return 8 * one + stats + scales;
+}
+
+// The FP8 self-attention's context and scratch (fp8_linears' attention fields), `backward` as fp8_attention = on.
+void make_fp8_attention(gpu_model *gm, fp8_linears *f, bool backward)
+{
+    ALDIT_CHECK(gm->head_dim == 128, "gpu model: [train] fp8_attention needs head_dim 128 (cuDNN's FP8 attention on "
+                "Hopper); this model's is %d (model.dim / model.num_heads): set train.fp8_attention = off",
+                gm->head_dim);
+    ALDIT_CHECK(gm->use_cudnn && gm->cudnn, "gpu model: [train] fp8_attention runs the samples that run on cuDNN, "
+                "and cuDNN attention is off or not available ([train] attention, the build): set train.fp8_attention "
+                "= off");
+    size_t one = 0;
+    const size_t bytes = fp8_attention_bytes(gm->dim, gm->num_heads, gm->max_tokens, &one);
+    uint8_t *base = nullptr;
+    CUDA_CHECK(cudaMalloc(&base, bytes));
+    uint8_t **operands[] = {&f->q8, &f->k8, &f->v8, &f->o8, &f->do8, &f->dq8, &f->dk8, &f->dv8};
+    for (int i = 0; i < 8; ++i) *operands[i] = base + i * one;
+    f->probe_stats = reinterpret_cast<float *>(base + 8 * one);
+    f->attn_scales = reinterpret_cast<float *>(base + bytes - (ATTENTION_FP8_SCALE_FLOATS * sizeof(float) + 255) / 256 * 256);
+    f->attention = attention_fp8_create();
+    f->attention_backward = backward;
+    f->bytes += bytes;
+}
+
 void free_fp8(gpu_model *gm)
 {
     if (!gm->fp8) return;
     fp8_scaling_free(gm->fp8->scaling);
+    if (gm->fp8->attention) {
+        attention_fp8_free(gm->fp8->attention);
+        CUDA_CHECK(cudaFree(gm->fp8->q8));
+    }
     CUDA_CHECK(cudaFree(gm->fp8->x8));
     free(gm->fp8);
     gm->fp8 = nullptr;
@@ -1919,12 +2106,13 @@ void free_fp8(gpu_model *gm)
 
 }  // namespace
 
-size_t gpu_model_fp8_bytes(const model *host_model, int64_t max_tokens)
+size_t gpu_model_fp8_bytes(const model *host_model, int64_t max_tokens, int attention)
 {
-    return fp8_scratch_bytes(host_model->dim, host_model->ffn_dim, max_tokens, nullptr);
+    return fp8_scratch_bytes(host_model->dim, host_model->ffn_dim, max_tokens, nullptr) +
+           (attention ? fp8_attention_bytes(host_model->dim, host_model->num_heads, max_tokens, nullptr) : 0);
 }
 
-void gpu_model_set_precision(gpu_model *gm, int fp8, int amax_history, int margin)
+void gpu_model_set_precision(gpu_model *gm, int fp8, int amax_history, int margin, int attention)
 {
     free_fp8(gm);
     if (!fp8) return;
@@ -1933,10 +2121,14 @@ void gpu_model_set_precision(gpu_model *gm, int fp8, int amax_history, int margi
                 "8.9 or more (FP8 tensor cores); this one is %d.%d: set [train] precision = bf16", major, minor);
     ALDIT_CHECK(gemm_fp8_supported(gm->dim, gm->ffn_dim), "gpu model: [train] precision = fp8 needs model.dim (%d) and "
                 "model.ffn_dim (%d) multiples of 16 (cuBLASLt's FP8 GEMMs)", gm->dim, gm->ffn_dim);
+    ALDIT_CHECK(attention >= 0 && attention <= 2, "gpu model: fp8 attention mode %d (0 off, 1 forward, 2 both)",
+                attention);
     fp8_linears *f = static_cast<fp8_linears *>(xcalloc(1, sizeof *f));
-    const int n = gm->num_layers * kFp8Linears * kFp8Roles;
+    const int n_linear = gm->num_layers * kFp8Linears * kFp8Roles;
+    const int n = n_linear + (attention ? gm->num_layers * kFp8AttnRoles : 0);
     fp8_format *formats = static_cast<fp8_format *>(xmalloc((size_t)(n > 0 ? n : 1) * sizeof *formats));
-    for (int t = 0; t < n; ++t) formats[t] = t % kFp8Roles == kFp8Grad ? FP8_E5M2 : FP8_E4M3;
+    for (int t = 0; t < n_linear; ++t) formats[t] = t % kFp8Roles == kFp8Grad ? FP8_E5M2 : FP8_E4M3;
+    for (int t = n_linear; t < n; ++t) formats[t] = (t - n_linear) % kFp8AttnRoles < kAttnDO ? FP8_E4M3 : FP8_E5M2;
     f->scaling = n > 0 ? fp8_scaling_create(n, formats, amax_history, margin) : nullptr;
     free(formats);
     size_t pieces[3];
@@ -1947,7 +2139,13 @@ void gpu_model_set_precision(gpu_model *gm, int fp8, int amax_history, int margi
     f->w8 = base + 4 * pieces[0], f->wt8 = base + 4 * pieces[0] + pieces[1];
     f->partials = reinterpret_cast<float *>(base + 4 * pieces[0] + 2 * pieces[1]);
     f->amax_d = reinterpret_cast<float *>(base + 4 * pieces[0] + 2 * pieces[1] + pieces[2]);
+    if (attention && gm->num_layers > 0) make_fp8_attention(gm, f, attention == 2);
     gm->fp8 = f;
+}
+
+int64_t gpu_model_fp8_attention_refused(const gpu_model *gm)
+{
+    return gm->fp8 ? gm->fp8->attention_refused : 0;
 }
 
 int gpu_model_precision_fp8(const gpu_model *gm)

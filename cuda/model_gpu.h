@@ -185,10 +185,19 @@ void gpu_model_grads_ready_all(const gpu_model *gm, cudaStream_t stream);
    scale, with its amax (gemm_fp8_fwd_gelu_fp8; where cuBLASLt has no algorithm for it, the cast as above), and the
    bf16 GELU output (saved ffn_act) is then not written: the backward casts the second linear's input from the kept
    pre-activation (fp8_quantize_gelu) in either case.
+   attention ([train] fp8_attention; 0 off, 1 forward, 2 both directions): the self-attention of the samples that run
+   on cuDNN also in FP8 (cuda/attention_fp8.h; E4M3 q, k, v, o and probabilities, E5M2 do, dp, dq, dk, dv), with ten
+   more scaled tensors per block in the same set after the linears'; the bf16 q, k, v, o and their gradients stay
+   what the rest of the block reads and keeps (cast in, decoded out, each a pass over the sample's rows), and the
+   self-attention's stats are cuDNN's FP8 ones. Before the set's first update (a run's first step) the attention runs
+   bf16 and the FP8 calls only record their amaxes. A shape cuDNN refuses runs bf16 (counted:
+   gpu_model_fp8_attention_refused). Fatal unless head_dim is 128 and cuDNN attention is on (gpu_model_set_attention
+   first); cross-attention stays bf16.
    Fatal on a GPU below compute capability 8.9 or when dim or ffn_dim is not a multiple of 16. fp8 = 0 frees it
    all (the scaling state is lost). */
-void gpu_model_set_precision(gpu_model *gm, int fp8, int amax_history, int margin);
-size_t gpu_model_fp8_bytes(const model *host_model, int64_t max_tokens);
+void gpu_model_set_precision(gpu_model *gm, int fp8, int amax_history, int margin, int attention);
+size_t gpu_model_fp8_bytes(const model *host_model, int64_t max_tokens, int attention);
+int64_t gpu_model_fp8_attention_refused(const gpu_model *gm);
 int gpu_model_precision_fp8(const gpu_model *gm);
 /* The step's delayed-scaling update (fp8_scaling_update), queued on `stream`: once per optimizer step, after it.
    Nothing in bf16. */
@@ -211,7 +220,8 @@ size_t gpu_model_fp8_state_bytes(const gpu_model *gm);
 void gpu_model_fp8_save(const gpu_model *gm, void *blob, cudaStream_t stream);
 int gpu_model_fp8_load(gpu_model *gm, const void *blob, size_t bytes, char *why, size_t why_size);
 /* The model's scaling set (NULL in bf16), for tests: tensor (layer * 8 + linear) * 3 + role, linear in the order
-   self q, k, v, o, cross q, o, FFN in, out; role input, weight, gradient. */
+   self q, k, v, o, cross q, o, FFN in, out; role input, weight, gradient; with fp8 attention then layers * 24 +
+   layer * 10 + role, role q, k, v, o, s, do, dp, dq, dk, dv. */
 struct fp8_scaling *gpu_model_fp8_scaling(gpu_model *gm);
 
 gpu_model_buffers gpu_model_get_buffers(const gpu_model *gm);

@@ -758,17 +758,18 @@ static void fp8_tiny_model(model *m, int layers)
     model_init_gaussian(m, 0xf8f8ull, 0.1f);
 }
 
-/* 3 samples packed: 1x8x8 (16 tokens), 3x4x6 (18), 2x6x10 (30); 16, 5 and 11 text rows. */
-static void fp8_make_batch(const model *m, fp8_batch *fb)
+/* n (up to 3) samples packed of the given latent shapes and text rows, sigma 0.2, 0.5, 0.9. */
+static void fp8_make_batch_of(const model *m, fp8_batch *fb, int n, const int32_t *frames, const int32_t *height,
+                              const int32_t *width, const int32_t *text)
 {
     memset(fb, 0, sizeof *fb);
-    const int32_t frames[3] = {1, 3, 2}, height[3] = {8, 4, 6}, width[3] = {8, 6, 10}, text[3] = {16, 5, 11};
+    assert_true(n >= 1 && n <= 3);
     const float sigma[3] = {0.2f, 0.5f, 0.9f};
-    memcpy(fb->frames, frames, sizeof frames), memcpy(fb->height, height, sizeof height);
-    memcpy(fb->width, width, sizeof width), memcpy(fb->text_len, text, sizeof text);
+    memcpy(fb->frames, frames, n * sizeof *frames), memcpy(fb->height, height, n * sizeof *height);
+    memcpy(fb->width, width, n * sizeof *width), memcpy(fb->text_len, text, n * sizeof *text);
     memcpy(fb->sigma, sigma, sizeof sigma);
     int64_t n_latent = 0, n_text = 0;
-    for (int b = 0; b < 3; ++b) {
+    for (int b = 0; b < n; ++b) {
         n_latent += (int64_t)m->in_dim * frames[b] * height[b] * width[b];
         n_text += (int64_t)text[b] * m->text_dim;
     }
@@ -776,10 +777,17 @@ static void fp8_make_batch(const model *m, fp8_batch *fb)
     fb->latents = random_normal_f32(&seed, (size_t)n_latent, 0.0, 1.0);
     fb->noise = random_normal_f32(&seed, (size_t)n_latent, 0.0, 1.0);
     fb->text = random_normal_f32(&seed, (size_t)n_text, 0.0, 1.0);
-    fb->batch.n_samples = 3;
+    fb->batch.n_samples = n;
     fb->batch.frames = fb->frames, fb->batch.height = fb->height, fb->batch.width = fb->width;
     fb->batch.text_len = fb->text_len, fb->batch.sigma = fb->sigma;
     fb->batch.latents = fb->latents, fb->batch.noise = fb->noise, fb->batch.text = fb->text;
+}
+
+/* 3 samples packed: 1x8x8 (16 tokens), 3x4x6 (18), 2x6x10 (30); 16, 5 and 11 text rows. */
+static void fp8_make_batch(const model *m, fp8_batch *fb)
+{
+    const int32_t frames[3] = {1, 3, 2}, height[3] = {8, 4, 6}, width[3] = {8, 6, 10}, text[3] = {16, 5, 11};
+    fp8_make_batch_of(m, fb, 3, frames, height, width, text);
 }
 
 static void fp8_free_batch(fp8_batch *fb)
@@ -791,7 +799,7 @@ static void fp8_free_batch(fp8_batch *fb)
 static gpu_model *fp8_gpu_model(const model *m, int fp8, gpu_recompute recompute)
 {
     gpu_model *gm = gpu_model_create_with_recompute(m, 256, 4, 0, recompute);
-    gpu_model_set_precision(gm, fp8, 16, 0);
+    gpu_model_set_precision(gm, fp8, 16, 0, 0);
     gpu_model_upload_weights(gm, m->weights);
     gpu_model_zero_grads(gm, 0);
     return gm;
@@ -955,6 +963,116 @@ static void test_model_state_restore(void **state)
     model_free(&m);
 }
 
+/* ---- [train] fp8_attention ------------------------------------------------------------------------------------ */
+
+/* A model with cuDNN's FP8 attention's head_dim (dim 256, 2 heads of 128, FFN 512, 2 blocks) in fp8 with the given
+   attention mode, every sample of 16 tokens or more on cuDNN. */
+static gpu_model *attention_model(const model *m, int attention, gpu_recompute recompute)
+{
+    gpu_model *gm = gpu_model_create_with_recompute(m, 512, 4, 64, recompute);
+    assert_int_equal(gpu_model_set_attention(gm, GPU_ATTENTION_AUTO, 16), 1);
+    gpu_model_set_precision(gm, 1, 16, 0, attention);
+    gpu_model_upload_weights(gm, m->weights);
+    gpu_model_zero_grads(gm, 0);
+    return gm;
+}
+
+/* Step 1 (the probe: bf16 attention, FP8 calls for their amaxes only), the update, step 2; the losses, step 2's
+   gradients and whether step 1's gradients equal `first` (NULL: not compared; *first_equal 1). */
+static float *two_steps(gpu_model *gm, const model *m, const fp8_batch *fb, double loss[2], const float *first,
+                        int *first_equal)
+{
+    loss[0] = gpu_model_forward_backward(gm, &fb->batch, 0.5f, NULL, 0);
+    float *g1 = fp8_grads(gm, m);
+    *first_equal = !first || count_differing(first, g1, m->n_weights) == 0;
+    free(g1);
+    gpu_model_fp8_step(gm, 0);
+    gpu_model_zero_grads(gm, 0);
+    loss[1] = gpu_model_forward_backward(gm, &fb->batch, 0.5f, NULL, 0);
+    return fp8_grads(gm, m);
+}
+
+/* The FP8 self-attention (fp8 GEMMs in all runs): two samples on cuDNN, 128 tokens (whole tiles) and 88 (the last,
+   run over 128 rows with the padding's rescale). Step 1 equals the GEMMs-only model's to the bit (the probe writes
+   nothing the model reads) and leaves every attention tensor of both blocks an amax (scale != 1 after the update);
+   step 2 runs FP8 attention (no call refused) within bounds of the GEMMs-only run derived from E4M3/E5M2 rounding of
+   the attention's operands (q, k, v, p: four E4M3 roundings in the forward; do, dp and the outputs two E5M2 more in
+   the backward, per block, beside the GEMMs' bounds of test_model_against_bf16); forward-only differs from both;
+   recompute = block equals none to the bit. */
+static void test_model_fp8_attention(void **state)
+{
+    (void)state;
+    deck config;
+    deck_defaults(&config);
+    config.model.dim = 256, config.model.ffn_dim = 512, config.model.num_heads = 2, config.model.num_layers = 2;
+    config.model.text_len = 16, config.model.text_dim = 32, config.model.freq_dim = 32;
+    model m;
+    model_create(&m, &config);
+    model_init_gaussian(&m, 0xa77e5ull, 0.05f);
+    fp8_batch fb;
+    const int32_t frames[2] = {2, 1}, height[2] = {16, 16}, width[2] = {16, 22}, text[2] = {16, 9};
+    fp8_make_batch_of(&m, &fb, 2, frames, height, width, text);
+
+    double loss_ref[2], loss_att[2], loss_fwd[2], loss_blk[2];
+    int equal_ref, equal_att, equal_fwd, equal_blk;
+    gpu_model *ref = attention_model(&m, 0, GPU_RECOMPUTE_NONE);
+    loss_ref[0] = gpu_model_forward_backward(ref, &fb.batch, 0.5f, NULL, 0);
+    float *g1_ref = fp8_grads(ref, &m);
+    gpu_model_free(ref);
+    ref = attention_model(&m, 0, GPU_RECOMPUTE_NONE);
+    float *g_ref = two_steps(ref, &m, &fb, loss_ref, g1_ref, &equal_ref);
+    gpu_model *att = attention_model(&m, 2, GPU_RECOMPUTE_NONE);
+    float *g_att = two_steps(att, &m, &fb, loss_att, g1_ref, &equal_att);
+    gpu_model *fwd = attention_model(&m, 1, GPU_RECOMPUTE_NONE);
+    float *g_fwd = two_steps(fwd, &m, &fb, loss_fwd, g1_ref, &equal_fwd);
+    gpu_model *blk = attention_model(&m, 2, GPU_RECOMPUTE_BLOCK);
+    float *g_blk = two_steps(blk, &m, &fb, loss_blk, g1_ref, &equal_blk);
+
+    /* every attention tensor of both blocks was recorded by step 1 */
+    const int n_linear = m.num_layers * 8 * 3, n_tensors = n_linear + m.num_layers * 10;
+    fp8_scaling *sc = gpu_model_fp8_scaling(att);
+    assert_int_equal(fp8_scaling_count(sc), n_tensors);
+    float *scales = xmalloc((size_t)n_tensors * sizeof *scales);
+    fp8_scaling_download(sc, scales, NULL, NULL, NULL);
+    int unrecorded = 0;
+    for (int t = n_linear; t < n_tensors; ++t) unrecorded += scales[t] == 1.0f;
+    free(scales);
+
+    const double sigma_fwd = sqrt(2.0 / 3.0) * kU[0], sigma_bwd = sqrt((kU[0] * kU[0] + kU[1] * kU[1]) / 3.0);
+    const double G = 8.0 * m.num_layers, L = m.num_layers;
+    const double attn_f = sqrt(4.0 / 3.0) * kU[0], attn_b = sqrt((4.0 * kU[0] * kU[0] + 3.0 * kU[1] * kU[1]) / 3.0);
+    const double eps_f = sqrt(2.0 * G * sigma_fwd * sigma_fwd + 2.0 * L * attn_f * attn_f);
+    const double eps_b = sqrt(2.0 * G * sigma_bwd * sigma_bwd + 2.0 * L * attn_b * attn_b);
+    const double loss_bound = 2.0 * eps_f + eps_f * eps_f, grad_bound = sqrt(eps_f * eps_f + eps_b * eps_b);
+    const double loss_error = fabs(loss_att[1] - loss_ref[1]) / fabs(loss_ref[1]);
+    const double grad_error = relative_l2_error(g_att, g_ref, (size_t)m.n_weights);
+    const double fwd_error = relative_l2_error(g_fwd, g_ref, (size_t)m.n_weights);
+    printf("# fp8 attention: step 1 equal to the GEMMs-only model's: %s (forward-only %s, recompute block %s); "
+           "%d attention tensors without an amax; refused calls %lld, %lld, %lld\n", equal_att ? "yes" : "no",
+           equal_fwd ? "yes" : "no", equal_blk ? "yes" : "no", unrecorded, (long long)gpu_model_fp8_attention_refused(att),
+           (long long)gpu_model_fp8_attention_refused(fwd), (long long)gpu_model_fp8_attention_refused(blk));
+    printf("# step 2 against the GEMMs-only model: loss %.6f vs %.6f (relative %.2e, bound %.2f); gradient relative "
+           "L2 %.3e (bound %.2f); forward only %.3e; recompute block: loss %.9g vs %.9g, %lld values differ\n",
+           loss_att[1], loss_ref[1], loss_error, loss_bound, grad_error, grad_bound, fwd_error, loss_blk[1],
+           loss_att[1], (long long)count_differing(g_blk, g_att, m.n_weights));
+    assert_true(equal_ref && equal_att && equal_fwd && equal_blk);
+    assert_true(loss_att[0] == loss_ref[0] && loss_fwd[0] == loss_ref[0]);
+    assert_int_equal(unrecorded, 0);
+    assert_int_equal(gpu_model_fp8_attention_refused(att), 0);
+    assert_int_equal(gpu_model_fp8_attention_refused(fwd), 0);
+    expect_finite("fp8 attention gradient", "2 blocks", g_att, (size_t)m.n_weights);
+    assert_true(loss_error <= loss_bound);
+    assert_true(grad_error <= grad_bound);
+    assert_true(fwd_error <= grad_bound);
+    assert_true(count_differing(g_att, g_ref, m.n_weights) > 0);  /* FP8 attention ran in step 2 */
+    assert_true(count_differing(g_fwd, g_ref, m.n_weights) > 0 && count_differing(g_fwd, g_att, m.n_weights) > 0);
+    assert_true(loss_blk[1] == loss_att[1]);
+    assert_int_equal(count_differing(g_blk, g_att, m.n_weights), 0);
+    free(g1_ref), free(g_ref), free(g_att), free(g_fwd), free(g_blk);
+    gpu_model_free(ref), gpu_model_free(att), gpu_model_free(fwd), gpu_model_free(blk);
+    fp8_free_batch(&fb);
+    model_free(&m);
+}
 
 int main(void)
 {
@@ -975,6 +1093,7 @@ int main(void)
         cmocka_unit_test(test_model_against_bf16), cmocka_unit_test(test_model_delayed_against_bf16),
         cmocka_unit_test(test_model_recompute_and_repeat),
         cmocka_unit_test(test_model_state_restore),
+        cmocka_unit_test(test_model_fp8_attention),
     };
     const int status = cmocka_run_group_tests(tests, NULL, NULL);
     gemm_free(g_gemm);

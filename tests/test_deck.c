@@ -688,6 +688,7 @@ static void test_cross_key_checks(void **state)
         {{"train.recompute=block", "balance.recompute=none"},
          "balance.recompute (none) differs from train.recompute (block)"},
         {{"train.precision=fp8", "run.device=cpu"}, "train.precision = fp8 needs the CUDA backend"},
+        {{"train.fp8_attention=on", NULL}, "train.fp8_attention = on needs train.precision = fp8"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char first[64], second[64];
@@ -714,6 +715,13 @@ static void test_cross_key_checks(void **state)
     assert_int_equal(load_one("train.precision=fp8", &config), 0);
     assert_int_equal(config.train.precision, PRECISION_FP8);
     assert_int_equal(load_one("train.fp8_amax_history=0", &config), 1);
+    assert_int_equal(config.train.fp8_attention, FP8_ATTENTION_OFF);
+    char fp8[] = "train.precision=fp8", forward[] = "train.fp8_attention=forward";
+    char *both[] = {fp8, forward};
+    load_result result = {0};
+    load_path(&result, NULL, 2, both);
+    assert_int_equal(result.n_errors, 0);
+    load_free(&result);
 }
 
 /* A family's own defaults: hunyuanvideo15 trains by HunyuanVideo-1.5's recipe (logit-normal u, shift 3, 30% of

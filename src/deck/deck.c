@@ -52,6 +52,7 @@ static const char *const on_corrupt_names[] = {"error", "skip", NULL};
 static const char *const resume_data_names[] = {"same", "changed", NULL};
 static const char *const timesteps_names[] = {"uniform", "logit_normal", NULL};
 static const char *const precision_names[] = {"bf16", "fp8", NULL};
+static const char *const fp8_attention_names[] = {"off", "forward", "on", NULL};
 
 #define FIELD(member) .offset = offsetof(deck, member), .size = sizeof(((deck *)0)->member)
 #define KEY(sec, key, kind, member) .section = sec, .name = key, .type = kind, FIELD(member)
@@ -268,6 +269,11 @@ static const deck_key deck_keys[] = {
      .help = "precision = fp8: steps of amax history per tensor; a tensor's scale comes from the history's maximum"},
     {KEY("train", "fp8_margin", KEY_INT, train.fp8_margin), .min = 0, .max = 8, .default_text = "0",
      .help = "precision = fp8: scale = fp8_max / amax / 2^margin (headroom for an amax growing between steps)"},
+    {KEY("train", "fp8_attention", KEY_ENUM, train.fp8_attention), .choices = fp8_attention_names,
+     .default_text = "off",
+     .help = "precision = fp8: the self-attention of samples on cuDNN also in FP8 (cuDNN's FP8 SDPA, E4M3 q/k/v/o and "
+             "probabilities, E5M2 gradients, delayed scaling; head_dim 128): off, forward (the backward bf16), or on; "
+             "a shape cuDNN refuses runs bf16; cross-attention stays bf16"},
     {KEY("train", "ema_warmup", KEY_BOOL, train.ema_warmup), .default_text = "off",
      .help = "the EMA update of optimizer step k + 1 (step 1: k = 0) uses min(ema_decay, (1 + k) / (10 + k)), "
              "so the first weights fade fast (off: ema_decay from the first update)"},
@@ -984,7 +990,13 @@ static void check_family(load_context *ctx)
 static void check_precision(load_context *ctx)
 {
     const deck *config = ctx->config;
-    if (config->train.precision != PRECISION_FP8) return;
+    if (config->train.precision != PRECISION_FP8) {
+        const int keys[] = {key_index("train", "fp8_attention"), key_index("train", "precision")};
+        if (config->train.fp8_attention != FP8_ATTENTION_OFF)
+            report(ctx, latest_origin(ctx, keys, 2), "train.fp8_attention = %s needs train.precision = fp8",
+                   fp8_attention_names[config->train.fp8_attention]);
+        return;
+    }
     const int device[] = {key_index("train", "precision"), key_index("run", "device")};
     if (config->run.device == DEVICE_CPU)
         report(ctx, latest_origin(ctx, device, 2),

@@ -21,6 +21,9 @@ typedef enum { FAMILY_WAN, FAMILY_HUNYUANVIDEO15 } deck_family;
 /* [train] shard: which training state is split across the ranks (auto: the least that fits). */
 /* [train] precision: the Wan block's large linears in bf16, or in FP8 (E4M3/E5M2, delayed scaling; CUDA, sm_89+). */
 typedef enum { PRECISION_BF16, PRECISION_FP8 } deck_precision;
+/* [train] fp8_attention: the Wan self-attention's cuDNN samples in FP8 (precision = fp8 only): off, the forward, or both
+   directions. */
+typedef enum { FP8_ATTENTION_OFF, FP8_ATTENTION_FORWARD, FP8_ATTENTION_ON } deck_fp8_attention;
 typedef enum { SHARD_AUTO, SHARD_NONE, SHARD_OPTIMIZER, SHARD_GRADIENTS, SHARD_FULL } deck_shard;
 typedef enum { NONFINITE_ERROR, NONFINITE_SKIP } deck_nonfinite;
 typedef enum { LR_COSINE, LR_CONSTANT } deck_lr_schedule;
@@ -123,6 +126,7 @@ typedef struct {
         deck_precision precision;      /* bf16 | fp8: the Wan block's large GEMMs */
         int fp8_amax_history;          /* fp8: amax history length per tensor (delayed scaling) */
         int fp8_margin;                /* fp8: scale = fp8_max / amax / 2^margin */
+        deck_fp8_attention fp8_attention; /* fp8: off | forward | on: the self-attention's cuDNN samples in FP8 */
     } train;
     struct {
         int64_t every;                 /* checkpoint every N steps (0 = only at the end / on a signal) */
