@@ -721,6 +721,7 @@ static void test_cross_key_checks(void **state)
     load_result result = {0};
     load_path(&result, NULL, 2, both);
     assert_int_equal(result.n_errors, 0);
+    assert_int_equal(result.config.train.fp8_attention, FP8_ATTENTION_FORWARD);
     load_free(&result);
 }
 
