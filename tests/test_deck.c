@@ -716,12 +716,18 @@ static void test_cross_key_checks(void **state)
     assert_int_equal(config.train.precision, PRECISION_FP8);
     assert_int_equal(load_one("train.fp8_amax_history=0", &config), 1);
     assert_int_equal(config.train.fp8_attention, FP8_ATTENTION_OFF);
-    char fp8[] = "train.precision=fp8", forward[] = "train.fp8_attention=forward";
-    char *both[] = {fp8, forward};
+    char fp8[] = "train.precision=fp8", forward[] = "train.fp8_attention=forward", heads[] = "model.num_heads=12";
+    char *both[] = {fp8, forward, heads};  /* 1536 / 12 = 128 */
     load_result result = {0};
-    load_path(&result, NULL, 2, both);
+    load_path(&result, NULL, 3, both);
     assert_int_equal(result.n_errors, 0);
     assert_int_equal(result.config.train.fp8_attention, FP8_ATTENTION_FORWARD);
+    load_free(&result);
+    char eight[] = "model.num_heads=8";  /* 1536 / 8 = 192 */
+    char *other_heads[] = {fp8, forward, eight};
+    load_path(&result, NULL, 3, other_heads);
+    assert_int_equal(result.n_errors, 1);
+    assert_message(&result, "command line", 0, "train.fp8_attention = forward needs head_dim 128");
     load_free(&result);
 }
 

@@ -8,7 +8,9 @@
 # from the checkpoint), where a bf16 run resumed the same way is checked bit for bit too (to tell the two apart); a
 # resume with another fp8_amax_history is refused; with the start-up calibration on, step 1 is the uncalibrated run's
 # (the calibration's scaling state restarted); with 2 GPU ranks (the amaxes max-reduced over them, so rank 0's
-# scaling state in the checkpoint is both ranks') an fp8 run resumed is bit for bit as uninterrupted too.
+# scaling state in the checkpoint is both ranks') an fp8 run resumed is bit for bit as uninterrupted too. [train]
+# fp8_attention: refused on the deck's head_dim; on a head_dim-128 model over samples on cuDNN it runs (no call
+# refused, losses not the GEMMs-only run's) and resumes bit for bit.
 #
 # The loss bound (steps 1-5). Each FP8 forward GEMM's output errs by a relative RMS of at most
 # sigma = sqrt((u^2 + u^2) / 3) = 0.051 (E4M3 x E4M3, u = 2^-4; the derivation is test_cuda_fp8.c's). The deck's
@@ -24,7 +26,7 @@ STEPS=20
 HALF=10
 SAME="train.lr_schedule=constant balance.calibrate=0 train.autotune=off"
 LOSS_BOUND=0.67
-tap_plan 14
+tap_plan 17
 
 n_gpus=0
 probe="$top_builddir/tests/gpu_present"
@@ -44,7 +46,7 @@ env CUDA_VISIBLE_DEVICES=-1 $MPIEXEC -np 1 --oversubscribe "$ALDIT" "$TRAIN_DECK
 case $status:$(cat "$WORK/auto_fp8.log") in 2:*"precision = fp8 needs the CUDA backend"*"CPU backend"*) found=0 ;; *) found=1 ;; esac
 tap_result $found "precision = fp8 where device = auto lands on the CPU: exit 2 saying why" "$(cat "$WORK/auto_fp8.log")"
 
-names="bf16 run exits 0|fp8 run exits 0|fp8's losses differ from bf16's (the FP8 path ran)|fp8's first 5 steps within $LOSS_BOUND of bf16|the fp8 loss falls|a 10-step fp8 run resumed to 20 steps exits 0 and restores the FP8 state|fp8 steps 11-20 after the resume bit for bit as uninterrupted|bf16 steps 11-20 after the resume bit for bit as uninterrupted|a resume with another fp8_amax_history is refused (exit 2)|fp8 with the start-up calibration: step 1 within 1e-6 of the uncalibrated run's (the scaling restarted)|2 ranks: fp8 steps 11-20 after the resume bit for bit as uninterrupted"
+names="bf16 run exits 0|fp8 run exits 0|fp8's losses differ from bf16's (the FP8 path ran)|fp8's first 5 steps within $LOSS_BOUND of bf16|the fp8 loss falls|a 10-step fp8 run resumed to 20 steps exits 0 and restores the FP8 state|fp8 steps 11-20 after the resume bit for bit as uninterrupted|bf16 steps 11-20 after the resume bit for bit as uninterrupted|a resume with another fp8_amax_history is refused (exit 2)|fp8 with the start-up calibration: step 1 within 1e-6 of the uncalibrated run's (the scaling restarted)|2 ranks: fp8 steps 11-20 after the resume bit for bit as uninterrupted|fp8_attention on a model of head_dim 16: exit 2 naming head_dim 128|fp8_attention = on, head_dim 128, 12 steps|fp8_attention = on: steps 7-12 after a resume bit for bit as uninterrupted"
 skip_rest() {
     echo "$names" | tr '|' '\n' | while read -r name; do skip "$name" "$1"; done
     tap_done
@@ -122,4 +124,37 @@ if [ "$n_gpus" -ge 2 ]; then
 else
     skip "2 ranks: fp8 steps 11-20 after the resume bit for bit as uninterrupted" "one GPU rank"
 fi
+
+# [train] fp8_attention: refused by name on the test deck's head_dim 16; on a model of head_dim 128 (dim 256, 2 heads)
+# over samples of 1,024-1,536 tokens (on cuDNN): runs with no call refused, differs from the GEMMs-only fp8 run, and a
+# run of 6 steps resumed to 12 gives steps 7-12 bit for bit as the uninterrupted run
+run_aldit 1 att_small run.device=cuda run.steps=1 $SAME train.precision=fp8 train.fp8_attention=on; status=$?
+[ $status = 2 ] && grep -q "fp8_attention = on needs head_dim 128" "$WORK/att_small.log"
+tap_result $? "fp8_attention on a model of head_dim 16: exit 2 ($status) naming head_dim 128" "$(tail -3 "$WORK/att_small.log")"
+printf '# weight frames height width\n1 1 64 64\n1 2 64 48\n1 1 64 80\n' > "$WORK/long.lengths"
+"$top_builddir/aldit-store" synth --spec "$WORK/long.lengths" --samples 24 --text-len 16 --text-dim 16 --seed 5 \
+    --out "$WORK/long.h5" > /dev/null
+WIDE="model.dim=256 model.num_heads=2 model.ffn_dim=512 balance.mem_budget=4GiB data.store=$WORK/long.h5"
+att_run() {  # NAME STEPS [key=value ...]
+    name=$1 steps=$2; shift 2
+    $MPIEXEC -np 1 --oversubscribe "$ALDIT" "$TRAIN_DECK" run.dir="$WORK/$name" run.device=cuda run.steps=$steps $SAME \
+        train.precision=fp8 $WIDE "$@" >> "$WORK/$name.log" 2>&1
+}
+att_run wide_gemms 12; s1=$?
+att_run wide_att 12 train.fp8_attention=on; s2=$?
+losses "$WORK/wide_gemms/metrics.jsonl" > "$WORK/wide_gemms.losses"
+losses "$WORK/wide_att/metrics.jsonl" > "$WORK/wide_att.losses"
+[ $s1 = 0 ] && [ $s2 = 0 ] && grep -q "self-attention on cuDNN too" "$WORK/wide_att.log" &&
+    ! grep -q "ran in bf16" "$WORK/wide_att.log" && [ "$(wc -l < "$WORK/wide_att.losses")" = 12 ] &&
+    ! cmp -s "$WORK/wide_gemms.losses" "$WORK/wide_att.losses"
+tap_result $? "fp8_attention = on, head_dim 128, 12 steps: exit 0, no call refused, losses not the GEMMs-only run's" \
+    "$(paste "$WORK/wide_gemms.losses" "$WORK/wide_att.losses" | head -12; tail -5 "$WORK/wide_att.log")"
+echo "# fp8_attention on vs off, steps 1-12: largest relative difference $(compare "$WORK/wide_gemms.losses" \
+"$WORK/wide_att.losses" 1 1 12 | tail -1)"
+att_run wide_resumed 6 train.fp8_attention=on && att_run wide_resumed 12 train.fp8_attention=on; status=$?
+losses "$WORK/wide_resumed/metrics.jsonl" | awk '$1 > 6' > "$WORK/wide_resumed.losses"
+awk '$1 > 6' "$WORK/wide_att.losses" > "$WORK/wide_att.tail"
+[ $status = 0 ] && [ -s "$WORK/wide_att.tail" ] && cmp -s "$WORK/wide_att.tail" "$WORK/wide_resumed.losses"
+tap_result $? "fp8_attention = on: steps 7-12 after a resume bit for bit as uninterrupted" \
+    "$(paste "$WORK/wide_att.tail" "$WORK/wide_resumed.losses"; tail -5 "$WORK/wide_resumed.log")"
 tap_done

@@ -1002,6 +1002,13 @@ static void check_precision(load_context *ctx)
         report(ctx, latest_origin(ctx, device, 2),
                "train.precision = fp8 needs the CUDA backend (FP8 GEMMs on a GPU of compute capability 8.9 or more); "
                "run.device = cpu has no FP8: set train.precision = bf16 or run.device = cuda");
+    const int heads[] = {key_index("train", "fp8_attention"), key_index("model", "dim"), key_index("model", "num_heads")};
+    if (config->train.fp8_attention != FP8_ATTENTION_OFF && config->model.num_heads > 0 &&
+        config->model.dim != 128 * config->model.num_heads)
+        report(ctx, latest_origin(ctx, heads, 3),
+               "train.fp8_attention = %s needs head_dim 128 (cuDNN's FP8 attention on Hopper); model.dim / "
+               "model.num_heads = %d / %d: set train.fp8_attention = off", fp8_attention_names[config->train.fp8_attention],
+               config->model.dim, config->model.num_heads);
     const int family[] = {key_index("train", "precision"), key_index("model", "family")};
     if (config->model.family != FAMILY_WAN)
         report(ctx, latest_origin(ctx, family, 2),
