@@ -558,6 +558,21 @@ extern "C" const char *attention_fp8_error(const attention_fp8 *context)
     return context ? context->error : "";
 }
 
+extern "C" int attention_fp8_prepare(attention_fp8 *context, attention_fp8_layout layout, int64_t seq_len,
+                                     int num_heads, int head_dim, int backward)
+{
+    check_call("attention_fp8_prepare", context, seq_len, num_heads, head_dim, nullptr, 0);
+    int built = 0;
+    for (int direction = kForward; direction <= (backward ? kBackward : kForward); ++direction) {
+        bool cached = false;
+        for (const plan &p : context->plans)
+            cached = cached || (p.last_use && p.direction == direction && p.layout == layout && p.seq_len == seq_len &&
+                                p.num_heads == num_heads && p.head_dim == head_dim);
+        if (!cached && need_plan(*context, direction, layout, seq_len, num_heads, head_dim)) ++built;
+    }
+    return built;
+}
+
 extern "C" int attention_fp8_fwd(attention_fp8 *context, attention_fp8_layout layout, const void *q, const void *k,
                                  const void *v, int64_t seq_len, int num_heads, int head_dim, void *out, float *stats,
                                  float *scales, cudaStream_t stream)

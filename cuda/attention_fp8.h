@@ -58,6 +58,11 @@ int attention_fp8_bwd(attention_fp8 *context, attention_fp8_layout layout, const
                       const void *v, const void *out, const void *dout, const float *stats, int64_t seq_len,
                       int num_heads, int head_dim, void *dq, void *dk, void *dv, float *scales, cudaStream_t stream);
 
+/* Builds, if not cached yet, the forward plan of the shape (and the backward's with backward = 1), so that a call of it
+   builds none; returns the plans built (a refused one is not counted: its calls return 0). */
+int attention_fp8_prepare(attention_fp8 *context, attention_fp8_layout layout, int64_t seq_len, int num_heads,
+                          int head_dim, int backward);
+
 /* Fills a call's scales array (device) from values elsewhere on the device: slot i takes *sources[i] (NULL: 0, as an
    amax slot should be before a call), in one launch queued on `stream`. For a caller that keeps each tensor's scale
    with an amax history (delayed scaling, cuda/fp8.h) and hands each call the current values. */

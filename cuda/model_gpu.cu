@@ -1816,6 +1816,14 @@ int prepare_length(gpu_model *gm, int64_t rows, int has_text)
     int built = attention_cudnn_prepare(gm->cudnn, rows, rows, gm->num_heads, gm->head_dim);
     if (padded != rows) built += attention_cudnn_prepare(gm->cudnn, padded, padded, gm->num_heads, gm->head_dim);
     if (has_text) built += attention_cudnn_prepare(gm->cudnn, rows, gm->text_len, gm->num_heads, gm->head_dim);
+    if (gm->fp8 && gm->fp8->attention) {  // [train] fp8_attention: its forward (and backward) at the same rows
+        const int backward = gm->fp8->attention_backward;
+        built += attention_fp8_prepare(gm->fp8->attention, ATTENTION_FP8_ROWS, rows, gm->num_heads, gm->head_dim,
+                                       backward);
+        if (padded != rows)
+            built += attention_fp8_prepare(gm->fp8->attention, ATTENTION_FP8_ROWS, padded, gm->num_heads, gm->head_dim,
+                                           backward);
+    }
     return built;
 }
 }  // namespace
@@ -1837,7 +1845,8 @@ int64_t gpu_model_prepare(gpu_model *gm, const int32_t *tokens, const int32_t *t
                                   : 2 * (int64_t)tokens[i] + (text_rows[i] == gm->text_len);
     }
     kept = distinct_longest_first(keys, kept);
-    const int per_length = gm->family ? 2 : 6;   // plans (forward and backward) a length may take
+    const int per_length = gm->family ? 2 : 6;   // bf16 plans (forward and backward) a length may take (FP8
+                                                 // attention's, at most 4, have slots of their own)
     int64_t built = 0, planned = 0;
     for (int64_t i = 0; i < kept && planned + per_length <= ATTENTION_CUDNN_PLAN_SLOTS / 2; ++i) {
         if (i > 0 && keys[i] / 2 == keys[i - 1] / 2) continue;
