@@ -568,7 +568,10 @@ extern "C" int attention_fp8_prepare(attention_fp8 *context, attention_fp8_layou
         for (const plan &p : context->plans)
             cached = cached || (p.last_use && p.direction == direction && p.layout == layout && p.seq_len == seq_len &&
                                 p.num_heads == num_heads && p.head_dim == head_dim);
-        if (!cached && need_plan(*context, direction, layout, seq_len, num_heads, head_dim)) ++built;
+        plan *p = cached ? nullptr : need_plan(*context, direction, layout, seq_len, num_heads, head_dim);
+        if (!p) continue;
+        ++built;
+        workspace_for(*context, p->workspace_bytes);  // grown here, not by a cudaFree inside a training step
     }
     return built;
 }

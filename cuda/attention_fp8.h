@@ -58,8 +58,9 @@ int attention_fp8_bwd(attention_fp8 *context, attention_fp8_layout layout, const
                       const void *v, const void *out, const void *dout, const float *stats, int64_t seq_len,
                       int num_heads, int head_dim, void *dq, void *dk, void *dv, float *scales, cudaStream_t stream);
 
-/* Builds, if not cached yet, the forward plan of the shape (and the backward's with backward = 1), so that a call of it
-   builds none; returns the plans built (a refused one is not counted: its calls return 0). */
+/* Builds, if not cached yet, the forward plan of the shape (and the backward's with backward = 1), and grows the
+   context's workspace to what they take, so that a call of it builds and allocates nothing; returns the plans built
+   (a refused one is not counted: its calls return 0). */
 int attention_fp8_prepare(attention_fp8 *context, attention_fp8_layout layout, int64_t seq_len, int num_heads,
                           int head_dim, int backward);
 
