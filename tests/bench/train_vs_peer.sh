@@ -28,7 +28,8 @@
 # where WORK has its JSON, are read from WORK, an earlier call's: e.g. RUNS=aldit, then RUNS=peer, for calls of
 # limited length; the table is printed each time), FP8 (1: after the bf16
 # run, the same epoch again with train.precision=fp8 into WORK/aldit_fp8, a row of its own in the table with its
-# ratios to bf16 aldit and to the peer; GPU only, a GPU of compute capability 8.9 or more).
+# ratios to bf16 aldit and to the peer; GPU only, a GPU of compute capability 8.9 or more), FP8_ARGS (more overrides
+# of that fp8 run, e.g. "train.fp8_attention=on").
 # GPU: nvidia-smi's SM clock and power every 100 ms go to WORK/smi.csv with a mark after each phase (WORK/marks.txt),
 # and tools/clock_summary.py's table per phase ends the output: the floor's rates come from aldit-bench's short timed
 # bursts, the runs are minutes of sustained load, and this says whether they ran at the same clocks.
@@ -166,11 +167,11 @@ esac
 aldit_wall=$(cat "$work/aldit.wall" 2>/dev/null)
 fp8_status=0
 if [ "${FP8:-0}" = 1 ] && [ "$smoke" = 0 ]; then
-    echo "== aldit: $deck data.store=$store run.dir=$work/aldit_fp8 train.precision=fp8"
+    echo "== aldit: $deck data.store=$store run.dir=$work/aldit_fp8 train.precision=fp8 ${FP8_ARGS:-}"
     rm -rf "$work/aldit_fp8"
     # shellcheck disable=SC2086
     peak_watch "$work/aldit_fp8.peak" $launch "$build/aldit" "$deck" "data.store=$store" "run.dir=$work/aldit_fp8" \
-        train.precision=fp8 > "$work/aldit_fp8.log" 2>&1; fp8_status=$?
+        train.precision=fp8 ${FP8_ARGS:-} > "$work/aldit_fp8.log" 2>&1; fp8_status=$?
     mark "aldit fp8 (start-up and epoch)"
     tail -n 25 "$work/aldit_fp8.log"
 fi
