@@ -35,8 +35,9 @@
 #   LAUNCHES (the most aldit launches this call; default no limit), BATCH (8; --toy 6), MEM_BUDGET (32GiB;
 #   --toy 256MiB), TRAIN_SAMPLES (2048), VAL_SAMPLES (128), DATA_SEED (11), FP8_ARMS (the FP8 arms, each a
 #   '+'-joined list of parts, default "gemm"; parts: gemm = the block's large linears, train.precision =
-#   ARM_PRECISION; attn_fwd and attn_bwd are named for issue 34's next switches and refused until aldit has them:
-#   e.g. FP8_ARMS="gemm gemm+attn_fwd gemm+attn_fwd+attn_bwd" shows each switch separately), ARM_PRECISION (fp8;
+#   ARM_PRECISION; attn_fwd = the self-attention's forward, train.fp8_attention = forward; attn_bwd = its backward
+#   too, fp8_attention = on; both need ARM_PRECISION = fp8: e.g. FP8_ARMS="gemm gemm+attn_fwd gemm+attn_fwd+attn_bwd"
+#   shows each switch separately; inputs/wan1.3b-8layers.ini has head_dim 128, as they need), ARM_PRECISION (fp8;
 #   the precision the gemm part sets, bf16 for the smoke), ALDIT_ARGS (more section.key=value for every run),
 #   ALDIT_LAUNCH (GPU default "mpirun -np 1"; --toy none), RESULTS (a folder to copy the table, the curves'
 #   PNG and a tar.gz of the metrics and logs into, e.g. $OUT), PYTHON (python3).
@@ -136,8 +137,8 @@ PY
     case $status:$(cat "$work/missing.txt") in 2:*missing.jsonl*) found=0 ;; *) found=1 ;; esac
     tap_result $found "a metrics file that is not there: exit 2 naming it" "exit $status: $(cat "$work/missing.txt")"
     toy FP8_ARMS="gemm+attn_fwd" > "$work/part.log" 2>&1; status=$?
-    case $status:$(cat "$work/part.log") in 2:*attn_fwd*) found=0 ;; *) found=1 ;; esac
-    tap_result $found "an FP8 part aldit does not have yet (attn_fwd): exit 2 naming it" "exit $status: $(cat "$work/part.log")"
+    case $status:$(cat "$work/part.log") in 2:*"attn_fwd"*"needs ARM_PRECISION = fp8"*) found=0 ;; *) found=1 ;; esac
+    tap_result $found "an attention part with ARM_PRECISION = bf16 (attn_fwd): exit 2 naming it" "exit $status: $(cat "$work/part.log")"
     # no time left: nothing launched, exit 3
     toy STEPS=10 TIME_LIMIT=0 > "$work/late.log" 2>&1; status=$?
     [ $status = 3 ] && [ ! -f "$work/ab/bf16_s1/checkpoints/step_00000010.h5" ] && grep -q "time budget" "$work/late.log"
@@ -188,8 +189,10 @@ part_options() {
     case $1 in
         gemm) echo "train.precision=$ARM_PRECISION" ;;
         attn_fwd|attn_bwd)
-            echo "fp8_ab.sh: FP8 part $1 (attention $( [ "$1" = attn_fwd ] && echo forward || echo backward)) is not" \
-                 "in aldit yet (issue 34, item 2): no deck key switches it on" >&2; return 2 ;;
+            [ "$ARM_PRECISION" = fp8 ] || { echo "fp8_ab.sh: FP8 part $1 (the self-attention's $( [ "$1" = attn_fwd ] &&
+                echo forward || echo "backward too")) needs ARM_PRECISION = fp8 (train.fp8_attention needs" \
+                "train.precision = fp8)" >&2; return 2; }
+            echo "train.precision=fp8 train.fp8_attention=$( [ "$1" = attn_fwd ] && echo forward || echo on)" ;;
         *) echo "fp8_ab.sh: FP8 part '$1' unknown (parts: gemm, attn_fwd, attn_bwd; an arm joins them with +)" >&2
            return 2 ;;
     esac
@@ -200,9 +203,13 @@ arms=bf16 arm_bf16=
 for arm in $FP8_ARMS; do
     name=fp8_$(echo "$arm" | tr + _) options=
     for part in $(echo "$arm" | tr + ' '); do
-        option=$(part_options "$part") || exit 2
-        case " $options " in *" $option "*) ;; *) options="$options $option" ;; esac
+        for option in $(part_options "$part" || echo FAILED); do
+            [ "$option" = FAILED ] && exit 2
+            case " $options " in *" $option "*) ;; *) options="$options $option" ;; esac
+        done
     done
+    # attn_bwd (the backward too) wins over attn_fwd, in whichever order the arm names them
+    case " $options " in *" train.fp8_attention=on "*) options=$(echo "$options" | sed 's/ train.fp8_attention=forward//') ;; esac
     arms="$arms $name"
     eval "arm_$name=\$options"
 done
