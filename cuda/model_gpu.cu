@@ -867,6 +867,16 @@ void cast_attention_input(gpu_model *gm, int layer, int role, const gpu_bf16 *x,
         CUDA_CHECK(cudaMemsetAsync(out8 + rows * width, 0, (size_t)((padded - rows) * width), stream));
 }
 
+// q, k, v of `padded` rows (the pad rows zero) into the scratch's q8, k8, v8.
+void cast_attention_qkv(gpu_model *gm, int layer, const gpu_bf16 *q, const gpu_bf16 *k, const gpu_bf16 *v,
+                        int64_t padded, int width, cudaStream_t stream)
+{
+    fp8_linears *f = gm->fp8;
+    cast_attention_input(gm, layer, kAttnQ, q, padded, padded, width, f->q8, stream);
+    cast_attention_input(gm, layer, kAttnK, k, padded, padded, width, f->k8, stream);
+    cast_attention_input(gm, layer, kAttnV, v, padded, padded, width, f->v8, stream);
+}
+
 // Sample rows [at, at + rows) of the self-attention in FP8 (padded rows: those cuDNN runs, whose rows past `rows`
 // are zero in q, k, v): out (padded rows, bf16) and lse (head-major [H, padded]) as attention_cudnn_fwd_padded's.
 // probe: only the amaxes (out and lse untouched). false where cuDNN refuses the shape (nothing written).
@@ -876,9 +886,7 @@ bool fp8_self_attention_fwd(gpu_model *gm, int layer, const attention_rows &r, c
 {
     fp8_linears *f = gm->fp8;
     const int W = r.width;
-    cast_attention_input(gm, layer, kAttnQ, q, padded, padded, W, f->q8, stream);
-    cast_attention_input(gm, layer, kAttnK, k, padded, padded, W, f->k8, stream);
-    cast_attention_input(gm, layer, kAttnV, v, padded, padded, W, f->v8, stream);
+    cast_attention_qkv(gm, layer, q, k, v, padded, W, stream);
     load_attention_scales(gm, layer, stream);
     if (!attention_fp8_fwd(f->attention, ATTENTION_FP8_ROWS, f->q8, f->k8, f->v8, padded, r.heads, gm->head_dim, f->o8,
                            probe ? f->probe_stats : lse, f->attn_scales, stream)) {
@@ -903,9 +911,7 @@ bool fp8_self_attention_bwd(gpu_model *gm, int layer, const attention_rows &r, c
 {
     fp8_linears *f = gm->fp8;
     const int W = r.width;
-    cast_attention_input(gm, layer, kAttnQ, q, padded, padded, W, f->q8, stream);
-    cast_attention_input(gm, layer, kAttnK, k, padded, padded, W, f->k8, stream);
-    cast_attention_input(gm, layer, kAttnV, v, padded, padded, W, f->v8, stream);
+    cast_attention_qkv(gm, layer, q, k, v, padded, W, stream);
     cast_attention_input(gm, layer, kAttnO, out, rows, padded, W, f->o8, stream);
     cast_attention_input(gm, layer, kAttnDO, dout, padded, padded, W, f->do8, stream);
     load_attention_scales(gm, layer, stream);
