@@ -966,7 +966,8 @@ void attention_dispatch_fwd(gpu_model *gm, const attention_rows &r, int n_sample
                 gpu_bf16 *const inputs[] = {q, k, v};
                 zero_pad_rows(inputs, 3, r, padded - rows, stream);
             }
-            const bool fp8 = fp8_attention_on(gm, fp8_layer, kind), steady = fp8 && fp8_scaling_updates(gm->fp8->scaling) > 0;
+            const bool fp8 = fp8_attention_on(gm, fp8_layer, kind);
+            const bool steady = fp8 && fp8_scaling_updates(gm->fp8->scaling) > 0;
             if (steady && fp8_self_attention_fwd(gm, fp8_layer, r, q + at, k + at, v + at, rows, padded, out + at,
                                                  lse + start[b] * H, false, stream))
                 continue;
@@ -2073,14 +2074,14 @@ size_t fp8_scratch_bytes(int64_t dim, int64_t ffn_dim, int64_t max_rows, size_t 
 
 // [train] fp8_attention's scratch: one sample's q, k, v, o, do, dq, dk, dv in FP8 at up to max_rows rows and the
 // cuDNN tile's slack (a sequence-parallel member's every row with its heads is no more bytes), the probe's stats and
-// a call's scales array; each piece rounded up to 256 bytes (*operand: one operand's).
-size_t fp8_attention_bytes(int64_t dim, int num_heads, int64_t max_rows, size_t *operand)
+// a call's scales array; each piece rounded up to 256 bytes (pieces: one operand's and the stats', may be NULL).
+size_t fp8_attention_bytes(int64_t dim, int num_heads, int64_t max_rows, size_t *pieces)
 {
     const int64_t rows = max_rows + kTileSlack;
     const size_t one = (size_t)(rows * dim + 255) / 256 * 256;
     const size_t stats = (size_t)(rows * num_heads * (int64_t)sizeof(float) + 255) / 256 * 256;
     const size_t scales = (ATTENTION_FP8_SCALE_FLOATS * sizeof(float) + 255) / 256 * 256;
-    if (operand) *operand = one;
+    if (pieces) pieces[0] = one, pieces[1] = stats;
     return 8 * one + stats + scales;
 }
 
@@ -2093,14 +2094,14 @@ void make_fp8_attention(gpu_model *gm, fp8_linears *f, bool backward)
     ALDIT_CHECK(gm->use_cudnn && gm->cudnn, "gpu model: [train] fp8_attention runs the samples that run on cuDNN, "
                 "and cuDNN attention is off or not available ([train] attention, the build): set train.fp8_attention "
                 "= off");
-    size_t one = 0;
-    const size_t bytes = fp8_attention_bytes(gm->dim, gm->num_heads, gm->max_tokens, &one);
+    size_t pieces[2];
+    const size_t bytes = fp8_attention_bytes(gm->dim, gm->num_heads, gm->max_tokens, pieces);
     uint8_t *base = nullptr;
     CUDA_CHECK(cudaMalloc(&base, bytes));
     uint8_t **operands[] = {&f->q8, &f->k8, &f->v8, &f->o8, &f->do8, &f->dq8, &f->dk8, &f->dv8};
-    for (int i = 0; i < 8; ++i) *operands[i] = base + i * one;
-    f->probe_stats = reinterpret_cast<float *>(base + 8 * one);
-    f->attn_scales = reinterpret_cast<float *>(base + bytes - (ATTENTION_FP8_SCALE_FLOATS * sizeof(float) + 255) / 256 * 256);
+    for (int i = 0; i < 8; ++i) *operands[i] = base + i * pieces[0];
+    f->probe_stats = reinterpret_cast<float *>(base + 8 * pieces[0]);
+    f->attn_scales = reinterpret_cast<float *>(base + 8 * pieces[0] + pieces[1]);
     f->attention = attention_fp8_create();
     f->attention_backward = backward;
     f->bytes += bytes;
