@@ -4,10 +4,11 @@
 # The same inside a checkpoint's save (shard = full: the previous checkpoint stays the newest and resumable, the .tmp
 # is never renamed in), inside a resume's load (issue 35.1) and inside the start-up (the device's start), where rank
 # 1 stops itself (the test hook ALDIT_TEST_STOP, watchdog.h) so that the place does not hang on the machine's load;
-# and stopped from outside once the summary's head is printed (it hung in the start-up's unwatched allgather).
+# and stopped from outside once the summary's head is printed (it hung in the start-up's unwatched allgather); and
+# rank 0's main thread hung outside any collective (ALDIT_TEST_STOP=0:hang:3), reported by its backstop thread.
 # Each stall's bound follows from the deadline rank 0 waits (D: per wait) and its grace: D + grace + 10 s.
 . "${top_srcdir:-.}/tests/train_lib.sh"
-tap_plan 10
+tap_plan 11
 
 tap_ok "aldit-store synth makes the test store" make_store
 start_aldit 2 stall run.steps=100000 log.every=1000 run.step_timeout=2
@@ -105,4 +106,19 @@ grep -q "aldit: error: .*: rank 1 (of 2) has not arrived by the deadline" "$WORK
     test "$status" -ne 0 -a "$took" -le 17
 tap_result $? "stopped once the head is printed: exit != 0 ($status) within 17 s ($took s), rank 0 naming rank 1" \
     "$(grep aldit "$WORK/head.log" | tail -5)"
+
+# rank 0's main thread blocked for good before step 3's compute, its other threads running (as in a hung device call):
+# no wait reports it (rank 1's deadline is 2 x 2 + 1 + 30 s), the backstop does at 2 + 1 + 10 s from the step's start
+export ALDIT_TEST_STOP=0:hang:3
+start_aldit 2 hang run.steps=100000 log.every=1000 run.step_timeout=2 $MID
+unset ALDIT_TEST_STOP
+wait_for 60 has_lines hang 2
+hung=$(date +%s)
+wait_for 60 launcher_gone || kill -KILL $launcher $(run_pids hang $launcher) 2>/dev/null
+wait $launcher; status=$?
+took=$(($(date +%s) - hung))
+grep -q "aldit: error: rank 0: step 3 (\[run\] step_timeout = 2 s): the step has run 1[3-5] s, .* stuck outside" \
+    "$WORK/hang.log" && test "$status" -ne 0 -a "$took" -le 18
+tap_result $? "rank 0 hung outside a collective: its backstop names it and ends the job, exit != 0 ($status), within 18 s ($took s)" \
+    "$(grep aldit "$WORK/hang.log" | tail -5)"
 tap_done

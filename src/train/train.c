@@ -1198,6 +1198,7 @@ static int train_step(trainer *t, step_record *r)
     } else if (t->info->rank == 0) snapshot_balancer(t);
 
     prepare_samples(t, batch);
+    watchdog_test_stop(t->info->rank, "hang", t->step + 1);
     phase_started = comm_time();
     double sums[3] = {compute_gradients(t, batch), 0.0, 0.0}; /* loss sum, tokens, model FLOPs */
     double compute_s = seconds_since(phase_started);

@@ -4,10 +4,13 @@
 #include "core/check.h"
 #include "core/comm.h"
 
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 double watchdog_timeout(const deck *config, double predicted_step_s, int first_step)
 {
@@ -31,14 +34,94 @@ static double deadline_of(int rank, double timeout)
     return rank == 0 ? timeout : 2.0 * timeout + grace_of(timeout) + 30.0;
 }
 
+/* ---- the backstop (watchdog.h): a thread that ends the job when the main thread cannot report ---------------- */
+static struct {
+    pthread_mutex_t lock;
+    int started;
+    double ends;   /* CLOCK_MONOTONIC seconds at which the armed step is past its backstop; 0: disarmed */
+    double began;  /* when it was armed */
+    int rank;
+    char what[96];
+} backstop = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+static double monotonic_s(void)
+{
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return (double)now.tv_sec + 1e-9 * (double)now.tv_nsec;
+}
+
+/* Seconds from a step's start to its backstop on `rank`: the rank's own deadline, the grace of its report, and a
+   margin (max(10 s, timeout)) for the report and the abort, so that a rank whose main thread reaches a wait reports
+   through comm.h first. */
+static double backstop_of(int rank, double timeout)
+{
+    return deadline_of(rank, timeout) + grace_of(timeout) + (timeout > 10.0 ? timeout : 10.0);
+}
+
+static void *backstop_thread(void *unused)
+{
+    (void)unused;
+    for (;;) {
+        const struct timespec pause = {.tv_sec = 0, .tv_nsec = 250000000};
+        nanosleep(&pause, NULL);
+        pthread_mutex_lock(&backstop.lock);
+        const double now = monotonic_s();
+        const int past = backstop.ends > 0 && now >= backstop.ends;
+        if (past) {
+            fprintf(stderr, "aldit: error: rank %d: %s: the step has run %.0f s, past its deadline and the time to "
+                    "report it, and this rank's main thread has not reached a collective that could: it is stuck "
+                    "outside one (in a device, file-system or library call: a hung GPU or file system, or a process "
+                    "stopped on a GPU this one shares); aborting the job so that it can be requeued\n",
+                    backstop.rank, backstop.what, now - backstop.began);
+            fflush(stderr);
+        }
+        pthread_mutex_unlock(&backstop.lock);
+        if (past) {
+            alarm(30);                  /* should the abort itself hang: SIGALRM's default action ends the process */
+            comm_abort(ALDIT_EXIT_ERROR); /* MPI_Abort from this thread: MPI's best effort, as MPI_Abort is */
+        }
+    }
+    return NULL;
+}
+
+static void backstop_arm(int rank, const char *what, double timeout)
+{
+    pthread_mutex_lock(&backstop.lock);
+    if (!backstop.started) {
+        pthread_t thread;
+        const int status = pthread_create(&thread, NULL, backstop_thread, NULL);
+        ALDIT_CHECK(status == 0, "cannot start the watchdog's backstop thread (pthread_create returned %d)", status);
+        pthread_detach(thread);
+        backstop.started = 1;
+    }
+    backstop.began = monotonic_s();
+    backstop.ends = backstop.began + backstop_of(rank, timeout);
+    backstop.rank = rank;
+    snprintf(backstop.what, sizeof backstop.what, "%s", what);
+    pthread_mutex_unlock(&backstop.lock);
+}
+
+static void backstop_disarm(void)
+{
+    pthread_mutex_lock(&backstop.lock);
+    backstop.ends = 0.0;
+    pthread_mutex_unlock(&backstop.lock);
+}
+
 void watchdog_step_begin(int rank, int64_t step, double timeout)
 {
     char what[96];
     snprintf(what, sizeof what, "step %lld ([run] step_timeout = %g s)", (long long)step, timeout);
     comm_watch_begin(comm_time() + deadline_of(rank, timeout), grace_of(timeout), what);
+    backstop_arm(rank, what, timeout);
 }
 
-void watchdog_step_end(void) { comm_watch_end(); }
+void watchdog_step_end(void)
+{
+    backstop_disarm();
+    comm_watch_end();
+}
 
 void watchdog_state_begin(int rank, const char *what, double timeout)
 {
@@ -66,12 +149,16 @@ void watchdog_test_stop(int rank, const char *point, int64_t step)
     char where[8] = "";
     long long stop_step = -1;
     const int fields = sscanf(hook, "%d:%7[a-z]%n:%lld%n", &stop_rank, where, &used, &stop_step, &used);
-    const int known = !strcmp(where, "start") || !strcmp(where, "load") || !strcmp(where, "save");
-    ALDIT_CHECK(fields >= 2 && hook[used] == '\0' && stop_rank >= 0 && known && (fields == 2 || !strcmp(where, "save")),
-                "ALDIT_TEST_STOP=%s (a test hook: RANK:start, RANK:load, RANK:save or RANK:save:STEP); unset it to "
-                "train without it", hook);
+    const int known = !strcmp(where, "start") || !strcmp(where, "load") || !strcmp(where, "save") ||
+                      !strcmp(where, "hang");
+    const int with_step = !strcmp(where, "save") || !strcmp(where, "hang");
+    ALDIT_CHECK(fields >= 2 && hook[used] == '\0' && stop_rank >= 0 && known && (fields == 2 || with_step),
+                "ALDIT_TEST_STOP=%s (a test hook: RANK:start, RANK:load, RANK:save, RANK:save:STEP, RANK:hang or "
+                "RANK:hang:STEP); unset it to train without it", hook);
     if (rank != stop_rank || strcmp(where, point) != 0 || (fields == 3 && stop_step != step)) return;
     fflush(stdout);
     fflush(stderr);
-    raise(SIGSTOP);
+    if (strcmp(where, "hang") != 0) raise(SIGSTOP);
+    else
+        for (;;) pause();   /* the main thread blocked, its other threads running, as in a hung device call */
 }

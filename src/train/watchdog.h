@@ -14,7 +14,12 @@ double watchdog_timeout(const deck *config, double predicted_step_s, int first_s
 /* Collective in effect (every rank calls it at the step's start with the same timeout): watch the
    collectives of step `step` (1-based) until watchdog_step_end. Rank 0's deadline is `timeout` seconds
    from now; the other ranks' is later (2 x timeout + 30 s), so that rank 0, which can tell which ranks
-   have not arrived, reports first; a stalled rank 0 is reported by the others. */
+   have not arrived, reports first; a stalled rank 0 is reported by the others. The step is also under a backstop: a
+   thread of this process that, past the rank's deadline, its grace and a margin of max(10 s, timeout) seconds with
+   the step still open, prints "aldit: error: rank R: step S ...: ... stuck outside a collective ..." and aborts the
+   job (comm_abort from that thread, with a SIGALRM 30 s later should that hang). It covers a main thread that never
+   reaches a collective's wait, where the watch runs: stuck in a device, file-system or library call (seen with two
+   ranks on one GPU: one stopped, the other's next cuBLASLt call spun in the driver), when no other rank reports it. */
 void watchdog_step_begin(int rank, int64_t step, double timeout);
 void watchdog_step_end(void);
 
@@ -44,7 +49,8 @@ void watchdog_phase_end(void);
    at a chosen place whatever the machine's load (tests/train_watchdog.sh). The training loop's points: "start" (the
    device's start, in the start-up, after the initial state), "load" (before the first tensor of a resume's or an
    init's state stream), "save" (before the first tensor of a checkpoint's; with STEP, only the checkpoint of that
-   step). Unset or empty: nothing. Malformed, or a point not among these: fatal, naming it. */
+   step), "hang" (before a step's compute; with STEP, only that step's): there the main thread blocks for good while
+   the process's other threads run, as in a hung device call, instead of stopping. Unset or empty: nothing. Malformed, or a point not among these: fatal, naming it. */
 void watchdog_test_stop(int rank, const char *point, int64_t step);
 
 #endif
