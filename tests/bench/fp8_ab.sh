@@ -32,7 +32,10 @@
 # Environment: WORK (the runs, stores, logs and table; GPU default /tmp/fp8_ab, kept: call again with the same WORK
 #   to go on), SEEDS (3; --toy 2), STEPS (2000; --toy 8), EVAL_EVERY (250; --toy 2), SLICE (1000; --toy 4),
 #   TIME_LIMIT (seconds this call may take, from its start: 540), GRACE (30), MIN_LAUNCH (60; --toy 1),
-#   LAUNCHES (the most aldit launches this call; default no limit), BATCH (8; --toy 6), MEM_BUDGET (32GiB;
+#   LAUNCHES (the most aldit launches this call; default no limit), PARALLEL (1: launches made at once, each group
+#   waited for whole; several runs share the GPU, whose small steps leave it idle between kernels, and overlap their
+#   start-ups, validations and checkpoints; their results do not depend on it, the table checks that each seed's arms
+#   trained the same steps; mind the memory: each run takes MEM_BUDGET plus its ~7 GiB of state), BATCH (8; --toy 6), MEM_BUDGET (32GiB;
 #   --toy 256MiB), TRAIN_SAMPLES (2048), VAL_SAMPLES (128), DATA_SEED (11), FP8_ARMS (the FP8 arms, each a
 #   '+'-joined list of parts, default "gemm"; parts: gemm = the block's large linears, train.precision =
 #   ARM_PRECISION; attn_fwd = the self-attention's forward, train.fp8_attention = forward; attn_bwd = its backward
@@ -61,7 +64,7 @@ if [ "$mode" = smoke ]; then
     "$PYTHON" -c "import json" > /dev/null 2>&1 || tap_skip_all "$PYTHON does not run"
     work=${WORK:-$(mktemp -d /tmp/fp8_ab_smoke.XXXXXX)}
     toy() { env WORK="$work/ab" ARM_PRECISION=bf16 "$@" sh "$self" --toy "$build"; }
-    tap_plan 16
+    tap_plan 17
     # chunk 1: 4 launches (each run to step 4), then stopped as at a time budget
     toy LAUNCHES=4 > "$work/chunk1.log" 2>&1; status=$?
     tap_is "first call: stopped after 4 launches, exit 3 (call again)" "$status" 3
@@ -155,6 +158,16 @@ PY
     name="the run in flight, signalled at 4 s (TIME_LIMIT 6, GRACE 2), stops with a checkpoint (step ${at:-none})"
     tap_result $stopped "$name, exit 3, in ${took} s" \
         "exit $status: $(cat "$work/stop.log"; tail -n 5 "$work/stop/bf16_s1.log")"
+    # PARALLEL=3: the same 4 runs, 3 at a time, then the last alone; the same validation losses as the serial calls'
+    toy WORK="$work/par" PARALLEL=3 > "$work/par.log" 2>&1; status=$?
+    same=0
+    for run in bf16_s1 fp8_gemm_s1 bf16_s2 fp8_gemm_s2; do
+        a=$(grep -o '"val_loss": [^,]*' "$work/ab/$run/metrics.jsonl"); b=$(grep -o '"val_loss": [^,]*' "$work/par/$run/metrics.jsonl")
+        [ -n "$a" ] && [ "$a" = "$b" ] || same=1
+    done
+    [ $status = 0 ] && [ $same = 0 ]
+    tap_result $? "PARALLEL=3: every run to step 8 (exit $status), validation losses equal to the serial calls'" \
+        "$(tail -n 12 "$work/par.log")"
     [ -n "${WORK:-}" ] || rm -rf "$work"
     tap_done
 fi
@@ -174,14 +187,14 @@ else
     synth="--text-len 64 --text-dim 4096" device=cuda launcher=${ALDIT_LAUNCH:-mpirun -np 1} log_every=50
 fi
 TIME_LIMIT=${TIME_LIMIT:-540} GRACE=${GRACE:-30} DATA_SEED=${DATA_SEED:-11} ARM_PRECISION=${ARM_PRECISION:-fp8}
-FP8_ARMS=${FP8_ARMS-gemm} LAUNCHES=${LAUNCHES:-0}
+FP8_ARMS=${FP8_ARMS-gemm} LAUNCHES=${LAUNCHES:-0} PARALLEL=${PARALLEL:-1}
 for pair in "SEEDS=$SEEDS" "STEPS=$STEPS" "EVAL_EVERY=$EVAL_EVERY" "SLICE=$SLICE" "TIME_LIMIT=$TIME_LIMIT" \
             "GRACE=$GRACE" "MIN_LAUNCH=$MIN_LAUNCH" "LAUNCHES=$LAUNCHES" "TRAIN_SAMPLES=$TRAIN_SAMPLES" \
-            "VAL_SAMPLES=$VAL_SAMPLES" "DATA_SEED=$DATA_SEED" "BATCH=$BATCH"; do
+            "VAL_SAMPLES=$VAL_SAMPLES" "DATA_SEED=$DATA_SEED" "BATCH=$BATCH" "PARALLEL=$PARALLEL"; do
     case ${pair#*=} in ''|*[!0-9]*) echo "fp8_ab.sh: ${pair%%=*} = '${pair#*=}': a whole number" >&2; exit 2 ;; esac
 done
-[ "$SEEDS" -ge 1 ] && [ "$STEPS" -ge 1 ] && [ "$SLICE" -ge 1 ] && [ "$EVAL_EVERY" -ge 1 ] ||
-    { echo "fp8_ab.sh: SEEDS, STEPS, SLICE and EVAL_EVERY must be at least 1" >&2; exit 2; }
+[ "$SEEDS" -ge 1 ] && [ "$STEPS" -ge 1 ] && [ "$SLICE" -ge 1 ] && [ "$EVAL_EVERY" -ge 1 ] && [ "$PARALLEL" -ge 1 ] ||
+    { echo "fp8_ab.sh: SEEDS, STEPS, SLICE, EVAL_EVERY and PARALLEL must be at least 1" >&2; exit 2; }
 case $ARM_PRECISION in bf16|fp8) ;; *) echo "fp8_ab.sh: ARM_PRECISION = $ARM_PRECISION: bf16 or fp8" >&2; exit 2 ;; esac
 
 # part_options PART: the deck keys that switch one FP8 part on (a new switch gets a line here)
@@ -274,45 +287,70 @@ launch() {
     wait "$pid"
 }
 
-# advance: every run to each slice's end in turn; 0 all at STEPS, 3 stopped (time or LAUNCHES), 1 a run failed
+# finish NAME SEED TARGET FROM: report a launch that ended (its status file); 0 on, 3 stopped at the time budget, 1 failed
+finish() {
+    dir="$work/$1_s$2"
+    read -r status signalled took < "$dir.status" || { status=1 signalled=0 took=0; }
+    at=$(run_step "$dir")
+    echo "$1 seed $2: steps $4 -> $at of $3 in $took s (exit $status)" | tee -a "$work/timing.txt"
+    if [ "$signalled" = 1 ]; then  # a signal before aldit's handler (start-up) ends it unclean: no checkpoint lost
+        echo "== stopped at the time budget: $1_s$2 at its checkpoint of step $at (exit $status)"
+        return 3
+    fi
+    if [ "$status" != 0 ]; then
+        echo "fp8_ab.sh: run $1_s$2 failed (exit $status); its log, $dir.log, ends:" >&2
+        tail -n 25 "$dir.log" >&2
+        return 1
+    fi
+    [ "$at" -ge "$3" ] || { echo "fp8_ab.sh: run $1_s$2 ended at step $at, not $3" >&2; return 1; }
+    return 0
+}
+
+# advance: every run to each slice's end in turn, PARALLEL launches at a time (each waits for the whole group); 0 all
+# at STEPS, 3 stopped (time or LAUNCHES), 1 a run failed
 launches=0
 advance() {
     target=0
     while [ $target -lt "$STEPS" ]; do
         target=$((target + SLICE)); [ $target -gt "$STEPS" ] && target=$STEPS
-        seed=1
+        todo= seed=1
         while [ $seed -le "$SEEDS" ]; do
             for name in $arms; do
-                dir="$work/${name}_s$seed"
-                from=$(run_step "$dir")
-                [ "$from" -ge $target ] && continue
+                [ "$(run_step "$work/${name}_s$seed")" -ge $target ] || todo="$todo $name:$seed"
+            done
+            seed=$((seed + 1))
+        done
+        set -- $todo
+        while [ $# -gt 0 ]; do
+            group= stop=0
+            while [ $# -gt 0 ] && [ "$(echo $group | wc -w)" -lt "$PARALLEL" ]; do
+                name=${1%:*} seed=${1#*:}
                 if [ "$LAUNCHES" -gt 0 ] && [ $launches -ge "$LAUNCHES" ]; then
-                    echo "== stopping: $LAUNCHES launches made (LAUNCHES)"; return 3
+                    echo "== stopping: $LAUNCHES launches made (LAUNCHES)"; stop=3; break
                 fi
                 left=$((stop_at - $(now)))
                 if [ $left -lt "$MIN_LAUNCH" ]; then
                     echo "== stopping before the time budget: ${left} s left before TIME_LIMIT - GRACE," \
                          "less than MIN_LAUNCH = $MIN_LAUNCH"
-                    return 3
+                    stop=3; break
                 fi
                 launches=$((launches + 1))
-                begun=$(now)
-                launch "$name" "$seed" $target; status=$?
-                at=$(run_step "$dir")
-                echo "$name seed $seed: steps $from -> $at of $target in $(($(now) - begun)) s (exit $status)" |
-                    tee -a "$work/timing.txt"
-                if [ $signalled = 1 ]; then  # a signal before aldit's handler (start-up) ends it unclean: no checkpoint lost
-                    echo "== stopped at the time budget: ${name}_s$seed at its checkpoint of step $at (exit $status)"
-                    return 3
-                fi
-                if [ $status != 0 ]; then
-                    echo "fp8_ab.sh: run ${name}_s$seed failed (exit $status); its log, $dir.log, ends:" >&2
-                    tail -n 25 "$dir.log" >&2
-                    return 1
-                fi
-                [ "$at" -ge $target ] || { echo "fp8_ab.sh: run ${name}_s$seed ended at step $at, not $target" >&2; return 1; }
+                dir="$work/${name}_s$seed"
+                rm -f "$dir.status"
+                group="$group $name:$seed:$(run_step "$dir")"
+                (begun=$(now); launch "$name" "$seed" $target; status=$?
+                 echo "$status $signalled $(($(now) - begun))" > "$dir.status") &
+                shift
             done
-            seed=$((seed + 1))
+            wait
+            result=0
+            for run in $group; do
+                name=${run%%:*} rest=${run#*:}
+                finish "$name" "${rest%%:*}" $target "${rest#*:}"; status=$?
+                if [ $status = 1 ]; then result=1; elif [ $status = 3 ] && [ $result = 0 ]; then result=3; fi
+            done
+            [ $result != 0 ] && return $result
+            [ $stop != 0 ] && return $stop
         done
     done
     return 0
