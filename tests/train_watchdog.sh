@@ -5,10 +5,11 @@
 # is never renamed in), inside a resume's load (issue 35.1) and inside the start-up (the device's start), where rank
 # 1 stops itself (the test hook ALDIT_TEST_STOP, watchdog.h) so that the place does not hang on the machine's load;
 # and stopped from outside once the summary's head is printed (it hung in the start-up's unwatched allgather); and
-# rank 0's main thread hung outside any collective (ALDIT_TEST_STOP=0:hang:3), reported by its backstop thread.
+# rank 0's main thread hung outside any collective (ALDIT_TEST_STOP=0:hang:3), reported by its backstop thread; and a
+# one-rank job hung in a checkpoint's save (ALDIT_TEST_STOP=0:hangsave:4), ended by the backstop with step 2's intact.
 # Each stall's bound follows from the deadline rank 0 waits (D: per wait) and its grace: D + grace + 10 s.
 . "${top_srcdir:-.}/tests/train_lib.sh"
-tap_plan 11
+tap_plan 13
 
 tap_ok "aldit-store synth makes the test store" make_store
 start_aldit 2 stall run.steps=100000 log.every=1000 run.step_timeout=2
@@ -118,7 +119,24 @@ wait_for 60 launcher_gone || kill -KILL $launcher $(run_pids hang $launcher) 2>/
 wait $launcher; status=$?
 took=$(($(date +%s) - hung))
 grep -q "aldit: error: rank 0: step 3 (\[run\] step_timeout = 2 s): the step has run 1[3-5] s, .* stuck outside" \
-    "$WORK/hang.log" && test "$status" -ne 0 -a "$took" -le 18
-tap_result $? "rank 0 hung outside a collective: its backstop names it and ends the job, exit != 0 ($status), within 18 s ($took s)" \
+    "$WORK/hang.log" && test "$status" -ne 0 -a "$took" -le 25
+tap_result $? "rank 0 hung outside a collective: its backstop names it and ends the job, exit != 0 ($status), within 25 s ($took s)" \
     "$(grep aldit "$WORK/hang.log" | tail -5)"
+
+# one rank, its main thread blocked in step 4's checkpoint save (before the first tensor; step 2's is written): no
+# other rank can report it, the backstop does at 2 + 1 + 10 s from the save's start
+export ALDIT_TEST_STOP=0:hangsave:4
+start_aldit 1 hangsave run.steps=100000 log.every=1000 checkpoint.every=2 run.step_timeout=2 $MID
+unset ALDIT_TEST_STOP
+wait_for 60 has_lines hangsave 4
+hung=$(date +%s)
+wait_for 60 launcher_gone || kill -KILL $launcher $(run_pids hangsave $launcher) 2>/dev/null
+wait $launcher; status=$?
+took=$(($(date +%s) - hung))
+grep -q "aldit: error: rank 0: checkpoint of step 4 (a deadline of 2 s for each tensor, from \[run\] step_timeout): no tensor done for 1[3-5] s, .* stuck outside" \
+    "$WORK/hangsave.log" && test "$status" -ne 0 -a "$took" -le 25
+tap_result $? "one rank hung in a checkpoint's save: its backstop names it and ends the job, exit != 0 ($status), within 25 s ($took s)" \
+    "$(grep aldit "$WORK/hangsave.log" | tail -5)"
+test ! -e "$WORK/hangsave/checkpoints/step_00000004.h5" -a -e "$WORK/hangsave/checkpoints/step_00000002.h5"
+tap_result $? "the hung checkpoint was never renamed in; step 2's is the newest" "$(ls "$WORK/hangsave/checkpoints")"
 tap_done

@@ -6,6 +6,7 @@
 
 #include "core/check.h"
 #include "core/comm.h"
+#include "train/watchdog.h"
 
 _Static_assert((int)BACKEND_WEIGHTS == (int)CHECKPOINT_WEIGHTS && (int)BACKEND_ADAM_M == (int)CHECKPOINT_ADAM_M &&
                    (int)BACKEND_ADAM_V == (int)CHECKPOINT_ADAM_V && (int)BACKEND_EMA == (int)CHECKPOINT_EMA,
@@ -77,6 +78,7 @@ static void random_weights(stream *s, backend *dev, const shard_layout *layout, 
         if (count == 0) continue;
         model_init_random_param(table, seed, i, s->tensor);
         dev->ops->set_range(dev, BACKEND_WEIGHTS, first, count, s->tensor + (first - p->offset));
+        watchdog_progress();
     }
 }
 
@@ -93,6 +95,7 @@ int state_load(backend *dev, const model *table, checkpoint_reader *reader, unsi
             if (s.rank == 0) status = checkpoint_read_tensor(reader, (checkpoint_group)g, p->name, s.tensor);
             comm_bcast_bytes(&status, sizeof status);
             if (status == 0) send_to_holders(&s, dev, layout, (backend_group)g, p);
+            watchdog_progress();
         }
     }
     stream_close(&s);
@@ -119,6 +122,7 @@ int state_save(const backend *dev, const model *table, checkpoint_writer *writer
             /* every rank learns each tensor's outcome: a failure ends the stream everywhere, and a rank that waits
                here for rank 0's write waits one tensor long (the watch's deadline is per wait: watchdog.h) */
             comm_bcast_bytes(&status, sizeof status);
+            watchdog_progress();
         }
     }
     stream_close(&s);

@@ -735,6 +735,7 @@ static void save_checkpoint(trainer *t, int must_succeed)
     comm_bcast_bytes(&status, sizeof status);
     if (status == 0) {
         watchdog_test_stop(t->info->rank, "save", t->step);
+        watchdog_test_stop(t->info->rank, "hangsave", t->step);
         status = state_save(t->dev, &t->net, writer, groups); /* collective: every rank's part of each tensor */
         if (t->info->rank == 0) {
             if (status == 0) status = checkpoint_write_state(writer, &state);

@@ -38,8 +38,10 @@ static double deadline_of(int rank, double timeout)
 static struct {
     pthread_mutex_t lock;
     int started;
-    double ends;   /* CLOCK_MONOTONIC seconds at which the armed step is past its backstop; 0: disarmed */
-    double began;  /* when it was armed */
+    double ends;   /* CLOCK_MONOTONIC seconds at which the armed watch is past its backstop; 0: disarmed */
+    double began;  /* when it was armed (or, per item, last made progress) */
+    double period; /* seconds from `began` to `ends` */
+    int per_item;  /* a state stream's: watchdog_progress moves it on */
     int rank;
     char what[96];
 } backstop = {.lock = PTHREAD_MUTEX_INITIALIZER};
@@ -69,11 +71,11 @@ static void *backstop_thread(void *unused)
         const double now = monotonic_s();
         const int past = backstop.ends > 0 && now >= backstop.ends;
         if (past) {
-            fprintf(stderr, "aldit: error: rank %d: %s: the step has run %.0f s, past its deadline and the time to "
-                    "report it, and this rank's main thread has not reached a collective that could: it is stuck "
-                    "outside one (in a device, file-system or library call: a hung GPU or file system, or a process "
-                    "stopped on a GPU this one shares); aborting the job so that it can be requeued\n",
-                    backstop.rank, backstop.what, now - backstop.began);
+            fprintf(stderr, "aldit: error: rank %d: %s: %s %.0f s, past its deadline and the time to report it, and "
+                    "this rank's main thread has not reached a collective that could: it is stuck outside one (in a "
+                    "device, file-system or library call: a hung GPU or file system, or a process stopped on a GPU "
+                    "this one shares); aborting the job so that it can be requeued\n", backstop.rank, backstop.what,
+                    backstop.per_item ? "no tensor done for" : "the step has run", now - backstop.began);
             fflush(stderr);
         }
         pthread_mutex_unlock(&backstop.lock);
@@ -85,7 +87,7 @@ static void *backstop_thread(void *unused)
     return NULL;
 }
 
-static void backstop_arm(int rank, const char *what, double timeout)
+static void backstop_arm(int rank, const char *what, double timeout, int per_item)
 {
     pthread_mutex_lock(&backstop.lock);
     if (!backstop.started) {
@@ -96,7 +98,9 @@ static void backstop_arm(int rank, const char *what, double timeout)
         backstop.started = 1;
     }
     backstop.began = monotonic_s();
-    backstop.ends = backstop.began + backstop_of(rank, timeout);
+    backstop.period = backstop_of(rank, timeout);
+    backstop.ends = backstop.began + backstop.period;
+    backstop.per_item = per_item;
     backstop.rank = rank;
     snprintf(backstop.what, sizeof backstop.what, "%s", what);
     pthread_mutex_unlock(&backstop.lock);
@@ -114,7 +118,7 @@ void watchdog_step_begin(int rank, int64_t step, double timeout)
     char what[96];
     snprintf(what, sizeof what, "step %lld ([run] step_timeout = %g s)", (long long)step, timeout);
     comm_watch_begin(comm_time() + deadline_of(rank, timeout), grace_of(timeout), what);
-    backstop_arm(rank, what, timeout);
+    backstop_arm(rank, what, timeout, 0);
 }
 
 void watchdog_step_end(void)
@@ -128,15 +132,31 @@ void watchdog_state_begin(int rank, const char *what, double timeout)
     char text[160];
     snprintf(text, sizeof text, "%s (a deadline of %g s for each tensor, from [run] step_timeout)", what, timeout);
     comm_watch_each(deadline_of(rank, timeout), grace_of(timeout), text);
+    backstop_arm(rank, text, timeout, 1);
 }
 
-void watchdog_state_end(void) { comm_watch_end(); }
+void watchdog_progress(void)
+{
+    pthread_mutex_lock(&backstop.lock);
+    if (backstop.ends > 0 && backstop.per_item) {
+        backstop.began = monotonic_s();
+        backstop.ends = backstop.began + backstop.period;
+    }
+    pthread_mutex_unlock(&backstop.lock);
+}
+
+void watchdog_state_end(void)
+{
+    backstop_disarm();
+    comm_watch_end();
+}
 
 void watchdog_phase_begin(int rank, const char *what, double timeout)
 {
     char text[160];
     snprintf(text, sizeof text, "%s (a deadline of %g s for each wait, from [run] step_timeout)", what, timeout);
     comm_watch_each(deadline_of(rank, timeout), grace_of(timeout), text);
+    backstop_disarm();   /* it replaces any watch before it (the load's): the phases have no backstop */
 }
 
 void watchdog_phase_end(void) { comm_watch_end(); }
@@ -146,19 +166,19 @@ void watchdog_test_stop(int rank, const char *point, int64_t step)
     const char *hook = getenv("ALDIT_TEST_STOP");
     if (!hook || !hook[0]) return;
     int stop_rank = -1, used = 0;
-    char where[8] = "";
+    char where[16] = "";
     long long stop_step = -1;
-    const int fields = sscanf(hook, "%d:%7[a-z]%n:%lld%n", &stop_rank, where, &used, &stop_step, &used);
+    const int fields = sscanf(hook, "%d:%15[a-z]%n:%lld%n", &stop_rank, where, &used, &stop_step, &used);
     const int known = !strcmp(where, "start") || !strcmp(where, "load") || !strcmp(where, "save") ||
-                      !strcmp(where, "hang");
-    const int with_step = !strcmp(where, "save") || !strcmp(where, "hang");
+                      !strcmp(where, "hang") || !strcmp(where, "hangsave");
+    const int with_step = !strcmp(where, "save") || !strcmp(where, "hang") || !strcmp(where, "hangsave");
     ALDIT_CHECK(fields >= 2 && hook[used] == '\0' && stop_rank >= 0 && known && (fields == 2 || with_step),
-                "ALDIT_TEST_STOP=%s (a test hook: RANK:start, RANK:load, RANK:save, RANK:save:STEP, RANK:hang or "
-                "RANK:hang:STEP); unset it to train without it", hook);
+                "ALDIT_TEST_STOP=%s (a test hook: RANK:start, RANK:load, RANK:save, RANK:save:STEP, RANK:hang, "
+                "RANK:hang:STEP, RANK:hangsave or RANK:hangsave:STEP); unset it to train without it", hook);
     if (rank != stop_rank || strcmp(where, point) != 0 || (fields == 3 && stop_step != step)) return;
     fflush(stdout);
     fflush(stderr);
-    if (strcmp(where, "hang") != 0) raise(SIGSTOP);
+    if (strncmp(where, "hang", 4) != 0) raise(SIGSTOP);
     else
         for (;;) pause();   /* the main thread blocked, its other threads running, as in a hung device call */
 }

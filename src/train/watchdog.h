@@ -32,8 +32,13 @@ double watchdog_pass_timeout(const deck *config, double predicted_pass_s);
    save or a resume's load (`what` names it, e.g. "checkpoint of step 12") until watchdog_state_end, with a
    deadline per collective (comm_watch_each): `timeout` seconds on rank 0; on the others, whose waits span rank
    0's file I/O for one tensor, 2 x timeout + 30 s and the answer time, as for a step. A stopped rank is named and
-   the job aborted (exit 1) before the checkpoint is renamed into place: the previous one stays the newest. */
+   the job aborted (exit 1) before the checkpoint is renamed into place: the previous one stays the newest.
+   Under a backstop as the step's (its deadline per tensor: watchdog_progress moves it on), so that a rank stuck in a
+   tensor's file I/O with none to report it (a one-rank job on a hung file system) still ends the job. */
 void watchdog_state_begin(int rank, const char *what, double timeout);
+/* A state stream's tensor done (state.c calls it after each): the backstop's deadline starts again. Nothing outside
+   a state watch. */
+void watchdog_progress(void);
 void watchdog_state_end(void);
 
 /* Collective in effect (every rank, the same `timeout`): the same per-wait watch over a phase of work outside the
@@ -49,8 +54,9 @@ void watchdog_phase_end(void);
    at a chosen place whatever the machine's load (tests/train_watchdog.sh). The training loop's points: "start" (the
    device's start, in the start-up, after the initial state), "load" (before the first tensor of a resume's or an
    init's state stream), "save" (before the first tensor of a checkpoint's; with STEP, only the checkpoint of that
-   step), "hang" (before a step's compute; with STEP, only that step's): there the main thread blocks for good while
-   the process's other threads run, as in a hung device call, instead of stopping. Unset or empty: nothing. Malformed, or a point not among these: fatal, naming it. */
+   step), "hang" (before a step's compute; with STEP, only that step's) and "hangsave" (where "save" stops): there the
+   main thread blocks for good while the process's other threads run, as in a hung device or file-system call,
+   instead of stopping. Unset or empty: nothing. Malformed, or a point not among these: fatal, naming it. */
 void watchdog_test_stop(int rank, const char *point, int64_t step);
 
 #endif
