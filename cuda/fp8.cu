@@ -301,6 +301,14 @@ __global__ void record_amax_kernel(float *__restrict__ amax, const float *__rest
     if (v > 0.0f) atomicMax(reinterpret_cast<unsigned int *>(amax), __float_as_uint(v));
 }
 
+// amax[dst] = max(amax[dst], factor * amax[a] * amax[b]), the three a set's running amaxes (a finite, positive bound).
+__global__ void record_amax_bound_kernel(float *__restrict__ amax, int dst, int a, int b, float factor)
+{
+    const float v = factor * amax[(size_t)a * kSlot] * amax[(size_t)b * kSlot];
+    if (v > 0.0f && isfinite(v))
+        atomicMax(reinterpret_cast<unsigned int *>(amax + (size_t)dst * kSlot), __float_as_uint(v));
+}
+
 __global__ void init_kernel(float *__restrict__ state, int n, size_t total)
 {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x)
@@ -498,6 +506,16 @@ extern "C" void fp8_record_amax(fp8_scaling *s, int tensor, const float *value, 
 {
     check_tensor(s, tensor, "fp8_record_amax");
     record_amax_kernel<<<1, 1, 0, stream>>>(amax_of(s) + (size_t)tensor * kSlot, value);
+    CUDA_CHECK_LAUNCH();
+}
+
+extern "C" void fp8_record_amax_bound(fp8_scaling *s, int tensor, int a, int b, float factor, cudaStream_t stream)
+{
+    check_tensor(s, tensor, "fp8_record_amax_bound");
+    check_tensor(s, a, "fp8_record_amax_bound");
+    check_tensor(s, b, "fp8_record_amax_bound");
+    ALDIT_CHECK(factor > 0.0f && isfinite(factor), "fp8_record_amax_bound: factor %g (finite, > 0)", (double)factor);
+    record_amax_bound_kernel<<<1, 1, 0, stream>>>(amax_of(s), tensor, a, b, factor);
     CUDA_CHECK_LAUNCH();
 }
 

@@ -87,6 +87,12 @@ const float *fp8_scale(const fp8_scaling *s, int tensor);
 /* Tensor t's running amax = max(itself, *value) (a device float another kernel set: a GEMM's AMAX_D), queued. */
 void fp8_record_amax(fp8_scaling *s, int tensor, const float *value, cudaStream_t stream);
 
+/* Tensor t's running amax = max(itself, factor * amax[a] * amax[b]) (a and b tensors of the same set, their running
+   amaxes as they stand when the stream reaches it; factor finite and > 0; a product that is 0 or not finite records
+   nothing), queued: a bound for a tensor that is not seen (e.g. an FP8 attention's dP, |dP| <= 2 d max|dO| max|V|,
+   before its FP8 graph has run once). */
+void fp8_record_amax_bound(fp8_scaling *s, int tensor, int a, int b, float factor, cudaStream_t stream);
+
 /* out [n] (bf16, 16-byte aligned) = the values the FP8 bytes in [n] (tensor t's format, 8-byte aligned) stand for:
    each byte decoded times t's scale_inv. n a multiple of 8. Queued on `stream`. */
 void fp8_dequantize(const fp8_scaling *s, int tensor, const uint8_t *in, int64_t n, gpu_bf16 *out,

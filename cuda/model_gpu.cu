@@ -820,8 +820,9 @@ void zero_pad_rows(gpu_bf16 *const *buffers, int count, const attention_rows &r,
 // the linears' in one set), cuDNN runs the sample over the same rows as the bf16 call (padded to whole tiles where
 // that one is), and its FP8 outputs come back to the bf16 buffers the rest of the block reads (o rescaled for the
 // padding as attention_cudnn_fwd_padded's). Before the set's first update (a run's first step) the step runs bf16 and
-// the FP8 calls only probe: their amaxes of s, o and dp (which cuDNN takes before quantizing) and the bf16 outputs'
-// amaxes of dq, dk, dv start the histories, so that the second step finds scales for every tensor.
+// the forward's FP8 calls only probe: their amaxes of s and o (which cuDNN takes before quantizing); the backward runs
+// no FP8 graph: the bf16 tensors' amaxes of do, dq, dk, dv and a bound for dp start the histories, so that the second
+// step finds scales for every tensor.
 
 int fp8_attn_tensor(const gpu_model *gm, int layer, int role)
 {
@@ -902,8 +903,10 @@ bool fp8_self_attention_fwd(gpu_model *gm, int layer, const attention_rows &r, c
 }
 
 // The backward of fp8_self_attention_fwd: dq, dk, dv (padded rows, bf16; the pad rows scratch) from out, lse and the
-// output gradient dout (pad rows zero). probe (the first step, after the bf16 backward wrote dq, dk, dv): the amax of
-// dp from cuDNN and those of dq, dk, dv from the bf16 ones; nothing written. false where cuDNN refuses the shape.
+// output gradient dout (pad rows zero). probe (the first step, after the bf16 backward wrote dq, dk, dv): no FP8 graph
+// runs (it was most of the first step's extra time): the amaxes of do, dq, dk, dv from the bf16 tensors, and dp's
+// bounded, |dP| <= 2 head_dim max|dO| max|V| (dP = dO V^T and the softmax backward's dO.O term, |O| <= max|V|): E5M2's
+// range holds the slack (the history keeps it for its length). Nothing written. false where cuDNN refuses the shape.
 bool fp8_self_attention_bwd(gpu_model *gm, int layer, const attention_rows &r, const gpu_bf16 *q, const gpu_bf16 *k,
                             const gpu_bf16 *v, const gpu_bf16 *out, const gpu_bf16 *dout, const float *lse,
                             int64_t rows, int64_t padded, gpu_bf16 *dq, gpu_bf16 *dk, gpu_bf16 *dv, bool probe,
@@ -911,6 +914,17 @@ bool fp8_self_attention_bwd(gpu_model *gm, int layer, const attention_rows &r, c
 {
     fp8_linears *f = gm->fp8;
     const int W = r.width;
+    const int slots[] = {ATTENTION_FP8_AMAX_DP, ATTENTION_FP8_AMAX_DQ, ATTENTION_FP8_AMAX_DK, ATTENTION_FP8_AMAX_DV};
+    const int roles[] = {kAttnDP, kAttnDQ, kAttnDK, kAttnDV};
+    gpu_bf16 *const grads[] = {dq, dk, dv};
+    if (probe) {  // no FP8 graph: dP's amax bounded from dO's and V's (V's from this step's forward probe)
+        fp8_record_amax_of(f->scaling, fp8_attn_tensor(gm, layer, kAttnDO), dout, rows * W, stream);
+        fp8_record_amax_bound(f->scaling, fp8_attn_tensor(gm, layer, kAttnDP), fp8_attn_tensor(gm, layer, kAttnDO),
+                              fp8_attn_tensor(gm, layer, kAttnV), 2.0f * (float)gm->head_dim, stream);
+        for (int i = 0; i < 3; ++i)
+            fp8_record_amax_of(f->scaling, fp8_attn_tensor(gm, layer, roles[1 + i]), grads[i], rows * W, stream);
+        return true;
+    }
     cast_attention_qkv(gm, layer, q, k, v, padded, W, stream);
     cast_attention_input(gm, layer, kAttnO, out, rows, padded, W, f->o8, stream);
     cast_attention_input(gm, layer, kAttnDO, dout, padded, padded, W, f->do8, stream);
@@ -920,16 +934,7 @@ bool fp8_self_attention_bwd(gpu_model *gm, int layer, const attention_rows &r, c
         ++f->attention_refused;
         return false;
     }
-    const int slots[] = {ATTENTION_FP8_AMAX_DP, ATTENTION_FP8_AMAX_DQ, ATTENTION_FP8_AMAX_DK, ATTENTION_FP8_AMAX_DV};
-    const int roles[] = {kAttnDP, kAttnDQ, kAttnDK, kAttnDV};
-    gpu_bf16 *const grads[] = {dq, dk, dv};
     uint8_t *const grads8[] = {f->dq8, f->dk8, f->dv8};
-    if (probe) {
-        record_attention_amaxes(gm, layer, slots, roles, 1, stream);
-        for (int i = 0; i < 3; ++i)
-            fp8_record_amax_of(f->scaling, fp8_attn_tensor(gm, layer, roles[1 + i]), grads[i], rows * W, stream);
-        return true;
-    }
     record_attention_amaxes(gm, layer, slots, roles, 4, stream);
     for (int i = 0; i < 3; ++i)
         fp8_dequantize(f->scaling, fp8_attn_tensor(gm, layer, roles[1 + i]), grads8[i], padded * W, grads[i], stream);

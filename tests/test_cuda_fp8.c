@@ -402,6 +402,40 @@ static void test_cast_dbias_dgelu(void **state)
 /* ---- delayed scaling -------------------------------------------------------------------------------------- */
 
 /* Steps of casts of tensors with known amax (0 for some: the scale is kept), then updates, against a host replay. */
+/* fp8_record_amax_bound: tensor 0's running amax = max(itself, factor * amax[1] * amax[2]) in fp32 as the host's
+   product; a larger amax kept; a zero product records nothing. */
+static void test_amax_bound(void **state)
+{
+    (void)state;
+    enum { kTensors = 4, kN = 64 };
+    const fp8_format formats[kTensors] = {FP8_E5M2, FP8_E5M2, FP8_E4M3, FP8_E4M3};
+    fp8_scaling *s = fp8_scaling_create(kTensors, formats, 4, 0);
+    gpu_bf16 bits[kN];
+    gpu_bf16 *d_x = device_poisoned(kN * sizeof *bits);
+    const float peaks[2] = {0.0371f, 2.75f};
+    float seen[2] = {0.0f, 0.0f};
+    for (int t = 0; t < 2; ++t) {
+        for (int i = 0; i < kN; ++i) {
+            bits[i] = gpu_bf16_from_float(peaks[t] * (i == 5 + t ? -1.0f : (float)rng_uniform(&g_seed) * 0.9f));
+            seen[t] = fmaxf(seen[t], fabsf(gpu_float_from_bf16(bits[i])));
+        }
+        CUDA_CHECK(cudaMemcpy(d_x, bits, sizeof bits, cudaMemcpyHostToDevice));
+        fp8_record_amax_of(s, 1 + t, d_x, kN, 0);
+    }
+    const float factor = 256.0f, want = factor * seen[0] * seen[1];
+    fp8_record_amax_bound(s, 0, 1, 2, factor, 0);
+    float amax[kTensors];
+    fp8_scaling_download(s, NULL, NULL, amax, NULL);
+    printf("# amax bound: %.9g (host %.9g) from %.9g and %.9g\n", amax[0], want, amax[1], amax[2]);
+    assert_true(amax[1] == seen[0] && amax[2] == seen[1] && amax[0] == want);
+    fp8_record_amax_bound(s, 0, 1, 2, 1.0f, 0);   /* smaller: kept */
+    fp8_record_amax_bound(s, 3, 0, 3, 2.0f, 0);   /* amax[3] is 0: nothing */
+    fp8_scaling_download(s, NULL, NULL, amax, NULL);
+    assert_true(amax[0] == want && amax[3] == 0.0f);
+    CUDA_CHECK(cudaFree(d_x));
+    fp8_scaling_free(s);
+}
+
 static void test_delayed_scaling(void **state)
 {
     (void)state;
@@ -1087,7 +1121,7 @@ int main(void)
     g_gemm = gemm_create(0, 1);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_cast),    cmocka_unit_test(test_cast_gelu), cmocka_unit_test(test_cast_dbias),
-        cmocka_unit_test(test_cast_dbias_dgelu),
+        cmocka_unit_test(test_cast_dbias_dgelu),   cmocka_unit_test(test_amax_bound),
         cmocka_unit_test(test_delayed_scaling), cmocka_unit_test(test_forward),
         cmocka_unit_test(test_dgrad),   cmocka_unit_test(test_wgrad),           cmocka_unit_test(test_column_sums),
         cmocka_unit_test(test_model_against_bf16), cmocka_unit_test(test_model_delayed_against_bf16),
