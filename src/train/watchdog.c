@@ -42,7 +42,7 @@ static struct {
     double began;  /* when it was armed (or, per item, last made progress) */
     double period; /* seconds from `began` to `ends` */
     int per_item;  /* a state stream's: watchdog_progress moves it on */
-    int rank;
+    int rank, n_ranks;
     char what[96];
 } backstop = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
@@ -80,8 +80,10 @@ static void *backstop_thread(void *unused)
         }
         pthread_mutex_unlock(&backstop.lock);
         if (past) {
+            fflush(stdout);
             alarm(30);                  /* should the abort itself hang: SIGALRM's default action ends the process */
-            comm_abort(ALDIT_EXIT_ERROR); /* MPI_Abort from this thread: MPI's best effort, as MPI_Abort is */
+            if (backstop.n_ranks > 1) comm_abort(ALDIT_EXIT_ERROR); /* MPI_Abort from this thread: its best effort */
+            _exit(ALDIT_EXIT_ERROR);    /* one rank: no exit handlers, which could wait on what the main thread holds */
         }
     }
     return NULL;
@@ -102,6 +104,7 @@ static void backstop_arm(int rank, const char *what, double timeout, int per_ite
     backstop.ends = backstop.began + backstop.period;
     backstop.per_item = per_item;
     backstop.rank = rank;
+    backstop.n_ranks = comm_size();
     snprintf(backstop.what, sizeof backstop.what, "%s", what);
     pthread_mutex_unlock(&backstop.lock);
 }
