@@ -262,8 +262,24 @@ sys.exit(worst > 1e-9)
 " "$srcdir/tests/bench" "$deck" "$work/aldit/metrics.jsonl" "$@" 2>&1)
 lr_status=$?
 
+# the fp8 row from a doctored copy of aldit's metrics (the first step 1.5x as long, the others 0.8x): the table's line
+# gives the epoch's ratio and 1.250x over the steps after the first
+"$PYTHON" -c "
+import json, sys
+rows = [json.loads(line) for line in open(sys.argv[1])]
+with open(sys.argv[2], 'w') as out:
+    for i, r in enumerate(rows):
+        wait = r.get('data_wait_s', 0.0) if i == 0 else 0.0   # the first step's loading is not counted
+        r['step_s'] = wait + (r['step_s'] - wait) * (1.5 if i == 0 else 0.8)
+        out.write(json.dumps(r) + '\n')
+" "$work/aldit/metrics.jsonl" "$work/fp8_metrics.jsonl" > "$work/fp8_table.txt" 2>&1 &&
+    "$PYTHON" "$srcdir/tests/bench/train_table.py" --deck "$deck" --aldit "$work/aldit/metrics.jsonl" \
+        --peer "$work/peer.json" --aldit-fp8 "$work/fp8_metrics.jsonl" "$@" >> "$work/fp8_table.txt" 2>&1
+grep -q "aldit fp8 / aldit samples/s: [0-9.]*x over the epoch .* 1.250x over its steps after the first" "$work/fp8_table.txt"
+fp8_row_status=$?
+
 . "$srcdir/tests/tap.sh"
-tap_plan 8
+tap_plan 9
 tap_result "$aldit_status" "aldit trains one epoch of the toy store (CPU, family $family)" "$(tail -n 20 "$work/aldit.log")"
 peer=$(sed -n 's/.*"peer": "\([^"]*\)".*/\1/p' "$work/peer.json" 2>/dev/null)
 tap_result "$peer_status" "peer_train.py trains the same store (CPU, $peer, bf16 autocast, fused AdamW, buckets, checkpointing)" \
@@ -282,5 +298,7 @@ tap_result $floor_status "the floor at made-up rates of 1e9 FLOP/s: aldit's mode
 tap_result $micro_status "aldit's micro-batch log ([log] micro_batches), each priced at the same rates, sums to the epoch's floor (ratio ${micro:-none})" \
     "$(cat "$work/floor.txt" 2>/dev/null; head -3 "$work/aldit/micro_batches.0.jsonl" 2>/dev/null)"
 tap_result $lr_status "the peer's learning rate at aldit's steps is aldit's (warmup, then cosine): $lr_check" "$lr_check"
+tap_result $fp8_row_status "an fp8 run's row: the epoch's ratio and that over the steps after the first (1.250x)" \
+    "$(cat "$work/fp8_table.txt")"
 [ -n "${WORK:-}" ] || rm -rf "$work"
 tap_done
