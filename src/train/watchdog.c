@@ -43,7 +43,7 @@ static struct {
     double period; /* seconds from `began` to `ends` */
     int per_item;  /* a state stream's: watchdog_progress moves it on */
     int rank, n_ranks;
-    char what[96];
+    char what[160];    /* as the watch's own text */
 } backstop = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
 static double monotonic_s(void)
