@@ -108,16 +108,23 @@ grep -q "aldit: error: .*: rank 1 (of 2) has not arrived by the deadline" "$WORK
 tap_result $? "stopped once the head is printed: exit != 0 ($status) within 17 s ($took s), rank 0 naming rank 1" \
     "$(grep aldit "$WORK/head.log" | tail -5)"
 
+# hung_run RUN HOOK LINES RANKS ARGS...: run RUN on RANKS ranks with ALDIT_TEST_STOP=HOOK, wait for LINES metrics lines
+# (the hang comes after), then (60 s) for the job to end; $status, $took (seconds from those lines to the end)
+hung_run() {
+    run=$1 hook=$2 lines=$3 np=$4; shift 4
+    export ALDIT_TEST_STOP=$hook
+    start_aldit "$np" "$run" run.steps=100000 log.every=1000 run.step_timeout=2 $MID "$@"
+    unset ALDIT_TEST_STOP
+    wait_for 60 has_lines "$run" "$lines"
+    hung=$(date +%s)
+    wait_for 60 launcher_gone || kill -KILL $launcher $(run_pids "$run" $launcher) 2>/dev/null
+    wait $launcher; status=$?
+    took=$(($(date +%s) - hung))
+}
+
 # rank 0's main thread blocked for good before step 3's compute, its other threads running (as in a hung device call):
 # no wait reports it (rank 1's deadline is 2 x 2 + 1 + 30 s), the backstop does at 2 + 1 + 10 s from the step's start
-export ALDIT_TEST_STOP=0:hang:3
-start_aldit 2 hang run.steps=100000 log.every=1000 run.step_timeout=2 $MID
-unset ALDIT_TEST_STOP
-wait_for 60 has_lines hang 2
-hung=$(date +%s)
-wait_for 60 launcher_gone || kill -KILL $launcher $(run_pids hang $launcher) 2>/dev/null
-wait $launcher; status=$?
-took=$(($(date +%s) - hung))
+hung_run hang 0:hang:3 2 2
 grep -q "aldit: error: rank 0: step 3 (\[run\] step_timeout = 2 s): the step has run 1[3-5] s, .* stuck outside" \
     "$WORK/hang.log" && test "$status" -ne 0 -a "$took" -le 25
 tap_result $? "rank 0 hung outside a collective: its backstop names it and ends the job, exit != 0 ($status), within 25 s ($took s)" \
@@ -125,14 +132,7 @@ tap_result $? "rank 0 hung outside a collective: its backstop names it and ends 
 
 # one rank, its main thread blocked in step 4's checkpoint save (before the first tensor; step 2's is written): no
 # other rank can report it, the backstop does at 2 + 1 + 10 s from the save's start
-export ALDIT_TEST_STOP=0:hangsave:4
-start_aldit 1 hangsave run.steps=100000 log.every=1000 checkpoint.every=2 run.step_timeout=2 $MID
-unset ALDIT_TEST_STOP
-wait_for 60 has_lines hangsave 4
-hung=$(date +%s)
-wait_for 60 launcher_gone || kill -KILL $launcher $(run_pids hangsave $launcher) 2>/dev/null
-wait $launcher; status=$?
-took=$(($(date +%s) - hung))
+hung_run hangsave 0:hangsave:4 4 1 checkpoint.every=2
 grep -q "aldit: error: rank 0: checkpoint of step 4 (a deadline of 2 s for each tensor, from \[run\] step_timeout): no tensor done for 1[3-5] s, .* stuck outside" \
     "$WORK/hangsave.log" && test "$status" -ne 0 -a "$took" -le 25
 tap_result $? "one rank hung in a checkpoint's save: its backstop names it and ends the job, exit != 0 ($status), within 25 s ($took s)" \

@@ -172,16 +172,16 @@ void watchdog_test_stop(int rank, const char *point, int64_t step)
     char where[16] = "";
     long long stop_step = -1;
     const int fields = sscanf(hook, "%d:%15[a-z]%n:%lld%n", &stop_rank, where, &used, &stop_step, &used);
-    const int known = !strcmp(where, "start") || !strcmp(where, "load") || !strcmp(where, "save") ||
-                      !strcmp(where, "hang") || !strcmp(where, "hangsave");
-    const int with_step = !strcmp(where, "save") || !strcmp(where, "hang") || !strcmp(where, "hangsave");
+    const int hang = !strcmp(where, "hang") || !strcmp(where, "hangsave");
+    const int with_step = hang || !strcmp(where, "save");
+    const int known = with_step || !strcmp(where, "start") || !strcmp(where, "load");
     ALDIT_CHECK(fields >= 2 && hook[used] == '\0' && stop_rank >= 0 && known && (fields == 2 || with_step),
                 "ALDIT_TEST_STOP=%s (a test hook: RANK:start, RANK:load, RANK:save, RANK:save:STEP, RANK:hang, "
                 "RANK:hang:STEP, RANK:hangsave or RANK:hangsave:STEP); unset it to train without it", hook);
     if (rank != stop_rank || strcmp(where, point) != 0 || (fields == 3 && stop_step != step)) return;
     fflush(stdout);
     fflush(stderr);
-    if (strncmp(where, "hang", 4) != 0) raise(SIGSTOP);
+    if (!hang) raise(SIGSTOP);
     else
         for (;;) pause();   /* the main thread blocked, its other threads running, as in a hung device call */
 }

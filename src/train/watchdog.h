@@ -18,9 +18,9 @@ double watchdog_timeout(const deck *config, double predicted_step_s, int first_s
    thread of this process that, past the rank's deadline, its grace and a margin of max(10 s, timeout) seconds with
    the step still open, prints "aldit: error: rank R: step S ...: ... stuck outside a collective ..." and aborts the
    job (exit 1: comm_abort from that thread where the job has several ranks, _exit where one, with a SIGALRM 30 s later
-   should that hang). It covers a main thread that never
-   reaches a collective's wait, where the watch runs: stuck in a device, file-system or library call (seen with two
-   ranks on one GPU: one stopped, the other's next cuBLASLt call spun in the driver), when no other rank reports it. */
+   should that hang). It covers a main thread that never reaches a collective's wait, where the watch runs: stuck in
+   a device, file-system or library call (seen with two ranks on one GPU: one stopped, the other's next cuBLASLt call
+   spun in the driver), when no other rank reports it. */
 void watchdog_step_begin(int rank, int64_t step, double timeout);
 void watchdog_step_end(void);
 
